@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the missing Debian packages given as arguments (when root), or prints the exact
+# apt-get line and fails (when not root).
+set -euo pipefail
+missing=()
+for pkg in "$@"; do
+  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+if [[ $(id -u) -ne 0 ]]; then
+  echo "ns-hpc: missing Debian packages. Ask an administrator to run:" >&2
+  echo "  sudo apt-get install -y --no-install-recommends ${missing[*]}" >&2
+  exit 1
+fi
+echo "ns-hpc: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,36 @@
+// Errors that say what was wrong and what to do about it.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace nshpc {
+
+// A failure the user can act on. what() is one line: the problem, then (after "; ") the remedy.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(std::string message) : std::runtime_error(std::move(message)) {}
+};
+
+// Bad input from the caller (invalid id, unknown instance, ...). The CLI maps it to exit 1 too,
+// but callers may want to tell it apart from system failures.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A failed system call; keeps errno so callers can branch on it.
+class SysError : public Error {
+ public:
+  SysError(int err, std::string_view operation, std::string_view subject = {});
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+// Throws SysError(errno, ...) when rc < 0; returns rc otherwise.
+long check_sys(long rc, std::string_view operation, std::string_view subject = {});
+
+}  // namespace nshpc

@@ -1,0 +1,56 @@
+// File-system helpers with careful resource handling: atomic writes, locks, safe removal.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "base/fd.hpp"
+
+namespace nshpc::fs {
+
+namespace stdfs = std::filesystem;
+
+// Writes `data` to `path` atomically: a temporary file in the same folder, fsync, rename, fsync
+// of the folder. Readers see the old or the new content, never a mix; a crash leaves no partial
+// file behind (a stray temporary at worst, named ".<name>.tmp-*").
+void atomic_write(const stdfs::path& path, std::string_view data, mode_t mode = 0644);
+
+// Reads a whole file; nullopt when it does not exist; throws SysError on other failures.
+std::optional<std::string> read_file(const stdfs::path& path);
+
+// fsync of a directory, so a rename or create inside it is durable.
+void sync_dir(const stdfs::path& dir);
+
+// An exclusive flock(2) on a lock file, held for the object's lifetime. Works between processes;
+// released by the kernel if the holder dies.
+class FileLock {
+ public:
+  // Blocks until the lock is acquired. Creates the lock file (0600) when missing.
+  explicit FileLock(const stdfs::path& lock_file);
+  FileLock(FileLock&&) noexcept = default;
+  FileLock& operator=(FileLock&&) noexcept = default;
+
+ private:
+  UniqueFd fd_;
+};
+
+// Removes a tree without ever following a symbolic link (openat/unlinkat with O_NOFOLLOW), so a
+// link planted inside (by a sandbox) cannot redirect the removal. Missing path = no-op.
+void remove_tree(const stdfs::path& path);
+
+// mkdir -p with a mode for the created folders.
+void make_dirs(const stdfs::path& path, mode_t mode = 0755);
+
+// Opens a directory as an O_PATH descriptor without following a final symlink.
+UniqueFd open_dir_path(const stdfs::path& path);
+
+// Expands a leading "~" and $VAR / ${VAR} references (HOME for ~). Unknown variables expand to "".
+std::string expand_user_vars(std::string_view text,
+                             const std::function<std::optional<std::string>(std::string_view)>& env);
+
+}  // namespace nshpc::fs

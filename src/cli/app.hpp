@@ -1,0 +1,64 @@
+// The command line (CLI11). Every command: one error line on stderr and exit 1 on failure,
+// exit 2 on a usage error; listings and descriptions have --json.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "config/config.hpp"
+#include "sandbox/sandbox.hpp"
+#include "store/store.hpp"
+
+namespace nshpc::cli {
+
+// Shared state of one invocation: the config and the services built from it, made on first use.
+class Context {
+ public:
+  std::optional<std::filesystem::path> config_path;  // --config
+  int exit_code = 0;
+
+  const config::Config& config();
+  const std::vector<std::string>& config_warnings();
+  store::Store& store();
+  sandbox::Backend& backend();
+
+ private:
+  std::optional<config::Loaded> loaded_;
+  std::unique_ptr<store::StateFileJobsGuard> jobs_guard_;
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<sandbox::Backend> backend_;
+};
+
+void add_instance_commands(CLI::App& app, Context& ctx);
+void add_config_commands(CLI::App& app, Context& ctx);
+void add_doctor_command(CLI::App& app, Context& ctx);
+void add_bwrap_command(CLI::App& app, Context& ctx);
+void add_clean_command(CLI::App& app, Context& ctx);
+
+// Runs a command in an instance's sandbox with the caller's stdio, forwarding SIGINT/SIGTERM/
+// SIGHUP as "kill the sandbox", and audits it. Returns the exit code to pass through.
+int run_in_sandbox(Context& ctx, const store::Instance& inst, const std::vector<std::string>& command,
+                   std::string_view event);
+
+// Audits a finished sandbox run and turns it into the exit code to return.
+int finish_sandbox_run(Context& ctx, const store::Instance& inst, const std::vector<std::string>& command,
+                       std::string_view event, const sandbox::ExitStatus& status,
+                       std::chrono::steady_clock::duration elapsed, int stop_signal);
+
+// `instance enter`: bash with a real terminal (a private PTY relayed to ours).
+int run_interactive(Context& ctx, const store::Instance& inst);
+
+sandbox::RunSpec make_run_spec(Context& ctx, const store::Instance& inst,
+                               std::vector<std::string> command);
+
+// Asks "question [y/N] " on the terminal; false when the answer is not y/yes or there is none.
+bool confirm(const std::string& question);
+
+int main(int argc, char** argv);
+
+}  // namespace nshpc::cli

@@ -1,0 +1,90 @@
+// ns-hpc bwrap <id> -- cmd...: one command in the instance's sandbox, exit code passed through.
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "base/users.hpp"
+#include "cli/app.hpp"
+#include "cli/signals.hpp"
+
+namespace nshpc::cli {
+
+sandbox::RunSpec make_run_spec(Context& ctx, const store::Instance& inst,
+                               std::vector<std::string> command) {
+  const config::Config& cfg = ctx.config();
+  sandbox::RunSpec spec;
+  spec.target.instance_id = inst.id;
+  spec.target.workspace = inst.workspace;
+  spec.target.output = inst.output;
+  spec.target.shared_output_root = cfg.ns.instances_dir / "output";
+  spec.target.network = inst.network;
+  spec.argv = std::move(command);
+  return spec;
+}
+
+int finish_sandbox_run(Context& ctx, const store::Instance& inst, const std::vector<std::string>& command,
+                       std::string_view event, const sandbox::ExitStatus& status,
+                       std::chrono::steady_clock::duration elapsed, int stop_signal) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
+  nlohmann::json fields = {{"instance_id", inst.id},
+                           {"command", command},
+                           {"network", config::to_string(inst.network)},
+                           {"duration_ms", ms},
+                           {"exit_code", status.exit_code},
+                           {"started", status.started}};
+  if (!status.error.empty()) fields["error"] = status.error;
+  if (stop_signal) fields["stopped_by_signal"] = stop_signal;
+  ctx.store().audit(inst, event, users::cli_actor(), std::move(fields));
+  if (stop_signal) return 128 + stop_signal;
+  if (!status.started) {
+    std::fprintf(stderr, "ns-hpc: error: %s\n", status.error.c_str());
+    return status.exit_code > 0 ? status.exit_code : 1;
+  }
+  return status.exit_code;
+}
+
+int run_in_sandbox(Context& ctx, const store::Instance& inst, const std::vector<std::string>& command,
+                   std::string_view event) {
+  sandbox::RunSpec spec = make_run_spec(ctx, inst, command);
+  spec.stdio = {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO};
+
+  StopSignals stop;  // SIGINT/SIGTERM/SIGHUP/SIGQUIT now arrive on a descriptor
+  const auto started = std::chrono::steady_clock::now();
+  auto process = ctx.backend().start(spec);
+  int stop_signal = stop.wait_for_exit_or_signal(process->pidfd());
+  if (stop_signal) process->kill();
+  sandbox::ExitStatus status = process->wait();
+  return finish_sandbox_run(ctx, inst, command, event, status, std::chrono::steady_clock::now() - started,
+                stop_signal);
+}
+
+void add_bwrap_command(CLI::App& app, Context& ctx) {
+  struct Args {
+    std::string id;
+    std::vector<std::string> command;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "bwrap",
+      "Run one command in an instance's sandbox: ns-hpc bwrap ID -- CMD [ARGS...]\n"
+      "The exit code is the command's (128+N when signal N killed it). Ctrl-C, SIGTERM or\n"
+      "SIGHUP kill the whole sandbox.");
+  cmd->add_option("id", a->id, "Instance id")->required();
+  cmd->add_option("command", a->command, "The command and its arguments (after --)");
+  cmd->callback([&ctx, a] {
+    if (a->command.empty())
+      throw CLI::ValidationError("command", "no command given: ns-hpc bwrap ID -- CMD [ARGS...]");
+    const std::vector<std::string>& command = a->command;
+    store::Instance inst = ctx.store().get(a->id);
+    ctx.exit_code = run_in_sandbox(ctx, inst, command, "sandbox.exec");
+  });
+}
+
+}  // namespace nshpc::cli

@@ -1,0 +1,406 @@
+// ns-hpc doctor: each prerequisite checked for real, with a fix hint; Slurm and cgroups optional.
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/ptrace.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "base/fs.hpp"
+#include "cli/app.hpp"
+#include "cli/output.hpp"
+#include "sandbox/seccomp.hpp"
+
+namespace nshpc::cli {
+
+namespace {
+
+namespace stdfs = std::filesystem;
+
+struct Check {
+  std::string name;
+  bool ok = false;
+  bool required = true;
+  std::string detail;
+  std::string fix;
+};
+
+std::optional<std::string> which(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (!dirs.empty()) {
+    auto colon = dirs.find(':');
+    std::string dir(dirs.substr(0, colon));
+    dirs = colon == std::string_view::npos ? std::string_view{} : dirs.substr(colon + 1);
+    if (dir.empty()) continue;
+    std::string candidate = dir + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return std::nullopt;
+}
+
+// Runs `argv` with stdout+stderr captured; returns (exit code, output).
+std::pair<int, std::string> capture(const std::vector<std::string>& argv) {
+  Pipe out = make_pipe();
+  pid_t pid = ::fork();
+  if (pid < 0) throw SysError(errno, "fork");
+  if (pid == 0) {
+    ::dup2(out.write.get(), 1);
+    ::dup2(out.write.get(), 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    ::_exit(127);
+  }
+  out.write.reset();
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(out.read.get(), buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), text};
+}
+
+// Runs `body` in a forked child; its return value is the child's exit code.
+template <typename F>
+int in_child(F body) {
+  pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) ::_exit(body());
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+Check check_config(Context& ctx, const config::Config*& cfg, std::optional<config::Config>& fallback) {
+  Check c{"config is valid"};
+  try {
+    cfg = &ctx.config();
+    c.ok = true;
+    c.detail = cfg->sources.empty() ? "defaults only" : "";
+    for (const auto& s : cfg->sources) c.detail += (c.detail.empty() ? "" : ", ") + s.string();
+    if (!ctx.config_warnings().empty())
+      c.detail += fmt::format(" ({} warning(s) above)", ctx.config_warnings().size());
+  } catch (const config::ConfigError& e) {
+    c.detail = e.what();
+    c.fix = "correct the lines named above ('ns-hpc config check FILE' re-checks one file)";
+    config::LoadOptions defaults_only;
+    defaults_only.read_user_file = false;
+    defaults_only.env = [](std::string_view name) -> std::optional<std::string> {
+      if (name == "NS_HPC_CONFIG") return std::nullopt;
+      return config::process_env()(name);
+    };
+    fallback = config::load(defaults_only).config;
+    cfg = &*fallback;
+  }
+  return c;
+}
+
+Check check_bwrap(const config::Config& cfg) {
+  Check c{"bwrap found"};
+  const std::string& program = cfg.ns.bwrap_command.at(0);
+  auto path = program.find('/') == std::string::npos ? which(program)
+              : (::access(program.c_str(), X_OK) == 0 ? std::optional<std::string>(program) : std::nullopt);
+  if (!path) {
+    c.detail = fmt::format("'{}' is not on PATH", program);
+    c.fix = "install bubblewrap: apt-get install bubblewrap (0.8 or newer)";
+    return c;
+  }
+  auto [rc, out] = capture({*path, "--version"});
+  out = trim(out);
+  int major = 0, minor = 0, patch = 0;
+  std::sscanf(out.c_str(), "bubblewrap %d.%d.%d", &major, &minor, &patch);
+  c.detail = fmt::format("{} ({})", *path, out.empty() ? "no version" : out);
+  c.ok = rc == 0 && (major > 0 || minor >= 8);
+  if (!c.ok) c.fix = "ns-hpc needs bubblewrap 0.8 or newer (--disable-userns, --bind-fd)";
+  return c;
+}
+
+Check check_userns(const config::Config& cfg) {
+  Check c{"user namespaces"};
+  auto max = fs::read_file("/proc/sys/user/max_user_namespaces");
+  std::string value = max ? trim(*max) : "?";
+  const bool root = ::geteuid() == 0;
+  const uid_t uid = cfg.ns.sandbox_uid;
+  const gid_t gid = cfg.ns.sandbox_gid;
+  int rc = in_child([&] {
+    if (root && uid != 0 && (::setgroups(0, nullptr) < 0 || ::setresgid(gid, gid, gid) < 0 ||
+                             ::setresuid(uid, uid, uid) < 0))
+      return 2;
+    return ::unshare(CLONE_NEWUSER) == 0 ? 0 : 1;
+  });
+  c.ok = rc == 0;
+  c.detail = fmt::format("max_user_namespaces={}; unprivileged unshare(CLONE_NEWUSER) {}", value,
+                         c.ok ? "works" : "fails");
+  if (!c.ok)
+    c.fix = "enable user namespaces: sysctl -w user.max_user_namespaces=15000 (and "
+            "kernel.unprivileged_userns_clone=1 where that sysctl exists)";
+  return c;
+}
+
+Check check_seccomp() {
+  Check c{"seccomp filter loads"};
+  try {
+    std::string bpf = sandbox::build_seccomp_bpf();
+    int rc = in_child([] {
+      try {
+        if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) return 2;
+        sandbox::load_seccomp_filter_into_self();
+      } catch (...) {
+        return 3;
+      }
+      errno = 0;
+      bool ptrace_blocked = ::ptrace(PTRACE_TRACEME, 0, nullptr, nullptr) < 0 && errno == EPERM;
+      bool unshare_blocked = ::unshare(CLONE_NEWUSER) < 0 && errno == EPERM;
+      return ptrace_blocked && unshare_blocked ? 0 : 4;
+    });
+    c.ok = rc == 0;
+    c.detail = fmt::format("{} BPF instructions; in a test process ptrace and unshare {}", bpf.size() / 8,
+                           c.ok ? "were refused" : fmt::format("were not refused (code {})", rc));
+    if (!c.ok) c.fix = "the kernel must support seccomp filters (CONFIG_SECCOMP_FILTER)";
+  } catch (const std::exception& e) {
+    c.detail = e.what();
+    c.fix = "install libseccomp2";
+  }
+  return c;
+}
+
+Check check_sandbox_user(const config::Config& cfg) {
+  Check c{"sandbox identity"};
+  if (::geteuid() != 0) {
+    c.ok = true;
+    c.detail = fmt::format("not root: bwrap runs as your uid {}", ::getuid());
+  } else if (cfg.ns.sandbox_uid == 0) {
+    c.detail = "running as root with namespace.sandbox_uid = 0: sandboxes would map to host root";
+    c.fix = "set namespace.sandbox_uid (and sandbox_gid) to an unprivileged uid, e.g. 65534";
+  } else {
+    c.ok = true;
+    c.detail = fmt::format("root: bwrap drops to uid {} gid {} (namespace.sandbox_uid/gid)",
+                           cfg.ns.sandbox_uid, cfg.ns.sandbox_gid);
+  }
+  return c;
+}
+
+Check check_smoke(Context& ctx, const config::Config& cfg) {
+  Check c{"sandbox smoke run (configured bwrap_command)"};
+  stdfs::path tmp;
+  try {
+    // A throw-away instance-like folder inside the real instances dir, so the smoke run also
+    // proves the sandbox uid can reach workspaces there.
+    fs::make_dirs(cfg.ns.instances_dir, 0755);
+    std::string tmpl = (cfg.ns.instances_dir / ".doctor-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw SysError(errno, "mkdtemp", tmpl);
+    tmp = tmpl;
+    ::chmod(tmp.c_str(), 0711);
+    for (const char* dir : {"workspace", "output"}) {
+      stdfs::path p = tmp / dir;
+      check_sys(::mkdir(p.c_str(), 0700), "mkdir", p.string());
+      if (::geteuid() == 0 && cfg.ns.sandbox_uid != 0)
+        check_sys(::chown(p.c_str(), cfg.ns.sandbox_uid, cfg.ns.sandbox_gid), "chown", p.string());
+    }
+    sandbox::RunSpec spec;
+    spec.target.instance_id = "doctor";
+    spec.target.workspace = tmp / "workspace";
+    spec.target.output = tmp / "output";
+    spec.target.shared_output_root = tmp;
+    spec.target.network = cfg.ns.default_network;
+    spec.argv = {"/bin/sh", "-c",
+                 "echo ok > \"$HOME/smoke\" && echo ok > \"" + cfg.ns.output_mount + "/smoke\" && "
+                 "grep -q '^CapEff:[[:space:]]*0*$' /proc/self/status && exit 7"};
+    Pipe err = make_pipe();
+    spec.stdio.err = err.write.get();
+    auto process = ctx.backend().start(spec);
+    err.write.reset();
+    std::string messages;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(err.read.get(), buf, sizeof buf)) > 0) messages.append(buf, static_cast<size_t>(n));
+    sandbox::ExitStatus st = process->wait();
+    const bool wrote = fs::read_file(tmp / "workspace" / "smoke").value_or("") == "ok\n" &&
+                       fs::read_file(tmp / "output" / "smoke").value_or("") == "ok\n";
+    c.ok = st.started && st.exit_code == 7 && wrote;
+    if (c.ok) {
+      c.detail = "ran a command with no capabilities; workspace and output writable";
+    } else {
+      c.detail = st.started ? fmt::format("command exited {}{}", st.exit_code,
+                                          wrote ? "" : "; workspace/output not writable")
+                            : st.error;
+      if (!messages.empty()) c.detail += ": " + trim(messages);
+      c.fix = "check namespace.bwrap_command and namespace.sandbox_uid; try: ns-hpc bwrap ID -- true";
+    }
+  } catch (const std::exception& e) {
+    c.detail = e.what();
+    c.fix = "check namespace.bwrap_command (ns-hpc config show)";
+  }
+  if (!tmp.empty()) {
+    try {
+      fs::remove_tree(tmp);
+    } catch (...) {
+    }
+  }
+  return c;
+}
+
+Check check_instances_dir(const config::Config& cfg) {
+  Check c{"instances dir writable"};
+  const stdfs::path dir = cfg.ns.instances_dir;
+  try {
+    fs::make_dirs(dir, 0755);
+    const stdfs::path probe = dir / fmt::format(".doctor-{}", ::getpid());
+    fs::atomic_write(probe, "ok\n", 0600);
+    ::unlink(probe.c_str());
+    c.ok = true;
+    c.detail = dir.string();
+  } catch (const std::exception& e) {
+    c.detail = e.what();
+    c.fix = "set namespace.instances_dir to a folder you can write";
+  }
+  return c;
+}
+
+std::optional<std::string> cgroup2_mount() {
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream pre(line.substr(0, dash)), post(line.substr(dash + 3));
+    std::string f1, f2, f3, f4, mount_point, fstype;
+    pre >> f1 >> f2 >> f3 >> f4 >> mount_point;
+    post >> fstype;
+    if (fstype == "cgroup2") return mount_point;
+  }
+  return std::nullopt;
+}
+
+bool can_make_child_cgroup(const stdfs::path& dir) {
+  const stdfs::path child = dir / fmt::format("ns-hpc-doctor-{}", ::getpid());
+  if (::mkdir(child.c_str(), 0755) < 0) return false;
+  ::rmdir(child.c_str());
+  return true;
+}
+
+std::vector<Check> check_cgroups() {
+  std::vector<Check> checks;
+  Check v1{"cgroup v1 controllers (memory, cpu, pids)"};
+  v1.required = false;
+  std::vector<std::string> usable, missing;
+  for (const char* controller : {"memory", "cpu", "pids"}) {
+    stdfs::path dir = stdfs::path("/sys/fs/cgroup") / controller;
+    if (stdfs::exists(dir / "cgroup.procs") && can_make_child_cgroup(dir))
+      usable.emplace_back(controller);
+    else
+      missing.emplace_back(controller);
+  }
+  v1.ok = missing.empty();
+  v1.detail = usable.empty() ? "none usable" : "usable: " + fmt::format("{}", fmt::join(usable, ", "));
+  if (!missing.empty()) v1.detail += "; not usable: " + fmt::format("{}", fmt::join(missing, ", "));
+  if (!v1.ok) v1.fix = "job limits on memory/cpu/pids need writable cgroups (root, or a delegated subtree)";
+  checks.push_back(v1);
+
+  Check v2{"cgroup v2 (cgroup.kill, controllers)"};
+  v2.required = false;
+  if (auto mount = cgroup2_mount()) {
+    std::string controllers = trim(fs::read_file(stdfs::path(*mount) / "cgroup.controllers").value_or(""));
+    bool writable = can_make_child_cgroup(*mount);
+    v2.ok = writable;
+    v2.detail = fmt::format("{}: controllers [{}]{}", *mount, controllers,
+                            writable ? ", child cgroups can be made (cgroup.kill usable)" : ", not writable");
+    if (!writable) v2.fix = "whole-tree kill via cgroup.kill needs a writable cgroup2 subtree";
+  } else {
+    v2.detail = "no cgroup2 mount";
+    v2.fix = "mount cgroup2 (e.g. at /sys/fs/cgroup/unified) to use cgroup.kill";
+  }
+  checks.push_back(v2);
+  return checks;
+}
+
+std::vector<Check> check_slurm() {
+  std::vector<Check> checks;
+  for (const char* tool : {"sbatch", "squeue", "sacct", "scancel", "scontrol"}) {
+    Check c{fmt::format("{} found", tool)};
+    c.required = false;
+    auto path = which(tool);
+    c.ok = path.has_value();
+    c.detail = path ? *path : "not on PATH (needed only for Slurm jobs)";
+    if (!c.ok) c.fix = "install slurm-client for Slurm jobs";
+    checks.push_back(c);
+  }
+  return checks;
+}
+
+void print_text(const std::vector<Check>& checks, bool ok) {
+  std::puts("ns-hpc doctor\n");
+  for (const auto& c : checks) {
+    std::string line = fmt::format("  {} {}", c.ok ? "✓" : "✗", c.name);
+    if (!c.required && !c.ok) line += " (optional)";
+    if (!c.detail.empty()) line += ": " + c.detail;
+    std::puts(line.c_str());
+    if (!c.ok && !c.fix.empty()) std::printf("      fix: %s\n", c.fix.c_str());
+  }
+  std::puts(ok ? "\nAll required checks passed." : "\nSome checks failed. See above for details.");
+}
+
+}  // namespace
+
+void add_doctor_command(CLI::App& app, Context& ctx) {
+  auto json = std::make_shared<bool>(false);
+  auto* cmd = app.add_subcommand("doctor", "Check that this machine can run ns-hpc sandboxes");
+  cmd->add_flag("--json", *json, "Print JSON");
+  cmd->callback([&ctx, json] {
+    std::vector<Check> checks;
+    const config::Config* cfg = nullptr;
+    std::optional<config::Config> fallback;
+    checks.push_back(check_config(ctx, cfg, fallback));
+    checks.push_back(check_bwrap(*cfg));
+    checks.push_back(check_userns(*cfg));
+    checks.push_back(check_seccomp());
+    checks.push_back(check_sandbox_user(*cfg));
+    if (checks[0].ok && checks[1].ok) {
+      checks.push_back(check_smoke(ctx, *cfg));
+    } else {
+      Check skipped{"sandbox smoke run (configured bwrap_command)"};
+      skipped.detail = "skipped: needs a valid config and bwrap";
+      checks.push_back(skipped);
+    }
+    checks.push_back(check_instances_dir(*cfg));
+    for (auto& c : check_cgroups()) checks.push_back(std::move(c));
+    for (auto& c : check_slurm()) checks.push_back(std::move(c));
+
+    bool ok = true;
+    for (const auto& c : checks) ok = ok && (c.ok || !c.required);
+    if (*json) {
+      nlohmann::json out = {{"ok", ok}, {"checks", nlohmann::json::array()}};
+      for (const auto& c : checks)
+        out["checks"].push_back({{"name", c.name}, {"ok", c.ok}, {"required", c.required},
+                                 {"detail", c.detail}, {"fix", c.fix}});
+      print_json(out);
+    } else {
+      print_text(checks, ok);
+    }
+    ctx.exit_code = ok ? 0 : 1;
+  });
+}
+
+}  // namespace nshpc::cli

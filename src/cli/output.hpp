@@ -1,0 +1,23 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "store/store.hpp"
+
+namespace nshpc::cli {
+
+nlohmann::json instance_json(const store::Instance& inst);
+nlohmann::json archived_json(const store::ArchivedInstance& a);
+void print_json(const nlohmann::json& value);
+
+// Prints rows as aligned columns (the last column is not padded).
+void print_table(const std::vector<std::vector<std::string>>& rows);
+
+// "2026-06-12 10:31:02" from an ISO time (local to UTC, seconds precision); "-" when empty.
+std::string short_time(const std::string& iso);
+std::string short_time(std::chrono::system_clock::time_point t);
+
+}  // namespace nshpc::cli

@@ -1,0 +1,162 @@
+// ns-hpc configuration: three TOML layers merged into one validated, immutable Config.
+//
+// Layers (later wins): built-in defaults -> ${XDG_CONFIG_HOME:-~/.config}/ns-hpc/config.toml
+// -> the explicit file (--config, else NS_HPC_CONFIG). Tables merge deeply; every other value,
+// lists included, is replaced whole. An entry of a named table (proxied_mcps.X, host_commands.X,
+// dav.extras.X, jobs.*.limit.X) with `enabled = false` is removed from the effective config.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace nshpc::config {
+
+enum class ResultType { text, structured, both };
+enum class Network { host, off };
+
+std::string_view to_string(ResultType);
+std::string_view to_string(Network);
+std::optional<Network> parse_network(std::string_view);
+
+// A resource limit in the style of Slurm's: used when a job does not ask, and the most it may ask.
+struct Limit {
+  std::int64_t default_value = 0;
+  std::int64_t max = 0;
+};
+
+struct Namespace {
+  std::filesystem::path instances_dir;     // absolute, ~ and $VAR expanded
+  std::vector<std::string> bwrap_command;  // base argv; [0] is the bwrap program
+  std::string workspace_mount = "/workspace";
+  std::string output_mount = "/output";
+  std::string shared_output_mount = "/shared-output";
+  bool shared_output = false;  // opt-in: bind every instance's output read-only (the seed's default)
+  int status_fd = 3;           // accepted for compatibility; ns-hpc numbers its descriptors itself
+  bool hardening = true;       // add the hardening flags to bwrap_command
+  bool seccomp = true;         // pass the built-in seccomp filter (only when hardening is on)
+  // Host uid/gid bwrap is started as when ns-hpc runs as root. 0 keeps root (unsafe; doctor warns).
+  std::uint32_t sandbox_uid = 65534;
+  std::uint32_t sandbox_gid = 65534;
+  Network default_network = Network::host;  // network of new instances
+  std::string path = "/usr/local/bin:/usr/bin:/bin";  // PATH inside the sandbox
+  std::map<std::string, std::string> env;             // extra variables set in the sandbox
+  std::vector<std::string> pass_env;                  // host variables passed through by name
+};
+
+struct JobsLocal {
+  bool use_cgroups = true;
+  std::vector<std::string> cgroups_command;  // optional prefix (e.g. systemd-run); empty = none
+  bool proc_check = true;
+  std::map<std::string, Limit> limit;
+};
+
+struct JobsSlurm {
+  std::vector<std::string> sbatch_command;
+  std::map<std::string, Limit> limit;
+};
+
+struct Jobs {
+  std::int64_t max_timeout = 3600;
+  JobsLocal local;
+  JobsSlurm slurm;
+};
+
+struct Resource {
+  std::vector<std::filesystem::path> context_dirs;  // absolute; relative ones resolved against the
+                                                     // folder of the file that set them
+  std::vector<std::string> resource_patterns;
+};
+
+struct Mcp {
+  ResultType result_type = ResultType::both;
+};
+
+struct DavExtra {
+  std::filesystem::path path;
+  bool ro = true;
+};
+
+struct Dav {
+  bool enabled = false;
+  std::map<std::string, DavExtra> extras;
+};
+
+struct ProxiedMcp {
+  std::string command;
+  std::vector<std::string> args;
+  std::map<std::string, std::string> env;
+  std::vector<std::string> include;
+  std::vector<std::string> exclude;
+  double idle_timeout = 0.0;
+};
+
+struct HostCommand {
+  std::string command;
+  std::string description;
+  double timeout = 30.0;
+};
+
+struct Config {
+  Namespace ns;
+  Jobs jobs;
+  Resource resource;
+  Mcp mcp;
+  Dav dav;
+  std::map<std::string, ProxiedMcp> proxied_mcps;
+  std::map<std::string, HostCommand> host_commands;
+  std::vector<std::filesystem::path> sources;  // the files that were read, in layer order
+};
+
+// Refusal to load: every problem is one line "file:line:col: key: what is wrong and what is allowed".
+class ConfigError : public std::runtime_error {
+ public:
+  explicit ConfigError(std::vector<std::string> problems);
+  const std::vector<std::string>& problems() const noexcept { return problems_; }
+
+ private:
+  std::vector<std::string> problems_;
+};
+
+using EnvLookup = std::function<std::optional<std::string>(std::string_view)>;
+EnvLookup process_env();  // reads the real environment
+bool running_as_root();   // geteuid() == 0
+
+// Default namespace.instances_dir when running as root (instead of ~/.local/share/...): the
+// sandbox uid must be able to traverse the path to the workspaces, and /root is private.
+inline constexpr std::string_view kRootInstancesDir = "/var/lib/ns-hpc/instances";
+
+struct LoadOptions {
+  std::optional<std::filesystem::path> explicit_path;  // --config; falls back to NS_HPC_CONFIG
+  bool read_user_file = true;                          // the XDG layer
+  EnvLookup env = process_env();
+  bool as_root = running_as_root();                    // selects kRootInstancesDir as default
+};
+
+struct Loaded {
+  Config config;
+  std::vector<std::string> warnings;  // e.g. "file:3:1: unknown key 'namespace.foo' ignored"
+};
+
+// Loads and validates the layers. Throws ConfigError (never returns a half-valid Config).
+Loaded load(const LoadOptions& options = {});
+
+// Validates one file on top of the defaults (for `ns-hpc config check FILE`).
+Loaded check_file(const std::filesystem::path& file, const EnvLookup& env = process_env());
+
+// The effective configuration, for `ns-hpc config show [--json]`.
+nlohmann::json to_json(const Config&);
+std::string to_toml(const Config&);
+
+// The built-in defaults as TOML text (documented in the README).
+std::string_view default_toml();
+
+}  // namespace nshpc::config

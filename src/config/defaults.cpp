@@ -1,0 +1,141 @@
+// The built-in defaults layer and the names of the configuration's enumerations.
+#include "config/config.hpp"
+
+namespace nshpc::config {
+
+namespace {
+
+// Loaded as the lowest layer (source "<defaults>"); every key the schema knows has its default
+// here, so this text doubles as the reference of the configuration format.
+constexpr std::string_view kDefaultToml = R"toml(# ns-hpc built-in defaults.
+# Layers, later wins: these defaults -> ${XDG_CONFIG_HOME:-~/.config}/ns-hpc/config.toml
+# -> the file named by --config (else $NS_HPC_CONFIG). Tables merge key by key; any other value,
+# lists included, replaces the lower layer's value whole. An entry of proxied_mcps, host_commands,
+# dav.extras, jobs.slurm.limit or jobs.local.limit with `enabled = false` is removed.
+
+[namespace]
+# Root of all instance state. ~ and $VAR / ${VAR} are expanded; a relative path is resolved
+# against the folder of the file that sets it.
+instances_dir = "${HOME}/.local/share/ns-hpc/instances"
+# Base bwrap argv; element 0 is the bwrap program. ns-hpc appends the binds, --chdir and the command.
+bwrap_command = [
+  "bwrap", "--unshare-all", "--share-net",
+  "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+  "--ro-bind", "/usr", "/usr",
+  "--ro-bind", "/lib", "/lib",
+  "--ro-bind", "/lib64", "/lib64",
+  "--ro-bind", "/bin", "/bin",
+  "--ro-bind", "/sbin", "/sbin",
+  "--ro-bind", "/etc", "/etc",
+]
+# Sandbox paths of the instance's workspace (also the working directory), of its output folder
+# and of the read-only view of every instance's output. Absolute, distinct, not "/".
+workspace_mount = "/workspace"
+output_mount = "/output"
+shared_output_mount = "/shared-output"
+# Bind every instance's output read-only at shared_output_mount.
+shared_output = false
+# Accepted for compatibility; ns-hpc numbers its descriptors itself. 3 or more.
+status_fd = 3
+# Add ns-hpc's hardening flags to bwrap_command, and its seccomp filter (only with hardening).
+hardening = true
+seccomp = true
+# Host uid/gid bwrap runs as when ns-hpc runs as root (0 keeps root, which is unsafe).
+sandbox_uid = 65534
+sandbox_gid = 65534
+# Network of new instances: "host" or "off".
+default_network = "host"
+# PATH inside the sandbox.
+path = "/usr/local/bin:/usr/bin:/bin"
+# Host variables passed into the sandbox by name.
+pass_env = []
+
+# Extra variables set in the sandbox (NAME = "value"; not PATH or HOME).
+[namespace.env]
+
+[jobs]
+# Hard cap, in seconds, of any job timeout or wait (1..604800).
+max_timeout = 3600
+
+[jobs.local]
+# Run local jobs under cgroups, with cgroups_command as an optional prefix (e.g. systemd-run).
+use_cgroups = true
+cgroups_command = []
+# After a restart, check "running" local jobs against /proc.
+proc_check = true
+
+# Limits of local jobs: name = { default = int, max = int }.
+[jobs.local.limit]
+
+[jobs.slurm]
+# Base sbatch argv; "{name}" in an element is replaced by the job's value of limit `name`.
+sbatch_command = ["sbatch", "--partition", "cpu", "--cpus-per-task={cpus}", "--mem={memory}M"]
+
+# Limits of Slurm jobs: used when a job does not ask (default) and the most it may ask (max).
+[jobs.slurm.limit]
+cpus = { default = 1, max = 8 }
+memory = { default = 4096, max = 32768 }  # MiB
+
+[resource]
+# Folders whose top-level files matching resource_patterns are served as MCP resources. A relative
+# folder is resolved against the folder of the file that sets the list (for these defaults:
+# ${XDG_CONFIG_HOME:-~/.config}/ns-hpc).
+context_dirs = ["context"]
+resource_patterns = ["*.md"]
+
+[mcp]
+# Result shape of ns-hpc's own tools: "text", "structured" or "both".
+result_type = "both"
+
+[dav]
+# Serve WebDAV at /dav (HTTP transports only).
+enabled = false
+
+# Extra folders served at /dav/<name>/: [dav.extras.<name>] path = "...", ro = true.
+[dav.extras]
+
+# MCP servers started inside an instance and proxied as <name>__<tool>:
+# command (required), args, env, include, exclude (tool-name globs), idle_timeout (seconds, 0 = never).
+[proxied_mcps.filesystem]
+command = "npx"
+args = ["-y", "@modelcontextprotocol/server-filesystem", "/"]
+
+# Shell commands run on the host: [host_commands.<key>] command = "...", description = "",
+# timeout = 30 (seconds).
+[host_commands]
+)toml";
+
+}  // namespace
+
+std::string_view default_toml() { return kDefaultToml; }
+
+std::string_view to_string(ResultType type) {
+  switch (type) {
+    case ResultType::text:
+      return "text";
+    case ResultType::structured:
+      return "structured";
+    case ResultType::both:
+      return "both";
+  }
+  return "both";
+}
+
+std::string_view to_string(Network network) {
+  switch (network) {
+    case Network::host:
+      return "host";
+    case Network::off:
+      return "off";
+  }
+  return "host";
+}
+
+std::optional<Network> parse_network(std::string_view name) {
+  for (Network network : {Network::host, Network::off}) {
+    if (to_string(network) == name) return network;
+  }
+  return std::nullopt;
+}
+
+}  // namespace nshpc::config

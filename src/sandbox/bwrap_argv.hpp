@@ -1,0 +1,45 @@
+// Building the bwrap command line (pure: no system calls beyond reading symlinks).
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "sandbox/sandbox.hpp"
+
+namespace nshpc::sandbox {
+
+// Descriptor numbers as the bwrap process will see them.
+struct FdNumbers {
+  int status = -1;          // --json-status-fd
+  int seccomp = -1;         // --seccomp (-1: none)
+  int workspace = -1;       // --bind-fd
+  int output = -1;          // --bind-fd
+  int shared_output = -1;   // --ro-bind-fd (-1: not bound)
+};
+
+struct ArgvOptions {
+  std::string bwrap_path;  // resolved program path (argv[0])
+  // Reads a top-level symlink such as /bin -> usr/bin; nullopt when not a symlink.
+  std::function<std::optional<std::string>(const std::string&)> read_symlink;
+};
+
+// Number of arguments each bwrap option takes (0, 1 or 2); nullopt for an unknown option.
+std::optional<int> bwrap_option_arity(std::string_view option);
+
+// The full bwrap argv: the configured base (network flags removed, merged-/usr symlinks
+// reproduced), the hardening flags unless namespace.hardening is false, the network flag, the
+// instance mounts, status/seccomp descriptors, --chdir, "--" and the command.
+// Throws Error when the base command is unusable (contains "--", unknown option, ...).
+std::vector<std::string> build_bwrap_argv(const config::Namespace& ns, const RunSpec& spec,
+                                          const FdNumbers& fds, const ArgvOptions& options);
+
+// The sandbox's environment: PATH, HOME, LANG, TERM, NS_HPC_INSTANCE, namespace.env,
+// namespace.pass_env from `host_env`, then spec.env. "NAME=value" strings.
+std::vector<std::string> build_sandbox_env(
+    const config::Namespace& ns, const RunSpec& spec,
+    const std::function<std::optional<std::string>(std::string_view)>& host_env);
+
+}  // namespace nshpc::sandbox

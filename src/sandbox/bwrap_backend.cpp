@@ -1,0 +1,298 @@
+// The bubblewrap backend: one fresh, hardened sandbox per command.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "base/fs.hpp"
+#include "sandbox/bwrap_argv.hpp"
+#include "sandbox/sandbox.hpp"
+#include "sandbox/seccomp.hpp"
+#include "sandbox/spawn.hpp"
+#include "sandbox/status.hpp"
+
+namespace nshpc::sandbox {
+
+namespace {
+
+// Descriptor numbers inside the bwrap process.
+constexpr FdNumbers kChildFds{.status = 3, .seccomp = 4, .workspace = 5, .output = 6, .shared_output = 7};
+
+std::optional<std::string> read_top_level_symlink(const std::string& path) {
+  char buf[4096];
+  ssize_t n = ::readlink(path.c_str(), buf, sizeof buf - 1);
+  if (n <= 0) return std::nullopt;
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+std::optional<std::string> host_env(std::string_view name) {
+  const char* value = std::getenv(std::string(name).c_str());
+  if (!value) return std::nullopt;
+  return std::string(value);
+}
+
+std::string find_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    if (::access(name.c_str(), X_OK) == 0) return name;
+    throw Error(fmt::format("bwrap program '{}' (namespace.bwrap_command[0]) is not executable; "
+                            "install bubblewrap or fix the path", name));
+  }
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (!dirs.empty()) {
+    auto colon = dirs.find(':');
+    std::string dir(dirs.substr(0, colon));
+    dirs = colon == std::string_view::npos ? std::string_view{} : dirs.substr(colon + 1);
+    if (dir.empty()) continue;
+    std::string candidate = dir + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  throw Error(fmt::format("'{}' not found on PATH; install bubblewrap (apt-get install bubblewrap)", name));
+}
+
+// Why `uid`/`gid` cannot reach `dir` (a folder on the way lacks the search bit for it), or
+// nullopt. bwrap resolves bind sources by path after dropping to that uid.
+std::optional<std::string> unreachable_for(const stdfs::path& dir, uid_t uid, gid_t gid) {
+  stdfs::path current = "/";
+  auto check = [&](const stdfs::path& p) -> std::optional<std::string> {
+    struct stat st;
+    if (::stat(p.c_str(), &st) < 0) return fmt::format("{}: {}", p.string(), std::strerror(errno));
+    mode_t bit = st.st_uid == uid ? S_IXUSR : (st.st_gid == gid ? S_IXGRP : S_IXOTH);
+    if (!(st.st_mode & bit))
+      return fmt::format("{} (mode {:04o}, owner uid {}) cannot be entered by uid {}", p.string(),
+                         st.st_mode & 07777, st.st_uid, uid);
+    return std::nullopt;
+  };
+  for (const auto& part : dir.relative_path()) {
+    if (auto why = check(current)) return why;
+    current /= part;
+  }
+  return check(current);
+}
+
+// Pipe whose read end yields the seccomp program (fits in the pipe buffer: < 4 KiB).
+UniqueFd seccomp_program_fd(const std::string& bpf) {
+  Pipe p = make_pipe();
+  const char* data = bpf.data();
+  size_t left = bpf.size();
+  while (left > 0) {
+    ssize_t n = ::write(p.write.get(), data, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw SysError(errno, "write seccomp program");
+    }
+    data += n;
+    left -= static_cast<size_t>(n);
+  }
+  return std::move(p.read);
+}
+
+class BwrapProcess final : public Process {
+ public:
+  BwrapProcess(Child child, UniqueFd status) : child_(std::move(child)), status_fd_(std::move(status)) {
+    // Wait for the sandbox to exist (first status document) so kill() can reach its init.
+    read_status(/*until_child_pid=*/true);
+    if (auto init = status_.child_pid()) {
+      init_pid_ = *init;
+      init_pidfd_ = open_pidfd(*init);
+    }
+  }
+  ~BwrapProcess() override {
+    if (reaped_) return;
+    try {
+      kill();
+      wait();
+    } catch (...) {
+    }
+  }
+
+  pid_t pid() const override { return child_.pid; }
+  pid_t sandbox_pid() const override { return init_pid_; }
+  int pidfd() const override { return child_.pidfd.get(); }
+
+  void kill() override {
+    if (reaped_) return;
+    // The sandbox init first (its death takes the whole pid namespace), then bwrap itself.
+    signal_pidfd(init_pidfd_.get(), SIGKILL);
+    signal_pidfd(child_.pidfd.get(), SIGKILL);
+  }
+
+  ExitStatus wait() override {
+    if (reaped_) return result_;
+    read_status(/*until_child_pid=*/false);
+    int raw = 0;
+    while (::waitpid(child_.pid, &raw, 0) < 0) {
+      if (errno != EINTR) throw SysError(errno, "waitpid", "bwrap");
+    }
+    reaped_ = true;
+    result_ = interpret(raw);
+    return result_;
+  }
+
+ private:
+  void read_status(bool until_child_pid) {
+    if (!status_fd_) return;
+    char buf[4096];
+    while (!(until_child_pid && status_.child_pid())) {
+      ssize_t n = ::read(status_fd_.get(), buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        status_fd_.reset();  // EOF: bwrap has exited (or failed)
+        return;
+      }
+      status_.feed(std::string_view(buf, static_cast<size_t>(n)));
+    }
+  }
+
+  ExitStatus interpret(int raw) const {
+    ExitStatus st;
+    if (auto code = status_.exit_code()) {
+      st.started = true;
+      st.exit_code = *code;
+      return st;
+    }
+    if (WIFSIGNALED(raw)) {
+      // Killed (by kill() or from outside) before bwrap could report: the tree went with it.
+      st.started = status_.child_pid().has_value();
+      st.exit_code = 128 + WTERMSIG(raw);
+      if (!st.started) st.error = fmt::format("bwrap was killed by signal {} while starting", WTERMSIG(raw));
+      return st;
+    }
+    st.exit_code = WIFEXITED(raw) ? WEXITSTATUS(raw) : 1;
+    st.error = fmt::format(
+        "bwrap exited with status {} before the command ran (it could not set up the sandbox "
+        "or execute the command; its own message is on stderr)",
+        st.exit_code);
+    return st;
+  }
+
+  Child child_;
+  UniqueFd status_fd_;
+  StatusStream status_;
+  pid_t init_pid_ = 0;
+  UniqueFd init_pidfd_;
+  bool reaped_ = false;
+  ExitStatus result_;
+};
+
+class BwrapBackend final : public Backend {
+ public:
+  explicit BwrapBackend(const config::Config& config) : ns_(config.ns) {
+    if (::geteuid() == 0 && ns_.sandbox_uid != 0) drop_to_ = std::make_pair(ns_.sandbox_uid, ns_.sandbox_gid);
+  }
+
+  std::string_view name() const override { return "bwrap"; }
+
+  std::vector<std::string> describe(const RunSpec& spec) const override {
+    return build_bwrap_argv(ns_, spec, fd_numbers(), argv_options());
+  }
+
+  std::unique_ptr<Process> start(const RunSpec& spec) override {
+    const std::vector<std::string> argv = build_bwrap_argv(ns_, spec, fd_numbers(), argv_options());
+    const std::vector<std::string> envp = build_sandbox_env(ns_, spec, host_env);
+
+    if (drop_to_) {
+      for (const stdfs::path& dir : {spec.target.workspace, spec.target.output}) {
+        if (auto why = unreachable_for(dir, drop_to_->first, drop_to_->second))
+          throw Error(fmt::format(
+              "the sandbox uid {} cannot reach {}: {}; keep namespace.instances_dir in a folder it can "
+              "pass through (as root the default is {}) or change namespace.sandbox_uid",
+              drop_to_->first, dir.string(), *why, config::kRootInstancesDir));
+      }
+    }
+    // Instance folders are passed as descriptors opened here (bwrap binds /proc/self/fd/N), so
+    // the folder bound is the one checked, even if a path component changes afterwards.
+    UniqueFd workspace = open_instance_dir(spec.target.workspace, "workspace");
+    UniqueFd output = open_instance_dir(spec.target.output, "output");
+    UniqueFd shared;
+    if (ns_.shared_output) shared = open_instance_dir(spec.target.shared_output_root, "shared output");
+    UniqueFd seccomp;
+    if (ns_.hardening && ns_.seccomp) seccomp = seccomp_program_fd(seccomp_bpf());
+    Pipe status = make_pipe();
+    UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
+    if (!null_fd) throw SysError(errno, "open", "/dev/null");
+
+    auto or_null = [&](int fd) { return fd >= 0 ? fd : null_fd.get(); };
+    ChildSetup setup;
+    setup.program = argv.front();
+    setup.argv = argv;
+    setup.envp = envp;
+    setup.fds = {{or_null(spec.stdio.in), 0},
+                 {or_null(spec.stdio.out), 1},
+                 {or_null(spec.stdio.err), 2},
+                 {status.write.get(), kChildFds.status},
+                 {workspace.get(), kChildFds.workspace},
+                 {output.get(), kChildFds.output}};
+    if (seccomp) setup.fds.emplace_back(seccomp.get(), kChildFds.seccomp);
+    if (shared) setup.fds.emplace_back(shared.get(), kChildFds.shared_output);
+    setup.rlimits = rlimits(spec.limits);
+    setup.drop_to = drop_to_;
+    setup.controlling_tty = spec.terminal;
+    setup.die_with_parent = spec.die_with_caller;
+
+    Child child = spawn(setup);
+    status.write.reset();
+    return std::make_unique<BwrapProcess>(std::move(child), std::move(status.read));
+  }
+
+ private:
+  FdNumbers fd_numbers() const {
+    FdNumbers fds = kChildFds;
+    if (!(ns_.hardening && ns_.seccomp)) fds.seccomp = -1;
+    if (!ns_.shared_output) fds.shared_output = -1;
+    return fds;
+  }
+
+  ArgvOptions argv_options() const {
+    std::call_once(bwrap_path_once_, [this] { bwrap_path_ = find_program(ns_.bwrap_command.at(0)); });
+    return ArgvOptions{bwrap_path_, read_top_level_symlink};
+  }
+
+  const std::string& seccomp_bpf() {
+    std::call_once(seccomp_once_, [this] { seccomp_bpf_ = build_seccomp_bpf(); });
+    return seccomp_bpf_;
+  }
+
+  static UniqueFd open_instance_dir(const stdfs::path& dir, std::string_view what) {
+    try {
+      return fs::open_dir_path(dir);
+    } catch (const SysError& e) {
+      throw Error(fmt::format("cannot open the instance's {} folder: {}", what, e.what()));
+    }
+  }
+
+  static std::vector<std::pair<int, rlim_t>> rlimits(const Limits& limits) {
+    std::vector<std::pair<int, rlim_t>> out;
+    if (limits.cpu_seconds) out.emplace_back(RLIMIT_CPU, *limits.cpu_seconds);
+    if (limits.file_size_bytes) out.emplace_back(RLIMIT_FSIZE, *limits.file_size_bytes);
+    if (limits.open_files) out.emplace_back(RLIMIT_NOFILE, *limits.open_files);
+    if (limits.address_space) out.emplace_back(RLIMIT_AS, *limits.address_space);
+    return out;
+  }
+
+  config::Namespace ns_;
+  std::optional<std::pair<uid_t, gid_t>> drop_to_;
+  mutable std::once_flag bwrap_path_once_;
+  mutable std::string bwrap_path_;
+  std::once_flag seccomp_once_;
+  std::string seccomp_bpf_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_bwrap_backend(const config::Config& config) {
+  return std::make_unique<BwrapBackend>(config);
+}
+
+ExitStatus run(Backend& backend, const RunSpec& spec) { return backend.start(spec)->wait(); }
+
+}  // namespace nshpc::sandbox

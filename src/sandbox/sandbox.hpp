@@ -1,0 +1,91 @@
+// Sandbox backends behind one interface. The default backend is bubblewrap, hardened:
+// unprivileged host uid, all namespaces, no capabilities, seccomp, clean environment,
+// read-only /proc/sys, the whole tree killed when the caller goes away.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "config/config.hpp"
+
+namespace nshpc::sandbox {
+
+namespace stdfs = std::filesystem;
+
+// The host folders of one instance that a sandbox binds, and its network mode.
+struct Target {
+  std::string instance_id;
+  stdfs::path workspace;           // bound read-write at namespace.workspace_mount
+  stdfs::path output;              // bound read-write at namespace.output_mount
+  stdfs::path shared_output_root;  // bound read-only at shared_output_mount when enabled
+  config::Network network = config::Network::host;
+};
+
+// Per-process limits applied with setrlimit before bwrap starts (inherited by the whole tree).
+// cgroup-backed limits (memory, cpus, pids) belong to the jobs engine.
+struct Limits {
+  std::optional<std::uint64_t> cpu_seconds;      // RLIMIT_CPU
+  std::optional<std::uint64_t> file_size_bytes;  // RLIMIT_FSIZE
+  std::optional<std::uint64_t> open_files;       // RLIMIT_NOFILE
+  std::optional<std::uint64_t> address_space;    // RLIMIT_AS (bytes)
+};
+
+// Descriptors the command gets as stdin/stdout/stderr; borrowed, -1 means /dev/null.
+struct Stdio {
+  int in = -1;
+  int out = -1;
+  int err = -1;
+};
+
+struct RunSpec {
+  Target target;
+  std::vector<std::string> argv;                            // the command, word for word
+  std::string cwd;                                          // sandbox path; empty = workspace
+  std::vector<std::pair<std::string, std::string>> env;     // extra variables
+  Stdio stdio;
+  Limits limits;
+  bool terminal = false;         // stdin is a terminal to become the sandbox's controlling tty
+  bool die_with_caller = true;   // SIGKILL the sandbox when the calling process dies
+};
+
+struct ExitStatus {
+  bool started = false;  // the command itself ran
+  int exit_code = -1;    // the command's exit code; 128+N when signal N killed it
+  std::string error;     // when !started: why the command did not run
+};
+
+// A running sandbox. Destroying a Process that is still running kills its whole tree.
+class Process {
+ public:
+  virtual ~Process() = default;
+  virtual pid_t pid() const = 0;            // host pid of the bwrap process
+  virtual pid_t sandbox_pid() const = 0;    // host pid of the sandbox's init (0 if unknown)
+  virtual int pidfd() const = 0;            // pidfd of bwrap: readable once it has exited
+  virtual ExitStatus wait() = 0;            // blocks until the sandbox has ended
+  virtual void kill() = 0;                  // SIGKILL to the whole tree; idempotent
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  // Starts the command; returns once the sandbox exists (or throws Error saying why it can't).
+  virtual std::unique_ptr<Process> start(const RunSpec& spec) = 0;
+  // The program and arguments start() would execute, with placeholder descriptor numbers.
+  virtual std::vector<std::string> describe(const RunSpec& spec) const = 0;
+};
+
+std::unique_ptr<Backend> make_bwrap_backend(const config::Config& config);
+
+// Runs `spec` to completion (convenience over start + wait).
+ExitStatus run(Backend& backend, const RunSpec& spec);
+
+}  // namespace nshpc::sandbox

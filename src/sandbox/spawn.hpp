@@ -1,0 +1,43 @@
+// Starting a child process with exact control of its descriptors, limits and identity.
+// Everything the child does between fork and exec is an async-signal-safe system call, so this
+// is safe in a multi-threaded server.
+#pragma once
+
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/fd.hpp"
+
+namespace nshpc::sandbox {
+
+struct ChildSetup {
+  std::string program;                   // absolute path, executed with execve
+  std::vector<std::string> argv;
+  std::vector<std::string> envp;         // the complete environment
+  std::vector<std::pair<int, int>> fds;  // (descriptor here, number in the child); all others closed
+  std::vector<std::pair<int, rlim_t>> rlimits;  // (RLIMIT_*, value) set as soft and hard limit
+  std::optional<std::pair<uid_t, gid_t>> drop_to;  // setgroups(0) + setresgid + setresuid
+  bool controlling_tty = false;  // setsid() and make the child's stdin its controlling terminal
+  bool die_with_parent = true;   // PR_SET_PDEATHSIG(SIGKILL), set after the identity change
+};
+
+struct Child {
+  pid_t pid = -1;
+  UniqueFd pidfd;  // pidfd_open(pid): signals go to this process even if the pid is reused
+};
+
+// Forks and execs. Throws Error naming the step that failed in the child (e.g. "setresuid(65534)").
+Child spawn(const ChildSetup& setup);
+
+// Sends `sig` through a pidfd; ESRCH (already gone) is not an error.
+void signal_pidfd(int pidfd, int sig);
+
+// pidfd_open(2); an invalid fd when the process is already gone.
+UniqueFd open_pidfd(pid_t pid);
+
+}  // namespace nshpc::sandbox

@@ -1,0 +1,50 @@
+#include "sandbox/status.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace nshpc::sandbox {
+
+void StatusStream::feed(std::string_view bytes) {
+  for (char c : bytes) {
+    if (depth_ == 0 && c != '{') continue;  // whitespace between documents
+    pending_ += c;
+    if (in_string_) {
+      if (escaped_)
+        escaped_ = false;
+      else if (c == '\\')
+        escaped_ = true;
+      else if (c == '"')
+        in_string_ = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string_ = true;
+    } else if (c == '{') {
+      ++depth_;
+    } else if (c == '}') {
+      if (--depth_ == 0) {
+        take_document(pending_);
+        pending_.clear();
+      }
+    }
+    if (pending_.size() > 65536) {  // bwrap never writes this much: stop buffering
+      malformed_ = true;
+      pending_.clear();
+      depth_ = 0;
+    }
+  }
+}
+
+void StatusStream::take_document(std::string_view doc) {
+  auto json = nlohmann::json::parse(doc, nullptr, false);
+  if (!json.is_object()) {
+    malformed_ = true;
+    return;
+  }
+  if (auto it = json.find("child-pid"); it != json.end() && it->is_number_integer())
+    child_pid_ = it->get<pid_t>();
+  if (auto it = json.find("exit-code"); it != json.end() && it->is_number_integer())
+    exit_code_ = it->get<int>();
+}
+
+}  // namespace nshpc::sandbox

@@ -1,0 +1,382 @@
+#include "store/store.hpp"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "audit/audit.hpp"
+#include "base/error.hpp"
+#include "base/fs.hpp"
+#include "base/time.hpp"
+
+namespace nshpc::store {
+
+using Clock = std::chrono::system_clock;
+
+// ---- Metadata -------------------------------------------------------------------------------
+
+namespace {
+
+std::string string_field(const nlohmann::json& raw, const char* key) {
+  auto it = raw.find(key);
+  if (it == raw.end() || !it->is_string()) return {};
+  return it->get<std::string>();
+}
+
+bool exists_nofollow(const stdfs::path& p) {
+  struct stat st;
+  return ::lstat(p.c_str(), &st) == 0;
+}
+
+std::optional<Clock::time_point> mtime(const stdfs::path& p) {
+  struct stat st;
+  if (::stat(p.c_str(), &st) < 0) return std::nullopt;
+  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+      std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) < 0) return "unknown";
+  return buf;
+}
+
+std::string random_hex() {
+  std::random_device rd;
+  return fmt::format("{:08x}", rd());
+}
+
+void write_metadata(const stdfs::path& file, const Metadata& meta) {
+  fs::atomic_write(file, meta.raw.dump(2) + "\n", 0644);
+}
+
+// Child folder names of `dir` (no "." / ".."); empty when `dir` is missing.
+std::vector<std::string> child_names(const stdfs::path& dir) {
+  std::vector<std::string> names;
+  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
+  if (!d) {
+    if (errno == ENOENT) return names;
+    throw SysError(errno, "list", dir.string());
+  }
+  while (struct dirent* e = ::readdir(d.get())) {
+    std::string_view name = e->d_name;
+    if (name == "." || name == "..") continue;
+    if (e->d_type != DT_DIR && e->d_type != DT_UNKNOWN) continue;
+    names.emplace_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+std::string Metadata::id() const { return string_field(raw, "id"); }
+std::string Metadata::created_at() const { return string_field(raw, "created_at"); }
+std::string Metadata::description() const { return string_field(raw, "description"); }
+std::string Metadata::hostname() const { return string_field(raw, "hostname"); }
+std::string Metadata::archived_at() const { return string_field(raw, "archived_at"); }
+bool Metadata::archived() const {
+  auto it = raw.find("archived");
+  return it != raw.end() && it->is_boolean() && it->get<bool>();
+}
+std::optional<config::Network> Metadata::network() const {
+  return config::parse_network(string_field(raw, "network"));
+}
+
+Clock::time_point Instance::last_activity() const {
+  Clock::time_point newest{};
+  for (const auto& file : {audit_log(), metadata_file()}) {
+    if (auto t = mtime(file)) newest = std::max(newest, *t);
+  }
+  if (auto created = timeutil::parse_iso(meta.created_at())) newest = std::max(newest, *created);
+  return newest;
+}
+
+std::size_t StateFileJobsGuard::active_jobs(const stdfs::path& instance_base) {
+  std::size_t count = 0;
+  const stdfs::path dir = instance_base / ".ns_hpc_jobs";
+  std::error_code ec;
+  for (const auto& entry : stdfs::directory_iterator(dir, ec)) {
+    if (entry.path().extension() != ".state") continue;
+    auto text = fs::read_file(entry.path());
+    if (!text) continue;
+    auto state = nlohmann::json::parse(*text, nullptr, false);
+    if (!state.is_object()) continue;
+    std::string status = string_field(state, "status");
+    if (status == "running" || status == "pending") ++count;
+  }
+  return count;
+}
+
+// ---- Store ----------------------------------------------------------------------------------
+
+Store::Store(const config::Config& config, JobsGuard& jobs)
+    : root_(config.ns.instances_dir), default_network_(config.ns.default_network), jobs_(jobs) {
+  if (::geteuid() == 0 && config.ns.sandbox_uid != 0) {
+    owner_uid_ = config.ns.sandbox_uid;
+    owner_gid_ = config.ns.sandbox_gid;
+  }
+}
+
+void Store::ensure_layout() const {
+  fs::make_dirs(root_, 0755);
+  fs::make_dirs(output_root(), 0755);
+  fs::make_dirs(archive_root(), 0700);
+}
+
+void Store::give_to_sandbox_user(const stdfs::path& dir) const {
+  if (!owner_uid_) return;
+  if (::lchown(dir.c_str(), *owner_uid_, owner_gid_) < 0)
+    throw SysError(errno, "chown", dir.string());
+}
+
+Instance Store::load(std::string_view id, const stdfs::path& base) const {
+  Instance inst;
+  inst.id = std::string(id);
+  inst.base = base;
+  inst.workspace = base / "workspace";
+  inst.output = output_root() / std::string(id);
+  auto text = fs::read_file(inst.metadata_file());
+  if (!text) throw UsageError(fmt::format("instance '{}' not found; see 'ns-hpc instance list'", id));
+  auto raw = nlohmann::json::parse(*text, nullptr, false);
+  if (!raw.is_object())
+    throw Error(fmt::format("instance '{}' has a corrupt metadata.json ({}); repair or delete it",
+                            id, inst.metadata_file().string()));
+  inst.meta.raw = std::move(raw);
+  inst.network = inst.meta.network().value_or(default_network_);
+  return inst;
+}
+
+std::optional<Instance> Store::find(std::string_view id) const {
+  validate_id(id);
+  const stdfs::path base = root_ / std::string(id);
+  if (!exists_nofollow(base / "metadata.json")) return std::nullopt;
+  return load(id, base);
+}
+
+Instance Store::get(std::string_view id) const {
+  validate_id(id);
+  return load(id, root_ / std::string(id));
+}
+
+Listing Store::list() const {
+  Listing listing;
+  for (const auto& name : child_names(root_)) {
+    if (name.empty() || name[0] == '.' || name == "output") continue;
+    const stdfs::path base = root_ / name;
+    if (!exists_nofollow(base / "metadata.json")) continue;
+    try {
+      listing.instances.push_back(load(name, base));
+    } catch (const Error& e) {
+      listing.corrupt.push_back({name, base, e.what()});
+    }
+  }
+  return listing;
+}
+
+std::vector<ArchivedInstance> Store::list_archived() const {
+  std::vector<ArchivedInstance> out;
+  for (const auto& name : child_names(archive_root())) {
+    if (name.empty() || name[0] == '.') continue;
+    ArchivedInstance a;
+    a.name = name;
+    a.base = archive_root() / name;
+    auto sep = name.rfind("__");
+    a.id = sep == std::string::npos ? name : name.substr(0, sep);
+    if (auto text = fs::read_file(a.base / "metadata.json")) {
+      auto raw = nlohmann::json::parse(*text, nullptr, false);
+      if (raw.is_object()) a.meta.raw = std::move(raw);
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+Instance Store::create(std::string id, const CreateOptions& options, std::string_view actor) {
+  ensure_layout();
+  fs::FileLock lock(lock_file());
+  if (id.empty()) {
+    do id = generate_id();
+    while (exists_nofollow(root_ / id));
+  }
+  validate_id(id);
+  const stdfs::path base = root_ / id;
+  if (exists_nofollow(base)) {
+    if (exists_nofollow(base / "metadata.json"))
+      throw UsageError(fmt::format("instance '{}' already exists at {}", id, base.string()));
+    throw UsageError(fmt::format(
+        "a folder named '{}' exists in {} but is not an instance; remove it or choose another id",
+        id, root_.string()));
+  }
+  const stdfs::path output = output_root() / id;
+  if (exists_nofollow(output) && !stdfs::is_empty(output))
+    throw UsageError(fmt::format(
+        "the output folder {} already exists and is not empty; move it away or choose another id",
+        output.string()));
+
+  // Build the instance in a staging folder, then rename it into place: a crash or an error
+  // leaves no half-made instance under its id.
+  const stdfs::path staging = root_ / fmt::format(".creating-{}-{}", id, random_hex());
+  bool output_made = false;
+  try {
+    // 0711: the sandbox uid may pass through to the workspace but not list or read the rest.
+    check_sys(::mkdir(staging.c_str(), 0711), "mkdir", staging.string());
+    check_sys(::mkdir((staging / "workspace").c_str(), 0700), "mkdir", (staging / "workspace").string());
+    give_to_sandbox_user(staging / "workspace");
+    if (::mkdir(output.c_str(), 0700) == 0) {
+      output_made = true;
+    } else if (errno != EEXIST) {
+      throw SysError(errno, "mkdir", output.string());
+    }
+    give_to_sandbox_user(output);
+
+    Metadata meta;
+    meta.raw["id"] = id;
+    meta.raw["created_at"] = timeutil::iso_utc();
+    meta.raw["workspace"] = (base / "workspace").string();
+    meta.raw["hostname"] = host_name();
+    if (!options.description.empty()) meta.raw["description"] = options.description;
+    meta.raw["network"] = config::to_string(options.network.value_or(default_network_));
+    write_metadata(staging / "metadata.json", meta);
+    audit::append(staging / "audit.log", "instance.created", actor,
+                  {{"instance_id", id},
+                   {"description", options.description},
+                   {"network", meta.raw["network"]}});
+    check_sys(::rename(staging.c_str(), base.c_str()), "rename", base.string());
+    fs::sync_dir(root_);
+  } catch (...) {
+    fs::remove_tree(staging);
+    if (output_made) ::rmdir(output.c_str());
+    throw;
+  }
+  return load(id, base);
+}
+
+Instance Store::update(std::string_view id, const UpdateOptions& options, std::string_view actor) {
+  ensure_layout();
+  fs::FileLock lock(lock_file());
+  Instance inst = get(id);
+  nlohmann::json changes = nlohmann::json::object();
+  if (options.description) {
+    inst.meta.raw["description"] = *options.description;
+    changes["description"] = *options.description;
+  }
+  if (options.network) {
+    inst.meta.raw["network"] = config::to_string(*options.network);
+    inst.network = *options.network;
+    changes["network"] = config::to_string(*options.network);
+  }
+  if (changes.empty()) return inst;
+  write_metadata(inst.metadata_file(), inst.meta);
+  audit(inst, "instance.updated", actor, {{"instance_id", inst.id}, {"changes", changes}});
+  return inst;
+}
+
+void Store::refuse_if_jobs(std::string_view id, const stdfs::path& base, std::string_view action) const {
+  if (std::size_t n = jobs_.active_jobs(base); n > 0)
+    throw UsageError(fmt::format(
+        "cannot {} instance '{}': {} job(s) still running; cancel them first (ns-hpc instance jobs {})",
+        action, id, n, id));
+}
+
+ArchivedInstance Store::archive(std::string_view id, std::string_view actor) {
+  ensure_layout();
+  fs::FileLock lock(lock_file());
+  validate_id(id);
+  const stdfs::path base = root_ / std::string(id);
+  if (!exists_nofollow(base / "metadata.json"))
+    throw UsageError(fmt::format("instance '{}' not found; see 'ns-hpc instance list'", id));
+  refuse_if_jobs(id, base, "archive");
+
+  const auto now = Clock::now();
+  ArchivedInstance archived;
+  archived.id = std::string(id);
+  archived.name = fmt::format("{}__{}", id, timeutil::compact_utc(now));
+  archived.base = archive_root() / archived.name;
+  try {
+    Instance inst = load(id, base);
+    inst.meta.raw["archived"] = true;
+    inst.meta.raw["archived_at"] = timeutil::iso_utc(now);
+    write_metadata(inst.metadata_file(), inst.meta);
+    archived.meta = inst.meta;
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error&) {
+    // A corrupt metadata.json does not stop the archive: the folder is moved aside as it is.
+  }
+  audit::append(base / "audit.log", "instance.archived", actor,
+                {{"instance_id", std::string(id)}, {"archive", archived.name}});
+  check_sys(::rename(base.c_str(), archived.base.c_str()), "rename", archived.base.string());
+  const stdfs::path output = output_root() / std::string(id);
+  if (exists_nofollow(output)) {
+    const stdfs::path moved = output_root() / archived.name;
+    check_sys(::rename(output.c_str(), moved.c_str()), "rename", moved.string());
+  }
+  fs::sync_dir(root_);
+  return archived;
+}
+
+void Store::remove(std::string_view id, std::string_view actor) {
+  ensure_layout();
+  fs::FileLock lock(lock_file());
+  validate_id(id);
+  const stdfs::path base = root_ / std::string(id);
+  if (!exists_nofollow(base / "metadata.json"))
+    throw UsageError(fmt::format("instance '{}' not found; see 'ns-hpc instance list'", id));
+  refuse_if_jobs(id, base, "delete");
+  // Rename first so the instance disappears at once, then remove the trees.
+  const stdfs::path doomed = root_ / fmt::format(".deleting-{}-{}", id, random_hex());
+  check_sys(::rename(base.c_str(), doomed.c_str()), "rename", base.string());
+  const stdfs::path output = output_root() / std::string(id);
+  const stdfs::path doomed_output = output_root() / fmt::format(".deleting-{}-{}", id, random_hex());
+  bool had_output = ::rename(output.c_str(), doomed_output.c_str()) == 0;
+  audit::append(root_ / ".audit.log", "instance.deleted", actor, {{"instance_id", std::string(id)}});
+  fs::remove_tree(doomed);
+  if (had_output) fs::remove_tree(doomed_output);
+}
+
+void Store::remove_archived(std::string_view name, std::string_view actor) {
+  ensure_layout();
+  fs::FileLock lock(lock_file());
+  auto sep = name.rfind("__");
+  if (sep == std::string_view::npos || name.find('/') != std::string_view::npos)
+    throw UsageError(fmt::format(
+        "'{}' is not an archive name; archive names look like <id>__<timestamp> (see 'ns-hpc instance list-archived')",
+        name));
+  validate_id(name.substr(0, sep));
+  const stdfs::path base = archive_root() / std::string(name);
+  if (!exists_nofollow(base))
+    throw UsageError(fmt::format("archive '{}' not found; see 'ns-hpc instance list-archived'", name));
+  audit::append(root_ / ".audit.log", "instance.archive_deleted", actor, {{"archive", std::string(name)}});
+  fs::remove_tree(base);
+  fs::remove_tree(output_root() / std::string(name));
+}
+
+std::vector<CleanCandidate> Store::clean_candidates(std::chrono::hours older_than) const {
+  const auto cutoff = Clock::now() - older_than;
+  std::vector<CleanCandidate> out;
+  Listing listing = list();
+  for (const auto& inst : listing.instances) {
+    auto last = inst.last_activity();
+    if (last < cutoff) out.push_back({inst.id, last, ""});
+  }
+  for (const auto& bad : listing.corrupt) {
+    auto last = mtime(bad.base / "metadata.json").value_or(Clock::time_point{});
+    if (last < cutoff) out.push_back({bad.id, last, "metadata.json is corrupt"});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  return out;
+}
+
+void Store::audit(const Instance& instance, std::string_view event, std::string_view actor,
+                  nlohmann::json fields) const {
+  audit::append(instance.audit_log(), event, actor, std::move(fields));
+}
+
+}  // namespace nshpc::store

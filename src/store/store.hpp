@@ -1,0 +1,152 @@
+// Instance store: the on-disk layout of ns-hpc (compatible with the Python original).
+//
+//   <instances_dir>/
+//     .lock                          store-wide lock file (every mutation holds it)
+//     .audit.log                     store-level audit (events that outlive an instance: deletes)
+//     <id>/metadata.json             presence <=> the instance exists
+//     <id>/audit.log                 per-instance audit (host side only)
+//     <id>/workspace/                bound read-write at namespace.workspace_mount
+//     <id>/.ns_hpc_jobs/<job>.state  job records (jobs module)
+//     output/<id>/                   bound read-write at namespace.output_mount
+//     .archived/<id>__<ts>/          archived instances (whole tree); output/<id>__<ts> beside it
+//
+// Every write is atomic (temp + fsync + rename) and every mutation holds an exclusive flock on
+// <instances_dir>/.lock, so several processes (CLI, server) can share one store.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.hpp"
+
+namespace nshpc::store {
+
+namespace stdfs = std::filesystem;
+
+// Throws UsageError naming the rule when `id` is not a valid, unreserved instance id.
+void validate_id(std::string_view id);
+// A readable id such as "calm-otter-3f2a".
+std::string generate_id();
+
+struct Metadata {
+  nlohmann::json raw = nlohmann::json::object();  // the whole file; unknown fields are kept
+
+  std::string id() const;
+  std::string created_at() const;
+  std::string description() const;
+  std::string hostname() const;
+  bool archived() const;
+  std::string archived_at() const;
+  std::optional<config::Network> network() const;  // nullopt: not set (use the default)
+};
+
+struct Instance {
+  std::string id;
+  stdfs::path base;       // <instances_dir>/<id>
+  stdfs::path workspace;  // <base>/workspace
+  stdfs::path output;     // <instances_dir>/output/<id>
+  Metadata meta;
+  config::Network network = config::Network::host;  // effective (metadata or default)
+
+  stdfs::path metadata_file() const { return base / "metadata.json"; }
+  stdfs::path audit_log() const { return base / "audit.log"; }
+  // Last activity: the newest of audit.log's and metadata.json's modification times.
+  std::chrono::system_clock::time_point last_activity() const;
+};
+
+struct ArchivedInstance {
+  std::string name;  // folder name under .archived: <id>__<timestamp>
+  std::string id;
+  stdfs::path base;
+  Metadata meta;
+};
+
+// An instance folder whose metadata.json cannot be used; reported, never fatal.
+struct CorruptInstance {
+  std::string id;
+  stdfs::path base;
+  std::string problem;
+};
+
+struct Listing {
+  std::vector<Instance> instances;  // sorted by id
+  std::vector<CorruptInstance> corrupt;
+};
+
+// The jobs layer answers whether an instance still has live jobs (archive/delete refuse then).
+class JobsGuard {
+ public:
+  virtual ~JobsGuard() = default;
+  virtual std::size_t active_jobs(const stdfs::path& instance_base) = 0;
+};
+
+// Reads the job records in <base>/.ns_hpc_jobs/*.state and counts "pending"/"running" ones.
+class StateFileJobsGuard final : public JobsGuard {
+ public:
+  std::size_t active_jobs(const stdfs::path& instance_base) override;
+};
+
+struct CreateOptions {
+  std::string description;
+  std::optional<config::Network> network;
+};
+
+struct UpdateOptions {
+  std::optional<std::string> description;
+  std::optional<config::Network> network;
+};
+
+struct CleanCandidate {
+  std::string id;
+  std::chrono::system_clock::time_point last_activity;
+  std::string note;  // e.g. "metadata.json is corrupt"
+};
+
+class Store {
+ public:
+  // `owner_uid/gid`: when set, the workspace and output folders are chowned to them (the server
+  // runs as root and bwrap runs as this unprivileged uid).
+  Store(const config::Config& config, JobsGuard& jobs);
+
+  const stdfs::path& root() const { return root_; }
+
+  Instance create(std::string id, const CreateOptions& options, std::string_view actor);
+  Instance get(std::string_view id) const;  // UsageError when unknown, Error when corrupt
+  std::optional<Instance> find(std::string_view id) const;
+  Listing list() const;
+  std::vector<ArchivedInstance> list_archived() const;
+  Instance update(std::string_view id, const UpdateOptions& options, std::string_view actor);
+  ArchivedInstance archive(std::string_view id, std::string_view actor);
+  void remove(std::string_view id, std::string_view actor);               // purge an instance
+  void remove_archived(std::string_view name, std::string_view actor);    // purge an archive
+  std::vector<CleanCandidate> clean_candidates(std::chrono::hours older_than) const;
+
+  // Appends an event to the instance's audit log.
+  void audit(const Instance& instance, std::string_view event, std::string_view actor,
+             nlohmann::json fields = nlohmann::json::object()) const;
+
+ private:
+  stdfs::path lock_file() const { return root_ / ".lock"; }
+  stdfs::path output_root() const { return root_ / "output"; }
+  stdfs::path archive_root() const { return root_ / ".archived"; }
+  void ensure_layout() const;
+  Instance load(std::string_view id, const stdfs::path& base) const;
+  void give_to_sandbox_user(const stdfs::path& dir) const;
+  void refuse_if_jobs(std::string_view id, const stdfs::path& base, std::string_view action) const;
+
+  stdfs::path root_;
+  config::Network default_network_;
+  std::optional<uid_t> owner_uid_;
+  gid_t owner_gid_ = 0;
+  JobsGuard& jobs_;
+};
+
+}  // namespace nshpc::store

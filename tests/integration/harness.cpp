@@ -1,0 +1,193 @@
+#include "harness.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace nshpc::test {
+
+namespace {
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& v) {
+  std::vector<char*> out;
+  for (auto& s : v) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+std::string binary() { return env_or("NSHPC_BINARY", NSHPC_BINARY); }
+std::string probe() { return env_or("NSHPC_PROBE", NSHPC_PROBE); }
+
+Env::Env(const std::string& extra_toml) {
+  char tmpl[] = "/tmp/nshpc-it-XXXXXX";
+  root_ = ::mkdtemp(tmpl);
+  ::chmod(root_.c_str(), 0755);
+  std::ofstream(config_file()) << "[namespace]\ninstances_dir = \"" << instances().string() << "\"\n"
+                               << extra_toml;
+}
+
+Env::~Env() {
+  // Workspaces belong to the sandbox uid; root (or the owner) can remove them.
+  std::error_code ec;
+  fs::remove_all(root_, ec);
+  if (ec) std::system(("chmod -R u+rwX '" + root_.string() + "' 2>/dev/null; rm -rf '" + root_.string() + "'").c_str());
+}
+
+std::vector<std::string> Env::argv_for(const std::vector<std::string>& args) const {
+  std::vector<std::string> argv{binary(), "--config", config_file().string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+std::vector<std::string> Env::env_for(const std::vector<std::string>& extra) const {
+  std::vector<std::string> env{"PATH=/usr/local/bin:/usr/bin:/bin",
+                               "HOME=" + root_.string(),
+                               "XDG_CONFIG_HOME=" + (root_ / "xdg").string(),
+                               std::string("NSHPC_TEST_SECRET=") + kSecret,
+                               "LANG=C.UTF-8"};
+  env.insert(env.end(), extra.begin(), extra.end());
+  return env;
+}
+
+Result Env::run(const std::vector<std::string>& args, const std::string& input, std::chrono::seconds timeout,
+                const std::vector<std::string>& extra_env) const {
+  auto argv = argv_for(args);
+  auto env = env_for(extra_env);
+  auto argv_c = c_strings(argv);
+  auto env_c = c_strings(env);
+  int in[2], out[2], err[2];
+  if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC)) return {};
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::execve(argv_c[0], argv_c.data(), env_c.data());
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  ::close(err[1]);
+  if (!input.empty()) {
+    ssize_t ignored = ::write(in[1], input.data(), input.size());
+    (void)ignored;
+  }
+  ::close(in[1]);
+  Result r;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool out_open = true, err_open = true;
+  char buf[65536];
+  while (out_open || err_open) {
+    pollfd fds[2] = {{out_open ? out[0] : -1, POLLIN, 0}, {err_open ? err[0] : -1, POLLIN, 0}};
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      ::kill(pid, SIGKILL);
+      ADD_FAILURE() << "ns-hpc timed out: " << args.front();
+      break;
+    }
+    ::poll(fds, 2, static_cast<int>(left.count()));
+    for (int i = 0; i < 2; ++i) {
+      if (!fds[i].revents) continue;
+      ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+      if (n <= 0) {
+        (i == 0 ? out_open : err_open) = false;
+      } else {
+        (i == 0 ? r.out : r.err).append(buf, static_cast<size_t>(n));
+      }
+    }
+  }
+  ::close(out[0]);
+  ::close(err[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+pid_t Env::start(const std::vector<std::string>& args) const {
+  auto argv = argv_for(args);
+  auto env = env_for({});
+  auto argv_c = c_strings(argv);
+  auto env_c = c_strings(env);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int null = ::open("/dev/null", O_RDWR);
+    ::dup2(null, 0);
+    ::dup2(null, 1);
+    ::execve(argv_c[0], argv_c.data(), env_c.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+void Env::create(const std::string& id, const std::vector<std::string>& flags) const {
+  std::vector<std::string> args{"instance", "create", id};
+  args.insert(args.end(), flags.begin(), flags.end());
+  Result r = run(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+}
+
+void Env::install_probe(const std::string& id) const {
+  const fs::path dest = instances() / id / "workspace" / "probe";
+  fs::copy_file(probe(), dest, fs::copy_options::overwrite_existing);
+  ::chmod(dest.c_str(), 0755);
+}
+
+int wait_child(pid_t pid, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::vector<pid_t> processes_with(const std::string& marker) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::ifstream in(entry.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(marker) != std::string::npos) pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return condition();
+}
+
+std::string read_text(const fs::path& file) {
+  std::ifstream in(file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace nshpc::test

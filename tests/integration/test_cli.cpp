@@ -1,0 +1,219 @@
+// The command line as a user meets it: lifecycle, JSON output, and every kind of bad input.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "harness.hpp"
+
+using namespace nshpc::test;
+using nlohmann::json;
+
+namespace {
+
+// One line on stderr, starting with "ns-hpc: error:".
+void expect_one_error_line(const Result& r, const std::string& contains) {
+  EXPECT_EQ(r.err.rfind("ns-hpc: error: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find(contains), std::string::npos) << r.err;
+}
+
+}  // namespace
+
+TEST(Cli, InstanceLifecycleWithJson) {
+  Env env;
+  Result created = env.run({"instance", "create", "proj", "-d", "analysis", "--json"});
+  ASSERT_EQ(created.exit_code, 0) << created.err;
+  json inst = json::parse(created.out);
+  EXPECT_EQ(inst["id"], "proj");
+  EXPECT_EQ(inst["description"], "analysis");
+  EXPECT_EQ(inst["network"], "host");
+
+  json list = json::parse(env.run({"instance", "list", "--json"}).out);
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0]["id"], "proj");
+
+  Result text = env.run({"instance", "list"});
+  EXPECT_NE(text.out.find("proj"), std::string::npos);
+  EXPECT_NE(text.out.find("analysis"), std::string::npos);
+
+  Result updated = env.run({"instance", "update", "proj", "-d", "new", "--network", "off", "--json"});
+  ASSERT_EQ(updated.exit_code, 0) << updated.err;
+  json desc = json::parse(env.run({"instance", "describe", "proj", "--json"}).out);
+  EXPECT_EQ(desc["description"], "new");
+  EXPECT_EQ(desc["network"], "off");
+  EXPECT_NE(env.run({"instance", "describe", "proj"}).out.find("Network:       off"), std::string::npos);
+
+  EXPECT_EQ(env.run({"instance", "archive", "proj", "--force"}).exit_code, 0);
+  EXPECT_EQ(json::parse(env.run({"instance", "list", "--json"}).out).size(), 0u);
+  json archived = json::parse(env.run({"instance", "list-archived", "--json"}).out);
+  ASSERT_EQ(archived.size(), 1u);
+  EXPECT_EQ(archived[0]["id"], "proj");
+
+  Result purge = env.run({"instance", "delete", "--archived", archived[0]["name"], "--force"});
+  EXPECT_EQ(purge.exit_code, 0) << purge.err;
+  EXPECT_EQ(json::parse(env.run({"instance", "list-archived", "--json"}).out).size(), 0u);
+}
+
+TEST(Cli, CreateWithoutIdGeneratesAReadableOne) {
+  Env env;
+  json inst = json::parse(env.run({"instance", "create", "--json"}).out);
+  const std::string id = inst["id"];
+  EXPECT_EQ(std::count(id.begin(), id.end(), '-'), 2) << id;
+  EXPECT_TRUE(fs::exists(env.instances() / id / "metadata.json"));
+}
+
+TEST(Cli, DeletePurgesAnActiveInstance) {
+  Env env;
+  env.create("tmp1");
+  Result r = env.run({"instance", "delete", "tmp1", "--force"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(env.instances() / "tmp1"));
+  EXPECT_FALSE(fs::exists(env.instances() / "output/tmp1"));
+}
+
+TEST(Cli, QuestionsWithoutATerminalAbortSafely) {
+  Env env;
+  env.create("keep");
+  Result r = env.run({"instance", "delete", "keep"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--force"), std::string::npos);
+  EXPECT_TRUE(fs::exists(env.instances() / "keep/metadata.json"));
+}
+
+TEST(Cli, InvalidAndReservedIdsAreClearErrors) {
+  Env env;
+  for (const char* bad : {"../evil", "output", ".hidden", "has space"}) {
+    Result r = env.run({"instance", "create", bad});
+    EXPECT_EQ(r.exit_code, 1) << bad;
+    expect_one_error_line(r, "id");
+  }
+  EXPECT_FALSE(fs::exists(env.instances() / "output/../evil"));
+  EXPECT_EQ(json::parse(env.run({"instance", "list", "--json"}).out).size(), 0u);
+}
+
+TEST(Cli, UnknownInstanceIsAnErrorNamingIt) {
+  Env env;
+  for (auto args : std::vector<std::vector<std::string>>{{"instance", "describe", "ghost"},
+                                                         {"bwrap", "ghost", "--", "true"},
+                                                         {"instance", "archive", "ghost", "-f"},
+                                                         {"instance", "update", "ghost", "-d", "x"}}) {
+    Result r = env.run(args);
+    EXPECT_EQ(r.exit_code, 1) << args[1];
+    expect_one_error_line(r, "instance 'ghost' not found");
+  }
+}
+
+TEST(Cli, UsageErrorsExitTwo) {
+  Env env;
+  EXPECT_EQ(env.run({"instance", "frobnicate"}).exit_code, 2);
+  EXPECT_EQ(env.run({"bwrap"}).exit_code, 2);
+  EXPECT_EQ(env.run({"clean", "--days", "banana"}).exit_code, 2);
+  Result no_cmd = env.run({"bwrap", "x", "--"});
+  EXPECT_EQ(no_cmd.exit_code, 2);
+  EXPECT_NE(no_cmd.err.find("no command given"), std::string::npos) << no_cmd.err;
+}
+
+TEST(Cli, CorruptMetadataIsReportedByIdAndSkipped) {
+  Env env;
+  env.create("good");
+  env.create("bad");
+  std::ofstream(env.instances() / "bad/metadata.json", std::ios::trunc) << "{\"id\": ";
+  Result list = env.run({"instance", "list", "--json"});
+  EXPECT_EQ(list.exit_code, 0);
+  EXPECT_EQ(json::parse(list.out).size(), 1u);
+  EXPECT_NE(list.err.find("instance 'bad' skipped"), std::string::npos) << list.err;
+  Result describe = env.run({"instance", "describe", "bad"});
+  EXPECT_EQ(describe.exit_code, 1);
+  expect_one_error_line(describe, "corrupt metadata.json");
+}
+
+TEST(Cli, InvalidConfigIsRefusedWithFileLineAndKey) {
+  Env env("[mcp]\nresult_type = \"json\"\n");
+  Result r = env.run({"instance", "list"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find(env.config_file().string() + ":"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("mcp.result_type"), std::string::npos) << r.err;
+  Result check = env.run({"config", "check", env.config_file().string()});
+  EXPECT_EQ(check.exit_code, 1);
+  EXPECT_NE(check.err.find("mcp.result_type"), std::string::npos) << check.err;
+}
+
+TEST(Cli, MissingOrUnreadableConfigIsAnError) {
+  Env env;
+  Result r = env.run({"--config", "/nonexistent/ns-hpc.toml", "instance", "list"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("/nonexistent/ns-hpc.toml"), std::string::npos) << r.err;
+}
+
+TEST(Cli, ConfigShowReflectsTheLayers) {
+  Env env("[jobs]\nmax_timeout = 120\n");
+  json cfg = json::parse(env.run({"config", "show", "--json"}).out);
+  EXPECT_EQ(cfg["jobs"]["max_timeout"], 120);
+  EXPECT_EQ(cfg["namespace"]["instances_dir"], env.instances().string());
+  Result toml = env.run({"config", "show"});
+  EXPECT_EQ(toml.exit_code, 0);
+  EXPECT_NE(toml.out.find("max_timeout = 120"), std::string::npos) << toml.out;
+}
+
+TEST(Cli, MissingBwrapIsAClearErrorAndLeavesNothingRunning) {
+  Env env("bwrap_command = [\"/nonexistent/bwrap\", \"--unshare-all\"]\n");
+  env.create("x");
+  Result r = env.run({"bwrap", "x", "--", "true"});
+  EXPECT_EQ(r.exit_code, 1);
+  expect_one_error_line(r, "/nonexistent/bwrap");
+  Result doctor = env.run({"doctor", "--json"});
+  EXPECT_EQ(doctor.exit_code, 1);
+  json report = json::parse(doctor.out);
+  EXPECT_FALSE(report["ok"]);
+  EXPECT_EQ(report["checks"][1]["name"], "bwrap found");
+  EXPECT_FALSE(report["checks"][1]["ok"]);
+  EXPECT_NE(report["checks"][1]["fix"].get<std::string>().find("apt-get install bubblewrap"), std::string::npos);
+}
+
+TEST(Cli, DoctorChecksTheRealSandbox) {
+  Env env;
+  Result r = env.run({"doctor", "--json"});
+  json report = json::parse(r.out);
+  std::map<std::string, json> by_name;
+  for (const auto& c : report["checks"]) by_name[c["name"]] = c;
+  for (const char* required : {"config is valid", "bwrap found", "user namespaces", "seccomp filter loads",
+                               "sandbox identity", "sandbox smoke run (configured bwrap_command)",
+                               "instances dir writable"}) {
+    ASSERT_TRUE(by_name.count(required)) << required;
+    EXPECT_TRUE(by_name[required]["ok"]) << required << ": " << by_name[required]["detail"];
+    EXPECT_TRUE(by_name[required]["required"]);
+  }
+  EXPECT_FALSE(by_name["sbatch found"]["required"]);  // Slurm is optional
+  EXPECT_EQ(r.exit_code, report["ok"] ? 0 : 1);
+  EXPECT_TRUE(report["ok"]) << r.out;
+  Result text = env.run({"doctor"});
+  EXPECT_NE(text.out.find("✓ bwrap found"), std::string::npos) << text.out;
+}
+
+TEST(Cli, CleanDryRunListsIdleInstancesWithoutTouchingThem) {
+  Env env;
+  env.create("idle");
+  env.create("fresh");
+  struct timespec old[2] = {{::time(nullptr) - 40 * 86400, 0}, {::time(nullptr) - 40 * 86400, 0}};
+  for (const char* f : {"metadata.json", "audit.log"})
+    ::utimensat(AT_FDCWD, (env.instances() / "idle" / f).c_str(), old, 0);
+  // created_at is now, so only last activity can make it idle: rewrite it old.
+  auto meta = json::parse(read_text(env.instances() / "idle/metadata.json"));
+  meta["created_at"] = "2020-01-01T00:00:00+00:00";
+  std::ofstream(env.instances() / "idle/metadata.json", std::ios::trunc) << meta.dump();
+  ::utimensat(AT_FDCWD, (env.instances() / "idle/metadata.json").c_str(), old, 0);
+  json report = json::parse(env.run({"clean", "--days", "30", "--dry-run", "--json"}).out);
+  ASSERT_EQ(report["candidates"].size(), 1u);
+  EXPECT_EQ(report["candidates"][0]["id"], "idle");
+  EXPECT_TRUE(fs::exists(env.instances() / "idle/metadata.json"));
+  Result real = env.run({"clean", "--days", "30", "--force"});
+  EXPECT_EQ(real.exit_code, 0) << real.err;
+  EXPECT_FALSE(fs::exists(env.instances() / "idle"));
+  EXPECT_TRUE(fs::exists(env.instances() / "fresh/metadata.json"));
+}

@@ -1,0 +1,76 @@
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "audit/audit.hpp"
+
+namespace fs = std::filesystem;
+
+TEST(Audit, OneJsonObjectPerLineWithEventTimeActorAndFields) {
+  char tmpl[] = "/tmp/nshpc-audit-XXXXXX";
+  fs::path dir = ::mkdtemp(tmpl);
+  nshpc::audit::append(dir / "audit.log", "instance.created", "cli:ada", {{"instance_id", "x"}});
+  nshpc::audit::append(dir / "audit.log", "sandbox.exec", "cli:ada",
+                       {{"command", {"sh", "-c", "echo \"hi\"\nthere"}}, {"exit_code", 0}});
+  std::ifstream in(dir / "audit.log");
+  std::string line;
+  std::vector<nlohmann::json> events;
+  while (std::getline(in, line)) events.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0]["event"], "instance.created");
+  EXPECT_EQ(events[0]["actor"], "cli:ada");
+  EXPECT_EQ(events[0]["instance_id"], "x");
+  EXPECT_TRUE(events[0]["timestamp"].get<std::string>().ends_with("+00:00"));
+  EXPECT_EQ(events[1]["command"][2], "echo \"hi\"\nthere");
+  EXPECT_EQ(fs::status(dir / "audit.log").permissions() & fs::perms::others_read, fs::perms::none);
+  fs::remove_all(dir);
+}
+
+TEST(Audit, ConcurrentWritersNeverInterleave) {
+  char tmpl[] = "/tmp/nshpc-audit-XXXXXX";
+  fs::path dir = ::mkdtemp(tmpl);
+  const fs::path log = dir / "audit.log";
+  constexpr int kWriters = 8, kLines = 200;
+  const std::string big(3000, 'x');  // lines well over PIPE_BUF
+  std::vector<pid_t> children;
+  for (int w = 0; w < kWriters; ++w) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      for (int i = 0; i < kLines; ++i) nshpc::audit::append(log, "e", "t", {{"w", w}, {"i", i}, {"pad", big}});
+      ::_exit(0);
+    }
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status;
+    ::waitpid(pid, &status, 0);
+    ASSERT_EQ(status, 0);
+  }
+  std::ifstream in(log);
+  std::string line;
+  int count = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << "interleaved line " << count;
+    EXPECT_EQ(j["pad"], big);
+    ++count;
+  }
+  EXPECT_EQ(count, kWriters * kLines);
+  fs::remove_all(dir);
+}
+
+TEST(Audit, InvalidUtf8AndHugeFieldsStillGiveOneValidLine) {
+  std::string line = nshpc::audit::format_line("e", "a", {{"bad", std::string("\xff\xfe ok")},
+                                                          {"huge", std::string(100000, 'y')}});
+  auto j = nlohmann::json::parse(line);
+  EXPECT_LT(line.size(), 20000u);
+  EXPECT_EQ(line.back(), '\n');
+  EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1);
+  EXPECT_TRUE(j["bad"].get<std::string>().ends_with(" ok"));
+}

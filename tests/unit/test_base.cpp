@@ -1,0 +1,77 @@
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "base/fs.hpp"
+#include "base/text.hpp"
+#include "base/time.hpp"
+
+namespace fs = std::filesystem;
+namespace timeutil = nshpc::timeutil;
+namespace text = nshpc::text;
+
+namespace {
+fs::path temp_dir() {
+  char tmpl[] = "/tmp/nshpc-unit-XXXXXX";
+  return fs::path(::mkdtemp(tmpl));
+}
+}  // namespace
+
+TEST(Fs, AtomicWriteReplacesWholeFileAndLeavesNoTemporaries) {
+  auto dir = temp_dir();
+  nshpc::fs::atomic_write(dir / "f.json", "first");
+  nshpc::fs::atomic_write(dir / "f.json", "second");
+  EXPECT_EQ(nshpc::fs::read_file(dir / "f.json").value(), "second");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+  fs::remove_all(dir);
+}
+
+TEST(Fs, RemoveTreeNeverFollowsSymlinks) {
+  auto dir = temp_dir();
+  auto victim = temp_dir();
+  std::ofstream(victim / "keep.txt") << "precious";
+  fs::create_directories(dir / "tree/sub");
+  std::ofstream(dir / "tree/sub/file") << "x";
+  fs::create_directory_symlink(victim, dir / "tree/link-to-victim");
+  fs::create_symlink(victim / "keep.txt", dir / "tree/sub/file-link");
+  ::chmod((dir / "tree/sub").c_str(), 0);  // unreadable folder, as a sandbox could leave it
+  nshpc::fs::remove_tree(dir / "tree");
+  EXPECT_FALSE(fs::exists(dir / "tree"));
+  EXPECT_TRUE(fs::exists(victim / "keep.txt"));
+  fs::remove_all(dir);
+  fs::remove_all(victim);
+}
+
+TEST(Fs, ExpandsHomeAndVariables) {
+  auto env = [](std::string_view name) -> std::optional<std::string> {
+    if (name == "HOME") return "/home/ada";
+    if (name == "SCRATCH") return "/scratch/ada";
+    return std::nullopt;
+  };
+  EXPECT_EQ(nshpc::fs::expand_user_vars("~/x", env), "/home/ada/x");
+  EXPECT_EQ(nshpc::fs::expand_user_vars("$SCRATCH/i", env), "/scratch/ada/i");
+  EXPECT_EQ(nshpc::fs::expand_user_vars("${SCRATCH}x", env), "/scratch/adax");
+  EXPECT_EQ(nshpc::fs::expand_user_vars("$MISSING/y", env), "/y");
+  EXPECT_EQ(nshpc::fs::expand_user_vars("a~b$", env), "a~b$");
+}
+
+TEST(Time, IsoRoundTripWithMicroseconds) {
+  auto now = timeutil::Clock::now();
+  auto text = timeutil::iso_utc(now);
+  ASSERT_EQ(text.size(), 32u) << text;
+  auto parsed = timeutil::parse_iso(text);
+  ASSERT_TRUE(parsed);
+  EXPECT_EQ(std::chrono::duration_cast<std::chrono::microseconds>(*parsed - now).count(), 0);
+  EXPECT_TRUE(timeutil::parse_iso("2026-06-12T00:00:00Z"));
+  EXPECT_TRUE(timeutil::parse_iso("2026-06-12T02:00:00+02:00"));
+  EXPECT_EQ(*timeutil::parse_iso("2026-06-12T02:00:00+02:00"), *timeutil::parse_iso("2026-06-12T00:00:00Z"));
+  EXPECT_FALSE(timeutil::parse_iso("yesterday"));
+}
+
+TEST(Text, ShellQuoteOnlyWhenNeeded) {
+  EXPECT_EQ(text::shell_join({"ls", "-la", "my file", "it's"}), "ls -la 'my file' 'it'\\''s'");
+  EXPECT_EQ(text::truncate_utf8("héllo", 2), "h…");
+}
