@@ -17,7 +17,7 @@ const config::Config& Context::config() {
     config::LoadOptions options;
     options.explicit_path = config_path;
     loaded_ = config::load(options);
-    for (const auto& warning : loaded_->warnings) spdlog::warn("{}", warning);
+    for (const auto& warning : loaded_->warnings) log::warn("{}", warning);
   }
   return loaded_->config;
 }

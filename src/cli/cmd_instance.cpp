@@ -21,7 +21,7 @@ config::Network network_arg(const std::string& value) {
 
 void warn_corrupt(const store::Listing& listing) {
   for (const auto& bad : listing.corrupt)
-    spdlog::warn("instance '{}' skipped: {}", bad.id, bad.problem);
+    log::warn("instance '{}' skipped: {}", bad.id, bad.problem);
 }
 
 void describe_text(const store::Instance& inst) {

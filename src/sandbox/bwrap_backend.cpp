@@ -252,13 +252,17 @@ class BwrapBackend final : public Backend {
     return fds;
   }
 
+  // Resolved on first use (not with std::call_once: an exception escaping it aborts with a
+  // statically linked libstdc++, GCC bug 66146).
   ArgvOptions argv_options() const {
-    std::call_once(bwrap_path_once_, [this] { bwrap_path_ = find_program(ns_.bwrap_command.at(0)); });
+    std::lock_guard lock(mutex_);
+    if (bwrap_path_.empty()) bwrap_path_ = find_program(ns_.bwrap_command.at(0));
     return ArgvOptions{bwrap_path_, read_top_level_symlink};
   }
 
-  const std::string& seccomp_bpf() {
-    std::call_once(seccomp_once_, [this] { seccomp_bpf_ = build_seccomp_bpf(); });
+  std::string seccomp_bpf() {
+    std::lock_guard lock(mutex_);
+    if (seccomp_bpf_.empty()) seccomp_bpf_ = build_seccomp_bpf();
     return seccomp_bpf_;
   }
 
@@ -281,9 +285,8 @@ class BwrapBackend final : public Backend {
 
   config::Namespace ns_;
   std::optional<std::pair<uid_t, gid_t>> drop_to_;
-  mutable std::once_flag bwrap_path_once_;
+  mutable std::mutex mutex_;
   mutable std::string bwrap_path_;
-  std::once_flag seccomp_once_;
   std::string seccomp_bpf_;
 };
 
