@@ -3,13 +3,13 @@
 set -euo pipefail
 nshpc=${1:-build/ns-hpc}
 say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
-say ns-hpc doctor
+say 'ns-hpc doctor'
 "$nshpc" doctor || { echo "doctor found a problem: fix it first (see the fix lines above)"; exit 1; }
 if ! "$nshpc" instance describe demo >/dev/null 2>&1; then
-  say ns-hpc instance create demo -d "made by make run"
+  say 'ns-hpc instance create demo -d "made by make run"'
   "$nshpc" instance create demo -d "made by make run"
 fi
-say ns-hpc instance list
+say 'ns-hpc instance list'
 "$nshpc" instance list
 say "ns-hpc bwrap demo -- sh -c 'id; hostname; pwd; echo hello > hello.txt; ls -l; grep CapEff /proc/self/status'"
 "$nshpc" bwrap demo -- sh -c 'id; hostname; pwd; echo hello > hello.txt; ls -l; grep CapEff /proc/self/status'

@@ -336,18 +336,17 @@ std::vector<Check> check_cgroups() {
   return checks;
 }
 
-std::vector<Check> check_slurm() {
-  std::vector<Check> checks;
-  for (const char* tool : {"sbatch", "squeue", "sacct", "scancel", "scontrol"}) {
-    Check c{fmt::format("{} found", tool)};
-    c.required = false;
-    auto path = which(tool);
-    c.ok = path.has_value();
-    c.detail = path ? *path : "not on PATH (needed only for Slurm jobs)";
-    if (!c.ok) c.fix = "install slurm-client for Slurm jobs";
-    checks.push_back(c);
-  }
-  return checks;
+Check check_slurm() {
+  Check c{"Slurm tools"};
+  c.required = false;
+  std::vector<std::string> found, missing;
+  for (const char* tool : {"sbatch", "squeue", "sacct", "scancel", "scontrol"})
+    (which(tool) ? found : missing).emplace_back(tool);
+  c.ok = missing.empty();
+  c.detail = c.ok ? fmt::format("{} on PATH", fmt::join(found, ", "))
+                  : fmt::format("missing {} (needed only for Slurm jobs)", fmt::join(missing, ", "));
+  if (!c.ok) c.fix = "install slurm-client, or ignore this on a machine without Slurm";
+  return c;
 }
 
 void print_text(const std::vector<Check>& checks, bool ok) {
@@ -386,7 +385,7 @@ void add_doctor_command(CLI::App& app, Context& ctx) {
     }
     checks.push_back(check_instances_dir(*cfg));
     for (auto& c : check_cgroups()) checks.push_back(std::move(c));
-    for (auto& c : check_slurm()) checks.push_back(std::move(c));
+    checks.push_back(check_slurm());
 
     bool ok = true;
     for (const auto& c : checks) ok = ok && (c.ok || !c.required);

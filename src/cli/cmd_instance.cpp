@@ -19,6 +19,13 @@ config::Network network_arg(const std::string& value) {
   return *net;
 }
 
+// An existing instance, even one whose metadata.json is corrupt (it can still be archived or
+// deleted); UsageError otherwise.
+void require_instance(Context& ctx, const std::string& id) {
+  if (!ctx.store().exists(id))
+    throw UsageError(fmt::format("instance '{}' not found; see 'ns-hpc instance list'", id));
+}
+
 void warn_corrupt(const store::Listing& listing) {
   for (const auto& bad : listing.corrupt)
     log::warn("instance '{}' skipped: {}", bad.id, bad.problem);
@@ -154,7 +161,7 @@ void add_archive(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceA
   cmd->add_flag("-f,--force", a->force, "Do not ask for confirmation");
   cmd->add_flag("--json", a->json, "Print the archive entry as JSON");
   cmd->callback([&ctx, a] {
-    ctx.store().get(a->id);  // unknown ids fail before the question
+    require_instance(ctx, a->id);  // unknown ids fail before the question
     if (!a->force && !confirm(fmt::format("Archive instance '{}' and disable new jobs?", a->id))) {
       std::fprintf(stderr, "Aborted.\n");
       ctx.exit_code = 1;
@@ -176,7 +183,7 @@ void add_delete(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceAr
   cmd->add_flag("-f,--force", a->force, "Do not ask for confirmation");
   cmd->add_flag("--archived", a->archived, "Delete an archived instance (name from list-archived)");
   cmd->callback([&ctx, a] {
-    if (!a->archived) ctx.store().get(a->id);
+    if (!a->archived) require_instance(ctx, a->id);
     const std::string what = a->archived ? fmt::format("archive '{}'", a->id)
                                          : fmt::format("instance '{}'", a->id);
     if (!a->force &&

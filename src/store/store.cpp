@@ -153,11 +153,9 @@ Instance Store::load(std::string_view id, const stdfs::path& base) const {
   return inst;
 }
 
-std::optional<Instance> Store::find(std::string_view id) const {
+bool Store::exists(std::string_view id) const {
   validate_id(id);
-  const stdfs::path base = root_ / std::string(id);
-  if (!exists_nofollow(base / "metadata.json")) return std::nullopt;
-  return load(id, base);
+  return exists_nofollow(root_ / std::string(id) / "metadata.json");
 }
 
 Instance Store::get(std::string_view id) const {

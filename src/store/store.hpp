@@ -120,7 +120,8 @@ class Store {
 
   Instance create(std::string id, const CreateOptions& options, std::string_view actor);
   Instance get(std::string_view id) const;  // UsageError when unknown, Error when corrupt
-  std::optional<Instance> find(std::string_view id) const;
+  // True when an instance folder with a metadata.json exists (even a corrupt one).
+  bool exists(std::string_view id) const;
   Listing list() const;
   std::vector<ArchivedInstance> list_archived() const;
   Instance update(std::string_view id, const UpdateOptions& options, std::string_view actor);
