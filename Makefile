@@ -26,11 +26,10 @@ configure: $(BUILD)/build.ninja
 build: deps configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Units and integration tests (real bwrap) as the current user, then the integration suite
-# again as an unprivileged user when run as root (the HPC login-node case).
+# Units and integration tests (real bwrap) as the current user; when run as root, the
+# integration suite also runs as an unprivileged user (the HPC login-node case).
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2
-	@scripts/test-as-user.sh $(BUILD)
 
 unit: build
 	cd $(BUILD) && ctest --output-on-failure -L unit
