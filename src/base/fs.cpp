@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cctype>
+#include <cstdlib>
 #include <memory>
 #include <random>
 
@@ -166,6 +167,22 @@ UniqueFd open_dir_path(const stdfs::path& path) {
   UniqueFd fd(::open(path.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) throw SysError(errno, "open", path.string());
   return fd;
+}
+
+std::optional<std::string> find_program(const std::string& name) {
+  if (name.find('/') != std::string::npos)
+    return ::access(name.c_str(), X_OK) == 0 ? std::optional<std::string>(name) : std::nullopt;
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (!dirs.empty()) {
+    auto colon = dirs.find(':');
+    std::string dir(dirs.substr(0, colon));
+    dirs = colon == std::string_view::npos ? std::string_view{} : dirs.substr(colon + 1);
+    if (dir.empty()) continue;
+    std::string candidate = dir + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return std::nullopt;
 }
 
 std::string expand_user_vars(std::string_view text,

@@ -49,6 +49,9 @@ void make_dirs(const stdfs::path& path, mode_t mode = 0755);
 // Opens a directory as an O_PATH descriptor without following a final symlink.
 UniqueFd open_dir_path(const stdfs::path& path);
 
+// The first executable `name` on $PATH (or `name` itself when it contains a '/').
+std::optional<std::string> find_program(const std::string& name);
+
 // Expands a leading "~" and $VAR / ${VAR} references (HOME for ~). Unknown variables expand to "".
 std::string expand_user_vars(std::string_view text,
                              const std::function<std::optional<std::string>(std::string_view)>& env);

@@ -38,20 +38,6 @@ struct Check {
   std::string fix;
 };
 
-std::optional<std::string> which(const std::string& program) {
-  const char* path = std::getenv("PATH");
-  std::string_view dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  while (!dirs.empty()) {
-    auto colon = dirs.find(':');
-    std::string dir(dirs.substr(0, colon));
-    dirs = colon == std::string_view::npos ? std::string_view{} : dirs.substr(colon + 1);
-    if (dir.empty()) continue;
-    std::string candidate = dir + "/" + program;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return std::nullopt;
-}
-
 // Runs `argv` with stdout+stderr captured; returns (exit code, output).
 std::pair<int, std::string> capture(const std::vector<std::string>& argv) {
   Pipe out = make_pipe();
@@ -120,8 +106,7 @@ Check check_config(Context& ctx, const config::Config*& cfg, std::optional<confi
 Check check_bwrap(const config::Config& cfg) {
   Check c{"bwrap found"};
   const std::string& program = cfg.ns.bwrap_command.at(0);
-  auto path = program.find('/') == std::string::npos ? which(program)
-              : (::access(program.c_str(), X_OK) == 0 ? std::optional<std::string>(program) : std::nullopt);
+  auto path = fs::find_program(program);
   if (!path) {
     c.detail = fmt::format("'{}' is not on PATH", program);
     c.fix = "install bubblewrap: apt-get install bubblewrap (0.8 or newer)";
@@ -341,7 +326,7 @@ Check check_slurm() {
   c.required = false;
   std::vector<std::string> found, missing;
   for (const char* tool : {"sbatch", "squeue", "sacct", "scancel", "scontrol"})
-    (which(tool) ? found : missing).emplace_back(tool);
+    (fs::find_program(tool) ? found : missing).emplace_back(tool);
   c.ok = missing.empty();
   c.detail = c.ok ? fmt::format("{} on PATH", fmt::join(found, ", "))
                   : fmt::format("missing {} (needed only for Slurm jobs)", fmt::join(missing, ", "));

@@ -303,92 +303,36 @@ nlohmann::json to_json(const Config& config) {
 
 namespace {
 
-toml::array strings_toml(const std::vector<std::string>& strings) {
+toml::table json_object_to_toml(const nlohmann::json& object);
+toml::array json_array_to_toml(const nlohmann::json& array);
+
+// Hands `value` (any JSON the config produces: no nulls) to `add` as the matching TOML value.
+template <typename Add>
+void convert(const nlohmann::json& value, Add&& add) {
+  if (value.is_object())
+    add(json_object_to_toml(value));
+  else if (value.is_array())
+    add(json_array_to_toml(value));
+  else if (value.is_boolean())
+    add(value.get<bool>());
+  else if (value.is_number_integer())
+    add(value.get<std::int64_t>());
+  else if (value.is_number_float())
+    add(value.get<double>());
+  else
+    add(value.get<std::string>());
+}
+
+toml::table json_object_to_toml(const nlohmann::json& object) {
+  toml::table out;
+  for (const auto& [key, value] : object.items())
+    convert(value, [&](auto&& v) { out.insert(key, std::forward<decltype(v)>(v)); });
+  return out;
+}
+
+toml::array json_array_to_toml(const nlohmann::json& array) {
   toml::array out;
-  for (const std::string& text : strings) out.push_back(text);
-  return out;
-}
-
-toml::array paths_toml(const std::vector<stdfs::path>& paths) {
-  toml::array out;
-  for (const stdfs::path& path : paths) out.push_back(path.string());
-  return out;
-}
-
-toml::table env_toml(const std::map<std::string, std::string>& env) {
-  toml::table out;
-  for (const auto& [name, value] : env) out.insert(name, value);
-  return out;
-}
-
-toml::table limits_toml(const std::map<std::string, Limit>& limits) {
-  toml::table out;
-  for (const auto& [name, limit] : limits) {
-    out.insert(name, toml::table{{"default", limit.default_value}, {"max", limit.max}});
-  }
-  return out;
-}
-
-toml::table namespace_toml(const Namespace& ns) {
-  return toml::table{
-      {"instances_dir", ns.instances_dir.string()},
-      {"bwrap_command", strings_toml(ns.bwrap_command)},
-      {"workspace_mount", ns.workspace_mount},
-      {"output_mount", ns.output_mount},
-      {"shared_output_mount", ns.shared_output_mount},
-      {"shared_output", ns.shared_output},
-      {"status_fd", ns.status_fd},
-      {"hardening", ns.hardening},
-      {"seccomp", ns.seccomp},
-      {"sandbox_uid", static_cast<std::int64_t>(ns.sandbox_uid)},
-      {"sandbox_gid", static_cast<std::int64_t>(ns.sandbox_gid)},
-      {"default_network", to_string(ns.default_network)},
-      {"path", ns.path},
-      {"env", env_toml(ns.env)},
-      {"pass_env", strings_toml(ns.pass_env)},
-  };
-}
-
-toml::table jobs_toml(const Jobs& jobs) {
-  return toml::table{
-      {"max_timeout", jobs.max_timeout},
-      {"local", toml::table{{"use_cgroups", jobs.local.use_cgroups},
-                            {"cgroups_command", strings_toml(jobs.local.cgroups_command)},
-                            {"proc_check", jobs.local.proc_check},
-                            {"limit", limits_toml(jobs.local.limit)}}},
-      {"slurm", toml::table{{"sbatch_command", strings_toml(jobs.slurm.sbatch_command)},
-                            {"limit", limits_toml(jobs.slurm.limit)}}},
-  };
-}
-
-toml::table dav_toml(const Dav& dav) {
-  toml::table extras;
-  for (const auto& [name, extra] : dav.extras) {
-    extras.insert(name, toml::table{{"path", extra.path.string()}, {"ro", extra.ro}});
-  }
-  return toml::table{{"enabled", dav.enabled}, {"extras", std::move(extras)}};
-}
-
-toml::table proxied_mcps_toml(const std::map<std::string, ProxiedMcp>& mcps) {
-  toml::table out;
-  for (const auto& [name, mcp] : mcps) {
-    out.insert(name, toml::table{{"command", mcp.command},
-                                 {"args", strings_toml(mcp.args)},
-                                 {"env", env_toml(mcp.env)},
-                                 {"include", strings_toml(mcp.include)},
-                                 {"exclude", strings_toml(mcp.exclude)},
-                                 {"idle_timeout", mcp.idle_timeout}});
-  }
-  return out;
-}
-
-toml::table host_commands_toml(const std::map<std::string, HostCommand>& commands) {
-  toml::table out;
-  for (const auto& [name, command] : commands) {
-    out.insert(name, toml::table{{"command", command.command},
-                                 {"description", command.description},
-                                 {"timeout", command.timeout}});
-  }
+  for (const auto& value : array) convert(value, [&](auto&& v) { out.push_back(std::forward<decltype(v)>(v)); });
   return out;
 }
 
@@ -409,16 +353,9 @@ void add_removed_defaults(toml::table& out) {
 }  // namespace
 
 std::string to_toml(const Config& config) {
-  toml::table out{
-      {"namespace", namespace_toml(config.ns)},
-      {"jobs", jobs_toml(config.jobs)},
-      {"resource", toml::table{{"context_dirs", paths_toml(config.resource.context_dirs)},
-                               {"resource_patterns", strings_toml(config.resource.resource_patterns)}}},
-      {"mcp", toml::table{{"result_type", to_string(config.mcp.result_type)}}},
-      {"dav", dav_toml(config.dav)},
-      {"proxied_mcps", proxied_mcps_toml(config.proxied_mcps)},
-      {"host_commands", host_commands_toml(config.host_commands)},
-  };
+  nlohmann::json json = to_json(config);
+  json.erase("sources");
+  toml::table out = json_object_to_toml(json);
   add_removed_defaults(out);
   // One-line double-quoted strings (newlines escaped) and flat tables, as people write them.
   constexpr auto kFlags = toml::toml_formatter::default_flags & ~toml::format_flags::allow_literal_strings &

@@ -40,23 +40,10 @@ std::optional<std::string> host_env(std::string_view name) {
   return std::string(value);
 }
 
-std::string find_program(const std::string& name) {
-  if (name.find('/') != std::string::npos) {
-    if (::access(name.c_str(), X_OK) == 0) return name;
-    throw Error(fmt::format("bwrap program '{}' (namespace.bwrap_command[0]) is not executable; "
-                            "install bubblewrap or fix the path", name));
-  }
-  const char* path = std::getenv("PATH");
-  std::string_view dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  while (!dirs.empty()) {
-    auto colon = dirs.find(':');
-    std::string dir(dirs.substr(0, colon));
-    dirs = colon == std::string_view::npos ? std::string_view{} : dirs.substr(colon + 1);
-    if (dir.empty()) continue;
-    std::string candidate = dir + "/" + name;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  throw Error(fmt::format("'{}' not found on PATH; install bubblewrap (apt-get install bubblewrap)", name));
+std::string find_bwrap(const std::string& name) {
+  if (auto path = fs::find_program(name)) return *path;
+  throw Error(fmt::format("'{}' (namespace.bwrap_command[0]) not found or not executable; install "
+                          "bubblewrap (apt-get install bubblewrap) or fix the path", name));
 }
 
 // Why `uid`/`gid` cannot reach `dir` (a folder on the way lacks the search bit for it), or
@@ -256,7 +243,7 @@ class BwrapBackend final : public Backend {
   // statically linked libstdc++, GCC bug 66146).
   ArgvOptions argv_options() const {
     std::lock_guard lock(mutex_);
-    if (bwrap_path_.empty()) bwrap_path_ = find_program(ns_.bwrap_command.at(0));
+    if (bwrap_path_.empty()) bwrap_path_ = find_bwrap(ns_.bwrap_command.at(0));
     return ArgvOptions{bwrap_path_, read_top_level_symlink};
   }
 

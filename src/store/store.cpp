@@ -136,6 +136,10 @@ void Store::give_to_sandbox_user(const stdfs::path& dir) const {
     throw SysError(errno, "chown", dir.string());
 }
 
+namespace {
+constexpr std::string_view kNotFound = "instance '{}' not found; see 'ns-hpc instance list'";
+}  // namespace
+
 Instance Store::load(std::string_view id, const stdfs::path& base) const {
   Instance inst;
   inst.id = std::string(id);
@@ -143,7 +147,7 @@ Instance Store::load(std::string_view id, const stdfs::path& base) const {
   inst.workspace = base / "workspace";
   inst.output = output_root() / std::string(id);
   auto text = fs::read_file(inst.metadata_file());
-  if (!text) throw UsageError(fmt::format("instance '{}' not found; see 'ns-hpc instance list'", id));
+  if (!text) throw UsageError(fmt::format(fmt::runtime(kNotFound), id));
   auto raw = nlohmann::json::parse(*text, nullptr, false);
   if (!raw.is_object())
     throw Error(fmt::format("instance '{}' has a corrupt metadata.json ({}); repair or delete it",
@@ -276,21 +280,20 @@ Instance Store::update(std::string_view id, const UpdateOptions& options, std::s
   return inst;
 }
 
-void Store::refuse_if_jobs(std::string_view id, const stdfs::path& base, std::string_view action) const {
+stdfs::path Store::removable_base(std::string_view id, std::string_view action) const {
+  if (!exists(id)) throw UsageError(fmt::format(fmt::runtime(kNotFound), id));
+  const stdfs::path base = root_ / std::string(id);
   if (std::size_t n = jobs_.active_jobs(base); n > 0)
     throw UsageError(fmt::format(
         "cannot {} instance '{}': {} job(s) still running; cancel them first (ns-hpc instance jobs {})",
         action, id, n, id));
+  return base;
 }
 
 ArchivedInstance Store::archive(std::string_view id, std::string_view actor) {
   ensure_layout();
   fs::FileLock lock(lock_file());
-  validate_id(id);
-  const stdfs::path base = root_ / std::string(id);
-  if (!exists_nofollow(base / "metadata.json"))
-    throw UsageError(fmt::format("instance '{}' not found; see 'ns-hpc instance list'", id));
-  refuse_if_jobs(id, base, "archive");
+  const stdfs::path base = removable_base(id, "archive");
 
   const auto now = Clock::now();
   ArchivedInstance archived;
@@ -323,11 +326,7 @@ ArchivedInstance Store::archive(std::string_view id, std::string_view actor) {
 void Store::remove(std::string_view id, std::string_view actor) {
   ensure_layout();
   fs::FileLock lock(lock_file());
-  validate_id(id);
-  const stdfs::path base = root_ / std::string(id);
-  if (!exists_nofollow(base / "metadata.json"))
-    throw UsageError(fmt::format("instance '{}' not found; see 'ns-hpc instance list'", id));
-  refuse_if_jobs(id, base, "delete");
+  const stdfs::path base = removable_base(id, "delete");
   // Rename first so the instance disappears at once, then remove the trees.
   const stdfs::path doomed = root_ / fmt::format(".deleting-{}-{}", id, random_hex());
   check_sys(::rename(base.c_str(), doomed.c_str()), "rename", base.string());

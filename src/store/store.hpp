@@ -141,7 +141,8 @@ class Store {
   void ensure_layout() const;
   Instance load(std::string_view id, const stdfs::path& base) const;
   void give_to_sandbox_user(const stdfs::path& dir) const;
-  void refuse_if_jobs(std::string_view id, const stdfs::path& base, std::string_view action) const;
+  // The folder of an existing instance that has no live jobs (archive/delete), else UsageError.
+  stdfs::path removable_base(std::string_view id, std::string_view action) const;
 
   stdfs::path root_;
   config::Network default_network_;
