@@ -44,7 +44,7 @@ bench: build
 	$(BUILD)/bench/nshpc_bench 200
 
 install: build
-	install -D -m 0755 $(BUILD)/ns-hpc $(DESTDIR)$(PREFIX)/bin/ns-hpc
+	install -s -D -m 0755 $(BUILD)/ns-hpc $(DESTDIR)$(PREFIX)/bin/ns-hpc
 
 clean:
 	rm -rf $(BUILD)
