@@ -9,14 +9,16 @@ JOBS   ?= $(shell nproc)
 # Debian 12 packages needed to build, test and run.
 DEPS := g++ cmake ninja-build ccache pkg-config \
         nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev \
-        libseccomp-dev libgtest-dev bubblewrap util-linux passwd procps
+        libboost1.81-dev libseccomp-dev libgtest-dev bubblewrap util-linux passwd procps
 
-.PHONY: all deps configure build test unit integration test-as-user run bench install clean
+.PHONY: all deps configure build test unit integration test-as-user run bench fuzz install clean
 
 all: build
 
 deps:
 	@scripts/deps.sh $(DEPS)
+	@# Node.js runs the end-to-end tests (official MCP SDK); any packaged node >= 18 will do.
+	@command -v node >/dev/null && command -v npm >/dev/null || scripts/deps.sh nodejs npm
 
 $(BUILD)/build.ninja: CMakeLists.txt | deps
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
@@ -42,6 +44,17 @@ run: build
 
 bench: build
 	$(BUILD)/bench/nshpc_bench 200
+
+# libFuzzer over the MCP parser and dispatcher (clang, ASan+UBSan), 60 seconds by default.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@scripts/deps.sh clang libclang-rt-14-dev
+	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+	  -DNSHPC_FUZZ=ON -DNSHPC_TESTS=OFF
+	cmake --build build-fuzz -j $(JOBS) --target nshpc_fuzz_mcp
+	mkdir -p build-fuzz/corpus-mcp
+	build-fuzz/nshpc_fuzz_mcp -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
+	  build-fuzz/corpus-mcp tests/fuzz/corpus
 
 install: build
 	install -s -D -m 0755 $(BUILD)/ns-hpc $(DESTDIR)$(PREFIX)/bin/ns-hpc

@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
                  "TOML config file (highest-priority layer); also read from NS_HPC_CONFIG")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
+  add_run_command(app, ctx);
   add_doctor_command(app, ctx);
   add_bwrap_command(app, ctx);
   add_instance_commands(app, ctx);

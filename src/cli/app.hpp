@@ -39,6 +39,7 @@ void add_config_commands(CLI::App& app, Context& ctx);
 void add_doctor_command(CLI::App& app, Context& ctx);
 void add_bwrap_command(CLI::App& app, Context& ctx);
 void add_clean_command(CLI::App& app, Context& ctx);
+void add_run_command(CLI::App& app, Context& ctx);
 
 // Runs a command in an instance's sandbox with the caller's stdio, forwarding SIGINT/SIGTERM/
 // SIGHUP as "kill the sandbox", and audits it. Returns the exit code to pass through.

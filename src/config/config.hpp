@@ -78,6 +78,8 @@ struct Resource {
 
 struct Mcp {
   ResultType result_type = ResultType::both;
+  std::int64_t max_message_bytes = 8 * 1024 * 1024;  // larger messages are refused
+  std::int64_t page_size = 100;                      // list results per page
 };
 
 struct DavExtra {

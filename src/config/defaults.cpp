@@ -86,6 +86,10 @@ resource_patterns = ["*.md"]
 [mcp]
 # Result shape of ns-hpc's own tools: "text", "structured" or "both".
 result_type = "both"
+# Largest accepted MCP message; a bigger one is refused and reading resumes after it.
+max_message_bytes = 8388608
+# Items per page of tools/list, resources/list and prompts/list.
+page_size = 100
 
 [dav]
 # Serve WebDAV at /dav (HTTP transports only).

@@ -584,6 +584,8 @@ class Section {
 constexpr IntRule kTimeoutRule{1, 604800, "seconds"};
 constexpr IntRule kStatusFdRule{3, std::numeric_limits<int>::max(), "a file descriptor number", true};
 constexpr IntRule kHostIdRule{0, 4294967294, "a host uid/gid"};
+constexpr IntRule kMessageBytesRule{1024, 1073741824, "bytes (1 KiB to 1 GiB)"};
+constexpr IntRule kPageSizeRule{1, 10000, "items per page"};
 constexpr IntRule kLimitValueRule{0, std::numeric_limits<std::int64_t>::max(), "", true};
 constexpr NumberRule kIdleTimeoutRule{0, true, "seconds; 0 = never closed"};
 constexpr NumberRule kHostTimeoutRule{0, false, "seconds"};
@@ -785,6 +787,8 @@ Config validate(const toml::table& merged, const EnvLookup& env, Diagnostics& di
   root.table("resource", [&](Section& section) { config.resource = read_resource(section); });
   root.table("mcp", [&](Section& section) {
     section.read("result_type", config.mcp.result_type, read_result_type);
+    section.read("max_message_bytes", config.mcp.max_message_bytes, read_int, kMessageBytesRule);
+    section.read("page_size", config.mcp.page_size, read_int, kPageSizeRule);
   });
   root.table("dav", [&](Section& section) { config.dav = read_dav(section); });
   root.named("proxied_mcps", kMcpNames, config.proxied_mcps, read_proxied_mcp);

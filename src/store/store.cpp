@@ -137,7 +137,8 @@ void Store::give_to_sandbox_user(const stdfs::path& dir) const {
 }
 
 namespace {
-constexpr std::string_view kNotFound = "instance '{}' not found; see 'ns-hpc instance list'";
+constexpr std::string_view kNotFound =
+    "instance '{}' not found; list the active ones with 'ns-hpc instance list' or the list_instances tool";
 }  // namespace
 
 Instance Store::load(std::string_view id, const stdfs::path& base) const {
@@ -374,6 +375,11 @@ std::vector<CleanCandidate> Store::clean_candidates(std::chrono::hours older_tha
 void Store::audit(const Instance& instance, std::string_view event, std::string_view actor,
                   nlohmann::json fields) const {
   audit::append(instance.audit_log(), event, actor, std::move(fields));
+}
+
+void Store::audit_store(std::string_view event, std::string_view actor, nlohmann::json fields) const {
+  ensure_layout();
+  audit::append(root_ / ".audit.log", event, actor, std::move(fields));
 }
 
 }  // namespace nshpc::store

@@ -133,6 +133,9 @@ class Store {
   // Appends an event to the instance's audit log.
   void audit(const Instance& instance, std::string_view event, std::string_view actor,
              nlohmann::json fields = nlohmann::json::object()) const;
+  // Appends an event to the store-level audit log (<instances_dir>/.audit.log).
+  void audit_store(std::string_view event, std::string_view actor,
+                   nlohmann::json fields = nlohmann::json::object()) const;
 
  private:
   stdfs::path lock_file() const { return root_ / ".lock"; }

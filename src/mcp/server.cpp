@@ -1,0 +1,951 @@
+#include "mcp/server.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <cmath>
+#include <condition_variable>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "mcp/validate.hpp"
+
+namespace nshpc::mcp {
+
+namespace {
+
+constexpr int kServerBusy = -32000;  // implementation-defined server error range
+constexpr std::string_view kCursorPrefix = "nshpc-page-";
+
+// Which sessions this thread is currently running a handler for / sending for. close() called
+// from inside a handler or a Send callback must not wait for itself.
+thread_local std::vector<const void*> tl_handlers;
+thread_local std::vector<const void*> tl_sends;
+
+struct StackEntry {
+  std::vector<const void*>& stack;
+  StackEntry(std::vector<const void*>& s, const void* p) : stack(s) { stack.push_back(p); }
+  ~StackEntry() { stack.pop_back(); }
+  StackEntry(const StackEntry&) = delete;
+  StackEntry& operator=(const StackEntry&) = delete;
+};
+
+std::size_t count_of(const std::vector<const void*>& stack, const void* p) {
+  return static_cast<std::size_t>(std::count(stack.begin(), stack.end(), p));
+}
+
+ProtocolError invalid_params(std::string message) {
+  return ProtocolError(kInvalidParams, std::move(message));
+}
+
+// params of a request: absent or null = {}; anything but an object is refused.
+json params_of(const json& message) {
+  auto p = message.find("params");
+  if (p == message.end() || p->is_null()) return json::object();
+  if (!p->is_object())
+    throw invalid_params(
+        fmt::format("params: expected an object, got {}", detail::describe_type(*p)));
+  return *p;
+}
+
+std::string required_string(const json& params, const char* field) {
+  auto v = params.find(field);
+  if (v == params.end()) throw invalid_params(fmt::format("params.{}: missing", field));
+  if (!v->is_string())
+    throw invalid_params(
+        fmt::format("params.{}: expected a string, got {}", field, detail::describe_type(*v)));
+  return v->get<std::string>();
+}
+
+// An optional object member; absent or null = {}.
+json optional_object(const json& params, const char* field) {
+  auto v = params.find(field);
+  if (v == params.end() || v->is_null()) return json::object();
+  if (!v->is_object())
+    throw invalid_params(
+        fmt::format("params.{}: expected an object, got {}", field, detail::describe_type(*v)));
+  return *v;
+}
+
+std::string encode_cursor(std::size_t offset) { return fmt::format("{}{}", kCursorPrefix, offset); }
+
+std::optional<std::size_t> decode_cursor(std::string_view cursor) {
+  if (cursor.substr(0, kCursorPrefix.size()) != kCursorPrefix) return std::nullopt;
+  cursor.remove_prefix(kCursorPrefix.size());
+  std::size_t offset = 0;
+  auto [end, ec] = std::from_chars(cursor.data(), cursor.data() + cursor.size(), offset);
+  if (ec != std::errc() || end != cursor.data() + cursor.size() || cursor.empty() || offset == 0)
+    return std::nullopt;
+  return offset;
+}
+
+bool schema_has_property(const json& schema, const std::string& name) {
+  if (!schema.is_object()) return false;
+  auto props = schema.find("properties");
+  return props != schema.end() && props->is_object() && props->contains(name);
+}
+
+json shape_tool_result(ToolResult r, ResultShape shape) {
+  json out = json::object();
+  switch (shape) {
+    case ResultShape::both:
+      out["content"] = std::move(r.content);
+      if (r.structured) out["structuredContent"] = std::move(*r.structured);
+      break;
+    case ResultShape::text:
+      // Without structuredContent a result needs its content; a tool that only returned
+      // structured data gets it as JSON text.
+      if ((r.content.is_array() && r.content.empty()) && r.structured)
+        r.content = json::array(
+            {{{"type", "text"},
+              {"text", r.structured->dump(-1, ' ', false, json::error_handler_t::replace)}}});
+      out["content"] = std::move(r.content);
+      break;
+    case ResultShape::structured:
+      if (r.structured) {
+        out["content"] = json::array();
+        out["structuredContent"] = std::move(*r.structured);
+      } else {
+        out["content"] = std::move(r.content);
+      }
+      break;
+  }
+  if (!out["content"].is_array()) out["content"] = json::array();
+  if (r.is_error) out["isError"] = true;
+  return out;
+}
+
+json tool_json(const Tool& t, ResultShape shape) {
+  json j = {{"name", t.name}};
+  if (!t.title.empty()) j["title"] = t.title;
+  j["description"] = t.description;
+  j["inputSchema"] = t.input_schema;
+  if (t.output_schema && shape != ResultShape::text) j["outputSchema"] = *t.output_schema;
+  if (t.annotations) j["annotations"] = *t.annotations;
+  return j;
+}
+
+json resource_json(const Resource& r) {
+  json j = {{"uri", r.uri}, {"name", r.name}};
+  if (!r.title.empty()) j["title"] = r.title;
+  if (!r.description.empty()) j["description"] = r.description;
+  if (!r.mime_type.empty()) j["mimeType"] = r.mime_type;
+  if (r.size) j["size"] = *r.size;
+  return j;
+}
+
+json template_json(const ResourceTemplate& t) {
+  json j = {{"uriTemplate", t.uri_template}, {"name", t.name}};
+  if (!t.title.empty()) j["title"] = t.title;
+  if (!t.description.empty()) j["description"] = t.description;
+  if (!t.mime_type.empty()) j["mimeType"] = t.mime_type;
+  return j;
+}
+
+json prompt_json(const Prompt& p) {
+  json j = {{"name", p.name}};
+  if (!p.title.empty()) j["title"] = p.title;
+  if (!p.description.empty()) j["description"] = p.description;
+  json args = json::array();
+  for (const auto& a : p.arguments) {
+    json arg = {{"name", a.name}};
+    if (!a.description.empty()) arg["description"] = a.description;
+    arg["required"] = a.required;
+    args.push_back(std::move(arg));
+  }
+  j["arguments"] = std::move(args);
+  return j;
+}
+
+std::string log_level_names() {
+  std::string out;
+  for (int i = 0; i <= static_cast<int>(LogLevel::emergency); ++i)
+    out += (i ? ", " : "") + std::string(to_string(static_cast<LogLevel>(i)));
+  return out;
+}
+
+const std::set<std::string, std::less<>>& known_methods() {
+  // clang-format off
+  static const std::set<std::string, std::less<>> methods = {
+      "initialize", "ping", "logging/setLevel", "tools/list", "tools/call", "prompts/list",
+      "prompts/get", "resources/list", "resources/templates/list", "resources/read",
+      "resources/subscribe", "resources/unsubscribe"};
+  // clang-format on
+  return methods;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// ToolResult
+
+ToolResult ToolResult::text(std::string text, std::optional<json> structured) {
+  ToolResult r;
+  r.content = json::array({{{"type", "text"}, {"text", std::move(text)}}});
+  r.structured = std::move(structured);
+  return r;
+}
+
+ToolResult ToolResult::error(std::string text) {
+  ToolResult r = ToolResult::text(std::move(text));
+  r.is_error = true;
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Session state
+
+struct Session::State : std::enable_shared_from_this<Session::State> {
+  // One request running through the Executor.
+  struct Call {
+    json id;
+    std::string key;  // id.dump()
+    std::optional<json> progress_token;
+    std::atomic<bool> cancelled{false};   // set under State::mu (waiters use State::cv)
+    std::mutex send_mu;                   // orders this request's progress before its response
+    bool done = false;                    // response decided; guarded by send_mu
+    std::optional<double> last_progress;  // guarded by send_mu
+  };
+  class Context;
+  using Job = std::function<json(RequestContext& ctx)>;  // the result; may throw ProtocolError
+
+  State(Server& srv, std::string session_id, Send send_fn, Executor exec)
+      : server(srv),
+        id(std::move(session_id)),
+        send(std::move(send_fn)),
+        executor(std::move(exec)) {}
+
+  Server& server;
+  const std::string id;
+  const Send send;
+  const Executor executor;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;  // running/sending counts, cancellations
+  bool closed = false;
+  bool initialized = false;         // the initialize response went out
+  bool client_initialized = false;  // notifications/initialized arrived
+  std::string protocol_version;
+  std::string client_name = "unknown";
+  json client_capabilities = json::object();
+  LogLevel level = LogLevel::info;
+  std::unordered_set<std::string> used_ids;
+  std::map<std::string, std::shared_ptr<Call>> calls;  // accepted, not yet answered
+  std::size_t running = 0;                             // handlers executing now
+  std::size_t sending = 0;                             // Send calls in progress
+  std::set<std::string, std::less<>> subscriptions;
+
+  Server::Registry& registry() { return *server.registry_; }
+
+  // Sends unless closed; never with `mu` held. Returns whether it was handed to Send.
+  bool emit(const json& message) {
+    {
+      std::lock_guard lock(mu);
+      if (closed) return false;
+      ++sending;
+    }
+    {
+      StackEntry entry(tl_sends, this);
+      try {
+        send(message);
+      } catch (...) {
+        // The transport reports its own failures; the protocol core carries on.
+      }
+    }
+    bool wake = false;
+    {
+      std::lock_guard lock(mu);
+      --sending;
+      wake = closed;  // only close() waits for sends to end
+    }
+    if (wake) cv.notify_all();
+    return true;
+  }
+
+  void log(LogLevel lv, const json& data, const std::string& logger) {
+    {
+      std::lock_guard lock(mu);
+      if (closed || !initialized || lv < level) return;
+    }
+    json params = {{"level", std::string(to_string(lv))}};
+    if (!logger.empty()) params["logger"] = detail::sanitize_utf8(logger);
+    params["data"] = data;
+    emit(make_notification("notifications/message", std::move(params)));
+  }
+
+  void close() {
+    std::unique_lock lock(mu);
+    closed = true;
+    for (auto& [key, call] : calls) call->cancelled = true;
+    cv.notify_all();
+    const std::size_t own_handlers = count_of(tl_handlers, this);
+    const std::size_t own_sends = count_of(tl_sends, this);
+    cv.wait(lock, [&] { return running <= own_handlers && sending <= own_sends; });
+    calls.clear();  // queued work finds `closed` and returns without running
+  }
+
+  std::size_t in_flight() const {
+    std::lock_guard lock(mu);
+    return calls.size();
+  }
+
+  void handle(json message);
+  void notification(const std::string& method, const json& message);
+  void request(const std::string& method, const json& id, const json& message);
+  json initialize(const json& params);
+  void start(const json& id, const json& params, Job job);
+  void run(const std::shared_ptr<Call>& call, const Job& job);
+  void erase_call(const std::shared_ptr<Call>& call) {  // mu held
+    auto it = calls.find(call->key);
+    if (it != calls.end() && it->second == call) calls.erase(it);
+  }
+  std::pair<std::size_t, std::size_t> page(const json& params, std::size_t total);
+  void reply(const json& id, json result) { emit(make_response(id, std::move(result))); }
+  void fail(const json& id, int code, std::string_view message, const json& data = nullptr) {
+    emit(make_error(id, code, message, data));
+  }
+};
+
+class Session::State::Context final : public RequestContext {
+ public:
+  Context(std::shared_ptr<State> state, std::shared_ptr<Call> call)
+      : state_(std::move(state)), call_(std::move(call)) {
+    std::lock_guard lock(state_->mu);
+    protocol_version_ = state_->protocol_version;
+    client_name_ = state_->client_name;
+  }
+
+  bool cancelled() const override { return call_->cancelled.load(); }
+
+  bool wait_cancelled_for(std::chrono::milliseconds timeout) const override {
+    std::unique_lock lock(state_->mu);
+    return state_->cv.wait_for(lock, timeout, [&] { return call_->cancelled.load(); });
+  }
+
+  void progress(double progress, std::optional<double> total, const std::string& message) override {
+    if (!call_->progress_token || !std::isfinite(progress)) return;
+    std::lock_guard lock(call_->send_mu);
+    if (call_->done || call_->cancelled.load()) return;
+    if (call_->last_progress && progress <= *call_->last_progress) return;
+    call_->last_progress = progress;
+    json params = {{"progressToken", *call_->progress_token}, {"progress", progress}};
+    if (total && std::isfinite(*total)) params["total"] = *total;
+    if (!message.empty()) params["message"] = detail::sanitize_utf8(message);
+    state_->emit(make_notification("notifications/progress", std::move(params)));
+  }
+
+  void log(LogLevel level, const json& data, const std::string& logger) override {
+    state_->log(level, data, logger);
+  }
+
+  const std::string& protocol_version() const override { return protocol_version_; }
+  std::string client_name() const override { return client_name_; }
+  const std::string& session_id() const override { return state_->id; }
+
+ private:
+  std::shared_ptr<State> state_;
+  std::shared_ptr<Call> call_;
+  std::string protocol_version_;
+  std::string client_name_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Server registry
+
+struct Server::Registry {
+  std::mutex mu;
+  std::vector<std::shared_ptr<const Tool>> tools;
+  std::vector<std::shared_ptr<const Prompt>> prompts;
+  std::shared_ptr<ResourceProvider> resources;
+  std::map<Session*, std::weak_ptr<Session::State>> sessions;
+
+  std::shared_ptr<const Tool> find_tool(std::string_view name) {
+    std::lock_guard lock(mu);
+    for (const auto& t : tools)
+      if (t->name == name) return t;
+    return nullptr;
+  }
+  std::shared_ptr<const Prompt> find_prompt(std::string_view name) {
+    std::lock_guard lock(mu);
+    for (const auto& p : prompts)
+      if (p->name == name) return p;
+    return nullptr;
+  }
+  std::shared_ptr<ResourceProvider> provider() {
+    std::lock_guard lock(mu);
+    return resources;
+  }
+
+  // Sends `message` to every open, initialized session `want` accepts. Sessions are collected
+  // under the lock and served outside it.
+  void broadcast(const json& message,
+                 const std::function<bool(const Session::State&)>& want = nullptr) {
+    std::vector<std::shared_ptr<Session::State>> targets;
+    {
+      std::lock_guard lock(mu);
+      for (auto& [session, weak] : sessions)
+        if (auto state = weak.lock()) targets.push_back(std::move(state));
+    }
+    for (auto& state : targets) {
+      {
+        std::lock_guard lock(state->mu);
+        if (state->closed || !state->initialized || (want && !want(*state))) continue;
+      }
+      state->emit(message);
+    }
+  }
+};
+
+Server::Server(ServerInfo info, ServerOptions options)
+    : info_(std::move(info)),
+      options_(std::move(options)),
+      registry_(std::make_unique<Registry>()) {}
+
+Server::~Server() = default;
+
+void Server::add_tool(Tool tool) {
+  if (tool.name.empty()) throw std::invalid_argument("mcp: a tool needs a name");
+  if (!tool.handler) throw std::invalid_argument("mcp: tool '" + tool.name + "' has no handler");
+  auto shared = std::make_shared<const Tool>(std::move(tool));
+  bool notify = false;
+  {
+    std::lock_guard lock(registry_->mu);
+    auto& tools = registry_->tools;
+    auto it = std::find_if(tools.begin(), tools.end(),
+                           [&](const auto& t) { return t->name == shared->name; });
+    if (it != tools.end())
+      *it = shared;  // same name: the newer definition replaces the older one
+    else
+      tools.push_back(shared);
+    notify = !registry_->sessions.empty();
+  }
+  if (notify) registry_->broadcast(make_notification("notifications/tools/list_changed"));
+}
+
+void Server::add_prompt(Prompt prompt) {
+  if (prompt.name.empty()) throw std::invalid_argument("mcp: a prompt needs a name");
+  if (!prompt.handler)
+    throw std::invalid_argument("mcp: prompt '" + prompt.name + "' has no handler");
+  auto shared = std::make_shared<const Prompt>(std::move(prompt));
+  bool notify = false;
+  {
+    std::lock_guard lock(registry_->mu);
+    auto& prompts = registry_->prompts;
+    auto it = std::find_if(prompts.begin(), prompts.end(),
+                           [&](const auto& p) { return p->name == shared->name; });
+    if (it != prompts.end())
+      *it = shared;
+    else
+      prompts.push_back(shared);
+    notify = !registry_->sessions.empty();
+  }
+  if (notify) registry_->broadcast(make_notification("notifications/prompts/list_changed"));
+}
+
+void Server::set_resources(std::shared_ptr<ResourceProvider> provider) {
+  bool notify = false;
+  {
+    std::lock_guard lock(registry_->mu);
+    registry_->resources = std::move(provider);
+    notify = registry_->resources && !registry_->sessions.empty();
+  }
+  if (notify) notify_resource_list_changed();
+}
+
+void Server::notify_resource_list_changed() {
+  registry_->broadcast(make_notification("notifications/resources/list_changed"));
+}
+
+void Server::notify_resource_updated(const std::string& uri) {
+  registry_->broadcast(make_notification("notifications/resources/updated", {{"uri", uri}}),
+                       [&](const Session::State& s) { return s.subscriptions.count(uri) > 0; });
+}
+
+void Server::attach(Session* session) {
+  std::lock_guard lock(registry_->mu);
+  registry_->sessions[session] = session->state_;
+}
+
+void Server::detach(Session* session) {
+  std::lock_guard lock(registry_->mu);
+  registry_->sessions.erase(session);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Message handling
+
+void Session::State::handle(json message) {
+  if (message.is_array()) {
+    fail(nullptr, kInvalidRequest,
+         "invalid request: batches are not supported; send one JSON-RPC message at a time");
+    return;
+  }
+  if (!message.is_object()) {
+    fail(nullptr, kInvalidRequest,
+         fmt::format("invalid request: expected a JSON-RPC message object, got {}",
+                     detail::describe_type(message)));
+    return;
+  }
+  const auto id_it = message.find("id");
+  const bool has_id = id_it != message.end();
+  const json id = (has_id && is_valid_id(*id_it)) ? *id_it : json(nullptr);
+
+  auto version = message.find("jsonrpc");
+  if (version == message.end()) {
+    fail(id, kInvalidRequest, R"(invalid request: missing "jsonrpc": "2.0")");
+    return;
+  }
+  if (*version != "2.0") {
+    fail(id, kInvalidRequest,
+         fmt::format(R"(invalid request: "jsonrpc" must be "2.0", got {})", version->dump()));
+    return;
+  }
+  auto method_it = message.find("method");
+  if (method_it == message.end()) {
+    // A response from the client: the server sends no requests yet, so nothing waits for it.
+    if (message.contains("result") || message.contains("error")) return;
+    fail(id, kInvalidRequest, R"(invalid request: missing "method")");
+    return;
+  }
+  if (!method_it->is_string()) {
+    fail(id, kInvalidRequest,
+         fmt::format(R"(invalid request: "method" must be a string, got {})",
+                     detail::describe_type(*method_it)));
+    return;
+  }
+  const std::string method = method_it->get<std::string>();
+  if (!has_id) {
+    notification(method, message);
+    return;
+  }
+  if (!is_valid_id(*id_it)) {
+    fail(nullptr, kInvalidRequest,
+         fmt::format(R"(invalid request: "id" must be a string or an integer, got {})",
+                     detail::describe_type(*id_it)));
+    return;
+  }
+  bool reused = false;
+  {
+    std::lock_guard lock(mu);
+    reused = !used_ids.insert(id.dump()).second;
+  }
+  if (reused) {
+    fail(id, kInvalidRequest,
+         fmt::format("request id {} was already used in this session", id.dump()));
+    return;
+  }
+  try {
+    request(method, id, message);
+  } catch (const ProtocolError& e) {
+    fail(id, e.code(), e.what(), e.data());
+  } catch (const std::exception& e) {
+    fail(id, kInternalError, e.what());
+  }
+}
+
+void Session::State::notification(const std::string& method, const json& message) {
+  auto p = message.find("params");
+  const json params = (p != message.end() && p->is_object()) ? *p : json::object();
+  if (method == "notifications/initialized") {
+    std::lock_guard lock(mu);
+    client_initialized = true;
+  } else if (method == "notifications/cancelled") {
+    auto rid = params.find("requestId");
+    if (rid == params.end() || !is_valid_id(*rid)) return;
+    std::lock_guard lock(mu);
+    auto it = calls.find(rid->dump());
+    if (it == calls.end()) return;  // unknown or finished: ignored
+    it->second->cancelled = true;
+    cv.notify_all();
+  }
+  // Anything else (including notifications/roots/list_changed) needs no action.
+}
+
+json Session::State::initialize(const json& params) {
+  {
+    std::lock_guard lock(mu);
+    if (initialized)
+      throw ProtocolError(kInvalidRequest,
+                          "invalid request: initialize was already received in this session");
+  }
+  const std::string requested = required_string(params, "protocolVersion");
+  const json capabilities = optional_object(params, "capabilities");
+  auto info = params.find("clientInfo");
+  if (info == params.end()) throw invalid_params("params.clientInfo: missing");
+  if (!info->is_object())
+    throw invalid_params(
+        fmt::format("params.clientInfo: expected an object, got {}", detail::describe_type(*info)));
+  auto name = info->find("name");
+  if (name == info->end()) throw invalid_params("params.clientInfo.name: missing");
+  if (!name->is_string())
+    throw invalid_params(fmt::format("params.clientInfo.name: expected a string, got {}",
+                                     detail::describe_type(*name)));
+  std::string client = name->get<std::string>();
+  if (auto v = info->find("version");
+      v != info->end() && v->is_string() && !v->get_ref<const std::string&>().empty())
+    client += "/" + v->get<std::string>();
+  if (client.empty()) client = "unknown";
+
+  const std::string negotiated =
+      is_supported_version(requested) ? requested : std::string(kProtocolVersions.front());
+
+  auto& reg = registry();
+  bool has_resources = false, has_prompts = false;
+  {
+    std::lock_guard lock(reg.mu);
+    has_resources = reg.resources != nullptr;
+    has_prompts = !reg.prompts.empty();
+  }
+  json caps = json::object();
+  caps["tools"] = {{"listChanged", true}};
+  if (has_resources) caps["resources"] = {{"subscribe", true}, {"listChanged", true}};
+  if (has_prompts) caps["prompts"] = {{"listChanged", true}};
+  caps["logging"] = json::object();
+
+  const ServerInfo& si = server.info();
+  json server_info = {{"name", si.name}};
+  if (!si.title.empty()) server_info["title"] = si.title;
+  server_info["version"] = si.version;
+
+  json result = {{"protocolVersion", negotiated},
+                 {"capabilities", std::move(caps)},
+                 {"serverInfo", std::move(server_info)}};
+  if (!si.instructions.empty()) result["instructions"] = si.instructions;
+
+  std::lock_guard lock(mu);
+  protocol_version = negotiated;
+  client_name = std::move(client);
+  client_capabilities = capabilities;
+  return result;
+}
+
+std::pair<std::size_t, std::size_t> Session::State::page(const json& params, std::size_t total) {
+  std::size_t start = 0;
+  if (auto c = params.find("cursor"); c != params.end() && !c->is_null()) {
+    if (!c->is_string())
+      throw invalid_params(
+          fmt::format("params.cursor: expected a string, got {}", detail::describe_type(*c)));
+    auto offset = decode_cursor(c->get_ref<const std::string&>());
+    if (!offset) throw invalid_params("invalid cursor");
+    start = std::min(*offset, total);  // the list may have shrunk since
+  }
+  const std::size_t size = server.options().page_size;
+  const std::size_t end = (size == 0 || total - start <= size) ? total : start + size;
+  return {start, end};
+}
+
+void Session::State::request(const std::string& method, const json& id, const json& message) {
+  if (method == "initialize") {
+    json result = initialize(params_of(message));
+    reply(id, std::move(result));
+    std::lock_guard lock(mu);
+    initialized = true;
+    return;
+  }
+  if (method == "ping") {
+    reply(id, json::object());
+    return;
+  }
+  if (!known_methods().count(method))
+    throw ProtocolError(kMethodNotFound, fmt::format("method not found: {}", method));
+  {
+    std::lock_guard lock(mu);
+    if (!initialized)
+      throw ProtocolError(kInvalidRequest, "server not initialized: send initialize first");
+  }
+  const json params = params_of(message);
+  auto& reg = registry();
+  const ResultShape shape = server.options().result_shape;
+
+  if (method == "logging/setLevel") {
+    auto lv = params.find("level");
+    std::optional<LogLevel> parsed;
+    if (lv != params.end() && lv->is_string()) parsed = parse_log_level(lv->get<std::string>());
+    if (!parsed)
+      throw invalid_params(fmt::format(
+          "params.level: {}; expected one of {}",
+          lv == params.end() ? std::string("missing") : "got " + detail::sanitize_utf8(lv->dump()),
+          log_level_names()));
+    {
+      std::lock_guard lock(mu);
+      level = *parsed;
+    }
+    reply(id, json::object());
+    return;
+  }
+
+  if (method == "tools/list") {
+    std::vector<std::shared_ptr<const Tool>> tools;
+    {
+      std::lock_guard lock(reg.mu);
+      tools = reg.tools;
+    }
+    auto [start, end] = page(params, tools.size());
+    json list = json::array();
+    for (std::size_t i = start; i < end; ++i) list.push_back(tool_json(*tools[i], shape));
+    json result = {{"tools", std::move(list)}};
+    if (end < tools.size()) result["nextCursor"] = encode_cursor(end);
+    reply(id, std::move(result));
+    return;
+  }
+
+  if (method == "tools/call") {
+    const std::string name = required_string(params, "name");
+    json arguments = optional_object(params, "arguments");
+    auto tool = reg.find_tool(name);
+    if (!tool) throw invalid_params(fmt::format("unknown tool '{}'", name));
+    if (tool->accept_input_wrapper && arguments.size() == 1 && arguments.contains("input") &&
+        arguments["input"].is_object() && !schema_has_property(tool->input_schema, "input")) {
+      json inner = std::move(arguments["input"]);
+      arguments = std::move(inner);
+    }
+    if (auto problem = detail::validate_arguments(arguments, tool->input_schema)) {
+      // SEP-1303: the model should see this and correct its call, so it is a tool result.
+      reply(id, shape_tool_result(ToolResult::error(*problem), shape));
+      return;
+    }
+    start(id, params, [tool, shape, arguments = std::move(arguments)](RequestContext& ctx) {
+      ToolResult r;
+      try {
+        r = tool->handler(arguments, ctx);
+      } catch (const ProtocolError&) {
+        throw;
+      } catch (const std::exception& e) {
+        r = ToolResult::error(detail::sanitize_utf8(e.what()));
+      } catch (...) {
+        r = ToolResult::error("the tool failed with an unknown exception");
+      }
+      return shape_tool_result(std::move(r), shape);
+    });
+    return;
+  }
+
+  if (method == "prompts/list") {
+    std::vector<std::shared_ptr<const Prompt>> prompts;
+    {
+      std::lock_guard lock(reg.mu);
+      prompts = reg.prompts;
+    }
+    auto [start, end] = page(params, prompts.size());
+    json list = json::array();
+    for (std::size_t i = start; i < end; ++i) list.push_back(prompt_json(*prompts[i]));
+    json result = {{"prompts", std::move(list)}};
+    if (end < prompts.size()) result["nextCursor"] = encode_cursor(end);
+    reply(id, std::move(result));
+    return;
+  }
+
+  if (method == "prompts/get") {
+    const std::string name = required_string(params, "name");
+    auto prompt = reg.find_prompt(name);
+    if (!prompt) throw invalid_params(fmt::format("unknown prompt '{}'", name));
+    json arguments = optional_object(params, "arguments");
+    for (auto it = arguments.begin(); it != arguments.end(); ++it)
+      if (!it->is_string())
+        throw invalid_params(fmt::format("params.arguments.{}: expected a string, got {}", it.key(),
+                                         detail::describe_type(*it)));
+    for (const auto& arg : prompt->arguments)
+      if (arg.required && !arguments.contains(arg.name))
+        throw invalid_params(
+            fmt::format("params.arguments: missing required argument '{}' of "
+                        "prompt '{}'",
+                        arg.name, name));
+    start(id, params, [prompt, arguments = std::move(arguments)](RequestContext&) {
+      return prompt->handler(arguments);
+    });
+    return;
+  }
+
+  // resources/*
+  auto provider = reg.provider();
+  if (!provider)
+    throw ProtocolError(kMethodNotFound,
+                        fmt::format("method not found: {} (this server has no resources)", method));
+
+  if (method == "resources/list") {
+    const std::vector<Resource> resources = provider->list();
+    auto [start, end] = page(params, resources.size());
+    json list = json::array();
+    for (std::size_t i = start; i < end; ++i) list.push_back(resource_json(resources[i]));
+    json result = {{"resources", std::move(list)}};
+    if (end < resources.size()) result["nextCursor"] = encode_cursor(end);
+    reply(id, std::move(result));
+    return;
+  }
+  if (method == "resources/templates/list") {
+    const std::vector<ResourceTemplate> templates = provider->templates();
+    auto [start, end] = page(params, templates.size());
+    json list = json::array();
+    for (std::size_t i = start; i < end; ++i) list.push_back(template_json(templates[i]));
+    json result = {{"resourceTemplates", std::move(list)}};
+    if (end < templates.size()) result["nextCursor"] = encode_cursor(end);
+    reply(id, std::move(result));
+    return;
+  }
+  if (method == "resources/subscribe" || method == "resources/unsubscribe") {
+    std::string uri = required_string(params, "uri");
+    {
+      std::lock_guard lock(mu);
+      if (method == "resources/subscribe")
+        subscriptions.insert(std::move(uri));
+      else
+        subscriptions.erase(uri);
+    }
+    reply(id, json::object());
+    return;
+  }
+  if (method == "resources/read") {
+    std::string uri = required_string(params, "uri");
+    start(id, params, [provider, uri = std::move(uri)](RequestContext&) {
+      auto contents = provider->read(uri);
+      if (!contents)
+        throw ProtocolError(kResourceNotFound, fmt::format("resource not found: {}", uri),
+                            json{{"uri", uri}});
+      json list = json::array();
+      for (const auto& c : *contents) {
+        json item = {{"uri", c.uri.empty() ? uri : c.uri}};
+        if (!c.mime_type.empty()) item["mimeType"] = c.mime_type;
+        if (c.text)
+          item["text"] = *c.text;
+        else if (c.blob)
+          item["blob"] = *c.blob;
+        else
+          item["text"] = "";
+        list.push_back(std::move(item));
+      }
+      return json{{"contents", std::move(list)}};
+    });
+    return;
+  }
+  throw ProtocolError(kMethodNotFound, fmt::format("method not found: {}", method));
+}
+
+void Session::State::start(const json& id, const json& params, Job job) {
+  auto call = std::make_shared<Call>();
+  call->id = id;
+  call->key = id.dump();
+  if (auto meta = params.find("_meta"); meta != params.end() && meta->is_object())
+    if (auto token = meta->find("progressToken");
+        token != meta->end() && (token->is_string() || token->is_number_integer()))
+      call->progress_token = *token;
+
+  const std::size_t limit = server.options().max_in_flight;
+  {
+    std::lock_guard lock(mu);
+    if (closed) return;
+    if (calls.size() >= limit)
+      throw ProtocolError(kServerBusy,
+                          fmt::format("too many requests in flight (limit {}); wait for some to "
+                                      "finish",
+                                      limit));
+    calls.emplace(call->key, call);
+  }
+  if (!executor) {
+    run(call, job);
+    return;
+  }
+  try {
+    executor([self = shared_from_this(), call, job = std::move(job)] { self->run(call, job); });
+  } catch (...) {
+    bool was_queued = false;
+    {
+      std::lock_guard lock(mu);
+      was_queued = calls.count(call->key) > 0 && !call->cancelled.load();
+      erase_call(call);
+    }
+    if (was_queued) throw ProtocolError(kInternalError, "could not schedule the request");
+  }
+}
+
+void Session::State::run(const std::shared_ptr<Call>& call, const Job& job) {
+  {
+    std::lock_guard lock(mu);
+    if (closed || call->cancelled.load()) {
+      erase_call(call);
+      return;
+    }
+    ++running;
+  }
+  json message;
+  {
+    StackEntry entry(tl_handlers, this);
+    Context ctx(shared_from_this(), call);
+    try {
+      message = make_response(call->id, job(ctx));
+    } catch (const ProtocolError& e) {
+      message = make_error(call->id, e.code(), e.what(), e.data());
+    } catch (const std::exception& e) {
+      message = make_error(call->id, kInternalError, e.what());
+    } catch (...) {
+      message = make_error(call->id, kInternalError, "internal error");
+    }
+  }
+  bool drop = false;
+  {
+    std::lock_guard lock(mu);
+    --running;
+    erase_call(call);
+    drop = closed || call->cancelled.load();  // cancelled: the client expects no response
+  }
+  if (drop) cv.notify_all();  // close() may be waiting for this handler
+  std::lock_guard lock(call->send_mu);
+  call->done = true;
+  if (!drop) emit(message);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Session
+
+Session::Session(Server& server, std::string id, Send send, Executor executor)
+    : server_(server),
+      id_(std::move(id)),
+      state_(std::make_shared<State>(server, id_, std::move(send), std::move(executor))) {
+  server_.attach(this);
+}
+
+Session::~Session() {
+  server_.detach(this);
+  state_->close();
+}
+
+void Session::receive(std::string_view text) {
+  try {
+    {
+      std::lock_guard lock(state_->mu);
+      if (state_->closed) return;
+    }
+    json message;
+    try {
+      message = parse_message(text, server_.options().limits);
+    } catch (const ProtocolError& e) {
+      state_->fail(nullptr, e.code(), e.what(), e.data());
+      return;
+    }
+    state_->handle(std::move(message));
+  } catch (...) {
+    // Never throws: whatever went wrong has been answered or cannot be.
+  }
+}
+
+void Session::receive(json message) {
+  try {
+    {
+      std::lock_guard lock(state_->mu);
+      if (state_->closed) return;
+    }
+    state_->handle(std::move(message));
+  } catch (...) {
+  }
+}
+
+void Session::close() { state_->close(); }
+
+std::size_t Session::in_flight() const { return state_->in_flight(); }
+
+void Session::deliver(const json& message) { state_->emit(message); }
+
+}  // namespace nshpc::mcp

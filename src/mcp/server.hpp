@@ -1,0 +1,200 @@
+// The MCP server side: a registry of tools, resources and prompts shared by every connection
+// (Server), and one protocol session per connection (Session). Transports feed a Session the
+// messages they read and write out what it sends.
+//
+// Threading: Session::receive is called from one I/O thread. Requests other than the trivial
+// ones (initialize, ping, logging/setLevel, list calls) run through the Executor the transport
+// provides, so a slow tool call never delays ping or another call. `Send` may be called from any
+// thread and must be thread-safe.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mcp/protocol.hpp"
+
+namespace nshpc::mcp {
+
+// What a running request can see and do.
+class RequestContext {
+ public:
+  virtual ~RequestContext() = default;
+  // True once notifications/cancelled named this request (or the session closed).
+  virtual bool cancelled() const = 0;
+  // Sleeps up to `timeout`, returning early (true) if the request is cancelled meanwhile.
+  virtual bool wait_cancelled_for(std::chrono::milliseconds timeout) const = 0;
+  // notifications/progress, when the request carried _meta.progressToken (else a no-op).
+  // `progress` must increase from call to call; smaller values are dropped.
+  virtual void progress(double progress, std::optional<double> total = std::nullopt,
+                        const std::string& message = {}) = 0;
+  // notifications/message, when `level` is at or above the session's logging level.
+  virtual void log(LogLevel level, const json& data, const std::string& logger = {}) = 0;
+  virtual const std::string& protocol_version() const = 0;
+  // "name/version" of the client from initialize (e.g. "claude-code/1.2"), or "unknown".
+  virtual std::string client_name() const = 0;
+  virtual const std::string& session_id() const = 0;
+};
+
+struct ToolResult {
+  json content = json::array();    // MCP content blocks
+  std::optional<json> structured;  // structuredContent (matches the tool's outputSchema)
+  bool is_error = false;
+
+  static ToolResult text(std::string text, std::optional<json> structured = std::nullopt);
+  static ToolResult error(std::string text);
+};
+
+struct Tool {
+  std::string name;
+  std::string title;
+  std::string description;
+  json input_schema = {{"type", "object"}};
+  std::optional<json> output_schema;
+  std::optional<json> annotations;  // readOnlyHint, destructiveHint, idempotentHint, openWorldHint
+  // Accept ns-hpc's legacy form {"input": {...}} as well as flat arguments.
+  bool accept_input_wrapper = false;
+  // Arguments are checked against input_schema first (type object, required, property types,
+  // enums, no unknown properties when additionalProperties is false); a failure becomes an
+  // isError result naming the field. The handler may throw ProtocolError (JSON-RPC error) or
+  // any std::exception (isError result with its message).
+  std::function<ToolResult(const json& arguments, RequestContext& ctx)> handler;
+};
+
+struct Resource {
+  std::string uri;
+  std::string name;
+  std::string title;
+  std::string description;
+  std::string mime_type;
+  std::optional<std::int64_t> size;
+};
+
+struct ResourceTemplate {
+  std::string uri_template;  // RFC 6570 level 1, e.g. resource://ns-hpc/instances/{id}
+  std::string name;
+  std::string title;
+  std::string description;
+  std::string mime_type;
+};
+
+struct ResourceContents {
+  std::string uri;
+  std::string mime_type;
+  std::optional<std::string> text;
+  std::optional<std::string> blob;  // base64
+};
+
+class ResourceProvider {
+ public:
+  virtual ~ResourceProvider() = default;
+  virtual std::vector<Resource> list() = 0;
+  virtual std::vector<ResourceTemplate> templates() = 0;
+  // nullopt: no such resource (-32002 with data.uri).
+  virtual std::optional<std::vector<ResourceContents>> read(const std::string& uri) = 0;
+};
+
+struct PromptArgument {
+  std::string name;
+  std::string description;
+  bool required = false;
+};
+
+struct Prompt {
+  std::string name;
+  std::string title;
+  std::string description;
+  std::vector<PromptArgument> arguments;
+  // Returns the prompts/get result ({description?, messages: [...]}). Missing required
+  // arguments are refused before the call (-32602 naming them).
+  std::function<json(const json& arguments)> handler;
+};
+
+enum class ResultShape { text, structured, both };
+
+struct ServerInfo {
+  std::string name = "ns-hpc";
+  std::string title;
+  std::string version;
+  std::string instructions;
+};
+
+struct ServerOptions {
+  std::size_t page_size = 100;          // list results per page (cursor pagination)
+  ResultShape result_shape = ResultShape::both;
+  std::size_t max_in_flight = 64;       // concurrent requests per session
+  ParseLimits limits;
+};
+
+class Session;
+
+class Server {
+ public:
+  Server(ServerInfo info, ServerOptions options = {});
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Registration, before sessions start (adding later sends list_changed to every session).
+  void add_tool(Tool tool);
+  void add_prompt(Prompt prompt);
+  void set_resources(std::shared_ptr<ResourceProvider> provider);
+
+  // Broadcasts to every open session.
+  void notify_resource_list_changed();
+  void notify_resource_updated(const std::string& uri);  // only sessions subscribed to `uri`
+
+  const ServerInfo& info() const { return info_; }
+  const ServerOptions& options() const { return options_; }
+
+ private:
+  friend class Session;
+  struct Registry;
+  void attach(Session* session);
+  void detach(Session* session);
+
+  ServerInfo info_;
+  ServerOptions options_;
+  std::unique_ptr<Registry> registry_;
+};
+
+class Session {
+ public:
+  using Send = std::function<void(const json& message)>;
+  using Executor = std::function<void(std::function<void()> work)>;
+
+  // `id` names the session in audit records and logs (stdio: "stdio"; HTTP: the session id).
+  Session(Server& server, std::string id, Send send, Executor executor);
+  ~Session();  // cancels what is still running and waits for it
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // One framed message as read from the transport. Never throws: malformed input is answered
+  // with a JSON-RPC error (-32700 with id null when the id cannot be known).
+  void receive(std::string_view text);
+  void receive(json message);
+  // Without these, a std::string or a string literal would be ambiguous between the two above
+  // (json converts from strings too); both mean text to parse.
+  void receive(const std::string& text) { receive(std::string_view(text)); }
+  void receive(const char* text) { receive(std::string_view(text)); }
+
+  // Cancels every running request and stops sending; returns once none is running.
+  void close();
+  std::size_t in_flight() const;
+  const std::string& id() const { return id_; }
+
+ private:
+  friend class Server;
+  struct State;
+  void deliver(const json& message);  // used by Server broadcasts
+
+  Server& server_;
+  std::string id_;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace nshpc::mcp

@@ -1,0 +1,145 @@
+// MCP resources: context documents (built in, plus [resource] context_dirs) and one resource
+// per active instance.
+#include <fnmatch.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "base/fs.hpp"
+#include "store/store.hpp"
+#include "tools/internal.hpp"
+
+namespace nshpc::tools {
+
+// Generated at build time from the repository's context/*.md.
+extern const std::pair<std::string_view, std::string_view> kBuiltinContext[];
+extern const std::size_t kBuiltinContextCount;
+
+namespace {
+
+namespace stdfs = std::filesystem;
+
+constexpr std::string_view kContextPrefix = "resource://ns-hpc/context/";
+constexpr std::string_view kInstancePrefix = "resource://ns-hpc/instances/";
+constexpr std::int64_t kMaxDocumentBytes = 4 * 1024 * 1024;
+
+std::string mime_for(const std::string& name) {
+  if (name.ends_with(".md")) return "text/markdown";
+  if (name.ends_with(".json")) return "application/json";
+  return "text/plain";
+}
+
+struct Document {
+  std::string name;
+  std::optional<stdfs::path> file;     // from a context dir
+  std::optional<std::string_view> text;  // built in
+  std::int64_t size = 0;
+};
+
+class Resources final : public mcp::ResourceProvider {
+ public:
+  explicit Resources(Context ctx) : ctx_(std::move(ctx)) {}
+
+  std::vector<mcp::Resource> list() override {
+    std::vector<mcp::Resource> out;
+    for (const auto& [name, doc] : documents()) {
+      out.push_back({std::string(kContextPrefix) + name, name, title_of(name),
+                     doc.file ? "Context document from " + doc.file->parent_path().string()
+                              : "Built-in guide to using ns-hpc",
+                     mime_for(name), doc.size});
+    }
+    for (const auto& inst : ctx_.services.store.list().instances) {
+      out.push_back({instance_uri(inst.id), "instance " + inst.id, "Instance " + inst.id,
+                     inst.meta.description().empty() ? "An ns-hpc instance" : inst.meta.description(),
+                     "application/json", std::nullopt});
+    }
+    return out;
+  }
+
+  std::vector<mcp::ResourceTemplate> templates() override {
+    return {{std::string(kInstancePrefix) + "{id}", "instance", "An instance",
+             "Metadata of an instance: description, times, network, sandbox paths", "application/json"}};
+  }
+
+  std::optional<std::vector<mcp::ResourceContents>> read(const std::string& uri) override {
+    if (uri.starts_with(kContextPrefix)) return read_document(uri, uri.substr(kContextPrefix.size()));
+    if (uri.starts_with(kInstancePrefix)) return read_instance(uri, uri.substr(kInstancePrefix.size()));
+    return std::nullopt;
+  }
+
+ private:
+  static std::string title_of(const std::string& name) {
+    std::string stem = name.substr(0, name.rfind('.'));
+    return stem.empty() ? name : stem;
+  }
+
+  // Documents by name: files from the configured folders (the first folder with a name wins),
+  // then the built-in ones not overridden.
+  std::map<std::string, Document> documents() const {
+    std::map<std::string, Document> docs;
+    const auto& cfg = ctx_.services.config.resource;
+    for (const stdfs::path& dir : cfg.context_dirs) {
+      std::error_code ec;
+      for (const auto& entry : stdfs::directory_iterator(dir, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (!entry.is_regular_file(ec) || docs.count(name)) continue;
+        const bool wanted = std::any_of(cfg.resource_patterns.begin(), cfg.resource_patterns.end(),
+                                        [&](const std::string& p) { return ::fnmatch(p.c_str(), name.c_str(), 0) == 0; });
+        if (!wanted) continue;
+        docs[name] = Document{name, entry.path(), std::nullopt, static_cast<std::int64_t>(entry.file_size(ec))};
+      }
+    }
+    for (std::size_t i = 0; i < kBuiltinContextCount; ++i) {
+      const std::string name(kBuiltinContext[i].first);
+      if (!docs.count(name))
+        docs[name] = Document{name, std::nullopt, kBuiltinContext[i].second,
+                              static_cast<std::int64_t>(kBuiltinContext[i].second.size())};
+    }
+    return docs;
+  }
+
+  std::optional<std::vector<mcp::ResourceContents>> read_document(const std::string& uri, const std::string& name) {
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return std::nullopt;
+    auto docs = documents();
+    auto it = docs.find(name);
+    if (it == docs.end()) return std::nullopt;
+    const Document& doc = it->second;
+    std::string text;
+    if (doc.text) {
+      text = std::string(*doc.text);
+    } else {
+      if (doc.size > kMaxDocumentBytes)
+        throw mcp::ProtocolError(mcp::kInternalError,
+                                 fmt::format("context document {} is larger than {} bytes", name, kMaxDocumentBytes));
+      auto content = fs::read_file(*doc.file);
+      if (!content) return std::nullopt;
+      text = std::move(*content);
+    }
+    return std::vector<mcp::ResourceContents>{{uri, mime_for(name), std::move(text), std::nullopt}};
+  }
+
+  std::optional<std::vector<mcp::ResourceContents>> read_instance(const std::string& uri, const std::string& id) {
+    try {
+      if (!ctx_.services.store.exists(id)) return std::nullopt;
+      store::Instance inst = ctx_.services.store.get(id);
+      return std::vector<mcp::ResourceContents>{
+          {uri, "application/json", instance_json(ctx_, inst).dump(2), std::nullopt}};
+    } catch (const UsageError&) {
+      return std::nullopt;  // an invalid id names no resource
+    }
+  }
+
+  Context ctx_;
+};
+
+}  // namespace
+
+std::shared_ptr<mcp::ResourceProvider> make_resources(const Context& ctx) { return std::make_shared<Resources>(ctx); }
+
+}  // namespace nshpc::tools

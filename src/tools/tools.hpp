@@ -1,0 +1,23 @@
+// The MCP tool surface: thin adapters from tool calls, resources and prompts to the modules
+// below (store, sandbox, audit). The only module that knows both MCP and instances.
+#pragma once
+
+#include "config/config.hpp"
+#include "mcp/server.hpp"
+#include "store/store.hpp"
+
+namespace nshpc::tools {
+
+struct Services {
+  const config::Config& config;
+  store::Store& store;
+};
+
+// Server metadata (name, version, instructions for the agent) and options from the config.
+mcp::ServerInfo server_info();
+mcp::ServerOptions server_options(const config::Config& config);
+
+// Registers the instance tools, the context and instance resources, and the prompts.
+void register_all(mcp::Server& server, Services services);
+
+}  // namespace nshpc::tools
