@@ -38,8 +38,9 @@ void add_run_command(CLI::App& app, Context& ctx) {
           "(MCP clients start 'ns-hpc run' as a command)",
           a->transport));
     const config::Config& cfg = ctx.config();
-    mcp::Server server(tools::server_info(), tools::server_options(cfg));
-    tools::register_all(server, tools::Services{cfg, ctx.store()});
+    const tools::Services services{cfg, ctx.store()};
+    mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
+    tools::register_all(server, services);
     transport::StdioOptions options;
     options.max_message_bytes = static_cast<std::size_t>(cfg.mcp.max_message_bytes);
     log::info("serving MCP on stdio");

@@ -703,21 +703,28 @@ void Session::State::request(const std::string& method, const json& id, const js
       json inner = std::move(arguments["input"]);
       arguments = std::move(inner);
     }
-    if (auto problem = detail::validate_arguments(arguments, tool->input_schema)) {
-      // SEP-1303: the model should see this and correct its call, so it is a tool result.
-      reply(id, shape_tool_result(ToolResult::error(*problem), shape));
-      return;
-    }
-    start(id, params, [tool, shape, arguments = std::move(arguments)](RequestContext& ctx) {
+    const ToolCallObserver& observer = server.options().on_tool_call;
+    start(id, params, [tool, shape, observer, arguments = std::move(arguments)](RequestContext& ctx) {
+      const auto started = std::chrono::steady_clock::now();
       ToolResult r;
-      try {
-        r = tool->handler(arguments, ctx);
-      } catch (const ProtocolError&) {
-        throw;
-      } catch (const std::exception& e) {
-        r = ToolResult::error(detail::sanitize_utf8(e.what()));
-      } catch (...) {
-        r = ToolResult::error("the tool failed with an unknown exception");
+      if (auto problem = detail::validate_arguments(arguments, tool->input_schema)) {
+        // SEP-1303: the model should see this and correct its call, so it is a tool result.
+        r = ToolResult::error(*problem);
+      } else {
+        try {
+          r = tool->handler(arguments, ctx);
+        } catch (const ProtocolError&) {
+          throw;
+        } catch (const std::exception& e) {
+          r = ToolResult::error(detail::sanitize_utf8(e.what()));
+        } catch (...) {
+          r = ToolResult::error("the tool failed with an unknown exception");
+        }
+      }
+      if (observer) {
+        observer(tool->name, arguments, r,
+                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started),
+                 ctx);
       }
       return shape_tool_result(std::move(r), shape);
     });

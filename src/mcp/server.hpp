@@ -123,11 +123,19 @@ struct ServerInfo {
   std::string instructions;
 };
 
+class RequestContext;
+
+// Sees every finished tools/call (including refused arguments and tool failures) before the
+// result is shaped and sent; may add content (e.g. a warning). Used for auditing.
+using ToolCallObserver = std::function<void(const std::string& tool, const json& arguments, ToolResult& result,
+                                            std::chrono::milliseconds duration, RequestContext& ctx)>;
+
 struct ServerOptions {
   std::size_t page_size = 100;          // list results per page (cursor pagination)
   ResultShape result_shape = ResultShape::both;
   std::size_t max_in_flight = 64;       // concurrent requests per session
   ParseLimits limits;
+  ToolCallObserver on_tool_call;        // optional
 };
 
 class Session;

@@ -212,7 +212,7 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
   const stdfs::path base = root_ / id;
   if (exists_nofollow(base)) {
     if (exists_nofollow(base / "metadata.json"))
-      throw UsageError(fmt::format("instance '{}' already exists at {}", id, base.string()));
+      throw UsageError(fmt::format("instance '{}' already exists; choose another id", id));
     throw UsageError(fmt::format(
         "a folder named '{}' exists in {} but is not an instance; remove it or choose another id",
         id, root_.string()));

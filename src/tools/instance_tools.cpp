@@ -78,7 +78,7 @@ void add_create(mcp::Server& server, const Context& ctx) {
   tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", false}, {"idempotentHint", false},
                           {"openWorldHint", false}};
   tool.accept_input_wrapper = true;
-  tool.handler = audited(ctx, tool.name, [ctx, &server](const json& args, mcp::RequestContext& rc) {
+  tool.handler = [ctx, &server](const json& args, mcp::RequestContext& rc) {
     store::CreateOptions options;
     options.description = arg_string(args, "description");
     options.network = arg_network(args);
@@ -91,7 +91,7 @@ void add_create(mcp::Server& server, const Context& ctx) {
                     inst.id, config::to_string(inst.network), ctx.services.config.ns.workspace_mount,
                     ctx.services.config.ns.output_mount),
         out);
-  });
+  };
   server.add_tool(std::move(tool));
 }
 
@@ -110,7 +110,7 @@ void add_list(mcp::Server& server, const Context& ctx) {
                             {"required", {"instances", "count"}}};
   tool.annotations = json{{"readOnlyHint", true}, {"openWorldHint", false}};
   tool.accept_input_wrapper = true;
-  tool.handler = audited(ctx, tool.name, [ctx](const json&, mcp::RequestContext&) {
+  tool.handler = [ctx](const json&, mcp::RequestContext&) {
     store::Listing listing = ctx.services.store.list();
     json items = json::array();
     std::string text = listing.instances.empty() ? "No instances yet; create one with create_instance."
@@ -122,7 +122,7 @@ void add_list(mcp::Server& server, const Context& ctx) {
     for (const auto& bad : listing.corrupt)
       text += fmt::format("\n(skipped '{}': {})", bad.id, bad.problem);
     return mcp::ToolResult::text(text, json{{"instances", items}, {"count", items.size()}});
-  });
+  };
   server.add_tool(std::move(tool));
 }
 
@@ -152,7 +152,7 @@ void add_list_archived(mcp::Server& server, const Context& ctx) {
       {"required", {"archives", "count"}}};
   tool.annotations = json{{"readOnlyHint", true}, {"openWorldHint", false}};
   tool.accept_input_wrapper = true;
-  tool.handler = audited(ctx, tool.name, [ctx](const json&, mcp::RequestContext&) {
+  tool.handler = [ctx](const json&, mcp::RequestContext&) {
     auto archived = ctx.services.store.list_archived();
     json items = json::array();
     std::string text = archived.empty() ? "No archived instances." : fmt::format("{} archived instance(s):", archived.size());
@@ -165,7 +165,7 @@ void add_list_archived(mcp::Server& server, const Context& ctx) {
       text += fmt::format("\n- {} (archived {})", a.name, a.meta.archived_at().empty() ? "?" : a.meta.archived_at());
     }
     return mcp::ToolResult::text(text, json{{"archives", items}, {"count", items.size()}});
-  });
+  };
   server.add_tool(std::move(tool));
 }
 
@@ -180,7 +180,7 @@ void add_describe(mcp::Server& server, const Context& ctx) {
   tool.output_schema = kInstanceSchema;
   tool.annotations = json{{"readOnlyHint", true}, {"openWorldHint", false}};
   tool.accept_input_wrapper = true;
-  tool.handler = audited(ctx, tool.name, [ctx](const json& args, mcp::RequestContext&) {
+  tool.handler = [ctx](const json& args, mcp::RequestContext&) {
     store::Instance inst = ctx.services.store.get(arg_string(args, "instance_id"));
     json out = instance_json(ctx, inst);
     std::string text = fmt::format(
@@ -189,7 +189,7 @@ void add_describe(mcp::Server& server, const Context& ctx) {
         out["created_at"].get<std::string>(), out["last_activity"].get<std::string>(),
         config::to_string(inst.network), out["workspace"].get<std::string>(), out["output"].get<std::string>());
     return mcp::ToolResult::text(text, out);
-  });
+  };
   server.add_tool(std::move(tool));
 }
 
@@ -208,7 +208,7 @@ void add_update(mcp::Server& server, const Context& ctx) {
   tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", false}, {"idempotentHint", true},
                           {"openWorldHint", false}};
   tool.accept_input_wrapper = true;
-  tool.handler = audited(ctx, tool.name, [ctx, &server](const json& args, mcp::RequestContext& rc) {
+  tool.handler = [ctx, &server](const json& args, mcp::RequestContext& rc) {
     store::UpdateOptions options;
     if (args.contains("description")) options.description = arg_string(args, "description");
     options.network = arg_network(args);
@@ -220,7 +220,7 @@ void add_update(mcp::Server& server, const Context& ctx) {
         fmt::format("Updated instance '{}': description \"{}\", network {}.", inst.id, inst.meta.description(),
                     config::to_string(inst.network)),
         instance_json(ctx, inst));
-  });
+  };
   server.add_tool(std::move(tool));
 }
 
@@ -242,7 +242,7 @@ void add_archive(mcp::Server& server, const Context& ctx) {
   tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", true}, {"idempotentHint", false},
                           {"openWorldHint", false}};
   tool.accept_input_wrapper = true;
-  tool.handler = audited(ctx, tool.name, [ctx, &server](const json& args, mcp::RequestContext& rc) {
+  tool.handler = [ctx, &server](const json& args, mcp::RequestContext& rc) {
     const std::string id = arg_string(args, "instance_id");
     store::ArchivedInstance archived = ctx.services.store.archive(id, actor(rc));
     server.notify_resource_list_changed();
@@ -251,7 +251,7 @@ void add_archive(mcp::Server& server, const Context& ctx) {
                                  json{{"instance_id", id},
                                       {"archive_name", archived.name},
                                       {"archived_at", archived.meta.archived_at()}});
-  });
+  };
   server.add_tool(std::move(tool));
 }
 
@@ -272,7 +272,7 @@ void add_delete(mcp::Server& server, const Context& ctx) {
   tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", true}, {"idempotentHint", false},
                           {"openWorldHint", false}};
   tool.accept_input_wrapper = true;
-  tool.handler = audited(ctx, tool.name, [ctx, &server](const json& args, mcp::RequestContext& rc) {
+  tool.handler = [ctx, &server](const json& args, mcp::RequestContext& rc) {
     const std::string id = arg_string(args, "instance_id");
     const std::string archive = arg_string(args, "archive_name");
     if (id.empty() == archive.empty()) throw UsageError("give exactly one of instance_id and archive_name");
@@ -287,7 +287,7 @@ void add_delete(mcp::Server& server, const Context& ctx) {
     return mcp::ToolResult::text(fmt::format("Deleted {} '{}' with its workspace and output.",
                                              id.empty() ? "archive" : "instance", what),
                                  json{{"deleted", what}, {"archived", id.empty()}});
-  });
+  };
   server.add_tool(std::move(tool));
 }
 

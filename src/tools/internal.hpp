@@ -13,15 +13,8 @@ struct Context {
   Services services;
 };
 
-using Handler = std::function<mcp::ToolResult(const mcp::json& arguments, mcp::RequestContext& rc)>;
-
 // Who acts, for the audit log: "mcp:<client name/version>@<session>".
 std::string actor(const mcp::RequestContext& rc);
-
-// Wraps a handler so every call lands in the audit log ("mcp.tool_call": tool, arguments,
-// outcome, duration): in the instance's log when the call names an existing instance, else in
-// the store-level log. Errors thrown by the handler become isError results (and are audited).
-Handler audited(const Context& ctx, std::string tool, Handler handler);
 
 // An instance as tools and resources show it (sandbox paths, not host paths).
 mcp::json instance_json(const Context& ctx, const store::Instance& inst);

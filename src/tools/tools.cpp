@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "base/log.hpp"
 #include "base/time.hpp"
 #include "tools/internal.hpp"
 
@@ -18,44 +19,37 @@ std::string actor(const mcp::RequestContext& rc) {
   return fmt::format("mcp:{}@{}", rc.client_name(), rc.session_id());
 }
 
-Handler audited(const Context& ctx, std::string tool, Handler handler) {
-  return [ctx, tool = std::move(tool), handler = std::move(handler)](const mcp::json& args,
-                                                                     mcp::RequestContext& rc) {
-    const auto started = std::chrono::steady_clock::now();
-    mcp::ToolResult result;
-    std::string error;
-    try {
-      result = handler(args, rc);
-    } catch (const mcp::ProtocolError&) {
-      throw;
-    } catch (const std::exception& e) {
-      error = e.what();
-      result = mcp::ToolResult::error(error);
+void audit_tool_call(const Context& ctx, const std::string& tool, const mcp::json& args, mcp::ToolResult& result,
+                     std::chrono::milliseconds duration, mcp::RequestContext& rc) {
+  std::string shown_args = args.dump(-1, ' ', false, mcp::json::error_handler_t::replace);
+  if (shown_args.size() > kAuditedArgumentBytes) shown_args = shown_args.substr(0, kAuditedArgumentBytes) + "…";
+  mcp::json fields = {{"tool", tool}, {"arguments", shown_args}, {"is_error", result.is_error},
+                      {"duration_ms", duration.count()}};
+  if (result.is_error && !result.content.empty() && result.content[0].contains("text"))
+    fields["error"] = result.content[0]["text"];
+  try {
+    // The instance's own log when the call names an existing instance, else the store's.
+    auto id = args.find("instance_id");
+    std::optional<store::Instance> inst;
+    if (id != args.end() && id->is_string()) {
+      const std::string& name = id->get_ref<const std::string&>();
+      bool valid = true;
+      try {
+        store::validate_id(name);
+      } catch (const UsageError&) {
+        valid = false;
+      }
+      if (valid && ctx.services.store.exists(name)) inst = ctx.services.store.get(name);
     }
-    std::string shown_args = args.dump(-1, ' ', false, mcp::json::error_handler_t::replace);
-    if (shown_args.size() > kAuditedArgumentBytes) shown_args = shown_args.substr(0, kAuditedArgumentBytes) + "…";
-    mcp::json fields = {
-        {"tool", tool},
-        {"arguments", shown_args},
-        {"is_error", result.is_error},
-        {"duration_ms",
-         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count()}};
-    if (!error.empty()) fields["error"] = error;
-    try {
-      auto id = args.find("instance_id");
-      std::optional<store::Instance> inst;
-      if (id != args.end() && id->is_string() && ctx.services.store.exists(id->get<std::string>()))
-        inst = ctx.services.store.get(id->get<std::string>());
-      if (inst)
-        ctx.services.store.audit(*inst, "mcp.tool_call", actor(rc), fields);
-      else
-        ctx.services.store.audit_store("mcp.tool_call", actor(rc), fields);
-    } catch (const std::exception& e) {
-      // The call already happened: report the audit failure to the agent too.
-      result.content.push_back({{"type", "text"}, {"text", std::string("warning: audit log not written: ") + e.what()}});
-    }
-    return result;
-  };
+    if (inst)
+      ctx.services.store.audit(*inst, "mcp.tool_call", actor(rc), fields);
+    else
+      ctx.services.store.audit_store("mcp.tool_call", actor(rc), fields);
+  } catch (const std::exception& e) {
+    // The call already happened: tell the agent too, so the gap in the record is not silent.
+    log::error("audit log not written for {}: {}", tool, e.what());
+    result.content.push_back({{"type", "text"}, {"text", std::string("warning: audit log not written: ") + e.what()}});
+  }
 }
 
 mcp::json instance_json(const Context& ctx, const store::Instance& inst) {
@@ -86,8 +80,13 @@ mcp::ServerInfo server_info() {
   return info;
 }
 
-mcp::ServerOptions server_options(const config::Config& config) {
+mcp::ServerOptions server_options(const config::Config& config, Services services) {
   mcp::ServerOptions options;
+  Context ctx{services};
+  options.on_tool_call = [ctx](const std::string& tool, const mcp::json& args, mcp::ToolResult& result,
+                               std::chrono::milliseconds duration, mcp::RequestContext& rc) {
+    audit_tool_call(ctx, tool, args, result, duration, rc);
+  };
   options.page_size = static_cast<std::size_t>(config.mcp.page_size);
   switch (config.mcp.result_type) {
     case config::ResultType::text: options.result_shape = mcp::ResultShape::text; break;

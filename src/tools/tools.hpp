@@ -13,9 +13,12 @@ struct Services {
   store::Store& store;
 };
 
-// Server metadata (name, version, instructions for the agent) and options from the config.
+// Server metadata (name, version, instructions for the agent).
 mcp::ServerInfo server_info();
-mcp::ServerOptions server_options(const config::Config& config);
+// Options from the config, with every tool call audited ("mcp.tool_call": tool, arguments,
+// outcome, duration; in the instance's log when the call names an existing instance, else in
+// the store-level log).
+mcp::ServerOptions server_options(const config::Config& config, Services services);
 
 // Registers the instance tools, the context and instance resources, and the prompts.
 void register_all(mcp::Server& server, Services services);

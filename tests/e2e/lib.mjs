@@ -1,0 +1,258 @@
+// Shared helpers of the ns-hpc MCP end-to-end tests: binaries, temporary homes and configs,
+// SDK clients over stdio, a raw line-oriented JSON-RPC child, JSON Schema checks.
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import Ajv from 'ajv';
+import addFormats from 'ajv-formats';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const repo = path.resolve(here, '..', '..');
+
+export const NSHPC_BINARY = process.env.NSHPC_BINARY || path.join(repo, 'build', 'ns-hpc');
+export const NSHPC_FIXTURE =
+  process.env.NSHPC_FIXTURE || path.join(repo, 'build', 'tests', 'nshpc_mcp_fixture');
+
+export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// A fresh temporary home for one server: instances dir, context dir, config file.
+// `extraConfig` is appended to the config text (TOML).
+export function makeHome(prefix, extraConfig = '') {
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), `nshpc-e2e-${prefix}-`));
+  const home = {
+    root,
+    instancesDir: path.join(root, 'instances'),
+    contextDir: path.join(root, 'context'),
+    xdg: path.join(root, 'xdg'),
+    config: path.join(root, 'config.toml'),
+  };
+  fs.mkdirSync(home.contextDir, { recursive: true });
+  fs.mkdirSync(home.xdg, { recursive: true });
+  fs.writeFileSync(
+    home.config,
+    `[namespace]\ninstances_dir = ${JSON.stringify(home.instancesDir)}\n` +
+      `[resource]\ncontext_dirs = [${JSON.stringify(home.contextDir)}]\n` +
+      extraConfig,
+  );
+  return home;
+}
+
+export function removeHome(home) {
+  if (home) fs.rmSync(home.root, { recursive: true, force: true });
+}
+
+// The minimal environment the servers get.
+export function childEnv(home) {
+  return {
+    PATH: process.env.PATH || '/usr/local/bin:/usr/bin:/bin',
+    HOME: home.root,
+    XDG_CONFIG_HOME: home.xdg,
+  };
+}
+
+export function nshpcArgs(home) {
+  return ['--config', home.config, 'run'];
+}
+
+// Collects a child's stderr (kept small) so failures can show it.
+function collectStderr(stream) {
+  const box = { text: '' };
+  if (stream) {
+    stream.on('data', (chunk) => {
+      box.text += chunk.toString();
+      if (box.text.length > 200_000) box.text = box.text.slice(-100_000);
+    });
+  }
+  return box;
+}
+
+// An SDK client connected over stdio to `command args`. Returns {client, transport, stderr,
+// negotiated(), close()}.
+export async function connectClient({ command, args, env, name = 'nshpc-e2e' }) {
+  const transport = new StdioClientTransport({ command, args, env, stderr: 'pipe' });
+  const stderr = collectStderr(transport.stderr);
+  let negotiated;
+  // StdioClientTransport has no setProtocolVersion; the client calls it when present.
+  transport.setProtocolVersion = (v) => {
+    negotiated = v;
+  };
+  const client = new Client({ name, version: '1.0.0' }, { capabilities: {} });
+  try {
+    await client.connect(transport);
+  } catch (err) {
+    await sleep(100); // let the child's last words arrive
+    throw new Error(`could not connect to ${command}: ${err.message}\nserver stderr:\n${stderr.text.slice(-4000)}`);
+  }
+  return {
+    client,
+    transport,
+    stderr,
+    negotiated: () => negotiated,
+    async close() {
+      try {
+        await client.close();
+      } catch {
+        // already closed
+      }
+    },
+  };
+}
+
+export function ajv() {
+  const a = new Ajv({ strict: false, allErrors: true });
+  addFormats(a);
+  return a;
+}
+
+// Compiles `schema` (throws when it is not valid JSON Schema) and returns a validator that
+// returns the error text or null.
+export function compileSchema(a, schema) {
+  const validate = a.compile(schema);
+  return (data) => (validate(data) ? null : a.errorsText(validate.errors));
+}
+
+export function textOf(result) {
+  return (result.content || [])
+    .filter((c) => c.type === 'text')
+    .map((c) => c.text)
+    .join('\n');
+}
+
+// A server child spoken to in raw newline-delimited JSON-RPC.
+export class RawChild {
+  constructor(command, args, env) {
+    this.proc = spawn(command, args, { env, stdio: ['pipe', 'pipe', 'pipe'] });
+    this.lines = []; // every stdout line, raw
+    this.messages = []; // parsed stdout lines (null where a line did not parse)
+    this.waiters = [];
+    this.buffer = '';
+    this.stderr = collectStderr(this.proc.stderr);
+    this.exited = new Promise((resolve) => {
+      this.proc.on('exit', (code, signal) => resolve({ code, signal }));
+      this.proc.on('error', (err) => {
+        this.spawnError = err;
+        resolve({ code: null, signal: null, error: err.message });
+      });
+    });
+    this.proc.stdin.on('error', () => {}); // EPIPE after the server exits
+    this.proc.stdout.on('data', (chunk) => {
+      this.buffer += chunk.toString('utf8');
+      let nl;
+      while ((nl = this.buffer.indexOf('\n')) >= 0) {
+        const line = this.buffer.slice(0, nl);
+        this.buffer = this.buffer.slice(nl + 1);
+        this.lines.push(line);
+        let msg = null;
+        try {
+          msg = JSON.parse(line);
+        } catch {
+          msg = null;
+        }
+        this.messages.push(msg);
+        this.wake();
+      }
+    });
+    this.nextId = 1000;
+  }
+
+  wake() {
+    for (const w of [...this.waiters]) {
+      const found = this.messages.slice(w.from).find((m) => m && w.pred(m));
+      if (found) {
+        this.waiters.splice(this.waiters.indexOf(w), 1);
+        clearTimeout(w.timer);
+        w.resolve(found);
+      }
+    }
+  }
+
+  // Waits for a message (after the `from`-th) that satisfies `pred`.
+  waitFor(pred, { timeout = 10_000, from = 0, what = 'a message' } = {}) {
+    const found = this.messages.slice(from).find((m) => m && pred(m));
+    if (found) return Promise.resolve(found);
+    return new Promise((resolve, reject) => {
+      const w = {
+        pred,
+        from,
+        resolve,
+        timer: setTimeout(() => {
+          this.waiters.splice(this.waiters.indexOf(w), 1);
+          reject(
+            new Error(
+              `timed out after ${timeout} ms waiting for ${what}; stdout so far:\n` +
+                this.lines.slice(-20).join('\n') +
+                `\nstderr tail:\n${this.stderr.text.slice(-2000)}`,
+            ),
+          );
+        }, timeout),
+      };
+      this.waiters.push(w);
+    });
+  }
+
+  writeRaw(data) {
+    this.proc.stdin.write(data);
+  }
+
+  send(message) {
+    this.writeRaw(JSON.stringify(message) + '\n');
+  }
+
+  // Sends a request and waits for the response with its id.
+  async request(method, params, { id, timeout } = {}) {
+    const rid = id ?? this.nextId++;
+    const msg = { jsonrpc: '2.0', id: rid, method };
+    if (params !== undefined) msg.params = params;
+    const from = this.messages.length;
+    this.send(msg);
+    return this.waitFor((m) => m.id === rid && ('result' in m || 'error' in m), {
+      timeout,
+      from,
+      what: `the response to ${method} (id ${JSON.stringify(rid)})`,
+    });
+  }
+
+  // Sends raw text (a line) and waits for the next error response with id null.
+  async rawExpectError(text, { timeout } = {}) {
+    const from = this.messages.length;
+    this.writeRaw(text);
+    return this.waitFor((m) => 'error' in m && m.id === null, {
+      timeout,
+      from,
+      what: 'an error response with id null',
+    });
+  }
+
+  async initialize(protocolVersion = '2025-11-25') {
+    const res = await this.request('initialize', {
+      protocolVersion,
+      capabilities: {},
+      clientInfo: { name: 'nshpc-e2e-raw', version: '1.0.0' },
+    });
+    this.send({ jsonrpc: '2.0', method: 'notifications/initialized' });
+    return res;
+  }
+
+  // Waits for the process to exit, up to `timeout` ms; returns {code, signal} or null.
+  async waitExit(timeout = 5000) {
+    let timer;
+    const t = new Promise((resolve) => {
+      timer = setTimeout(() => resolve(null), timeout);
+    });
+    const r = await Promise.race([this.exited, t]);
+    clearTimeout(timer);
+    return r;
+  }
+
+  async kill() {
+    if (this.proc.exitCode === null && this.proc.signalCode === null) {
+      this.proc.kill('SIGKILL');
+      await this.waitExit(5000);
+    }
+  }
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# End-to-end tests of ns-hpc's MCP server: installs the pinned npm packages (npm ci, skipped when
+# node_modules matches package-lock.json), runs the node:test suites, then the Inspector CLI smoke
+# test. Works from any directory. Exits non-zero on any failure.
+#
+# Environment: NSHPC_BINARY (default <repo>/build/ns-hpc), NSHPC_FIXTURE (default
+# <repo>/build/tests/nshpc_mcp_fixture), E2E_TEST_TIMEOUT_MS (per test, default 120000).
+set -uo pipefail
+
+E2E_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_DIR="$(cd "$E2E_DIR/../.." && pwd)"
+export NSHPC_BINARY="${NSHPC_BINARY:-$REPO_DIR/build/ns-hpc}"
+export NSHPC_FIXTURE="${NSHPC_FIXTURE:-$REPO_DIR/build/tests/nshpc_mcp_fixture}"
+TEST_TIMEOUT_MS="${E2E_TEST_TIMEOUT_MS:-120000}"
+
+cd "$E2E_DIR" || exit 2
+
+for tool in node npm jq; do
+  command -v "$tool" >/dev/null || { echo "run.sh: $tool is required" >&2; exit 2; }
+done
+for bin in "$NSHPC_BINARY" "$NSHPC_FIXTURE"; do
+  [[ -x "$bin" ]] || { echo "run.sh: binary not found or not executable: $bin (build it first)" >&2; exit 2; }
+done
+
+# npm ci only when node_modules does not match the lock file. npm writes
+# node_modules/.package-lock.json on install; equal to a fresh stamp of the lock file = up to date.
+stamp="$E2E_DIR/node_modules/.nshpc-e2e-lock.sha256"
+want="$(sha256sum package-lock.json package.json | sha256sum | cut -d' ' -f1)"
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" || ! -d node_modules/@modelcontextprotocol/sdk ]]; then
+  echo "run.sh: npm ci"
+  npm ci --no-audit --no-fund || { echo "run.sh: npm ci failed" >&2; exit 1; }
+  echo "$want" >"$stamp"
+else
+  echo "run.sh: node_modules is up to date with package-lock.json"
+fi
+
+status=0
+echo "run.sh: node --test (ns-hpc: $NSHPC_BINARY, fixture: $NSHPC_FIXTURE)"
+node --test --test-reporter=tap --test-timeout="$TEST_TIMEOUT_MS" --test-concurrency=1 \
+  stdio.test.mjs protocol.test.mjs fixture.test.mjs || status=1
+
+echo "run.sh: inspector.sh"
+"$E2E_DIR/inspector.sh" || status=1
+
+if [[ $status -ne 0 ]]; then
+  echo "run.sh: FAILED" >&2
+else
+  echo "run.sh: all end-to-end tests passed"
+fi
+exit $status
