@@ -111,7 +111,7 @@ std::vector<std::string> build_bwrap_argv(const config::Namespace& ns, const Run
     // Sysctls stay read-only even for a sandbox whose uid maps to a privileged host uid.
     if (base.has_proc) argv.insert(argv.end(), {"--ro-bind", "/proc/sys", "/proc/sys"});
   }
-  if (ns.hardening || spec.die_with_caller) argv.push_back("--die-with-parent");
+  if (spec.die_with_caller) argv.push_back("--die-with-parent");
 
   if (spec.target.network == config::Network::off)
     argv.push_back("--unshare-net");

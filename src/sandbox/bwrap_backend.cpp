@@ -1,5 +1,6 @@
 // The bubblewrap backend: one fresh, hardened sandbox per command.
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -85,7 +86,10 @@ UniqueFd seccomp_program_fd(const std::string& bpf) {
 
 class BwrapProcess final : public Process {
  public:
-  BwrapProcess(Child child, UniqueFd status) : child_(std::move(child)), status_fd_(std::move(status)) {
+  // `status` is the read end of a status pipe, or (`status_is_file`) a descriptor of the status
+  // file that bwrap appends to.
+  BwrapProcess(Child child, UniqueFd status, bool status_is_file)
+      : child_(std::move(child)), status_fd_(std::move(status)), status_is_file_(status_is_file) {
     // Wait for the sandbox to exist (first status document) so kill() can reach its init.
     read_status(/*until_child_pid=*/true);
     if (auto init = status_.child_pid()) {
@@ -128,6 +132,7 @@ class BwrapProcess final : public Process {
  private:
   void read_status(bool until_child_pid) {
     if (!status_fd_) return;
+    if (status_is_file_) return read_status_file(until_child_pid);
     char buf[4096];
     while (!(until_child_pid && status_.child_pid())) {
       ssize_t n = ::read(status_fd_.get(), buf, sizeof buf);
@@ -138,6 +143,30 @@ class BwrapProcess final : public Process {
       }
       status_.feed(std::string_view(buf, static_cast<size_t>(n)));
     }
+  }
+
+  // The file has no end-of-stream: re-read it from the start until the wanted document is there
+  // or bwrap has exited (then once more, for what it wrote last).
+  void read_status_file(bool until_child_pid) {
+    for (int attempt = 0;; ++attempt) {
+      const bool exited = !until_child_pid || !process_alive();
+      StatusStream fresh;
+      char buf[4096];
+      off_t offset = 0;
+      ssize_t n;
+      while ((n = ::pread(status_fd_.get(), buf, sizeof buf, offset)) > 0) {
+        fresh.feed(std::string_view(buf, static_cast<size_t>(n)));
+        offset += n;
+      }
+      status_ = fresh;
+      if (exited || status_.child_pid()) return;
+      ::usleep(attempt < 100 ? 200 : 2000);
+    }
+  }
+
+  bool process_alive() const {
+    pollfd p{child_.pidfd.get(), POLLIN, 0};
+    return ::poll(&p, 1, 0) == 0;  // a pidfd becomes readable when the process exits
   }
 
   ExitStatus interpret(int raw) const {
@@ -164,6 +193,7 @@ class BwrapProcess final : public Process {
 
   Child child_;
   UniqueFd status_fd_;
+  bool status_is_file_ = false;
   StatusStream status_;
   pid_t init_pid_ = 0;
   UniqueFd init_pidfd_;
@@ -205,6 +235,12 @@ class BwrapBackend final : public Backend {
     UniqueFd seccomp;
     if (ns_.hardening && ns_.seccomp) seccomp = seccomp_program_fd(seccomp_bpf());
     Pipe status = make_pipe();
+    const bool status_is_file = spec.status_file >= 0;
+    if (status_is_file) {
+      status.read.reset(::fcntl(spec.status_file, F_DUPFD_CLOEXEC, 3));
+      if (!status.read) throw SysError(errno, "dup", "status file");
+      status.write.reset();
+    }
     UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
     if (!null_fd) throw SysError(errno, "open", "/dev/null");
 
@@ -216,7 +252,7 @@ class BwrapBackend final : public Backend {
     setup.fds = {{or_null(spec.stdio.in), 0},
                  {or_null(spec.stdio.out), 1},
                  {or_null(spec.stdio.err), 2},
-                 {status.write.get(), kChildFds.status},
+                 {status_is_file ? spec.status_file : status.write.get(), kChildFds.status},
                  {workspace.get(), kChildFds.workspace},
                  {output.get(), kChildFds.output}};
     if (seccomp) setup.fds.emplace_back(seccomp.get(), kChildFds.seccomp);
@@ -225,10 +261,11 @@ class BwrapBackend final : public Backend {
     setup.drop_to = drop_to_;
     setup.controlling_tty = spec.terminal;
     setup.die_with_parent = spec.die_with_caller;
+    setup.join_cgroups = spec.join_cgroups;
 
     Child child = spawn(setup);
     status.write.reset();
-    return std::make_unique<BwrapProcess>(std::move(child), std::move(status.read));
+    return std::make_unique<BwrapProcess>(std::move(child), std::move(status.read), status_is_file);
   }
 
  private:

@@ -53,7 +53,15 @@ struct RunSpec {
   Stdio stdio;
   Limits limits;
   bool terminal = false;         // stdin is a terminal to become the sandbox's controlling tty
-  bool die_with_caller = true;   // SIGKILL the sandbox when the calling process dies
+  // SIGKILL the sandbox when the calling process dies (--die-with-parent). Jobs that must outlive
+  // a server restart turn it off and are killed through their cgroup or the sandbox init instead.
+  bool die_with_caller = true;
+  // Borrowed descriptors of cgroup.procs files: the child joins these cgroups before anything
+  // else, so everything in the sandbox is accounted and limited from its first instruction.
+  std::vector<int> join_cgroups;
+  // Borrowed descriptor of a file for bwrap's JSON status (child-pid, then exit-code). When set,
+  // the status survives the caller: Process::wait() reads the exit code back from this file.
+  int status_file = -1;
 };
 
 struct ExitStatus {

@@ -20,11 +20,12 @@ namespace nshpc::sandbox {
 
 namespace {
 
-enum class Step : int { dup, dup2, setsid, ctty, close, rlimit, setgroups, setgid, setuid,
+enum class Step : int { cgroup, dup, dup2, setsid, ctty, close, rlimit, setgroups, setgid, setuid,
                         pdeathsig, orphaned, chdir, exec };
 
 const char* step_name(Step s) {
   switch (s) {
+    case Step::cgroup: return "join the job's cgroup";
     case Step::dup: return "dup";
     case Step::dup2: return "dup2";
     case Step::setsid: return "setsid";
@@ -65,6 +66,10 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
 // The child's side: only async-signal-safe calls from here to execve.
 [[noreturn]] void child_main(const ChildSetup& setup, char* const* argv, char* const* envp,
                              int* staged, int highest_target, int error_fd, pid_t parent) {
+  // Join the cgroups first, while the descriptors still have their parent-side numbers.
+  for (int fd : setup.join_cgroups) {
+    if (::write(fd, "0", 1) != 1) fail(error_fd, Step::cgroup);
+  }
   // Move every descriptor above the targets first, so no dup2 below clobbers a source.
   const int stage_base = highest_target + 2;
   for (size_t i = 0; i < setup.fds.size(); ++i) {

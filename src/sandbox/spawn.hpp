@@ -20,6 +20,7 @@ struct ChildSetup {
   std::vector<std::string> argv;
   std::vector<std::string> envp;         // the complete environment
   std::vector<std::pair<int, int>> fds;  // (descriptor here, number in the child); all others closed
+  std::vector<int> join_cgroups;         // cgroup.procs descriptors: the child writes "0" to each first
   std::vector<std::pair<int, rlim_t>> rlimits;  // (RLIMIT_*, value) set as soft and hard limit
   std::optional<std::pair<uid_t, gid_t>> drop_to;  // setgroups(0) + setresgid + setresuid
   bool controlling_tty = false;  // setsid() and make the child's stdin its controlling terminal

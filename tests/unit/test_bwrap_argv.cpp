@@ -101,6 +101,14 @@ TEST(BwrapArgv, HardeningOffKeepsTheCustomCommandAsIs) {
     EXPECT_FALSE(has_sequence(argv, {flag})) << flag;
 }
 
+TEST(BwrapArgv, JobsThatOutliveTheCallerDoNotDieWithIt) {
+  auto s = spec();
+  s.die_with_caller = false;
+  auto argv = build_bwrap_argv(seed_namespace(), s, kFds, options());
+  EXPECT_FALSE(has_sequence(argv, {"--die-with-parent"}));
+  EXPECT_TRUE(has_sequence(argv, {"--cap-drop", "ALL"}));  // still hardened
+}
+
 TEST(BwrapArgv, TerminalSessionsKeepTheirControllingTerminal) {
   auto s = spec();
   s.terminal = true;
