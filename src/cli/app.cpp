@@ -40,6 +40,14 @@ sandbox::Backend& Context::backend() {
   return *backend_;
 }
 
+jobs::Engine& Context::jobs() {
+  if (!jobs_) {
+    jobs_ = std::make_unique<jobs::Engine>(config(), store(), backend());
+    store().set_jobs_guard(*jobs_);
+  }
+  return *jobs_;
+}
+
 bool confirm(const std::string& question) {
   if (!::isatty(STDIN_FILENO)) {
     std::fprintf(stderr, "%s [y/N] no terminal to answer; pass --force to skip the question\n",
@@ -83,8 +91,17 @@ int main(int argc, char** argv) {
   add_clean_command(app, ctx);
   add_config_commands(app, ctx);
 
+  // The command after "--" is kept exactly as given; CLI11 parses only what comes before.
+  int cli_argc = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--") {
+      ctx.trailing = std::vector<std::string>(argv + i + 1, argv + argc);
+      cli_argc = i;
+      break;
+    }
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(cli_argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

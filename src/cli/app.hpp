@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "config/config.hpp"
+#include "jobs/jobs.hpp"
 #include "sandbox/sandbox.hpp"
 #include "store/store.hpp"
 
@@ -21,17 +22,23 @@ class Context {
  public:
   std::optional<std::filesystem::path> config_path;  // --config
   int exit_code = 0;
+  // Everything after the first "--" on the command line, word for word (CLI11 never sees it,
+  // so nothing in a command is taken for an option or a list).
+  std::optional<std::vector<std::string>> trailing;
 
   const config::Config& config();
   const std::vector<std::string>& config_warnings();
   store::Store& store();
   sandbox::Backend& backend();
+  // The job engine (it also answers the store's "jobs still running?" from then on).
+  jobs::Engine& jobs();
 
  private:
   std::optional<config::Loaded> loaded_;
   std::unique_ptr<store::StateFileJobsGuard> jobs_guard_;
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<sandbox::Backend> backend_;
+  std::unique_ptr<jobs::Engine> jobs_;
 };
 
 void add_instance_commands(CLI::App& app, Context& ctx);
@@ -40,6 +47,7 @@ void add_doctor_command(CLI::App& app, Context& ctx);
 void add_bwrap_command(CLI::App& app, Context& ctx);
 void add_clean_command(CLI::App& app, Context& ctx);
 void add_run_command(CLI::App& app, Context& ctx);
+void add_job_commands(CLI::App& instance, Context& ctx);  // instance run|status|jobs|cancel
 
 // Runs a command in an instance's sandbox with the caller's stdio, forwarding SIGINT/SIGTERM/
 // SIGHUP as "kill the sandbox", and audits it. Returns the exit code to pass through.

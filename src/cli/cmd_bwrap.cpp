@@ -79,9 +79,9 @@ void add_bwrap_command(CLI::App& app, Context& ctx) {
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->add_option("command", a->command, "The command and its arguments (after --)");
   cmd->callback([&ctx, a] {
-    if (a->command.empty())
+    const std::vector<std::string>& command = ctx.trailing ? *ctx.trailing : a->command;
+    if (command.empty())
       throw CLI::ValidationError("command", "no command given: ns-hpc bwrap ID -- CMD [ARGS...]");
-    const std::vector<std::string>& command = a->command;
     store::Instance inst = ctx.store().get(a->id);
     ctx.exit_code = run_in_sandbox(ctx, inst, command, "sandbox.exec");
   });

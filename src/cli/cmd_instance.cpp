@@ -167,6 +167,7 @@ void add_archive(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceA
       ctx.exit_code = 1;
       return;
     }
+    ctx.jobs();  // running jobs are checked against their real processes
     store::ArchivedInstance archived = ctx.store().archive(a->id, users::cli_actor());
     if (a->json)
       print_json(archived_json(archived));
@@ -192,6 +193,7 @@ void add_delete(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceAr
       ctx.exit_code = 1;
       return;
     }
+    ctx.jobs();
     if (a->archived)
       ctx.store().remove_archived(a->id, users::cli_actor());
     else
@@ -223,6 +225,7 @@ void add_instance_commands(CLI::App& app, Context& ctx) {
   add_archive(*instance, ctx, args);
   add_delete(*instance, ctx, args);
   add_enter(*instance, ctx, args);
+  add_job_commands(*instance, ctx);
 }
 
 void add_clean_command(CLI::App& app, Context& ctx) {

@@ -1,4 +1,6 @@
 // ns-hpc run: the MCP server.
+#include <sys/prctl.h>
+
 #include <fmt/format.h>
 
 #include "base/error.hpp"
@@ -38,7 +40,12 @@ void add_run_command(CLI::App& app, Context& ctx) {
           "(MCP clients start 'ns-hpc run' as a command)",
           a->transport));
     const config::Config& cfg = ctx.config();
-    const tools::Services services{cfg, ctx.store()};
+    // Sandbox processes orphaned by bwrap come to us, not to pid 1 (which in containers may
+    // never reap them); the job engine and the sandbox backend reap them.
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    jobs::Engine& engine = ctx.jobs();
+    engine.recover();  // jobs left running by an earlier server are watched again
+    const tools::Services services{cfg, ctx.store(), ctx.backend(), &engine};
     mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
     tools::register_all(server, services);
     transport::StdioOptions options;

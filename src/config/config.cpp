@@ -250,6 +250,9 @@ nlohmann::json namespace_json(const Namespace& ns) {
 nlohmann::json jobs_json(const Jobs& jobs) {
   return {
       {"max_timeout", jobs.max_timeout},
+      {"max_running_per_instance", jobs.max_running_per_instance},
+      {"max_running", jobs.max_running},
+      {"cancel_grace", jobs.cancel_grace},
       {"local",
        {{"use_cgroups", jobs.local.use_cgroups},
         {"cgroups_command", jobs.local.cgroups_command},

@@ -66,6 +66,9 @@ struct JobsSlurm {
 
 struct Jobs {
   std::int64_t max_timeout = 3600;
+  std::int64_t max_running_per_instance = 256;
+  std::int64_t max_running = 512;
+  std::int64_t cancel_grace = 5;  // seconds between SIGTERM and SIGKILL
   JobsLocal local;
   JobsSlurm slurm;
 };

@@ -56,6 +56,11 @@ pass_env = []
 [jobs]
 # Hard cap, in seconds, of any job timeout or wait (1..604800).
 max_timeout = 3600
+# Jobs running at once: per instance, and in all instances of this server.
+max_running_per_instance = 256
+max_running = 512
+# Seconds between SIGTERM and SIGKILL when a job is cancelled or runs out of time.
+cancel_grace = 5
 
 [jobs.local]
 # Run local jobs under cgroups, with cgroups_command as an optional prefix (e.g. systemd-run).
@@ -64,8 +69,15 @@ cgroups_command = []
 # After a restart, check "running" local jobs against /proc.
 proc_check = true
 
-# Limits of local jobs: name = { default = int, max = int }.
+# Limits of local jobs: name = { default = int, max = int }; a job may ask for up to max.
+# cpus: cores (cgroup cpu quota); memory: MiB (cgroup); pids: processes and threads (cgroup);
+# time: wall-clock seconds; output: MiB, the largest file the job may write (stdout/stderr too).
 [jobs.local.limit]
+cpus = { default = 2, max = 64 }
+memory = { default = 4096, max = 262144 }
+pids = { default = 1024, max = 65536 }
+time = { default = 3600, max = 604800 }
+output = { default = 1024, max = 1048576 }
 
 [jobs.slurm]
 # Base sbatch argv; "{name}" in an element is replaced by the job's value of limit `name`.

@@ -584,6 +584,8 @@ class Section {
 constexpr IntRule kTimeoutRule{1, 604800, "seconds"};
 constexpr IntRule kStatusFdRule{3, std::numeric_limits<int>::max(), "a file descriptor number", true};
 constexpr IntRule kHostIdRule{0, 4294967294, "a host uid/gid"};
+constexpr IntRule kJobCountRule{1, 100000, "jobs"};
+constexpr IntRule kGraceRule{0, 600, "seconds"};
 constexpr IntRule kMessageBytesRule{1024, 1073741824, "bytes (1 KiB to 1 GiB)"};
 constexpr IntRule kPageSizeRule{1, 10000, "items per page"};
 constexpr IntRule kLimitValueRule{0, std::numeric_limits<std::int64_t>::max(), "", true};
@@ -653,6 +655,9 @@ Limit read_limit(Section& entry) {
 Jobs read_jobs(Section& section) {
   Jobs jobs;
   section.read("max_timeout", jobs.max_timeout, read_int, kTimeoutRule);
+  section.read("max_running_per_instance", jobs.max_running_per_instance, read_int, kJobCountRule);
+  section.read("max_running", jobs.max_running, read_int, kJobCountRule);
+  section.read("cancel_grace", jobs.cancel_grace, read_int, kGraceRule);
   section.table("local", [&](Section& local) {
     local.read("use_cgroups", jobs.local.use_cgroups, read_bool);
     local.read("cgroups_command", jobs.local.cgroups_command, read_strings);

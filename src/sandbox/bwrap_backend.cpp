@@ -117,6 +117,8 @@ class BwrapProcess final : public Process {
     signal_pidfd(child_.pidfd.get(), SIGKILL);
   }
 
+  void disown() override { reaped_ = true; }
+
   ExitStatus wait() override {
     if (reaped_) return result_;
     read_status(/*until_child_pid=*/false);
@@ -126,6 +128,7 @@ class BwrapProcess final : public Process {
     }
     reaped_ = true;
     result_ = interpret(raw);
+    reap_orphaned_init();
     return result_;
   }
 
@@ -143,6 +146,15 @@ class BwrapProcess final : public Process {
       }
       status_.feed(std::string_view(buf, static_cast<size_t>(n)));
     }
+  }
+
+  // bwrap's monitor can exit before the sandbox init does; the init then goes to the nearest
+  // subreaper. When that is us (the server sets PR_SET_CHILD_SUBREAPER), reap it here.
+  void reap_orphaned_init() {
+    if (!init_pidfd_) return;
+    pollfd p{init_pidfd_.get(), POLLIN, 0};
+    ::poll(&p, 1, 1000);
+    ::waitpid(init_pid_, nullptr, WNOHANG);  // ECHILD when it is not ours: nothing to do
   }
 
   // The file has no end-of-stream: re-read it from the start until the wanted document is there

@@ -79,6 +79,9 @@ class Process {
   virtual int pidfd() const = 0;            // pidfd of bwrap: readable once it has exited
   virtual ExitStatus wait() = 0;            // blocks until the sandbox has ended
   virtual void kill() = 0;                  // SIGKILL to the whole tree; idempotent
+  // Lets the sandbox run on when this handle is destroyed (a job outliving its server; with
+  // die_with_caller off). The process is then reaped by whoever inherits it.
+  virtual void disown() = 0;
 };
 
 class Backend {

@@ -43,6 +43,8 @@ void StatusStream::take_document(std::string_view doc) {
   }
   if (auto it = json.find("child-pid"); it != json.end() && it->is_number_integer())
     child_pid_ = it->get<pid_t>();
+  if (auto it = json.find("pid-namespace"); it != json.end() && it->is_number_unsigned())
+    pid_namespace_ = it->get<std::uint64_t>();
   if (auto it = json.find("exit-code"); it != json.end() && it->is_number_integer())
     exit_code_ = it->get<int>();
 }

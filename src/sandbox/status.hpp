@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -18,6 +19,9 @@ class StatusStream {
   void feed(std::string_view bytes);
   std::optional<pid_t> child_pid() const { return child_pid_; }
   std::optional<int> exit_code() const { return exit_code_; }
+  // Inode of the sandbox's pid namespace: with child_pid, identifies the sandbox init safely
+  // against pid reuse (compare with /proc/<child_pid>/ns/pid).
+  std::optional<std::uint64_t> pid_namespace() const { return pid_namespace_; }
   bool malformed() const { return malformed_; }
 
  private:
@@ -29,6 +33,7 @@ class StatusStream {
   bool escaped_ = false;
   std::optional<pid_t> child_pid_;
   std::optional<int> exit_code_;
+  std::optional<std::uint64_t> pid_namespace_;
   bool malformed_ = false;
 };
 

@@ -117,7 +117,7 @@ std::size_t StateFileJobsGuard::active_jobs(const stdfs::path& instance_base) {
 // ---- Store ----------------------------------------------------------------------------------
 
 Store::Store(const config::Config& config, JobsGuard& jobs)
-    : root_(config.ns.instances_dir), default_network_(config.ns.default_network), jobs_(jobs) {
+    : root_(config.ns.instances_dir), default_network_(config.ns.default_network), jobs_(&jobs) {
   if (::geteuid() == 0 && config.ns.sandbox_uid != 0) {
     owner_uid_ = config.ns.sandbox_uid;
     owner_gid_ = config.ns.sandbox_gid;
@@ -284,7 +284,7 @@ Instance Store::update(std::string_view id, const UpdateOptions& options, std::s
 stdfs::path Store::removable_base(std::string_view id, std::string_view action) const {
   if (!exists(id)) throw UsageError(fmt::format(fmt::runtime(kNotFound), id));
   const stdfs::path base = root_ / std::string(id);
-  if (std::size_t n = jobs_.active_jobs(base); n > 0)
+  if (std::size_t n = jobs_->active_jobs(base); n > 0)
     throw UsageError(fmt::format(
         "cannot {} instance '{}': {} job(s) still running; cancel them first (ns-hpc instance jobs {})",
         action, id, n, id));

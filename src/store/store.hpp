@@ -117,6 +117,8 @@ class Store {
   Store(const config::Config& config, JobsGuard& jobs);
 
   const stdfs::path& root() const { return root_; }
+  // Who answers "does this instance still have jobs?" (the job engine, once it exists).
+  void set_jobs_guard(JobsGuard& jobs) { jobs_ = &jobs; }
 
   Instance create(std::string id, const CreateOptions& options, std::string_view actor);
   Instance get(std::string_view id) const;  // UsageError when unknown, Error when corrupt
@@ -151,7 +153,7 @@ class Store {
   config::Network default_network_;
   std::optional<uid_t> owner_uid_;
   gid_t owner_gid_ = 0;
-  JobsGuard& jobs_;
+  JobsGuard* jobs_;
 };
 
 }  // namespace nshpc::store

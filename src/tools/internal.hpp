@@ -22,6 +22,8 @@ std::string instance_uri(const std::string& id);  // resource://ns-hpc/instances
 
 void add_instance_tools(mcp::Server& server, const Context& ctx);
 void add_prompts(mcp::Server& server, const Context& ctx);
+void add_terminal_tool(mcp::Server& server, const Context& ctx);  // terminal_execute
+void add_job_tools(mcp::Server& server, const Context& ctx);      // submit/poll/list/cancel_job
 std::shared_ptr<mcp::ResourceProvider> make_resources(const Context& ctx);
 
 }  // namespace nshpc::tools

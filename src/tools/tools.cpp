@@ -27,6 +27,8 @@ void audit_tool_call(const Context& ctx, const std::string& tool, const mcp::jso
                       {"duration_ms", duration.count()}};
   if (result.is_error && !result.content.empty() && result.content[0].contains("text"))
     fields["error"] = result.content[0]["text"];
+  if (result.structured && result.structured->contains("exit_code"))
+    fields["exit_code"] = (*result.structured)["exit_code"];
   try {
     // The instance's own log when the call names an existing instance, else the store's.
     auto id = args.find("instance_id");
@@ -99,6 +101,8 @@ mcp::ServerOptions server_options(const config::Config& config, Services service
 void register_all(mcp::Server& server, Services services) {
   Context ctx{services};
   add_instance_tools(server, ctx);
+  add_terminal_tool(server, ctx);
+  if (services.jobs) add_job_tools(server, ctx);
   server.set_resources(make_resources(ctx));
   add_prompts(server, ctx);
 }

@@ -3,7 +3,9 @@
 #pragma once
 
 #include "config/config.hpp"
+#include "jobs/jobs.hpp"
 #include "mcp/server.hpp"
+#include "sandbox/sandbox.hpp"
 #include "store/store.hpp"
 
 namespace nshpc::tools {
@@ -11,6 +13,8 @@ namespace nshpc::tools {
 struct Services {
   const config::Config& config;
   store::Store& store;
+  sandbox::Backend& backend;
+  jobs::Engine* jobs = nullptr;  // the job tools are registered when set
 };
 
 // Server metadata (name, version, instructions for the agent).

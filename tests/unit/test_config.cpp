@@ -151,7 +151,13 @@ TEST_F(ConfigTest, DefaultsOfJobsResourcesMcpDavAndServers) {
   EXPECT_TRUE(cfg.jobs.local.use_cgroups);
   EXPECT_TRUE(cfg.jobs.local.cgroups_command.empty());
   EXPECT_TRUE(cfg.jobs.local.proc_check);
-  EXPECT_TRUE(cfg.jobs.local.limit.empty());
+  EXPECT_EQ(cfg.jobs.max_running_per_instance, 256);
+  EXPECT_EQ(cfg.jobs.max_running, 512);
+  EXPECT_EQ(cfg.jobs.cancel_grace, 5);
+  ASSERT_EQ(cfg.jobs.local.limit.size(), 5u);
+  EXPECT_EQ(cfg.jobs.local.limit.at("memory").default_value, 4096);
+  EXPECT_EQ(cfg.jobs.local.limit.at("time").default_value, 3600);
+  EXPECT_EQ(cfg.jobs.local.limit.at("cpus").max, 64);
   EXPECT_EQ(cfg.jobs.slurm.sbatch_command,
             strings({"sbatch", "--partition", "cpu", "--cpus-per-task={cpus}", "--mem={memory}M"}));
   ASSERT_EQ(cfg.jobs.slurm.limit.size(), 2u);

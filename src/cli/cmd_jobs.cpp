@@ -1,0 +1,172 @@
+// ns-hpc instance run|status|jobs (jobs-list)|cancel: the job engine from the command line.
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "base/users.hpp"
+#include "cli/app.hpp"
+#include "cli/output.hpp"
+
+namespace nshpc::cli {
+
+namespace {
+
+struct JobArgs {
+  std::string id;
+  std::string job;
+  std::vector<std::string> command;
+  std::vector<std::string> limits;  // name=value
+  std::string status;
+  int timeout = 60;
+  int tail = 50;
+  bool detach = true;
+  bool json = false;
+};
+
+jobs::LimitRequest parse_limits(const std::vector<std::string>& specs) {
+  jobs::LimitRequest req;
+  for (const auto& spec : specs) {
+    auto eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError(fmt::format("invalid limit '{}' (use name=value, e.g. -l memory=2048)", spec));
+    const std::string value = spec.substr(eq + 1);
+    std::size_t used = 0;
+    long long n = -1;
+    try {
+      n = std::stoll(value, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != value.size() || value.empty())
+      throw UsageError(fmt::format("limit values must be whole numbers, got '{}' in '{}'", value, spec));
+    req.values[spec.substr(0, eq)] = n;
+  }
+  return req;
+}
+
+// Prints the job as the original did (plus the output tails), or JSON.
+void print_view(const jobs::View& v, bool json) {
+  if (json) {
+    print_json(jobs::view_json(v));
+    return;
+  }
+  std::puts(jobs::view_text(v).c_str());
+}
+
+int exit_code_for(const jobs::View& v) {
+  if (v.record.state == jobs::State::failed || v.record.state == jobs::State::timed_out ||
+      v.record.state == jobs::State::lost)
+    return v.record.exit_code && *v.record.exit_code != 0 ? *v.record.exit_code : 1;
+  return 0;
+}
+
+}  // namespace
+
+void add_job_commands(CLI::App& instance, Context& ctx) {
+  auto a = std::make_shared<JobArgs>();  // instance run
+
+  auto* run = instance.add_subcommand(
+      "run",
+      "Run a command as a job: ns-hpc instance run ID [options] -- CMD [ARGS...]\n"
+      "One word after -- is a shell command (/bin/sh -c); several are run exactly as given.\n"
+      "Waits up to --timeout seconds; a job still running then keeps running unless --no-detach.");
+  run->add_option("id", a->id, "Instance id")->required();
+  run->add_option("command", a->command, "The command (after --)");
+  run->add_option("-t,--timeout", a->timeout, "Seconds to wait (default 60)")->check(CLI::Range(0, 604800));
+  run->add_option("--tail", a->tail, "Lines of output to show (default 50)")->check(CLI::Range(0, 1000));
+  run->add_flag("--detach,!--no-detach", a->detach, "Keep the job running when the wait runs out (default)");
+  run->add_option("-l,--limit", a->limits, "Resource limit name=value (cpus, memory MiB, pids, time s, output MiB)");
+  run->add_flag("--json", a->json, "Print JSON");
+  run->callback([&ctx, a] {
+    if (ctx.trailing) a->command = *ctx.trailing;
+    if (a->command.empty()) throw CLI::ValidationError("command", "no command given: ns-hpc instance run ID -- CMD");
+    if (a->timeout > ctx.config().jobs.max_timeout)
+      throw UsageError(fmt::format("--timeout {} is over the maximum of {} s ([jobs] max_timeout)", a->timeout,
+                                   ctx.config().jobs.max_timeout));
+    jobs::SubmitRequest req;
+    req.instance_id = a->id;
+    if (a->command.size() == 1) {
+      req.argv = {"/bin/sh", "-c", a->command.front()};
+      req.display = a->command.front();
+    } else {
+      req.argv = a->command;
+    }
+    req.limits = parse_limits(a->limits);
+    jobs::Engine& engine = ctx.jobs();
+    jobs::Record rec = engine.submit(req, users::cli_actor());
+    jobs::View v = engine.wait(rec.instance_id, rec.id, std::chrono::seconds(a->timeout),
+                               {static_cast<std::size_t>(a->tail), 16 * 1024});
+    if (!jobs::is_final(v.record.state) && !a->detach && a->timeout > 0) {
+      engine.cancel(rec.instance_id, rec.id, users::cli_actor());
+      v = engine.view(rec.instance_id, rec.id, {static_cast<std::size_t>(a->tail), 16 * 1024});
+    }
+    print_view(v, a->json);
+    ctx.exit_code = exit_code_for(v);
+  });
+
+  a = std::make_shared<JobArgs>();  // each command has its own defaults
+  a->timeout = 0;
+  auto* status = instance.add_subcommand("status", "Show a job, optionally waiting for it: ID JOB_ID");
+  status->add_option("id", a->id, "Instance id")->required();
+  status->add_option("job", a->job, "Job id")->required();
+  status->add_option("-t,--timeout", a->timeout, "Seconds to wait for it to finish (default 0)")
+      ->check(CLI::Range(0, 604800));
+  status->add_option("--tail", a->tail, "Lines of output to show (default 50)")->check(CLI::Range(0, 1000));
+  status->add_flag("--detach,!--no-detach", a->detach, "With a timeout: keep it running when the wait runs out");
+  status->add_flag("--json", a->json, "Print JSON");
+  status->callback([&ctx, a] {
+    jobs::Engine& engine = ctx.jobs();
+    jobs::TailOptions tail{static_cast<std::size_t>(a->tail), 16 * 1024};
+    jobs::View v = engine.wait(a->id, a->job, std::chrono::seconds(a->timeout), tail);
+    if (!jobs::is_final(v.record.state) && !a->detach && a->timeout > 0) {
+      engine.cancel(a->id, a->job, users::cli_actor());
+      v = engine.view(a->id, a->job, tail);
+    }
+    print_view(v, a->json);
+  });
+
+  a = std::make_shared<JobArgs>();
+  auto* list = instance.add_subcommand("jobs", "List an instance's jobs, newest first");
+  list->alias("jobs-list");
+  list->add_option("id", a->id, "Instance id")->required();
+  list->add_option("--status", a->status, "Only jobs in this state");
+  list->add_flag("--json", a->json, "Print a JSON array");
+  list->callback([&ctx, a] {
+    std::optional<jobs::State> filter;
+    if (!a->status.empty()) {
+      filter = jobs::parse_state(a->status);
+      if (!filter)
+        throw UsageError(fmt::format("--status '{}' is not a job state (pending, running, completed, failed, "
+                                     "cancelled, timed_out, lost)", a->status));
+    }
+    auto all = ctx.jobs().list(a->id, filter);
+    if (a->json) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& r : all) out.push_back(jobs::record_summary_json(r));
+      print_json(out);
+      return;
+    }
+    if (all.empty()) {
+      std::puts("No jobs.");
+      return;
+    }
+    std::vector<std::vector<std::string>> rows{{"JOB", "STATUS", "EXIT", "CREATED", "COMMAND"}};
+    for (const auto& r : all)
+      rows.push_back({r.id, std::string(jobs::to_string(r.state)), r.exit_code ? std::to_string(*r.exit_code) : "-",
+                      short_time(r.created_at), r.command.substr(0, 60)});
+    print_table(rows);
+  });
+
+  a = std::make_shared<JobArgs>();
+  auto* cancel = instance.add_subcommand("cancel", "Cancel a job (SIGTERM, then SIGKILL to the whole tree)");
+  cancel->add_option("id", a->id, "Instance id")->required();
+  cancel->add_option("job", a->job, "Job id")->required();
+  cancel->add_flag("--json", a->json, "Print JSON");
+  cancel->callback([&ctx, a] {
+    jobs::Engine& engine = ctx.jobs();
+    engine.cancel(a->id, a->job, users::cli_actor());
+    print_view(engine.view(a->id, a->job, {50, 16 * 1024}), a->json);
+  });
+}
+
+}  // namespace nshpc::cli

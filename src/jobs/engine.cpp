@@ -1,0 +1,634 @@
+// The local job engine: starting jobs in sandboxes, watching them on one thread, finishing
+// their records exactly once, cancelling, and re-attaching after a restart.
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "base/fs.hpp"
+#include "base/log.hpp"
+#include "base/text.hpp"
+#include "base/time.hpp"
+#include "jobs/jobs.hpp"
+#include "sandbox/cgroups.hpp"
+#include "sandbox/spawn.hpp"
+#include "sandbox/status.hpp"
+
+namespace nshpc::jobs {
+
+namespace stdfs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char* kKnownLimits[] = {"cpus", "memory", "pids", "time", "output"};
+
+stdfs::path jobs_dir(const store::Instance& inst) { return inst.base / ".ns_hpc_jobs"; }
+stdfs::path state_file(const store::Instance& inst, const std::string& id) {
+  return jobs_dir(inst) / (id + ".state");
+}
+
+sandbox::StatusStream read_status(const std::string& path) {
+  sandbox::StatusStream status;
+  if (auto text = fs::read_file(path)) status.feed(*text);
+  return status;
+}
+
+// The sandbox init of a job, when it is still alive: its pid from the status file, checked
+// against the pid-namespace inode bwrap recorded (a reused pid has another namespace).
+UniqueFd open_sandbox_init(const sandbox::StatusStream& status) {
+  if (!status.child_pid() || !status.pid_namespace()) return {};
+  struct stat st;
+  const std::string ns = fmt::format("/proc/{}/ns/pid", *status.child_pid());
+  UniqueFd pidfd = sandbox::open_pidfd(*status.child_pid());
+  if (!pidfd || ::stat(ns.c_str(), &st) < 0 || st.st_ino != *status.pid_namespace()) return {};
+  // An exited init waiting to be reaped still has its namespace: it is not running.
+  auto stat_line = fs::read_file(fmt::format("/proc/{}/stat", *status.child_pid()));
+  if (!stat_line) return {};
+  auto paren = stat_line->rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat_line->size() || (*stat_line)[paren + 2] == 'Z') {
+    ::waitpid(*status.child_pid(), nullptr, WNOHANG);  // ours to reap when we are its subreaper
+    return {};
+  }
+  return pidfd;
+}
+
+// Host pids of every process in the pid namespace with this inode (when no cgroup lists them).
+std::vector<pid_t> pids_in_namespace(std::uint64_t ns_inode) {
+  std::vector<pid_t> pids;
+  std::unique_ptr<DIR, int (*)(DIR*)> proc(::opendir("/proc"), ::closedir);
+  if (!proc) return pids;
+  while (dirent* e = ::readdir(proc.get())) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    struct stat st;
+    if (::stat(fmt::format("/proc/{}/ns/pid", e->d_name).c_str(), &st) == 0 && st.st_ino == ns_inode)
+      pids.push_back(static_cast<pid_t>(std::atoi(e->d_name)));
+  }
+  return pids;
+}
+
+std::string tail_of(const std::string& path, const TailOptions& opt) {
+  if (opt.lines == 0 || opt.bytes == 0) return {};
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return {};
+  struct stat st;
+  if (::fstat(fd.get(), &st) < 0 || st.st_size == 0) return {};
+  const off_t window = std::min<off_t>(st.st_size, static_cast<off_t>(std::max<std::size_t>(opt.bytes * 4, 65536)));
+  std::string data(static_cast<size_t>(window), '\0');
+  ssize_t n = ::pread(fd.get(), data.data(), data.size(), st.st_size - window);
+  if (n <= 0) return {};
+  data.resize(static_cast<size_t>(n));
+  if (!data.empty() && data.back() == '\n') data.pop_back();
+  size_t start = data.size();
+  for (std::size_t lines = 0; lines < opt.lines && start > 0; ++lines) {
+    size_t nl = data.rfind('\n', start - 1);
+    start = nl == std::string::npos ? 0 : nl + 1;
+    if (nl == std::string::npos) break;
+    if (lines + 1 < opt.lines) start = nl;
+  }
+  if (start > 0 && start < data.size() && data[start] == '\n') ++start;
+  std::string tail = data.substr(start);
+  if (tail.size() > opt.bytes) tail = "…" + tail.substr(tail.size() - opt.bytes);
+  return text::sanitize_utf8(tail);
+}
+
+std::string sandbox_path(const store::Instance& inst, const config::Config& cfg, const std::string& host) {
+  const std::string ws = inst.workspace.string();
+  if (host.rfind(ws + "/", 0) == 0) return cfg.ns.workspace_mount + host.substr(ws.size());
+  return host;
+}
+
+double seconds_between(const std::string& from, const std::string& to) {
+  auto a = timeutil::parse_iso(from);
+  auto b = to.empty() ? std::optional(timeutil::Clock::now()) : timeutil::parse_iso(to);
+  if (!a || !b) return 0;
+  return std::chrono::duration<double>(*b - *a).count();
+}
+
+void chown_to(const stdfs::path& p, const config::Config& cfg) {
+  if (::geteuid() == 0 && cfg.ns.sandbox_uid != 0) {
+    if (::lchown(p.c_str(), cfg.ns.sandbox_uid, cfg.ns.sandbox_gid) < 0) throw SysError(errno, "chown", p.string());
+  }
+}
+
+UniqueFd open_output(const stdfs::path& p, const config::Config& cfg) {
+  UniqueFd fd(::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!fd) throw SysError(errno, "create", p.string());
+  chown_to(p, cfg);
+  return fd;
+}
+
+}  // namespace
+
+struct Engine::Running {
+  store::Instance inst;
+  Record record;
+  std::unique_ptr<sandbox::Process> process;  // our child; empty when re-attached
+  std::unique_ptr<sandbox::Cgroup> cgroup;
+  UniqueFd watch;                             // pidfd: bwrap (child) or the sandbox init (re-attached)
+  std::optional<std::uint64_t> pid_namespace;
+  std::optional<Clock::time_point> deadline;  // wall-time limit
+  std::optional<Clock::time_point> hard_kill_at;
+  bool deadline_hit = false;
+  std::mutex mu;
+  bool finished = false;
+};
+
+Engine::Engine(const config::Config& config, store::Store& store, sandbox::Backend& backend)
+    : config_(config), store_(store), backend_(backend) {
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) throw SysError(errno, "eventfd");
+  watcher_ = std::thread([this] { watch_loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake();
+  if (watcher_.joinable()) watcher_.join();
+  // Running jobs keep running; their children are released (never killed).
+  std::lock_guard lock(mutex_);
+  for (auto& [key, job] : running_) {
+    if (job->process) job->process->disown();  // keeps running; init (pid 1) reaps it later
+    if (job->cgroup) job->cgroup->keep();      // its limits stay in force
+  }
+  ::close(wake_fd_);
+}
+
+void Engine::wake() {
+  std::uint64_t one = 1;
+  ssize_t ignored = ::write(wake_fd_, &one, sizeof one);
+  (void)ignored;
+}
+
+std::size_t Engine::tracked() const {
+  std::lock_guard lock(mutex_);
+  return running_.size();
+}
+
+std::map<std::string, std::int64_t> Engine::resolve_limits(const LimitRequest& request) const {
+  const auto& table = config_.jobs.local.limit;
+  std::map<std::string, std::int64_t> out;
+  for (const auto& [name, value] : request.values) {
+    auto it = table.find(name);
+    if (it == table.end()) {
+      std::string known;
+      for (const auto& [n, l] : table) known += (known.empty() ? "" : ", ") + n;
+      throw UsageError(fmt::format("unknown limit '{}'; the limits are: {}", name, known));
+    }
+    if (value < 0) throw UsageError(fmt::format("limit {} = {} must not be negative", name, value));
+    if (value > it->second.max)
+      throw UsageError(fmt::format("limit {} = {} is over its maximum of {} ([jobs.local.limit] {})", name, value,
+                                   it->second.max, name));
+  }
+  for (const auto& [name, limit] : table) {
+    auto asked = request.values.find(name);
+    out[name] = asked != request.values.end() ? asked->second : limit.default_value;
+  }
+  return out;
+}
+
+Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
+  if (request.argv.empty() || (request.argv.size() == 3 && request.argv[0] == "/bin/sh" &&
+                               request.argv[2].find_first_not_of(" \t\r\n") == std::string::npos))
+    throw UsageError("the command is empty; give the shell command to run");
+  store::Instance inst = store_.get(request.instance_id);
+  const auto limits = resolve_limits(request.limits);
+  {
+    std::lock_guard lock(mutex_);
+    std::size_t here = 0;
+    for (const auto& [key, job] : running_) here += job->record.instance_id == inst.id;
+    if (static_cast<std::int64_t>(running_.size()) >= config_.jobs.max_running)
+      throw UsageError(fmt::format("{} jobs are running, the most this server allows ([jobs] max_running); "
+                                   "wait for some to finish or cancel some",
+                                   running_.size()));
+    if (static_cast<std::int64_t>(here) >= config_.jobs.max_running_per_instance)
+      throw UsageError(fmt::format("{} jobs are running in instance '{}', the most allowed "
+                                   "([jobs] max_running_per_instance); wait or cancel some",
+                                   here, inst.id));
+  }
+
+  auto job = std::make_shared<Running>();
+  job->inst = inst;
+  Record& rec = job->record;
+  rec.id = new_job_id();
+  rec.instance_id = inst.id;
+  rec.argv = request.argv;
+  rec.command = request.display.empty() ? text::shell_join(request.argv) : request.display;
+  rec.created_at = timeutil::iso_utc();
+  rec.limits = limits;
+  const stdfs::path out_dir = inst.workspace / ".ns_hpc_output";
+  fs::make_dirs(jobs_dir(inst), 0700);
+  fs::make_dirs(inst.base / "status", 0700);
+  if (::mkdir(out_dir.c_str(), 0755) == 0) chown_to(out_dir, config_);
+  rec.stdout_path = (out_dir / (rec.id + ".out")).string();
+  rec.stderr_path = (out_dir / (rec.id + ".err")).string();
+  rec.status_path = (inst.base / "status" / (rec.id + ".status")).string();
+  save(inst, rec);  // pending: on record before anything runs
+
+  // Limits: cgroups for cpus/memory/pids, rlimit for output, the watcher for time.
+  sandbox::CgroupLimits cg;
+  if (auto it = limits.find("cpus"); it != limits.end() && it->second > 0) cg.cpus = static_cast<double>(it->second);
+  if (auto it = limits.find("memory"); it != limits.end() && it->second > 0)
+    cg.memory_bytes = static_cast<std::uint64_t>(it->second) * 1024 * 1024;
+  if (auto it = limits.find("pids"); it != limits.end() && it->second > 0)
+    cg.pids = static_cast<std::uint64_t>(it->second);
+  if (config_.jobs.local.use_cgroups) {
+    try {
+      job->cgroup = sandbox::Cgroup::create(inst.id + "/" + rec.id, cg, rec.unenforced);
+    } catch (const Error& e) {
+      if (rec.unenforced.empty()) rec.unenforced.push_back(fmt::format("cpus, memory, pids: {}", e.what()));
+    }
+  } else if (cg.cpus || cg.memory_bytes || cg.pids) {
+    rec.unenforced.push_back("cpus, memory, pids: [jobs.local] use_cgroups is false");
+  }
+  if (job->cgroup)
+    for (const auto& p : job->cgroup->paths()) rec.cgroups.push_back(p.string());
+
+  sandbox::RunSpec spec;
+  spec.target = {inst.id, inst.workspace, inst.output, config_.ns.instances_dir / "output", inst.network};
+  spec.argv = request.argv;
+  spec.die_with_caller = false;
+  UniqueFd out = open_output(rec.stdout_path, config_);
+  UniqueFd err = open_output(rec.stderr_path, config_);
+  UniqueFd status(::open(rec.status_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!status) throw SysError(errno, "create", rec.status_path);
+  spec.stdio = {-1, out.get(), err.get()};
+  spec.status_file = status.get();
+  if (auto it = limits.find("output"); it != limits.end() && it->second > 0)
+    spec.limits.file_size_bytes = static_cast<std::uint64_t>(it->second) * 1024 * 1024;
+  if (job->cgroup) spec.join_cgroups = job->cgroup->procs_fds();
+
+  try {
+    job->process = backend_.start(spec);
+  } catch (const std::exception& e) {
+    rec.state = State::failed;
+    rec.reason = fmt::format("the sandbox could not start: {}", e.what());
+    rec.finished_at = timeutil::iso_utc();
+    save(inst, rec);
+    store_.audit(inst, "job.failed", actor, {{"job_id", rec.id}, {"command", rec.command}, {"reason", rec.reason}});
+    return rec;
+  }
+  rec.state = State::running;
+  rec.started_at = timeutil::iso_utc();
+  rec.bwrap_pid = job->process->pid();
+  save(inst, rec);
+  store_.audit(inst, "job.running", actor,
+               {{"job_id", rec.id}, {"command", rec.command}, {"mode", "local"}, {"limits", rec.limits},
+                {"unenforced", rec.unenforced}, {"stdout_path", sandbox_path(inst, config_, rec.stdout_path)},
+                {"stderr_path", sandbox_path(inst, config_, rec.stderr_path)}});
+  job->watch = UniqueFd(::fcntl(job->process->pidfd(), F_DUPFD_CLOEXEC, 3));
+  if (auto it = limits.find("time"); it != limits.end() && it->second > 0)
+    job->deadline = Clock::now() + std::chrono::seconds(it->second);
+  Record copy = rec;
+  start_watching(std::move(job));
+  return copy;
+}
+
+void Engine::start_watching(std::shared_ptr<Running> job) {
+  {
+    std::lock_guard lock(mutex_);
+    running_[job->record.instance_id + "/" + job->record.id] = std::move(job);
+  }
+  wake();
+}
+
+void Engine::watch_loop() {
+  for (;;) {
+    std::vector<std::shared_ptr<Running>> jobs;
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) return;
+      for (auto& [key, job] : running_) jobs.push_back(job);
+    }
+    std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}};
+    auto next = Clock::now() + std::chrono::seconds(1);
+    for (const auto& job : jobs) {
+      fds.push_back({job->watch.get(), POLLIN, 0});
+      if (job->hard_kill_at) next = std::min(next, *job->hard_kill_at);
+      else if (job->deadline) next = std::min(next, *job->deadline);
+    }
+    const auto wait_ms = std::max<long>(0, std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count());
+    if (::poll(fds.data(), fds.size(), static_cast<int>(wait_ms) + 1) < 0 && errno != EINTR) {
+      log::error("job watcher: poll failed: {}", std::strerror(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    std::uint64_t drained;
+    while (::read(wake_fd_, &drained, sizeof drained) > 0) {
+    }
+    const auto now = Clock::now();
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      auto& job = jobs[i];
+      if (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) {
+        finish(job, true);
+        continue;
+      }
+      if (job->deadline && !job->deadline_hit && now >= *job->deadline) {
+        job->deadline_hit = true;
+        terminate_members(*job);
+        job->hard_kill_at = now + std::chrono::seconds(config_.jobs.cancel_grace);
+      } else if (job->hard_kill_at && now >= *job->hard_kill_at) {
+        job->hard_kill_at.reset();
+        if (job->cgroup) job->cgroup->kill(1000);
+        if (job->process) job->process->kill();
+        sandbox::signal_pidfd(job->watch.get(), SIGKILL);
+      }
+    }
+  }
+}
+
+void Engine::terminate_members(Running& job) {
+  if (job.cgroup) {
+    job.cgroup->signal_all(SIGTERM);
+    return;
+  }
+  std::optional<std::uint64_t> ns = job.pid_namespace;
+  if (!ns) ns = read_status(job.record.status_path).pid_namespace();
+  if (ns)
+    for (pid_t pid : pids_in_namespace(*ns)) ::kill(pid, SIGTERM);
+}
+
+void Engine::finish(const std::shared_ptr<Running>& job, bool process_gone) {
+  std::lock_guard guard(job->mu);
+  if (job->finished) return;
+  Record& rec = job->record;
+  std::optional<int> code;
+  std::string error;
+  if (job->process) {
+    sandbox::ExitStatus st = job->process->wait();  // reaps bwrap; reads the status file
+    if (st.started) code = st.exit_code;
+    else error = st.error;
+  } else {
+    // Re-attached: the sandbox init ended; bwrap writes the exit code right after.
+    for (int i = 0; i < 200; ++i) {
+      if (auto c = read_status(rec.status_path).exit_code()) {
+        code = c;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  (void)process_gone;
+  rec.exit_code = code;
+  rec.finished_at = timeutil::iso_utc();
+  const auto& limits = rec.limits;
+  if (job->cgroup && job->cgroup->oom_killed()) {
+    rec.state = State::failed;
+    rec.reason = fmt::format("out of memory: killed at its memory limit of {} MiB", limits.count("memory") ? limits.at("memory") : 0);
+  } else if (rec.cancel_requested) {
+    rec.state = State::cancelled;
+    rec.reason = "cancelled";
+  } else if (job->deadline_hit) {
+    rec.state = State::timed_out;
+    rec.reason = fmt::format("time limit of {} s reached; the job was killed", limits.count("time") ? limits.at("time") : 0);
+  } else if (code && *code == 0) {
+    rec.state = State::completed;
+    rec.reason.clear();
+  } else if (code) {
+    rec.state = State::failed;
+    rec.reason = *code == 128 + SIGXFSZ
+                     ? fmt::format("output limit: a file reached the {} MiB limit", limits.count("output") ? limits.at("output") : 0)
+                     : fmt::format("exit code {}", *code);
+  } else if (!error.empty()) {
+    rec.state = State::failed;
+    rec.reason = error;
+  } else {
+    rec.state = State::lost;
+    rec.reason = "the job's processes ended without an exit code (killed from outside?)";
+  }
+  if (job->cgroup) {
+    try {
+      job->cgroup->kill(2000);  // leftovers, if the sandbox init left any
+      job->cgroup->remove();
+    } catch (const std::exception& e) {
+      log::warn("job {}: {}", rec.id, e.what());
+    }
+  }
+  if (!job->process) {
+    // Re-attached: the sandbox init came to us (subreaper) or to pid 1; reap it if ours.
+    if (auto init = read_status(rec.status_path).child_pid()) ::waitpid(*init, nullptr, WNOHANG);
+  }
+  // Exactly one final record and audit line, even when another process watched the job too.
+  try {
+    fs::FileLock lock(jobs_dir(job->inst) / ".lock");
+    auto on_disk = load(job->inst, rec.id);
+    if (!on_disk || !is_final(on_disk->state)) {
+      save(job->inst, rec);
+      nlohmann::json fields = {{"job_id", rec.id},
+                               {"exit_code", rec.exit_code ? nlohmann::json(*rec.exit_code) : nlohmann::json(nullptr)},
+                               {"reason", rec.reason},
+                               {"duration_s", std::round(seconds_between(rec.started_at.empty() ? rec.created_at : rec.started_at,
+                                                                         rec.finished_at) * 100) / 100}};
+      store_.audit(job->inst, fmt::format("job.{}", to_string(rec.state)), "ns-hpc:jobs", fields);
+    } else {
+      rec = *on_disk;
+    }
+  } catch (const std::exception& e) {
+    log::error("job {}: could not record its end: {}", rec.id, e.what());
+  }
+  job->finished = true;
+  {
+    std::lock_guard lock(mutex_);
+    running_.erase(rec.instance_id + "/" + rec.id);
+  }
+  changed_.notify_all();
+}
+
+std::optional<Record> Engine::load(const store::Instance& inst, const std::string& job_id) const {
+  auto text = fs::read_file(state_file(inst, job_id));
+  if (!text) return std::nullopt;
+  return Record::from_json(nlohmann::json::parse(*text, nullptr, false));
+}
+
+void Engine::save(const store::Instance& inst, const Record& record) const {
+  fs::atomic_write(state_file(inst, record.id), record.to_json().dump(2) + "\n", 0600);
+}
+
+std::shared_ptr<Engine::Running> Engine::find_running(const std::string& instance_id, const std::string& job_id) {
+  std::lock_guard lock(mutex_);
+  auto it = running_.find(instance_id + "/" + job_id);
+  return it == running_.end() ? nullptr : it->second;
+}
+
+View Engine::view(const std::string& instance_id, const std::string& job_id, const TailOptions& tail) {
+  if (!valid_job_id(job_id))
+    throw UsageError(fmt::format("'{}' is not a job id (job ids are 12 hex characters, see list_jobs)", job_id));
+  store::Instance inst = store_.get(instance_id);
+  std::optional<Record> rec;
+  if (auto job = find_running(instance_id, job_id)) {
+    std::lock_guard guard(job->mu);
+    rec = job->record;
+  } else {
+    rec = load(inst, job_id);
+  }
+  if (!rec) throw UsageError(fmt::format("job '{}' not found in instance '{}'; see list_jobs", job_id, instance_id));
+  if (!is_final(rec->state) && !find_running(instance_id, job_id)) {
+    // Left by another process: adopt it (it may have ended meanwhile).
+    adopt(inst, job_id);
+    if (auto job = find_running(instance_id, job_id)) {
+      std::lock_guard guard(job->mu);
+      rec = job->record;
+    } else if (auto again = load(inst, job_id)) {
+      rec = again;
+    }
+  }
+  View v;
+  v.record = *rec;
+  v.stdout_tail = tail_of(rec->stdout_path, tail);
+  v.stderr_tail = tail_of(rec->stderr_path, tail);
+  v.stdout_sandbox_path = sandbox_path(inst, config_, rec->stdout_path);
+  v.stderr_sandbox_path = sandbox_path(inst, config_, rec->stderr_path);
+  v.duration_s = std::round(seconds_between(rec->started_at.empty() ? rec->created_at : rec->started_at,
+                                            rec->finished_at) * 100) / 100;
+  return v;
+}
+
+View Engine::wait(const std::string& instance_id, const std::string& job_id, std::chrono::milliseconds timeout,
+                  const TailOptions& tail, const std::function<bool()>& interrupted,
+                  const std::function<void(double)>& tick) {
+  View v = view(instance_id, job_id, tail);
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  auto last_tick = start;
+  while (!is_final(v.record.state) && Clock::now() < deadline) {
+    if (interrupted && interrupted()) break;
+    {
+      std::unique_lock lock(mutex_);
+      changed_.wait_for(lock, std::chrono::milliseconds(100));
+    }
+    if (tick && Clock::now() - last_tick >= std::chrono::seconds(1)) {
+      last_tick = Clock::now();
+      tick(std::chrono::duration<double>(last_tick - start).count());
+    }
+    v = view(instance_id, job_id, tail);
+  }
+  return v;
+}
+
+std::vector<Record> Engine::list(const std::string& instance_id, std::optional<State> filter) {
+  store::Instance inst = store_.get(instance_id);
+  std::vector<Record> out;
+  std::error_code ec;
+  for (const auto& entry : stdfs::directory_iterator(jobs_dir(inst), ec)) {
+    if (entry.path().extension() != ".state") continue;
+    const std::string id = entry.path().stem().string();
+    std::optional<Record> rec;
+    if (auto job = find_running(instance_id, id)) {
+      std::lock_guard guard(job->mu);
+      rec = job->record;
+    } else {
+      rec = load(inst, id);
+    }
+    if (!rec) continue;
+    if (!filter || rec->state == *filter) out.push_back(std::move(*rec));
+  }
+  std::sort(out.begin(), out.end(), [](const Record& a, const Record& b) { return a.created_at > b.created_at; });
+  return out;
+}
+
+Record Engine::cancel(const std::string& instance_id, const std::string& job_id, std::string_view actor) {
+  View current = view(instance_id, job_id, {0, 0});
+  if (is_final(current.record.state)) return current.record;
+  auto job = find_running(instance_id, job_id);
+  if (!job) return view(instance_id, job_id, {0, 0}).record;
+  store::Instance inst = store_.get(instance_id);
+  {
+    std::lock_guard guard(job->mu);
+    job->record.cancel_requested = true;
+    save(inst, job->record);
+  }
+  store_.audit(inst, "job.cancel_requested", actor, {{"job_id", job_id}});
+  terminate_members(*job);
+  const auto grace_end = Clock::now() + std::chrono::seconds(config_.jobs.cancel_grace);
+  {
+    std::unique_lock lock(mutex_);
+    changed_.wait_until(lock, grace_end, [&] { return !running_.count(instance_id + "/" + job_id); });
+  }
+  if (find_running(instance_id, job_id)) {
+    if (job->cgroup) job->cgroup->kill(2000);
+    if (job->process) job->process->kill();
+    sandbox::signal_pidfd(job->watch.get(), SIGKILL);
+    std::unique_lock lock(mutex_);
+    changed_.wait_for(lock, std::chrono::seconds(10), [&] { return !running_.count(instance_id + "/" + job_id); });
+  }
+  return view(instance_id, job_id, {0, 0}).record;
+}
+
+void Engine::recover() {
+  for (const auto& inst : store_.list().instances) {
+    std::error_code ec;
+    for (const auto& entry : stdfs::directory_iterator(jobs_dir(inst), ec)) {
+      if (entry.path().extension() == ".state") adopt(inst, entry.path().stem().string());
+    }
+  }
+}
+
+void Engine::adopt(const store::Instance& inst, const std::string& job_id) {
+  if (find_running(inst.id, job_id)) return;
+  auto rec = load(inst, job_id);
+  if (!rec || is_final(rec->state)) return;
+  const sandbox::StatusStream status = read_status(rec->status_path);
+  auto job = std::make_shared<Running>();
+  job->inst = inst;
+  job->record = *rec;
+  job->pid_namespace = status.pid_namespace();
+  job->watch = open_sandbox_init(status);
+  if (!job->watch && !status.exit_code()) {
+    // No sandbox and no exit code: still starting in another process, or it never started.
+    auto since = timeutil::parse_iso(rec->started_at.empty() ? rec->created_at : rec->started_at);
+    if (since && timeutil::Clock::now() - *since < std::chrono::seconds(30)) return;
+  }
+  if (!rec->cgroups.empty()) {
+    std::vector<stdfs::path> paths(rec->cgroups.begin(), rec->cgroups.end());
+    try {
+      job->cgroup = sandbox::Cgroup::attach(paths);
+    } catch (const std::exception&) {
+      // Already removed by whoever finished it: nothing left to limit or kill there.
+    }
+  }
+  if (!job->watch) {
+    finish(job, true);  // ended while nobody watched: record what the status file says
+    return;
+  }
+  if (auto it = rec->limits.find("time"); it != rec->limits.end() && it->second > 0) {
+    auto started = timeutil::parse_iso(rec->started_at.empty() ? rec->created_at : rec->started_at);
+    if (started) {
+      auto left = std::chrono::duration_cast<std::chrono::seconds>(*started + std::chrono::seconds(it->second) -
+                                                                   timeutil::Clock::now());
+      job->deadline = Clock::now() + std::max(left, std::chrono::seconds(0));
+    }
+  }
+  start_watching(std::move(job));
+}
+
+std::size_t Engine::active_jobs(const stdfs::path& instance_base) {
+  std::size_t count = 0;
+  std::error_code ec;
+  for (const auto& entry : stdfs::directory_iterator(instance_base / ".ns_hpc_jobs", ec)) {
+    if (entry.path().extension() != ".state") continue;
+    auto text = fs::read_file(entry.path());
+    if (!text) continue;
+    auto rec = Record::from_json(nlohmann::json::parse(*text, nullptr, false));
+    if (!rec || is_final(rec->state)) continue;
+    // A job whose sandbox is gone does not hold the instance (its record is finished on the
+    // next look).
+    if (rec->state == State::pending || open_sandbox_init(read_status(rec->status_path))) ++count;
+  }
+  return count;
+}
+
+}  // namespace nshpc::jobs

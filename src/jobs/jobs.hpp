@@ -1,0 +1,158 @@
+// Async jobs in instances on the local node: submit, wait, cancel, list; limits through cgroups
+// and rlimits; nothing lost across server restarts.
+//
+// A job's record lives in <instance>/.ns_hpc_jobs/<id>.state (atomic writes); its output in
+// <workspace>/.ns_hpc_output/<id>.out|.err (so the agent reads it as /workspace/...); bwrap's
+// JSON status in <instance>/status/<id>.status. bwrap is started without --die-with-parent, so
+// a job keeps running while the server is down; a restarted server re-attaches through the
+// status file (sandbox init pid + its pid-namespace inode: safe against pid reuse) and records
+// the real exit code of jobs that ended meanwhile.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.hpp"
+#include "sandbox/sandbox.hpp"
+#include "store/store.hpp"
+
+namespace nshpc::jobs {
+
+enum class State { pending, running, completed, failed, cancelled, timed_out, lost };
+std::string_view to_string(State state);
+std::optional<State> parse_state(std::string_view text);
+bool is_final(State state);
+
+// Resource limits of one job; unset fields take [jobs.local.limit] defaults.
+struct LimitRequest {
+  std::map<std::string, std::int64_t> values;  // cpus, memory (MiB), pids, time (s), output (MiB)
+};
+
+struct Record {
+  std::string id;           // 12 hex characters
+  std::string instance_id;
+  std::string command;      // shell command (/bin/sh -c), or the argv joined for display
+  std::vector<std::string> argv;  // the exact argv run in the sandbox
+  std::string mode = "local";
+  State state = State::pending;
+  std::string reason;       // why it ended as it did: "out of memory", "time limit (60 s)", ...
+  std::optional<int> exit_code;
+  std::string created_at, started_at, finished_at;  // ISO 8601 UTC
+  std::map<std::string, std::int64_t> limits;       // effective
+  std::vector<std::string> unenforced;              // limits this host could not enforce
+  std::vector<std::string> cgroups;                 // cgroup folders (for kill after a restart)
+  std::string stdout_path, stderr_path, status_path;  // host paths
+  pid_t bwrap_pid = 0;
+  bool cancel_requested = false;
+
+  nlohmann::json to_json() const;
+  static std::optional<Record> from_json(const nlohmann::json& j);
+};
+
+// What callers see: the record, tails of the output and sandbox paths.
+struct View {
+  Record record;
+  std::string stdout_tail, stderr_tail;
+  std::string stdout_sandbox_path, stderr_sandbox_path;
+  double duration_s = 0;
+};
+
+struct SubmitRequest {
+  std::string instance_id;
+  std::vector<std::string> argv;  // e.g. {"/bin/sh", "-c", command}
+  std::string display;            // the command as shown in lists
+  LimitRequest limits;
+};
+
+struct TailOptions {
+  std::size_t lines = 50;
+  std::size_t bytes = 16 * 1024;
+};
+
+class Engine final : public store::JobsGuard {
+ public:
+  Engine(const config::Config& config, store::Store& store, sandbox::Backend& backend);
+  ~Engine() override;  // stops watching; never kills jobs
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Starts a job and returns at once (state running, or failed when the sandbox could not start).
+  // Throws UsageError for an empty command, an unknown/archived instance, limits over their max,
+  // or when the concurrency caps are reached.
+  Record submit(const SubmitRequest& request, std::string_view actor);
+
+  // Waits until the job is final, `timeout` passes or `interrupted()` returns true; checks it
+  // every 100 ms and calls `tick(elapsed)` about once a second.
+  View wait(const std::string& instance_id, const std::string& job_id, std::chrono::milliseconds timeout,
+            const TailOptions& tail, const std::function<bool()>& interrupted = {},
+            const std::function<void(double elapsed_s)>& tick = {});
+  View view(const std::string& instance_id, const std::string& job_id, const TailOptions& tail);
+
+  // Newest first. Unknown instance: UsageError.
+  std::vector<Record> list(const std::string& instance_id, std::optional<State> filter = std::nullopt);
+
+  // SIGTERM to every process of the job, then after [jobs] cancel_grace seconds SIGKILL to the
+  // whole tree. Final jobs are left alone. Returns the record afterwards.
+  Record cancel(const std::string& instance_id, const std::string& job_id, std::string_view actor);
+
+  // Finds jobs left running by an earlier server (or CLI) and watches them again.
+  void recover();
+
+  // store::JobsGuard: pending or running jobs of an instance.
+  std::size_t active_jobs(const std::filesystem::path& instance_base) override;
+
+  std::size_t tracked() const;
+
+ private:
+  struct Running;
+  void watch_loop();
+  static void terminate_members(Running& job);  // SIGTERM to every process of the job
+  // Watches a job left running by another process, or records how it ended.
+  void adopt(const store::Instance& inst, const std::string& job_id);
+  void wake();
+  void finish(const std::shared_ptr<Running>& job, bool process_gone);
+  void start_watching(std::shared_ptr<Running> job);
+  std::optional<Record> load(const store::Instance& inst, const std::string& job_id) const;
+  void save(const store::Instance& inst, const Record& record) const;
+  std::shared_ptr<Running> find_running(const std::string& instance_id, const std::string& job_id);
+  std::map<std::string, std::int64_t> resolve_limits(const LimitRequest& request) const;
+
+  const config::Config& config_;
+  store::Store& store_;
+  sandbox::Backend& backend_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::string, std::shared_ptr<Running>> running_;  // key: instance/job
+  bool stopping_ = false;
+  int wake_fd_ = -1;
+  std::thread watcher_;
+};
+
+// The view as data (for --json and structuredContent): job_id, instance_id, status, exit_code,
+// reason, command, mode, duration_s, created_at, started_at, finished_at, stdout_path,
+// stderr_path (sandbox paths), stdout_tail, stderr_tail, limits, unenforced.
+nlohmann::json view_json(const View& view);
+nlohmann::json record_summary_json(const Record& record);  // for listings
+
+// A readable multi-line summary with the output tails (what an agent or a person needs).
+std::string view_text(const View& view);
+
+// Job ids: 12 lowercase hex characters.
+std::string new_job_id();
+bool valid_job_id(std::string_view id);
+
+}  // namespace nshpc::jobs

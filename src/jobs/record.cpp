@@ -1,0 +1,149 @@
+// Job states, ids and the persisted record.
+#include <array>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "jobs/jobs.hpp"
+
+namespace nshpc::jobs {
+
+namespace {
+constexpr std::array<std::pair<State, std::string_view>, 7> kStates = {{{State::pending, "pending"},
+                                                                        {State::running, "running"},
+                                                                        {State::completed, "completed"},
+                                                                        {State::failed, "failed"},
+                                                                        {State::cancelled, "cancelled"},
+                                                                        {State::timed_out, "timed_out"},
+                                                                        {State::lost, "lost"}}};
+}  // namespace
+
+std::string_view to_string(State state) {
+  for (const auto& [s, name] : kStates)
+    if (s == state) return name;
+  return "lost";
+}
+
+std::optional<State> parse_state(std::string_view text) {
+  for (const auto& [s, name] : kStates)
+    if (name == text) return s;
+  return std::nullopt;
+}
+
+bool is_final(State state) { return state != State::pending && state != State::running; }
+
+std::string new_job_id() {
+  std::random_device rd;
+  std::mt19937_64 rng((static_cast<std::uint64_t>(rd()) << 32) ^ rd());
+  return fmt::format("{:012x}", rng() & 0xffffffffffffULL);
+}
+
+bool valid_job_id(std::string_view id) {
+  if (id.size() != 12) return false;
+  for (char c : id)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+nlohmann::json Record::to_json() const {
+  nlohmann::json j = {{"job_id", id},
+                      {"instance_id", instance_id},
+                      {"command", command},
+                      {"argv", argv},
+                      {"mode", mode},
+                      {"status", to_string(state)},
+                      {"reason", reason},
+                      {"exit_code", exit_code ? nlohmann::json(*exit_code) : nlohmann::json(nullptr)},
+                      {"created_at", created_at},
+                      {"started_at", started_at},
+                      {"finished_at", finished_at},
+                      {"limits", limits},
+                      {"unenforced", unenforced},
+                      {"cgroups", cgroups},
+                      {"stdout_path", stdout_path},
+                      {"stderr_path", stderr_path},
+                      {"status_path", status_path},
+                      {"pid", bwrap_pid},
+                      {"cancel_requested", cancel_requested}};
+  return j;
+}
+
+std::optional<Record> Record::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) return std::nullopt;
+  try {
+    Record r;
+    r.id = j.value("job_id", "");
+    if (!valid_job_id(r.id)) return std::nullopt;
+    r.instance_id = j.value("instance_id", "");
+    r.command = j.value("command", "");
+    if (auto it = j.find("argv"); it != j.end() && it->is_array()) r.argv = it->get<std::vector<std::string>>();
+    r.mode = j.value("mode", "local");
+    r.state = parse_state(j.value("status", "")).value_or(State::lost);
+    r.reason = j.value("reason", "");
+    if (auto it = j.find("exit_code"); it != j.end() && it->is_number_integer()) r.exit_code = it->get<int>();
+    r.created_at = j.value("created_at", "");
+    r.started_at = j.value("started_at", "");
+    r.finished_at = j.value("finished_at", "");
+    if (auto it = j.find("limits"); it != j.end() && it->is_object())
+      r.limits = it->get<std::map<std::string, std::int64_t>>();
+    if (auto it = j.find("unenforced"); it != j.end() && it->is_array())
+      r.unenforced = it->get<std::vector<std::string>>();
+    if (auto it = j.find("cgroups"); it != j.end() && it->is_array()) r.cgroups = it->get<std::vector<std::string>>();
+    r.stdout_path = j.value("stdout_path", "");
+    r.stderr_path = j.value("stderr_path", "");
+    r.status_path = j.value("status_path", "");
+    if (auto it = j.find("pid"); it != j.end() && it->is_number_integer()) r.bwrap_pid = it->get<pid_t>();
+    r.cancel_requested = j.value("cancel_requested", false);
+    return r;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // a field of the wrong type: treated as corrupt
+  }
+}
+
+nlohmann::json record_summary_json(const Record& r) {
+  return {{"job_id", r.id},
+          {"instance_id", r.instance_id},
+          {"status", to_string(r.state)},
+          {"exit_code", r.exit_code ? nlohmann::json(*r.exit_code) : nlohmann::json(nullptr)},
+          {"reason", r.reason},
+          {"command", r.command},
+          {"mode", r.mode},
+          {"created_at", r.created_at},
+          {"finished_at", r.finished_at}};
+}
+
+nlohmann::json view_json(const View& v) {
+  nlohmann::json j = record_summary_json(v.record);
+  j["started_at"] = v.record.started_at;
+  j["duration_s"] = v.duration_s;
+  j["stdout_path"] = v.stdout_sandbox_path;
+  j["stderr_path"] = v.stderr_sandbox_path;
+  j["stdout_tail"] = v.stdout_tail;
+  j["stderr_tail"] = v.stderr_tail;
+  j["limits"] = v.record.limits;
+  j["unenforced"] = v.record.unenforced;
+  return j;
+}
+
+std::string view_text(const View& v) {
+  const Record& r = v.record;
+  std::string head = fmt::format("Job {} in instance '{}': {}", r.id, r.instance_id, to_string(r.state));
+  if (r.exit_code) head += fmt::format(", exit code {}", *r.exit_code);
+  head += fmt::format(" ({:.2f} s)", v.duration_s);
+  if (!r.reason.empty() && r.state != State::completed) head += " — " + r.reason;
+  std::string text = head + "\nCommand: " + r.command;
+  auto stream = [&](const char* name, const std::string& path, const std::string& tail) {
+    text += fmt::format("\n{} ({}):", name, path);
+    text += tail.empty() ? std::string(" (empty)") : "\n" + tail;
+  };
+  stream("stdout", v.stdout_sandbox_path, v.stdout_tail);
+  stream("stderr", v.stderr_sandbox_path, v.stderr_tail);
+  if (!r.unenforced.empty()) {
+    text += "\nLimits not enforced on this host:";
+    for (const auto& u : r.unenforced) text += "\n- " + u;
+  }
+  if (r.state == State::running) text += "\nStill running: poll_job waits for it, cancel_job stops it.";
+  return text;
+}
+
+}  // namespace nshpc::jobs

@@ -1,0 +1,92 @@
+// Per-job control groups: resource limits (memory, cpu, pids) and whole-tree kill, managed
+// directly in the cgroup file systems (no systemd). Works with cgroup v1 controllers (memory,
+// cpu, pids), the v2 hierarchy (unified, or mounted at /sys/fs/cgroup), or a hybrid of both, as
+// far as this process may write them (root, or a delegated subtree).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace nshpc::sandbox {
+
+struct CgroupLimits {
+  std::optional<double> cpus;               // e.g. 1.5 cores: CFS quota/period (v1) or cpu.max (v2)
+  std::optional<std::uint64_t> memory_bytes;  // hard limit; swap included where the kernel allows
+  std::optional<std::uint64_t> pids;          // max processes/threads
+};
+
+// What this host lets this process enforce, found by really creating and removing a test group.
+struct CgroupSupport {
+  bool memory = false;
+  bool cpu = false;
+  bool pids = false;
+  bool kill = false;  // whole-group kill (cgroup.kill on v2, else signalling every member)
+  std::string detail;  // one line for doctor: which hierarchy provides what, or why nothing
+};
+CgroupSupport probe_cgroups(const std::filesystem::path& mount_root = "/sys/fs/cgroup");
+
+// One job's groups: "<base>/ns-hpc/<name>" in each usable hierarchy, where <base> is this
+// process's own cgroup (so jobs count against the server's budget).
+class Cgroup {
+ public:
+  // Creates the groups and writes the limits. Limits this host cannot enforce are listed in
+  // `unenforced` (e.g. "memory: no writable memory controller") instead of failing; throws
+  // Error only when nothing at all can be created and a limit was asked for. With no limit
+  // asked and nothing creatable it returns a Cgroup without paths() (members() empty, kill() a
+  // no-op) and adds "kill: <why>" to `unenforced`. `name` may contain '/' (parts must not be
+  // empty, "." or ".."; else UsageError, as for cpus <= 0). An empty left-over group of the same
+  // name is reused; one with members makes it throw SysError(EBUSY).
+  static std::unique_ptr<Cgroup> create(const std::string& name, const CgroupLimits& limits,
+                                        std::vector<std::string>& unenforced,
+                                        const std::filesystem::path& mount_root = "/sys/fs/cgroup");
+  // Re-attaches to groups created earlier (after a server restart), from their saved paths.
+  // Paths that no longer exist are skipped (SysError ENOENT when none is left); a path outside
+  // a cgroup file system throws Error.
+  static std::unique_ptr<Cgroup> attach(const std::vector<std::filesystem::path>& paths);
+
+  ~Cgroup();  // removes the (empty) groups; never kills
+  Cgroup(const Cgroup&) = delete;
+  Cgroup& operator=(const Cgroup&) = delete;
+
+  const std::vector<std::filesystem::path>& paths() const { return paths_; }
+  // Open O_WRONLY|O_CLOEXEC descriptors of every cgroup.procs, for RunSpec::join_cgroups.
+  // Opened on the first call and owned by this object until remove() or destruction.
+  std::vector<int> procs_fds();
+  // Host pids of every member.
+  std::vector<pid_t> members() const;
+  bool empty() const;
+  // Sends `sig` to every member (SIGTERM before the kill, for a graceful stop).
+  void signal_all(int sig);
+  // Kills every member, including ones forking meanwhile; returns when the group is empty or
+  // after `timeout_ms`. cgroup.kill where available, else repeated SIGKILL to cgroup.procs.
+  bool kill(int timeout_ms = 5000);
+  // True when the memory limit's OOM killer fired in this group.
+  bool oom_killed() const;
+  // Peak memory in bytes when the kernel reports it.
+  std::optional<std::uint64_t> memory_peak() const;
+  // Removes the groups now (they must be empty); idempotent. A group with members throws
+  // SysError (EBUSY, naming the folder). The parents up to "ns-hpc" go only when empty.
+  void remove();
+  // Leaves the groups in place when this object goes (a job that outlives this process keeps
+  // its limits; whoever adopts it later attaches and removes them).
+  void keep() { removed_ = true; }
+
+ private:
+  Cgroup() = default;
+  std::vector<std::filesystem::path> paths_;
+  // Per path: the "ns-hpc" folder above it; remove() also rmdirs the folders between the leaf
+  // and this one (inclusive) when they are empty. Empty = remove only the leaf.
+  std::vector<std::filesystem::path> tops_;
+  std::vector<int> fds_;  // owned
+  bool removed_ = false;
+};
+
+}  // namespace nshpc::sandbox

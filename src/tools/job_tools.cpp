@@ -1,0 +1,242 @@
+// submit_job, poll_job, list_jobs, cancel_job: adapters to the job engine.
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "jobs/jobs.hpp"
+#include "tools/internal.hpp"
+
+namespace nshpc::tools {
+
+namespace {
+
+using mcp::json;
+
+const json kInstanceIdArg = {{"type", "string"}, {"description", "The instance to work in."}};
+const json kJobIdArg = {{"type", "string"}, {"description", "Job id (12 hex characters) from submit_job or list_jobs."}};
+const json kTailArg = {{"type", "integer"},
+                       {"minimum", 0},
+                       {"maximum", 1000},
+                       {"description", "How many last lines of stdout and stderr to return (default 50; at most 16 KiB each)."}};
+
+json job_schema() {
+  json str = {{"type", "string"}};
+  json nullable_int = {{"type", {"integer", "null"}}};
+  return {{"type", "object"},
+          {"properties",
+           {{"job_id", str}, {"instance_id", str},
+            {"status", {{"type", "string"},
+                        {"enum", {"pending", "running", "completed", "failed", "cancelled", "timed_out", "lost"}}}},
+            {"exit_code", nullable_int}, {"reason", str}, {"command", str}, {"mode", str},
+            {"duration_s", {{"type", "number"}}}, {"created_at", str}, {"started_at", str}, {"finished_at", str},
+            {"stdout_path", str}, {"stderr_path", str}, {"stdout_tail", str}, {"stderr_tail", str},
+            {"limits", {{"type", "object"}}}, {"unenforced", {{"type", "array"}, {"items", str}}}}},
+          {"required", {"job_id", "instance_id", "status", "exit_code", "command", "stdout_tail", "stderr_tail",
+                        "stdout_path", "stderr_path"}}};
+}
+
+json limits_arg(const config::Config& cfg) {
+  json props = json::object();
+  const std::map<std::string, std::string> meaning = {{"cpus", "CPU cores"},
+                                                      {"memory", "memory in MiB"},
+                                                      {"pids", "processes and threads"},
+                                                      {"time", "wall-clock seconds; then the job is killed (timed_out)"},
+                                                      {"output", "MiB: the largest file the job may write, stdout/stderr included"}};
+  for (const auto& [name, limit] : cfg.jobs.local.limit) {
+    auto m = meaning.find(name);
+    props[name] = {{"type", "integer"},
+                   {"minimum", 0},
+                   {"maximum", limit.max},
+                   {"description", fmt::format("{} (default {}, at most {})", m == meaning.end() ? name : m->second,
+                                               limit.default_value, limit.max)}};
+  }
+  return {{"type", "object"}, {"properties", props}, {"additionalProperties", false},
+          {"description", "Resource limits for this job; each defaults to the server's setting."}};
+}
+
+json timeout_arg(const config::Config& cfg, const std::string& what, std::int64_t fallback) {
+  return {{"type", "integer"},
+          {"minimum", 0},
+          {"maximum", cfg.jobs.max_timeout},
+          {"description", fmt::format("{} (seconds, 0..{}, default {}).", what, cfg.jobs.max_timeout, fallback)}};
+}
+
+jobs::TailOptions tail_of(const json& args) {
+  jobs::TailOptions t;
+  t.lines = static_cast<std::size_t>(args.value("tail", 50));
+  return t;
+}
+
+mcp::ToolResult result_of(const jobs::View& view) {
+  return mcp::ToolResult::text(jobs::view_text(view), jobs::view_json(view));
+}
+
+// Waits for the job as the call asked; progress while waiting, stops waiting (not the job) when
+// the request is cancelled. Returns the view and whether the wait ran out with the job alive.
+std::pair<jobs::View, bool> wait_for(jobs::Engine& engine, const std::string& instance, const std::string& job,
+                                     std::int64_t timeout_s, const jobs::TailOptions& tail, mcp::RequestContext& rc) {
+  bool interrupted = false;
+  jobs::View v = engine.wait(
+      instance, job, std::chrono::seconds(timeout_s), tail,
+      [&] { return interrupted = rc.cancelled(); },
+      [&](double elapsed) { rc.progress(elapsed, static_cast<double>(timeout_s), "waiting for the job"); });
+  return {v, !interrupted && !jobs::is_final(v.record.state) && timeout_s > 0};
+}
+
+void add_submit(mcp::Server& server, const Context& ctx) {
+  mcp::Tool tool;
+  tool.name = "submit_job";
+  tool.title = "Run a command as a job";
+  tool.description =
+      "Run a shell command (/bin/sh -c) as an asynchronous job in an instance's sandbox on this node, with "
+      "resource limits. Waits up to `timeout` seconds and returns the job's status with the last lines of "
+      "its stdout and stderr; a job still running then keeps running (detach=true, the default) — check it "
+      "with poll_job, stop it with cancel_job. With detach=false a job still running when the wait runs "
+      "out is cancelled. Output files are kept in /workspace/.ns_hpc_output/. Use terminal_execute instead "
+      "for quick commands whose output you need at once.";
+  tool.input_schema = {{"type", "object"},
+                       {"properties",
+                        {{"instance_id", kInstanceIdArg},
+                         {"command", {{"type", "string"}, {"description", "Shell command to run."}}},
+                         {"timeout", timeout_arg(ctx.services.config, "How long to wait for the job before returning", 30)},
+                         {"detach", {{"type", "boolean"}, {"description", "Keep the job running when the wait runs out (default true)."}}},
+                         {"tail", kTailArg},
+                         {"limits", limits_arg(ctx.services.config)},
+                         {"mode", {{"type", "string"}, {"enum", {"local"}}, {"description", "Where to run: 'local' (this node)."}}}}},
+                       {"required", {"instance_id", "command"}},
+                       {"additionalProperties", false}};
+  tool.output_schema = job_schema();
+  tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", true}, {"openWorldHint", true}};
+  tool.accept_input_wrapper = true;
+  tool.handler = [ctx](const json& args, mcp::RequestContext& rc) {
+    jobs::SubmitRequest req;
+    req.instance_id = args.value("instance_id", "");
+    const std::string command = args.value("command", "");
+    req.argv = {"/bin/sh", "-c", command};
+    req.display = command;
+    if (auto it = args.find("limits"); it != args.end())
+      for (const auto& [name, value] : it->items()) req.limits.values[name] = value.get<std::int64_t>();
+    jobs::Record rec = ctx.services.jobs->submit(req, actor(rc));
+    auto [view, ran_out] = wait_for(*ctx.services.jobs, rec.instance_id, rec.id, args.value("timeout", 30),
+                                    tail_of(args), rc);
+    if (ran_out && !args.value("detach", true)) {
+      ctx.services.jobs->cancel(rec.instance_id, rec.id, actor(rc));
+      view = ctx.services.jobs->view(rec.instance_id, rec.id, tail_of(args));
+    }
+    return result_of(view);
+  };
+  server.add_tool(std::move(tool));
+}
+
+void add_poll(mcp::Server& server, const Context& ctx) {
+  mcp::Tool tool;
+  tool.name = "poll_job";
+  tool.title = "Check or wait for a job";
+  tool.description =
+      "Return a job's status, exit code and the last lines of its output, waiting up to `timeout` seconds "
+      "(default 0: just look) for it to finish. With detach=false, a job still running when a real wait "
+      "(timeout > 0) runs out is cancelled; timeout 0 never cancels.";
+  tool.input_schema = {{"type", "object"},
+                       {"properties",
+                        {{"instance_id", kInstanceIdArg},
+                         {"job_id", kJobIdArg},
+                         {"timeout", timeout_arg(ctx.services.config, "How long to wait for the job to finish", 0)},
+                         {"detach", {{"type", "boolean"}, {"description", "Keep the job running when the wait runs out (default true)."}}},
+                         {"tail", kTailArg}}},
+                       {"required", {"instance_id", "job_id"}},
+                       {"additionalProperties", false}};
+  tool.output_schema = job_schema();
+  tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", false}, {"openWorldHint", false}};
+  tool.accept_input_wrapper = true;
+  tool.handler = [ctx](const json& args, mcp::RequestContext& rc) {
+    const std::string instance = args.value("instance_id", "");
+    const std::string job = args.value("job_id", "");
+    auto [view, ran_out] = wait_for(*ctx.services.jobs, instance, job, args.value("timeout", 0), tail_of(args), rc);
+    if (ran_out && !args.value("detach", true)) {
+      ctx.services.jobs->cancel(instance, job, actor(rc));
+      view = ctx.services.jobs->view(instance, job, tail_of(args));
+    }
+    return result_of(view);
+  };
+  server.add_tool(std::move(tool));
+}
+
+void add_list(mcp::Server& server, const Context& ctx) {
+  mcp::Tool tool;
+  tool.name = "list_jobs";
+  tool.title = "List jobs";
+  tool.description =
+      "List an instance's jobs, newest first, with status, exit code and command. Filter by status; page "
+      "with limit (default 15, at most 500) and offset (from next_offset).";
+  tool.input_schema = {{"type", "object"},
+                       {"properties",
+                        {{"instance_id", kInstanceIdArg},
+                         {"status", {{"type", "string"},
+                                     {"enum", {"pending", "running", "completed", "failed", "cancelled", "timed_out", "lost"}}}},
+                         {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 500}}},
+                         {"offset", {{"type", "integer"}, {"minimum", 0}}}}},
+                       {"required", {"instance_id"}},
+                       {"additionalProperties", false}};
+  tool.output_schema = {{"type", "object"},
+                        {"properties",
+                         {{"jobs", {{"type", "array"}, {"items", {{"type", "object"}}}}},
+                          {"total", {{"type", "integer"}}},
+                          {"next_offset", {{"type", {"integer", "null"}}}}}},
+                        {"required", {"jobs", "total", "next_offset"}}};
+  tool.annotations = json{{"readOnlyHint", true}, {"openWorldHint", false}};
+  tool.accept_input_wrapper = true;
+  tool.handler = [ctx](const json& args, mcp::RequestContext&) {
+    std::optional<jobs::State> filter;
+    if (auto it = args.find("status"); it != args.end()) filter = jobs::parse_state(it->get<std::string>());
+    auto all = ctx.services.jobs->list(args.value("instance_id", ""), filter);
+    const std::size_t offset = args.value("offset", 0);
+    const std::size_t limit = args.value("limit", 15);
+    json items = json::array();
+    std::string text = all.empty() ? "No jobs." : fmt::format("{} job(s), newest first:", all.size());
+    for (std::size_t i = offset; i < all.size() && i < offset + limit; ++i) {
+      items.push_back(jobs::record_summary_json(all[i]));
+      text += fmt::format("\n- {}  {}{}  {}", all[i].id, jobs::to_string(all[i].state),
+                          all[i].exit_code ? fmt::format(" ({})", *all[i].exit_code) : "", all[i].command.substr(0, 80));
+    }
+    const bool more = offset + limit < all.size();
+    if (more) text += fmt::format("\n(more: offset {})", offset + limit);
+    return mcp::ToolResult::text(text, json{{"jobs", items},
+                                            {"total", all.size()},
+                                            {"next_offset", more ? json(offset + limit) : json(nullptr)}});
+  };
+  server.add_tool(std::move(tool));
+}
+
+void add_cancel(mcp::Server& server, const Context& ctx) {
+  mcp::Tool tool;
+  tool.name = "cancel_job";
+  tool.title = "Cancel a job";
+  tool.description =
+      "Stop a job: SIGTERM to all its processes, then after a grace period SIGKILL to the whole process "
+      "tree. Returns the final status and the last lines of its output. A finished job is left as it is.";
+  tool.input_schema = {{"type", "object"},
+                       {"properties", {{"instance_id", kInstanceIdArg}, {"job_id", kJobIdArg}, {"tail", kTailArg}}},
+                       {"required", {"instance_id", "job_id"}},
+                       {"additionalProperties", false}};
+  tool.output_schema = job_schema();
+  tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", true}, {"idempotentHint", true},
+                          {"openWorldHint", false}};
+  tool.accept_input_wrapper = true;
+  tool.handler = [ctx](const json& args, mcp::RequestContext& rc) {
+    const std::string instance = args.value("instance_id", "");
+    const std::string job = args.value("job_id", "");
+    ctx.services.jobs->cancel(instance, job, actor(rc));
+    return result_of(ctx.services.jobs->view(instance, job, tail_of(args)));
+  };
+  server.add_tool(std::move(tool));
+}
+
+}  // namespace
+
+void add_job_tools(mcp::Server& server, const Context& ctx) {
+  add_submit(server, ctx);
+  add_poll(server, ctx);
+  add_list(server, ctx);
+  add_cancel(server, ctx);
+}
+
+}  // namespace nshpc::tools

@@ -1,0 +1,448 @@
+// terminal_execute: one command in an instance's sandbox, run synchronously, its output returned.
+// The contract is mcp-virtual-computer's terminal_execute (Kilntainers' sandbox_exec): the same
+// arguments, validation messages and result object, except that a timeout keeps the partial output.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "base/fd.hpp"
+#include "mcp/validate.hpp"
+#include "tools/internal.hpp"
+
+namespace nshpc::tools {
+
+namespace {
+
+using mcp::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::size_t kMaxStdinBytes = 2 * 1024 * 1024;     // stdin's UTF-8 size; exactly 2 MiB is allowed
+constexpr std::size_t kOutputLimitBytes = 2 * 1024 * 1024;  // stdout + stderr combined
+constexpr std::int64_t kDefaultTimeoutSeconds = 120;
+constexpr int kTimeoutExitCode = 124;
+constexpr int kOutputLimitExitCode = 1;
+constexpr std::chrono::milliseconds kPollSlice{50};        // cancellation is noticed within this
+constexpr std::chrono::milliseconds kDrainGrace{500};      // pipes still open after bwrap exited
+constexpr std::chrono::seconds kProgressInterval{1};
+
+// ---------------------------------------------------------------------------------------------
+// Arguments
+
+struct Request {
+  std::string instance_id;
+  std::vector<std::string> argv;
+  std::string stdin_text;  // empty: no stdin (EOF at once)
+  std::string working_directory;
+  std::int64_t timeout = kDefaultTimeoutSeconds;
+};
+
+std::string string_arg(const json& args, const char* name) {
+  auto it = args.find(name);
+  return it != args.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// Validation as the original: empty command/args/working_directory/stdin count as absent.
+Request parse_request(const json& args, const config::Config& cfg) {
+  Request req;
+  req.instance_id = string_arg(args, "instance_id");
+  const std::string command = string_arg(args, "command");
+  std::vector<std::string> argv;
+  if (auto it = args.find("args"); it != args.end() && it->is_array()) {
+    for (const auto& a : *it) {
+      if (!a.is_string()) throw UsageError("args must be a list of strings.");
+      argv.push_back(a.get<std::string>());
+    }
+  }
+  req.stdin_text = string_arg(args, "stdin");
+  req.working_directory = string_arg(args, "working_directory");
+  if (auto it = args.find("timeout"); it != args.end() && !it->is_null()) {
+    if (it->is_number_unsigned()) {
+      const auto v = it->get<std::uint64_t>();
+      req.timeout = v > static_cast<std::uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<std::int64_t>(v);
+    } else if (it->is_number_integer()) {
+      req.timeout = it->get<std::int64_t>();
+    } else if (it->is_number_float() && std::isfinite(it->get<double>()) &&
+               std::trunc(it->get<double>()) == it->get<double>()) {
+      // 10.0, or an integer too large for int64 (the JSON parser makes it a double).
+      const double v = it->get<double>();
+      req.timeout = v >= 9.2e18 ? INT64_MAX : v <= -9.2e18 ? INT64_MIN : static_cast<std::int64_t>(v);
+    } else {
+      throw UsageError("timeout must be an integer number of seconds.");
+    }
+  }
+
+  if (!command.empty() && !argv.empty())
+    throw UsageError(
+        "Cannot provide both 'command' and 'args'. Use 'command' for shell commands or 'args' for direct "
+        "execution.");
+  if (command.empty() && argv.empty()) throw UsageError("Must provide either 'command' or 'args'.");
+  if (!req.working_directory.empty() && req.working_directory.front() != '/')
+    throw UsageError("working_directory must be an absolute path, got: " + req.working_directory);
+  if (req.timeout < 1) throw UsageError("timeout must be at least 1 second.");
+  if (req.timeout > cfg.jobs.max_timeout)
+    throw UsageError(fmt::format(
+        "timeout must be at most {} seconds (the server's jobs.max_timeout), got {}. Split the work into "
+        "shorter commands.",
+        cfg.jobs.max_timeout, req.timeout));
+  if (req.stdin_text.size() > kMaxStdinBytes)
+    throw UsageError(fmt::format(
+        "stdin content exceeds the 2 MiB limit ({} bytes). Split into smaller chunks or use a different "
+        "approach.",
+        req.stdin_text.size()));
+  req.argv = command.empty() ? std::move(argv) : std::vector<std::string>{"/bin/bash", "-c", command};
+  return req;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running
+
+enum class Ending { finished, timed_out, output_limit, cancelled };
+
+struct Outcome {
+  Ending ending = Ending::finished;
+  sandbox::ExitStatus status;
+  std::string out;
+  std::string err;
+  std::chrono::milliseconds duration{0};
+};
+
+void set_nonblocking(int fd) {
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) throw SysError(errno, "fcntl(O_NONBLOCK)");
+}
+
+// SIGPIPE blocked on this thread while it writes the command's stdin (a command that does not
+// read it must not kill the server, whatever the transport did with SIGPIPE); a SIGPIPE raised
+// meanwhile is consumed before the mask is restored.
+class SigpipeBlock {
+ public:
+  SigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    ::pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~SigpipeBlock() {
+    if (!sigismember(&old_, SIGPIPE)) {
+      const timespec zero{0, 0};
+      while (::sigtimedwait(&pipe_, nullptr, &zero) == SIGPIPE) {
+      }
+    }
+    ::pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeBlock(const SigpipeBlock&) = delete;
+  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t old_;
+};
+
+// One command in a fresh sandbox: stdin written, stdout/stderr read, all in one poll loop with
+// the bwrap pidfd, the timeout deadline and cancellation.
+class Run {
+ public:
+  Run(const Context& ctx, const store::Instance& inst, const Request& req, mcp::RequestContext& rc)
+      : ctx_(ctx), inst_(inst), req_(req), rc_(rc) {}
+
+  Outcome execute() {
+    const config::Config& cfg = ctx_.services.config;
+    sandbox::RunSpec spec;
+    spec.target.instance_id = inst_.id;
+    spec.target.workspace = inst_.workspace;
+    spec.target.output = inst_.output;
+    spec.target.shared_output_root = cfg.ns.instances_dir / "output";
+    spec.target.network = inst_.network;
+    spec.argv = req_.argv;
+    spec.cwd = req_.working_directory;  // empty: the workspace
+    spec.die_with_caller = true;
+
+    Pipe in;
+    if (!req_.stdin_text.empty()) {
+      in = make_pipe();
+      set_nonblocking(in.write.get());
+      spec.stdio.in = in.read.get();
+    }
+    Pipe out = make_pipe();
+    Pipe err = make_pipe();
+    set_nonblocking(out.read.get());
+    set_nonblocking(err.read.get());
+    spec.stdio.out = out.write.get();
+    spec.stdio.err = err.write.get();
+
+    SigpipeBlock no_sigpipe;
+    auto process = ctx_.services.backend.start(spec);
+    // Only the sandbox holds the other ends now: EOF on stdout/stderr when it is gone.
+    in.read.reset();
+    out.write.reset();
+    err.write.reset();
+    stdin_fd_ = std::move(in.write);
+    out_fd_ = std::move(out.read);
+    err_fd_ = std::move(err.read);
+
+    const auto started = Clock::now();
+    loop(*process, started);
+    outcome_.status = process->wait();
+    if (outcome_.ending == Ending::timed_out || outcome_.ending == Ending::finished) drain();
+    outcome_.duration = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+    return std::move(outcome_);
+  }
+
+ private:
+  void loop(sandbox::Process& process, Clock::time_point started) {
+    const auto deadline = started + std::chrono::seconds(req_.timeout);
+    auto next_progress = started + kProgressInterval;
+    std::optional<Clock::time_point> exited_at;
+    while (true) {
+      const auto now = Clock::now();
+      if (exited_at) {
+        // bwrap is gone (and with it the sandbox's pid namespace); read what the pipes still hold.
+        if (!out_fd_ && !err_fd_) return;
+        if (now - *exited_at >= kDrainGrace) return;
+      } else {
+        if (rc_.cancelled()) return stop(process, Ending::cancelled);
+        if (now >= deadline) return stop(process, Ending::timed_out);
+        if (now >= next_progress) {
+          const double elapsed = std::chrono::duration<double>(now - started).count();
+          rc_.progress(elapsed, static_cast<double>(req_.timeout), "running");
+          while (next_progress <= now) next_progress += kProgressInterval;
+        }
+      }
+
+      pollfd fds[4];
+      int n = 0;
+      int i_out = -1, i_err = -1, i_in = -1, i_pid = -1;
+      if (out_fd_) fds[i_out = n++] = {out_fd_.get(), POLLIN, 0};
+      if (err_fd_) fds[i_err = n++] = {err_fd_.get(), POLLIN, 0};
+      if (stdin_fd_) fds[i_in = n++] = {stdin_fd_.get(), POLLOUT, 0};
+      if (!exited_at) fds[i_pid = n++] = {process.pidfd(), POLLIN, 0};
+      auto wait = kPollSlice;
+      if (!exited_at) {
+        wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
+        wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(next_progress - now));
+      }
+      const int ready = ::poll(fds, static_cast<nfds_t>(n), static_cast<int>(std::max<std::int64_t>(wait.count(), 0)));
+      if (ready < 0) {
+        if (errno == EINTR) continue;
+        throw SysError(errno, "poll");
+      }
+      if (ready == 0) continue;
+
+      if (i_out >= 0 && fds[i_out].revents) read_from(out_fd_, outcome_.out);
+      if (i_err >= 0 && fds[i_err].revents) read_from(err_fd_, outcome_.err);
+      if (limit_hit_) return stop(process, Ending::output_limit);
+      if (i_in >= 0 && fds[i_in].revents) write_stdin();
+      if (i_pid >= 0 && fds[i_pid].revents) {
+        exited_at = Clock::now();
+        stdin_fd_.reset();
+      }
+    }
+  }
+
+  void stop(sandbox::Process& process, Ending why) {
+    process.kill();
+    outcome_.ending = why;
+    stdin_fd_.reset();
+  }
+
+  // Reads what `fd` has now (until EAGAIN, EOF or the output limit); closes it at EOF.
+  void read_from(UniqueFd& fd, std::string& into) {
+    char buf[65536];
+    while (fd && !limit_hit_) {
+      const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        fd.reset();  // a broken pipe: treat as EOF
+        return;
+      }
+      if (n == 0) {
+        fd.reset();
+        return;
+      }
+      const std::size_t got = static_cast<std::size_t>(n);
+      const std::size_t room = kOutputLimitBytes - total_;
+      if (got > room) {
+        into.append(buf, room);
+        total_ = kOutputLimitBytes;
+        limit_hit_ = true;
+        return;
+      }
+      into.append(buf, got);
+      total_ += got;
+    }
+  }
+
+  // After the sandbox is gone: what is left in the pipes (bounded by the output limit).
+  void drain() {
+    if (out_fd_) read_from(out_fd_, outcome_.out);
+    if (err_fd_) read_from(err_fd_, outcome_.err);
+    if (limit_hit_ && outcome_.ending == Ending::finished) outcome_.ending = Ending::output_limit;
+  }
+
+  void write_stdin() {
+    while (stdin_fd_ && written_ < req_.stdin_text.size()) {
+      const ssize_t n =
+          ::write(stdin_fd_.get(), req_.stdin_text.data() + written_, req_.stdin_text.size() - written_);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        stdin_fd_.reset();  // EPIPE: the command does not read its stdin (any more)
+        return;
+      }
+      written_ += static_cast<std::size_t>(n);
+    }
+    stdin_fd_.reset();  // all written: EOF for the command
+  }
+
+  const Context& ctx_;
+  const store::Instance& inst_;
+  const Request& req_;
+  mcp::RequestContext& rc_;
+  UniqueFd stdin_fd_;
+  UniqueFd out_fd_;
+  UniqueFd err_fd_;
+  std::size_t written_ = 0;
+  std::size_t total_ = 0;  // stdout + stderr bytes kept
+  bool limit_hit_ = false;
+  Outcome outcome_;
+};
+
+// Appends a note to stderr on its own line.
+void append_note(std::string& err, const std::string& note) {
+  if (!err.empty() && err.back() != '\n') err += '\n';
+  err += note;
+}
+
+mcp::ToolResult make_result(const Request& req, Outcome o) {
+  int exit_code = o.status.exit_code;
+  switch (o.ending) {
+    case Ending::finished: break;
+    case Ending::cancelled: return mcp::ToolResult::error("cancelled");
+    case Ending::timed_out:
+      exit_code = kTimeoutExitCode;
+      append_note(o.err, fmt::format("[ns-hpc: command timed out after {} s; the sandbox was killed]", req.timeout));
+      break;
+    case Ending::output_limit:
+      exit_code = kOutputLimitExitCode;
+      append_note(o.err, fmt::format("[ns-hpc: output limit exceeded ({} bytes of stdout+stderr); the command "
+                                     "was killed. Re-run with head, tail or grep, or write the output to a file.]",
+                                     kOutputLimitBytes));
+      break;
+  }
+  if (o.ending == Ending::finished && !o.status.started) {
+    // bwrap could not set up the sandbox or execute the command; its own message is on stderr
+    // (e.g. "bwrap: Can't chdir to /x: No such file or directory", "bwrap: execvp prog: ...").
+    std::string said = mcp::detail::sanitize_utf8(o.err);
+    while (!said.empty() && (said.back() == '\n' || said.back() == ' ')) said.pop_back();
+    if (!said.empty()) return mcp::ToolResult::error("the command could not be run in the sandbox: " + said);
+    return mcp::ToolResult::error(o.status.error.empty() ? "the sandbox did not start" : o.status.error);
+  }
+  const std::string out = mcp::detail::sanitize_utf8(o.out);
+  const std::string err = mcp::detail::sanitize_utf8(o.err);
+  const std::int64_t ms = o.duration.count();
+  // The text keeps the original's key order; structuredContent adds the instance.
+  nlohmann::ordered_json text = {{"stdout", out}, {"stderr", err}, {"exit_code", exit_code}, {"exec_duration_ms", ms}};
+  json structured = {{"stdout", out},
+                     {"stderr", err},
+                     {"exit_code", exit_code},
+                     {"exec_duration_ms", ms},
+                     {"instance_id", req.instance_id}};
+  return mcp::ToolResult::text(text.dump(), std::move(structured));
+}
+
+std::string tool_description(const config::Config& cfg) {
+  const std::string& ws = cfg.ns.workspace_mount;
+  const std::string& outdir = cfg.ns.output_mount;
+  return fmt::format(
+      "Execute a command in an instance's Linux sandbox and return its output as JSON: {{stdout, stderr, "
+      "exit_code, exec_duration_ms}}. instance_id names the instance (find one with list_instances or make "
+      "one with create_instance). Give either `command`, a string run by /bin/bash -c (pipes, redirection, "
+      "&& and globs work), or `args`, a list executed directly without a shell (every argument passed "
+      "exactly as given).\n\n"
+      "Each call runs in a fresh, hardened sandbox (no root, read-only system folders, private /tmp). Only "
+      "files persist between calls: the workspace {ws} (also $HOME and the default working directory) and "
+      "the output folder {out}. The current directory, environment variables and background processes do "
+      "not: chain steps with && in one command or set working_directory (an absolute path); anything still "
+      "running when the command ends is killed.\n\n"
+      "To write files or pass data without shell escaping, use the stdin parameter (e.g. "
+      "command=\"cat > file.txt\" with the content in stdin; at most 2 MiB).\n\n"
+      "Commands time out after {def} seconds by default (set timeout for long-running operations, at most "
+      "{max}). On timeout the sandbox is killed and exit_code is 124; the output printed so far is kept and "
+      "stderr ends with a note. stdout and stderr together may hold at most {limit} bytes (2 MiB): a command "
+      "that prints more is killed (exit_code 1, the first bytes kept, a note at the end of stderr), so "
+      "narrow big output with head, tail or grep or write it to a file. A non-zero exit code is a normal "
+      "result, not a tool error. Output is decoded as UTF-8 (invalid bytes become U+FFFD): keep binary data "
+      "in files. The network is the instance's setting ('host' or 'off', see update_instance).",
+      fmt::arg("ws", ws), fmt::arg("out", outdir), fmt::arg("def", kDefaultTimeoutSeconds),
+      fmt::arg("max", cfg.jobs.max_timeout), fmt::arg("limit", kOutputLimitBytes));
+}
+
+}  // namespace
+
+void add_terminal_tool(mcp::Server& server, const Context& ctx) {
+  const config::Config& cfg = ctx.services.config;
+  mcp::Tool tool;
+  tool.name = "terminal_execute";
+  tool.title = "Run a command in an instance";
+  tool.description = tool_description(cfg);
+  tool.input_schema = json{
+      {"type", "object"},
+      {"properties",
+       {{"instance_id",
+         {{"type", "string"},
+          {"description", "The instance to run the command in (its id, as listed by list_instances)."}}},
+        {"command",
+         {{"type", "string"},
+          {"description", "Shell command string (mutually exclusive with args). Run by /bin/bash -c."}}},
+        {"args",
+         {{"type", "array"},
+          {"items", {{"type", "string"}}},
+          {"description",
+           "List of arguments for direct execution (mutually exclusive with command). The first is the "
+           "program."}}},
+        {"stdin", {{"type", "string"}, {"description", "Content to pipe to stdin (at most 2 MiB)."}}},
+        {"working_directory",
+         {{"type", "string"},
+          {"description", fmt::format("Working directory for the command (must be absolute). Default: {}.",
+                                      cfg.ns.workspace_mount)}}},
+        {"timeout",
+         {{"type", "integer"},
+          {"description", fmt::format("Timeout in seconds (default {}, at most {}).", kDefaultTimeoutSeconds,
+                                      cfg.jobs.max_timeout)}}}}},
+      {"required", {"instance_id"}},
+      {"additionalProperties", false}};
+  tool.output_schema = json{{"type", "object"},
+                            {"properties",
+                             {{"stdout", {{"type", "string"}}},
+                              {"stderr", {{"type", "string"}}},
+                              {"exit_code", {{"type", "integer"}}},
+                              {"exec_duration_ms", {{"type", "integer"}}},
+                              {"instance_id", {{"type", "string"}}}}},
+                            {"required", {"stdout", "stderr", "exit_code", "exec_duration_ms", "instance_id"}}};
+  tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", true}, {"idempotentHint", false},
+                          {"openWorldHint", true}};
+  tool.accept_input_wrapper = true;
+  tool.handler = [ctx](const json& args, mcp::RequestContext& rc) {
+    const Request req = parse_request(args, ctx.services.config);
+    const store::Instance inst = ctx.services.store.get(req.instance_id);
+    Run run(ctx, inst, req, rc);
+    return make_result(req, run.execute());
+  };
+  server.add_tool(std::move(tool));
+}
+
+}  // namespace nshpc::tools
