@@ -44,6 +44,7 @@ run: build
 
 bench: build
 	$(BUILD)/bench/nshpc_bench 200
+	$(BUILD)/bench/nshpc_bench_mcp 200
 
 # libFuzzer over the MCP parser and dispatcher (clang, ASan+UBSan), 60 seconds by default.
 FUZZ_SECONDS ?= 60

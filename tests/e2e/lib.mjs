@@ -24,6 +24,9 @@ export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 // `extraConfig` is appended to the config text (TOML).
 export function makeHome(prefix, extraConfig = '') {
   const root = fs.mkdtempSync(path.join(os.tmpdir(), `nshpc-e2e-${prefix}-`));
+  // mkdtemp makes it 0700; as root the sandbox runs as namespace.sandbox_uid (65534), which must
+  // pass through it to reach the instance folders.
+  fs.chmodSync(root, 0o755);
   const home = {
     root,
     instancesDir: path.join(root, 'instances'),

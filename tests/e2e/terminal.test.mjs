@@ -65,9 +65,6 @@ describe('terminal_execute', () => {
 
   before(async () => {
     home = makeHome('terminal');
-    // As root the sandbox runs as namespace.sandbox_uid (65534), which must pass through the
-    // temporary home (mkdtemp makes it 0700) to reach the instance folders.
-    fs.chmodSync(home.root, 0o755);
     conn = await connectClient({ command: NSHPC_BINARY, args: nshpcArgs(home), env: childEnv(home) });
     client = conn.client;
     const { tools } = await client.listTools();

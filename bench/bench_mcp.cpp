@@ -1,0 +1,257 @@
+// make bench, part 2: the MCP server over stdio, side by side with the sandbox floor.
+//   - bare hardened `bwrap ... true` (the floor, exec'd directly)
+//   - terminal_execute {args:["true"]} round trip through `ns-hpc run` (one server, many calls)
+//   - submit_job `true` (waiting for completion) and submit_job + poll_job round trips
+//   - jobs per second with 8 submissions in flight, and the server's RSS after 1,000 jobs
+// Figures only; no assertions.
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sandbox/seccomp.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+struct Stats {
+  double median, p99;
+};
+Stats summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v[std::min(v.size() - 1, static_cast<size_t>(v.size() * 0.99))]};
+}
+
+// A JSON-RPC client for `ns-hpc run` over pipes.
+class Server {
+ public:
+  Server(const std::string& binary, const fs::path& config) {
+    int in[2], out[2];
+    if (::pipe(in) || ::pipe(out)) std::exit(1);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 2);
+      ::close(in[1]);
+      ::close(out[0]);
+      ::execl(binary.c_str(), binary.c_str(), "--config", config.c_str(), "run", nullptr);
+      ::_exit(127);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    to_ = in[1];
+    from_ = out[0];
+    call("initialize", {{"protocolVersion", "2025-11-25"}, {"capabilities", json::object()},
+                        {"clientInfo", {{"name", "bench"}, {"version", "1"}}}});
+    send({{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}});
+  }
+  ~Server() {
+    ::close(to_);
+    int status;
+    ::waitpid(pid_, &status, 0);
+    ::close(from_);
+  }
+  pid_t pid() const { return pid_; }
+  void send(const json& message) {
+    std::string line = message.dump() + "\n";
+    if (::write(to_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) std::exit(1);
+  }
+  int start(const std::string& method, const json& params) {
+    int id = ++next_id_;
+    send({{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}});
+    return id;
+  }
+  json wait(int id) {
+    for (;;) {
+      if (auto it = done_.find(id); it != done_.end()) {
+        json r = std::move(it->second);
+        done_.erase(it);
+        return r;
+      }
+      read_one();
+    }
+  }
+  json call(const std::string& method, const json& params) { return wait(start(method, params)); }
+  json tool(const std::string& name, const json& args) {
+    json r = call("tools/call", {{"name", name}, {"arguments", args}});
+    if (!r.contains("result") || r["result"].value("isError", false)) {
+      std::fprintf(stderr, "bench: %s failed: %s\n", name.c_str(), r.dump().c_str());
+      std::exit(1);
+    }
+    return r["result"];
+  }
+
+ private:
+  void read_one() {
+    for (;;) {
+      auto nl = buffer_.find('\n');
+      if (nl != std::string::npos) {
+        json m = json::parse(buffer_.substr(0, nl));
+        buffer_.erase(0, nl + 1);
+        if (m.contains("id") && m["id"].is_null()) {
+          std::fprintf(stderr, "bench: server error: %s\n", m.dump().c_str());
+          std::exit(1);
+        }
+        if (m.contains("id") && !m.contains("method")) {
+          const int id = m["id"].get<int>();
+          done_[id] = std::move(m);
+        }
+        return;
+      }
+      char buf[65536];
+      ssize_t n = ::read(from_, buf, sizeof buf);
+      if (n <= 0) {
+        std::fprintf(stderr, "bench: the server went away\n");
+        std::exit(1);
+      }
+      buffer_.append(buf, static_cast<size_t>(n));
+    }
+  }
+  pid_t pid_;
+  int to_, from_;
+  int next_id_ = 0;
+  std::string buffer_;
+  std::map<int, json> done_;
+};
+
+double bare_bwrap_ms(const std::vector<std::string>& argv, int seccomp_file, int ws, int out, bool drop) {
+  std::vector<char*> a;
+  for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+  a.push_back(nullptr);
+  char* env[] = {const_cast<char*>("PATH=/usr/bin:/bin"), nullptr};
+  auto t = Clock::now();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int null = ::open("/dev/null", O_RDWR);
+    ::dup2(null, 0);
+    ::dup2(null, 1);
+    int fd = ::open(("/proc/self/fd/" + std::to_string(seccomp_file)).c_str(), O_RDONLY);
+    ::dup2(fd, 10);
+    ::dup2(ws, 11);
+    ::dup2(out, 12);
+    if (drop && (::setgroups(0, nullptr) || ::setresgid(65534, 65534, 65534) || ::setresuid(65534, 65534, 65534)))
+      ::_exit(126);
+    ::execve(a[0], a.data(), env);
+    ::_exit(127);
+  }
+  int status;
+  ::waitpid(pid, &status, 0);
+  return ms_since(t);
+}
+
+long rss_kb(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      long kb;
+      in >> kb;
+      return kb;
+    }
+    in.ignore(1 << 16, '\n');
+  }
+  return -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int runs = argc > 1 ? std::atoi(argv[1]) : 200;
+  const std::string binary = NSHPC_BINARY;
+  char tmpl[] = "/tmp/nshpc-bench-mcp-XXXXXX";
+  const fs::path root = ::mkdtemp(tmpl);
+  ::chmod(root.c_str(), 0755);
+  const fs::path config = root / "config.toml";
+  std::ofstream(config) << "[namespace]\ninstances_dir = \"" << (root / "instances").string() << "\"\n";
+  Server server(binary, config);
+  server.tool("create_instance", {{"instance_id", "bench"}});
+
+  // The floor, with the same hardened flags, interleaved with the server's calls.
+  const bool as_root = ::geteuid() == 0;
+  const fs::path bpf = root / "filter.bpf";
+  std::ofstream(bpf, std::ios::binary) << nshpc::sandbox::build_seccomp_bpf();
+  const int bpf_fd = ::open(bpf.c_str(), O_RDONLY);
+  const int ws = ::open((root / "instances/bench/workspace").c_str(), O_PATH | O_DIRECTORY);
+  const int out = ::open((root / "instances/output/bench").c_str(), O_PATH | O_DIRECTORY);
+  const std::vector<std::string> bare{
+      "/usr/bin/bwrap", "--unshare-all", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--ro-bind", "/usr",
+      "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
+      "--symlink", "usr/sbin", "/sbin", "--ro-bind", "/etc", "/etc", "--unshare-user", "--disable-userns",
+      "--cap-drop", "ALL", "--hostname", "bench", "--new-session", "--ro-bind", "/proc/sys", "/proc/sys",
+      "--die-with-parent", "--share-net", "--bind-fd", "11", "/workspace", "--bind-fd", "12", "/output",
+      "--seccomp", "10", "--chdir", "/workspace", "--", "true"};
+
+  std::vector<double> floor_ms, terminal_ms, submit_ms, submit_poll_ms;
+  for (int i = 0; i < 10; ++i) {
+    bare_bwrap_ms(bare, bpf_fd, ws, out, as_root);
+    server.tool("terminal_execute", {{"instance_id", "bench"}, {"args", {"true"}}});
+  }
+  for (int i = 0; i < runs; ++i) {
+    floor_ms.push_back(bare_bwrap_ms(bare, bpf_fd, ws, out, as_root));
+    auto t = Clock::now();
+    server.tool("terminal_execute", {{"instance_id", "bench"}, {"args", {"true"}}});
+    terminal_ms.push_back(ms_since(t));
+  }
+  for (int i = 0; i < runs / 2; ++i) {
+    auto t = Clock::now();
+    server.tool("submit_job", {{"instance_id", "bench"}, {"command", "true"}, {"timeout", 30}});
+    submit_ms.push_back(ms_since(t));
+    t = Clock::now();
+    json r = server.tool("submit_job", {{"instance_id", "bench"}, {"command", "true"}, {"timeout", 0}});
+    server.tool("poll_job", {{"instance_id", "bench"}, {"job_id", r["structuredContent"]["job_id"]}, {"timeout", 30}});
+    submit_poll_ms.push_back(ms_since(t));
+  }
+
+  // Throughput: 1,000 jobs with 8 submissions in flight (each waits for its job).
+  const int total = 1000 - static_cast<int>(submit_ms.size() * 2);
+  auto t = Clock::now();
+  std::vector<int> in_flight;
+  for (int i = 0; i < total; ++i) {
+    in_flight.push_back(server.start("tools/call", {{"name", "submit_job"},
+                                                    {"arguments", {{"instance_id", "bench"}, {"command", "true"}, {"timeout", 30}}}}));
+    if (in_flight.size() == 8) {
+      server.wait(in_flight.front());
+      in_flight.erase(in_flight.begin());
+    }
+  }
+  for (int id : in_flight) server.wait(id);
+  const double jobs_per_s = total / (ms_since(t) / 1000.0);
+  const long rss = rss_kb(server.pid());
+
+  Stats f = summarize(floor_ms), te = summarize(terminal_ms), sj = summarize(submit_ms), sp = summarize(submit_poll_ms);
+  std::printf("\nns-hpc bench: MCP over stdio, %d runs (interleaved with the floor), %s\n\n", runs,
+              as_root ? "as root (sandboxes as uid 65534)" : "as an unprivileged user");
+  std::printf("  %-52s %10s %10s\n", "", "median ms", "p99 ms");
+  std::printf("  %-52s %10.2f %10.2f\n", "bare hardened bwrap ... true (floor)", f.median, f.p99);
+  std::printf("  %-52s %10.2f %10.2f\n", "terminal_execute true (round trip)", te.median, te.p99);
+  std::printf("  %-52s %10.2f %10.2f\n", "submit_job true, waiting for it", sj.median, sj.p99);
+  std::printf("  %-52s %10.2f %10.2f\n", "submit_job true + poll_job", sp.median, sp.p99);
+  std::printf("\n  terminal_execute / floor: median %.2fx, p99 %.2fx   (target: <= 1.3x)\n", te.median / f.median,
+              te.p99 / f.p99);
+  std::printf("  jobs per second (8 in flight, 2 cores): %.0f\n", jobs_per_s);
+  std::printf("  server RSS after 1,000 finished jobs: %.1f MB   (target: <= 15 MB)\n\n", rss / 1024.0);
+  std::system(("rm -rf '" + root.string() + "'").c_str());
+  return 0;
+}
