@@ -1,0 +1,508 @@
+// End-to-end tests of the job tools (submit_job, poll_job, list_jobs, cancel_job) of `ns-hpc run`
+// over stdio with the MCP TypeScript SDK client: states, output tails, waits with and without
+// detach, cancellation of whole process trees, limits, progress, cancelled waits, many jobs at
+// once, jobs that outlive the server (clean exit and kill -9), sharing the instance with
+// terminal_execute, and the audit log.
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+
+import {
+  NSHPC_BINARY,
+  RawChild,
+  ajv,
+  childEnv,
+  compileSchema,
+  connectClient,
+  makeHome,
+  nshpcArgs,
+  removeHome,
+  sleep,
+  textOf,
+} from './lib.mjs';
+
+const ID = 'jobs';
+const JOB_TOOLS = ['submit_job', 'poll_job', 'list_jobs', 'cancel_job'];
+const FINAL = ['completed', 'failed', 'cancelled', 'timed_out', 'lost'];
+const IS_ROOT = typeof process.geteuid === 'function' && process.geteuid() === 0;
+
+// Host processes whose command line contains `needle` (sandboxed processes are ordinary host
+// processes in a private pid namespace).
+function hostProcessesWith(needle) {
+  const found = [];
+  for (const entry of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
+    let cmdline;
+    try {
+      cmdline = fs.readFileSync(`/proc/${entry}/cmdline`, 'utf8');
+    } catch {
+      continue; // gone meanwhile
+    }
+    if (cmdline.includes(needle)) found.push(`${entry}: ${cmdline.split('\0').join(' ')}`);
+  }
+  return found;
+}
+
+// Polls until `cond()` is true or `timeout` ms pass; returns whether it became true.
+async function until(cond, timeout = 5000) {
+  const end = Date.now() + timeout;
+  while (Date.now() < end) {
+    if (await cond()) return true;
+    await sleep(50);
+  }
+  return cond();
+}
+
+// Tool-calling helpers around one SDK client: every successful result of a job tool is checked
+// against the tool's outputSchema.
+function jobApi(client, validators) {
+  async function call(name, args, options) {
+    const result = await client.callTool({ name, arguments: args }, undefined, options);
+    assert.ok(Array.isArray(result.content), `${name}: content is an array`);
+    if (!result.isError && validators[name]) {
+      assert.ok(result.structuredContent, `${name}: structuredContent present`);
+      const problem = validators[name](result.structuredContent);
+      assert.equal(problem, null, `${name}: structuredContent matches outputSchema: ${problem}`);
+    }
+    return result;
+  }
+  async function ok(name, args, options) {
+    const result = await call(name, args, options);
+    assert.notEqual(result.isError, true, `${name}(${JSON.stringify(args).slice(0, 300)}) failed: ${textOf(result)}`);
+    return result;
+  }
+  async function refused(name, args, pattern) {
+    const result = await call(name, args);
+    assert.equal(result.isError, true, `${name}(${JSON.stringify(args)}) should be refused: ${textOf(result).slice(0, 500)}`);
+    assert.match(textOf(result), pattern);
+    return textOf(result);
+  }
+  return {
+    call,
+    ok,
+    refused,
+    submit: async (instance, args, options) =>
+      (await ok('submit_job', { instance_id: instance, ...args }, options)).structuredContent,
+    poll: async (instance, job, args = {}) =>
+      (await ok('poll_job', { instance_id: instance, job_id: job, ...args })).structuredContent,
+    cancel: async (instance, job) => (await ok('cancel_job', { instance_id: instance, job_id: job })).structuredContent,
+    list: async (instance, args = {}) => (await ok('list_jobs', { instance_id: instance, ...args })).structuredContent,
+  };
+}
+
+async function outputValidators(client) {
+  const { tools } = await client.listTools();
+  const a = ajv();
+  const validators = {};
+  for (const name of [...JOB_TOOLS, 'terminal_execute']) {
+    const t = tools.find((x) => x.name === name);
+    assert.ok(t, `${name} is listed (got ${tools.map((x) => x.name)})`);
+    validators[name] = compileSchema(a, t.outputSchema);
+  }
+  return { tools, validators };
+}
+
+async function connect(home) {
+  return connectClient({ command: NSHPC_BINARY, args: nshpcArgs(home), env: childEnv(home) });
+}
+
+describe('job tools', () => {
+  let home;
+  let conn;
+  let client;
+  let api;
+  let tools;
+  const auditJobs = {}; // job id -> final status (tests 1 and 2), checked against audit.log
+
+  before(async () => {
+    home = makeHome('jobs');
+    conn = await connect(home);
+    client = conn.client;
+    const found = await outputValidators(client);
+    tools = found.tools;
+    api = jobApi(client, found.validators);
+    const created = await client.callTool({ name: 'create_instance', arguments: { instance_id: ID, network: 'off' } });
+    assert.ok(!created.isError, textOf(created));
+  });
+
+  after(async () => {
+    // Nothing of ours may be left running.
+    if (api) {
+      try {
+        for (const j of (await api.list(ID, { status: 'running', limit: 500 })).jobs) await api.cancel(ID, j.job_id);
+      } catch {
+        // the server may be gone already
+      }
+    }
+    if (conn) await conn.close();
+    removeHome(home);
+  });
+
+  test('tools/list: the four job tools with valid schemas', () => {
+    for (const name of JOB_TOOLS) {
+      const t = tools.find((x) => x.name === name);
+      assert.equal(t.inputSchema.type, 'object', `${name}: inputSchema`);
+      assert.ok(t.inputSchema.required.includes('instance_id'), `${name} requires instance_id`);
+      assert.equal(t.outputSchema.type, 'object', `${name}: outputSchema`);
+    }
+    const submit = tools.find((x) => x.name === 'submit_job');
+    assert.deepEqual([...submit.inputSchema.required].sort(), ['command', 'instance_id']);
+    for (const l of ['cpus', 'memory', 'pids', 'time', 'output'])
+      assert.ok(submit.inputSchema.properties.limits.properties[l], `limit ${l} in the schema`);
+    assert.equal(tools.find((x) => x.name === 'list_jobs').annotations.readOnlyHint, true);
+  });
+
+  test('1. a job that completes: status, exit code, tails, sandbox paths, text', async () => {
+    const command = 'echo hi; echo err >&2';
+    const result = await api.ok('submit_job', { instance_id: ID, command });
+    const job = result.structuredContent;
+    assert.match(job.job_id, /^[0-9a-f]{12}$/);
+    assert.equal(job.instance_id, ID);
+    assert.equal(job.status, 'completed');
+    assert.equal(job.exit_code, 0);
+    assert.equal(job.command, command);
+    assert.equal(job.stdout_tail, 'hi');
+    assert.equal(job.stderr_tail, 'err');
+    assert.equal(job.stdout_path, `/workspace/.ns_hpc_output/${job.job_id}.out`);
+    assert.equal(job.stderr_path, `/workspace/.ns_hpc_output/${job.job_id}.err`);
+    assert.equal(typeof job.duration_s, 'number');
+    assert.ok(job.duration_s >= 0 && job.duration_s < 30, `duration_s ${job.duration_s}`);
+    assert.equal(job.limits.memory, 4096, 'the default memory limit applies');
+    assert.equal(job.limits.time, 3600, 'the default time limit applies');
+    // The files are where the sandbox paths say (the workspace on the host).
+    const ws = path.join(home.instancesDir, ID, 'workspace');
+    assert.equal(fs.readFileSync(path.join(ws, '.ns_hpc_output', `${job.job_id}.out`), 'utf8'), 'hi\n');
+    assert.equal(fs.readFileSync(path.join(ws, '.ns_hpc_output', `${job.job_id}.err`), 'utf8'), 'err\n');
+    const text = textOf(result);
+    assert.match(text, /completed/);
+    assert.ok(text.includes(job.job_id), 'text names the job');
+    assert.match(text, /\bhi\b/);
+    assert.match(text, /\berr\b/);
+    auditJobs[job.job_id] = 'completed';
+    // poll_job of a finished job returns the same.
+    const again = await api.poll(ID, job.job_id);
+    assert.equal(again.status, 'completed');
+    assert.equal(again.stdout_tail, 'hi');
+  });
+
+  test('2. a non-zero exit is failed with its code', async () => {
+    const result = await api.ok('submit_job', { instance_id: ID, command: 'exit 42' });
+    const job = result.structuredContent;
+    assert.equal(job.status, 'failed');
+    assert.equal(job.exit_code, 42);
+    assert.match(job.reason, /42/);
+    assert.match(textOf(result), /failed/);
+    assert.match(textOf(result), /42/);
+    auditJobs[job.job_id] = 'failed';
+  });
+
+  test('3. the wait runs out with detach: the job keeps running until cancel_job', async () => {
+    const t0 = Date.now();
+    const job = await api.submit(ID, { command: 'sleep 30', timeout: 1 });
+    assert.ok(Date.now() - t0 < 10_000, `returned after ${Date.now() - t0} ms`);
+    assert.equal(job.status, 'running');
+    assert.equal(job.exit_code, null);
+    const looked = await api.poll(ID, job.job_id, { timeout: 0 });
+    assert.equal(looked.status, 'running');
+    await sleep(1000);
+    assert.equal((await api.poll(ID, job.job_id)).status, 'running', 'poll_job did not cancel it');
+    const running = await api.list(ID, { status: 'running' });
+    assert.ok(running.jobs.some((j) => j.job_id === job.job_id), 'listed as running');
+    const cancelled = await api.cancel(ID, job.job_id);
+    assert.equal(cancelled.status, 'cancelled');
+    const listed = await api.list(ID);
+    const entry = listed.jobs.find((j) => j.job_id === job.job_id);
+    assert.ok(entry, 'listed');
+    assert.equal(entry.status, 'cancelled');
+    // Cancelling again leaves it as it is.
+    assert.equal((await api.cancel(ID, job.job_id)).status, 'cancelled');
+  });
+
+  test('4. the wait runs out without detach: cancelled; a zero-timeout poll never cancels', async () => {
+    const job = await api.submit(ID, { command: 'sleep 30', timeout: 1, detach: false });
+    assert.equal(job.status, 'cancelled');
+    assert.equal((await api.poll(ID, job.job_id)).status, 'cancelled');
+
+    const other = await api.submit(ID, { command: 'sleep 30', timeout: 0 });
+    assert.equal(other.status, 'running');
+    const looked = await api.poll(ID, other.job_id, { timeout: 0, detach: false });
+    assert.equal(looked.status, 'running');
+    await sleep(1000);
+    assert.equal((await api.poll(ID, other.job_id)).status, 'running', 'still running after a timeout-0 poll with detach=false');
+    // A real wait with detach=false that runs out does cancel it.
+    const waited = await api.poll(ID, other.job_id, { timeout: 1, detach: false });
+    assert.equal(waited.status, 'cancelled');
+  });
+
+  test('5. cancel_job kills a setsid, SIGTERM-ignoring process tree', async () => {
+    const n = 600_000 + Math.floor(Math.random() * 300_000);
+    const marker = String(n + 1); // only the sandboxed shell computes it
+    const command = `setsid sh -c 'trap "" TERM; exec sleep $((${n}+1)).5' & trap '' TERM; sleep $((${n}+1)).6`;
+    const job = await api.submit(ID, { command, timeout: 0 });
+    assert.equal(job.status, 'running');
+    const inner = `sleep\0${marker}.5`;
+    const outer = `sleep\0${marker}.6`;
+    assert.ok(
+      await until(() => hostProcessesWith(inner).length > 0 && hostProcessesWith(outer).length > 0, 10_000),
+      `both sleeps started: ${hostProcessesWith(marker)}`,
+    );
+    const t0 = Date.now();
+    const cancelled = await api.cancel(ID, job.job_id);
+    assert.equal(cancelled.status, 'cancelled');
+    assert.ok(Date.now() - t0 < 30_000, `cancel_job took ${Date.now() - t0} ms`);
+    assert.ok(await until(() => hostProcessesWith(marker).length === 0, 5000), `left: ${hostProcessesWith(marker)}`);
+  });
+
+  test('6. limits: time, memory, over the maximum, unknown', async () => {
+    // time
+    const timed = await api.submit(ID, { command: 'sleep 30', timeout: 30, limits: { time: 1 } });
+    assert.equal(timed.status, 'timed_out', JSON.stringify(timed));
+    assert.match(timed.reason, /time limit/);
+    assert.equal(timed.limits.time, 1);
+
+    // memory (root only: cgroups)
+    if (IS_ROOT) {
+      const probe = await api.submit(ID, { command: 'true', limits: { memory: 64 } });
+      assert.equal(probe.status, 'completed');
+      assert.ok(
+        !probe.unenforced.some((u) => /memory/.test(u)),
+        `the memory limit is enforced as root: unenforced ${JSON.stringify(probe.unenforced)}`,
+      );
+      const hog = await api.submit(ID, {
+        command: "perl -e '@a=(); while(1){push @a, q(x) x (1<<20)}'",
+        timeout: 60,
+        limits: { memory: 64, time: 60 },
+      });
+      assert.equal(hog.status, 'failed', JSON.stringify(hog));
+      assert.match(hog.reason, /out of memory/);
+    }
+
+    // Refused limits run nothing.
+    const before = (await api.list(ID, { limit: 500 })).total;
+    const over = await api.refused('submit_job', { instance_id: ID, command: 'touch over.txt', limits: { memory: 999999999 } }, /262144/);
+    assert.match(over, /memory/);
+    await api.refused('submit_job', { instance_id: ID, command: 'touch over.txt', limits: { gpus: 1 } }, /gpus/);
+    await api.refused('submit_job', { instance_id: ID, command: 'touch over.txt', limits: { time: -1 } }, /time/);
+    assert.equal((await api.list(ID, { limit: 500 })).total, before, 'no job was recorded');
+    assert.ok(!fs.existsSync(path.join(home.instancesDir, ID, 'workspace', 'over.txt')), 'nothing ran');
+  });
+
+  test('7. progress notifications while submit_job waits', async () => {
+    const seen = [];
+    const job = await api.submit(ID, { command: 'sleep 3; echo slept', timeout: 10 }, { onprogress: (p) => seen.push(p) });
+    assert.equal(job.status, 'completed');
+    assert.equal(job.stdout_tail, 'slept');
+    assert.ok(seen.length >= 1, `progress seen: ${JSON.stringify(seen)}`);
+    assert.equal(seen[0].total, 10);
+    for (let i = 1; i < seen.length; i++) assert.ok(seen[i].progress > seen[i - 1].progress, 'progress increases');
+  });
+
+  test('8. cancelling the call stops the wait, not the job', async () => {
+    const tag = `abort-${process.pid}-${Math.floor(Math.random() * 1e6)}`;
+    const command = `sleep 30; echo ${tag}`;
+    const controller = new AbortController();
+    const pending = client.callTool(
+      { name: 'submit_job', arguments: { instance_id: ID, command, timeout: 60 } },
+      undefined,
+      { signal: controller.signal, timeout: 120_000 },
+    );
+    pending.catch(() => {}); // observed below
+    await sleep(1000);
+    const t0 = Date.now();
+    controller.abort('test cancels the wait');
+    await assert.rejects(pending);
+    assert.ok(Date.now() - t0 < 2000, 'rejected promptly');
+    await client.ping();
+    const running = await api.list(ID, { status: 'running', limit: 500 });
+    const entry = running.jobs.find((j) => j.command === command);
+    assert.ok(entry, `the job is still running: ${JSON.stringify(running.jobs)}`);
+    // And stays so (the server's wait ended quietly, the job did not).
+    await sleep(1500);
+    assert.equal((await api.poll(ID, entry.job_id)).status, 'running');
+    assert.equal((await api.cancel(ID, entry.job_id)).status, 'cancelled');
+  });
+
+  test('9. 200 concurrent jobs in one instance', async () => {
+    const many = 'many';
+    const created = await client.callTool({ name: 'create_instance', arguments: { instance_id: many } });
+    assert.ok(!created.isError, textOf(created));
+    const N = 200;
+    const results = await Promise.all(
+      Array.from({ length: N }, (_, i) =>
+        api.call('submit_job', { instance_id: many, command: `echo job-${i}`, timeout: 30 }, { timeout: 120_000 }),
+      ),
+    );
+    const problems = [];
+    const ids = new Set();
+    results.forEach((r, i) => {
+      const s = r.structuredContent;
+      if (r.isError) problems.push(`${i}: error ${textOf(r)}`);
+      else if (s.status !== 'completed' || s.stdout_tail !== `job-${i}` || s.exit_code !== 0)
+        problems.push(`${i}: ${s.status} ${s.exit_code} ${JSON.stringify(s.stdout_tail)} ${s.reason}`);
+      else ids.add(s.job_id);
+    });
+    assert.deepEqual(problems, [], `${problems.length} of ${N} jobs went wrong`);
+    assert.equal(ids.size, N, 'distinct job ids');
+    const listed = await api.list(many, { limit: 500 });
+    assert.equal(listed.total, N);
+    assert.equal(listed.jobs.length, N);
+    assert.equal(listed.next_offset, null);
+    assert.ok(listed.jobs.every((j) => j.status === 'completed'));
+    assert.equal((await api.list(many, { status: 'completed', limit: 500 })).total, N);
+    // Paging: default limit 15, newest first.
+    const page = await api.list(many);
+    assert.equal(page.jobs.length, 15);
+    assert.equal(page.next_offset, 15);
+    for (let i = 1; i < page.jobs.length; i++) assert.ok(page.jobs[i - 1].created_at >= page.jobs[i].created_at, 'newest first');
+  });
+
+  test('12. terminal_execute and jobs share the instance workspace', async () => {
+    const wrote = await api.ok('terminal_execute', { instance_id: ID, command: 'echo shared-x > f' });
+    assert.equal(wrote.structuredContent.exit_code, 0);
+    const job = await api.submit(ID, { command: 'cat f; pwd' });
+    assert.equal(job.status, 'completed');
+    assert.equal(job.stdout_tail, 'shared-x\n/workspace');
+    // And back: a file written by a job is read by terminal_execute.
+    await api.submit(ID, { command: 'echo from-job > g' });
+    const read = await api.ok('terminal_execute', { instance_id: ID, command: 'cat g' });
+    assert.equal(read.structuredContent.stdout, 'from-job\n');
+  });
+
+  test('13. audit: one job.running and one final line per finished job', () => {
+    const log = path.join(home.instancesDir, ID, 'audit.log');
+    const records = fs
+      .readFileSync(log, 'utf8')
+      .split('\n')
+      .filter((l) => l.trim())
+      .map((l) => JSON.parse(l));
+    const ids = Object.keys(auditJobs);
+    assert.equal(ids.length, 2, 'tests 1 and 2 ran');
+    for (const [id, status] of Object.entries(auditJobs)) {
+      const mine = records.filter((r) => r.job_id === id && typeof r.event === 'string' && r.event.startsWith('job.'));
+      const events = mine.map((r) => r.event);
+      assert.equal(events.filter((e) => e === 'job.running').length, 1, `${id}: one job.running in ${events}`);
+      const finals = events.filter((e) => FINAL.includes(e.slice(4)));
+      assert.deepEqual(finals, [`job.${status}`], `${id}: one final line`);
+    }
+  });
+
+  test('unknown instance and job ids are refused', async () => {
+    await api.refused('submit_job', { instance_id: 'nope-404', command: 'true' }, /nope-404/);
+    await api.refused('poll_job', { instance_id: ID, job_id: '000000000000' }, /000000000000/);
+    await api.refused('poll_job', { instance_id: ID, job_id: '../x' }, /job id/);
+    await api.refused('cancel_job', { instance_id: ID, job_id: '000000000000' }, /000000000000/);
+    await api.refused('submit_job', { instance_id: ID, command: '  ' }, /empty/);
+    await client.ping();
+  });
+});
+
+describe('jobs across server restarts', () => {
+  let home;
+  const conns = [];
+
+  before(async () => {
+    home = makeHome('jobs-restart');
+    const c = await connect(home);
+    conns.push(c);
+    const created = await c.client.callTool({ name: 'create_instance', arguments: { instance_id: ID } });
+    assert.ok(!created.isError, textOf(created));
+    await c.close();
+  });
+
+  after(async () => {
+    for (const c of conns) await c.close();
+    // Cancel whatever is left running.
+    try {
+      const c = await connect(home);
+      const api = jobApi(c.client, {});
+      for (const j of (await api.list(ID, { status: 'running', limit: 500 })).jobs) await api.cancel(ID, j.job_id);
+      await c.close();
+    } catch {
+      // nothing to clean
+    }
+    removeHome(home);
+  });
+
+  async function server() {
+    const c = await connect(home);
+    conns.push(c);
+    const { validators } = await outputValidators(c.client);
+    return { conn: c, api: jobApi(c.client, validators) };
+  }
+
+  test('10a. a job survives the server exiting on EOF; the next server records its real end', async () => {
+    const a = await server();
+    const job = await a.api.submit(ID, { command: 'sleep 2; echo done; exit 3', timeout: 0 });
+    assert.equal(job.status, 'running');
+    const child = a.conn.transport._process;
+    await a.conn.close();
+    assert.equal(child.exitCode, 0, `server A exited by itself on EOF (code ${child.exitCode}, signal ${child.signalCode})`);
+    await sleep(3000);
+    const b = await server();
+    const seen = await b.api.poll(ID, job.job_id, { timeout: 10 });
+    assert.equal(seen.status, 'failed', JSON.stringify(seen));
+    assert.equal(seen.exit_code, 3);
+    assert.equal(seen.stdout_tail, 'done');
+    await b.conn.close();
+  });
+
+  test('10b. a job running across a restart is watched by the next server', async () => {
+    const a = await server();
+    const job = await a.api.submit(ID, { command: 'sleep 4; echo later', timeout: 0 });
+    assert.equal(job.status, 'running');
+    await a.conn.close();
+    const b = await server();
+    const t0 = Date.now();
+    const seen = await b.api.poll(ID, job.job_id, { timeout: 20 });
+    assert.equal(seen.status, 'completed', JSON.stringify(seen));
+    assert.equal(seen.exit_code, 0);
+    assert.equal(seen.stdout_tail, 'later');
+    assert.ok(Date.now() - t0 < 15_000, `poll_job returned ${Date.now() - t0} ms after the job ended`);
+    await b.conn.close();
+  });
+
+  test('11. kill -9 in the middle of submit_job, 10 rounds: no corrupt or stuck records', async () => {
+    const ROUNDS = 10;
+    for (let k = 0; k < ROUNDS; k++) {
+      const raw = new RawChild(NSHPC_BINARY, nshpcArgs(home), childEnv(home));
+      try {
+        await raw.initialize();
+        raw.send({
+          jsonrpc: '2.0',
+          id: 1,
+          method: 'tools/call',
+          params: { name: 'submit_job', arguments: { instance_id: ID, command: `echo round-${k}`, timeout: 5 } },
+        });
+        await sleep(Math.floor(Math.random() * 301));
+      } finally {
+        await raw.kill();
+      }
+    }
+    const c = await server();
+    const listed = await c.api.list(ID, { limit: 500 });
+    const jobsDir = path.join(home.instancesDir, ID, '.ns_hpc_jobs');
+    const stateFiles = fs.readdirSync(jobsDir).filter((f) => f.endsWith('.state'));
+    assert.equal(listed.total, stateFiles.length, `every state file is readable: ${stateFiles}`);
+    const rounds = listed.jobs.filter((j) => /^echo round-\d+$/.test(j.command));
+    assert.ok(rounds.length <= ROUNDS);
+    const problems = [];
+    for (const j of rounds) {
+      const seen = await c.api.poll(ID, j.job_id, { timeout: 10 });
+      const k = j.command.replace('echo ', '');
+      if (seen.status === 'completed') {
+        if (seen.stdout_tail !== k || seen.exit_code !== 0) problems.push(`${j.job_id} ${k}: completed with ${JSON.stringify(seen.stdout_tail)}`);
+      } else if (seen.status === 'lost') {
+        // Only when it provably never started: no sandbox recorded, no output.
+        const statusFile = path.join(home.instancesDir, ID, 'status', `${j.job_id}.status`);
+        const statusText = fs.existsSync(statusFile) ? fs.readFileSync(statusFile, 'utf8') : '';
+        if (/child-pid/.test(statusText) || seen.stdout_tail !== '')
+          problems.push(`${j.job_id} ${k}: lost although it started (status ${statusText}, stdout ${JSON.stringify(seen.stdout_tail)})`);
+      } else {
+        problems.push(`${j.job_id} ${k}: ${seen.status} ${seen.reason} (created ${seen.created_at})`);
+      }
+    }
+    assert.deepEqual(problems, [], `rounds: ${rounds.length}`);
+    await c.conn.close();
+  });
+});
