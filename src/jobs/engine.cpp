@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cmath>
 #include <filesystem>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -90,18 +91,39 @@ std::string tail_of(const std::string& path, const TailOptions& opt) {
   ssize_t n = ::pread(fd.get(), data.data(), data.size(), st.st_size - window);
   if (n <= 0) return {};
   data.resize(static_cast<size_t>(n));
-  if (!data.empty() && data.back() == '\n') data.pop_back();
+  if (!data.empty() && data.back() == '\n') data.pop_back();  // the last line's terminator
+  // Walk back over `lines` line breaks: what follows the last one counted is the tail.
   size_t start = data.size();
-  for (std::size_t lines = 0; lines < opt.lines && start > 0; ++lines) {
+  std::size_t seen = 0;
+  while (start > 0) {
     size_t nl = data.rfind('\n', start - 1);
-    start = nl == std::string::npos ? 0 : nl + 1;
-    if (nl == std::string::npos) break;
-    if (lines + 1 < opt.lines) start = nl;
+    if (nl == std::string::npos) {
+      start = 0;
+      break;
+    }
+    if (++seen == opt.lines) {
+      start = nl + 1;
+      break;
+    }
+    start = nl;
   }
-  if (start > 0 && start < data.size() && data[start] == '\n') ++start;
   std::string tail = data.substr(start);
   if (tail.size() > opt.bytes) tail = "…" + tail.substr(tail.size() - opt.bytes);
   return text::sanitize_utf8(tail);
+}
+
+// This process's start time (field 22 of /proc/<pid>/stat), to recognise it again; 0 if gone.
+std::uint64_t start_time_of(pid_t pid) {
+  auto line = fs::read_file(fmt::format("/proc/{}/stat", pid));
+  if (!line) return 0;
+  auto paren = line->rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::istringstream rest(line->substr(paren + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return 0;
 }
 
 std::string sandbox_path(const store::Instance& inst, const config::Config& cfg, const std::string& host) {
@@ -142,6 +164,7 @@ struct Engine::Running {
   std::optional<Clock::time_point> deadline;  // wall-time limit
   std::optional<Clock::time_point> hard_kill_at;
   bool deadline_hit = false;
+  bool never_started = false;  // its submitter died before the sandbox existed
   std::mutex mu;
   bool finished = false;
 };
@@ -238,6 +261,20 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   rec.stdout_path = (out_dir / (rec.id + ".out")).string();
   rec.stderr_path = (out_dir / (rec.id + ".err")).string();
   rec.status_path = (inst.base / "status" / (rec.id + ".status")).string();
+  {
+    std::lock_guard lock(mutex_);
+    submitting_.insert(inst.id + "/" + rec.id);
+  }
+  struct Submitting {
+    Engine& engine;
+    std::string key;
+    ~Submitting() {
+      std::lock_guard lock(engine.mutex_);
+      engine.submitting_.erase(key);
+    }
+  } submitting{*this, inst.id + "/" + rec.id};
+  rec.owner_pid = ::getpid();
+  rec.owner_start = start_time_of(rec.owner_pid);
   save(inst, rec);  // pending: on record before anything runs
 
   // Limits: cgroups for cpus/memory/pids, rlimit for output, the watcher for time.
@@ -256,8 +293,10 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   } else if (cg.cpus || cg.memory_bytes || cg.pids) {
     rec.unenforced.push_back("cpus, memory, pids: [jobs.local] use_cgroups is false");
   }
-  if (job->cgroup)
+  if (job->cgroup) {
     for (const auto& p : job->cgroup->paths()) rec.cgroups.push_back(p.string());
+    save(inst, rec);  // so whoever finishes the job after a crash also removes its cgroups
+  }
 
   sandbox::RunSpec spec;
   spec.target = {inst.id, inst.workspace, inst.output, config_.ns.instances_dir / "output", inst.network};
@@ -372,7 +411,7 @@ void Engine::finish(const std::shared_ptr<Running>& job, bool process_gone) {
     sandbox::ExitStatus st = job->process->wait();  // reaps bwrap; reads the status file
     if (st.started) code = st.exit_code;
     else error = st.error;
-  } else {
+  } else if (!job->never_started) {
     // Re-attached: the sandbox init ended; bwrap writes the exit code right after.
     for (int i = 0; i < 200; ++i) {
       if (auto c = read_status(rec.status_path).exit_code()) {
@@ -406,6 +445,9 @@ void Engine::finish(const std::shared_ptr<Running>& job, bool process_gone) {
   } else if (!error.empty()) {
     rec.state = State::failed;
     rec.reason = error;
+  } else if (job->never_started) {
+    rec.state = State::lost;
+    rec.reason = "the job never started: the process submitting it stopped first";
   } else {
     rec.state = State::lost;
     rec.reason = "the job's processes ended without an exit code (killed from outside?)";
@@ -532,6 +574,15 @@ std::vector<Record> Engine::list(const std::string& instance_id, std::optional<S
       rec = job->record;
     } else {
       rec = load(inst, id);
+      if (rec && !is_final(rec->state)) {
+        adopt(inst, id);  // left by another process: look at it again
+        if (auto job = find_running(instance_id, id)) {
+          std::lock_guard guard(job->mu);
+          rec = job->record;
+        } else {
+          rec = load(inst, id);
+        }
+      }
     }
     if (!rec) continue;
     if (!filter || rec->state == *filter) out.push_back(std::move(*rec));
@@ -569,16 +620,27 @@ Record Engine::cancel(const std::string& instance_id, const std::string& job_id,
 }
 
 void Engine::recover() {
+  const auto stale = stdfs::file_time_type::clock::now() - std::chrono::minutes(1);
   for (const auto& inst : store_.list().instances) {
     std::error_code ec;
     for (const auto& entry : stdfs::directory_iterator(jobs_dir(inst), ec)) {
-      if (entry.path().extension() == ".state") adopt(inst, entry.path().stem().string());
+      const std::string name = entry.path().filename().string();
+      if (entry.path().extension() == ".state") {
+        adopt(inst, entry.path().stem().string());
+      } else if (name.starts_with(".") && name.find(".tmp-") != std::string::npos &&
+                 entry.last_write_time(ec) < stale) {
+        stdfs::remove(entry.path(), ec);  // an atomic write cut short by a crash
+      }
     }
   }
 }
 
 void Engine::adopt(const store::Instance& inst, const std::string& job_id) {
   if (find_running(inst.id, job_id)) return;
+  {
+    std::lock_guard lock(mutex_);
+    if (submitting_.count(inst.id + "/" + job_id)) return;  // being started by this process
+  }
   auto rec = load(inst, job_id);
   if (!rec || is_final(rec->state)) return;
   const sandbox::StatusStream status = read_status(rec->status_path);
@@ -588,9 +650,12 @@ void Engine::adopt(const store::Instance& inst, const std::string& job_id) {
   job->pid_namespace = status.pid_namespace();
   job->watch = open_sandbox_init(status);
   if (!job->watch && !status.exit_code()) {
-    // No sandbox and no exit code: still starting in another process, or it never started.
-    auto since = timeutil::parse_iso(rec->started_at.empty() ? rec->created_at : rec->started_at);
-    if (since && timeutil::Clock::now() - *since < std::chrono::seconds(30)) return;
+    // No sandbox and no exit code: still starting in the process that submitted it, or that
+    // process died before the sandbox started (then it never will).
+    const bool submitter_alive =
+        rec->owner_pid > 0 && rec->owner_start != 0 && start_time_of(rec->owner_pid) == rec->owner_start;
+    if (submitter_alive && rec->owner_pid != ::getpid()) return;
+    if (rec->state == State::pending && !status.child_pid()) job->never_started = true;
   }
   if (!rec->cgroups.empty()) {
     std::vector<stdfs::path> paths(rec->cgroups.begin(), rec->cgroups.end());

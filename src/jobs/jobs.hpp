@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -56,6 +57,8 @@ struct Record {
   std::vector<std::string> cgroups;                 // cgroup folders (for kill after a restart)
   std::string stdout_path, stderr_path, status_path;  // host paths
   pid_t bwrap_pid = 0;
+  pid_t owner_pid = 0;             // the process that submitted it, and that process's start
+  std::uint64_t owner_start = 0;   // time: a pending job whose submitter is gone never started
   bool cancel_requested = false;
 
   nlohmann::json to_json() const;
@@ -137,6 +140,7 @@ class Engine final : public store::JobsGuard {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::map<std::string, std::shared_ptr<Running>> running_;  // key: instance/job
+  std::set<std::string> submitting_;                         // jobs between record and watch
   bool stopping_ = false;
   int wake_fd_ = -1;
   std::thread watcher_;

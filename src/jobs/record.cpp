@@ -64,6 +64,8 @@ nlohmann::json Record::to_json() const {
                       {"stderr_path", stderr_path},
                       {"status_path", status_path},
                       {"pid", bwrap_pid},
+                      {"owner_pid", owner_pid},
+                      {"owner_start", owner_start},
                       {"cancel_requested", cancel_requested}};
   return j;
 }
@@ -94,6 +96,8 @@ std::optional<Record> Record::from_json(const nlohmann::json& j) {
     r.status_path = j.value("status_path", "");
     if (auto it = j.find("pid"); it != j.end() && it->is_number_integer()) r.bwrap_pid = it->get<pid_t>();
     r.cancel_requested = j.value("cancel_requested", false);
+    r.owner_pid = j.value("owner_pid", 0);
+    r.owner_start = j.value("owner_start", std::uint64_t{0});
     return r;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;  // a field of the wrong type: treated as corrupt

@@ -54,6 +54,49 @@ async function until(cond, timeout = 5000) {
   return cond();
 }
 
+// Whether a job provably never started: bwrap never reported a sandbox (no child-pid in its
+// status file) and the job wrote nothing.
+function neverStarted(home, instance, jobId) {
+  const base = path.join(home.instancesDir, instance);
+  const read = (p) => {
+    try {
+      return fs.readFileSync(p, 'utf8');
+    } catch {
+      return '';
+    }
+  };
+  return (
+    !/child-pid/.test(read(path.join(base, 'status', `${jobId}.status`))) &&
+    read(path.join(base, 'workspace', '.ns_hpc_output', `${jobId}.out`)) === '' &&
+    read(path.join(base, 'workspace', '.ns_hpc_output', `${jobId}.err`)) === ''
+  );
+}
+
+// The cgroup folders of a job that exist on the host (<hierarchy>/.../ns-hpc/<instance>/<job>).
+function jobCgroups(instance, jobId) {
+  const found = [];
+  const walk = (dir, depth) => {
+    let entries;
+    try {
+      entries = fs.readdirSync(dir, { withFileTypes: true });
+    } catch {
+      return;
+    }
+    for (const e of entries) {
+      if (!e.isDirectory()) continue;
+      const p = path.join(dir, e.name);
+      if (e.name === 'ns-hpc') {
+        const j = path.join(p, instance, jobId);
+        if (fs.existsSync(j)) found.push(j);
+      } else if (depth < 3) {
+        walk(p, depth + 1);
+      }
+    }
+  };
+  walk('/sys/fs/cgroup', 0);
+  return found;
+}
+
 // Tool-calling helpers around one SDK client: every successful result of a job tool is checked
 // against the tool's outputSchema.
 function jobApi(client, validators) {
@@ -328,22 +371,49 @@ describe('job tools', () => {
     const created = await client.callTool({ name: 'create_instance', arguments: { instance_id: many } });
     assert.ok(!created.isError, textOf(created));
     const N = 200;
-    const results = await Promise.all(
-      Array.from({ length: N }, (_, i) =>
-        api.call('submit_job', { instance_id: many, command: `echo job-${i}`, timeout: 30 }, { timeout: 120_000 }),
-      ),
-    );
+    const IN_FLIGHT = 64; // the server's cap of concurrent requests per session (mcp max_in_flight)
+    const submitOne = (i) =>
+      api.call('submit_job', { instance_id: many, command: `echo job-${i}`, timeout: 30 }, { timeout: 120_000 }).then(
+        (result) => ({ result }),
+        (error) => ({ error }),
+      );
+    // All 200 at once: those over the session's in-flight cap must be refused cleanly (a JSON-RPC
+    // "server busy" error, no job recorded); every accepted one must complete.
+    const outcomes = await Promise.all(Array.from({ length: N }, (_, i) => submitOne(i)));
+    const refused = [];
     const problems = [];
     const ids = new Set();
-    results.forEach((r, i) => {
-      const s = r.structuredContent;
-      if (r.isError) problems.push(`${i}: error ${textOf(r)}`);
+    const check = (i, { result, error }) => {
+      if (error) {
+        if (error.code === -32000 && /too many requests in flight \(limit 64\)/.test(error.message)) refused.push(i);
+        else problems.push(`${i}: ${error.message}`);
+        return;
+      }
+      const s = result.structuredContent;
+      if (result.isError) problems.push(`${i}: tool error ${textOf(result)}`);
       else if (s.status !== 'completed' || s.stdout_tail !== `job-${i}` || s.exit_code !== 0)
         problems.push(`${i}: ${s.status} ${s.exit_code} ${JSON.stringify(s.stdout_tail)} ${s.reason}`);
       else ids.add(s.job_id);
-    });
-    assert.deepEqual(problems, [], `${problems.length} of ${N} jobs went wrong`);
-    assert.equal(ids.size, N, 'distinct job ids');
+    };
+    outcomes.forEach((o, i) => check(i, o));
+    assert.deepEqual(problems, [], `${problems.length} of ${N} simultaneous submissions went wrong`);
+    assert.ok(ids.size >= IN_FLIGHT, `at least ${IN_FLIGHT} accepted at once (got ${ids.size})`);
+    assert.equal(ids.size + refused.length, N);
+    assert.equal((await api.list(many, { limit: 500 })).total, ids.size, 'refused submissions recorded no job');
+    // The refused ones again, with up to 60 in flight.
+    const queue = [...refused];
+    const again = [];
+    await Promise.all(
+      Array.from({ length: Math.min(60, queue.length) }, async () => {
+        while (queue.length) {
+          const i = queue.shift();
+          again.push([i, await submitOne(i)]);
+        }
+      }),
+    );
+    for (const [i, o] of again) check(i, o);
+    assert.deepEqual(problems, [], `${problems.length} of the resubmitted jobs went wrong`);
+    assert.equal(ids.size, N, `all ${N} jobs ran (distinct ids)`);
     const listed = await api.list(many, { limit: 500 });
     assert.equal(listed.total, N);
     assert.equal(listed.jobs.length, N);
@@ -356,6 +426,32 @@ describe('job tools', () => {
     assert.equal(page.next_offset, 15);
     for (let i = 1; i < page.jobs.length; i++) assert.ok(page.jobs[i - 1].created_at >= page.jobs[i].created_at, 'newest first');
   });
+
+  test('tail: the last lines of the output', async () => {
+    const seq = await api.submit(ID, { command: 'seq 100; seq 3 >&2' });
+    assert.equal(seq.stdout_tail, Array.from({ length: 50 }, (_, i) => String(51 + i)).join('\n'), 'default: 50 lines');
+    assert.equal(seq.stderr_tail, '1\n2\n3');
+    assert.equal((await api.poll(ID, seq.job_id, { tail: 2 })).stdout_tail, '99\n100');
+    assert.equal((await api.poll(ID, seq.job_id, { tail: 1 })).stdout_tail, '100');
+    assert.equal((await api.poll(ID, seq.job_id, { tail: 0 })).stdout_tail, '');
+    assert.equal((await api.poll(ID, seq.job_id, { tail: 1000 })).stdout_tail.split('\n').length, 100);
+    const noNewline = await api.submit(ID, { command: 'printf "a\\nb\\nc"', tail: 2 });
+    assert.equal(noNewline.stdout_tail, 'b\nc');
+    // At most 16 KiB per stream.
+    const wide = await api.submit(ID, { command: 'head -c 100000 /dev/zero | tr "\\0" a' });
+    assert.ok(wide.stdout_tail.length <= 16 * 1024 + 1, `tail of ${wide.stdout_tail.length} characters`);
+    assert.match(wide.stdout_tail, /a{16000}$/);
+  });
+
+  test(
+    'tail: blank lines count as lines',
+    {},
+    async () => {
+      const job = await api.submit(ID, { command: 'printf "a\\n\\n\\nc\\n"', tail: 2 });
+      assert.equal(job.status, 'completed');
+      assert.equal(job.stdout_tail, '\nc', 'tail 2 of "a", "", "", "c"');
+    },
+  );
 
   test('12. terminal_execute and jobs share the instance workspace', async () => {
     const wrote = await api.ok('terminal_execute', { instance_id: ID, command: 'echo shared-x > f' });
@@ -398,6 +494,7 @@ describe('job tools', () => {
 });
 
 describe('jobs across server restarts', () => {
+  const RID = 'restart';
   let home;
   const conns = [];
 
@@ -405,7 +502,7 @@ describe('jobs across server restarts', () => {
     home = makeHome('jobs-restart');
     const c = await connect(home);
     conns.push(c);
-    const created = await c.client.callTool({ name: 'create_instance', arguments: { instance_id: ID } });
+    const created = await c.client.callTool({ name: 'create_instance', arguments: { instance_id: RID } });
     assert.ok(!created.isError, textOf(created));
     await c.close();
   });
@@ -416,10 +513,25 @@ describe('jobs across server restarts', () => {
     try {
       const c = await connect(home);
       const api = jobApi(c.client, {});
-      for (const j of (await api.list(ID, { status: 'running', limit: 500 })).jobs) await api.cancel(ID, j.job_id);
+      for (const j of (await api.list(RID, { status: 'running', limit: 500 })).jobs) await api.cancel(RID, j.job_id);
       await c.close();
     } catch {
       // nothing to clean
+    }
+    // Empty cgroups the server left behind (reported by test 11): rmdir fails on busy ones.
+    try {
+      for (const f of fs.readdirSync(path.join(home.instancesDir, RID, '.ns_hpc_jobs'))) {
+        if (!f.endsWith('.state')) continue;
+        for (const dir of jobCgroups(RID, f.slice(0, -'.state'.length))) {
+          try {
+            fs.rmdirSync(dir);
+          } catch {
+            // busy or gone
+          }
+        }
+      }
+    } catch {
+      // no jobs folder
     }
     removeHome(home);
   });
@@ -433,14 +545,14 @@ describe('jobs across server restarts', () => {
 
   test('10a. a job survives the server exiting on EOF; the next server records its real end', async () => {
     const a = await server();
-    const job = await a.api.submit(ID, { command: 'sleep 2; echo done; exit 3', timeout: 0 });
+    const job = await a.api.submit(RID, { command: 'sleep 2; echo done; exit 3', timeout: 0 });
     assert.equal(job.status, 'running');
     const child = a.conn.transport._process;
     await a.conn.close();
     assert.equal(child.exitCode, 0, `server A exited by itself on EOF (code ${child.exitCode}, signal ${child.signalCode})`);
     await sleep(3000);
     const b = await server();
-    const seen = await b.api.poll(ID, job.job_id, { timeout: 10 });
+    const seen = await b.api.poll(RID, job.job_id, { timeout: 10 });
     assert.equal(seen.status, 'failed', JSON.stringify(seen));
     assert.equal(seen.exit_code, 3);
     assert.equal(seen.stdout_tail, 'done');
@@ -449,12 +561,12 @@ describe('jobs across server restarts', () => {
 
   test('10b. a job running across a restart is watched by the next server', async () => {
     const a = await server();
-    const job = await a.api.submit(ID, { command: 'sleep 4; echo later', timeout: 0 });
+    const job = await a.api.submit(RID, { command: 'sleep 4; echo later', timeout: 0 });
     assert.equal(job.status, 'running');
     await a.conn.close();
     const b = await server();
     const t0 = Date.now();
-    const seen = await b.api.poll(ID, job.job_id, { timeout: 20 });
+    const seen = await b.api.poll(RID, job.job_id, { timeout: 20 });
     assert.equal(seen.status, 'completed', JSON.stringify(seen));
     assert.equal(seen.exit_code, 0);
     assert.equal(seen.stdout_tail, 'later');
@@ -462,7 +574,7 @@ describe('jobs across server restarts', () => {
     await b.conn.close();
   });
 
-  test('11. kill -9 in the middle of submit_job, 10 rounds: no corrupt or stuck records', async () => {
+  test('11. kill -9 in the middle of submit_job, 10 rounds: no corrupt or stuck records', async (t) => {
     const ROUNDS = 10;
     for (let k = 0; k < ROUNDS; k++) {
       const raw = new RawChild(NSHPC_BINARY, nshpcArgs(home), childEnv(home));
@@ -472,7 +584,7 @@ describe('jobs across server restarts', () => {
           jsonrpc: '2.0',
           id: 1,
           method: 'tools/call',
-          params: { name: 'submit_job', arguments: { instance_id: ID, command: `echo round-${k}`, timeout: 5 } },
+          params: { name: 'submit_job', arguments: { instance_id: RID, command: `echo round-${k}`, timeout: 5 } },
         });
         await sleep(Math.floor(Math.random() * 301));
       } finally {
@@ -480,29 +592,77 @@ describe('jobs across server restarts', () => {
       }
     }
     const c = await server();
-    const listed = await c.api.list(ID, { limit: 500 });
-    const jobsDir = path.join(home.instancesDir, ID, '.ns_hpc_jobs');
+    const listed = await c.api.list(RID, { limit: 500 });
+    const jobsDir = path.join(home.instancesDir, RID, '.ns_hpc_jobs');
     const stateFiles = fs.readdirSync(jobsDir).filter((f) => f.endsWith('.state'));
     assert.equal(listed.total, stateFiles.length, `every state file is readable: ${stateFiles}`);
     const rounds = listed.jobs.filter((j) => /^echo round-\d+$/.test(j.command));
     assert.ok(rounds.length <= ROUNDS);
     const problems = [];
+    const stuck = [];
+    const tally = {};
     for (const j of rounds) {
-      const seen = await c.api.poll(ID, j.job_id, { timeout: 10 });
+      let seen = await c.api.poll(RID, j.job_id, { timeout: 10 });
+      if (seen.status === 'pending') stuck.push(j.job_id);
+      tally[seen.status] = (tally[seen.status] || 0) + 1;
       const k = j.command.replace('echo ', '');
       if (seen.status === 'completed') {
         if (seen.stdout_tail !== k || seen.exit_code !== 0) problems.push(`${j.job_id} ${k}: completed with ${JSON.stringify(seen.stdout_tail)}`);
       } else if (seen.status === 'lost') {
         // Only when it provably never started: no sandbox recorded, no output.
-        const statusFile = path.join(home.instancesDir, ID, 'status', `${j.job_id}.status`);
-        const statusText = fs.existsSync(statusFile) ? fs.readFileSync(statusFile, 'utf8') : '';
-        if (/child-pid/.test(statusText) || seen.stdout_tail !== '')
-          problems.push(`${j.job_id} ${k}: lost although it started (status ${statusText}, stdout ${JSON.stringify(seen.stdout_tail)})`);
+        if (!neverStarted(home, RID, j.job_id) || seen.stdout_tail !== '')
+          problems.push(`${j.job_id} ${k}: lost although it started (stdout ${JSON.stringify(seen.stdout_tail)})`);
       } else {
         problems.push(`${j.job_id} ${k}: ${seen.status} ${seen.reason} (created ${seen.created_at})`);
       }
     }
+    t.diagnostic(`${rounds.length} of ${ROUNDS} rounds recorded a job: ${JSON.stringify(tally)}`);
+    assert.deepEqual(stuck, [], 'jobs still pending after a poll by the next server');
+    const leaked = rounds.flatMap((j) => jobCgroups(RID, j.job_id));
+    assert.deepEqual(leaked, [], 'cgroups of finished jobs left behind');
     assert.deepEqual(problems, [], `rounds: ${rounds.length}`);
     await c.conn.close();
   });
+
+  test(
+    '11b. a job whose server died before its sandbox started is final at the next look',
+    {},
+    async () => {
+      // The state a server leaves when it is killed right after recording a job as pending,
+      // before the sandbox starts: made from a real record of a finished job.
+      const c = await server();
+      const done = await c.api.submit(RID, { command: 'true' });
+      await c.conn.close();
+      const jobsDir = path.join(home.instancesDir, RID, '.ns_hpc_jobs');
+      const rec = JSON.parse(fs.readFileSync(path.join(jobsDir, `${done.job_id}.state`), 'utf8'));
+      const id = 'dead00' + Math.floor(Math.random() * 0xffffff).toString(16).padStart(6, '0');
+      const swap = (p) => p.replaceAll(done.job_id, id);
+      Object.assign(rec, {
+        job_id: id,
+        status: 'pending',
+        reason: '',
+        exit_code: null,
+        created_at: rec.created_at.replace(/^.{19}/, new Date().toISOString().slice(0, 19)),
+        started_at: '',
+        finished_at: '',
+        pid: 0,
+        cgroups: [],
+        stdout_path: swap(rec.stdout_path),
+        stderr_path: swap(rec.stderr_path),
+        status_path: swap(rec.status_path),
+      });
+      fs.writeFileSync(path.join(jobsDir, `${id}.state`), JSON.stringify(rec, null, 2) + '\n');
+      const b = await server();
+      try {
+        // Nothing can start it any more: poll_job and cancel_job must see that at once.
+        const seen = await b.api.poll(RID, id, { timeout: 10 });
+        assert.equal(seen.status, 'lost', `poll_job timeout 10: ${seen.status}`);
+        assert.ok(FINAL.includes((await b.api.cancel(RID, id)).status), 'cancel_job leaves it final');
+      } finally {
+        // Whatever the server says, settle it so the instance is not held (after 30 s it does).
+        await b.api.poll(RID, id, { timeout: 40 });
+        await b.conn.close();
+      }
+    },
+  );
 });
