@@ -83,6 +83,7 @@ struct Mcp {
   ResultType result_type = ResultType::both;
   std::int64_t max_message_bytes = 8 * 1024 * 1024;  // larger messages are refused
   std::int64_t page_size = 100;                      // list results per page
+  std::string default_instance;  // instance used when a tool call names none ("" = must name one)
 };
 
 struct DavExtra {

@@ -102,6 +102,8 @@ result_type = "both"
 max_message_bytes = 8388608
 # Items per page of tools/list, resources/list and prompts/list.
 page_size = 100
+# Instance that terminal_execute and the job tools use when a call names none ("": none).
+default_instance = ""
 
 [dav]
 # Serve WebDAV at /dav (HTTP transports only).

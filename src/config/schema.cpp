@@ -794,6 +794,7 @@ Config validate(const toml::table& merged, const EnvLookup& env, Diagnostics& di
     section.read("result_type", config.mcp.result_type, read_result_type);
     section.read("max_message_bytes", config.mcp.max_message_bytes, read_int, kMessageBytesRule);
     section.read("page_size", config.mcp.page_size, read_int, kPageSizeRule);
+    section.read("default_instance", config.mcp.default_instance, read_string, StringRule{"an instance id"});
   });
   root.table("dav", [&](Section& section) { config.dav = read_dav(section); });
   root.named("proxied_mcps", kMcpNames, config.proxied_mcps, read_proxied_mcp);

@@ -20,6 +20,11 @@ std::string actor(const mcp::RequestContext& rc);
 mcp::json instance_json(const Context& ctx, const store::Instance& inst);
 std::string instance_uri(const std::string& id);  // resource://ns-hpc/instances/<id>
 
+// The instance a call names, or [mcp] default_instance; UsageError when there is neither.
+std::string instance_arg(const Context& ctx, const mcp::json& args);
+// Schema text for instance_id, saying whether it may be left out.
+mcp::json instance_id_schema(const Context& ctx, const std::string& what);
+
 void add_instance_tools(mcp::Server& server, const Context& ctx);
 void add_prompts(mcp::Server& server, const Context& ctx);
 void add_terminal_tool(mcp::Server& server, const Context& ctx);  // terminal_execute

@@ -11,12 +11,16 @@ namespace {
 
 using mcp::json;
 
-const json kInstanceIdArg = {{"type", "string"}, {"description", "The instance to work in."}};
 const json kJobIdArg = {{"type", "string"}, {"description", "Job id (12 hex characters) from submit_job or list_jobs."}};
 const json kTailArg = {{"type", "integer"},
                        {"minimum", 0},
                        {"maximum", 1000},
                        {"description", "How many last lines of stdout and stderr to return (default 50; at most 16 KiB each)."}};
+
+json required_with_instance(const Context& ctx, std::vector<std::string> others) {
+  if (ctx.services.config.mcp.default_instance.empty()) others.insert(others.begin(), "instance_id");
+  return others;
+}
 
 json job_schema() {
   json str = {{"type", "string"}};
@@ -95,21 +99,21 @@ void add_submit(mcp::Server& server, const Context& ctx) {
       "for quick commands whose output you need at once.";
   tool.input_schema = {{"type", "object"},
                        {"properties",
-                        {{"instance_id", kInstanceIdArg},
+                        {{"instance_id", instance_id_schema(ctx, "The instance to work in.")},
                          {"command", {{"type", "string"}, {"description", "Shell command to run."}}},
                          {"timeout", timeout_arg(ctx.services.config, "How long to wait for the job before returning", 30)},
                          {"detach", {{"type", "boolean"}, {"description", "Keep the job running when the wait runs out (default true)."}}},
                          {"tail", kTailArg},
                          {"limits", limits_arg(ctx.services.config)},
                          {"mode", {{"type", "string"}, {"enum", {"local"}}, {"description", "Where to run: 'local' (this node)."}}}}},
-                       {"required", {"instance_id", "command"}},
+                       {"required", required_with_instance(ctx, {"command"})},
                        {"additionalProperties", false}};
   tool.output_schema = job_schema();
   tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", true}, {"openWorldHint", true}};
   tool.accept_input_wrapper = true;
   tool.handler = [ctx](const json& args, mcp::RequestContext& rc) {
     jobs::SubmitRequest req;
-    req.instance_id = args.value("instance_id", "");
+    req.instance_id = instance_arg(ctx, args);
     const std::string command = args.value("command", "");
     req.argv = {"/bin/sh", "-c", command};
     req.display = command;
@@ -137,18 +141,18 @@ void add_poll(mcp::Server& server, const Context& ctx) {
       "(timeout > 0) runs out is cancelled; timeout 0 never cancels.";
   tool.input_schema = {{"type", "object"},
                        {"properties",
-                        {{"instance_id", kInstanceIdArg},
+                        {{"instance_id", instance_id_schema(ctx, "The instance to work in.")},
                          {"job_id", kJobIdArg},
                          {"timeout", timeout_arg(ctx.services.config, "How long to wait for the job to finish", 0)},
                          {"detach", {{"type", "boolean"}, {"description", "Keep the job running when the wait runs out (default true)."}}},
                          {"tail", kTailArg}}},
-                       {"required", {"instance_id", "job_id"}},
+                       {"required", required_with_instance(ctx, {"job_id"})},
                        {"additionalProperties", false}};
   tool.output_schema = job_schema();
   tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", false}, {"openWorldHint", false}};
   tool.accept_input_wrapper = true;
   tool.handler = [ctx](const json& args, mcp::RequestContext& rc) {
-    const std::string instance = args.value("instance_id", "");
+    const std::string instance = instance_arg(ctx, args);
     const std::string job = args.value("job_id", "");
     auto [view, ran_out] = wait_for(*ctx.services.jobs, instance, job, args.value("timeout", 0), tail_of(args), rc);
     if (ran_out && !args.value("detach", true)) {
@@ -169,12 +173,12 @@ void add_list(mcp::Server& server, const Context& ctx) {
       "with limit (default 15, at most 500) and offset (from next_offset).";
   tool.input_schema = {{"type", "object"},
                        {"properties",
-                        {{"instance_id", kInstanceIdArg},
+                        {{"instance_id", instance_id_schema(ctx, "The instance to work in.")},
                          {"status", {{"type", "string"},
                                      {"enum", {"pending", "running", "completed", "failed", "cancelled", "timed_out", "lost"}}}},
                          {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 500}}},
                          {"offset", {{"type", "integer"}, {"minimum", 0}}}}},
-                       {"required", {"instance_id"}},
+                       {"required", required_with_instance(ctx, {})},
                        {"additionalProperties", false}};
   tool.output_schema = {{"type", "object"},
                         {"properties",
@@ -187,7 +191,7 @@ void add_list(mcp::Server& server, const Context& ctx) {
   tool.handler = [ctx](const json& args, mcp::RequestContext&) {
     std::optional<jobs::State> filter;
     if (auto it = args.find("status"); it != args.end()) filter = jobs::parse_state(it->get<std::string>());
-    auto all = ctx.services.jobs->list(args.value("instance_id", ""), filter);
+    auto all = ctx.services.jobs->list(instance_arg(ctx, args), filter);
     const std::size_t offset = args.value("offset", 0);
     const std::size_t limit = args.value("limit", 15);
     json items = json::array();
@@ -214,15 +218,15 @@ void add_cancel(mcp::Server& server, const Context& ctx) {
       "Stop a job: SIGTERM to all its processes, then after a grace period SIGKILL to the whole process "
       "tree. Returns the final status and the last lines of its output. A finished job is left as it is.";
   tool.input_schema = {{"type", "object"},
-                       {"properties", {{"instance_id", kInstanceIdArg}, {"job_id", kJobIdArg}, {"tail", kTailArg}}},
-                       {"required", {"instance_id", "job_id"}},
+                       {"properties", {{"instance_id", instance_id_schema(ctx, "The instance to work in.")}, {"job_id", kJobIdArg}, {"tail", kTailArg}}},
+                       {"required", required_with_instance(ctx, {"job_id"})},
                        {"additionalProperties", false}};
   tool.output_schema = job_schema();
   tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", true}, {"idempotentHint", true},
                           {"openWorldHint", false}};
   tool.accept_input_wrapper = true;
   tool.handler = [ctx](const json& args, mcp::RequestContext& rc) {
-    const std::string instance = args.value("instance_id", "");
+    const std::string instance = instance_arg(ctx, args);
     const std::string job = args.value("job_id", "");
     ctx.services.jobs->cancel(instance, job, actor(rc));
     return result_of(ctx.services.jobs->view(instance, job, tail_of(args)));

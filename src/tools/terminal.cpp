@@ -56,9 +56,9 @@ std::string string_arg(const json& args, const char* name) {
 }
 
 // Validation as the original: empty command/args/working_directory/stdin count as absent.
-Request parse_request(const json& args, const config::Config& cfg) {
+Request parse_request(const json& args, const config::Config& cfg, const Context& ctx) {
   Request req;
-  req.instance_id = string_arg(args, "instance_id");
+  req.instance_id = instance_arg(ctx, args);
   const std::string command = string_arg(args, "command");
   std::vector<std::string> argv;
   if (auto it = args.find("args"); it != args.end() && it->is_array()) {
@@ -403,8 +403,7 @@ void add_terminal_tool(mcp::Server& server, const Context& ctx) {
       {"type", "object"},
       {"properties",
        {{"instance_id",
-         {{"type", "string"},
-          {"description", "The instance to run the command in (its id, as listed by list_instances)."}}},
+         instance_id_schema(ctx, "The instance to run the command in (its id, as listed by list_instances).")},
         {"command",
          {{"type", "string"},
           {"description", "Shell command string (mutually exclusive with args). Run by /bin/bash -c."}}},
@@ -423,8 +422,8 @@ void add_terminal_tool(mcp::Server& server, const Context& ctx) {
          {{"type", "integer"},
           {"description", fmt::format("Timeout in seconds (default {}, at most {}).", kDefaultTimeoutSeconds,
                                       cfg.jobs.max_timeout)}}}}},
-      {"required", {"instance_id"}},
       {"additionalProperties", false}};
+  if (ctx.services.config.mcp.default_instance.empty()) tool.input_schema["required"] = {"instance_id"};
   tool.output_schema = json{{"type", "object"},
                             {"properties",
                              {{"stdout", {{"type", "string"}}},
@@ -437,7 +436,7 @@ void add_terminal_tool(mcp::Server& server, const Context& ctx) {
                           {"openWorldHint", true}};
   tool.accept_input_wrapper = true;
   tool.handler = [ctx](const json& args, mcp::RequestContext& rc) {
-    const Request req = parse_request(args, ctx.services.config);
+    const Request req = parse_request(args, ctx.services.config, ctx);
     const store::Instance inst = ctx.services.store.get(req.instance_id);
     Run run(ctx, inst, req, rc);
     return make_result(req, run.execute());

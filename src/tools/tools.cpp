@@ -67,6 +67,19 @@ mcp::json instance_json(const Context& ctx, const store::Instance& inst) {
 
 std::string instance_uri(const std::string& id) { return "resource://ns-hpc/instances/" + id; }
 
+std::string instance_arg(const Context& ctx, const mcp::json& args) {
+  auto it = args.find("instance_id");
+  if (it != args.end() && it->is_string() && !it->get_ref<const std::string&>().empty()) return it->get<std::string>();
+  if (!ctx.services.config.mcp.default_instance.empty()) return ctx.services.config.mcp.default_instance;
+  throw UsageError("instance_id is required (this server has no [mcp] default_instance); list_instances shows them");
+}
+
+mcp::json instance_id_schema(const Context& ctx, const std::string& what) {
+  const std::string& fallback = ctx.services.config.mcp.default_instance;
+  return {{"type", "string"},
+          {"description", fallback.empty() ? what : fmt::format("{} Default: '{}'.", what, fallback)}};
+}
+
 mcp::ServerInfo server_info() {
   mcp::ServerInfo info;
   info.name = "ns-hpc";
