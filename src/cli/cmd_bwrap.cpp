@@ -18,13 +18,8 @@ namespace nshpc::cli {
 
 sandbox::RunSpec make_run_spec(Context& ctx, const store::Instance& inst,
                                std::vector<std::string> command) {
-  const config::Config& cfg = ctx.config();
   sandbox::RunSpec spec;
-  spec.target.instance_id = inst.id;
-  spec.target.workspace = inst.workspace;
-  spec.target.output = inst.output;
-  spec.target.shared_output_root = cfg.ns.instances_dir / "output";
-  spec.target.network = inst.network;
+  spec.target = ctx.store().sandbox_target(inst);
   spec.argv = std::move(command);
   return spec;
 }

@@ -299,7 +299,7 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   }
 
   sandbox::RunSpec spec;
-  spec.target = {inst.id, inst.workspace, inst.output, config_.ns.instances_dir / "output", inst.network};
+  spec.target = store_.sandbox_target(inst);
   spec.argv = request.argv;
   spec.die_with_caller = false;
   UniqueFd out = open_output(rec.stdout_path, config_);

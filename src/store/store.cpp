@@ -372,6 +372,10 @@ std::vector<CleanCandidate> Store::clean_candidates(std::chrono::hours older_tha
   return out;
 }
 
+sandbox::Target Store::sandbox_target(const Instance& instance) const {
+  return {instance.id, instance.workspace, instance.output, output_root(), instance.network};
+}
+
 void Store::audit(const Instance& instance, std::string_view event, std::string_view actor,
                   nlohmann::json fields) const {
   audit::append(instance.audit_log(), event, actor, std::move(fields));

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.hpp"
+#include "sandbox/sandbox.hpp"
 
 namespace nshpc::store {
 
@@ -131,6 +132,9 @@ class Store {
   void remove(std::string_view id, std::string_view actor);               // purge an instance
   void remove_archived(std::string_view name, std::string_view actor);    // purge an archive
   std::vector<CleanCandidate> clean_candidates(std::chrono::hours older_than) const;
+
+  // What a sandbox of this instance binds: its workspace, output and network.
+  sandbox::Target sandbox_target(const Instance& instance) const;
 
   // Appends an event to the instance's audit log.
   void audit(const Instance& instance, std::string_view event, std::string_view actor,

@@ -159,13 +159,8 @@ class Run {
       : ctx_(ctx), inst_(inst), req_(req), rc_(rc) {}
 
   Outcome execute() {
-    const config::Config& cfg = ctx_.services.config;
     sandbox::RunSpec spec;
-    spec.target.instance_id = inst_.id;
-    spec.target.workspace = inst_.workspace;
-    spec.target.output = inst_.output;
-    spec.target.shared_output_root = cfg.ns.instances_dir / "output";
-    spec.target.network = inst_.network;
+    spec.target = ctx_.services.store.sandbox_target(inst_);
     spec.argv = req_.argv;
     spec.cwd = req_.working_directory;  // empty: the workspace
     spec.die_with_caller = true;
