@@ -302,6 +302,7 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   spec.target = store_.sandbox_target(inst);
   spec.argv = request.argv;
   spec.die_with_caller = false;
+  spec.command_prefix = config_.jobs.local.cgroups_command;
   UniqueFd out = open_output(rec.stdout_path, config_);
   UniqueFd err = open_output(rec.stderr_path, config_);
   UniqueFd status(::open(rec.status_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));

@@ -133,7 +133,7 @@ using ToolCallObserver = std::function<void(const std::string& tool, const json&
 struct ServerOptions {
   std::size_t page_size = 100;          // list results per page (cursor pagination)
   ResultShape result_shape = ResultShape::both;
-  std::size_t max_in_flight = 64;       // concurrent requests per session
+  std::size_t max_in_flight = 128;      // concurrent requests per session
   ParseLimits limits;
   ToolCallObserver on_tool_call;        // optional
 };

@@ -260,6 +260,15 @@ class BwrapBackend final : public Backend {
     ChildSetup setup;
     setup.program = argv.front();
     setup.argv = argv;
+    if (!spec.command_prefix.empty()) {
+      auto prefix = fs::find_program(spec.command_prefix.front());
+      if (!prefix)
+        throw Error(fmt::format("'{}' ([jobs.local] cgroups_command) not found or not executable",
+                                spec.command_prefix.front()));
+      setup.program = *prefix;
+      setup.argv = spec.command_prefix;
+      setup.argv.insert(setup.argv.end(), argv.begin(), argv.end());
+    }
     setup.envp = envp;
     setup.fds = {{or_null(spec.stdio.in), 0},
                  {or_null(spec.stdio.out), 1},

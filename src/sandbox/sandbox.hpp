@@ -62,6 +62,9 @@ struct RunSpec {
   // Borrowed descriptor of a file for bwrap's JSON status (child-pid, then exit-code). When set,
   // the status survives the caller: Process::wait() reads the exit code back from this file.
   int status_file = -1;
+  // Program and arguments put in front of bwrap (e.g. systemd-run --user --scope -p … --), as
+  // [jobs.local] cgroups_command; empty for none.
+  std::vector<std::string> command_prefix;
 };
 
 struct ExitStatus {

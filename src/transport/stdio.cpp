@@ -18,12 +18,12 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/thread_pool.hpp>
 #include <fmt/format.h>
 
 #include "base/fd.hpp"
 #include "base/log.hpp"
 #include "transport/framing.hpp"
+#include "transport/workers.hpp"
 
 namespace nshpc::transport {
 
@@ -141,7 +141,7 @@ class Reader {
 int serve_stdio(mcp::Server& server, const StdioOptions& options) {
   std::signal(SIGPIPE, SIG_IGN);  // a client that goes away must not kill the server
   asio::io_context io;
-  asio::thread_pool workers(options.worker_threads);
+  Workers workers(options.worker_threads);
   Writer writer(options.out_fd);
   LineFramer framer(options.max_message_bytes);
 
@@ -150,7 +150,7 @@ int serve_stdio(mcp::Server& server, const StdioOptions& options) {
       [&writer](const mcp::json& message) {
         writer.push(message.dump(-1, ' ', false, mcp::json::error_handler_t::replace) + "\n");
       },
-      [&workers](std::function<void()> work) { asio::post(workers, std::move(work)); });
+      [&workers](std::function<void()> work) { workers.post(std::move(work)); });
 
   bool done = false;
   auto finish = [&] {

@@ -9,7 +9,10 @@ namespace nshpc::transport {
 
 struct StdioOptions {
   std::size_t max_message_bytes = 8 * 1024 * 1024;
-  std::size_t worker_threads = 4;  // tool calls run here, never on the I/O thread
+  // Tool calls run on worker threads, never on the I/O thread; threads are added on demand up
+  // to one per request the session accepts (mcp::ServerOptions::max_in_flight), so a long wait
+  // never queues another call.
+  std::size_t worker_threads = 128;
   int in_fd = 0;
   int out_fd = 1;
 };

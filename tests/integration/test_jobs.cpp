@@ -190,6 +190,16 @@ TEST_F(Jobs, PidsLimitHolds) {
   EXPECT_LT(std::stoi(out.substr(8)), 20) << out;
 }
 
+TEST(JobsPrefix, CgroupsCommandIsPutInFrontOfBwrap) {
+  Env env("[jobs.local]\ncgroups_command = [\"/usr/bin/env\", \"NSHPC_PREFIX_SEEN=yes\"]\n");
+  env.create("alpha");
+  Result r = env.run({"instance", "run", "alpha", "--json", "--", "echo prefix=$NSHPC_PREFIX_SEEN"});
+  json j = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out << r.err;
+  EXPECT_EQ(j["status"], "completed");
+  EXPECT_EQ(j["stdout_tail"], "prefix=yes");  // env ran first and passed its variable through bwrap
+}
+
 TEST(JobsAsUser, LimitsThisHostCannotEnforceAreReportedNotIgnored) {
   if (is_root()) GTEST_SKIP() << "as root the cgroups are writable here";
   Env env;
