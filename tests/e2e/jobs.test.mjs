@@ -20,6 +20,8 @@ import {
   removeHome,
   sleep,
   textOf,
+  hostProcessesWith,
+  until,
 } from './lib.mjs';
 
 const ID = 'jobs';
@@ -27,32 +29,7 @@ const JOB_TOOLS = ['submit_job', 'poll_job', 'list_jobs', 'cancel_job'];
 const FINAL = ['completed', 'failed', 'cancelled', 'timed_out', 'lost'];
 const IS_ROOT = typeof process.geteuid === 'function' && process.geteuid() === 0;
 
-// Host processes whose command line contains `needle` (sandboxed processes are ordinary host
-// processes in a private pid namespace).
-function hostProcessesWith(needle) {
-  const found = [];
-  for (const entry of fs.readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
-    let cmdline;
-    try {
-      cmdline = fs.readFileSync(`/proc/${entry}/cmdline`, 'utf8');
-    } catch {
-      continue; // gone meanwhile
-    }
-    if (cmdline.includes(needle)) found.push(`${entry}: ${cmdline.split('\0').join(' ')}`);
-  }
-  return found;
-}
 
-// Polls until `cond()` is true or `timeout` ms pass; returns whether it became true.
-async function until(cond, timeout = 5000) {
-  const end = Date.now() + timeout;
-  while (Date.now() < end) {
-    if (await cond()) return true;
-    await sleep(50);
-  }
-  return cond();
-}
 
 // Whether a job provably never started: bwrap never reported a sandbox (no child-pid in its
 // status file) and the job wrote nothing.

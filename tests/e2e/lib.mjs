@@ -259,3 +259,30 @@ export class RawChild {
     }
   }
 }
+
+// Host processes whose command line contains `needle` (sandboxed processes are ordinary host
+// processes in a private pid namespace).
+export function hostProcessesWith(needle) {
+  const found = [];
+  for (const entry of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
+    let cmdline;
+    try {
+      cmdline = fs.readFileSync(`/proc/${entry}/cmdline`, 'utf8');
+    } catch {
+      continue; // gone meanwhile
+    }
+    if (cmdline.includes(needle)) found.push(`${entry}: ${cmdline.split('\0').join(' ')}`);
+  }
+  return found;
+}
+
+// Polls until `cond()` (sync or async) is true or `timeout` ms pass; returns whether it became true.
+export async function until(cond, timeout = 5000) {
+  const end = Date.now() + timeout;
+  while (Date.now() < end) {
+    if (await cond()) return true;
+    await sleep(50);
+  }
+  return Boolean(await cond());
+}

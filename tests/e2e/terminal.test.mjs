@@ -17,6 +17,8 @@ import {
   removeHome,
   sleep,
   textOf,
+  hostProcessesWith,
+  until,
 } from './lib.mjs';
 
 const TOOL = 'terminal_execute';
@@ -29,32 +31,7 @@ const OUTPUT_LIMIT_NOTE =
 // A marker no other process on the host has: `sleep <marker>` is found through /proc.
 const uniqueMarker = (base) => `${base}.${process.pid % 1000}${Math.floor(Math.random() * 1000)}`;
 
-// Host processes whose command line contains `needle` (the sandbox's pid namespace is private,
-// but its processes are ordinary host processes).
-function hostProcessesWith(needle) {
-  const found = [];
-  for (const entry of fs.readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
-    let cmdline;
-    try {
-      cmdline = fs.readFileSync(`/proc/${entry}/cmdline`, 'utf8');
-    } catch {
-      continue; // gone meanwhile
-    }
-    if (cmdline.includes(needle)) found.push(`${entry}: ${cmdline.split('\0').join(' ')}`);
-  }
-  return found;
-}
 
-// Polls until `cond()` is true or `timeout` ms pass; returns whether it became true.
-async function until(cond, timeout = 5000) {
-  const end = Date.now() + timeout;
-  while (Date.now() < end) {
-    if (cond()) return true;
-    await sleep(50);
-  }
-  return cond();
-}
 
 describe('terminal_execute', () => {
   let home;
