@@ -1,5 +1,7 @@
 #include "mcp/validate.hpp"
 
+#include "base/text.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -283,21 +285,7 @@ std::size_t utf8_length(std::string_view text) {
 
 std::string sanitize_utf8(std::string_view text) {
   if (!find_invalid_utf8(text)) return std::string(text);
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const std::size_t n = text.size();
-  std::string out;
-  out.reserve(n + 8);
-  for (std::size_t i = 0; i < n;) {
-    const std::size_t len = sequence_length(s + i, n - i);
-    if (len == 0) {
-      out += "\xEF\xBF\xBD";
-      ++i;
-    } else {
-      out.append(text.substr(i, len));
-      i += len;
-    }
-  }
-  return out;
+  return text::sanitize_utf8(text);
 }
 
 }  // namespace nshpc::mcp::detail

@@ -20,7 +20,7 @@
 
 #include "base/error.hpp"
 #include "base/fd.hpp"
-#include "mcp/validate.hpp"
+#include "base/text.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -341,13 +341,13 @@ mcp::ToolResult make_result(const Request& req, Outcome o) {
   if (o.ending == Ending::finished && !o.status.started) {
     // bwrap could not set up the sandbox or execute the command; its own message is on stderr
     // (e.g. "bwrap: Can't chdir to /x: No such file or directory", "bwrap: execvp prog: ...").
-    std::string said = mcp::detail::sanitize_utf8(o.err);
+    std::string said = text::sanitize_utf8(o.err);
     while (!said.empty() && (said.back() == '\n' || said.back() == ' ')) said.pop_back();
     if (!said.empty()) return mcp::ToolResult::error("the command could not be run in the sandbox: " + said);
     return mcp::ToolResult::error(o.status.error.empty() ? "the sandbox did not start" : o.status.error);
   }
-  const std::string out = mcp::detail::sanitize_utf8(o.out);
-  const std::string err = mcp::detail::sanitize_utf8(o.err);
+  const std::string out = text::sanitize_utf8(o.out);
+  const std::string err = text::sanitize_utf8(o.err);
   const std::int64_t ms = o.duration.count();
   // The text keeps the original's key order; structuredContent adds the instance.
   nlohmann::ordered_json text = {{"stdout", out}, {"stderr", err}, {"exit_code", exit_code}, {"exec_duration_ms", ms}};

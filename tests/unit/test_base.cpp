@@ -75,3 +75,12 @@ TEST(Text, ShellQuoteOnlyWhenNeeded) {
   EXPECT_EQ(text::shell_join({"ls", "-la", "my file", "it's"}), "ls -la 'my file' 'it'\\''s'");
   EXPECT_EQ(text::truncate_utf8("héllo", 2), "h…");
 }
+
+TEST(Text, SanitizeUtf8ReplacesOnlyInvalidSequences) {
+  EXPECT_EQ(text::sanitize_utf8("plain ascii"), "plain ascii");
+  EXPECT_EQ(text::sanitize_utf8("h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80"), "h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80");
+  EXPECT_EQ(text::sanitize_utf8("\xff ok"), "\xef\xbf\xbd ok");
+  EXPECT_EQ(text::sanitize_utf8("\xc0\xaf"), "\xef\xbf\xbd\xef\xbf\xbd");   // overlong '/'
+  EXPECT_EQ(text::sanitize_utf8("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // surrogate
+  EXPECT_EQ(text::sanitize_utf8("cut \xe2\x82"), "cut \xef\xbf\xbd\xef\xbf\xbd");
+}
