@@ -22,6 +22,7 @@
 #include "base/fs.hpp"
 #include "cli/app.hpp"
 #include "cli/output.hpp"
+#include "sandbox/cgroups.hpp"
 #include "sandbox/seccomp.hpp"
 
 namespace nshpc::cli {
@@ -264,61 +265,24 @@ Check check_instances_dir(const config::Config& cfg) {
   return c;
 }
 
-std::optional<std::string> cgroup2_mount() {
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    auto dash = line.find(" - ");
-    if (dash == std::string::npos) continue;
-    std::istringstream pre(line.substr(0, dash)), post(line.substr(dash + 3));
-    std::string f1, f2, f3, f4, mount_point, fstype;
-    pre >> f1 >> f2 >> f3 >> f4 >> mount_point;
-    post >> fstype;
-    if (fstype == "cgroup2") return mount_point;
-  }
-  return std::nullopt;
-}
-
-bool can_make_child_cgroup(const stdfs::path& dir) {
-  const stdfs::path child = dir / fmt::format("ns-hpc-doctor-{}", ::getpid());
-  if (::mkdir(child.c_str(), 0755) < 0) return false;
-  ::rmdir(child.c_str());
-  return true;
-}
-
-std::vector<Check> check_cgroups() {
-  std::vector<Check> checks;
-  Check v1{"cgroup v1 controllers (memory, cpu, pids)"};
-  v1.required = false;
-  std::vector<std::string> usable, missing;
-  for (const char* controller : {"memory", "cpu", "pids"}) {
-    stdfs::path dir = stdfs::path("/sys/fs/cgroup") / controller;
-    if (stdfs::exists(dir / "cgroup.procs") && can_make_child_cgroup(dir))
-      usable.emplace_back(controller);
-    else
-      missing.emplace_back(controller);
-  }
-  v1.ok = missing.empty();
-  v1.detail = usable.empty() ? "none usable" : "usable: " + fmt::format("{}", fmt::join(usable, ", "));
-  if (!missing.empty()) v1.detail += "; not usable: " + fmt::format("{}", fmt::join(missing, ", "));
-  if (!v1.ok) v1.fix = "job limits on memory/cpu/pids need writable cgroups (root, or a delegated subtree)";
-  checks.push_back(v1);
-
-  Check v2{"cgroup v2 (cgroup.kill, controllers)"};
-  v2.required = false;
-  if (auto mount = cgroup2_mount()) {
-    std::string controllers = trim(fs::read_file(stdfs::path(*mount) / "cgroup.controllers").value_or(""));
-    bool writable = can_make_child_cgroup(*mount);
-    v2.ok = writable;
-    v2.detail = fmt::format("{}: controllers [{}]{}", *mount, controllers,
-                            writable ? ", child cgroups can be made (cgroup.kill usable)" : ", not writable");
-    if (!writable) v2.fix = "whole-tree kill via cgroup.kill needs a writable cgroup2 subtree";
-  } else {
-    v2.detail = "no cgroup2 mount";
-    v2.fix = "mount cgroup2 (e.g. at /sys/fs/cgroup/unified) to use cgroup.kill";
-  }
-  checks.push_back(v2);
-  return checks;
+// What the job engine can enforce here: the cgroups module really creates a test group in each
+// hierarchy (v1 controllers and the v2 tree) and removes it.
+Check check_cgroups() {
+  Check c{"cgroups for job limits (memory, cpu, pids, whole-tree kill)"};
+  c.required = false;
+  const sandbox::CgroupSupport support = sandbox::probe_cgroups();
+  std::vector<std::string> missing;
+  if (!support.memory) missing.emplace_back("memory");
+  if (!support.cpu) missing.emplace_back("cpu");
+  if (!support.pids) missing.emplace_back("pids");
+  if (!support.kill) missing.emplace_back("kill");
+  c.ok = missing.empty();
+  c.detail = support.detail;
+  if (!c.ok)
+    c.fix = fmt::format("{} cannot be enforced: jobs run anyway and list it under 'unenforced'; run as root or "
+                        "delegate a cgroup subtree to this user",
+                        fmt::join(missing, ", "));
+  return c;
 }
 
 Check check_slurm() {
@@ -369,7 +333,7 @@ void add_doctor_command(CLI::App& app, Context& ctx) {
       checks.push_back(skipped);
     }
     checks.push_back(check_instances_dir(*cfg));
-    for (auto& c : check_cgroups()) checks.push_back(std::move(c));
+    checks.push_back(check_cgroups());
     checks.push_back(check_slurm());
 
     bool ok = true;
