@@ -74,16 +74,23 @@ mcp::ToolResult result_of(const jobs::View& view) {
   return mcp::ToolResult::text(jobs::view_text(view), jobs::view_json(view));
 }
 
-// Waits for the job as the call asked; progress while waiting, stops waiting (not the job) when
-// the request is cancelled. Returns the view and whether the wait ran out with the job alive.
-std::pair<jobs::View, bool> wait_for(jobs::Engine& engine, const std::string& instance, const std::string& job,
-                                     std::int64_t timeout_s, const jobs::TailOptions& tail, mcp::RequestContext& rc) {
+// Waits for the job as the call asked: progress while waiting, stops waiting (not the job) when
+// the request is cancelled, and with detach=false cancels a job still running when a real wait
+// (timeout > 0) ran out. Returns the result to send.
+mcp::ToolResult wait_for(const Context& ctx, const std::string& instance, const std::string& job,
+                         std::int64_t timeout_s, const json& args, mcp::RequestContext& rc) {
+  jobs::Engine& engine = *ctx.services.jobs;
   bool interrupted = false;
   jobs::View v = engine.wait(
-      instance, job, std::chrono::seconds(timeout_s), tail,
+      instance, job, std::chrono::seconds(timeout_s), tail_of(args),
       [&] { return interrupted = rc.cancelled(); },
       [&](double elapsed) { rc.progress(elapsed, static_cast<double>(timeout_s), "waiting for the job"); });
-  return {v, !interrupted && !jobs::is_final(v.record.state) && timeout_s > 0};
+  const bool ran_out = !interrupted && !jobs::is_final(v.record.state) && timeout_s > 0;
+  if (ran_out && !args.value("detach", true)) {
+    engine.cancel(instance, job, actor(rc));
+    v = engine.view(instance, job, tail_of(args));
+  }
+  return result_of(v);
 }
 
 void add_submit(mcp::Server& server, const Context& ctx) {
@@ -120,13 +127,7 @@ void add_submit(mcp::Server& server, const Context& ctx) {
     if (auto it = args.find("limits"); it != args.end())
       for (const auto& [name, value] : it->items()) req.limits.values[name] = value.get<std::int64_t>();
     jobs::Record rec = ctx.services.jobs->submit(req, actor(rc));
-    auto [view, ran_out] = wait_for(*ctx.services.jobs, rec.instance_id, rec.id, args.value("timeout", 30),
-                                    tail_of(args), rc);
-    if (ran_out && !args.value("detach", true)) {
-      ctx.services.jobs->cancel(rec.instance_id, rec.id, actor(rc));
-      view = ctx.services.jobs->view(rec.instance_id, rec.id, tail_of(args));
-    }
-    return result_of(view);
+    return wait_for(ctx, rec.instance_id, rec.id, args.value("timeout", 30), args, rc);
   };
   server.add_tool(std::move(tool));
 }
@@ -152,14 +153,7 @@ void add_poll(mcp::Server& server, const Context& ctx) {
   tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", false}, {"openWorldHint", false}};
   tool.accept_input_wrapper = true;
   tool.handler = [ctx](const json& args, mcp::RequestContext& rc) {
-    const std::string instance = instance_arg(ctx, args);
-    const std::string job = args.value("job_id", "");
-    auto [view, ran_out] = wait_for(*ctx.services.jobs, instance, job, args.value("timeout", 0), tail_of(args), rc);
-    if (ran_out && !args.value("detach", true)) {
-      ctx.services.jobs->cancel(instance, job, actor(rc));
-      view = ctx.services.jobs->view(instance, job, tail_of(args));
-    }
-    return result_of(view);
+    return wait_for(ctx, instance_arg(ctx, args), args.value("job_id", ""), args.value("timeout", 0), args, rc);
   };
   server.add_tool(std::move(tool));
 }
