@@ -1,57 +1,236 @@
-// ns-hpc run: the MCP server.
+// ns-hpc run: the MCP server, on stdio or HTTP (streamable HTTP, legacy SSE; TCP or a Unix socket).
 #include <sys/prctl.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
+#include "base/fs.hpp"
 #include "base/log.hpp"
 #include "cli/app.hpp"
 #include "tools/tools.hpp"
+#include "transport/http.hpp"
 #include "transport/stdio.hpp"
 
 namespace nshpc::cli {
 
-void add_run_command(CLI::App& app, Context& ctx) {
-  struct Args {
-    std::string transport = "stdio";
-    std::string host = "127.0.0.1";
-    int port = 8000;
-    std::string uds;
-    std::string path = "/mcp";
+namespace {
+
+struct RunArgs {
+  std::string transport = "stdio";
+  std::string host;
+  int port = 0;
+  std::string uds;
+  std::string path;
+  std::string auth_token;
+  bool allow_unauthenticated = false;
+  std::vector<std::string> allowed_hosts;
+  std::vector<std::string> allowed_origins;
+  int session_timeout = 0;
+  // Which of the options were given on the command line.
+  bool has_host = false, has_port = false, has_uds = false, has_path = false, has_token = false,
+       has_session_timeout = false;
+};
+
+std::string random_token() {
+  std::FILE* f = std::fopen("/dev/urandom", "rb");
+  if (!f) throw SysError(errno, "open", "/dev/urandom (to generate an HTTP token)");
+  unsigned char raw[32];
+  const bool ok = std::fread(raw, 1, sizeof raw, f) == sizeof raw;
+  std::fclose(f);
+  if (!ok) throw Error("could not read 32 random bytes from /dev/urandom for the HTTP token");
+  std::string out;
+  for (unsigned char c : raw) out += fmt::format("{:02x}", c);
+  return out;
+}
+
+// The token kept in <state_dir>/http-token (0600), created on first use.
+std::string stored_token(const std::filesystem::path& state_dir, bool& created) {
+  const std::filesystem::path file = state_dir / "http-token";
+  created = false;
+  struct stat st {};
+  if (::stat(file.c_str(), &st) == 0) {
+    if ((st.st_mode & 077) != 0)
+      throw Error(fmt::format("{} is readable by other users (mode {:o}); run 'chmod 600 {}' or delete it to get a "
+                              "new token",
+                              file.string(), st.st_mode & 0777, file.string()));
+    std::ifstream in(file);
+    std::string token;
+    std::getline(in, token);
+    while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+    if (token.size() >= 16) return token;
+    log::warn("{} holds no usable token (fewer than 16 characters): a new one is generated", file.string());
+  }
+  fs::make_dirs(state_dir, 0700);
+  std::string token = random_token();
+  fs::atomic_write(file, token + "\n", 0600);
+  created = true;
+  return token;
+}
+
+void run_http(Context& ctx, const RunArgs& a) {
+  const config::Config& cfg = ctx.config();
+  transport::HttpOptions options;
+  options.protocol = a.transport == "sse" ? transport::HttpOptions::Protocol::legacy_sse
+                                          : transport::HttpOptions::Protocol::streamable;
+  options.host = a.has_host ? a.host : cfg.server.host;
+  options.port = static_cast<std::uint16_t>(a.has_port ? a.port : cfg.server.port);
+  options.uds = a.has_uds ? a.uds : std::string();
+  options.path = a.has_path ? a.path : cfg.server.path;
+  if (options.path.empty() || options.path.front() != '/')
+    throw Error(fmt::format("--path {:?}: the HTTP endpoint path must start with /", options.path));
+  options.allowed_hosts = cfg.server.allowed_hosts;
+  options.allowed_hosts.insert(options.allowed_hosts.end(), a.allowed_hosts.begin(), a.allowed_hosts.end());
+  options.allowed_origins = cfg.server.allowed_origins;
+  options.allowed_origins.insert(options.allowed_origins.end(), a.allowed_origins.begin(), a.allowed_origins.end());
+  options.session_idle_timeout =
+      std::chrono::seconds(a.has_session_timeout ? a.session_timeout : cfg.server.session_idle_timeout);
+  options.max_sessions = static_cast<std::size_t>(cfg.server.max_sessions);
+  options.max_body_bytes = static_cast<std::size_t>(cfg.mcp.max_message_bytes);
+  options.read_timeout = std::chrono::seconds(cfg.server.read_timeout);
+  options.shutdown_grace = std::chrono::seconds(cfg.server.shutdown_grace);
+  options.sse_buffer_bytes = static_cast<std::size_t>(cfg.server.sse_buffer_bytes);
+
+  // The token: --auth-token, NS_HPC_AUTH_TOKEN, [server] auth_token; otherwise, on loopback or
+  // a Unix socket, the one kept in the state folder (generated once).
+  std::string token;
+  std::string source;
+  if (a.has_token && !a.auth_token.empty()) {
+    token = a.auth_token;
+    source = "--auth-token";
+  } else if (const char* env = std::getenv("NS_HPC_AUTH_TOKEN"); env && *env) {
+    token = env;
+    source = "NS_HPC_AUTH_TOKEN";
+  } else if (!cfg.server.auth_token.empty()) {
+    token = cfg.server.auth_token;
+    source = "[server] auth_token";
+  }
+  const bool local = !options.uds.empty() || transport::is_loopback_host(options.host);
+  bool generated = false;
+  std::string token_file;
+  if (token.empty() && !a.allow_unauthenticated) {
+    if (!local)
+      throw Error(
+          "A non-loopback HTTP listener can execute arbitrary sandbox commands. Set NS_HPC_AUTH_TOKEN/--auth-token, "
+          "or explicitly pass --allow-unauthenticated-http behind a trusted private network.");
+    token = stored_token(cfg.server.state_dir, generated);
+    token_file = (cfg.server.state_dir / "http-token").string();
+    source = token_file;
+  }
+  if (token.empty())
+    log::warn("HTTP without a token (--allow-unauthenticated-http): anyone who can reach {} can run commands in every "
+              "instance",
+              options.uds.empty() ? fmt::format("{}:{}", options.host, options.port) : options.uds);
+  else if (token.size() < 16)
+    log::warn("the HTTP token from {} is short ({} characters); use at least 32 random characters", source, token.size());
+  options.token = token;
+
+  const bool show_token = !token_file.empty();
+  const std::string transport_name = a.transport == "sse" ? "legacy HTTP+SSE" : "streamable HTTP";
+  options.on_listening = [&, show_token](const std::string& url) {
+    std::string client_url = url;
+    nlohmann::json server_entry;
+    if (!options.uds.empty()) {
+      server_entry = {{"type", "http"}, {"url", "http://localhost" + options.path}, {"socketPath", options.uds}};
+    } else {
+      server_entry = {{"type", a.transport == "sse" ? "sse" : "http"}, {"url", url}};
+    }
+    if (!token.empty())
+      server_entry["headers"] = {{"Authorization", "Bearer " + (show_token ? token : std::string("<your token>"))}};
+    std::string text = fmt::format("ns-hpc: MCP ({}) listening on {}\n", transport_name, client_url);
+    if (!token.empty())
+      text += show_token ? fmt::format("ns-hpc: bearer token (kept in {}): {}\n", token_file, token)
+                         : fmt::format("ns-hpc: bearer token from {}\n", source);
+    text += "ns-hpc: MCP client configuration:\n" +
+            nlohmann::json{{"mcpServers", {{"ns-hpc", server_entry}}}}.dump() + "\n";
+    std::fputs(text.c_str(), stderr);
+    std::fflush(stderr);
   };
-  auto a = std::make_shared<Args>();
+
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  jobs::Engine& engine = ctx.jobs();
+  engine.recover();
+  const tools::Services services{cfg, ctx.store(), ctx.backend(), &engine};
+  mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
+  tools::register_all(server, services);
+  ctx.exit_code = transport::serve_http(server, options);
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, Context& ctx) {
+  auto a = std::make_shared<RunArgs>();
   auto* cmd = app.add_subcommand(
       "run",
-      "Start the MCP server (stdio by default: point an MCP client's command at 'ns-hpc run').\n"
-      "stdout carries only MCP messages; logs go to stderr.");
-  cmd->add_option("-t,--transport", a->transport, "stdio (default), streamable-http or sse");
-  cmd->add_option("-H,--host", a->host, "HTTP listen address (default 127.0.0.1)");
-  cmd->add_option("-p,--port", a->port, "HTTP port (default 8000)")->check(CLI::Range(0, 65535));
-  cmd->add_option("-u,--uds", a->uds, "Unix socket path for HTTP (instead of host/port)");
-  cmd->add_option("--path", a->path, "HTTP endpoint path (default /mcp)");
-  cmd->callback([&ctx, a] {
+      "Start the MCP server. stdio by default (point an MCP client's command at 'ns-hpc run'; stdout carries only "
+      "MCP messages, logs go to stderr). With --transport streamable-http (or sse for old clients) it serves HTTP on "
+      "127.0.0.1:8000/mcp (or a Unix socket) behind a bearer token, printed with a ready-to-paste client "
+      "configuration at start-up.");
+  cmd->add_option("-t,--transport", a->transport, "stdio (default), streamable-http (alias http) or sse (legacy)");
+  auto* host = cmd->add_option("-H,--host", a->host, "HTTP listen address (default [server] host: 127.0.0.1)");
+  auto* port = cmd->add_option("-p,--port", a->port, "HTTP port (default [server] port: 8000; 0 = any free port)")
+                   ->check(CLI::Range(0, 65535));
+  auto* uds = cmd->add_option("-u,--uds", a->uds, "Unix socket path for HTTP, created 0600 (instead of host/port)");
+  auto* path = cmd->add_option("--path", a->path, "HTTP endpoint path (default [server] path: /mcp)");
+  auto* token = cmd->add_option("--auth-token", a->auth_token,
+                                "bearer token for every HTTP route but /healthz (better: NS_HPC_AUTH_TOKEN, which ps "
+                                "does not show; default: [server] auth_token, else one generated and kept in "
+                                "<state_dir>/http-token)");
+  cmd->add_flag("--allow-unauthenticated-http", a->allow_unauthenticated,
+                "serve HTTP without a token unless one is given (needed for a non-loopback listener without a "
+                "token; only behind a trusted private network)");
+  auto* hosts = cmd->add_option("--allowed-host", a->allowed_hosts,
+                                "a Host name to accept besides localhost/127.0.0.1/[::1] and the listen address "
+                                "(repeatable; \"*\" = any)");
+  auto* origins = cmd->add_option("--allowed-origin", a->allowed_origins,
+                                  "an Origin to accept besides http(s)://<an accepted host> (repeatable)");
+  auto* timeout = cmd->add_option("--session-timeout", a->session_timeout,
+                                  "close HTTP sessions idle for this many seconds (default [server] "
+                                  "session_idle_timeout: 300)")
+                      ->check(CLI::Range(1, 31536000));
+  cmd->callback([&ctx, a, host, port, uds, path, token, hosts, origins, timeout] {
+    if (a->transport == "http") a->transport = "streamable-http";
     if (a->transport != "stdio" && a->transport != "streamable-http" && a->transport != "sse")
       throw CLI::ValidationError(
           "--transport", fmt::format("Unknown transport: '{}'. Must be one of: stdio, streamable-http, sse",
                                      a->transport));
-    if (a->transport != "stdio")
-      throw Error(fmt::format(
-          "the {} transport is not available in this version of ns-hpc yet; use --transport stdio "
-          "(MCP clients start 'ns-hpc run' as a command)",
-          a->transport));
+    a->has_host = host->count() > 0;
+    a->has_port = port->count() > 0;
+    a->has_uds = uds->count() > 0;
+    a->has_path = path->count() > 0;
+    a->has_token = token->count() > 0;
+    a->has_session_timeout = timeout->count() > 0;
     const config::Config& cfg = ctx.config();
-    // Sandbox processes orphaned by bwrap come to us, not to pid 1 (which in containers may
-    // never reap them); the job engine and the sandbox backend reap them.
-    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-    jobs::Engine& engine = ctx.jobs();
-    engine.recover();  // jobs left running by an earlier server are watched again
-    const tools::Services services{cfg, ctx.store(), ctx.backend(), &engine};
-    mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
-    tools::register_all(server, services);
-    transport::StdioOptions options;
-    options.max_message_bytes = static_cast<std::size_t>(cfg.mcp.max_message_bytes);
-    log::info("serving MCP on stdio");
-    ctx.exit_code = transport::serve_stdio(server, options);
+    if (a->transport == "stdio") {
+      for (auto [given, flag] : {std::pair{a->has_host, "--host"}, {a->has_port, "--port"}, {a->has_uds, "--uds"},
+                                 {a->has_path, "--path"}, {a->has_token, "--auth-token"},
+                                 {a->allow_unauthenticated, "--allow-unauthenticated-http"},
+                                 {hosts->count() > 0, "--allowed-host"}, {origins->count() > 0, "--allowed-origin"},
+                                 {a->has_session_timeout, "--session-timeout"}})
+        if (given)
+          throw Error(fmt::format("{} is only valid with an HTTP transport (--transport streamable-http or sse); in "
+                                  "stdio mode there is no HTTP server",
+                                  flag));
+      // Sandbox processes orphaned by bwrap come to us, not to pid 1 (which in containers may
+      // never reap them); the job engine and the sandbox backend reap them.
+      ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+      jobs::Engine& engine = ctx.jobs();
+      engine.recover();  // jobs left running by an earlier server are watched again
+      const tools::Services services{cfg, ctx.store(), ctx.backend(), &engine};
+      mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
+      tools::register_all(server, services);
+      transport::StdioOptions options;
+      options.max_message_bytes = static_cast<std::size_t>(cfg.mcp.max_message_bytes);
+      log::info("serving MCP on stdio");
+      ctx.exit_code = transport::serve_stdio(server, options);
+      return;
+    }
+    run_http(ctx, *a);
   });
 }
 

@@ -158,6 +158,8 @@ void use_system_state_dir(toml::table& defaults) {
       ns->insert_or_assign("instances_dir", std::string(kRootInstancesDir));
     }
   }
+  if (toml::table* server = defaults["server"].as_table())
+    server->insert_or_assign("state_dir", std::string(kRootStateDir));
 }
 
 Loaded load_layers(const std::vector<LayerFile>& files, const EnvLookup& env, bool as_root) {
@@ -301,6 +303,20 @@ nlohmann::json to_json(const Config& config) {
         {"max_message_bytes", config.mcp.max_message_bytes},
         {"page_size", config.mcp.page_size},
         {"default_instance", config.mcp.default_instance}}},
+      {"server",
+       {{"host", config.server.host},
+        {"port", config.server.port},
+        {"path", config.server.path},
+        // A secret: shown only as set or not.
+        {"auth_token", config.server.auth_token.empty() ? "" : "<set, hidden>"},
+        {"state_dir", config.server.state_dir.string()},
+        {"allowed_hosts", config.server.allowed_hosts},
+        {"allowed_origins", config.server.allowed_origins},
+        {"session_idle_timeout", config.server.session_idle_timeout},
+        {"max_sessions", config.server.max_sessions},
+        {"read_timeout", config.server.read_timeout},
+        {"shutdown_grace", config.server.shutdown_grace},
+        {"sse_buffer_bytes", config.server.sse_buffer_bytes}}},
       {"dav", dav_json(config.dav)},
       {"proxied_mcps", proxied_mcps_json(config.proxied_mcps)},
       {"host_commands", host_commands_json(config.host_commands)},

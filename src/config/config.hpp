@@ -86,6 +86,22 @@ struct Mcp {
   std::string default_instance;  // instance used when a tool call names none ("" = must name one)
 };
 
+// The HTTP transports (ns-hpc run --transport streamable-http|sse); command-line flags override.
+struct Server {
+  std::string host = "127.0.0.1";
+  std::int64_t port = 8000;
+  std::string path = "/mcp";
+  std::string auth_token;                 // "" = NS_HPC_AUTH_TOKEN, else the stored/generated one
+  std::filesystem::path state_dir;        // holds http-token (0600)
+  std::vector<std::string> allowed_hosts;    // extra Host names (DNS-rebinding protection)
+  std::vector<std::string> allowed_origins;  // extra Origins
+  std::int64_t session_idle_timeout = 300;   // seconds
+  std::int64_t max_sessions = 256;
+  std::int64_t read_timeout = 30;            // seconds, per request and per stalled write
+  std::int64_t shutdown_grace = 5;           // seconds for requests in flight at SIGTERM
+  std::int64_t sse_buffer_bytes = 8 * 1024 * 1024;
+};
+
 struct DavExtra {
   std::filesystem::path path;
   bool ro = true;
@@ -116,6 +132,7 @@ struct Config {
   Jobs jobs;
   Resource resource;
   Mcp mcp;
+  Server server;
   Dav dav;
   std::map<std::string, ProxiedMcp> proxied_mcps;
   std::map<std::string, HostCommand> host_commands;
@@ -139,6 +156,7 @@ bool running_as_root();   // geteuid() == 0
 // Default namespace.instances_dir when running as root (instead of ~/.local/share/...): the
 // sandbox uid must be able to traverse the path to the workspaces, and /root is private.
 inline constexpr std::string_view kRootInstancesDir = "/var/lib/ns-hpc/instances";
+inline constexpr std::string_view kRootStateDir = "/var/lib/ns-hpc";
 
 struct LoadOptions {
   std::optional<std::filesystem::path> explicit_path;  // --config; falls back to NS_HPC_CONFIG

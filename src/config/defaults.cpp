@@ -105,6 +105,30 @@ page_size = 100
 # Instance that terminal_execute and the job tools use when a call names none ("": none).
 default_instance = ""
 
+[server]
+# The HTTP transports: ns-hpc run --transport streamable-http (or sse). Flags override these.
+host = "127.0.0.1"
+port = 8000
+path = "/mcp"
+# Bearer token required on every HTTP route but /healthz. When "" (and NS_HPC_AUTH_TOKEN is
+# unset), ns-hpc generates one, keeps it in <state_dir>/http-token (mode 0600) and prints it.
+auth_token = ""
+state_dir = "${HOME}/.local/state/ns-hpc"
+# Host header names accepted besides localhost, 127.0.0.1, [::1] and the listen address
+# (DNS-rebinding protection); "*" accepts any.
+allowed_hosts = []
+# Origin header values accepted besides http(s)://<an accepted host>; "*" accepts any.
+allowed_origins = []
+# An HTTP session nobody used for this many seconds is closed and everything it held released.
+session_idle_timeout = 300
+max_sessions = 256
+# Seconds a client may take to send one request, or to take a stalled response.
+read_timeout = 30
+# Seconds that requests in flight get to finish after SIGTERM/SIGINT.
+shutdown_grace = 5
+# Unsent bytes one SSE stream may hold for a slow reader before notifications are dropped.
+sse_buffer_bytes = 8388608
+
 [dav]
 # Serve WebDAV at /dav (HTTP transports only).
 enabled = false

@@ -588,6 +588,20 @@ constexpr IntRule kJobCountRule{1, 100000, "jobs"};
 constexpr IntRule kGraceRule{0, 600, "seconds"};
 constexpr IntRule kMessageBytesRule{1024, 1073741824, "bytes (1 KiB to 1 GiB)"};
 constexpr IntRule kPageSizeRule{1, 10000, "items per page"};
+constexpr IntRule kPortRule{0, 65535, "a TCP port, 0 = any free port"};
+constexpr IntRule kIdleSecondsRule{1, 31536000, "seconds, at least 1"};
+constexpr IntRule kSessionsRule{1, 100000, "sessions"};
+constexpr IntRule kSseBufferRule{65536, 1073741824, "bytes (64 KiB to 1 GiB)"};
+
+std::optional<std::string> read_http_path(const Field& field, Context& ctx) {
+  auto text = read_string(field, {"an URL path starting with /"}, ctx);
+  if (!text) return std::nullopt;
+  if (text->empty() || text->front() != '/' || text->find_first_of("?# \t") != std::string::npos) {
+    ctx.error(field, fmt::format("{:?} is not an URL path; use something like \"/mcp\"", *text));
+    return std::nullopt;
+  }
+  return text;
+}
 constexpr IntRule kLimitValueRule{0, std::numeric_limits<std::int64_t>::max(), "", true};
 constexpr NumberRule kIdleTimeoutRule{0, true, "seconds; 0 = never closed"};
 constexpr NumberRule kHostTimeoutRule{0, false, "seconds"};
@@ -795,6 +809,21 @@ Config validate(const toml::table& merged, const EnvLookup& env, Diagnostics& di
     section.read("max_message_bytes", config.mcp.max_message_bytes, read_int, kMessageBytesRule);
     section.read("page_size", config.mcp.page_size, read_int, kPageSizeRule);
     section.read("default_instance", config.mcp.default_instance, read_string, StringRule{"an instance id"});
+  });
+  root.table("server", [&](Section& section) {
+    Server& server = config.server;
+    section.read("host", server.host, read_string, StringRule{"a listen address such as 127.0.0.1", true});
+    section.read("port", server.port, read_int, kPortRule);
+    section.read("path", server.path, read_http_path);
+    section.read("auth_token", server.auth_token, read_string, StringRule{"a bearer token, or \"\" for the generated one"});
+    section.read("state_dir", server.state_dir, read_folder);
+    section.read("allowed_hosts", server.allowed_hosts, read_strings);
+    section.read("allowed_origins", server.allowed_origins, read_strings);
+    section.read("session_idle_timeout", server.session_idle_timeout, read_int, kIdleSecondsRule);
+    section.read("max_sessions", server.max_sessions, read_int, kSessionsRule);
+    section.read("read_timeout", server.read_timeout, read_int, kIdleSecondsRule);
+    section.read("shutdown_grace", server.shutdown_grace, read_int, kGraceRule);
+    section.read("sse_buffer_bytes", server.sse_buffer_bytes, read_int, kSseBufferRule);
   });
   root.table("dav", [&](Section& section) { config.dav = read_dav(section); });
   root.named("proxied_mcps", kMcpNames, config.proxied_mcps, read_proxied_mcp);

@@ -173,7 +173,7 @@ const std::set<std::string, std::less<>>& known_methods() {
   static const std::set<std::string, std::less<>> methods = {
       "initialize", "ping", "logging/setLevel", "tools/list", "tools/call", "prompts/list",
       "prompts/get", "resources/list", "resources/templates/list", "resources/read",
-      "resources/subscribe", "resources/unsubscribe"};
+      "resources/subscribe", "resources/unsubscribe", "completion/complete"};
   // clang-format on
   return methods;
 }
@@ -210,10 +210,16 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
     bool done = false;                    // response decided; guarded by send_mu
     std::optional<double> last_progress;  // guarded by send_mu
   };
+  // A request this server sent to the client, waiting for the client's response.
+  struct Outgoing {
+    bool answered = false;
+    json result;
+    std::optional<json> error;
+  };
   class Context;
   using Job = std::function<json(RequestContext& ctx)>;  // the result; may throw ProtocolError
 
-  State(Server& srv, std::string session_id, Send send_fn, Executor exec)
+  State(Server& srv, std::string session_id, RoutedSend send_fn, Executor exec)
       : server(srv),
         id(std::move(session_id)),
         send(std::move(send_fn)),
@@ -221,7 +227,7 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
 
   Server& server;
   const std::string id;
-  const Send send;
+  const RoutedSend send;
   const Executor executor;
 
   mutable std::mutex mu;
@@ -238,11 +244,13 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   std::size_t running = 0;                             // handlers executing now
   std::size_t sending = 0;                             // Send calls in progress
   std::set<std::string, std::less<>> subscriptions;
+  std::map<std::string, std::shared_ptr<Outgoing>> outgoing;  // by request id
+  std::uint64_t next_outgoing = 0;
 
   Server::Registry& registry() { return *server.registry_; }
 
   // Sends unless closed; never with `mu` held. Returns whether it was handed to Send.
-  bool emit(const json& message) {
+  bool emit(const json& message, const json& related = nullptr) {
     {
       std::lock_guard lock(mu);
       if (closed) return false;
@@ -251,7 +259,7 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
     {
       StackEntry entry(tl_sends, this);
       try {
-        send(message);
+        send(message, related);
       } catch (...) {
         // The transport reports its own failures; the protocol core carries on.
       }
@@ -266,7 +274,7 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
     return true;
   }
 
-  void log(LogLevel lv, const json& data, const std::string& logger) {
+  void log(LogLevel lv, const json& data, const std::string& logger, const json& related = nullptr) {
     {
       std::lock_guard lock(mu);
       if (closed || !initialized || lv < level) return;
@@ -274,8 +282,12 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
     json params = {{"level", std::string(to_string(lv))}};
     if (!logger.empty()) params["logger"] = detail::sanitize_utf8(logger);
     params["data"] = data;
-    emit(make_notification("notifications/message", std::move(params)));
+    emit(make_notification("notifications/message", std::move(params)), related);
   }
+
+  json request_client(const std::shared_ptr<Call>& call, const std::string& method, json params,
+                      std::chrono::milliseconds timeout);
+  void client_response(const json& message);
 
   void close() {
     std::unique_lock lock(mu);
@@ -304,9 +316,9 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
     if (it != calls.end() && it->second == call) calls.erase(it);
   }
   std::pair<std::size_t, std::size_t> page(const json& params, std::size_t total);
-  void reply(const json& id, json result) { emit(make_response(id, std::move(result))); }
+  void reply(const json& id, json result) { emit(make_response(id, std::move(result)), id); }
   void fail(const json& id, int code, std::string_view message, const json& data = nullptr) {
-    emit(make_error(id, code, message, data));
+    emit(make_error(id, code, message, data), id);
   }
 };
 
@@ -335,11 +347,21 @@ class Session::State::Context final : public RequestContext {
     json params = {{"progressToken", *call_->progress_token}, {"progress", progress}};
     if (total && std::isfinite(*total)) params["total"] = *total;
     if (!message.empty()) params["message"] = detail::sanitize_utf8(message);
-    state_->emit(make_notification("notifications/progress", std::move(params)));
+    state_->emit(make_notification("notifications/progress", std::move(params)), call_->id);
   }
 
   void log(LogLevel level, const json& data, const std::string& logger) override {
-    state_->log(level, data, logger);
+    state_->log(level, data, logger, call_->id);
+  }
+
+  json client_capabilities() const override {
+    std::lock_guard lock(state_->mu);
+    return state_->client_capabilities;
+  }
+
+  json request_client(const std::string& method, json params,
+                      std::chrono::milliseconds timeout) override {
+    return state_->request_client(call_, method, std::move(params), timeout);
   }
 
   const std::string& protocol_version() const override { return protocol_version_; }
@@ -361,6 +383,7 @@ struct Server::Registry {
   std::vector<std::shared_ptr<const Tool>> tools;
   std::vector<std::shared_ptr<const Prompt>> prompts;
   std::shared_ptr<ResourceProvider> resources;
+  CompletionHandler completion;
   std::map<Session*, std::weak_ptr<Session::State>> sessions;
 
   std::shared_ptr<const Tool> find_tool(std::string_view name) {
@@ -456,6 +479,11 @@ void Server::set_resources(std::shared_ptr<ResourceProvider> provider) {
   if (notify) notify_resource_list_changed();
 }
 
+void Server::set_completion(CompletionHandler handler) {
+  std::lock_guard lock(registry_->mu);
+  registry_->completion = std::move(handler);
+}
+
 void Server::notify_resource_list_changed() {
   registry_->broadcast(make_notification("notifications/resources/list_changed"));
 }
@@ -506,8 +534,11 @@ void Session::State::handle(json message) {
   }
   auto method_it = message.find("method");
   if (method_it == message.end()) {
-    // A response from the client: the server sends no requests yet, so nothing waits for it.
-    if (message.contains("result") || message.contains("error")) return;
+    // A response from the client to a request this server sent.
+    if (message.contains("result") || message.contains("error")) {
+      client_response(message);
+      return;
+    }
     fail(id, kInvalidRequest, R"(invalid request: missing "method")");
     return;
   }
@@ -594,17 +625,19 @@ json Session::State::initialize(const json& params) {
       is_supported_version(requested) ? requested : std::string(kProtocolVersions.front());
 
   auto& reg = registry();
-  bool has_resources = false, has_prompts = false;
+  bool has_resources = false, has_prompts = false, has_completion = false;
   {
     std::lock_guard lock(reg.mu);
     has_resources = reg.resources != nullptr;
     has_prompts = !reg.prompts.empty();
+    has_completion = static_cast<bool>(reg.completion);
   }
   json caps = json::object();
   caps["tools"] = {{"listChanged", true}};
   if (has_resources) caps["resources"] = {{"subscribe", true}, {"listChanged", true}};
   if (has_prompts) caps["prompts"] = {{"listChanged", true}};
   caps["logging"] = json::object();
+  if (has_completion) caps["completions"] = json::object();
 
   const ServerInfo& si = server.info();
   json server_info = {{"name", si.name}};
@@ -767,6 +800,37 @@ void Session::State::request(const std::string& method, const json& id, const js
     return;
   }
 
+  if (method == "completion/complete") {
+    CompletionHandler handler;
+    {
+      std::lock_guard lock(reg.mu);
+      handler = reg.completion;
+    }
+    if (!handler)
+      throw ProtocolError(kMethodNotFound, "method not found: completion/complete (this server offers no completions)");
+    auto ref = params.find("ref");
+    if (ref == params.end() || !ref->is_object())
+      throw invalid_params("params.ref: expected an object like {\"type\":\"ref/prompt\",\"name\":…}");
+    auto argument = params.find("argument");
+    if (argument == params.end() || !argument->is_object() || !argument->contains("name"))
+      throw invalid_params("params.argument: expected an object {\"name\":…, \"value\":…}");
+    json context = params.contains("context") ? params["context"] : json::object();
+    start(id, params, [handler, r = *ref, a = *argument, context](RequestContext&) {
+      json result = handler(r, a, context);
+      json completion = {{"values", json::array()}};
+      if (result.is_object()) completion = std::move(result);
+      if (completion.contains("values") && completion["values"].size() > 100) {
+        // The spec allows at most 100 values per response.
+        const std::size_t total = completion["values"].size();
+        completion["values"].erase(completion["values"].begin() + 100, completion["values"].end());
+        completion["hasMore"] = true;
+        if (!completion.contains("total")) completion["total"] = total;
+      }
+      return json{{"completion", std::move(completion)}};
+    });
+    return;
+  }
+
   // resources/*
   auto provider = reg.provider();
   if (!provider)
@@ -901,17 +965,86 @@ void Session::State::run(const std::shared_ptr<Call>& call, const Job& job) {
   if (drop) cv.notify_all();  // close() may be waiting for this handler
   std::lock_guard lock(call->send_mu);
   call->done = true;
-  if (!drop) emit(message);
+  if (!drop) emit(message, call->id);
+}
+
+json Session::State::request_client(const std::shared_ptr<Call>& call, const std::string& method,
+                                    json params, std::chrono::milliseconds timeout) {
+  static const std::map<std::string, std::string, std::less<>> needs = {
+      {"sampling/createMessage", "sampling"},
+      {"elicitation/create", "elicitation"},
+      {"roots/list", "roots"}};
+  auto pending = std::make_shared<Outgoing>();
+  std::string key;
+  json id;
+  {
+    std::lock_guard lock(mu);
+    if (auto need = needs.find(method);
+        need != needs.end() && !client_capabilities.contains(need->second))
+      throw ProtocolError(kInvalidRequest,
+                          fmt::format("the client did not declare the '{}' capability, so the "
+                                      "server cannot send it {}",
+                                      need->second, method));
+    if (closed) throw ProtocolError(kInternalError, "the session is closed");
+    id = fmt::format("ns-hpc-{}", ++next_outgoing);
+    key = id.dump();
+    outgoing.emplace(key, pending);
+  }
+  json message = {{"jsonrpc", "2.0"}, {"id", id}, {"method", method}};
+  if (!params.is_null()) message["params"] = std::move(params);
+  emit(message, call->id);
+  std::unique_lock lock(mu);
+  const bool answered = cv.wait_for(lock, timeout, [&] {
+    return pending->answered || closed || call->cancelled.load();
+  }) && pending->answered;
+  outgoing.erase(key);
+  if (!answered) {
+    if (closed) throw ProtocolError(kInternalError, fmt::format("the session closed before the client answered {}", method));
+    if (call->cancelled.load()) throw ProtocolError(kInternalError, fmt::format("the request was cancelled while waiting for the client to answer {}", method));
+    throw ProtocolError(kInternalError, fmt::format("the client did not answer {} within {} ms", method, timeout.count()));
+  }
+  if (pending->error) {
+    const json& e = *pending->error;
+    const int code = e.is_object() && e.contains("code") && e["code"].is_number_integer() ? e["code"].get<int>() : kInternalError;
+    const std::string text = e.is_object() && e.contains("message") && e["message"].is_string() ? e["message"].get<std::string>() : "error";
+    throw ProtocolError(code, fmt::format("the client answered {} with an error: {}", method, text),
+                        e.is_object() && e.contains("data") ? e["data"] : json(nullptr));
+  }
+  return std::move(pending->result);
+}
+
+void Session::State::client_response(const json& message) {
+  auto id = message.find("id");
+  if (id == message.end() || !is_valid_id(*id)) return;
+  std::lock_guard lock(mu);
+  auto it = outgoing.find(id->dump());
+  if (it == outgoing.end()) return;  // unknown or given up: nothing waits for it
+  it->second->answered = true;
+  if (auto e = message.find("error"); e != message.end())
+    it->second->error = *e;
+  else
+    it->second->result = message["result"];
+  cv.notify_all();
 }
 
 // ---------------------------------------------------------------------------------------------
 // Session
 
 Session::Session(Server& server, std::string id, Send send, Executor executor)
+    : Session(server, std::move(id),
+              RoutedSend([send = std::move(send)](const json& message, const json&) { send(message); }),
+              std::move(executor)) {}
+
+Session::Session(Server& server, std::string id, RoutedSend send, Executor executor)
     : server_(server),
       id_(std::move(id)),
       state_(std::make_shared<State>(server, id_, std::move(send), std::move(executor))) {
   server_.attach(this);
+}
+
+std::string Session::protocol_version() const {
+  std::lock_guard lock(state_->mu);
+  return state_->protocol_version;
 }
 
 Session::~Session() {

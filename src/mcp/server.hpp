@@ -38,6 +38,14 @@ class RequestContext {
   // "name/version" of the client from initialize (e.g. "claude-code/1.2"), or "unknown".
   virtual std::string client_name() const = 0;
   virtual const std::string& session_id() const = 0;
+  // The capabilities the client declared in initialize (e.g. {"sampling":{}, "elicitation":{}}).
+  virtual json client_capabilities() const = 0;
+  // Sends a request to the client (sampling/createMessage, elicitation/create, roots/list) as
+  // part of this request and waits for its answer. Returns the client's result; throws
+  // ProtocolError with the client's error, or when `timeout` passes, this request is cancelled
+  // or the session closes (the message says which).
+  virtual json request_client(const std::string& method, json params,
+                              std::chrono::milliseconds timeout) = 0;
 };
 
 struct ToolResult {
@@ -114,6 +122,11 @@ struct Prompt {
   std::function<json(const json& arguments)> handler;
 };
 
+// completion/complete: given the reference ({"type":"ref/prompt","name":…} or
+// {"type":"ref/resource","uri":…}), the argument ({"name","value"}) and the optional context
+// ({"arguments":{…}}), returns {"values":[…], "total"?, "hasMore"?}. May throw ProtocolError.
+using CompletionHandler = std::function<json(const json& ref, const json& argument, const json& context)>;
+
 enum class ResultShape { text, structured, both };
 
 struct ServerInfo {
@@ -151,6 +164,8 @@ class Server {
   void add_tool(Tool tool);
   void add_prompt(Prompt prompt);
   void set_resources(std::shared_ptr<ResourceProvider> provider);
+  // Enables the completions capability.
+  void set_completion(CompletionHandler handler);
 
   // Broadcasts to every open session.
   void notify_resource_list_changed();
@@ -173,10 +188,16 @@ class Server {
 class Session {
  public:
   using Send = std::function<void(const json& message)>;
+  // Like Send, with the id of the client request the message belongs to: its response, its
+  // progress and log notifications, and requests the server sends to the client while serving
+  // it. Null for messages that belong to no request (list_changed, resources/updated, and
+  // errors about input whose id could not be read). HTTP transports route by it.
+  using RoutedSend = std::function<void(const json& message, const json& related_request)>;
   using Executor = std::function<void(std::function<void()> work)>;
 
   // `id` names the session in audit records and logs (stdio: "stdio"; HTTP: the session id).
   Session(Server& server, std::string id, Send send, Executor executor);
+  Session(Server& server, std::string id, RoutedSend send, Executor executor);
   ~Session();  // cancels what is still running and waits for it
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -194,6 +215,8 @@ class Session {
   void close();
   std::size_t in_flight() const;
   const std::string& id() const { return id_; }
+  // The protocol version initialize settled on ("" before initialize).
+  std::string protocol_version() const;
 
  private:
   friend class Server;

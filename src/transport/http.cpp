@@ -1,0 +1,874 @@
+// The HTTP transports: listener, connections (Beast on Asio coroutines, one template for TCP and
+// Unix sockets), request checks (Host, Origin, token, limits) and the MCP endpoints. Sessions
+// and streams are in http_session.cpp.
+#include <sys/stat.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <csignal>
+#include <set>
+#include <filesystem>
+#include <list>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/connect_pair.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "base/log.hpp"
+#include "transport/http_internal.hpp"
+
+namespace nshpc::transport {
+
+namespace http_detail {
+namespace {
+
+namespace beast = boost::beast;
+namespace bhttp = beast::http;
+using asio::awaitable;
+using tcp = asio::ip::tcp;
+using unix_socket = asio::local::stream_protocol;
+constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+
+using Request = bhttp::request<bhttp::string_body>;
+using Response = bhttp::response<bhttp::string_body>;
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// The value of `name` in a query string, percent-decoding not needed for our hex ids.
+std::optional<std::string> query_value(std::string_view query, std::string_view name) {
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    const auto eq = pair.find('=');
+    if (pair.substr(0, eq) == name)
+      return std::string(eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1));
+  }
+  return std::nullopt;
+}
+
+bool accepts(std::string_view accept, std::string_view type) {
+  if (accept.empty()) return true;  // no Accept header: anything
+  const std::string a = lower(accept);
+  if (a.find(type) != std::string::npos || a.find("*/*") != std::string::npos) return true;
+  const std::string major = std::string(type.substr(0, type.find('/'))) + "/*";
+  return a.find(major) != std::string::npos;
+}
+
+// The allowed Host names, lower-case; "*" in the set accepts any.
+struct HostRules {
+  std::set<std::string, std::less<>> hosts;
+  std::set<std::string, std::less<>> origins;  // exact Origin values
+  bool any_host = false;
+  bool any_origin = false;
+
+  static HostRules from(const HttpOptions& o) {
+    HostRules r;
+    r.hosts = {"localhost", "127.0.0.1", "::1"};
+    const std::string bind = lower(o.host);
+    if (bind == "0.0.0.0" || bind == "::" || bind.empty()) {
+      char name[256] = {};
+      if (::gethostname(name, sizeof name - 1) == 0 && name[0]) {
+        std::string h = lower(name);
+        r.hosts.insert(h);
+        r.hosts.insert(h.substr(0, h.find('.')));
+      }
+    } else {
+      r.hosts.insert(host_of(bind.find(':') != std::string::npos && bind.front() != '[' ? "[" + bind + "]" : bind));
+    }
+    for (const std::string& h : o.allowed_hosts) {
+      if (h == "*") r.any_host = true;
+      else r.hosts.insert(host_of(h));
+    }
+    for (const std::string& origin : o.allowed_origins) {
+      if (origin == "*") r.any_origin = true;
+      else r.origins.insert(lower(origin));
+    }
+    return r;
+  }
+
+  bool host_ok(std::string_view header) const {
+    if (any_host || header.empty()) return true;  // no Host (HTTP/1.0): nothing to rebind
+    const std::string h = host_of(header);
+    return hosts.count(h) > 0 || is_loopback_host(h);
+  }
+
+  bool origin_ok(std::string_view origin) const {
+    if (origin.empty() || any_origin) return true;
+    const std::string o = lower(trim(origin));
+    if (origins.count(o)) return true;
+    for (std::string_view scheme : {"http://", "https://"}) {
+      if (o.rfind(scheme, 0) == 0) {
+        std::string_view authority = std::string_view(o).substr(scheme.size());
+        authority = authority.substr(0, authority.find('/'));
+        if (authority.empty()) return false;
+        const std::string h = host_of(authority);
+        return hosts.count(h) > 0 || is_loopback_host(h);
+      }
+    }
+    return false;  // "null" and anything else
+  }
+};
+
+// Shared by the listener and its connections.
+struct Context {
+  Context(Hub& h, const HttpOptions& o) : hub(h), options(o), rules(HostRules::from(o)) {}
+  Hub& hub;
+  const HttpOptions& options;
+  HostRules rules;
+  std::map<std::uint64_t, std::function<void()>> closers;  // open connections
+  std::uint64_t next_connection = 0;
+};
+
+Response json_response(unsigned version, int status, const json& body) {
+  Response res{static_cast<bhttp::status>(status), version};
+  res.set(bhttp::field::content_type, "application/json");
+  res.set(bhttp::field::cache_control, "no-store");
+  res.body() = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  res.prepare_payload();
+  return res;
+}
+
+// An HTTP-level refusal with a JSON-RPC error body (id null), as MCP clients expect.
+Response error_response(unsigned version, int status, std::string_view message, int code = -32000) {
+  return json_response(version, status, mcp::make_error(nullptr, code, message));
+}
+
+template <class Socket>
+class Connection : public std::enable_shared_from_this<Connection<Socket>> {
+ public:
+  Connection(Context& ctx, Socket socket, bool local_socket)
+      : ctx_(ctx), hub_(ctx.hub), opt_(ctx.options), socket_(std::move(socket)),
+        local_(local_socket), deadline_(socket_.get_executor()) {}
+
+  void start() {
+    auto self = this->shared_from_this();
+    id_ = ctx_.next_connection++;
+    ctx_.closers[id_] = [weak = std::weak_ptr<Connection>(self)] {
+      if (auto c = weak.lock()) c->abort();
+    };
+    asio::co_spawn(socket_.get_executor(), watchdog(self), asio::detached);
+    asio::co_spawn(socket_.get_executor(), run(self), asio::detached);
+  }
+
+  void abort() {
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
+
+ private:
+  // Closes the socket when the deadline passes; every phase sets its own deadline.
+  static awaitable<void> watchdog(std::shared_ptr<Connection> self) {
+    while (!self->done_) {
+      auto [ec] = co_await self->deadline_.async_wait(kTuple);
+      if (self->done_) break;
+      if (!ec && self->deadline_.expiry() <= Clock::now()) {
+        self->abort();
+        break;
+      }
+    }
+  }
+
+  void arm(std::chrono::milliseconds d) { deadline_.expires_after(d); }
+  void disarm() { deadline_.expires_at(Clock::time_point::max()); }
+
+  static awaitable<void> run(std::shared_ptr<Connection> self) {
+    try {
+      co_await self->serve();
+    } catch (const std::exception& e) {
+      log::warn("http: connection ended: {}", e.what());
+    }
+    self->done_ = true;
+    self->deadline_.cancel();
+    boost::system::error_code ignored;
+    self->socket_.shutdown(Socket::shutdown_both, ignored);
+    self->socket_.close(ignored);
+    self->ctx_.closers.erase(self->id_);
+  }
+
+  awaitable<void> serve() {
+    beast::flat_buffer buffer;
+    for (;;) {
+      bhttp::request_parser<bhttp::string_body> parser;
+      parser.header_limit(static_cast<std::uint32_t>(opt_.max_header_bytes));
+      parser.body_limit(opt_.max_body_bytes);
+      arm(opt_.read_timeout);
+      auto [ec, n] = co_await bhttp::async_read_header(socket_, buffer, parser, kTuple);
+      if (ec) {
+        co_await refuse_broken(ec, 11);
+        co_return;
+      }
+      const auto& header = parser.get();
+      if (auto refusal = check(header)) {
+        // Refused before the body is read: the connection cannot be reused.
+        refusal->keep_alive(false);
+        co_await write(*refusal);
+        co_return;
+      }
+      if (lower(header[bhttp::field::expect]) == "100-continue") {
+        bhttp::response<bhttp::empty_body> go{bhttp::status::continue_, header.version()};
+        auto [wec, wn] = co_await bhttp::async_write(socket_, go, kTuple);
+        if (wec) co_return;
+      }
+      if (!parser.is_done()) {
+        auto [bec, bn] = co_await bhttp::async_read(socket_, buffer, parser, kTuple);
+        if (bec) {
+          co_await refuse_broken(bec, header.version());
+          co_return;
+        }
+      }
+      disarm();
+      Request req = parser.release();
+      const bool keep = co_await dispatch(req);
+      if (!keep || !req.keep_alive()) co_return;
+    }
+  }
+
+  // Answers a request that could not be read (when there is anything to say) and ends.
+  awaitable<void> refuse_broken(const boost::system::error_code& ec, unsigned version) {
+    if (ec == bhttp::error::end_of_stream || ec == asio::error::operation_aborted ||
+        ec == asio::error::eof || ec == asio::error::connection_reset || ec == asio::error::bad_descriptor)
+      co_return;
+    Response res;
+    if (ec == bhttp::error::body_limit)
+      res = error_response(version, 413, fmt::format("request body too large: the limit is {} bytes", opt_.max_body_bytes));
+    else if (ec == bhttp::error::header_limit || ec == bhttp::error::buffer_overflow)
+      res = error_response(version, 431, fmt::format("request header fields too large: the limit is {} bytes", opt_.max_header_bytes));
+    else
+      res = error_response(version, 400, fmt::format("malformed HTTP request: {}", ec.message()));
+    res.keep_alive(false);
+    co_await write(res);
+  }
+
+  awaitable<bool> write(Response& res) {
+    arm(opt_.read_timeout);
+    auto [ec, n] = co_await bhttp::async_write(socket_, res, kTuple);
+    disarm();
+    co_return !ec && res.keep_alive();
+  }
+
+  std::string_view path_of(std::string_view target) const { return target.substr(0, target.find('?')); }
+
+  bool is_mcp_path(std::string_view path) const { return path == opt_.path; }
+  bool is_legacy_get(std::string_view path) const {
+    return opt_.protocol == HttpOptions::Protocol::legacy_sse ? path == opt_.path : path == "/sse";
+  }
+  static bool is_legacy_post(std::string_view path) { return path == "/messages/" || path == "/messages"; }
+
+  // Checks made on the header alone, before any body is read.
+  template <class Header>
+  std::optional<Response> check(const Header& h) {
+    const unsigned v = h.version();
+    const std::string_view path = path_of(h.target());
+    if (path == "/healthz") return std::nullopt;
+    if (!local_) {
+      if (!ctx_.rules.host_ok(h[bhttp::field::host]))
+        return error_response(v, 403, fmt::format("forbidden: Host '{}' is not allowed (DNS-rebinding "
+                                                  "protection; allow it with [server] allowed_hosts or --allowed-host)",
+                                                  std::string(h[bhttp::field::host])));
+      if (!ctx_.rules.origin_ok(h[bhttp::field::origin]))
+        return error_response(v, 403, fmt::format("forbidden: Origin '{}' is not allowed (allow it with [server] "
+                                                  "allowed_origins or --allowed-origin)",
+                                                  std::string(h[bhttp::field::origin])));
+    }
+    if (!opt_.token.empty()) {
+      const std::string_view auth = trim(h[bhttp::field::authorization]);
+      bool ok = false;
+      if (auth.size() > 7 && lower(auth.substr(0, 7)) == "bearer ")
+        ok = same_secret(trim(auth.substr(7)), opt_.token);
+      if (!ok) {
+        Response res = error_response(v, 401,
+                                      auth.empty() ? "unauthorized: this server needs 'Authorization: Bearer <token>' (ns-hpc prints the token "
+                                                     "and a client configuration when it starts)"
+                                                   : "unauthorized: wrong bearer token",
+                                      -32001);
+        res.set(bhttp::field::www_authenticate, "Bearer realm=\"ns-hpc\"");
+        return res;
+      }
+    }
+    if (auto length = h.find(bhttp::field::content_length); length != h.end()) {
+      std::uint64_t declared = 0;
+      const auto value = length->value();
+      auto [p, e] = std::from_chars(value.data(), value.data() + value.size(), declared);
+      if (e == std::errc() && declared > opt_.max_body_bytes)
+        return error_response(v, 413, fmt::format("request body too large: {} bytes, the limit is {} bytes", declared, opt_.max_body_bytes));
+    }
+    return std::nullopt;
+  }
+
+  awaitable<bool> dispatch(Request& req) {
+    const unsigned v = req.version();
+    const std::string_view target = req.target();
+    const std::string_view path = path_of(target);
+    const auto method = req.method();
+
+    if (path == "/healthz") {
+      if (method != bhttp::verb::get && method != bhttp::verb::head) co_return co_await not_allowed(v, "GET, HEAD");
+      Response res = json_response(v, 200, json{{"status", "ok"}});
+      if (method == bhttp::verb::head) res.body().clear();
+      co_return co_await write(res);
+    }
+    if (hub_.draining && !(method == bhttp::verb::delete_)) {
+      Response res = error_response(v, 503, "the server is shutting down");
+      res.set(bhttp::field::retry_after, "5");
+      res.keep_alive(false);
+      co_return co_await write(res);
+    }
+    if (opt_.protocol == HttpOptions::Protocol::streamable && is_mcp_path(path)) {
+      if (method == bhttp::verb::post) co_return co_await mcp_post(req);
+      if (method == bhttp::verb::get) co_return co_await mcp_get(req);
+      if (method == bhttp::verb::delete_) co_return co_await mcp_delete(req);
+      co_return co_await not_allowed(v, "GET, POST, DELETE");
+    }
+    if (is_legacy_get(path)) {
+      if (method != bhttp::verb::get) co_return co_await not_allowed(v, "GET");
+      co_return co_await legacy_get(req);
+    }
+    if (is_legacy_post(path)) {
+      if (method != bhttp::verb::post) co_return co_await not_allowed(v, "POST");
+      co_return co_await legacy_post(req);
+    }
+    for (const HttpRoute& route : opt_.routes)
+      if (path.rfind(route.prefix, 0) == 0) co_return co_await custom(route, req);
+    Response res = error_response(v, 404, fmt::format("not found: {} (the MCP endpoint is {})", std::string(path), opt_.path));
+    co_return co_await write(res);
+  }
+
+  awaitable<bool> not_allowed(unsigned v, const char* allow) {
+    Response res = error_response(v, 405, fmt::format("method not allowed here; allowed: {}", allow));
+    res.set(bhttp::field::allow, allow);
+    co_return co_await write(res);
+  }
+
+  // The session a request names (Mcp-Session-Id), or the refusal to send.
+  std::shared_ptr<HttpSession> session_of(const Request& req, std::optional<Response>& refusal) {
+    const std::string_view sid = trim(req["mcp-session-id"]);
+    if (sid.empty()) {
+      refusal = error_response(req.version(), 400, "bad request: the Mcp-Session-Id header is missing (send initialize first and "
+                                                   "repeat the id it returned on every later request)");
+      return nullptr;
+    }
+    auto session = hub_.find(sid);
+    if (!session || session->legacy()) {
+      refusal = error_response(req.version(), 404, "session not found: it ended, timed out or never existed; initialize a new one",
+                               -32001);
+      return nullptr;
+    }
+    return session;
+  }
+
+  std::optional<Response> version_problem(const Request& req) {
+    const std::string_view pv = trim(req["mcp-protocol-version"]);
+    if (pv.empty() || mcp::is_supported_version(pv)) return std::nullopt;
+    std::string supported;
+    for (auto s : mcp::kProtocolVersions) supported += (supported.empty() ? "" : ", ") + std::string(s);
+    return error_response(req.version(), 400, fmt::format("bad request: unsupported MCP-Protocol-Version '{}'; supported: {}",
+                                                          std::string(pv), supported));
+  }
+
+  awaitable<bool> mcp_post(Request& req) {
+    const unsigned v = req.version();
+    const std::string content_type = lower(req[bhttp::field::content_type]);
+    if (content_type.rfind("application/json", 0) != 0) {
+      Response res = error_response(v, 415, "unsupported media type: POST a JSON-RPC message with Content-Type: application/json");
+      co_return co_await write(res);
+    }
+    if (!accepts(req[bhttp::field::accept], "application/json") && !accepts(req[bhttp::field::accept], "text/event-stream")) {
+      Response res = error_response(v, 406, "not acceptable: the client must accept application/json and text/event-stream");
+      co_return co_await write(res);
+    }
+    if (auto problem = version_problem(req)) co_return co_await write(*problem);
+    json message;
+    std::optional<Response> malformed;
+    try {
+      message = mcp::parse_message(req.body(), hub_.server.options().limits);
+    } catch (const mcp::ProtocolError& e) {
+      malformed = error_response(v, 400, e.what(), e.code());
+    }
+    if (malformed) co_return co_await write(*malformed);
+    if (message.is_array()) {
+      Response res = error_response(v, 400, "invalid request: batches are not supported; send one JSON-RPC message per POST",
+                                    mcp::kInvalidRequest);
+      co_return co_await write(res);
+    }
+    if (!message.is_object()) {
+      Response res = error_response(v, 400, "invalid request: expected a JSON-RPC message object", mcp::kInvalidRequest);
+      co_return co_await write(res);
+    }
+    const bool has_method = message.contains("method");
+    const bool is_request = has_method && message.contains("id");
+    if (is_request && !mcp::is_valid_id(message["id"])) {
+      Response res = error_response(v, 400, "invalid request: \"id\" must be a string or an integer", mcp::kInvalidRequest);
+      co_return co_await write(res);
+    }
+    const bool is_initialize = is_request && message["method"] == "initialize";
+
+    std::shared_ptr<HttpSession> session;
+    if (is_initialize) {
+      session = hub_.create_session(false);
+      if (!session) {
+        Response res = error_response(v, 503, fmt::format("too many sessions (limit {}); close unused ones (DELETE) or wait for idle ones to "
+                                                           "time out", opt_.max_sessions));
+        co_return co_await write(res);
+      }
+    } else {
+      std::optional<Response> refusal;
+      session = session_of(req, refusal);
+      if (!session) co_return co_await write(*refusal);
+    }
+    session->touch();
+    ++session->connections;
+    struct Release {
+      std::shared_ptr<HttpSession> s;
+      ~Release() {
+        --s->connections;
+        s->touch();
+      }
+    } release{session};
+
+    if (!is_request) {
+      session->receive(std::move(message));
+      Response res{bhttp::status::accepted, v};
+      res.prepare_payload();
+      co_return co_await write(res);
+    }
+    const json id = message["id"];
+    auto stream = session->open_request_stream(id);
+    session->receive(std::move(message));
+    // Messages the session sent while handling it were posted to this thread: let them land.
+    co_await asio::post(socket_.get_executor(), asio::use_awaitable);
+    if (stream->finished() && stream->last_seq() == 1) {
+      Response res{bhttp::status::ok, v};
+      res.set(bhttp::field::content_type, "application/json");
+      res.set(bhttp::field::cache_control, "no-store");
+      res.set("Mcp-Session-Id", session->id());
+      res.body() = stream->response_json();
+      res.prepare_payload();
+      session->drop_request_stream(stream);
+      if (is_initialize && res.body().find("\"error\"") != std::string::npos &&
+          json::parse(res.body(), nullptr, false).contains("error"))
+        hub_.remove(session->id());  // a failed initialize opens no session
+      co_return co_await write(res);
+    }
+    co_return co_await write_stream(session, stream, 0, true, v);
+  }
+
+  awaitable<bool> mcp_get(Request& req) {
+    const unsigned v = req.version();
+    if (!accepts(req[bhttp::field::accept], "text/event-stream")) {
+      Response res = error_response(v, 406, "not acceptable: GET opens an SSE stream; send Accept: text/event-stream");
+      co_return co_await write(res);
+    }
+    std::optional<Response> refusal;
+    auto session = session_of(req, refusal);
+    if (!session) co_return co_await write(*refusal);
+    if (auto problem = version_problem(req)) co_return co_await write(*problem);
+    session->touch();
+    const std::string_view last = trim(req["last-event-id"]);
+    if (!last.empty()) {
+      std::uint64_t stream_id = 0, seq = 0;
+      const auto sep = last.find('_');
+      bool parsed = sep != std::string_view::npos;
+      if (parsed) {
+        auto r1 = std::from_chars(last.data(), last.data() + sep, stream_id);
+        auto r2 = std::from_chars(last.data() + sep + 1, last.data() + last.size(), seq);
+        parsed = r1.ec == std::errc() && r1.ptr == last.data() + sep && r2.ec == std::errc() &&
+                 r2.ptr == last.data() + last.size();
+      }
+      if (!parsed) {
+        Response res = error_response(v, 400, fmt::format("bad request: Last-Event-ID '{}' is not an event id of this server",
+                                                          std::string(last)));
+        co_return co_await write(res);
+      }
+      auto stream = session->find_stream(stream_id);
+      if (!stream || stream->evicted_before(seq) || seq > stream->last_seq()) {
+        Response res = error_response(v, 404, fmt::format("cannot resume after event '{}': that stream has ended and was delivered, "
+                                                          "or its events are no longer kept",
+                                                          std::string(last)));
+        co_return co_await write(res);
+      }
+      if (stream->attached) {
+        Response res = error_response(v, 409, "conflict: that stream is already being read on another connection");
+        co_return co_await write(res);
+      }
+      co_return co_await write_stream(session, stream, seq, false, v);
+    }
+    auto stream = session->standalone();
+    if (stream->attached) {
+      Response res = error_response(v, 409, "conflict: this session already has a GET stream open; only one is allowed");
+      co_return co_await write(res);
+    }
+    co_return co_await write_stream(session, stream, stream->delivered_seq(), true, v);
+  }
+
+  awaitable<bool> mcp_delete(Request& req) {
+    std::optional<Response> refusal;
+    auto session = session_of(req, refusal);
+    if (!session) co_return co_await write(*refusal);
+    hub_.remove(session->id());
+    Response res{bhttp::status::ok, req.version()};
+    res.prepare_payload();
+    co_return co_await write(res);
+  }
+
+  awaitable<bool> legacy_get(Request& req) {
+    const unsigned v = req.version();
+    if (!accepts(req[bhttp::field::accept], "text/event-stream")) {
+      Response res = error_response(v, 406, "not acceptable: this endpoint is an SSE stream; send Accept: text/event-stream");
+      co_return co_await write(res);
+    }
+    auto session = hub_.create_session(true);
+    if (!session) {
+      Response res = error_response(v, 503, fmt::format("too many sessions (limit {})", opt_.max_sessions));
+      co_return co_await write(res);
+    }
+    auto stream = session->standalone();
+    stream->push_raw(fmt::format("event: endpoint\ndata: /messages/?session_id={}\n\n", session->id()));
+    const bool keep = co_await write_stream(session, stream, 0, false, v);
+    hub_.remove(session->id());  // a legacy session lives as long as its stream
+    co_return keep;
+  }
+
+  awaitable<bool> legacy_post(Request& req) {
+    const unsigned v = req.version();
+    const auto sid = query_value(path_query(req.target()), "session_id");
+    if (!sid || sid->empty()) {
+      Response res = error_response(v, 400, "bad request: session_id is missing (use the URL the SSE stream's endpoint event gave)");
+      co_return co_await write(res);
+    }
+    auto session = hub_.find(*sid);
+    if (!session || !session->legacy()) {
+      Response res = error_response(v, 404, "session not found: open the SSE stream again", -32001);
+      co_return co_await write(res);
+    }
+    json message;
+    std::optional<Response> malformed;
+    try {
+      message = mcp::parse_message(req.body(), hub_.server.options().limits);
+    } catch (const mcp::ProtocolError& e) {
+      malformed = error_response(v, 400, e.what(), e.code());
+    }
+    if (malformed) co_return co_await write(*malformed);
+    session->receive(std::move(message));
+    Response res{bhttp::status::accepted, v};
+    res.set(bhttp::field::content_type, "text/plain");
+    res.body() = "Accepted";
+    res.prepare_payload();
+    co_return co_await write(res);
+  }
+
+  static std::string_view path_query(std::string_view target) {
+    const auto q = target.find('?');
+    return q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
+  }
+
+  awaitable<bool> custom(const HttpRoute& route, Request& req) {
+    HttpRequest in;
+    in.method = std::string(req.method_string());
+    in.target = std::string(req.target());
+    for (const auto& field : req) in.headers[lower(field.name_string())] = std::string(field.value());
+    in.body = std::move(req.body());
+    auto done = std::make_shared<std::optional<HttpResponse>>();
+    auto timer = std::make_shared<asio::steady_timer>(socket_.get_executor(), Clock::time_point::max());
+    asio::io_context& io = hub_.io;
+    hub_.workers.post([&io, done, timer, handler = route.handler, in = std::move(in)] {
+      HttpResponse out;
+      try {
+        out = handler(in);
+      } catch (const std::exception& e) {
+        out.status = 500;
+        out.body = e.what();
+      }
+      asio::post(io, [done, timer, out = std::move(out)]() mutable {
+        *done = std::move(out);
+        timer->cancel();
+      });
+    });
+    while (!*done) co_await timer->async_wait(kTuple);
+    Response res{static_cast<bhttp::status>((*done)->status), req.version()};
+    for (const auto& [k, val] : (*done)->headers) res.set(k, val);
+    res.body() = std::move((*done)->body);
+    res.prepare_payload();
+    co_return co_await write(res);
+  }
+
+  // Writes `stream` as an SSE response from event `after` on, until it finishes (POST), closes,
+  // or the client goes away. Returns whether the connection can serve another request.
+  awaitable<bool> write_stream(std::shared_ptr<HttpSession> session, std::shared_ptr<Stream> stream,
+                               std::uint64_t after, bool priming, unsigned version) {
+    stream->attached = true;
+    ++session->connections;
+    const bool post_stream = !stream->standalone();
+    if (post_stream) ++hub_.post_writers;
+    struct Detach {
+      Hub& hub;
+      std::shared_ptr<HttpSession> session;
+      std::shared_ptr<Stream> stream;
+      bool post_stream;
+      ~Detach() {
+        stream->attached = false;
+        --session->connections;
+        session->touch();
+        if (post_stream) --hub.post_writers;
+      }
+    } detach{hub_, session, stream, post_stream};
+
+    bhttp::response<bhttp::empty_body> res{bhttp::status::ok, version};
+    res.set(bhttp::field::content_type, "text/event-stream");
+    res.set(bhttp::field::cache_control, "no-cache, no-transform");
+    res.set("X-Accel-Buffering", "no");
+    if (!session->legacy()) res.set("Mcp-Session-Id", session->id());
+    res.chunked(true);
+    bhttp::response_serializer<bhttp::empty_body> serializer{res};
+    arm(opt_.read_timeout);
+    if (auto [ec, n] = co_await bhttp::async_write_header(socket_, serializer, kTuple); ec) co_return false;
+    std::string first;
+    if (priming)
+      first = fmt::format("id: {}{}\nretry: {}\ndata: \n\n", stream->event_prefix, after, opt_.sse_retry.count());
+    std::uint64_t cursor = after;
+    for (;;) {
+      if (stream->closed() && first.empty()) break;
+      if (!first.empty() || stream->has_after(cursor)) {
+        std::uint64_t last = cursor;
+        std::string chunk = std::move(first);
+        first.clear();
+        chunk += stream->take(cursor, last);
+        arm(opt_.read_timeout);
+        auto [ec, n] = co_await asio::async_write(socket_, bhttp::make_chunk(asio::buffer(chunk)), kTuple);
+        disarm();
+        if (ec) co_return false;  // the client went away; the stream stays for a resume
+        cursor = last;
+        stream->delivered(last);
+        continue;
+      }
+      if (stream->finished()) break;
+      stream->timer().expires_after(opt_.sse_keepalive);
+      auto [ec] = co_await stream->timer().async_wait(kTuple);
+      if (!ec) {
+        // Nothing to say for a while: a comment keeps proxies from timing out and shows
+        // whether the client is still there.
+        static const std::string kKeepalive = ": keepalive\n\n";
+        arm(opt_.read_timeout);
+        auto [wec, n] = co_await asio::async_write(socket_, bhttp::make_chunk(asio::buffer(kKeepalive)), kTuple);
+        disarm();
+        if (wec) co_return false;
+      }
+    }
+    arm(opt_.read_timeout);
+    auto [ec, n] = co_await asio::async_write(socket_, bhttp::make_chunk_last(), kTuple);
+    disarm();
+    if (ec) co_return false;
+    if (stream->finished() && cursor >= stream->last_seq()) session->drop_request_stream(stream);
+    co_return !stream->standalone() && !hub_.draining;
+  }
+
+  Context& ctx_;
+  Hub& hub_;
+  const HttpOptions& opt_;
+  Socket socket_;
+  bool local_;
+  asio::steady_timer deadline_;
+  bool done_ = false;
+  std::uint64_t id_ = 0;
+};
+
+template <class Acceptor>
+awaitable<void> accept_loop(Context& ctx, Acceptor& acceptor, bool local) {
+  for (;;) {
+    auto [ec, socket] = co_await acceptor.async_accept(kTuple);
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
+      log::warn("http: accept failed: {}", ec.message());
+      if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space) {
+        asio::steady_timer pause(acceptor.get_executor(), std::chrono::milliseconds(100));
+        co_await pause.async_wait(kTuple);
+      }
+      continue;
+    }
+    using SocketT = std::decay_t<decltype(socket)>;
+    std::make_shared<Connection<SocketT>>(ctx, std::move(socket), local)->start();
+  }
+}
+
+// A Unix socket path: refuses a path that is something else, and removes a stale socket that
+// nobody listens on any more.
+void prepare_socket_path(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;
+  if (!S_ISSOCK(st.st_mode))
+    throw Error(fmt::format("--uds {}: the path exists and is not a socket; choose another path", path));
+  asio::io_context probe_io;
+  unix_socket::socket probe(probe_io);
+  boost::system::error_code ec;
+  probe.connect(unix_socket::endpoint(path), ec);
+  if (!ec)
+    throw Error(fmt::format("--uds {}: another server is listening on this socket; stop it or choose another path", path));
+  ::unlink(path.c_str());
+}
+
+}  // namespace
+}  // namespace http_detail
+
+bool is_loopback_host(const std::string& raw) {
+  const std::string host = http_detail::host_of(raw);
+  if (host == "localhost" || host == "::1" || host == "0:0:0:0:0:0:0:1") return true;
+  if (host.size() > 4 && host.rfind("127.", 0) == 0)
+    return host.find_first_not_of("0123456789.") == std::string::npos;
+  return false;
+}
+
+int serve_http(mcp::Server& server, const HttpOptions& options) {
+  using namespace http_detail;
+  asio::io_context io(1);
+  Hub hub(server, options, io);
+  Context ctx(hub, options);
+
+  std::optional<tcp::acceptor> tcp_acceptor;
+  std::optional<unix_socket::acceptor> unix_acceptor;
+  std::string url;
+  if (!options.uds.empty()) {
+    prepare_socket_path(options.uds);
+    const mode_t old = ::umask(0177);  // the socket is created 0600
+    try {
+      unix_acceptor.emplace(io, unix_socket::endpoint(options.uds));
+    } catch (const boost::system::system_error& e) {
+      ::umask(old);
+      throw Error(fmt::format("cannot listen on Unix socket {}: {}", options.uds, e.code().message()));
+    }
+    ::umask(old);
+    ::chmod(options.uds.c_str(), 0600);
+    url = fmt::format("unix:{}:{}", options.uds, options.path);
+    asio::co_spawn(io, accept_loop(ctx, *unix_acceptor, true), asio::detached);
+  } else {
+    boost::system::error_code ec;
+    tcp::resolver resolver(io);
+    auto results = resolver.resolve(options.host, std::to_string(options.port),
+                                    tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+    if (ec || results.empty())
+      throw Error(fmt::format("cannot listen on {}:{}: cannot resolve the address: {}", options.host, options.port, ec.message()));
+    const tcp::endpoint endpoint = results.begin()->endpoint();
+    tcp_acceptor.emplace(io);
+    tcp_acceptor->open(endpoint.protocol(), ec);
+    if (!ec) tcp_acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) tcp_acceptor->bind(endpoint, ec);
+    if (!ec) tcp_acceptor->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec)
+      throw Error(fmt::format("cannot listen on {}:{}: {}{}", options.host, options.port, ec.message(),
+                              ec == asio::error::address_in_use ? " (another program uses the port; pick another with --port)" : ""));
+    const auto local = tcp_acceptor->local_endpoint();
+    const std::string shown = local.address().is_v6() ? "[" + local.address().to_string() + "]" : local.address().to_string();
+    url = fmt::format("http://{}:{}{}", shown, local.port(), options.path);
+    asio::co_spawn(io, accept_loop(ctx, *tcp_acceptor, false), asio::detached);
+  }
+
+  hub.start_sweeper();
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  asio::steady_timer drain(io);
+  asio::steady_timer hard_stop(io);
+  Clock::time_point drain_deadline;
+  std::function<void()> finish = [&] {
+    hub.close_all();
+    auto closers = ctx.closers;  // closing erases from the map
+    for (auto& [id, close] : closers) close();
+    hard_stop.expires_after(std::chrono::seconds(2));
+    hard_stop.async_wait([&](const boost::system::error_code& ec) {
+      if (!ec) io.stop();
+    });
+  };
+  std::function<void()> wait_drained = [&] {
+    if ((hub.total_in_flight() == 0 && hub.post_writers == 0) || Clock::now() >= drain_deadline) {
+      if (hub.total_in_flight() > 0)
+        log::warn("http: {} request(s) still running after the {} ms grace period: cancelled", hub.total_in_flight(),
+                  options.shutdown_grace.count());
+      finish();
+      return;
+    }
+    drain.expires_after(std::chrono::milliseconds(50));
+    drain.async_wait([&](const boost::system::error_code& ec) {
+      if (!ec) wait_drained();
+    });
+  };
+  signals.async_wait([&](const boost::system::error_code& ec, int signo) {
+    if (ec) return;
+    log::info("http: signal {} received: finishing requests in flight (up to {} ms), then stopping", signo,
+              options.shutdown_grace.count());
+    boost::system::error_code ignored;
+    if (tcp_acceptor) tcp_acceptor->close(ignored);
+    if (unix_acceptor) unix_acceptor->close(ignored);
+    hub.draining = true;
+    hub.stop_sweeper();
+    drain_deadline = Clock::now() + options.shutdown_grace;
+    wait_drained();
+  });
+
+  if (options.on_listening) options.on_listening(url);
+  io.run();
+  if (!options.uds.empty()) ::unlink(options.uds.c_str());
+  hub.close_all();
+  return 0;
+}
+
+namespace testing {
+
+std::string exchange(mcp::Server& server, const HttpOptions& options, const std::string& bytes,
+                     std::chrono::milliseconds budget) {
+  using namespace http_detail;
+  asio::io_context io(1);
+  std::string out;
+  {
+    Hub hub(server, options, io);
+    Context ctx(hub, options);
+    unix_socket::socket server_side(io), client(io);
+    asio::local::connect_pair(server_side, client);
+    // Treated as TCP so that the Host/Origin checks run too.
+    std::make_shared<Connection<unix_socket::socket>>(ctx, std::move(server_side), false)->start();
+    asio::co_spawn(io, [&]() -> awaitable<void> {
+      co_await asio::async_write(client, asio::buffer(bytes), kTuple);
+      boost::system::error_code ignored;
+      client.shutdown(unix_socket::socket::shutdown_send, ignored);
+      char buf[16384];
+      for (;;) {
+        auto [ec, n] = co_await client.async_read_some(asio::buffer(buf), kTuple);
+        out.append(buf, n);
+        if (ec) break;
+      }
+    }, asio::detached);
+    io.run_for(budget);
+    hub.close_all();
+    for (auto closers = ctx.closers; auto& [id, close] : closers) close();
+    boost::system::error_code ignored;
+    client.close(ignored);
+    io.restart();
+    io.run_for(std::chrono::milliseconds(200));
+  }
+  return out;
+}
+
+}  // namespace testing
+
+}  // namespace nshpc::transport

@@ -1,0 +1,95 @@
+// The HTTP transports on Boost.Beast/Asio, one code path for TCP and a Unix socket:
+//  - streamable HTTP (MCP 2025-03-26 .. 2025-11-25) at `path` (default /mcp): POST answered with
+//    JSON or an SSE stream (priming event first), GET stream for server-initiated messages,
+//    DELETE ends the session, Mcp-Session-Id, MCP-Protocol-Version checked, resumable streams
+//    (event ids per stream, GET + Last-Event-ID);
+//  - the legacy HTTP+SSE transport (2024-11-05): GET opens the stream, whose first event names
+//    the POST endpoint (/messages/?session_id=…); every answer comes on the stream.
+// Every route but /healthz needs the bearer token (when one is set); Host and Origin are checked
+// on every request (DNS-rebinding protection).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "mcp/server.hpp"
+
+namespace nshpc::transport {
+
+// A plain request/response route served next to MCP (later: /dav, the dashboard, the API).
+// It is always behind the token and the Host/Origin checks.
+struct HttpRequest {
+  std::string method;  // GET, POST, …
+  std::string target;  // path and query as sent
+  std::map<std::string, std::string> headers;  // lower-case names
+  std::string body;
+};
+struct HttpResponse {
+  int status = 200;
+  std::map<std::string, std::string> headers;
+  std::string body;
+};
+struct HttpRoute {
+  std::string prefix;  // e.g. "/dav/"; matched against the path
+  std::function<HttpResponse(const HttpRequest&)> handler;  // runs on a worker thread
+};
+
+struct HttpOptions {
+  enum class Protocol { streamable, legacy_sse };
+  // streamable: `path` speaks streamable HTTP, and the legacy transport is also offered at
+  // /sse + /messages/. legacy_sse: `path` is the legacy SSE endpoint (as the original
+  // `--transport sse`), POSTs go to /messages/.
+  Protocol protocol = Protocol::streamable;
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 8000;  // 0: any free port (the chosen one is reported to on_listening)
+  std::string uds;            // when set: listen on this Unix socket (mode 0600) instead
+  std::string path = "/mcp";
+
+  std::string token;  // bearer token; empty: no authentication (the caller decided to allow it)
+  // Host header values accepted besides localhost, 127.0.0.1, [::1] and the bind address (any
+  // port). "*" accepts any Host. Not checked on a Unix socket.
+  std::vector<std::string> allowed_hosts;
+  // Origin values accepted besides http(s)://<an accepted host>[:port]. "*" accepts any.
+  std::vector<std::string> allowed_origins;
+
+  std::chrono::milliseconds session_idle_timeout{std::chrono::seconds(300)};
+  std::size_t max_sessions = 256;
+  std::size_t max_body_bytes = 8 * 1024 * 1024;  // larger bodies: 413
+  std::size_t max_header_bytes = 16 * 1024;      // larger header blocks: 431
+  std::chrono::milliseconds read_timeout{std::chrono::seconds(30)};  // per request, header + body
+  std::chrono::milliseconds shutdown_grace{std::chrono::seconds(5)};
+  // Unsent bytes one SSE stream may hold for a slow reader. Above it, notifications to that
+  // stream are dropped (responses never are); a standalone GET stream over it is closed.
+  std::size_t sse_buffer_bytes = 8 * 1024 * 1024;
+  std::chrono::milliseconds sse_keepalive{std::chrono::seconds(15)};
+  std::chrono::milliseconds sse_retry{std::chrono::seconds(1)};  // `retry:` in priming events
+  std::size_t worker_threads = 512;
+
+  std::vector<HttpRoute> routes;
+  // Called once the listener is ready, with the URL clients use (http://host:port/path, or
+  // unix:<socket>:<path> for a Unix socket).
+  std::function<void(const std::string& url)> on_listening;
+};
+
+// True for 127.0.0.1 (any 127/8), ::1 and localhost.
+bool is_loopback_host(const std::string& host);
+
+// Serves until SIGTERM/SIGINT: then stops accepting, lets requests in flight finish for
+// `shutdown_grace` (running jobs are not touched), closes every stream and session, and returns
+// 0. Throws Error when the listener cannot be set up (address in use, socket path taken, …).
+int serve_http(mcp::Server& server, const HttpOptions& options);
+
+namespace testing {
+// Feeds `bytes` to one connection of a fresh server (no listener, no signals) as a client would
+// and returns everything the server wrote until it closed the connection or `budget` passed.
+// For the fuzzer and unit tests.
+std::string exchange(mcp::Server& server, const HttpOptions& options, const std::string& bytes,
+                     std::chrono::milliseconds budget = std::chrono::milliseconds(2000));
+}  // namespace testing
+
+}  // namespace nshpc::transport
