@@ -45,6 +45,7 @@ run: build
 bench: build
 	$(BUILD)/bench/nshpc_bench 200
 	$(BUILD)/bench/nshpc_bench_mcp 200
+	tests/e2e/load.mjs --bench
 
 # libFuzzer over the MCP parser and dispatcher (clang, ASan+UBSan), 60 seconds by default.
 FUZZ_SECONDS ?= 60
@@ -52,10 +53,12 @@ fuzz: deps
 	@scripts/deps.sh clang libclang-rt-14-dev
 	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
 	  -DNSHPC_FUZZ=ON -DNSHPC_TESTS=OFF
-	cmake --build build-fuzz -j $(JOBS) --target nshpc_fuzz_mcp
-	mkdir -p build-fuzz/corpus-mcp
+	cmake --build build-fuzz -j $(JOBS) --target nshpc_fuzz_mcp nshpc_fuzz_http
+	mkdir -p build-fuzz/corpus-mcp build-fuzz/corpus-http
 	build-fuzz/nshpc_fuzz_mcp -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
 	  build-fuzz/corpus-mcp tests/fuzz/corpus
+	build-fuzz/nshpc_fuzz_http -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -print_final_stats=1 \
+	  build-fuzz/corpus-http tests/fuzz/corpus-http
 
 install: build
 	install -s -D -m 0755 $(BUILD)/ns-hpc $(DESTDIR)$(PREFIX)/bin/ns-hpc
