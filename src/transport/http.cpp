@@ -625,18 +625,44 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
     ++session->connections;
     const bool post_stream = !stream->standalone();
     if (post_stream) ++hub_.post_writers;
+    // The client may go away while the stream is quiet: watch the socket for EOF so that the
+    // stream is free at once for a resume on a new connection.
+    auto gone = std::make_shared<bool>(false);
+    auto watching = std::make_shared<bool>(true);
+    socket_.async_wait(Socket::wait_read, [self = this->shared_from_this(), gone, watching,
+                                           stream](const boost::system::error_code& ec) {
+      if (!*watching) return;
+      bool closed = static_cast<bool>(ec);
+      if (!ec) {
+        char c;
+        const ssize_t n = ::recv(self->socket_.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        closed = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+        // Data instead: a pipelined request, read after this stream.
+      }
+      if (closed) {
+        *gone = true;
+        stream->wake();
+      }
+    });
     struct Detach {
       Hub& hub;
       std::shared_ptr<HttpSession> session;
       std::shared_ptr<Stream> stream;
       bool post_stream;
+      std::shared_ptr<bool> watching;
+      Socket& socket;
       ~Detach() {
         stream->attached = false;
         --session->connections;
         session->touch();
         if (post_stream) --hub.post_writers;
+        if (*watching) {
+          *watching = false;
+          boost::system::error_code ignored;
+          socket.cancel(ignored);
+        }
       }
-    } detach{hub_, session, stream, post_stream};
+    } detach{hub_, session, stream, post_stream, watching, socket_};
 
     bhttp::response<bhttp::empty_body> res{bhttp::status::ok, version};
     res.set(bhttp::field::content_type, "text/event-stream");
@@ -652,6 +678,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
       first = fmt::format("id: {}{}\nretry: {}\ndata: \n\n", stream->event_prefix, after, opt_.sse_retry.count());
     std::uint64_t cursor = after;
     for (;;) {
+      if (*gone) co_return false;  // the stream stays for a resume
       if (stream->closed() && first.empty()) break;
       if (!first.empty() || stream->has_after(cursor)) {
         std::uint64_t last = cursor;
