@@ -666,3 +666,49 @@ TEST_F(ConfigTest, ToJsonUsesTheTomlNames) {
 }
 
 }  // namespace
+
+// ---- [server] ---------------------------------------------------------------------------------
+
+TEST_F(ConfigTest, ServerDefaultsAndOverrides) {
+  const config::Config defaults = load_text("").config;
+  EXPECT_EQ(defaults.server.host, "127.0.0.1");
+  EXPECT_EQ(defaults.server.port, 8000);
+  EXPECT_EQ(defaults.server.path, "/mcp");
+  EXPECT_EQ(defaults.server.session_idle_timeout, 300);
+  EXPECT_TRUE(defaults.server.auth_token.empty());
+  EXPECT_EQ(defaults.server.state_dir.filename(), "ns-hpc");
+
+  const config::Config cfg = load_text(R"([server]
+port = 0
+path = "/api/mcp"
+allowed_hosts = ["hpc-login", "hpc-login.example.org"]
+session_idle_timeout = 60
+auth_token = "s3cret-s3cret-s3cret"
+)")
+                                 .config;
+  EXPECT_EQ(cfg.server.port, 0);
+  EXPECT_EQ(cfg.server.path, "/api/mcp");
+  EXPECT_EQ(cfg.server.allowed_hosts, strings({"hpc-login", "hpc-login.example.org"}));
+  EXPECT_EQ(cfg.server.session_idle_timeout, 60);
+  // config show never prints the secret.
+  EXPECT_EQ(config::to_json(cfg)["server"]["auth_token"], "<set, hidden>");
+}
+
+TEST_F(ConfigTest, ServerRefusesBadValuesNamingTheKey) {
+  const Lines found = problems_of(R"([server]
+port = 70000
+path = "mcp"
+session_idle_timeout = 0
+max_sessions = "many"
+)");
+  EXPECT_TRUE(has_line_containing(found, "server.port")) << dump(found);
+  EXPECT_TRUE(has_line_containing(found, "server.path")) << dump(found);
+  EXPECT_TRUE(has_line_containing(found, "server.session_idle_timeout")) << dump(found);
+  EXPECT_TRUE(has_line_containing(found, "server.max_sessions")) << dump(found);
+}
+
+TEST_F(ConfigTest, ServerStateDirIsTheSystemOneAsRoot) {
+  auto opts = options(write("c.toml", ""));
+  opts.as_root = true;
+  EXPECT_EQ(config::load(opts).config.server.state_dir, stdfs::path(config::kRootStateDir));
+}
