@@ -818,14 +818,24 @@ int serve_http(mcp::Server& server, const HttpOptions& options) {
   asio::steady_timer drain(io);
   asio::steady_timer hard_stop(io);
   Clock::time_point drain_deadline;
+  // Stops the loop once every connection has ended, or after 2 s whatever is left.
+  Clock::time_point stop_deadline;
+  std::function<void()> wait_closed = [&] {
+    if (ctx.closers.empty() || Clock::now() >= stop_deadline) {
+      io.stop();
+      return;
+    }
+    hard_stop.expires_after(std::chrono::milliseconds(10));
+    hard_stop.async_wait([&](const boost::system::error_code& ec) {
+      if (!ec) wait_closed();
+    });
+  };
   std::function<void()> finish = [&] {
     hub.close_all();
     auto closers = ctx.closers;  // closing erases from the map
     for (auto& [id, close] : closers) close();
-    hard_stop.expires_after(std::chrono::seconds(2));
-    hard_stop.async_wait([&](const boost::system::error_code& ec) {
-      if (!ec) io.stop();
-    });
+    stop_deadline = Clock::now() + std::chrono::seconds(2);
+    wait_closed();
   };
   std::function<void()> wait_drained = [&] {
     if ((hub.total_in_flight() == 0 && hub.post_writers == 0) || Clock::now() >= drain_deadline) {
@@ -855,6 +865,9 @@ int serve_http(mcp::Server& server, const HttpOptions& options) {
 
   if (options.on_listening) options.on_listening(url);
   io.run();
+  // Let the connections' last handlers (watchdogs, stream ends) finish before the hub goes.
+  io.restart();
+  io.run_for(std::chrono::milliseconds(200));
   if (!options.uds.empty()) ::unlink(options.uds.c_str());
   hub.close_all();
   return 0;

@@ -1,12 +1,1169 @@
-// Units of the HTTP transport (placeholder until the suite lands).
+// Units of the HTTP transports (src/transport/http*.cpp), seen from the client's side: raw request
+// bytes go through transport::testing::exchange (one connection of a fresh server over a
+// socketpair) and the tests parse and check what came back. Flows that need a session id from an
+// earlier response (each exchange has a fresh session table) run against a real listener
+// (serve_http on 127.0.0.1, port 0) in a background thread, stopped with SIGTERM.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mcp/protocol.hpp"
+#include "mcp/server.hpp"
 #include "transport/http.hpp"
+#include "transport/http_internal.hpp"
+
+namespace mcp = nshpc::mcp;
+namespace transport = nshpc::transport;
+using nlohmann::json;
+using namespace std::chrono_literals;
+using transport::HttpOptions;
+
+namespace {
+
+constexpr const char* kToken = "s3cret-token-0123456789abcdef";
+
+// ---------------------------------------------------------------------------------------------
+// A tiny HTTP/1.1 response parser for what the server wrote.
+
+struct Reply {
+  std::string version;  // "HTTP/1.1"
+  int status = 0;
+  std::map<std::string, std::string> headers;  // lower-case names
+  std::string body;                            // de-chunked
+  bool complete = false;                       // the whole body arrived
+
+  std::string header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? std::string() : it->second;
+  }
+  bool has_header(const std::string& name) const { return headers.count(name) > 0; }
+};
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Every response in `raw`, in order; 1xx interim responses are included. A truncated last
+// response is returned with complete = false.
+std::vector<Reply> parse_replies(const std::string& raw) {
+  std::vector<Reply> out;
+  std::size_t pos = 0;
+  while (pos < raw.size()) {
+    const auto head_end = raw.find("\r\n\r\n", pos);
+    if (head_end == std::string::npos) break;
+    Reply r;
+    const std::string head = raw.substr(pos, head_end - pos);
+    pos = head_end + 4;
+    std::size_t line_end = head.find("\r\n");
+    const std::string status_line = head.substr(0, line_end);
+    const auto sp = status_line.find(' ');
+    r.version = status_line.substr(0, sp);
+    if (sp != std::string::npos) r.status = std::atoi(status_line.c_str() + sp + 1);
+    while (line_end != std::string::npos) {
+      const std::size_t start = line_end + 2;
+      line_end = head.find("\r\n", start);
+      const std::string line = head.substr(start, line_end == std::string::npos ? std::string::npos : line_end - start);
+      const auto colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      std::string value = line.substr(colon + 1);
+      while (!value.empty() && value.front() == ' ') value.erase(0, 1);
+      while (!value.empty() && (value.back() == ' ' || value.back() == '\r')) value.pop_back();
+      r.headers[lower(line.substr(0, colon))] = value;
+    }
+    if (r.status >= 100 && r.status < 200) {
+      r.complete = true;
+      out.push_back(std::move(r));
+      continue;
+    }
+    if (lower(r.header("transfer-encoding")).find("chunked") != std::string::npos) {
+      for (;;) {
+        const auto size_end = raw.find("\r\n", pos);
+        if (size_end == std::string::npos) break;
+        const std::size_t size = std::strtoul(raw.substr(pos, size_end - pos).c_str(), nullptr, 16);
+        if (size == 0) {
+          const auto trailer_end = raw.find("\r\n", size_end + 2);
+          pos = trailer_end == std::string::npos ? raw.size() : trailer_end + 2;
+          r.complete = true;
+          break;
+        }
+        const std::size_t data = size_end + 2;
+        if (data + size > raw.size()) {
+          r.body += raw.substr(data);
+          pos = raw.size();
+          break;
+        }
+        r.body += raw.substr(data, size);
+        pos = data + size + 2;
+      }
+    } else {
+      const std::size_t length = r.has_header("content-length") ? std::stoul(r.header("content-length")) : 0;
+      r.body = raw.substr(pos, length);
+      r.complete = pos + length <= raw.size();
+      pos = std::min(raw.size(), pos + length);
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// The final (non-1xx) responses only.
+std::vector<Reply> final_replies(const std::string& raw) {
+  std::vector<Reply> out;
+  for (auto& r : parse_replies(raw))
+    if (r.status >= 200) out.push_back(std::move(r));
+  return out;
+}
+
+// The JSON of every `data:` line of an SSE body that parses (the priming event's empty data is
+// skipped).
+std::vector<json> sse_messages(const std::string& body) {
+  std::vector<json> out;
+  std::size_t pos = 0;
+  while (pos < body.size()) {
+    auto end = body.find('\n', pos);
+    if (end == std::string::npos) end = body.size();
+    const std::string line = body.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.rfind("data:", 0) != 0) continue;
+    std::string data = line.substr(5);
+    if (!data.empty() && data.front() == ' ') data.erase(0, 1);
+    json j = json::parse(data, nullptr, false);
+    if (!j.is_discarded()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// The JSON-RPC response a reply carries, whether as plain JSON or as the last response event of
+// an SSE stream. Null when there is none.
+json rpc_of(const Reply& r) {
+  if (r.header("content-type").rfind("text/event-stream", 0) == 0) {
+    json found;
+    for (auto& m : sse_messages(r.body))
+      if (m.contains("id") && (m.contains("result") || m.contains("error"))) found = m;
+    return found;
+  }
+  json j = json::parse(r.body, nullptr, false);
+  return j.is_discarded() ? json() : j;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests.
+
+struct Req {
+  std::string method = "POST";
+  std::string target = "/mcp";
+  std::string body;
+  std::string host = "127.0.0.1:8000";
+  std::optional<std::string> auth = std::string("Bearer ") + kToken;
+  std::string content_type = "application/json";
+  std::string accept = "application/json, text/event-stream";
+  std::vector<std::pair<std::string, std::string>> extra;
+  std::string version = "HTTP/1.1";
+
+  Req& with(std::string name, std::string value) {
+    extra.emplace_back(std::move(name), std::move(value));
+    return *this;
+  }
+
+  std::string bytes() const {
+    std::string s = method + " " + target + " " + version + "\r\n";
+    if (!host.empty()) s += "Host: " + host + "\r\n";
+    if (auth) s += "Authorization: " + *auth + "\r\n";
+    if (!accept.empty()) s += "Accept: " + accept + "\r\n";
+    if (method == "POST" || method == "PUT") {
+      if (!content_type.empty()) s += "Content-Type: " + content_type + "\r\n";
+      s += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+    }
+    for (const auto& [k, v] : extra) s += k + ": " + v + "\r\n";
+    return s + "\r\n" + body;
+  }
+};
+
+json rpc(const json& id, const std::string& method, json params = json::object()) {
+  return {{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", std::move(params)}};
+}
+
+json initialize_message(const json& id = 1, const std::string& version = "2025-11-25") {
+  return rpc(id, "initialize",
+             {{"protocolVersion", version},
+              {"capabilities", json::object()},
+              {"clientInfo", {{"name", "unit"}, {"version", "1"}}}});
+}
+
+Req post(const json& message) {
+  Req r;
+  r.body = message.dump();
+  return r;
+}
+
+Req get(std::string target) {
+  Req r;
+  r.method = "GET";
+  r.target = std::move(target);
+  r.accept = "";
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server under test.
+
+struct Probe {
+  std::atomic<int> calls{0};
+};
+
+std::unique_ptr<mcp::Server> make_server(std::shared_ptr<Probe> probe = std::make_shared<Probe>()) {
+  auto server = std::make_unique<mcp::Server>(mcp::ServerInfo{"http-unit", "", "1.0", ""});
+  mcp::Tool echo;
+  echo.name = "echo";
+  echo.description = "Repeats text";
+  echo.input_schema = {{"type", "object"},
+                       {"properties", {{"text", {{"type", "string"}}}}},
+                       {"required", {"text"}},
+                       {"additionalProperties", false}};
+  echo.handler = [probe](const json& args, mcp::RequestContext&) {
+    ++probe->calls;
+    return mcp::ToolResult::text(args["text"].get<std::string>(), json{{"echo", args["text"]}});
+  };
+  server->add_tool(std::move(echo));
+
+  mcp::Tool steps;
+  steps.name = "steps";
+  steps.description = "Reports progress in steps of 20 ms";
+  steps.input_schema = {{"type", "object"}, {"properties", {{"n", {{"type", "integer"}}}}}};
+  steps.handler = [probe](const json& args, mcp::RequestContext& ctx) {
+    ++probe->calls;
+    const int n = args.value("n", 3);
+    for (int i = 1; i <= n; ++i) {
+      std::this_thread::sleep_for(20ms);
+      ctx.progress(i, n, "step");
+    }
+    return mcp::ToolResult::text("done " + std::to_string(n));
+  };
+  server->add_tool(std::move(steps));
+  return server;
+}
+
+HttpOptions default_options() {
+  HttpOptions o;
+  o.token = kToken;
+  o.max_body_bytes = 64 * 1024;
+  o.max_header_bytes = 4 * 1024;
+  o.read_timeout = 2s;
+  o.shutdown_grace = 500ms;
+  o.sse_keepalive = 10s;
+  return o;
+}
+
+class Http : public ::testing::Test {
+ protected:
+  std::unique_ptr<mcp::Server> server_ = make_server();
+  HttpOptions options_ = default_options();
+
+  std::string raw(const std::string& bytes, std::chrono::milliseconds budget = 3000ms) {
+    return transport::testing::exchange(*server_, options_, bytes, budget);
+  }
+  // The single final response to `request` (fails when there is not exactly one).
+  Reply one(const Req& request, std::chrono::milliseconds budget = 3000ms) {
+    const std::string out = raw(request.bytes(), budget);
+    auto replies = final_replies(out);
+    EXPECT_EQ(replies.size(), 1u) << "raw output:\n" << out;
+    return replies.empty() ? Reply{} : replies.front();
+  }
+};
+
+// Checks an HTTP-level refusal: status, JSON body with a JSON-RPC error (id null) and `code`.
+void expect_refusal(const Reply& r, int status, int code, const std::string& message_part = "") {
+  EXPECT_EQ(r.status, status) << r.body;
+  EXPECT_EQ(r.header("content-type"), "application/json");
+  const json body = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(body.is_object()) << r.body;
+  EXPECT_EQ(body.value("jsonrpc", ""), "2.0");
+  EXPECT_TRUE(body.contains("id") && body["id"].is_null()) << r.body;
+  EXPECT_EQ(body["error"].value("code", 0), code) << r.body;
+  if (!message_part.empty())
+    EXPECT_NE(body["error"].value("message", "").find(message_part), std::string::npos) << r.body;
+}
+
+bool is_hex32(const std::string& s) {
+  return s.size() == 32 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers of http_internal.hpp and is_loopback_host.
+
+TEST(HttpHelpers, SameSecret) {
+  using nshpc::transport::http_detail::same_secret;
+  EXPECT_TRUE(same_secret("abc", "abc"));
+  EXPECT_TRUE(same_secret("", ""));
+  EXPECT_FALSE(same_secret("abd", "abc"));
+  EXPECT_FALSE(same_secret("ab", "abc"));      // a prefix
+  EXPECT_FALSE(same_secret("abcd", "abc"));    // longer
+  EXPECT_FALSE(same_secret("", "abc"));
+  EXPECT_FALSE(same_secret("abc", ""));
+  EXPECT_FALSE(same_secret("ABC", "abc"));     // case matters
+  EXPECT_FALSE(same_secret(std::string_view("abc\0", 4), "abc"));
+}
+
+TEST(HttpHelpers, HostOf) {
+  using nshpc::transport::http_detail::host_of;
+  EXPECT_EQ(host_of("[::1]:8000"), "::1");
+  EXPECT_EQ(host_of("[::1]"), "::1");
+  EXPECT_EQ(host_of("::1"), "::1");  // bare IPv6: no port to strip
+  EXPECT_EQ(host_of("a.b:80"), "a.b");
+  EXPECT_EQ(host_of("Example.COM"), "example.com");
+  EXPECT_EQ(host_of("localhost."), "localhost");
+  EXPECT_EQ(host_of("LOCALHOST.:8000"), "localhost");
+  EXPECT_EQ(host_of("127.0.0.1:1"), "127.0.0.1");
+  EXPECT_EQ(host_of("[::1"), "::1");
+  EXPECT_EQ(host_of(""), "");
+}
+
+TEST(HttpHelpers, RandomHex) {
+  using nshpc::transport::http_detail::random_hex;
+  const std::string a = random_hex(), b = random_hex();
+  EXPECT_TRUE(is_hex32(a)) << a;
+  EXPECT_NE(a, b);
+  EXPECT_EQ(random_hex(4).size(), 8u);
+}
 
 TEST(HttpLoopback, RecognisesLoopbackNames) {
-  EXPECT_TRUE(nshpc::transport::is_loopback_host("127.0.0.1"));
-  EXPECT_TRUE(nshpc::transport::is_loopback_host("localhost"));
-  EXPECT_TRUE(nshpc::transport::is_loopback_host("[::1]"));
-  EXPECT_FALSE(nshpc::transport::is_loopback_host("0.0.0.0"));
-  EXPECT_FALSE(nshpc::transport::is_loopback_host("example.com"));
+  using transport::is_loopback_host;
+  EXPECT_TRUE(is_loopback_host("127.0.0.1"));
+  EXPECT_TRUE(is_loopback_host("127.0.0.1:8000"));
+  EXPECT_TRUE(is_loopback_host("127.1.2.3"));
+  EXPECT_TRUE(is_loopback_host("localhost"));
+  EXPECT_TRUE(is_loopback_host("LocalHost:80"));
+  EXPECT_TRUE(is_loopback_host("localhost."));
+  EXPECT_TRUE(is_loopback_host("[::1]"));
+  EXPECT_TRUE(is_loopback_host("[::1]:8000"));
+  EXPECT_TRUE(is_loopback_host("::1"));
+  EXPECT_TRUE(is_loopback_host("[0:0:0:0:0:0:0:1]"));
+  EXPECT_FALSE(is_loopback_host("0.0.0.0"));
+  EXPECT_FALSE(is_loopback_host("example.com"));
+  EXPECT_FALSE(is_loopback_host("127.evil.example"));
+  EXPECT_FALSE(is_loopback_host("127.0.0.1.evil.example"));
+  EXPECT_FALSE(is_loopback_host("localhost.evil.example"));
+  EXPECT_FALSE(is_loopback_host("128.0.0.1"));
+  EXPECT_FALSE(is_loopback_host(""));
+  EXPECT_FALSE(is_loopback_host("::"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Authentication.
+
+TEST_F(Http, NoTokenIs401WithChallenge) {
+  Req r = post(initialize_message());
+  r.auth.reset();
+  const Reply reply = one(r);
+  expect_refusal(reply, 401, -32001, "Authorization: Bearer");
+  EXPECT_EQ(reply.header("www-authenticate").rfind("Bearer", 0), 0u) << reply.header("www-authenticate");
+}
+
+TEST_F(Http, WrongTokenIs401) {
+  for (const std::string& auth : {std::string("Bearer wrong"), std::string("Bearer ") + kToken + "x",
+                                  std::string("Bearer ") + std::string(kToken).substr(1), std::string("Basic ") + kToken,
+                                  std::string("Bearer"), std::string(kToken)}) {
+    Req r = post(initialize_message());
+    r.auth = auth;
+    const Reply reply = one(r);
+    expect_refusal(reply, 401, -32001);
+    EXPECT_TRUE(reply.has_header("www-authenticate")) << auth;
+  }
+  Req r = post(initialize_message());
+  r.auth = "Bearer wrong";
+  expect_refusal(one(r), 401, -32001, "wrong bearer token");
+}
+
+TEST_F(Http, RightTokenIsAccepted) {
+  const Reply reply = one(post(initialize_message()));
+  EXPECT_EQ(reply.status, 200) << reply.body;
+}
+
+TEST_F(Http, BearerSchemeIsCaseInsensitive) {
+  for (const std::string& scheme : {"bearer", "BEARER", "BeArEr"}) {
+    Req r = post(initialize_message());
+    r.auth = scheme + " " + kToken;
+    EXPECT_EQ(one(r).status, 200) << scheme;
+  }
+  Req r = post(initialize_message());
+  r.auth = std::string("Bearer   ") + kToken + "  ";  // extra blanks around the token
+  EXPECT_EQ(one(r).status, 200);
+}
+
+TEST_F(Http, TokenItselfIsCaseSensitive) {
+  options_.token = "AbCdEf0123456789";
+  Req r = post(initialize_message());
+  r.auth = "Bearer abcdef0123456789";
+  expect_refusal(one(r), 401, -32001);
+}
+
+TEST_F(Http, NoTokenConfiguredNeedsNoAuthorization) {
+  options_.token.clear();
+  Req r = post(initialize_message());
+  r.auth.reset();
+  EXPECT_EQ(one(r).status, 200);
+}
+
+TEST_F(Http, HealthzIsOpen) {
+  Req r = get("/healthz");
+  r.auth.reset();
+  Reply reply = one(r);
+  EXPECT_EQ(reply.status, 200);
+  EXPECT_EQ(json::parse(reply.body, nullptr, false), json({{"status", "ok"}}));
+
+  r.method = "HEAD";
+  reply = one(r);
+  EXPECT_EQ(reply.status, 200);
+  EXPECT_TRUE(reply.body.empty());
+
+  Req p = post(json::object());
+  p.target = "/healthz";
+  p.auth.reset();
+  reply = one(p);
+  EXPECT_EQ(reply.status, 405);
+  EXPECT_NE(reply.header("allow").find("GET"), std::string::npos);
+}
+
+TEST_F(Http, UnknownPathIs401WithoutTokenAnd404WithIt) {
+  Req r = get("/nowhere");
+  r.auth.reset();
+  expect_refusal(one(r), 401, -32001);
+  expect_refusal(one(get("/nowhere")), 404, -32000, "/mcp");
+  // A prefix of the MCP path is not the MCP path.
+  expect_refusal(one(get("/mc")), 404, -32000);
+  expect_refusal(one(get("/mcp/extra")), 404, -32000);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host and Origin (DNS-rebinding protection).
+
+TEST_F(Http, ForeignHostIs403) {
+  Req r = post(initialize_message());
+  r.host = "evil.example";
+  expect_refusal(one(r), 403, -32000, "evil.example");
+  r.host = "evil.example:8000";
+  expect_refusal(one(r), 403, -32000);
+  r.host = "localhost.evil.example";
+  expect_refusal(one(r), 403, -32000);
+  // Refused before authentication: no token needed to learn it is forbidden.
+  r.auth.reset();
+  expect_refusal(one(r), 403, -32000);
+}
+
+TEST_F(Http, LoopbackHostsAreAccepted) {
+  for (const std::string& host : {"localhost", "localhost:8000", "LOCALHOST:1", "127.0.0.1", "127.0.0.1:9",
+                                  "127.3.2.1:80", "[::1]:8000", "[::1]", "localhost.:8000"}) {
+    Req r = post(initialize_message());
+    r.host = host;
+    EXPECT_EQ(one(r).status, 200) << host;
+  }
+}
+
+TEST_F(Http, MissingHostIsAccepted) {
+  Req r = post(initialize_message());
+  r.host.clear();
+  r.version = "HTTP/1.0";
+  const Reply reply = one(r);
+  EXPECT_EQ(reply.status, 200) << reply.body;
+  EXPECT_EQ(reply.version, "HTTP/1.0");
+}
+
+TEST_F(Http, BindAddressIsAnAcceptedHost) {
+  options_.host = "10.1.2.3";
+  Req r = post(initialize_message());
+  r.host = "10.1.2.3:8000";
+  EXPECT_EQ(one(r).status, 200);
+  r.host = "10.1.2.4:8000";
+  expect_refusal(one(r), 403, -32000);
+}
+
+TEST_F(Http, AllowedHostsList) {
+  options_.allowed_hosts = {"mcp.example.org", "Other.Example:9000"};
+  for (const std::string& host : {"mcp.example.org", "mcp.example.org:443", "MCP.example.org", "other.example",
+                                  "other.example:1", "localhost"}) {
+    Req r = post(initialize_message());
+    r.host = host;
+    EXPECT_EQ(one(r).status, 200) << host;
+  }
+  Req r = post(initialize_message());
+  r.host = "sub.mcp.example.org";
+  expect_refusal(one(r), 403, -32000);
+}
+
+TEST_F(Http, AllowedHostsStarAcceptsAny) {
+  options_.allowed_hosts = {"*"};
+  Req r = post(initialize_message());
+  r.host = "anything.example:1234";
+  EXPECT_EQ(one(r).status, 200);
+  // The token is still needed.
+  r.auth.reset();
+  expect_refusal(one(r), 401, -32001);
+}
+
+TEST_F(Http, ForeignOriginIs403) {
+  for (const std::string& origin : {"http://evil.example", "https://evil.example:8000", "null", "file://",
+                                    "http://localhost.evil.example", "ftp://localhost", "http://"}) {
+    Req r = post(initialize_message());
+    r.with("Origin", origin);
+    expect_refusal(one(r), 403, -32000);
+  }
+}
+
+TEST_F(Http, LoopbackOriginsAreAccepted) {
+  for (const std::string& origin : {"http://localhost:3000", "https://127.0.0.1", "http://[::1]:6274",
+                                    "HTTP://LOCALHOST", "http://localhost:3000/"}) {
+    Req r = post(initialize_message());
+    r.with("Origin", origin);
+    EXPECT_EQ(one(r).status, 200) << origin;
+  }
+}
+
+TEST_F(Http, AllowedOriginsList) {
+  options_.allowed_origins = {"https://app.example"};
+  Req r = post(initialize_message());
+  r.with("Origin", "https://app.example");
+  EXPECT_EQ(one(r).status, 200);
+  Req s = post(initialize_message());
+  s.with("Origin", "https://app.example:8443");
+  expect_refusal(one(s), 403, -32000);
+
+  options_.allowed_origins = {"*"};
+  Req t = post(initialize_message());
+  t.with("Origin", "https://anything.example");
+  EXPECT_EQ(one(t).status, 200);
+}
+
+TEST_F(Http, OriginOfAnAllowedHostIsAccepted) {
+  options_.allowed_hosts = {"mcp.example.org"};
+  Req r = post(initialize_message());
+  r.host = "mcp.example.org";
+  r.with("Origin", "https://mcp.example.org");
+  EXPECT_EQ(one(r).status, 200);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Limits and broken HTTP.
+
+TEST_F(Http, DeclaredBodyOverTheLimitIs413) {
+  Req r = post(initialize_message());
+  r.body.clear();
+  std::string bytes = r.bytes();
+  // Replace the Content-Length the builder wrote.
+  const auto at = bytes.find("Content-Length: 0");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 17, "Content-Length: " + std::to_string(options_.max_body_bytes + 1));
+  const std::string out = raw(bytes + std::string(1000, ' '));
+  const auto replies = final_replies(out);
+  ASSERT_EQ(replies.size(), 1u) << out;
+  expect_refusal(replies[0], 413, -32000, std::to_string(options_.max_body_bytes));
+  EXPECT_EQ(lower(replies[0].header("connection")), "close");
+}
+
+TEST_F(Http, ChunkedBodyOverTheLimitIs413) {
+  Req r = post(initialize_message());
+  r.body.clear();
+  std::string bytes = r.bytes();
+  const auto at = bytes.find("Content-Length: 0\r\n");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 19, "Transfer-Encoding: chunked\r\n");
+  const std::string chunk(16 * 1024, ' ');
+  for (int i = 0; i < 5; ++i) bytes += "4000\r\n" + chunk + "\r\n";  // 80 KiB > 64 KiB
+  bytes += "0\r\n\r\n";
+  const std::string out = raw(bytes);
+  const auto replies = final_replies(out);
+  ASSERT_EQ(replies.size(), 1u) << out.substr(0, 2000);
+  expect_refusal(replies[0], 413, -32000);
+}
+
+TEST_F(Http, ChunkedBodyUnderTheLimitIsServed) {
+  const std::string message = initialize_message().dump();
+  Req r = post(initialize_message());
+  r.body.clear();
+  std::string bytes = r.bytes();
+  const auto at = bytes.find("Content-Length: 0\r\n");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 19, "Transfer-Encoding: chunked\r\n");
+  const std::size_t half = message.size() / 2;
+  char size[32];
+  std::snprintf(size, sizeof size, "%zx", half);
+  bytes += std::string(size) + "\r\n" + message.substr(0, half) + "\r\n";
+  std::snprintf(size, sizeof size, "%zx", message.size() - half);
+  bytes += std::string(size) + "\r\n" + message.substr(half) + "\r\n0\r\n\r\n";
+  const auto replies = final_replies(raw(bytes));
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].status, 200) << replies[0].body;
+  EXPECT_EQ(rpc_of(replies[0])["result"].value("protocolVersion", ""), "2025-11-25");
+}
+
+TEST_F(Http, BodyExactlyAtTheLimitIsServed) {
+  Req r = post(initialize_message());
+  r.body += std::string(options_.max_body_bytes - r.body.size(), ' ');
+  ASSERT_EQ(r.body.size(), options_.max_body_bytes);
+  EXPECT_EQ(one(r).status, 200);
+  r.body += ' ';
+  expect_refusal(one(r), 413, -32000);
+}
+
+TEST_F(Http, HugeHeadersAre431) {
+  Req r = post(initialize_message());
+  r.with("X-Padding", std::string(options_.max_header_bytes + 100, 'a'));
+  expect_refusal(one(r), 431, -32000, std::to_string(options_.max_header_bytes));
+  // Many small headers add up too.
+  Req s = post(initialize_message());
+  for (int i = 0; i < 200; ++i) s.with("X-H" + std::to_string(i), std::string(40, 'b'));
+  expect_refusal(one(s), 431, -32000);
+}
+
+TEST_F(Http, GarbageIs400) {
+  for (const std::string& garbage :
+       {std::string("GARBAGE\r\n\r\n"), std::string("GET /mcp\r\n\r\n"), std::string("GET /mcp HTTP/9.9\r\n\r\n"),
+        std::string("\x01\x02\x03 / HTTP/1.1\r\n\r\n"), std::string("GET /mcp HTTP/1.1\r\nNo colon here\r\n\r\n"),
+        std::string("POST /mcp HTTP/1.1\r\nContent-Length: abc\r\n\r\n"),
+        std::string("POST /mcp HTTP/1.1\r\nContent-Length: 99999999999999999999999999\r\n\r\n")}) {
+    const std::string out = raw(garbage);
+    const auto replies = final_replies(out);
+    ASSERT_EQ(replies.size(), 1u) << "for " << json(garbage).dump() << ":\n" << out;
+    EXPECT_EQ(replies[0].status, 400) << json(garbage).dump() << ": " << replies[0].body;
+    EXPECT_EQ(lower(replies[0].header("connection")), "close");
+  }
+}
+
+TEST_F(Http, EmptyAndHalfRequestsGetNoAnswer) {
+  EXPECT_EQ(raw(""), "");
+  EXPECT_EQ(raw("GET /healthz HTTP/1.1\r\nHost: localhost\r\n"), "");  // the client went away
+}
+
+TEST_F(Http, SlowClientIsCutOff) {
+  options_.read_timeout = 200ms;
+  // The request never ends and the client keeps its side open for longer than the timeout: the
+  // exchange's budget outlives the read timeout, and the server closes first.
+  const auto start = std::chrono::steady_clock::now();
+  const std::string out = raw("POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\n\r\nab", 3000ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2500ms);
+  (void)out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP semantics.
+
+TEST_F(Http, KeepAliveServesPipelinedRequests) {
+  const std::string out = raw(get("/healthz").bytes() + get("/nowhere").bytes() + get("/healthz").bytes());
+  const auto replies = final_replies(out);
+  ASSERT_EQ(replies.size(), 3u) << out;
+  EXPECT_EQ(replies[0].status, 200);
+  EXPECT_EQ(replies[1].status, 404);
+  EXPECT_EQ(replies[2].status, 200);
+}
+
+TEST_F(Http, ConnectionCloseEndsAfterTheResponse) {
+  const std::string out = raw(get("/healthz").with("Connection", "close").bytes() + get("/healthz").bytes());
+  EXPECT_EQ(final_replies(out).size(), 1u) << out;
+}
+
+TEST_F(Http, RefusalEndsTheConnection) {
+  Req bad = post(initialize_message());
+  bad.auth.reset();
+  const std::string out = raw(bad.bytes() + get("/healthz").bytes());
+  const auto replies = final_replies(out);
+  ASSERT_EQ(replies.size(), 1u) << out;
+  EXPECT_EQ(replies[0].status, 401);
+}
+
+TEST_F(Http, ExpectContinue) {
+  const std::string out = raw(post(initialize_message()).with("Expect", "100-continue").bytes());
+  const auto replies = parse_replies(out);
+  ASSERT_EQ(replies.size(), 2u) << out;
+  EXPECT_EQ(replies[0].status, 100);
+  EXPECT_EQ(replies[1].status, 200);
+}
+
+TEST_F(Http, MethodNotAllowedOnMcp) {
+  Req r = get("/mcp");
+  r.method = "PUT";
+  r.body = "{}";
+  const Reply reply = one(r);
+  expect_refusal(reply, 405, -32000);
+  for (const char* m : {"GET", "POST", "DELETE"}) EXPECT_NE(reply.header("allow").find(m), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The MCP endpoint (streamable HTTP) within one connection.
+
+TEST_F(Http, InitializeAnswersJsonWithASessionId) {
+  const Reply reply = one(post(initialize_message(7, "2025-06-18")));
+  EXPECT_EQ(reply.status, 200);
+  EXPECT_EQ(reply.header("content-type"), "application/json");
+  EXPECT_TRUE(is_hex32(reply.header("mcp-session-id"))) << reply.header("mcp-session-id");
+  const json body = json::parse(reply.body);
+  EXPECT_EQ(body["id"], 7);
+  EXPECT_EQ(body["result"]["protocolVersion"], "2025-06-18");
+  EXPECT_EQ(body["result"]["serverInfo"]["name"], "http-unit");
+  EXPECT_TRUE(body["result"]["capabilities"].contains("tools"));
+}
+
+TEST_F(Http, EveryInitializeGetsItsOwnSession) {
+  const auto replies = final_replies(raw(post(initialize_message(1)).bytes() + post(initialize_message(2)).bytes()));
+  ASSERT_EQ(replies.size(), 2u);
+  EXPECT_EQ(replies[0].status, 200);
+  EXPECT_EQ(replies[1].status, 200);
+  EXPECT_NE(replies[0].header("mcp-session-id"), replies[1].header("mcp-session-id"));
+}
+
+TEST_F(Http, SessionCapIs503) {
+  options_.max_sessions = 1;
+  const auto replies = final_replies(raw(post(initialize_message(1)).bytes() + post(initialize_message(2)).bytes()));
+  ASSERT_EQ(replies.size(), 2u);
+  EXPECT_EQ(replies[0].status, 200);
+  expect_refusal(replies[1], 503, -32000, "too many sessions");
+}
+
+TEST_F(Http, FailedInitializeOpensNoSession) {
+  options_.max_sessions = 1;
+  json bad = initialize_message(1);
+  bad["params"].erase("clientInfo");
+  const auto replies = final_replies(raw(post(bad).bytes() + post(initialize_message(2)).bytes()));
+  ASSERT_EQ(replies.size(), 2u);
+  EXPECT_EQ(replies[0].status, 200);
+  EXPECT_EQ(rpc_of(replies[0])["error"].value("code", 0), mcp::kInvalidParams) << replies[0].body;
+  // The slot of the failed one was given back.
+  EXPECT_EQ(replies[1].status, 200) << replies[1].body;
+  EXPECT_TRUE(rpc_of(replies[1]).contains("result"));
+}
+
+TEST_F(Http, MalformedJsonIs400ParseError) {
+  Req r = post(initialize_message());
+  r.body = "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": ";
+  expect_refusal(one(r), 400, mcp::kParseError);
+  r.body = "";
+  expect_refusal(one(r), 400, mcp::kParseError);
+  r.body = "\xff\xfe{}";
+  expect_refusal(one(r), 400, mcp::kParseError);
+  r.body = std::string(100, '[') + std::string(100, ']');  // deeper than the nesting limit
+  expect_refusal(one(r), 400, mcp::kParseError);
+}
+
+TEST_F(Http, BatchIs400) {
+  Req r = post(json::array({initialize_message(1), rpc(2, "ping")}));
+  expect_refusal(one(r), 400, mcp::kInvalidRequest, "batch");
+}
+
+TEST_F(Http, NonObjectMessageIs400) {
+  for (const char* body : {"42", "\"initialize\"", "null", "true"}) {
+    Req r = post(json::object());
+    r.body = body;
+    expect_refusal(one(r), 400, mcp::kInvalidRequest);
+  }
+}
+
+TEST_F(Http, BadRequestIdIs400) {
+  json m = initialize_message();
+  m["id"] = nullptr;
+  expect_refusal(one(post(m)), 400, mcp::kInvalidRequest, "id");
+  m["id"] = json::array();
+  expect_refusal(one(post(m)), 400, mcp::kInvalidRequest, "id");
+}
+
+TEST_F(Http, WrongContentTypeIs415) {
+  Req r = post(initialize_message());
+  r.content_type = "text/plain";
+  expect_refusal(one(r), 415, -32000);
+  r.content_type = "";
+  expect_refusal(one(r), 415, -32000);
+  r.content_type = "Application/JSON; charset=utf-8";
+  EXPECT_EQ(one(r).status, 200);
+}
+
+TEST_F(Http, UnacceptableAcceptIs406) {
+  Req r = post(initialize_message());
+  r.accept = "text/html";
+  expect_refusal(one(r), 406, -32000);
+  r.accept = "*/*";
+  EXPECT_EQ(one(r).status, 200);
+  r.accept = "";  // no Accept at all: anything goes
+  EXPECT_EQ(one(r).status, 200);
+}
+
+TEST_F(Http, MissingSessionIs400) {
+  expect_refusal(one(post(rpc(2, "tools/list"))), 400, -32000, "Mcp-Session-Id");
+  expect_refusal(one(post(json{{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}})), 400, -32000);
+  Req g = get("/mcp");
+  g.accept = "text/event-stream";
+  expect_refusal(one(g), 400, -32000, "Mcp-Session-Id");
+  Req d = get("/mcp");
+  d.method = "DELETE";
+  expect_refusal(one(d), 400, -32000);
+}
+
+TEST_F(Http, UnknownSessionIs404) {
+  const std::string unknown = "0123456789abcdef0123456789abcdef";
+  expect_refusal(one(post(rpc(2, "tools/list")).with("Mcp-Session-Id", unknown)), 404, -32001, "session not found");
+  Req g = get("/mcp");
+  g.accept = "text/event-stream";
+  expect_refusal(one(g.with("Mcp-Session-Id", unknown)), 404, -32001);
+  Req d = get("/mcp");
+  d.method = "DELETE";
+  expect_refusal(one(d.with("Mcp-Session-Id", unknown)), 404, -32001);
+}
+
+TEST_F(Http, SessionIdOfAnotherConnectionIsUnknownHere) {
+  // Each exchange is a fresh server: a session from the first is gone in the second.
+  const Reply init = one(post(initialize_message()));
+  ASSERT_EQ(init.status, 200);
+  expect_refusal(one(post(rpc(2, "tools/list")).with("Mcp-Session-Id", init.header("mcp-session-id"))), 404, -32001);
+}
+
+TEST_F(Http, BadProtocolVersionIs400) {
+  const Reply reply = one(post(rpc(2, "tools/list")).with("MCP-Protocol-Version", "1999-01-01"));
+  expect_refusal(reply, 400, -32000, "1999-01-01");
+  EXPECT_NE(reply.body.find("2025-11-25"), std::string::npos) << reply.body;  // names the supported ones
+  // On initialize too.
+  expect_refusal(one(post(initialize_message()).with("MCP-Protocol-Version", "bogus")), 400, -32000);
+  // A supported one is fine.
+  EXPECT_EQ(one(post(initialize_message()).with("MCP-Protocol-Version", "2025-03-26")).status, 200);
+}
+
+TEST_F(Http, GetWithoutEventStreamAcceptIs406) {
+  Req g = get("/mcp");
+  g.accept = "application/json";
+  expect_refusal(one(g), 406, -32000);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The legacy HTTP+SSE transport within one connection.
+
+TEST_F(Http, LegacySseAnnouncesItsEndpoint) {
+  Req g = get("/sse");
+  g.accept = "text/event-stream";
+  const std::string out = raw(g.bytes(), 300ms);
+  const auto replies = final_replies(out);
+  ASSERT_EQ(replies.size(), 1u) << out;
+  EXPECT_EQ(replies[0].status, 200);
+  EXPECT_EQ(replies[0].header("content-type"), "text/event-stream");
+  EXPECT_NE(replies[0].body.find("event: endpoint\ndata: /messages/?session_id="), std::string::npos) << replies[0].body;
+}
+
+// Known bug (reported): an SSE response to an HTTP/1.0 request is sent with Transfer-Encoding:
+// chunked, which an HTTP/1.0 client cannot decode (RFC 9112 §6.1: a server must not send chunked
+// to a 1.0 request; the stream should be raw and end with the connection). Enable once fixed.
+TEST_F(Http, DISABLED_SseToHttp10ClientIsNotChunked) {
+  Req g = get("/sse");
+  g.accept = "text/event-stream";
+  g.version = "HTTP/1.0";
+  const std::string out = raw(g.bytes(), 300ms);
+  const auto replies = final_replies(out);
+  ASSERT_EQ(replies.size(), 1u) << out;
+  EXPECT_EQ(replies[0].status, 200);
+  EXPECT_FALSE(replies[0].has_header("transfer-encoding")) << out;
+  EXPECT_NE(out.find("\r\n\r\nevent: endpoint\n"), std::string::npos) << out;
+}
+
+TEST_F(Http, LegacySseNeedsTheToken) {
+  Req g = get("/sse");
+  g.accept = "text/event-stream";
+  g.auth.reset();
+  expect_refusal(one(g), 401, -32001);
+}
+
+TEST_F(Http, LegacyPostWithoutOrWithUnknownSession) {
+  Req r = post(rpc(1, "ping"));
+  r.target = "/messages/";
+  expect_refusal(one(r), 400, -32000, "session_id");
+  r.target = "/messages/?session_id=0123456789abcdef0123456789abcdef";
+  expect_refusal(one(r), 404, -32001);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A real listener for flows across connections (the session id comes from a response).
+
+class LiveServer {
+ public:
+  LiveServer(mcp::Server& server, HttpOptions options) : options_(std::move(options)) {
+    options_.host = "127.0.0.1";
+    options_.port = 0;
+    options_.on_listening = [this](const std::string& url) {
+      std::lock_guard lock(mu_);
+      url_ = url;
+      cv_.notify_all();
+    };
+    thread_ = std::thread([this, &server] {
+      int rc = -1;
+      try {
+        rc = transport::serve_http(server, options_);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "serve_http threw: " << e.what();
+      }
+      std::lock_guard lock(mu_);
+      rc_ = rc;
+      finished_ = true;
+      cv_.notify_all();
+    });
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, 10s, [&] { return !url_.empty() || finished_; });
+    // http://127.0.0.1:<port>/mcp
+    const auto colon = url_.rfind(':');
+    if (colon != std::string::npos) port_ = static_cast<std::uint16_t>(std::atoi(url_.c_str() + colon + 1));
+  }
+  ~LiveServer() {
+    if (thread_.joinable()) stop();
+  }
+
+  std::uint16_t port() const { return port_; }
+  const std::string& url() const { return url_; }
+
+  // SIGTERM, as the service manager would send; returns serve_http's result.
+  int stop() {
+    {
+      std::lock_guard lock(mu_);
+      if (!finished_) ::raise(SIGTERM);  // serve_http's signal_set catches it
+    }
+    thread_.join();
+    return rc_;
+  }
+
+  // A connection to the server.
+  int connect_fd() const {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port_);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  }
+
+  // Sends `bytes` on a new connection and reads until the server closes it, `done` says the
+  // output is enough, or `limit` passes.
+  std::string talk(const std::string& bytes, const std::function<bool(const std::string&)>& done = nullptr,
+                   std::chrono::milliseconds limit = 10s) const {
+    const int fd = connect_fd();
+    if (fd < 0) {
+      ADD_FAILURE() << "cannot connect to port " << port_;
+      return {};
+    }
+    std::size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += static_cast<std::size_t>(n);
+    }
+    std::string out;
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    char buf[16384];
+    for (;;) {
+      if (done && done(out)) break;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left <= 0ms) break;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(fd);
+    return out;
+  }
+
+  // One request on its own connection (Connection: close); its final response.
+  Reply request(Req r) const {
+    r.host = "127.0.0.1:" + std::to_string(port_);
+    r.with("Connection", "close");
+    const std::string out = talk(r.bytes());
+    auto replies = final_replies(out);
+    EXPECT_EQ(replies.size(), 1u) << out;
+    return replies.empty() ? Reply{} : replies.front();
+  }
+
+ private:
+  HttpOptions options_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string url_;
+  std::uint16_t port_ = 0;
+  int rc_ = -1;
+  bool finished_ = false;
+};
+
+TEST(HttpLive, FullSessionFlow) {
+  auto probe = std::make_shared<Probe>();
+  auto server = make_server(probe);
+  LiveServer live(*server, default_options());
+  ASSERT_NE(live.port(), 0) << "the server did not report a URL";
+  EXPECT_EQ(live.url(), "http://127.0.0.1:" + std::to_string(live.port()) + "/mcp");
+
+  // initialize → 200 JSON with the session id.
+  const Reply init = live.request(post(initialize_message(1, "2025-11-25")));
+  ASSERT_EQ(init.status, 200) << init.body;
+  const std::string sid = init.header("mcp-session-id");
+  ASSERT_TRUE(is_hex32(sid)) << sid;
+  EXPECT_EQ(rpc_of(init)["result"]["protocolVersion"], "2025-11-25");
+
+  auto in_session = [&](const json& message) {
+    return post(message).with("Mcp-Session-Id", sid).with("MCP-Protocol-Version", "2025-11-25");
+  };
+
+  // notifications/initialized → 202, no body.
+  const Reply note = live.request(in_session(json{{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}));
+  EXPECT_EQ(note.status, 202);
+  EXPECT_TRUE(note.body.empty()) << note.body;
+
+  // tools/list.
+  const Reply list = live.request(in_session(rpc(2, "tools/list")));
+  ASSERT_EQ(list.status, 200);
+  const json tools = rpc_of(list)["result"]["tools"];
+  ASSERT_TRUE(tools.is_array()) << list.body;
+  EXPECT_EQ(tools.size(), 2u);
+
+  // tools/call: the answer may come as JSON or as an SSE stream; both carry the response.
+  const Reply call = live.request(in_session(rpc(3, "tools/call", {{"name", "echo"}, {"arguments", {{"text", "hi"}}}})));
+  ASSERT_EQ(call.status, 200);
+  EXPECT_EQ(call.header("mcp-session-id"), sid);
+  const json result = rpc_of(call);
+  EXPECT_EQ(result["id"], 3) << call.body;
+  EXPECT_EQ(result["result"]["structuredContent"]["echo"], "hi") << call.body;
+  EXPECT_EQ(probe->calls.load(), 1);
+
+  // A call that reports progress streams it before the response.
+  const Reply streamed = live.request(in_session(
+      rpc(4, "tools/call", {{"name", "steps"}, {"arguments", {{"n", 3}}}, {"_meta", {{"progressToken", "p"}}}})));
+  ASSERT_EQ(streamed.status, 200);
+  EXPECT_EQ(streamed.header("content-type"), "text/event-stream");
+  EXPECT_TRUE(streamed.complete);
+  const auto events = sse_messages(streamed.body);
+  int progress = 0;
+  for (const auto& m : events)
+    if (m.value("method", "") == "notifications/progress") ++progress;
+  EXPECT_EQ(progress, 3) << streamed.body;
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back()["id"], 4);
+  EXPECT_EQ(events.back()["result"]["content"][0]["text"], "done 3");
+  EXPECT_NE(streamed.body.find("id: "), std::string::npos);  // resumable: events carry ids
+
+  // A reused request id is refused by the session (JSON-RPC error, HTTP 200).
+  const Reply reused = live.request(in_session(rpc(3, "ping")));
+  EXPECT_EQ(reused.status, 200);
+  EXPECT_EQ(rpc_of(reused)["error"].value("code", 0), mcp::kInvalidRequest) << reused.body;
+
+  // A bad MCP-Protocol-Version on a live session → 400.
+  const Reply bad_version = live.request(post(rpc(5, "ping")).with("Mcp-Session-Id", sid).with("MCP-Protocol-Version", "2020-01-01"));
+  expect_refusal(bad_version, 400, -32000);
+
+  // A second initialize inside the session is not how sessions are made: a fresh one is.
+  const Reply init2 = live.request(post(initialize_message(1)));
+  ASSERT_EQ(init2.status, 200);
+  EXPECT_NE(init2.header("mcp-session-id"), sid);
+
+  // The standalone GET stream opens with a priming event; only one at a time.
+  {
+    Req g = get("/mcp");
+    g.accept = "text/event-stream";
+    g.host = "127.0.0.1:" + std::to_string(live.port());
+    g.with("Mcp-Session-Id", sid);
+    const int fd = live.connect_fd();
+    ASSERT_GE(fd, 0);
+    const std::string bytes = g.bytes();
+    ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    std::string out;
+    char buf[4096];
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (out.find("retry:") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 200) <= 0) continue;
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+    const auto replies = final_replies(out);
+    ASSERT_EQ(replies.size(), 1u) << out;
+    EXPECT_EQ(replies[0].status, 200);
+    EXPECT_EQ(replies[0].header("content-type"), "text/event-stream");
+    EXPECT_NE(replies[0].body.find("retry: "), std::string::npos) << replies[0].body;
+    // A second GET stream for the same session while the first is open: 409.
+    Req g2 = get("/mcp");
+    g2.accept = "text/event-stream";
+    expect_refusal(live.request(g2.with("Mcp-Session-Id", sid)), 409, -32000);
+    ::close(fd);
+  }
+
+  // DELETE ends the session; afterwards it is unknown.
+  Req del = get("/mcp");
+  del.method = "DELETE";
+  const Reply deleted = live.request(del.with("Mcp-Session-Id", sid));
+  EXPECT_EQ(deleted.status, 200);
+  expect_refusal(live.request(in_session(rpc(6, "ping"))), 404, -32001);
+
+  // /healthz over a real socket.
+  Req h = get("/healthz");
+  h.auth.reset();
+  EXPECT_EQ(live.request(h).status, 200);
+
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpLive, KeepAliveAcrossRequestsOfOneSession) {
+  auto server = make_server();
+  LiveServer live(*server, default_options());
+  ASSERT_NE(live.port(), 0);
+  const std::string host = "127.0.0.1:" + std::to_string(live.port());
+  // One connection: initialize, then (once its id is known) more requests on the same socket.
+  const int fd = live.connect_fd();
+  ASSERT_GE(fd, 0);
+  auto exchange_on = [&](Req r) {
+    r.host = host;
+    const std::string bytes = r.bytes();
+    EXPECT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    std::string out;
+    char buf[16384];
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    for (;;) {
+      auto replies = final_replies(out);
+      if (!replies.empty() && replies.back().complete) return replies.back();
+      if (std::chrono::steady_clock::now() > deadline) break;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 200) <= 0) continue;
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+    ADD_FAILURE() << "no complete response: " << out;
+    return Reply{};
+  };
+  const Reply init = exchange_on(post(initialize_message()));
+  ASSERT_EQ(init.status, 200);
+  const std::string sid = init.header("mcp-session-id");
+  EXPECT_EQ(exchange_on(post(json{{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}).with("Mcp-Session-Id", sid)).status,
+            202);
+  for (int i = 0; i < 20; ++i) {
+    const Reply r = exchange_on(post(rpc(100 + i, "tools/call", {{"name", "echo"}, {"arguments", {{"text", std::to_string(i)}}}}))
+                                    .with("Mcp-Session-Id", sid));
+    ASSERT_EQ(r.status, 200);
+    EXPECT_EQ(rpc_of(r)["result"]["structuredContent"]["echo"], std::to_string(i)) << r.body;
+  }
+  ::close(fd);
+  EXPECT_EQ(live.stop(), 0);
+}
+
+}  // namespace
