@@ -19,12 +19,23 @@ spdlog::level::level_enum to_spdlog(Level level) {
 }  // namespace
 
 void init(Level level) {
-  auto logger = spdlog::stderr_logger_st("ns-hpc");
+  // Always stderr (stdout may carry MCP), and thread-safe: the servers log from many threads.
+  spdlog::drop("ns-hpc");
+  auto logger = spdlog::stderr_logger_mt("ns-hpc");
   logger->set_pattern("ns-hpc: %l: %v");
   logger->set_level(to_spdlog(level));
   spdlog::set_default_logger(std::move(logger));
 }
 
-void write(Level level, std::string_view message) { spdlog::log(to_spdlog(level), "{}", message); }
+void write(Level level, std::string_view message) {
+  // A program that never called init() (tests, fixtures) still logs to stderr, never to
+  // spdlog's default stdout logger.
+  static const bool ready = [] {
+    if (!spdlog::get("ns-hpc")) init(Level::warning);
+    return true;
+  }();
+  (void)ready;
+  spdlog::log(to_spdlog(level), "{}", message);
+}
 
 }  // namespace nshpc::log

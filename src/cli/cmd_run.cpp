@@ -122,11 +122,7 @@ void run_http(Context& ctx, const RunArgs& a) {
     token_file = (cfg.server.state_dir / "http-token").string();
     source = token_file;
   }
-  if (token.empty())
-    log::warn("HTTP without a token (--allow-unauthenticated-http): anyone who can reach {} can run commands in every "
-              "instance",
-              options.uds.empty() ? fmt::format("{}:{}", options.host, options.port) : options.uds);
-  else if (token.size() < 16)
+  if (!token.empty() && token.size() < 16)
     log::warn("the HTTP token from {} is short ({} characters); use at least 32 random characters", source, token.size());
   options.token = token;
 
@@ -143,6 +139,10 @@ void run_http(Context& ctx, const RunArgs& a) {
     if (!token.empty())
       server_entry["headers"] = {{"Authorization", "Bearer " + (show_token ? token : std::string("<your token>"))}};
     std::string text = fmt::format("ns-hpc: MCP ({}) listening on {}\n", transport_name, client_url);
+    if (token.empty())
+      text += fmt::format("ns-hpc: warning: serving HTTP without a token (--allow-unauthenticated-http): anyone who can reach {} can run "
+                          "commands in every instance\n",
+                          url);
     if (!token.empty())
       text += show_token ? fmt::format("ns-hpc: bearer token (kept in {}): {}\n", token_file, token)
                          : fmt::format("ns-hpc: bearer token from {}\n", source);

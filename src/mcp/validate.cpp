@@ -98,6 +98,8 @@ std::string plural(std::size_t n, std::string_view word) {
 
 class Checker {
  public:
+  explicit Checker(const json& root) : root_(root) {}
+
   std::optional<std::string> check(const json& v, const json& schema, const std::string& path,
                                    int depth) {
     if (depth > 64) return std::nullopt;  // schemas are ours; this only guards recursion
@@ -106,6 +108,21 @@ class Checker {
       return fmt::format("{} is not allowed", label(path));
     }
     if (!schema.is_object()) return std::nullopt;
+
+    // A local reference ("#/$defs/address") applies with the keywords beside it (2020-12).
+    if (auto ref = schema.find("$ref"); ref != schema.end() && ref->is_string()) {
+      const std::string& target = ref->get_ref<const std::string&>();
+      if (target == "#") {
+        if (auto m = check(v, root_, path, depth + 1)) return m;
+      } else if (target.rfind("#/", 0) == 0) {
+        try {
+          const json& resolved = root_.at(json::json_pointer(target.substr(1)));
+          if (auto m = check(v, resolved, path, depth + 1)) return m;
+        } catch (const json::exception&) {
+          // An unresolvable reference constrains nothing (the schema is the tool's own).
+        }
+      }
+    }
 
     if (auto t = schema.find("type"); t != schema.end()) {
       std::vector<std::string_view> types;
@@ -180,6 +197,8 @@ class Checker {
   }
 
  private:
+  const json& root_;
+
   static std::string label(const std::string& path) {
     return path.empty() ? std::string("arguments") : fmt::format("argument '{}'", path);
   }
@@ -228,7 +247,7 @@ class Checker {
 std::optional<std::string> validate_arguments(const json& arguments, const json& schema) {
   if (!arguments.is_object())
     return fmt::format("arguments: expected an object, got {}", describe_type(arguments));
-  return Checker().check(arguments, schema, "", 0);
+  return Checker(schema).check(arguments, schema, "", 0);
 }
 
 std::string_view describe_type(const json& value) {

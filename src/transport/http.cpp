@@ -830,12 +830,31 @@ int serve_http(mcp::Server& server, const HttpOptions& options) {
       if (!ec) wait_closed();
     });
   };
-  std::function<void()> finish = [&] {
+  std::function<void()> close_everything = [&] {
     hub.close_all();
     auto closers = ctx.closers;  // closing erases from the map
     for (auto& [id, close] : closers) close();
     stop_deadline = Clock::now() + std::chrono::seconds(2);
     wait_closed();
+  };
+  // Requests still running get an error on their stream (so no client waits for an answer
+  // that cannot come); then, once those are written (at most 1 s), everything closes.
+  Clock::time_point flush_deadline;
+  std::function<void()> wait_flushed = [&] {
+    if (hub.post_writers == 0 || Clock::now() >= flush_deadline) {
+      close_everything();
+      return;
+    }
+    hard_stop.expires_after(std::chrono::milliseconds(10));
+    hard_stop.async_wait([&](const boost::system::error_code& ec) {
+      if (!ec) wait_flushed();
+    });
+  };
+  std::function<void()> finish = [&] {
+    hub.answer_unfinished("the server is shutting down: this request was cancelled (jobs keep running; "
+                          "poll them once the server is back)");
+    flush_deadline = Clock::now() + std::chrono::seconds(1);
+    wait_flushed();
   };
   std::function<void()> wait_drained = [&] {
     if ((hub.total_in_flight() == 0 && hub.post_writers == 0) || Clock::now() >= drain_deadline) {

@@ -123,6 +123,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   Clock::time_point last_active() const { return last_active_; }
   int connections = 0;  // requests or streams of this session being served now
 
+  // Answers every request still running with a JSON-RPC error saying `why` (shutdown).
+  void answer_unfinished(const std::string& why);
+
   // Closes every stream and hands the mcp::Session to a worker thread to be cancelled and
   // destroyed (that may wait for handlers).
   void close();
@@ -163,6 +166,7 @@ class Hub {
   std::size_t total_in_flight() const;
   int post_writers = 0;  // POST streams being written now (shutdown waits for them)
   void close_all();
+  void answer_unfinished(const std::string& why);
 
   // Starts the idle sweeper (every second).
   void start_sweeper();

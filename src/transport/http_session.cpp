@@ -201,6 +201,18 @@ void HttpSession::route(const json& message, const json& related) {
   standalone()->push(message, false);
 }
 
+void HttpSession::answer_unfinished(const std::string& why) {
+  auto pending = std::move(by_request_);
+  by_request_.clear();
+  for (auto& [key, stream] : pending) {
+    const json id = json::parse(key, nullptr, false);
+    const json error = mcp::make_error(id, -32000, why);
+    stream->push(error, false);
+    stream->finish(error.dump(-1, ' ', false, json::error_handler_t::replace));
+    retire(stream->id());
+  }
+}
+
 void HttpSession::retire(std::uint64_t stream_id) {
   retired_.push_back(stream_id);
   while (retired_.size() > kKeptFinishedStreams) {
@@ -268,6 +280,10 @@ std::size_t Hub::total_in_flight() const {
   std::size_t n = 0;
   for (const auto& [id, session] : sessions_) n += session->in_flight();
   return n;
+}
+
+void Hub::answer_unfinished(const std::string& why) {
+  for (auto& [id, session] : sessions_) session->answer_unfinished(why);
 }
 
 void Hub::close_all() {

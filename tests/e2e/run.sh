@@ -4,13 +4,15 @@
 # test. Works from any directory. Exits non-zero on any failure.
 #
 # Environment: NSHPC_BINARY (default <repo>/build/ns-hpc), NSHPC_FIXTURE (default
-# <repo>/build/tests/nshpc_mcp_fixture), E2E_TEST_TIMEOUT_MS (per test, default 120000).
+# <repo>/build/tests/nshpc_mcp_fixture), NSHPC_CONFORMANCE_SERVER (default
+# <repo>/build/tests/nshpc_conformance_server), E2E_TEST_TIMEOUT_MS (per test, default 120000).
 set -uo pipefail
 
 E2E_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$E2E_DIR/../.." && pwd)"
 export NSHPC_BINARY="${NSHPC_BINARY:-$REPO_DIR/build/ns-hpc}"
 export NSHPC_FIXTURE="${NSHPC_FIXTURE:-$REPO_DIR/build/tests/nshpc_mcp_fixture}"
+export NSHPC_CONFORMANCE_SERVER="${NSHPC_CONFORMANCE_SERVER:-$REPO_DIR/build/tests/nshpc_conformance_server}"
 TEST_TIMEOUT_MS="${E2E_TEST_TIMEOUT_MS:-120000}"
 
 cd "$E2E_DIR" || exit 2
@@ -37,10 +39,14 @@ fi
 status=0
 echo "run.sh: node --test (ns-hpc: $NSHPC_BINARY, fixture: $NSHPC_FIXTURE)"
 node --test --test-reporter=tap --test-timeout="$TEST_TIMEOUT_MS" --test-concurrency=1 \
-  stdio.test.mjs protocol.test.mjs fixture.test.mjs default_instance.test.mjs terminal.test.mjs jobs.test.mjs || status=1
+  stdio.test.mjs protocol.test.mjs fixture.test.mjs default_instance.test.mjs terminal.test.mjs jobs.test.mjs \
+  http.test.mjs http_security.test.mjs || status=1
 
 echo "run.sh: inspector.sh"
 "$E2E_DIR/inspector.sh" || status=1
+
+echo "run.sh: conformance.sh (the official MCP conformance suite over streamable HTTP)"
+"$E2E_DIR/conformance.sh" || status=1
 
 if [[ $status -ne 0 ]]; then
   echo "run.sh: FAILED" >&2

@@ -591,6 +591,23 @@ TEST(McpValidate, MessagesNameTheFieldAndTheExpectation) {
   EXPECT_FALSE(validate_arguments({{"x", 1}}, {{"type", "object"}, {"$defs", json::object()}}));
 }
 
+TEST(McpValidate, LocalReferencesAreFollowed) {
+  using mcp::detail::validate_arguments;
+  const json schema = json::parse(R"({
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "$defs": {"address": {"type": "object", "properties": {"street": {"type": "string"}},
+                          "additionalProperties": false}},
+    "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"}},
+    "additionalProperties": false})");
+  auto check = [&](const json& args) { return validate_arguments(args, schema).value_or("OK"); };
+  EXPECT_EQ(check({{"name", "a"}, {"address", {{"street", "Main"}}}}), "OK");
+  EXPECT_EQ(check({{"address", 42}}), "argument 'address': expected an object, got an integer");
+  EXPECT_EQ(check({{"address", {{"street", 5}}}}), "argument 'address.street': expected a string, got an integer");
+  // A reference that does not resolve constrains nothing.
+  EXPECT_FALSE(validate_arguments({{"a", 1}}, {{"type", "object"}, {"properties", {{"a", {{"$ref", "#/$defs/none"}}}}}}));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Lifecycle
 
