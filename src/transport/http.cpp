@@ -669,7 +669,16 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
     res.set(bhttp::field::cache_control, "no-cache, no-transform");
     res.set("X-Accel-Buffering", "no");
     if (!session->legacy()) res.set("Mcp-Session-Id", session->id());
-    res.chunked(true);
+    // HTTP/1.0 clients cannot decode chunks: the stream is sent as is and ends with the connection.
+    const bool chunked = version >= 11;
+    if (chunked)
+      res.chunked(true);
+    else
+      res.keep_alive(false);
+    auto send = [&](const std::string& text) {
+      return chunked ? asio::async_write(socket_, bhttp::make_chunk(asio::buffer(text)), kTuple)
+                     : asio::async_write(socket_, asio::buffer(text), kTuple);
+    };
     bhttp::response_serializer<bhttp::empty_body> serializer{res};
     arm(opt_.read_timeout);
     if (auto [ec, n] = co_await bhttp::async_write_header(socket_, serializer, kTuple); ec) co_return false;
@@ -686,7 +695,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
         first.clear();
         chunk += stream->take(cursor, last);
         arm(opt_.read_timeout);
-        auto [ec, n] = co_await asio::async_write(socket_, bhttp::make_chunk(asio::buffer(chunk)), kTuple);
+        auto [ec, n] = co_await send(chunk);
         disarm();
         if (ec) co_return false;  // the client went away; the stream stays for a resume
         cursor = last;
@@ -701,17 +710,19 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
         // whether the client is still there.
         static const std::string kKeepalive = ": keepalive\n\n";
         arm(opt_.read_timeout);
-        auto [wec, n] = co_await asio::async_write(socket_, bhttp::make_chunk(asio::buffer(kKeepalive)), kTuple);
+        auto [wec, n] = co_await send(kKeepalive);
         disarm();
         if (wec) co_return false;
       }
     }
-    arm(opt_.read_timeout);
-    auto [ec, n] = co_await asio::async_write(socket_, bhttp::make_chunk_last(), kTuple);
-    disarm();
-    if (ec) co_return false;
+    if (chunked) {
+      arm(opt_.read_timeout);
+      auto [ec, n] = co_await asio::async_write(socket_, bhttp::make_chunk_last(), kTuple);
+      disarm();
+      if (ec) co_return false;
+    }
     if (stream->finished() && cursor >= stream->last_seq()) session->drop_request_stream(stream);
-    co_return !stream->standalone() && !hub_.draining;
+    co_return chunked && !stream->standalone() && !hub_.draining;
   }
 
   Context& ctx_;
@@ -738,6 +749,11 @@ awaitable<void> accept_loop(Context& ctx, Acceptor& acceptor, bool local) {
       continue;
     }
     using SocketT = std::decay_t<decltype(socket)>;
+    if constexpr (std::is_same_v<SocketT, tcp::socket>) {
+      // SSE events are small writes that must leave at once (no Nagle wait for an ACK).
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+    }
     std::make_shared<Connection<SocketT>>(ctx, std::move(socket), local)->start();
   }
 }

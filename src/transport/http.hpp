@@ -6,7 +6,7 @@
 //  - the legacy HTTP+SSE transport (2024-11-05): GET opens the stream, whose first event names
 //    the POST endpoint (/messages/?session_id=…); every answer comes on the stream.
 // Every route but /healthz needs the bearer token (when one is set); Host and Origin are checked
-// on every request (DNS-rebinding protection).
+// on every request but /healthz (DNS-rebinding protection; /healthz says only {"status":"ok"}).
 #pragma once
 
 #include <chrono>
