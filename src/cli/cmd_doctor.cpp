@@ -16,6 +16,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <sys/vfs.h>
+
+#include <map>
+
 #include <fmt/format.h>
 
 #include "base/error.hpp"
@@ -289,12 +293,41 @@ Check check_slurm() {
   Check c{"Slurm tools"};
   c.required = false;
   std::vector<std::string> found, missing;
-  for (const char* tool : {"sbatch", "squeue", "sacct", "scancel", "scontrol"})
+  for (const char* tool : {"sbatch", "squeue", "sacct", "scancel"})
     (fs::find_program(tool) ? found : missing).emplace_back(tool);
   c.ok = missing.empty();
   c.detail = c.ok ? fmt::format("{} on PATH", fmt::join(found, ", "))
                   : fmt::format("missing {} (needed only for Slurm jobs)", fmt::join(missing, ", "));
   if (!c.ok) c.fix = "install slurm-client, or ignore this on a machine without Slurm";
+  return c;
+}
+
+// Batch jobs run `ns-hpc bwrap` on a compute node: the node must see this binary and the
+// instances folder at the same paths. A network filesystem is a good sign; a local one works
+// only when the cluster is this machine.
+Check check_slurm_shared(const config::Config& cfg) {
+  Check c{"Slurm jobs can reach ns-hpc and the instances (shared filesystem)"};
+  c.required = false;
+  static const std::map<long, std::string> kShared = {
+      {0x6969, "nfs"},          {0x0BD00BD0, "lustre"},  {0x47504653, "gpfs"},  {0x19830326, "beegfs"},
+      {0x00C36400, "cephfs"},   {static_cast<long>(0xFF534D42), "cifs"}, {static_cast<long>(0xFE534D42), "smb2"},
+      {0x013111A8, "ibrix"},    {0x5346414F, "afs"},     {0x65735546, "fuse"}};
+  std::vector<std::string> local, shared;
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  for (const auto& [what, path] : {std::pair<std::string, std::string>{"ns-hpc", self},
+                                   {"instances", cfg.ns.instances_dir.string()}}) {
+    struct statfs st {};
+    std::string p = path;
+    while (::statfs(p.c_str(), &st) != 0 && p.size() > 1) p = std::filesystem::path(p).parent_path().string();
+    auto it = kShared.find(static_cast<long>(st.f_type));
+    (it != kShared.end() ? shared : local).push_back(fmt::format("{} on {}", what, it != kShared.end() ? it->second : fmt::format("a local filesystem (type {:#x})", static_cast<unsigned long>(st.f_type))));
+  }
+  c.ok = local.empty();
+  c.detail = fmt::format("{}", fmt::join(local.empty() ? shared : local, "; "));
+  if (!c.ok)
+    c.fix = "fine when the Slurm cluster is this machine; otherwise put ns-hpc and [namespace] instances_dir on the "
+            "cluster's shared filesystem (or set [jobs.slurm] ns_hpc_command to the path the nodes see)";
   return c;
 }
 
@@ -335,6 +368,7 @@ void add_doctor_command(CLI::App& app, Context& ctx) {
     checks.push_back(check_instances_dir(*cfg));
     checks.push_back(check_cgroups());
     checks.push_back(check_slurm());
+    if (checks.back().ok) checks.push_back(check_slurm_shared(*cfg));
 
     bool ok = true;
     for (const auto& c : checks) ok = ok && (c.ok || !c.required);

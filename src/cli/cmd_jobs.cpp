@@ -16,7 +16,9 @@ struct JobArgs {
   std::string id;
   std::string job;
   std::vector<std::string> command;
-  std::vector<std::string> limits;  // name=value
+  std::vector<std::string> limits;     // name=value
+  std::vector<std::string> resources;  // name=value (Slurm)
+  bool slurm = false;
   std::string status;
   int timeout = 60;
   int tail = 50;
@@ -24,12 +26,12 @@ struct JobArgs {
   bool json = false;
 };
 
-jobs::LimitRequest parse_limits(const std::vector<std::string>& specs) {
+jobs::LimitRequest parse_limits(const std::vector<std::string>& specs, const char* flag = "-l memory=2048") {
   jobs::LimitRequest req;
   for (const auto& spec : specs) {
     auto eq = spec.find('=');
     if (eq == std::string::npos || eq == 0)
-      throw UsageError(fmt::format("invalid limit '{}' (use name=value, e.g. -l memory=2048)", spec));
+      throw UsageError(fmt::format("invalid value '{}' (use name=value, e.g. {})", spec, flag));
     const std::string value = spec.substr(eq + 1);
     std::size_t used = 0;
     long long n = -1;
@@ -38,7 +40,7 @@ jobs::LimitRequest parse_limits(const std::vector<std::string>& specs) {
     } catch (const std::exception&) {
     }
     if (used != value.size() || value.empty())
-      throw UsageError(fmt::format("limit values must be whole numbers, got '{}' in '{}'", value, spec));
+      throw UsageError(fmt::format("values must be whole numbers, got '{}' in '{}'", value, spec));
     req.values[spec.substr(0, eq)] = n;
   }
   return req;
@@ -54,8 +56,8 @@ void print_view(const jobs::View& v, bool json) {
 }
 
 int exit_code_for(const jobs::View& v) {
-  if (v.record.state == jobs::State::failed || v.record.state == jobs::State::timed_out ||
-      v.record.state == jobs::State::lost)
+  if (jobs::is_final(v.record.state) && v.record.state != jobs::State::completed &&
+      v.record.state != jobs::State::cancelled)
     return v.record.exit_code && *v.record.exit_code != 0 ? *v.record.exit_code : 1;
   return 0;
 }
@@ -69,13 +71,17 @@ void add_job_commands(CLI::App& instance, Context& ctx) {
       "run",
       "Run a command as a job: ns-hpc instance run ID [options] -- CMD [ARGS...]\n"
       "One word after -- is a shell command (/bin/sh -c); several are run exactly as given.\n"
-      "Waits up to --timeout seconds; a job still running then keeps running unless --no-detach.");
+      "Waits up to --timeout seconds; a job still running then keeps running unless --no-detach.\n"
+      "With --slurm it is submitted to the cluster with sbatch (-r cpus=2 -r memory=1024).");
   run->add_option("id", a->id, "Instance id")->required();
   run->add_option("command", a->command, "The command (after --)");
   run->add_option("-t,--timeout", a->timeout, "Seconds to wait (default 60)")->check(CLI::Range(0, 604800));
   run->add_option("--tail", a->tail, "Lines of output to show (default 50)")->check(CLI::Range(0, 1000));
   run->add_flag("--detach,!--no-detach", a->detach, "Keep the job running when the wait runs out (default)");
   run->add_option("-l,--limit", a->limits, "Resource limit name=value (cpus, memory MiB, pids, time s, output MiB)");
+  run->add_flag("--slurm", a->slurm, "Submit to the Slurm cluster (sbatch) instead of running on this node");
+  run->add_option("-r,--resource", a->resources,
+                  "Slurm resource name=value from [jobs.slurm.limit] (e.g. cpus=2, memory=1024 MiB); with --slurm");
   run->add_flag("--json", a->json, "Print JSON");
   run->callback([&ctx, a] {
     if (ctx.trailing) a->command = *ctx.trailing;
@@ -91,7 +97,11 @@ void add_job_commands(CLI::App& instance, Context& ctx) {
     } else {
       req.argv = a->command;
     }
-    req.limits = parse_limits(a->limits);
+    if (a->slurm && !a->limits.empty())
+      throw UsageError("--slurm jobs take Slurm resources (-r cpus=2), not local limits (-l)");
+    if (!a->slurm && !a->resources.empty()) throw UsageError("-r/--resource is for --slurm jobs; local jobs take -l");
+    req.mode = a->slurm ? "slurm" : "local";
+    req.limits = a->slurm ? parse_limits(a->resources, "-r cpus=2") : parse_limits(a->limits);
     jobs::Engine& engine = ctx.jobs();
     jobs::Record rec = engine.submit(req, users::cli_actor());
     jobs::View v = engine.wait(rec.instance_id, rec.id, std::chrono::seconds(a->timeout),
@@ -137,7 +147,7 @@ void add_job_commands(CLI::App& instance, Context& ctx) {
       filter = jobs::parse_state(a->status);
       if (!filter)
         throw UsageError(fmt::format("--status '{}' is not a job state (pending, running, completed, failed, "
-                                     "cancelled, timed_out, lost)", a->status));
+                                     "cancelled, timed_out, lost, out_of_memory, node_fail, preempted)", a->status));
     }
     auto all = ctx.jobs().list(a->id, filter);
     if (a->json) {
@@ -150,10 +160,17 @@ void add_job_commands(CLI::App& instance, Context& ctx) {
       std::puts("No jobs.");
       return;
     }
-    std::vector<std::vector<std::string>> rows{{"JOB", "STATUS", "EXIT", "CREATED", "COMMAND"}};
-    for (const auto& r : all)
+    std::vector<std::vector<std::string>> rows{{"JOB", "STATUS", "EXIT", "MODE", "CREATED", "COMMAND"}};
+    for (const auto& r : all) {
+      std::string mode = r.mode;
+      if (r.mode == "slurm") {
+        mode = "slurm " + (r.slurm_job_id.empty() ? std::string("-") : r.slurm_job_id);
+        if (!r.scheduler_state.empty()) mode += " " + r.scheduler_state;
+        if (!r.scheduler_reason.empty() && r.scheduler_reason != "None") mode += " (" + r.scheduler_reason + ")";
+      }
       rows.push_back({r.id, std::string(jobs::to_string(r.state)), r.exit_code ? std::to_string(*r.exit_code) : "-",
-                      short_time(r.created_at), r.command.substr(0, 60)});
+                      mode, short_time(r.created_at), r.command.substr(0, 60)});
+    }
     print_table(rows);
   });
 

@@ -204,8 +204,14 @@ Loaded load(const LoadOptions& options) {
   if (options.read_user_file) {
     files.push_back({detail::user_config_dir(env) / "config.toml", "user config file", false});
   }
-  if (auto file = explicit_layer(options, env)) files.push_back(std::move(*file));
-  return load_layers(files, env, options.as_root);
+  std::optional<stdfs::path> explicit_file;
+  if (auto file = explicit_layer(options, env)) {
+    explicit_file = file->path;
+    files.push_back(std::move(*file));
+  }
+  Loaded loaded = load_layers(files, env, options.as_root);
+  loaded.config.explicit_file = std::move(explicit_file);
+  return loaded;
 }
 
 Loaded check_file(const stdfs::path& file, const EnvLookup& env) {
@@ -260,7 +266,15 @@ nlohmann::json jobs_json(const Jobs& jobs) {
         {"cgroups_command", jobs.local.cgroups_command},
         {"proc_check", jobs.local.proc_check},
         {"limit", limits_json(jobs.local.limit)}}},
-      {"slurm", {{"sbatch_command", jobs.slurm.sbatch_command}, {"limit", limits_json(jobs.slurm.limit)}}},
+      {"slurm",
+       {{"sbatch_command", jobs.slurm.sbatch_command},
+        {"limit", limits_json(jobs.slurm.limit)},
+        {"squeue_command", jobs.slurm.squeue_command},
+        {"sacct_command", jobs.slurm.sacct_command},
+        {"scancel_command", jobs.slurm.scancel_command},
+        {"poll_interval", jobs.slurm.poll_interval},
+        {"status_source", jobs.slurm.status_source},
+        {"ns_hpc_command", jobs.slurm.ns_hpc_command}}},
   };
 }
 

@@ -62,6 +62,15 @@ struct JobsLocal {
 struct JobsSlurm {
   std::vector<std::string> sbatch_command;
   std::map<std::string, Limit> limit;
+  // The other scheduler commands (argv prefixes; a wrapper can stand in for any of them).
+  std::vector<std::string> squeue_command = {"squeue"};
+  std::vector<std::string> sacct_command = {"sacct"};
+  std::vector<std::string> scancel_command = {"scancel"};
+  double poll_interval = 2.0;       // seconds between the status queries of all tracked jobs
+  std::string status_source = "auto";  // auto | sacct | squeue (ends of jobs the controller forgot)
+  // How a batch job runs ns-hpc on the compute node ([] = this binary's absolute path, with
+  // the same --config); it must see the same instances folder (shared filesystem).
+  std::vector<std::string> ns_hpc_command;
 };
 
 struct Jobs {
@@ -137,6 +146,7 @@ struct Config {
   std::map<std::string, ProxiedMcp> proxied_mcps;
   std::map<std::string, HostCommand> host_commands;
   std::vector<std::filesystem::path> sources;  // the files that were read, in layer order
+  std::optional<std::filesystem::path> explicit_file;  // --config / NS_HPC_CONFIG, if any
 };
 
 // Refusal to load: every problem is one line "file:line:col: key: what is wrong and what is allowed".

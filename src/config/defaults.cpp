@@ -82,6 +82,19 @@ output = { default = 1024, max = 1048576 }
 [jobs.slurm]
 # Base sbatch argv; "{name}" in an element is replaced by the job's value of limit `name`.
 sbatch_command = ["sbatch", "--partition", "cpu", "--cpus-per-task={cpus}", "--mem={memory}M"]
+# The other scheduler commands (a wrapper script can stand in for any of them).
+squeue_command = ["squeue"]
+sacct_command = ["sacct"]
+scancel_command = ["scancel"]
+# Seconds between status queries; each query covers every tracked job at once.
+poll_interval = 2.0
+# Every poll asks squeue once about all tracked jobs. For jobs the controller has already
+# forgotten (MinJobAge after their end), the end comes from "sacct" (accounting), or nowhere
+# ("squeue": such jobs are reported lost); "auto" uses sacct when the cluster keeps accounting.
+status_source = "auto"
+# How a batch job runs ns-hpc on the compute node; [] = this ns-hpc's absolute path with the
+# same --config. The node must see the same instances folder (a shared filesystem).
+ns_hpc_command = []
 
 # Limits of Slurm jobs: used when a job does not ask (default) and the most it may ask (max).
 [jobs.slurm.limit]

@@ -666,6 +666,18 @@ Limit read_limit(Section& entry) {
   return limit;
 }
 
+constexpr NumberRule kPollRule{0.1, true, "seconds"};
+
+std::optional<std::string> read_status_source(const Field& field, Context& ctx) {
+  auto text = read_string(field, {"\"auto\", \"sacct\" or \"squeue\""}, ctx);
+  if (!text) return std::nullopt;
+  if (*text != "auto" && *text != "sacct" && *text != "squeue") {
+    ctx.error(field, fmt::format("{:?} is not a status source; use \"auto\", \"sacct\" or \"squeue\"", *text));
+    return std::nullopt;
+  }
+  return text;
+}
+
 Jobs read_jobs(Section& section) {
   Jobs jobs;
   section.read("max_timeout", jobs.max_timeout, read_int, kTimeoutRule);
@@ -681,6 +693,12 @@ Jobs read_jobs(Section& section) {
   section.table("slurm", [&](Section& slurm) {
     slurm.read("sbatch_command", jobs.slurm.sbatch_command, read_argv);
     slurm.named("limit", kLimitNames, jobs.slurm.limit, read_limit);
+    slurm.read("squeue_command", jobs.slurm.squeue_command, read_argv);
+    slurm.read("sacct_command", jobs.slurm.sacct_command, read_argv);
+    slurm.read("scancel_command", jobs.slurm.scancel_command, read_argv);
+    slurm.read("poll_interval", jobs.slurm.poll_interval, read_number, kPollRule);
+    slurm.read("status_source", jobs.slurm.status_source, read_status_source);
+    slurm.read("ns_hpc_command", jobs.slurm.ns_hpc_command, read_strings);
   });
   return jobs;
 }

@@ -20,6 +20,7 @@
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
+#include "base/process.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
 #include "jobs/jobs.hpp"
@@ -169,8 +170,15 @@ struct Engine::Running {
   bool finished = false;
 };
 
+struct Engine::SlurmJob {
+  store::Instance inst;
+  Record record;  // guarded by mu
+  Clock::time_point tracked_since = Clock::now();
+  std::mutex mu;
+};
+
 Engine::Engine(const config::Config& config, store::Store& store, sandbox::Backend& backend)
-    : config_(config), store_(store), backend_(backend) {
+    : config_(config), store_(store), backend_(backend), slurm_(config.jobs.slurm) {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) throw SysError(errno, "eventfd");
   watcher_ = std::thread([this] { watch_loop(); });
@@ -182,7 +190,9 @@ Engine::~Engine() {
     stopping_ = true;
   }
   wake();
+  slurm_wake_.notify_all();
   if (watcher_.joinable()) watcher_.join();
+  if (slurm_thread_.joinable()) slurm_thread_.join();
   // Running jobs keep running; their children are released (never killed).
   std::lock_guard lock(mutex_);
   for (auto& [key, job] : running_) {
@@ -200,23 +210,25 @@ void Engine::wake() {
 
 std::size_t Engine::tracked() const {
   std::lock_guard lock(mutex_);
-  return running_.size();
+  return running_.size() + slurm_jobs_.size();
 }
 
-std::map<std::string, std::int64_t> Engine::resolve_limits(const LimitRequest& request) const {
-  const auto& table = config_.jobs.local.limit;
+std::map<std::string, std::int64_t> Engine::resolve_limits(const LimitRequest& request,
+                                                           const std::map<std::string, config::Limit>& table,
+                                                           std::string_view table_name) const {
   std::map<std::string, std::int64_t> out;
   for (const auto& [name, value] : request.values) {
     auto it = table.find(name);
     if (it == table.end()) {
       std::string known;
       for (const auto& [n, l] : table) known += (known.empty() ? "" : ", ") + n;
-      throw UsageError(fmt::format("unknown limit '{}'; the limits are: {}", name, known));
+      throw UsageError(fmt::format("unknown {} '{}'; the {}s are: {}", table_name == "[jobs.slurm.limit]" ? "resource" : "limit",
+                                   name, table_name == "[jobs.slurm.limit]" ? "resource" : "limit", known));
     }
     if (value < 0) throw UsageError(fmt::format("limit {} = {} must not be negative", name, value));
     if (value > it->second.max)
-      throw UsageError(fmt::format("limit {} = {} is over its maximum of {} ([jobs.local.limit] {})", name, value,
-                                   it->second.max, name));
+      throw UsageError(fmt::format("{} = {} is over its maximum of {} ({} {})", name, value, it->second.max,
+                                   table_name, name));
   }
   for (const auto& [name, limit] : table) {
     auto asked = request.values.find(name);
@@ -229,13 +241,16 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   if (request.argv.empty() || (request.argv.size() == 3 && request.argv[0] == "/bin/sh" &&
                                request.argv[2].find_first_not_of(" \t\r\n") == std::string::npos))
     throw UsageError("the command is empty; give the shell command to run");
+  if (request.mode == "slurm") return submit_slurm(request, actor);
+  if (request.mode != "local")
+    throw UsageError(fmt::format("unknown mode '{}'; use \"local\" (this machine) or \"slurm\" (the cluster)", request.mode));
   store::Instance inst = store_.get(request.instance_id);
-  const auto limits = resolve_limits(request.limits);
+  const auto limits = resolve_limits(request.limits, config_.jobs.local.limit, "[jobs.local.limit]");
   {
     std::lock_guard lock(mutex_);
     std::size_t here = 0;
     for (const auto& [key, job] : running_) here += job->record.instance_id == inst.id;
-    if (static_cast<std::int64_t>(running_.size()) >= config_.jobs.max_running)
+    if (static_cast<std::int64_t>(running_.size() + slurm_jobs_.size()) >= config_.jobs.max_running)
       throw UsageError(fmt::format("{} jobs are running, the most this server allows ([jobs] max_running); "
                                    "wait for some to finish or cancel some",
                                    running_.size()));
@@ -515,11 +530,16 @@ View Engine::view(const std::string& instance_id, const std::string& job_id, con
   if (auto job = find_running(instance_id, job_id)) {
     std::lock_guard guard(job->mu);
     rec = job->record;
+  } else if (auto sj = find_slurm(instance_id, job_id)) {
+    std::lock_guard guard(sj->mu);
+    rec = sj->record;
   } else {
     rec = load(inst, job_id);
   }
   if (!rec) throw UsageError(fmt::format("job '{}' not found in instance '{}'; see list_jobs", job_id, instance_id));
-  if (!is_final(rec->state) && !find_running(instance_id, job_id)) {
+  if (rec->mode == "slurm" && !is_final(rec->state) && !find_slurm(instance_id, job_id)) {
+    track_slurm(inst, *rec);  // submitted by another process: watch it here too
+  } else if (rec->mode != "slurm" && !is_final(rec->state) && !find_running(instance_id, job_id)) {
     // Left by another process: adopt it (it may have ended meanwhile).
     adopt(inst, job_id);
     if (auto job = find_running(instance_id, job_id)) {
@@ -573,9 +593,14 @@ std::vector<Record> Engine::list(const std::string& instance_id, std::optional<S
     if (auto job = find_running(instance_id, id)) {
       std::lock_guard guard(job->mu);
       rec = job->record;
+    } else if (auto sj = find_slurm(instance_id, id)) {
+      std::lock_guard guard(sj->mu);
+      rec = sj->record;
     } else {
       rec = load(inst, id);
-      if (rec && !is_final(rec->state)) {
+      if (rec && rec->mode == "slurm" && !is_final(rec->state)) {
+        track_slurm(inst, *rec);
+      } else if (rec && !is_final(rec->state)) {
         adopt(inst, id);  // left by another process: look at it again
         if (auto job = find_running(instance_id, id)) {
           std::lock_guard guard(job->mu);
@@ -595,6 +620,7 @@ std::vector<Record> Engine::list(const std::string& instance_id, std::optional<S
 Record Engine::cancel(const std::string& instance_id, const std::string& job_id, std::string_view actor) {
   View current = view(instance_id, job_id, {0, 0});
   if (is_final(current.record.state)) return current.record;
+  if (current.record.mode == "slurm") return cancel_slurm(store_.get(instance_id), job_id, actor);
   auto job = find_running(instance_id, job_id);
   if (!job) return view(instance_id, job_id, {0, 0}).record;
   store::Instance inst = store_.get(instance_id);
@@ -644,6 +670,10 @@ void Engine::adopt(const store::Instance& inst, const std::string& job_id) {
   }
   auto rec = load(inst, job_id);
   if (!rec || is_final(rec->state)) return;
+  if (rec->mode == "slurm") {
+    track_slurm(inst, *rec);
+    return;
+  }
   const sandbox::StatusStream status = read_status(rec->status_path);
   auto job = std::make_shared<Running>();
   job->inst = inst;
@@ -690,11 +720,316 @@ std::size_t Engine::active_jobs(const stdfs::path& instance_base) {
     if (!text) continue;
     auto rec = Record::from_json(nlohmann::json::parse(*text, nullptr, false));
     if (!rec || is_final(rec->state)) continue;
+    if (rec->mode == "slurm") {
+      ++count;  // queued or running on the cluster
+      continue;
+    }
     // A job whose sandbox is gone does not hold the instance (its record is finished on the
     // next look).
     if (rec->state == State::pending || open_sandbox_init(read_status(rec->status_path))) ++count;
   }
   return count;
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Slurm jobs: sbatch runs `ns-hpc bwrap <instance> -- <command>` on a node; one status query
+// per poll interval covers every tracked job.
+
+std::vector<std::string> Engine::batch_command(const store::Instance& inst, const std::vector<std::string>& argv) const {
+  std::vector<std::string> cmd = config_.jobs.slurm.ns_hpc_command;
+  if (cmd.empty()) {
+    std::error_code ec;
+    const stdfs::path self = stdfs::read_symlink("/proc/self/exe", ec);
+    if (ec) throw SysError(ec.value(), "readlink", "/proc/self/exe (the path of ns-hpc for batch jobs)");
+    cmd.push_back(self.string());
+    if (config_.explicit_file) {
+      cmd.push_back("--config");
+      cmd.push_back(config_.explicit_file->string());
+    }
+  }
+  cmd.push_back("bwrap");
+  cmd.push_back(inst.id);
+  cmd.push_back("--");
+  cmd.insert(cmd.end(), argv.begin(), argv.end());
+  return cmd;
+}
+
+Record Engine::submit_slurm(const SubmitRequest& request, std::string_view actor) {
+  store::Instance inst = store_.get(request.instance_id);
+  // Everything that can be refused is refused before anything is written or submitted.
+  const auto resources = resolve_limits(request.limits, config_.jobs.slurm.limit, "[jobs.slurm.limit]");
+  {
+    std::lock_guard lock(mutex_);
+    if (static_cast<std::int64_t>(running_.size() + slurm_jobs_.size()) >= config_.jobs.max_running)
+      throw UsageError(fmt::format("{} jobs are tracked, the most this server allows ([jobs] max_running); "
+                                   "wait for some to finish or cancel some",
+                                   running_.size() + slurm_jobs_.size()));
+  }
+  Record rec;
+  rec.id = new_job_id();
+  rec.instance_id = inst.id;
+  rec.mode = "slurm";
+  rec.argv = request.argv;
+  rec.command = request.display.empty() ? text::shell_join(request.argv) : request.display;
+  rec.created_at = timeutil::iso_utc();
+  rec.limits = resources;
+  const stdfs::path out_dir = inst.workspace / ".ns_hpc_output";
+  rec.stdout_path = (out_dir / (rec.id + ".out")).string();
+  rec.stderr_path = (out_dir / (rec.id + ".err")).string();
+  std::vector<std::string> sbatch =
+      slurm_.sbatch_argv(resources, "ns-hpc-" + rec.id, rec.stdout_path, rec.stderr_path, inst.base.string());
+  // Only what the batch script needs reaches the job's environment (never the server's secrets).
+  std::string exports = "--export=PATH,HOME,LANG";
+  if (std::getenv("XDG_CONFIG_HOME")) exports += ",XDG_CONFIG_HOME";
+  sbatch.insert(sbatch.begin() + 1, exports);
+  const std::string script = fmt::format("#!/bin/sh\n# ns-hpc job {} in instance {}\nexec {}\n", rec.id, inst.id,
+                                         text::shell_join(batch_command(inst, request.argv)));
+
+  fs::make_dirs(jobs_dir(inst), 0700);
+  if (::mkdir(out_dir.c_str(), 0755) == 0) chown_to(out_dir, config_);
+  {
+    std::lock_guard lock(mutex_);
+    submitting_.insert(inst.id + "/" + rec.id);
+  }
+  struct Submitting {
+    Engine& engine;
+    std::string key;
+    ~Submitting() {
+      std::lock_guard lock(engine.mutex_);
+      engine.submitting_.erase(key);
+    }
+  } submitting{*this, inst.id + "/" + rec.id};
+  rec.owner_pid = ::getpid();
+  rec.owner_start = start_time_of(rec.owner_pid);
+  open_output(rec.stdout_path, config_);  // there (and readable) while the job waits in the queue
+  open_output(rec.stderr_path, config_);
+  save(inst, rec);
+  try {
+    rec.slurm_job_id = slurm_.submit(sbatch, script);
+  } catch (...) {
+    // Nothing half-submitted: no record, no output files.
+    std::error_code ec;
+    stdfs::remove(state_file(inst, rec.id), ec);
+    stdfs::remove(rec.stdout_path, ec);
+    stdfs::remove(rec.stderr_path, ec);
+    throw;
+  }
+  save(inst, rec);
+  store_.audit(inst, "job.submitted", actor,
+               {{"job_id", rec.id}, {"mode", "slurm"}, {"slurm_job_id", rec.slurm_job_id}, {"command", rec.command},
+                {"resources", rec.limits}, {"stdout_path", sandbox_path(inst, config_, rec.stdout_path)},
+                {"stderr_path", sandbox_path(inst, config_, rec.stderr_path)}});
+  track_slurm(inst, rec);
+  return rec;
+}
+
+std::shared_ptr<Engine::SlurmJob> Engine::find_slurm(const std::string& instance_id, const std::string& job_id) {
+  std::lock_guard lock(mutex_);
+  auto it = slurm_jobs_.find(instance_id + "/" + job_id);
+  return it == slurm_jobs_.end() ? nullptr : it->second;
+}
+
+void Engine::track_slurm(const store::Instance& inst, const Record& record) {
+  const std::string key = inst.id + "/" + record.id;
+  if (record.slurm_job_id.empty()) {
+    // On record but never handed to Slurm: still being submitted, or its submitter died first.
+    {
+      std::lock_guard lock(mutex_);
+      if (submitting_.count(key)) return;
+    }
+    const bool submitter_alive = record.owner_pid > 0 && record.owner_start != 0 &&
+                                 start_time_of(record.owner_pid) == record.owner_start;
+    if (submitter_alive) return;
+    try {
+      fs::FileLock lock(jobs_dir(inst) / ".lock");
+      auto on_disk = load(inst, record.id);
+      if (on_disk && !is_final(on_disk->state) && on_disk->slurm_job_id.empty()) {
+        on_disk->state = State::lost;
+        on_disk->reason = "the job was never handed to Slurm: the process submitting it stopped first";
+        on_disk->finished_at = timeutil::iso_utc();
+        save(inst, *on_disk);
+        store_.audit(inst, "job.lost", "ns-hpc:jobs", {{"job_id", record.id}, {"reason", on_disk->reason}});
+      }
+    } catch (const std::exception& e) {
+      log::error("job {}: {}", record.id, e.what());
+    }
+    return;
+  }
+  std::lock_guard lock(mutex_);
+  if (stopping_ || slurm_jobs_.count(key)) return;
+  auto job = std::make_shared<SlurmJob>();
+  job->inst = inst;
+  job->record = record;
+  slurm_jobs_[key] = std::move(job);
+  if (!slurm_thread_.joinable()) slurm_thread_ = std::thread([this] { slurm_loop(); });
+}
+
+void Engine::slurm_loop() {
+  const auto interval = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(config_.jobs.slurm.poll_interval));
+  auto next = Clock::now();
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    slurm_wake_.wait_until(lock, next, [&] { return stopping_ || slurm_poll_now_; });
+    if (stopping_) return;
+    if (Clock::now() < next && !slurm_poll_now_) continue;
+    slurm_poll_now_ = false;
+    lock.unlock();
+    try {
+      poll_slurm();
+    } catch (const std::exception& e) {
+      log::error("slurm: polling failed: {}", e.what());
+    }
+    lock.lock();
+    next = Clock::now() + interval;
+  }
+}
+
+void Engine::poll_slurm() {
+  std::vector<std::shared_ptr<SlurmJob>> jobs;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [key, job] : slurm_jobs_) jobs.push_back(job);
+  }
+  if (jobs.empty()) return;
+  std::vector<std::string> ids;
+  for (auto& job : jobs) {
+    std::lock_guard guard(job->mu);
+    ids.push_back(job->record.slurm_job_id);
+  }
+  std::map<std::string, SlurmStatus> statuses;
+  try {
+    statuses = slurm_.query(ids);
+  } catch (const SchedulerError& e) {
+    // Said as what it is; the jobs keep their last known state.
+    for (auto& job : jobs) {
+      std::lock_guard guard(job->mu);
+      if (job->record.scheduler_error == e.what()) continue;
+      job->record.scheduler_error = e.what();
+      try {
+        save(job->inst, job->record);
+      } catch (const std::exception&) {
+      }
+    }
+    log::warn("slurm: asking the scheduler about {} job(s) failed: {}", jobs.size(), e.what());
+    changed_.notify_all();
+    return;
+  }
+  for (auto& job : jobs) {
+    auto it = statuses.find(job->record.slurm_job_id);
+    apply_slurm(*job, it == statuses.end() ? nullptr : &it->second);
+  }
+  changed_.notify_all();
+}
+
+void Engine::apply_slurm(SlurmJob& job, const SlurmStatus* st) {
+  bool done = false;
+  {
+    std::lock_guard guard(job.mu);
+    Record& rec = job.record;
+    const nlohmann::json before = rec.to_json();
+    rec.scheduler_error.clear();
+    if (!st) {
+      // Not (yet, or no longer) known: accounting may lag a moment after sbatch.
+      if (Clock::now() - job.tracked_since < std::chrono::minutes(5)) {
+        if (rec.to_json() != before) save(job.inst, rec);
+        return;
+      }
+      rec.state = State::lost;
+      rec.reason = fmt::format("Slurm has no record of job {} any more ({}); it ended while nobody watched and the "
+                               "cluster keeps no accounting for it",
+                               rec.slurm_job_id, slurm_.source());
+      rec.finished_at = timeutil::iso_utc();
+    } else {
+      rec.scheduler_state = st->state;
+      rec.scheduler_reason = st->reason;
+      const State mapped = parse_state(state_for(st->state)).value_or(State::running);
+      if (mapped == State::running && rec.started_at.empty()) rec.started_at = timeutil::iso_utc();
+      rec.state = mapped;
+      if (is_final(mapped)) {
+        rec.exit_code = st->exit_code;
+        rec.signal = st->signal;
+        if (rec.finished_at.empty()) rec.finished_at = timeutil::iso_utc();
+        const int sig = st->signal.value_or(0);
+        switch (mapped) {
+          case State::completed: rec.reason.clear(); break;
+          case State::failed:
+            rec.reason = sig ? fmt::format("killed by signal {} ({})", sig, st->state)
+                             : fmt::format("exit code {}", st->exit_code.value_or(-1));
+            break;
+          case State::cancelled:
+            rec.reason = rec.cancel_requested ? "cancelled" : "cancelled in Slurm (scancel or an administrator)";
+            break;
+          case State::timed_out: rec.reason = "the Slurm time limit was reached"; break;
+          case State::out_of_memory: rec.reason = "out of memory: Slurm killed the job at its memory limit"; break;
+          case State::node_fail: rec.reason = "the node running the job failed"; break;
+          case State::preempted: rec.reason = "preempted by the scheduler"; break;
+          default: break;
+        }
+      }
+    }
+    if (rec.to_json() == before) return;
+    if (!is_final(rec.state)) {
+      save(job.inst, rec);
+      return;
+    }
+    // Exactly one final record and audit line, even when another process watched the job too.
+    try {
+      fs::FileLock lock(jobs_dir(job.inst) / ".lock");
+      auto on_disk = load(job.inst, rec.id);
+      if (!on_disk || !is_final(on_disk->state)) {
+        save(job.inst, rec);
+        store_.audit(job.inst, fmt::format("job.{}", to_string(rec.state)), "ns-hpc:jobs",
+                     {{"job_id", rec.id},
+                      {"slurm_job_id", rec.slurm_job_id},
+                      {"scheduler_state", rec.scheduler_state},
+                      {"exit_code", rec.exit_code ? nlohmann::json(*rec.exit_code) : nlohmann::json(nullptr)},
+                      {"signal", rec.signal ? nlohmann::json(*rec.signal) : nlohmann::json(nullptr)},
+                      {"reason", rec.reason}});
+      } else {
+        rec = *on_disk;
+      }
+    } catch (const std::exception& e) {
+      log::error("job {}: could not record its end: {}", rec.id, e.what());
+    }
+    done = true;
+  }
+  if (done) {
+    std::lock_guard lock(mutex_);
+    slurm_jobs_.erase(job.inst.id + "/" + job.record.id);
+  }
+}
+
+Record Engine::cancel_slurm(const store::Instance& inst, const std::string& job_id, std::string_view actor) {
+  auto job = find_slurm(inst.id, job_id);
+  if (!job) {
+    auto rec = load(inst, job_id);
+    if (!rec || is_final(rec->state)) return view(inst.id, job_id, {0, 0}).record;
+    track_slurm(inst, *rec);
+    job = find_slurm(inst.id, job_id);
+    if (!job) throw Error(fmt::format("job '{}' has no Slurm id yet (it is still being submitted); try again", job_id));
+  }
+  std::string slurm_id;
+  {
+    std::lock_guard guard(job->mu);
+    job->record.cancel_requested = true;
+    save(inst, job->record);
+    slurm_id = job->record.slurm_job_id;
+  }
+  slurm_.cancel(slurm_id);  // a failure is reported as what it is
+  store_.audit(inst, "job.cancel_requested", actor, {{"job_id", job_id}, {"slurm_job_id", slurm_id}});
+  // Slurm signals the job (KillWait later SIGKILL); wait until it says the job is over.
+  const auto deadline = Clock::now() + std::chrono::seconds(config_.jobs.cancel_grace + 30);
+  while (Clock::now() < deadline && find_slurm(inst.id, job_id)) {
+    {
+      std::unique_lock lock(mutex_);
+      slurm_poll_now_ = true;
+      slurm_wake_.notify_all();
+      changed_.wait_for(lock, std::chrono::milliseconds(500));
+    }
+  }
+  return view(inst.id, job_id, {0, 0}).record;
 }
 
 }  // namespace nshpc::jobs

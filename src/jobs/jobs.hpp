@@ -27,12 +27,14 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.hpp"
+#include "jobs/slurm.hpp"
 #include "sandbox/sandbox.hpp"
 #include "store/store.hpp"
 
 namespace nshpc::jobs {
 
-enum class State { pending, running, completed, failed, cancelled, timed_out, lost };
+// out_of_memory, node_fail and preempted come from Slurm (local jobs report OOM as failed).
+enum class State { pending, running, completed, failed, cancelled, timed_out, lost, out_of_memory, node_fail, preempted };
 std::string_view to_string(State state);
 std::optional<State> parse_state(std::string_view text);
 bool is_final(State state);
@@ -60,6 +62,13 @@ struct Record {
   pid_t owner_pid = 0;             // the process that submitted it, and that process's start
   std::uint64_t owner_start = 0;   // time: a pending job whose submitter is gone never started
   bool cancel_requested = false;
+  // Slurm jobs (mode "slurm"): the scheduler's id, its state and reason as it said them
+  // (e.g. PENDING / Resources), the signal that ended the job, and the last failure to ask
+  // the scheduler (cleared by the next success).
+  std::string slurm_job_id;
+  std::string scheduler_state, scheduler_reason;
+  std::optional<int> signal;
+  std::string scheduler_error;
 
   nlohmann::json to_json() const;
   static std::optional<Record> from_json(const nlohmann::json& j);
@@ -77,7 +86,8 @@ struct SubmitRequest {
   std::string instance_id;
   std::vector<std::string> argv;  // e.g. {"/bin/sh", "-c", command}
   std::string display;            // the command as shown in lists
-  LimitRequest limits;
+  LimitRequest limits;            // local jobs: [jobs.local.limit]; Slurm jobs: [jobs.slurm.limit]
+  std::string mode = "local";     // "local" or "slurm"
 };
 
 struct TailOptions {
@@ -121,6 +131,15 @@ class Engine final : public store::JobsGuard {
 
  private:
   struct Running;
+  struct SlurmJob;
+  Record submit_slurm(const SubmitRequest& request, std::string_view actor);
+  Record cancel_slurm(const store::Instance& inst, const std::string& job_id, std::string_view actor);
+  void track_slurm(const store::Instance& inst, const Record& record);
+  std::shared_ptr<SlurmJob> find_slurm(const std::string& instance_id, const std::string& job_id);
+  void slurm_loop();
+  void poll_slurm();  // one scheduler query for every tracked job
+  void apply_slurm(SlurmJob& job, const SlurmStatus* status);
+  std::vector<std::string> batch_command(const store::Instance& inst, const std::vector<std::string>& argv) const;
   void watch_loop();
   static void terminate_members(Running& job);  // SIGTERM to every process of the job
   // Watches a job left running by another process, or records how it ended.
@@ -131,7 +150,9 @@ class Engine final : public store::JobsGuard {
   std::optional<Record> load(const store::Instance& inst, const std::string& job_id) const;
   void save(const store::Instance& inst, const Record& record) const;
   std::shared_ptr<Running> find_running(const std::string& instance_id, const std::string& job_id);
-  std::map<std::string, std::int64_t> resolve_limits(const LimitRequest& request) const;
+  std::map<std::string, std::int64_t> resolve_limits(const LimitRequest& request,
+                                                     const std::map<std::string, config::Limit>& table,
+                                                     std::string_view table_name) const;
 
   const config::Config& config_;
   store::Store& store_;
@@ -144,6 +165,13 @@ class Engine final : public store::JobsGuard {
   bool stopping_ = false;
   int wake_fd_ = -1;
   std::thread watcher_;
+
+  // Slurm jobs being watched: one query per poll interval covers them all.
+  SlurmClient slurm_;
+  std::map<std::string, std::shared_ptr<SlurmJob>> slurm_jobs_;  // key: instance/job
+  bool slurm_poll_now_ = false;
+  std::condition_variable slurm_wake_;
+  std::thread slurm_thread_;  // started with the first Slurm job
 };
 
 // The view as data (for --json and structuredContent): job_id, instance_id, status, exit_code,

@@ -9,13 +9,16 @@
 namespace nshpc::jobs {
 
 namespace {
-constexpr std::array<std::pair<State, std::string_view>, 7> kStates = {{{State::pending, "pending"},
+constexpr std::array<std::pair<State, std::string_view>, 10> kStates = {{{State::pending, "pending"},
                                                                         {State::running, "running"},
                                                                         {State::completed, "completed"},
                                                                         {State::failed, "failed"},
                                                                         {State::cancelled, "cancelled"},
                                                                         {State::timed_out, "timed_out"},
-                                                                        {State::lost, "lost"}}};
+                                                                        {State::lost, "lost"},
+                                                                        {State::out_of_memory, "out_of_memory"},
+                                                                        {State::node_fail, "node_fail"},
+                                                                        {State::preempted, "preempted"}}};
 }  // namespace
 
 std::string_view to_string(State state) {
@@ -67,6 +70,13 @@ nlohmann::json Record::to_json() const {
                       {"owner_pid", owner_pid},
                       {"owner_start", owner_start},
                       {"cancel_requested", cancel_requested}};
+  if (mode == "slurm") {
+    j["slurm_job_id"] = slurm_job_id;
+    j["scheduler_state"] = scheduler_state;
+    j["scheduler_reason"] = scheduler_reason;
+    j["signal"] = signal ? nlohmann::json(*signal) : nlohmann::json(nullptr);
+    j["scheduler_error"] = scheduler_error;
+  }
   return j;
 }
 
@@ -98,6 +108,11 @@ std::optional<Record> Record::from_json(const nlohmann::json& j) {
     r.cancel_requested = j.value("cancel_requested", false);
     r.owner_pid = j.value("owner_pid", 0);
     r.owner_start = j.value("owner_start", std::uint64_t{0});
+    r.slurm_job_id = j.value("slurm_job_id", "");
+    r.scheduler_state = j.value("scheduler_state", "");
+    r.scheduler_reason = j.value("scheduler_reason", "");
+    if (auto it = j.find("signal"); it != j.end() && it->is_number_integer()) r.signal = it->get<int>();
+    r.scheduler_error = j.value("scheduler_error", "");
     return r;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;  // a field of the wrong type: treated as corrupt
@@ -112,6 +127,9 @@ nlohmann::json record_summary_json(const Record& r) {
           {"reason", r.reason},
           {"command", r.command},
           {"mode", r.mode},
+          {"slurm_job_id", r.mode == "slurm" ? nlohmann::json(r.slurm_job_id) : nlohmann::json(nullptr)},
+          {"scheduler_state", r.mode == "slurm" ? nlohmann::json(r.scheduler_state) : nlohmann::json(nullptr)},
+          {"scheduler_reason", r.mode == "slurm" ? nlohmann::json(r.scheduler_reason) : nlohmann::json(nullptr)},
           {"created_at", r.created_at},
           {"finished_at", r.finished_at}};
 }
@@ -126,6 +144,8 @@ nlohmann::json view_json(const View& v) {
   j["stderr_tail"] = v.stderr_tail;
   j["limits"] = v.record.limits;
   j["unenforced"] = v.record.unenforced;
+  j["signal"] = v.record.signal ? nlohmann::json(*v.record.signal) : nlohmann::json(nullptr);
+  j["scheduler_error"] = v.record.mode == "slurm" ? nlohmann::json(v.record.scheduler_error) : nlohmann::json(nullptr);
   return j;
 }
 
@@ -133,9 +153,16 @@ std::string view_text(const View& v) {
   const Record& r = v.record;
   std::string head = fmt::format("Job {} in instance '{}': {}", r.id, r.instance_id, to_string(r.state));
   if (r.exit_code) head += fmt::format(", exit code {}", *r.exit_code);
+  if (r.signal && *r.signal != 0) head += fmt::format(", signal {}", *r.signal);
   head += fmt::format(" ({:.2f} s)", v.duration_s);
   if (!r.reason.empty() && r.state != State::completed) head += " — " + r.reason;
   std::string text = head + "\nCommand: " + r.command;
+  if (r.mode == "slurm") {
+    text += fmt::format("\nSlurm job {}: {}", r.slurm_job_id.empty() ? std::string("(not submitted)") : r.slurm_job_id,
+                        r.scheduler_state.empty() ? std::string("not yet seen by the scheduler") : r.scheduler_state);
+    if (!r.scheduler_reason.empty() && r.scheduler_reason != "None") text += " (reason: " + r.scheduler_reason + ")";
+    if (!r.scheduler_error.empty()) text += "\nAsking the scheduler failed: " + r.scheduler_error;
+  }
   auto stream = [&](const char* name, const std::string& path, const std::string& tail) {
     text += fmt::format("\n{} ({}):", name, path);
     text += tail.empty() ? std::string(" (empty)") : "\n" + tail;
@@ -147,6 +174,7 @@ std::string view_text(const View& v) {
     for (const auto& u : r.unenforced) text += "\n- " + u;
   }
   if (r.state == State::running) text += "\nStill running: poll_job waits for it, cancel_job stops it.";
+  if (r.state == State::pending) text += "\nWaiting in the scheduler's queue: poll_job waits for it, cancel_job removes it.";
   return text;
 }
 

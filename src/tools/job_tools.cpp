@@ -17,6 +17,9 @@ const json kTailArg = {{"type", "integer"},
                        {"maximum", 1000},
                        {"description", "How many last lines of stdout and stderr to return (default 50; at most 16 KiB each)."}};
 
+const json kStates = {"pending",   "running", "completed",     "failed",    "cancelled",
+                       "timed_out", "lost",    "out_of_memory", "node_fail", "preempted"};
+
 json required_with_instance(const Context& ctx, std::vector<std::string> others) {
   if (ctx.services.config.mcp.default_instance.empty()) others.insert(others.begin(), "instance_id");
   return others;
@@ -29,11 +32,14 @@ json job_schema() {
           {"properties",
            {{"job_id", str}, {"instance_id", str},
             {"status", {{"type", "string"},
-                        {"enum", {"pending", "running", "completed", "failed", "cancelled", "timed_out", "lost"}}}},
+                        {"enum", kStates}}},
             {"exit_code", nullable_int}, {"reason", str}, {"command", str}, {"mode", str},
             {"duration_s", {{"type", "number"}}}, {"created_at", str}, {"started_at", str}, {"finished_at", str},
             {"stdout_path", str}, {"stderr_path", str}, {"stdout_tail", str}, {"stderr_tail", str},
-            {"limits", {{"type", "object"}}}, {"unenforced", {{"type", "array"}, {"items", str}}}}},
+            {"limits", {{"type", "object"}}}, {"unenforced", {{"type", "array"}, {"items", str}}},
+            {"slurm_job_id", {{"type", {"string", "null"}}}}, {"scheduler_state", {{"type", {"string", "null"}}}},
+            {"scheduler_reason", {{"type", {"string", "null"}}}}, {"scheduler_error", {{"type", {"string", "null"}}}},
+            {"signal", nullable_int}}},
           {"required", {"job_id", "instance_id", "status", "exit_code", "command", "stdout_tail", "stderr_tail",
                         "stdout_path", "stderr_path"}}};
 }
@@ -55,6 +61,20 @@ json limits_arg(const config::Config& cfg) {
   }
   return {{"type", "object"}, {"properties", props}, {"additionalProperties", false},
           {"description", "Resource limits for this job; each defaults to the server's setting."}};
+}
+
+json resources_arg(const config::Config& cfg) {
+  json props = json::object();
+  for (const auto& [name, limit] : cfg.jobs.slurm.limit) {
+    props[name] = {{"type", "integer"},
+                   {"minimum", 0},
+                   {"maximum", limit.max},
+                   {"description", fmt::format("{}{} (default {}, at most {})", name, name == "memory" ? " in MiB" : "",
+                                               limit.default_value, limit.max)}};
+  }
+  return {{"type", "object"}, {"properties", props}, {"additionalProperties", false},
+          {"description", "Slurm resources for mode \"slurm\" (filled into the sbatch command); each defaults to the "
+                          "server's setting."}};
 }
 
 json timeout_arg(const config::Config& cfg, const std::string& what, std::int64_t fallback) {
@@ -98,8 +118,10 @@ void add_submit(mcp::Server& server, const Context& ctx) {
   tool.name = "submit_job";
   tool.title = "Run a command as a job";
   tool.description =
-      "Run a shell command (/bin/sh -c) as an asynchronous job in an instance's sandbox on this node, with "
-      "resource limits. Waits up to `timeout` seconds and returns the job's status with the last lines of "
+      "Run a shell command (/bin/sh -c) as an asynchronous job in an instance's sandbox: on this node with "
+      "resource `limits` (mode \"local\", the default), or on the Slurm cluster through sbatch with "
+      "`resources` such as cpus and memory (mode \"slurm\"; it may wait in the queue as pending, with the "
+      "scheduler's reason). Waits up to `timeout` seconds and returns the job's status with the last lines of "
       "its stdout and stderr; a job still running then keeps running (detach=true, the default) — check it "
       "with poll_job, stop it with cancel_job. With detach=false a job still running when the wait runs "
       "out is cancelled. Output files are kept in /workspace/.ns_hpc_output/. Use terminal_execute instead "
@@ -112,7 +134,9 @@ void add_submit(mcp::Server& server, const Context& ctx) {
                          {"detach", {{"type", "boolean"}, {"description", "Keep the job running when the wait runs out (default true)."}}},
                          {"tail", kTailArg},
                          {"limits", limits_arg(ctx.services.config)},
-                         {"mode", {{"type", "string"}, {"enum", {"local"}}, {"description", "Where to run: 'local' (this node)."}}}}},
+                         {"resources", resources_arg(ctx.services.config)},
+                         {"mode", {{"type", "string"}, {"enum", {"local", "slurm"}},
+                                   {"description", "Where to run: 'local' (this node, default) or 'slurm' (the cluster)."}}}}},
                        {"required", required_with_instance(ctx, {"command"})},
                        {"additionalProperties", false}};
   tool.output_schema = job_schema();
@@ -124,7 +148,12 @@ void add_submit(mcp::Server& server, const Context& ctx) {
     const std::string command = args.value("command", "");
     req.argv = {"/bin/sh", "-c", command};
     req.display = command;
-    if (auto it = args.find("limits"); it != args.end())
+    req.mode = args.value("mode", "local");
+    if (req.mode == "slurm" && args.contains("limits"))
+      throw UsageError("mode \"slurm\" takes `resources` (e.g. {\"cpus\": 2, \"memory\": 1024}), not `limits`");
+    if (req.mode != "slurm" && args.contains("resources"))
+      throw UsageError("`resources` are for mode \"slurm\"; local jobs take `limits`");
+    if (auto it = args.find(req.mode == "slurm" ? "resources" : "limits"); it != args.end())
       for (const auto& [name, value] : it->items()) req.limits.values[name] = value.get<std::int64_t>();
     jobs::Record rec = ctx.services.jobs->submit(req, actor(rc));
     return wait_for(ctx, rec.instance_id, rec.id, args.value("timeout", 30), args, rc);
@@ -169,7 +198,7 @@ void add_list(mcp::Server& server, const Context& ctx) {
                        {"properties",
                         {{"instance_id", instance_id_schema(ctx, "The instance to work in.")},
                          {"status", {{"type", "string"},
-                                     {"enum", {"pending", "running", "completed", "failed", "cancelled", "timed_out", "lost"}}}},
+                                     {"enum", kStates}}},
                          {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 500}}},
                          {"offset", {{"type", "integer"}, {"minimum", 0}}}}},
                        {"required", required_with_instance(ctx, {})},
@@ -192,8 +221,15 @@ void add_list(mcp::Server& server, const Context& ctx) {
     std::string text = all.empty() ? "No jobs." : fmt::format("{} job(s), newest first:", all.size());
     for (std::size_t i = offset; i < all.size() && i < offset + limit; ++i) {
       items.push_back(jobs::record_summary_json(all[i]));
-      text += fmt::format("\n- {}  {}{}  {}", all[i].id, jobs::to_string(all[i].state),
-                          all[i].exit_code ? fmt::format(" ({})", *all[i].exit_code) : "", all[i].command.substr(0, 80));
+      const jobs::Record& r = all[i];
+      std::string where = r.mode == "slurm" ? fmt::format("  [slurm {}{}{}]", r.slurm_job_id.empty() ? "-" : r.slurm_job_id,
+                                                          r.scheduler_state.empty() ? "" : " " + r.scheduler_state,
+                                                          r.scheduler_reason.empty() || r.scheduler_reason == "None"
+                                                              ? ""
+                                                              : " (" + r.scheduler_reason + ")")
+                                            : std::string();
+      text += fmt::format("\n- {}  {}{}{}  {}", r.id, jobs::to_string(r.state),
+                          r.exit_code ? fmt::format(" ({})", *r.exit_code) : "", where, r.command.substr(0, 80));
     }
     const bool more = offset + limit < all.size();
     if (more) text += fmt::format("\n(more: offset {})", offset + limit);
@@ -210,7 +246,8 @@ void add_cancel(mcp::Server& server, const Context& ctx) {
   tool.title = "Cancel a job";
   tool.description =
       "Stop a job: SIGTERM to all its processes, then after a grace period SIGKILL to the whole process "
-      "tree. Returns the final status and the last lines of its output. A finished job is left as it is.";
+      "tree (Slurm jobs: scancel). Returns the final status and the last lines of its output. A finished job "
+      "is left as it is.";
   tool.input_schema = {{"type", "object"},
                        {"properties", {{"instance_id", instance_id_schema(ctx, "The instance to work in.")}, {"job_id", kJobIdArg}, {"tail", kTailArg}}},
                        {"required", required_with_instance(ctx, {"job_id"})},

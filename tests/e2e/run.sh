@@ -24,17 +24,7 @@ for bin in "$NSHPC_BINARY" "$NSHPC_FIXTURE"; do
   [[ -x "$bin" ]] || { echo "run.sh: binary not found or not executable: $bin (build it first)" >&2; exit 2; }
 done
 
-# npm ci only when node_modules does not match the lock file. npm writes
-# node_modules/.package-lock.json on install; equal to a fresh stamp of the lock file = up to date.
-stamp="$E2E_DIR/node_modules/.nshpc-e2e-lock.sha256"
-want="$(sha256sum package-lock.json package.json | sha256sum | cut -d' ' -f1)"
-if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" || ! -d node_modules/@modelcontextprotocol/sdk ]]; then
-  echo "run.sh: npm ci"
-  npm ci --no-audit --no-fund || { echo "run.sh: npm ci failed" >&2; exit 1; }
-  echo "$want" >"$stamp"
-else
-  echo "run.sh: node_modules is up to date with package-lock.json"
-fi
+"$E2E_DIR/install.sh" || exit 1
 
 status=0
 echo "run.sh: node --test (ns-hpc: $NSHPC_BINARY, fixture: $NSHPC_FIXTURE)"

@@ -1,0 +1,117 @@
+#include "base/process.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "base/fd.hpp"
+
+extern char** environ;
+
+namespace nshpc {
+
+namespace {
+
+void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+// posix_spawn file actions, released on every path.
+struct FileActions {
+  posix_spawn_file_actions_t actions;
+  FileActions() { posix_spawn_file_actions_init(&actions); }
+  ~FileActions() { posix_spawn_file_actions_destroy(&actions); }
+  FileActions(const FileActions&) = delete;
+  FileActions& operator=(const FileActions&) = delete;
+};
+
+}  // namespace
+
+CommandResult run_command(const std::vector<std::string>& argv, const std::string& input,
+                          std::chrono::milliseconds timeout, std::size_t max_output) {
+  if (argv.empty() || argv[0].empty()) throw Error("run_command: no program given");
+  auto [in_read, in_write] = make_pipe();
+  auto [out_read, out_write] = make_pipe();
+  auto [err_read, err_write] = make_pipe();
+
+  FileActions fa;
+  posix_spawn_file_actions_adddup2(&fa.actions, in_read.get(), 0);
+  posix_spawn_file_actions_adddup2(&fa.actions, out_write.get(), 1);
+  posix_spawn_file_actions_adddup2(&fa.actions, err_write.get(), 2);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = argv[0].find('/') == std::string::npos
+                     ? ::posix_spawnp(&pid, argv[0].c_str(), &fa.actions, nullptr, args.data(), environ)
+                     : ::posix_spawn(&pid, argv[0].c_str(), &fa.actions, nullptr, args.data(), environ);
+  if (rc != 0) throw SysError(rc, "run", argv[0]);
+  in_read.reset();
+  out_write.reset();
+  err_write.reset();
+
+  CommandResult result;
+  set_nonblocking(in_write.get());
+  set_nonblocking(out_read.get());
+  set_nonblocking(err_read.get());
+  std::size_t written = 0;
+  if (input.empty()) in_write.reset();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  char buf[65536];
+  while (out_read || err_read) {
+    pollfd fds[3];
+    int n = 0;
+    if (in_write) fds[n++] = {in_write.get(), POLLOUT, 0};
+    if (out_read) fds[n++] = {out_read.get(), POLLIN, 0};
+    if (err_read) fds[n++] = {err_read.get(), POLLIN, 0};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      result.timed_out = true;
+      ::kill(pid, SIGKILL);
+      break;
+    }
+    const int ready = ::poll(fds, n, static_cast<int>(std::min<std::int64_t>(left.count(), 1000)));
+    if (ready < 0 && errno != EINTR) break;
+    for (int i = 0; i < n; ++i) {
+      if (!fds[i].revents) continue;
+      if (in_write && fds[i].fd == in_write.get()) {
+        const ssize_t w = ::write(in_write.get(), input.data() + written, input.size() - written);
+        if (w > 0) written += static_cast<std::size_t>(w);
+        if (w < 0 && errno != EAGAIN && errno != EINTR) in_write.reset();
+        else if (written >= input.size()) in_write.reset();
+        continue;
+      }
+      UniqueFd& fd = (out_read && fds[i].fd == out_read.get()) ? out_read : err_read;
+      std::string& sink = (&fd == &out_read) ? result.out : result.err;
+      const ssize_t r = ::read(fd.get(), buf, sizeof buf);
+      if (r > 0) {
+        if (sink.size() < max_output) sink.append(buf, std::min<std::size_t>(static_cast<std::size_t>(r), max_output - sink.size()));
+      } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+        fd.reset();
+      }
+    }
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+std::string describe_failure(const std::vector<std::string>& argv, const CommandResult& result) {
+  std::string what = result.err.empty() ? result.out : result.err;
+  while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+  if (what.size() > 600) what = what.substr(0, 600) + "…";
+  const std::string name = argv.empty() ? std::string("command") : argv[0];
+  if (result.timed_out) return fmt::format("{} did not answer in time (killed)", name);
+  return what.empty() ? fmt::format("{} exited with {}", name, result.exit_code)
+                      : fmt::format("{} exited with {}: {}", name, result.exit_code, what);
+}
+
+}  // namespace nshpc

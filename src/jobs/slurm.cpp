@@ -1,0 +1,235 @@
+// Slurm client (see slurm.hpp).
+#include "jobs/slurm.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "base/process.hpp"
+
+namespace nshpc::jobs {
+
+namespace {
+
+constexpr std::chrono::seconds kCommandTimeout{60};
+
+std::string join_ids(const std::vector<std::string>& ids) {
+  std::string out;
+  for (const auto& id : ids) out += (out.empty() ? "" : ",") + id;
+  return out;
+}
+
+std::string first_word(std::string_view s) {
+  const auto space = s.find(' ');
+  return std::string(s.substr(0, space));
+}
+
+// "3:0" → code 3, signal 0.
+void parse_exit(std::string_view text, SlurmStatus& st) {
+  const auto colon = text.find(':');
+  if (colon == std::string_view::npos) return;
+  try {
+    st.exit_code = std::stoi(std::string(text.substr(0, colon)));
+    st.signal = std::stoi(std::string(text.substr(colon + 1)));
+  } catch (const std::exception&) {
+  }
+}
+
+std::vector<std::string_view> split(std::string_view text, char sep) {
+  std::vector<std::string_view> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const auto end = text.find(sep, start);
+    out.push_back(text.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start));
+    if (end == std::string_view::npos) break;
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string_view state_for(std::string_view s) {
+  if (s == "PENDING" || s == "REQUEUED" || s == "REQUEUE_HOLD" || s == "REQUEUE_FED" || s == "RESV_DEL_HOLD")
+    return "pending";
+  if (s == "COMPLETED") return "completed";
+  if (s == "FAILED" || s == "BOOT_FAIL" || s == "DEADLINE" || s == "SPECIAL_EXIT") return "failed";
+  if (s == "CANCELLED" || s == "REVOKED") return "cancelled";
+  if (s == "TIMEOUT") return "timed_out";
+  if (s == "OUT_OF_MEMORY") return "out_of_memory";
+  if (s == "NODE_FAIL") return "node_fail";
+  if (s == "PREEMPTED") return "preempted";
+  return "running";  // RUNNING, CONFIGURING, COMPLETING, SUSPENDED, STAGE_OUT, SIGNALING, …
+}
+
+bool slurm_state_final(std::string_view s) {
+  const auto mapped = state_for(s);
+  return mapped != "pending" && mapped != "running";
+}
+
+SlurmClient::SlurmClient(const config::JobsSlurm& config) : config_(config) {
+  if (config_.status_source != "auto") source_ = config_.status_source;
+}
+
+std::string SlurmClient::source() const { return source_; }
+
+std::vector<std::string> SlurmClient::sbatch_argv(const std::map<std::string, std::int64_t>& resources,
+                                                  const std::string& job_name, const std::string& stdout_path,
+                                                  const std::string& stderr_path, const std::string& workdir) const {
+  if (config_.sbatch_command.empty()) throw UsageError("[jobs.slurm] sbatch_command is empty; set the sbatch argv");
+  std::vector<std::string> argv;
+  for (const std::string& part : config_.sbatch_command) {
+    std::string out;
+    std::size_t pos = 0;
+    while (pos < part.size()) {
+      const auto open = part.find('{', pos);
+      if (open == std::string::npos) {
+        out += part.substr(pos);
+        break;
+      }
+      const auto close = part.find('}', open);
+      if (close == std::string::npos) {
+        out += part.substr(pos);
+        break;
+      }
+      out += part.substr(pos, open - pos);
+      const std::string name = part.substr(open + 1, close - open - 1);
+      auto it = resources.find(name);
+      if (it == resources.end())
+        throw UsageError(fmt::format("[jobs.slurm] sbatch_command uses {{{}}}, which is not a resource in "
+                                     "[jobs.slurm.limit]; add it there or remove it from the command",
+                                     name));
+      out += std::to_string(it->second);
+      pos = close + 1;
+    }
+    argv.push_back(std::move(out));
+  }
+  argv.push_back("--parsable");
+  argv.push_back("--job-name=" + job_name);
+  argv.push_back("--output=" + stdout_path);
+  argv.push_back("--error=" + stderr_path);
+  argv.push_back("--chdir=" + workdir);
+  return argv;
+}
+
+std::string SlurmClient::submit(const std::vector<std::string>& argv, const std::string& script) {
+  CommandResult r;
+  try {
+    ++invocations_;
+    r = run_command(argv, script, kCommandTimeout);
+  } catch (const SysError& e) {
+    throw SchedulerError(fmt::format("cannot run {}: {} (is Slurm installed on this machine, and is {} in PATH?)",
+                                     argv[0], std::strerror(e.code()), argv[0]));
+  }
+  if (r.exit_code != 0 || r.timed_out) throw SchedulerError("submitting failed: " + describe_failure(argv, r));
+  // --parsable: "<id>" or "<id>;<cluster>"
+  std::string id = r.out.substr(0, r.out.find_first_of(";\n"));
+  while (!id.empty() && (id.back() == ' ' || id.back() == '\r')) id.pop_back();
+  if (id.empty() || id.find_first_not_of("0123456789_") != std::string::npos)
+    throw SchedulerError(fmt::format("{} printed no job id (got {:?}); is it really sbatch?", argv[0], r.out.substr(0, 200)));
+  return id;
+}
+
+std::map<std::string, SlurmStatus> SlurmClient::query(const std::vector<std::string>& ids) {
+  if (ids.empty()) return {};
+  // squeue knows every job the controller holds: queued, running, and finished ones for
+  // MinJobAge after their end (state, pending reason and exit status in one call).
+  std::map<std::string, SlurmStatus> out = query_squeue(ids);
+  std::vector<std::string> missing;
+  for (const auto& id : ids)
+    if (!out.count(id)) missing.push_back(id);
+  if (missing.empty() || source_ == "squeue") return out;
+  // Jobs the controller has forgotten: accounting (sacct) has their ends, where there is one.
+  try {
+    for (auto& [id, st] : query_sacct(missing)) out.emplace(id, std::move(st));
+    source_ = "sacct";
+  } catch (const SchedulerError& e) {
+    const std::string what = e.what();
+    const bool no_accounting = what.find("accounting storage is disabled") != std::string::npos ||
+                               what.find("cannot run") != std::string::npos;
+    if (source_ == "sacct" || !no_accounting) throw;
+    source_ = "squeue";  // decided once: this cluster keeps no accounting
+  }
+  return out;
+}
+
+std::map<std::string, SlurmStatus> SlurmClient::query_sacct(const std::vector<std::string>& ids) {
+  std::vector<std::string> argv = config_.sacct_command;
+  for (const char* a : {"-n", "-X", "-P", "-o", "JobIDRaw,State,ExitCode,Reason", "-j"}) argv.emplace_back(a);
+  argv.push_back(join_ids(ids));
+  CommandResult r;
+  try {
+    ++invocations_;
+    r = run_command(argv, {}, kCommandTimeout);
+  } catch (const SysError& e) {
+    throw SchedulerError(fmt::format("cannot run {}: {}", argv[0], std::strerror(e.code())));
+  }
+  if (r.exit_code != 0 || r.timed_out) throw SchedulerError(describe_failure(argv, r));
+  std::map<std::string, SlurmStatus> out;
+  for (auto line : split(r.out, '\n')) {
+    if (line.empty()) continue;
+    auto f = split(line, '|');
+    if (f.size() < 4) continue;
+    SlurmStatus st;
+    st.state = first_word(f[1]);
+    st.reason = std::string(f[3]);
+    parse_exit(f[2], st);
+    out[std::string(f[0])] = std::move(st);
+  }
+  return out;
+}
+
+std::map<std::string, SlurmStatus> SlurmClient::query_squeue(const std::vector<std::string>& ids) {
+  std::vector<std::string> argv = config_.squeue_command;
+  for (const char* a : {"-h", "-t", "all", "-O", "JobID:|,State:|,Reason:|,exit_code:|", "-j"}) argv.emplace_back(a);
+  argv.push_back(join_ids(ids));
+  CommandResult r;
+  try {
+    ++invocations_;
+    r = run_command(argv, {}, kCommandTimeout);
+  } catch (const SysError& e) {
+    throw SchedulerError(fmt::format("cannot run {}: {}", argv[0], std::strerror(e.code())));
+  }
+  if (r.exit_code != 0 || r.timed_out) throw SchedulerError(describe_failure(argv, r));
+  auto trim = [](std::string_view v) {
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\r')) v.remove_suffix(1);
+    while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+    return std::string(v);
+  };
+  std::map<std::string, SlurmStatus> out;
+  for (auto line : split(r.out, '\n')) {
+    auto f = split(line, '|');
+    if (f.size() < 4) continue;
+    SlurmStatus st;
+    st.state = first_word(trim(f[1]));
+    st.reason = trim(f[2]);
+    if (slurm_state_final(st.state)) {
+      // The raw wait status: code << 8 | signal.
+      try {
+        const int raw = std::stoi(trim(f[3]));
+        st.exit_code = (raw >> 8) & 0xff;
+        st.signal = raw & 0x7f;
+      } catch (const std::exception&) {
+      }
+    }
+    out[trim(f[0])] = std::move(st);
+  }
+  return out;
+}
+
+void SlurmClient::cancel(const std::string& id) {
+  std::vector<std::string> argv = config_.scancel_command;
+  argv.push_back(id);
+  CommandResult r;
+  try {
+    ++invocations_;
+    r = run_command(argv, {}, kCommandTimeout);
+  } catch (const SysError& e) {
+    throw SchedulerError(fmt::format("cannot run {}: {}", argv[0], std::strerror(e.code())));
+  }
+  if (r.exit_code != 0 || r.timed_out) throw SchedulerError("cancelling failed: " + describe_failure(argv, r));
+}
+
+}  // namespace nshpc::jobs

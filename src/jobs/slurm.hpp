@@ -1,0 +1,74 @@
+// Talking to Slurm: sbatch to submit; one squeue per poll for all tracked jobs (queued, running
+// and recently finished, with pending reasons and exit statuses), plus sacct only for jobs the
+// controller has already forgotten (where the cluster keeps accounting); scancel. No knowledge
+// of instances.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/error.hpp"
+#include "config/config.hpp"
+
+namespace nshpc::jobs {
+
+// A failure to talk to the scheduler (sbatch/squeue/sacct/scancel missing or failing): never
+// to be mistaken for "job not found".
+class SchedulerError : public Error {
+ public:
+  using Error::Error;
+};
+
+// What the scheduler says about one job.
+struct SlurmStatus {
+  std::string state;   // PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, OUT_OF_MEMORY, …
+  std::string reason;  // pending reason (Resources, Priority, …) or "None"
+  std::optional<int> exit_code;
+  std::optional<int> signal;
+};
+
+// Slurm's state words mapped to ns-hpc's (see jobs.hpp State); "running" for unknown live ones.
+std::string_view state_for(std::string_view slurm_state);
+bool slurm_state_final(std::string_view slurm_state);
+
+class SlurmClient {
+ public:
+  explicit SlurmClient(const config::JobsSlurm& config);
+
+  // The sbatch argv: sbatch_command with every "{name}" replaced by resources[name], then
+  // --parsable, the job name and the output files. Throws UsageError for a placeholder that
+  // names no resource.
+  std::vector<std::string> sbatch_argv(const std::map<std::string, std::int64_t>& resources,
+                                       const std::string& job_name, const std::string& stdout_path,
+                                       const std::string& stderr_path, const std::string& workdir) const;
+  // Submits `script` (on sbatch's stdin); returns the Slurm job id. Throws SchedulerError with
+  // what sbatch said.
+  std::string submit(const std::vector<std::string>& argv, const std::string& script);
+
+  // One query for all `ids`. Jobs the scheduler does not (yet, or any more) know are absent.
+  // Throws SchedulerError when the query itself fails.
+  std::map<std::string, SlurmStatus> query(const std::vector<std::string>& ids);
+
+  // scancel; throws SchedulerError.
+  void cancel(const std::string& id);
+
+  // Where the ends of jobs the controller forgot come from: "sacct", or "squeue" (no
+  // accounting: such jobs are lost); decided at the first need for "auto".
+  std::string source() const;
+  // Scheduler processes started so far (for the benchmark and tests).
+  std::uint64_t invocations() const { return invocations_.load(); }
+
+ private:
+  std::map<std::string, SlurmStatus> query_sacct(const std::vector<std::string>& ids);
+  std::map<std::string, SlurmStatus> query_squeue(const std::vector<std::string>& ids);
+
+  const config::JobsSlurm& config_;
+  std::string source_;  // "" until decided
+  std::atomic<std::uint64_t> invocations_{0};
+};
+
+}  // namespace nshpc::jobs
