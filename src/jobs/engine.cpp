@@ -14,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <sstream>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -928,12 +929,18 @@ void Engine::apply_slurm(SlurmJob& job, const SlurmStatus* st) {
   {
     std::lock_guard guard(job.mu);
     Record& rec = job.record;
-    const nlohmann::json before = rec.to_json();
+    // What a poll can change (compared field by field: this runs for every job on every poll).
+    const auto before = std::make_tuple(rec.state, rec.scheduler_state, rec.scheduler_reason, rec.scheduler_error,
+                                        rec.started_at);
+    const auto unchanged = [&] {
+      return std::make_tuple(rec.state, rec.scheduler_state, rec.scheduler_reason, rec.scheduler_error,
+                             rec.started_at) == before;
+    };
     rec.scheduler_error.clear();
     if (!st) {
-      // Not (yet, or no longer) known: accounting may lag a moment after sbatch.
+      // Not (yet, or no longer) known: the controller may not list it yet right after sbatch.
       if (Clock::now() - job.tracked_since < std::chrono::minutes(5)) {
-        if (rec.to_json() != before) save(job.inst, rec);
+        if (!unchanged()) save(job.inst, rec);
         return;
       }
       rec.state = State::lost;
@@ -969,7 +976,7 @@ void Engine::apply_slurm(SlurmJob& job, const SlurmStatus* st) {
         }
       }
     }
-    if (rec.to_json() == before) return;
+    if (unchanged()) return;
     if (!is_final(rec.state)) {
       save(job.inst, rec);
       return;

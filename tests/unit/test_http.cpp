@@ -1197,3 +1197,28 @@ TEST(HttpLive, SlowOrIdleClientIsCutOffAfterTheReadTimeout) {
 }
 
 }  // namespace
+
+// A slow SSE reader cannot grow the server's memory: past the buffer limit a stream drops
+// notifications (progress, logs), never a response; what the reader has taken is freed.
+TEST(HttpStream, BacklogIsBoundedButResponsesAreKept) {
+  boost::asio::io_context io;
+  nshpc::transport::http_detail::Stream stream(io, 1, false, 4096);
+  const nlohmann::json note = {{"jsonrpc", "2.0"},
+                               {"method", "notifications/progress"},
+                               {"params", {{"progressToken", 1}, {"progress", 1}, {"message", std::string(200, 'x')}}}};
+  std::size_t kept = 0;
+  for (int i = 0; i < 1000; ++i) kept += stream.push(note, false) ? 1 : 0;
+  EXPECT_LT(kept, 40u);
+  EXPECT_EQ(stream.dropped(), 1000u - kept);
+  EXPECT_LT(stream.unsent_bytes(), 4096u + 400u);
+  const nlohmann::json response = {{"jsonrpc", "2.0"}, {"id", 7}, {"result", {{"big", std::string(10000, 'y')}}}};
+  EXPECT_TRUE(stream.push(response, false));  // never dropped
+  std::uint64_t last = 0;
+  const std::string all = stream.take(0, last, 1 << 20);
+  EXPECT_NE(all.find("\"id\":7"), std::string::npos);
+  EXPECT_EQ(last, stream.last_seq());
+  // Once the reader has it, old events go (only a bounded tail is kept for resumption).
+  stream.delivered(last);
+  EXPECT_EQ(stream.unsent_bytes(), 0u);
+  EXPECT_TRUE(stream.push(note, false));
+}
