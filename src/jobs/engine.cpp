@@ -302,6 +302,10 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
     cg.pids = static_cast<std::uint64_t>(it->second);
   if (config_.jobs.local.use_cgroups) {
     try {
+      // On record first: if this process dies while creating them, the next look removes them.
+      rec.cgroups.clear();
+      for (const auto& p : sandbox::Cgroup::candidate_paths(inst.id + "/" + rec.id)) rec.cgroups.push_back(p.string());
+      if (!rec.cgroups.empty()) save(inst, rec);
       job->cgroup = sandbox::Cgroup::create(inst.id + "/" + rec.id, cg, rec.unenforced);
     } catch (const Error& e) {
       if (rec.unenforced.empty()) rec.unenforced.push_back(fmt::format("cpus, memory, pids: {}", e.what()));
@@ -309,10 +313,9 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   } else if (cg.cpus || cg.memory_bytes || cg.pids) {
     rec.unenforced.push_back("cpus, memory, pids: [jobs.local] use_cgroups is false");
   }
-  if (job->cgroup) {
-    for (const auto& p : job->cgroup->paths()) rec.cgroups.push_back(p.string());
-    save(inst, rec);  // so whoever finishes the job after a crash also removes its cgroups
-  }
+  rec.cgroups.clear();
+  if (job->cgroup) for (const auto& p : job->cgroup->paths()) rec.cgroups.push_back(p.string());
+  save(inst, rec);  // exactly the groups in use: whoever finishes the job after a crash removes them
 
   sandbox::RunSpec spec;
   spec.target = store_.sandbox_target(inst);

@@ -453,6 +453,18 @@ void signal_members(const std::vector<pid_t>& first_look,
 
 // ---- Cgroup -------------------------------------------------------------------------------
 
+std::vector<stdfs::path> Cgroup::candidate_paths(const std::string& name, const stdfs::path& mount_root) {
+  check_name(name);
+  std::vector<stdfs::path> out;
+  for (const auto& h : discover(mount_root).hierarchies) {
+    if (h.own.empty()) continue;
+    stdfs::path p = h.own / kTop;
+    for (auto& part : split(name, '/')) p /= part;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 std::unique_ptr<Cgroup> Cgroup::create(const std::string& name, const CgroupLimits& limits,
                                        std::vector<std::string>& unenforced,
                                        const stdfs::path& mount_root) {

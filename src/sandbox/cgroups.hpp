@@ -51,6 +51,10 @@ class Cgroup {
   // Paths that no longer exist are skipped (SysError ENOENT when none is left); a path outside
   // a cgroup file system throws Error.
   static std::unique_ptr<Cgroup> attach(const std::vector<std::filesystem::path>& paths);
+  // Every path create(name) could use (one per usable hierarchy): put on record before
+  // create(), so that whoever finishes a job whose submitter died mid-create removes them.
+  static std::vector<std::filesystem::path> candidate_paths(const std::string& name,
+                                                            const std::filesystem::path& mount_root = "/sys/fs/cgroup");
 
   ~Cgroup();  // removes the (empty) groups; never kills
   Cgroup(const Cgroup&) = delete;
