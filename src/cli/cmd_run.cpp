@@ -73,6 +73,21 @@ std::string stored_token(const std::filesystem::path& state_dir, bool& created) 
   return token;
 }
 
+// The MCP server with every tool, handed to a transport; returns the transport's exit code.
+template <class Transport>
+int serve(Context& ctx, Transport&& transport) {
+  const config::Config& cfg = ctx.config();
+  // Sandbox processes orphaned by bwrap come to us, not to pid 1 (which in containers may
+  // never reap them); the job engine and the sandbox backend reap them.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  jobs::Engine& engine = ctx.jobs();
+  engine.recover();  // jobs left running by an earlier server are watched again
+  const tools::Services services{cfg, ctx.store(), ctx.backend(), &engine};
+  mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
+  tools::register_all(server, services);
+  return transport(server);
+}
+
 void run_http(Context& ctx, const RunArgs& a) {
   const config::Config& cfg = ctx.config();
   transport::HttpOptions options;
@@ -152,13 +167,7 @@ void run_http(Context& ctx, const RunArgs& a) {
     std::fflush(stderr);
   };
 
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  jobs::Engine& engine = ctx.jobs();
-  engine.recover();
-  const tools::Services services{cfg, ctx.store(), ctx.backend(), &engine};
-  mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
-  tools::register_all(server, services);
-  ctx.exit_code = transport::serve_http(server, options);
+  ctx.exit_code = serve(ctx, [&](mcp::Server& server) { return transport::serve_http(server, options); });
 }
 
 }  // namespace
@@ -216,18 +225,10 @@ void add_run_command(CLI::App& app, Context& ctx) {
           throw Error(fmt::format("{} is only valid with an HTTP transport (--transport streamable-http or sse); in "
                                   "stdio mode there is no HTTP server",
                                   flag));
-      // Sandbox processes orphaned by bwrap come to us, not to pid 1 (which in containers may
-      // never reap them); the job engine and the sandbox backend reap them.
-      ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-      jobs::Engine& engine = ctx.jobs();
-      engine.recover();  // jobs left running by an earlier server are watched again
-      const tools::Services services{cfg, ctx.store(), ctx.backend(), &engine};
-      mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
-      tools::register_all(server, services);
       transport::StdioOptions options;
       options.max_message_bytes = static_cast<std::size_t>(cfg.mcp.max_message_bytes);
       log::info("serving MCP on stdio");
-      ctx.exit_code = transport::serve_stdio(server, options);
+      ctx.exit_code = serve(ctx, [&](mcp::Server& server) { return transport::serve_stdio(server, options); });
       return;
     }
     run_http(ctx, *a);

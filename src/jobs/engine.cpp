@@ -203,6 +203,16 @@ Engine::~Engine() {
   ::close(wake_fd_);
 }
 
+Engine::Submitting::Submitting(Engine& engine, std::string key) : engine_(engine), key_(std::move(key)) {
+  std::lock_guard lock(engine_.mutex_);
+  engine_.submitting_.insert(key_);
+}
+
+Engine::Submitting::~Submitting() {
+  std::lock_guard lock(engine_.mutex_);
+  engine_.submitting_.erase(key_);
+}
+
 void Engine::wake() {
   std::uint64_t one = 1;
   ssize_t ignored = ::write(wake_fd_, &one, sizeof one);
@@ -277,18 +287,7 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   rec.stdout_path = (out_dir / (rec.id + ".out")).string();
   rec.stderr_path = (out_dir / (rec.id + ".err")).string();
   rec.status_path = (inst.base / "status" / (rec.id + ".status")).string();
-  {
-    std::lock_guard lock(mutex_);
-    submitting_.insert(inst.id + "/" + rec.id);
-  }
-  struct Submitting {
-    Engine& engine;
-    std::string key;
-    ~Submitting() {
-      std::lock_guard lock(engine.mutex_);
-      engine.submitting_.erase(key);
-    }
-  } submitting{*this, inst.id + "/" + rec.id};
+  Submitting submitting(*this, inst.id + "/" + rec.id);
   rec.owner_pid = ::getpid();
   rec.owner_start = start_time_of(rec.owner_pid);
   save(inst, rec);  // pending: on record before anything runs
@@ -792,18 +791,7 @@ Record Engine::submit_slurm(const SubmitRequest& request, std::string_view actor
 
   fs::make_dirs(jobs_dir(inst), 0700);
   if (::mkdir(out_dir.c_str(), 0755) == 0) chown_to(out_dir, config_);
-  {
-    std::lock_guard lock(mutex_);
-    submitting_.insert(inst.id + "/" + rec.id);
-  }
-  struct Submitting {
-    Engine& engine;
-    std::string key;
-    ~Submitting() {
-      std::lock_guard lock(engine.mutex_);
-      engine.submitting_.erase(key);
-    }
-  } submitting{*this, inst.id + "/" + rec.id};
+  Submitting submitting(*this, inst.id + "/" + rec.id);
   rec.owner_pid = ::getpid();
   rec.owner_start = start_time_of(rec.owner_pid);
   open_output(rec.stdout_path, config_);  // there (and readable) while the job waits in the queue

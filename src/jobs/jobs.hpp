@@ -132,6 +132,18 @@ class Engine final : public store::JobsGuard {
  private:
   struct Running;
   struct SlurmJob;
+  // Marks a job as being started by this process (adopt() leaves it alone) while it lives.
+  class Submitting {
+   public:
+    Submitting(Engine& engine, std::string key);
+    ~Submitting();
+    Submitting(const Submitting&) = delete;
+    Submitting& operator=(const Submitting&) = delete;
+
+   private:
+    Engine& engine_;
+    std::string key_;
+  };
   Record submit_slurm(const SubmitRequest& request, std::string_view actor);
   Record cancel_slurm(const store::Instance& inst, const std::string& job_id, std::string_view actor);
   void track_slurm(const store::Instance& inst, const Record& record);

@@ -69,6 +69,20 @@ bool slurm_state_final(std::string_view s) {
   return mapped != "pending" && mapped != "running";
 }
 
+std::string SlurmClient::run(const std::vector<std::string>& argv, const std::string& input, std::string_view failed) {
+  CommandResult result;
+  try {
+    ++invocations_;
+    result = run_command(argv, input, kCommandTimeout);
+  } catch (const SysError& e) {
+    throw SchedulerError(fmt::format("cannot run {}: {} (is Slurm installed on this machine, and is {} in PATH?)",
+                                     argv[0], std::strerror(e.code()), argv[0]));
+  }
+  if (result.exit_code != 0 || result.timed_out)
+    throw SchedulerError(std::string(failed) + describe_failure(argv, result));
+  return std::move(result.out);
+}
+
 SlurmClient::SlurmClient(const config::JobsSlurm& config) : config_(config) {
   if (config_.status_source != "auto") source_ = config_.status_source;
 }
@@ -115,20 +129,12 @@ std::vector<std::string> SlurmClient::sbatch_argv(const std::map<std::string, st
 }
 
 std::string SlurmClient::submit(const std::vector<std::string>& argv, const std::string& script) {
-  CommandResult r;
-  try {
-    ++invocations_;
-    r = run_command(argv, script, kCommandTimeout);
-  } catch (const SysError& e) {
-    throw SchedulerError(fmt::format("cannot run {}: {} (is Slurm installed on this machine, and is {} in PATH?)",
-                                     argv[0], std::strerror(e.code()), argv[0]));
-  }
-  if (r.exit_code != 0 || r.timed_out) throw SchedulerError("submitting failed: " + describe_failure(argv, r));
+  const std::string out = run(argv, script, "submitting failed: ");
   // --parsable: "<id>" or "<id>;<cluster>"
-  std::string id = r.out.substr(0, r.out.find_first_of(";\n"));
+  std::string id = out.substr(0, out.find_first_of(";\n"));
   while (!id.empty() && (id.back() == ' ' || id.back() == '\r')) id.pop_back();
   if (id.empty() || id.find_first_not_of("0123456789_") != std::string::npos)
-    throw SchedulerError(fmt::format("{} printed no job id (got {:?}); is it really sbatch?", argv[0], r.out.substr(0, 200)));
+    throw SchedulerError(fmt::format("{} printed no job id (got {:?}); is it really sbatch?", argv[0], out.substr(0, 200)));
   return id;
 }
 
@@ -159,16 +165,9 @@ std::map<std::string, SlurmStatus> SlurmClient::query_sacct(const std::vector<st
   std::vector<std::string> argv = config_.sacct_command;
   for (const char* a : {"-n", "-X", "-P", "-o", "JobIDRaw,State,ExitCode,Reason", "-j"}) argv.emplace_back(a);
   argv.push_back(join_ids(ids));
-  CommandResult r;
-  try {
-    ++invocations_;
-    r = run_command(argv, {}, kCommandTimeout);
-  } catch (const SysError& e) {
-    throw SchedulerError(fmt::format("cannot run {}: {}", argv[0], std::strerror(e.code())));
-  }
-  if (r.exit_code != 0 || r.timed_out) throw SchedulerError(describe_failure(argv, r));
+  const std::string text = run(argv, {}, "");
   std::map<std::string, SlurmStatus> out;
-  for (auto line : split(r.out, '\n')) {
+  for (auto line : split(text, '\n')) {
     if (line.empty()) continue;
     auto f = split(line, '|');
     if (f.size() < 4) continue;
@@ -185,21 +184,14 @@ std::map<std::string, SlurmStatus> SlurmClient::query_squeue(const std::vector<s
   std::vector<std::string> argv = config_.squeue_command;
   for (const char* a : {"-h", "-t", "all", "-O", "JobID:|,State:|,Reason:|,exit_code:|", "-j"}) argv.emplace_back(a);
   argv.push_back(join_ids(ids));
-  CommandResult r;
-  try {
-    ++invocations_;
-    r = run_command(argv, {}, kCommandTimeout);
-  } catch (const SysError& e) {
-    throw SchedulerError(fmt::format("cannot run {}: {}", argv[0], std::strerror(e.code())));
-  }
-  if (r.exit_code != 0 || r.timed_out) throw SchedulerError(describe_failure(argv, r));
+  const std::string text = run(argv, {}, "");
   auto trim = [](std::string_view v) {
     while (!v.empty() && (v.back() == ' ' || v.back() == '\r')) v.remove_suffix(1);
     while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
     return std::string(v);
   };
   std::map<std::string, SlurmStatus> out;
-  for (auto line : split(r.out, '\n')) {
+  for (auto line : split(text, '\n')) {
     auto f = split(line, '|');
     if (f.size() < 4) continue;
     SlurmStatus st;
@@ -222,14 +214,7 @@ std::map<std::string, SlurmStatus> SlurmClient::query_squeue(const std::vector<s
 void SlurmClient::cancel(const std::string& id) {
   std::vector<std::string> argv = config_.scancel_command;
   argv.push_back(id);
-  CommandResult r;
-  try {
-    ++invocations_;
-    r = run_command(argv, {}, kCommandTimeout);
-  } catch (const SysError& e) {
-    throw SchedulerError(fmt::format("cannot run {}: {}", argv[0], std::strerror(e.code())));
-  }
-  if (r.exit_code != 0 || r.timed_out) throw SchedulerError("cancelling failed: " + describe_failure(argv, r));
+  run(argv, {}, "cancelling failed: ");
 }
 
 }  // namespace nshpc::jobs

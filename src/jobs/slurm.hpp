@@ -63,6 +63,9 @@ class SlurmClient {
   std::uint64_t invocations() const { return invocations_.load(); }
 
  private:
+  // Runs one scheduler command (counted) and returns its stdout; a program that cannot be
+  // started or that fails becomes SchedulerError (`failed` + what it said).
+  std::string run(const std::vector<std::string>& argv, const std::string& input, std::string_view failed);
   std::map<std::string, SlurmStatus> query_sacct(const std::vector<std::string>& ids);
   std::map<std::string, SlurmStatus> query_squeue(const std::vector<std::string>& ids);
 
