@@ -49,18 +49,26 @@ void add_clean_command(CLI::App& app, Context& ctx);
 void add_run_command(CLI::App& app, Context& ctx);
 void add_job_commands(CLI::App& instance, Context& ctx);  // instance run|status|jobs|cancel
 
-// Runs a command in an instance's sandbox with the caller's stdio, forwarding SIGINT/SIGTERM/
-// SIGHUP as "kill the sandbox", and audits it. Returns the exit code to pass through.
+// Runs a command in an instance's sandbox attached to the caller (run_attached) and audits it.
+// Returns the exit code to pass through. `ns-hpc bwrap` and `instance enter`.
 int run_in_sandbox(Context& ctx, const store::Instance& inst, const std::vector<std::string>& command,
                    std::string_view event);
+
+struct AttachedRun {
+  sandbox::ExitStatus status;
+  int stop_signal = 0;  // the SIGINT/SIGTERM/SIGHUP/SIGQUIT that made ns-hpc kill the sandbox, or 0
+};
+// Runs `spec` on the caller's stdin, stdout and stderr until it ends; a stop signal kills the
+// whole sandbox. A terminal among them is never handed over: the sandbox gets a private PTY in
+// its place, relayed to the caller's terminal (raw while the command runs when stdin is on it,
+// restored exactly afterwards; window size forwarded), so nothing the sandbox does to its
+// terminal (stty, TIOCSETD) reaches the caller's. Pipes and files are passed as they are.
+AttachedRun run_attached(sandbox::Backend& backend, sandbox::RunSpec spec);
 
 // Audits a finished sandbox run and turns it into the exit code to return.
 int finish_sandbox_run(Context& ctx, const store::Instance& inst, const std::vector<std::string>& command,
                        std::string_view event, const sandbox::ExitStatus& status,
                        std::chrono::steady_clock::duration elapsed, int stop_signal);
-
-// `instance enter`: bash with a real terminal (a private PTY relayed to ours).
-int run_interactive(Context& ctx, const store::Instance& inst);
 
 sandbox::RunSpec make_run_spec(Context& ctx, const store::Instance& inst,
                                std::vector<std::string> command);

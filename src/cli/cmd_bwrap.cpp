@@ -1,10 +1,4 @@
 // ns-hpc bwrap <id> -- cmd...: one command in the instance's sandbox, exit code passed through.
-#include <poll.h>
-#include <signal.h>
-#include <sys/signalfd.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -12,7 +6,6 @@
 #include "base/error.hpp"
 #include "base/users.hpp"
 #include "cli/app.hpp"
-#include "cli/signals.hpp"
 
 namespace nshpc::cli {
 
@@ -47,17 +40,10 @@ int finish_sandbox_run(Context& ctx, const store::Instance& inst, const std::vec
 
 int run_in_sandbox(Context& ctx, const store::Instance& inst, const std::vector<std::string>& command,
                    std::string_view event) {
-  sandbox::RunSpec spec = make_run_spec(ctx, inst, command);
-  spec.stdio = {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO};
-
-  StopSignals stop;  // SIGINT/SIGTERM/SIGHUP/SIGQUIT now arrive on a descriptor
   const auto started = std::chrono::steady_clock::now();
-  auto process = ctx.backend().start(spec);
-  int stop_signal = stop.wait_for_exit_or_signal(process->pidfd());
-  if (stop_signal) process->kill();
-  sandbox::ExitStatus status = process->wait();
-  return finish_sandbox_run(ctx, inst, command, event, status, std::chrono::steady_clock::now() - started,
-                stop_signal);
+  AttachedRun run = run_attached(ctx.backend(), make_run_spec(ctx, inst, command));
+  return finish_sandbox_run(ctx, inst, command, event, run.status, std::chrono::steady_clock::now() - started,
+                            run.stop_signal);
 }
 
 void add_bwrap_command(CLI::App& app, Context& ctx) {
@@ -70,7 +56,8 @@ void add_bwrap_command(CLI::App& app, Context& ctx) {
       "bwrap",
       "Run one command in an instance's sandbox: ns-hpc bwrap ID -- CMD [ARGS...]\n"
       "The exit code is the command's (128+N when signal N killed it). Ctrl-C, SIGTERM or\n"
-      "SIGHUP kill the whole sandbox.");
+      "SIGHUP kill the whole sandbox. On a terminal the command gets a private one, relayed to\n"
+      "yours, so nothing it does to it (stty, line discipline) stays behind.");
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->add_option("command", a->command, "The command and its arguments (after --)");
   cmd->callback([&ctx, a] {

@@ -1,4 +1,6 @@
 // ns-hpc instance create|list|list-archived|describe|update|archive|delete|enter, and clean.
+#include <unistd.h>
+
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -203,11 +205,15 @@ void add_delete(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceAr
 }
 
 void add_enter(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceArgs>& a) {
-  auto* cmd = parent.add_subcommand("enter", "Open an interactive bash in the instance's sandbox");
+  auto* cmd = parent.add_subcommand(
+      "enter", "Open an interactive bash in the instance's sandbox (on a private terminal relayed to yours)");
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->callback([&ctx, a] {
     store::Instance inst = ctx.store().get(a->id);
-    ctx.exit_code = run_interactive(ctx, inst);
+    if (!::isatty(STDIN_FILENO))
+      throw UsageError(fmt::format(
+          "'instance enter' needs a terminal on stdin; for scripts use: ns-hpc bwrap {} -- CMD", inst.id));
+    ctx.exit_code = run_in_sandbox(ctx, inst, {"/bin/bash", "-i"}, "sandbox.enter");
   });
 }
 

@@ -1,7 +1,9 @@
-// `instance enter`: an interactive bash on a private pseudo-terminal. ns-hpc owns the PTY and
-// relays it to the user's terminal, so nothing in the sandbox can reach the real terminal
-// (TIOCSTI is also blocked by seccomp); bash gets job control because the PTY is its
-// controlling terminal.
+// The caller's terminal is never handed to a sandbox. When stdin, stdout or stderr is a terminal,
+// the sandbox gets a private pseudo-terminal in its place and ns-hpc relays it, so whatever the
+// sandbox does to its terminal (stty, TIOCSETD, TIOCSTI — the last is also blocked by seccomp)
+// stays on the private one. With stdin on it, the PTY is the sandbox's controlling terminal (a
+// shell gets job control, Ctrl-C reaches the command) and the caller's terminal is raw meanwhile,
+// restored whatever ends the run. `ns-hpc bwrap` and `instance enter` both run through here.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -11,12 +13,10 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
-
-#include <fmt/format.h>
+#include <optional>
+#include <string>
 
 #include "base/error.hpp"
-#include "base/users.hpp"
 #include "cli/app.hpp"
 #include "cli/signals.hpp"
 
@@ -24,17 +24,37 @@ namespace nshpc::cli {
 
 namespace {
 
-// Puts the user's terminal in raw mode for the object's lifetime.
+// Which of the caller's stdin, stdout and stderr are terminals, and where the sandbox's terminal
+// output is shown: on stdout if that is a terminal, else stderr, else stdin's terminal.
+struct CallerTerminal {
+  bool on[3] = {false, false, false};
+  int screen = -1;
+};
+
+std::optional<CallerTerminal> caller_terminal() {
+  CallerTerminal t;
+  for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) t.on[fd] = ::isatty(fd) == 1;
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO, STDIN_FILENO}) {
+    if (t.on[fd]) {
+      t.screen = fd;
+      return t;
+    }
+  }
+  return std::nullopt;
+}
+
+// Puts the caller's terminal in raw mode for the object's lifetime and then back exactly as it
+// was. TCSANOW: a terminal that stopped reading must not hang ns-hpc with its signals blocked.
 class RawMode {
  public:
   explicit RawMode(int fd) : fd_(fd) {
     if (::tcgetattr(fd_, &saved_) < 0) return;
     termios raw = saved_;
     ::cfmakeraw(&raw);
-    active_ = ::tcsetattr(fd_, TCSADRAIN, &raw) == 0;
+    active_ = ::tcsetattr(fd_, TCSANOW, &raw) == 0;
   }
   ~RawMode() {
-    if (active_) ::tcsetattr(fd_, TCSADRAIN, &saved_);
+    if (active_) ::tcsetattr(fd_, TCSANOW, &saved_);
   }
   RawMode(const RawMode&) = delete;
   RawMode& operator=(const RawMode&) = delete;
@@ -45,14 +65,20 @@ class RawMode {
   bool active_ = false;
 };
 
+void copy_window_size(int from, int to) {
+  winsize ws{};
+  if (::ioctl(from, TIOCGWINSZ, &ws) == 0) ::ioctl(to, TIOCSWINSZ, &ws);
+}
+
 struct Pty {
-  UniqueFd master;
+  UniqueFd master;  // non-blocking: the relay never waits on the sandbox's side
   UniqueFd slave;
 };
 
-Pty open_pty() {
+// A new PTY that starts as the caller's terminal is: its settings and window size.
+Pty open_pty(const CallerTerminal& caller) {
   Pty pty;
-  pty.master.reset(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
+  pty.master.reset(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK));
   if (!pty.master) throw SysError(errno, "posix_openpt");
   if (::grantpt(pty.master.get()) < 0) throw SysError(errno, "grantpt");
   if (::unlockpt(pty.master.get()) < 0) throw SysError(errno, "unlockpt");
@@ -60,97 +86,123 @@ Pty open_pty() {
   if (::ptsname_r(pty.master.get(), name, sizeof name) != 0) throw SysError(errno, "ptsname");
   pty.slave.reset(::open(name, O_RDWR | O_NOCTTY | O_CLOEXEC));
   if (!pty.slave) throw SysError(errno, "open", name);
+  termios attrs{};
+  if (::tcgetattr(caller.on[STDIN_FILENO] ? STDIN_FILENO : caller.screen, &attrs) == 0) {
+    // Without stdin the caller's terminal stays cooked and does the output processing, once.
+    if (!caller.on[STDIN_FILENO]) attrs.c_oflag &= ~OPOST;
+    ::tcsetattr(pty.slave.get(), TCSANOW, &attrs);
+  }
+  copy_window_size(caller.screen, pty.master.get());
   return pty;
 }
 
-void copy_window_size(int from, int to) {
-  winsize ws{};
-  if (::ioctl(from, TIOCGWINSZ, &ws) == 0) ::ioctl(to, TIOCSWINSZ, &ws);
-}
-
-// Writes everything or gives up quietly (the other side went away).
-bool write_all(int fd, const char* data, size_t size) {
+// Writes everything or gives up quietly (the caller's terminal went away).
+void write_all(int fd, const char* data, size_t size) {
   while (size > 0) {
     ssize_t n = ::write(fd, data, size);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN) {
+      if (errno == EAGAIN) {  // someone made the caller's terminal non-blocking
         pollfd p{fd, POLLOUT, 0};
         ::poll(&p, 1, 1000);
         continue;
       }
-      return false;
+      return;
     }
     data += n;
     size -= static_cast<size_t>(n);
   }
+}
+
+// Shows what the sandbox wrote on its terminal; false once no process holds that terminal.
+bool show_output(int master, int screen, bool until_empty) {
+  char buf[16384];
+  do {
+    ssize_t n = ::read(master, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return true;
+    if (n <= 0) return false;  // EIO: every process holding the terminal has gone
+    write_all(screen, buf, static_cast<size_t>(n));
+  } while (until_empty);
   return true;
 }
 
-// Relays until the sandbox's side of the PTY is closed. Returns a stop signal or 0.
-int relay(int master, StopSignals& signals) {
-  bool stdin_open = true;
+// Relays between the caller's terminal and the PTY until the sandbox has exited (what it wrote
+// last is shown first) or a stop signal arrives. Returns that signal, or 0.
+int relay(const CallerTerminal& caller, int master, int pidfd, StopSignals& signals) {
+  bool master_open = true;
+  bool stdin_open = caller.on[STDIN_FILENO];
+  std::string typed;  // read from the caller, not yet taken by the PTY
   char buf[16384];
   for (;;) {
-    pollfd fds[3] = {{master, POLLIN, 0}, {signals.fd(), POLLIN, 0}, {stdin_open ? 0 : -1, POLLIN, 0}};
-    if (::poll(fds, 3, -1) < 0) {
+    const bool read_stdin = stdin_open && master_open && typed.empty();
+    const short master_events = static_cast<short>(POLLIN | (typed.empty() ? 0 : POLLOUT));
+    pollfd fds[4] = {{pidfd, POLLIN, 0},
+                     {signals.fd(), POLLIN, 0},
+                     {master_open ? master : -1, master_events, 0},
+                     {read_stdin ? STDIN_FILENO : -1, POLLIN, 0}};
+    if (::poll(fds, 4, -1) < 0) {
       if (errno == EINTR) continue;
       throw SysError(errno, "poll");
     }
     if (fds[1].revents & POLLIN) {
       int sig = signals.take();
       if (sig == SIGWINCH)
-        copy_window_size(STDIN_FILENO, master);
+        copy_window_size(caller.screen, master);
       else if (sig)
         return sig;
     }
-    if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-      ssize_t n = ::read(master, buf, sizeof buf);
-      if (n <= 0) {
-        if (n < 0 && errno == EINTR) continue;
-        return 0;  // EIO: every process holding the terminal has gone
-      }
-      write_all(STDOUT_FILENO, buf, static_cast<size_t>(n));
+    if (fds[2].revents & (POLLIN | POLLHUP | POLLERR)) master_open = show_output(master, caller.screen, false);
+    if (master_open && (fds[2].revents & POLLOUT)) {
+      ssize_t n = ::write(master, typed.data(), typed.size());
+      if (n > 0) typed.erase(0, static_cast<size_t>(n));
     }
-    if (stdin_open && (fds[2].revents & (POLLIN | POLLHUP | POLLERR))) {
+    if (fds[3].revents & (POLLIN | POLLHUP | POLLERR)) {
       ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
-      if (n <= 0) {
-        stdin_open = false;  // end of input: send EOF (Ctrl-D) to the shell once
-        const char eof = 4;
-        write_all(master, &eof, 1);
-      } else {
-        write_all(master, buf, static_cast<size_t>(n));
+      if (n > 0) {
+        typed.assign(buf, static_cast<size_t>(n));
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        stdin_open = false;  // end of input: send EOF (Ctrl-D) once
+        typed = "\x04";
       }
+    }
+    if (fds[0].revents & POLLIN) {
+      if (master_open) show_output(master, caller.screen, true);
+      return 0;
     }
   }
 }
 
+AttachedRun ended(sandbox::Process& process, int stop_signal) {
+  if (stop_signal) process.kill();
+  return {process.wait(), stop_signal};
+}
+
 }  // namespace
 
-int run_interactive(Context& ctx, const store::Instance& inst) {
-  if (!::isatty(STDIN_FILENO))
-    throw UsageError(fmt::format(
-        "'instance enter' needs a terminal on stdin; for scripts use: ns-hpc bwrap {} -- CMD", inst.id));
-  const std::vector<std::string> command{"/bin/bash", "-i"};
-  sandbox::RunSpec spec = make_run_spec(ctx, inst, command);
-  Pty pty = open_pty();
-  copy_window_size(STDIN_FILENO, pty.master.get());
-  spec.stdio = {pty.slave.get(), pty.slave.get(), pty.slave.get()};
-  spec.terminal = true;
+AttachedRun run_attached(sandbox::Backend& backend, sandbox::RunSpec spec) {
+  const std::optional<CallerTerminal> caller = caller_terminal();
+  if (!caller) {  // pipes and files are handed over as they are
+    spec.stdio = {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO};
+    StopSignals signals;  // SIGINT/SIGTERM/SIGHUP/SIGQUIT now arrive on a descriptor
+    auto process = backend.start(spec);
+    return ended(*process, signals.wait_for_exit_or_signal(process->pidfd()));
+  }
 
+  Pty pty = open_pty(*caller);
+  auto in_place = [&](int fd) { return caller->on[fd] ? pty.slave.get() : fd; };
+  spec.stdio = {in_place(STDIN_FILENO), in_place(STDOUT_FILENO), in_place(STDERR_FILENO)};
+  spec.terminal = caller->on[STDIN_FILENO];
   StopSignals signals({SIGWINCH});
-  const auto started = std::chrono::steady_clock::now();
-  auto process = ctx.backend().start(spec);
-  pty.slave.reset();  // only the sandbox holds it now: its exit closes the terminal
+  auto process = backend.start(spec);
+  pty.slave.reset();  // only the sandbox holds it now
   int stop_signal;
   {
-    RawMode raw(STDIN_FILENO);
-    stop_signal = relay(pty.master.get(), signals);
+    std::optional<RawMode> raw;
+    if (caller->on[STDIN_FILENO]) raw.emplace(STDIN_FILENO);
+    stop_signal = relay(*caller, pty.master.get(), process->pidfd(), signals);
   }
-  if (stop_signal) process->kill();
-  sandbox::ExitStatus status = process->wait();
-  return finish_sandbox_run(ctx, inst, command, "sandbox.enter", status, std::chrono::steady_clock::now() - started,
-                stop_signal);
+  return ended(*process, stop_signal);
 }
 
 }  // namespace nshpc::cli

@@ -2,8 +2,10 @@
 // the sandbox's /usr. Prints "ALLOWED" or "blocked <errno name>" for each attempt.
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/tty.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/ptrace.h>
 #include <sys/stat.h>
@@ -87,6 +89,9 @@ int main(int argc, char** argv) {
     ::closedir(d);
   } else if (cmd == "cat") {
     dump(arg.c_str());
+  } else if (cmd == "tiocsetd") {  // switch stdin's terminal to the null line discipline and leave it so
+    int ldisc = N_NULL;
+    report("tiocsetd", ::ioctl(STDIN_FILENO, TIOCSETD, &ldisc));
   } else if (cmd == "ids") {
     std::printf("uid %d gid %d\n", ::getuid(), ::getgid());
     dump("/proc/self/uid_map");
