@@ -1,3 +1,11 @@
-#include "cli/app.hpp"
+#include <string_view>
 
-int main(int argc, char** argv) { return nshpc::cli::main(argc, argv); }
+#include "cli/app.hpp"
+#include "sandbox/keeper.hpp"
+
+int main(int argc, char** argv) {
+  // A job keeper (sandbox/keeper.hpp) needs nothing of the CLI: dispatched before any of it.
+  if (argc > 1 && std::string_view(argv[1]) == nshpc::sandbox::kKeeperCommand)
+    return nshpc::sandbox::keeper_main(argc, argv);
+  return nshpc::cli::main(argc, argv);
+}

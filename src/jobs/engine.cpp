@@ -26,6 +26,7 @@
 #include "base/time.hpp"
 #include "jobs/jobs.hpp"
 #include "sandbox/cgroups.hpp"
+#include "sandbox/members.hpp"
 #include "sandbox/spawn.hpp"
 #include "sandbox/status.hpp"
 
@@ -68,18 +69,14 @@ UniqueFd open_sandbox_init(const sandbox::StatusStream& status) {
   return pidfd;
 }
 
-// Host pids of every process in the pid namespace with this inode (when no cgroup lists them).
-std::vector<pid_t> pids_in_namespace(std::uint64_t ns_inode) {
-  std::vector<pid_t> pids;
-  std::unique_ptr<DIR, int (*)(DIR*)> proc(::opendir("/proc"), ::closedir);
-  if (!proc) return pids;
-  while (dirent* e = ::readdir(proc.get())) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    struct stat st;
-    if (::stat(fmt::format("/proc/{}/ns/pid", e->d_name).c_str(), &st) == 0 && st.st_ino == ns_inode)
-      pids.push_back(static_cast<pid_t>(std::atoi(e->d_name)));
-  }
-  return pids;
+// When a job's sandbox ended: the job keeper's report, else (an earlier release, or a keeper
+// killed itself) when bwrap last wrote the status file, its exit code; nullopt when neither.
+std::optional<timeutil::Clock::time_point> ended_at(const sandbox::StatusStream& status, const std::string& path) {
+  if (auto ended = status.ended()) return *ended;
+  struct stat st;
+  if (!status.exit_code() || ::stat(path.c_str(), &st) < 0) return std::nullopt;
+  return timeutil::Clock::time_point(std::chrono::duration_cast<timeutil::Clock::duration>(
+      std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
 }
 
 std::string tail_of(const std::string& path, const TailOptions& opt) {
@@ -329,6 +326,10 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   spec.status_file = status.get();
   if (auto it = limits.find("output"); it != limits.end() && it->second > 0)
     spec.limits.file_size_bytes = static_cast<std::uint64_t>(it->second) * 1024 * 1024;
+  // The wall-time limit belongs to the job's keeper: enforced even while no server runs.
+  if (auto it = limits.find("time"); it != limits.end() && it->second > 0)
+    spec.limits.wall_time = std::chrono::seconds(it->second);
+  spec.limits.wall_time_grace = std::chrono::seconds(config_.jobs.cancel_grace);
   if (job->cgroup) spec.join_cgroups = job->cgroup->procs_fds();
 
   try {
@@ -350,8 +351,6 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
                 {"unenforced", rec.unenforced}, {"stdout_path", sandbox_path(inst, config_, rec.stdout_path)},
                 {"stderr_path", sandbox_path(inst, config_, rec.stderr_path)}});
   job->watch = UniqueFd(::fcntl(job->process->pidfd(), F_DUPFD_CLOEXEC, 3));
-  if (auto it = limits.find("time"); it != limits.end() && it->second > 0)
-    job->deadline = Clock::now() + std::chrono::seconds(it->second);
   Record copy = rec;
   start_watching(std::move(job));
   return copy;
@@ -395,6 +394,15 @@ void Engine::watch_loop() {
         finish(job, true);
         continue;
       }
+      // Re-attached, the watch is the sandbox init, which (started by an earlier release, with
+      // no keeper) outlives the main command while background processes run: the job is over
+      // as soon as the status file has the exit code.
+      if (!job->process && read_status(job->record.status_path).exit_code()) {
+        finish(job, false);
+        continue;
+      }
+      // The server's own time limit, only for sandboxes without a keeper (an earlier release's):
+      // a keeper enforces the limit itself, even while no server runs.
       if (job->deadline && !job->deadline_hit && now >= *job->deadline) {
         job->deadline_hit = true;
         terminate_members(*job);
@@ -410,14 +418,15 @@ void Engine::watch_loop() {
 }
 
 void Engine::terminate_members(Running& job) {
-  if (job.cgroup) {
-    job.cgroup->signal_all(SIGTERM);
-    return;
-  }
+  // The processes of the sandbox's pid namespace, and only those: the job's cgroup also holds
+  // bwrap's monitor and the job keeper, and SIGTERM to the monitor would end the sandbox at once
+  // (--die-with-parent) instead of letting the command stop gracefully.
   std::optional<std::uint64_t> ns = job.pid_namespace;
   if (!ns) ns = read_status(job.record.status_path).pid_namespace();
   if (ns)
-    for (pid_t pid : pids_in_namespace(*ns)) ::kill(pid, SIGTERM);
+    sandbox::signal_members(*ns, SIGTERM);
+  else if (job.cgroup)
+    job.cgroup->signal_all(SIGTERM);  // no sandbox yet: nothing of the command runs
 }
 
 void Engine::finish(const std::shared_ptr<Running>& job, bool process_gone) {
@@ -431,18 +440,30 @@ void Engine::finish(const std::shared_ptr<Running>& job, bool process_gone) {
     if (st.started) code = st.exit_code;
     else error = st.error;
   } else if (!job->never_started) {
-    // Re-attached: the sandbox init ended; bwrap writes the exit code right after.
+    // Re-attached: the sandbox init ended, or the status file has the exit code. A keeper
+    // reports the end right after (once it has reaped everything), bwrap alone its exit code.
+    // Nothing of the sandbox outlives the job (an earlier release's init waits for background
+    // processes): SIGKILL to the init takes its pid namespace.
+    try {
+      sandbox::signal_pidfd(job->watch.get(), SIGKILL);
+    } catch (const std::exception& e) {
+      log::warn("job {}: {}", rec.id, e.what());
+    }
     for (int i = 0; i < 200; ++i) {
-      if (auto c = read_status(rec.status_path).exit_code()) {
-        code = c;
-        break;
-      }
+      const sandbox::StatusStream status = read_status(rec.status_path);
+      code = status.exit_code();
+      if (status.keeper() ? status.ended().has_value() : code.has_value()) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
   (void)process_gone;
   rec.exit_code = code;
-  rec.finished_at = timeutil::iso_utc();
+  // The real end: the keeper's report (or the status file's last write), not when we looked.
+  const sandbox::StatusStream status = read_status(rec.status_path);
+  auto finished = ended_at(status, rec.status_path).value_or(timeutil::Clock::now());
+  if (auto started = timeutil::parse_iso(rec.started_at); started && finished < *started) finished = *started;
+  rec.finished_at = timeutil::iso_utc(finished);
+  const bool timed_out = job->deadline_hit || status.deadline_reached().has_value();
   const auto& limits = rec.limits;
   if (job->cgroup && job->cgroup->oom_killed()) {
     rec.state = State::failed;
@@ -450,7 +471,7 @@ void Engine::finish(const std::shared_ptr<Running>& job, bool process_gone) {
   } else if (rec.cancel_requested) {
     rec.state = State::cancelled;
     rec.reason = "cancelled";
-  } else if (job->deadline_hit) {
+  } else if (timed_out) {
     rec.state = State::timed_out;
     rec.reason = fmt::format("time limit of {} s reached; the job was killed", limits.count("time") ? limits.at("time") : 0);
   } else if (code && *code == 0) {
@@ -481,7 +502,10 @@ void Engine::finish(const std::shared_ptr<Running>& job, bool process_gone) {
   }
   if (!job->process) {
     // Re-attached: the sandbox init came to us (subreaper) or to pid 1; reap it if ours.
-    if (auto init = read_status(rec.status_path).child_pid()) ::waitpid(*init, nullptr, WNOHANG);
+    if (job->watch)
+      sandbox::reap_if_child(job->watch.get());
+    else if (auto init = status.child_pid())
+      ::waitpid(*init, nullptr, WNOHANG);
   }
   // Exactly one final record and audit line, even when another process watched the job too.
   try {
@@ -640,8 +664,14 @@ Record Engine::cancel(const std::string& instance_id, const std::string& job_id,
     changed_.wait_until(lock, grace_end, [&] { return !running_.count(instance_id + "/" + job_id); });
   }
   if (find_running(instance_id, job_id)) {
-    if (job->cgroup) job->cgroup->kill(2000);
+    // SIGKILL to the sandbox init takes its pid namespace; the keeper then reaps it and exits.
     if (job->process) job->process->kill();
+    else sandbox::signal_pidfd(job->watch.get(), SIGKILL);  // re-attached: the watch is the init
+    std::unique_lock lock(mutex_);
+    changed_.wait_for(lock, std::chrono::seconds(2), [&] { return !running_.count(instance_id + "/" + job_id); });
+  }
+  if (find_running(instance_id, job_id)) {
+    if (job->cgroup) job->cgroup->kill(2000);
     sandbox::signal_pidfd(job->watch.get(), SIGKILL);
     std::unique_lock lock(mutex_);
     changed_.wait_for(lock, std::chrono::seconds(10), [&] { return !running_.count(instance_id + "/" + job_id); });
@@ -699,16 +729,17 @@ void Engine::adopt(const store::Instance& inst, const std::string& job_id) {
       // Already removed by whoever finished it: nothing left to limit or kill there.
     }
   }
-  if (!job->watch) {
-    finish(job, true);  // ended while nobody watched: record what the status file says
+  if (!job->watch || status.exit_code()) {
+    finish(job, !job->watch);  // ended while nobody watched: record what the status file says
     return;
   }
-  if (auto it = rec->limits.find("time"); it != rec->limits.end() && it->second > 0) {
+  // A keeper enforces the time limit itself; the server does for an earlier release's sandbox.
+  if (auto it = rec->limits.find("time"); !status.keeper() && it != rec->limits.end() && it->second > 0) {
     auto started = timeutil::parse_iso(rec->started_at.empty() ? rec->created_at : rec->started_at);
     if (started) {
-      auto left = std::chrono::duration_cast<std::chrono::seconds>(*started + std::chrono::seconds(it->second) -
-                                                                   timeutil::Clock::now());
-      job->deadline = Clock::now() + std::max(left, std::chrono::seconds(0));
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*started + std::chrono::seconds(it->second) -
+                                                                        timeutil::Clock::now());
+      job->deadline = Clock::now() + std::max(left, std::chrono::milliseconds(0));
     }
   }
   start_watching(std::move(job));

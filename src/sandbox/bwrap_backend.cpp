@@ -16,6 +16,8 @@
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "sandbox/bwrap_argv.hpp"
+#include "sandbox/keeper.hpp"
+#include "sandbox/members.hpp"
 #include "sandbox/sandbox.hpp"
 #include "sandbox/seccomp.hpp"
 #include "sandbox/spawn.hpp"
@@ -86,15 +88,26 @@ UniqueFd seccomp_program_fd(const std::string& bpf) {
 
 class BwrapProcess final : public Process {
  public:
-  // `status` is the read end of a status pipe, or (`status_is_file`) a descriptor of the status
-  // file that bwrap appends to.
-  BwrapProcess(Child child, UniqueFd status, bool status_is_file)
-      : child_(std::move(child)), status_fd_(std::move(status)), status_is_file_(status_is_file) {
+  // `child` is bwrap, or (`keeper`) the job keeper running bwrap. `status` is the read end of a
+  // status pipe, or (`status_is_file`) a descriptor of the status file that bwrap appends to.
+  BwrapProcess(Child child, bool keeper, UniqueFd status, bool status_is_file)
+      : child_(std::move(child)), keeper_(keeper), status_fd_(std::move(status)), status_is_file_(status_is_file) {
     // Wait for the sandbox to exist (first status document) so kill() can reach its init.
     read_status(/*until_child_pid=*/true);
     if (auto init = status_.child_pid()) {
       init_pid_ = *init;
-      init_pidfd_ = open_pidfd(*init);
+      // Checked against its pid namespace: should the init have ended and been reaped by bwrap
+      // already, its pid may belong to another process (wait() sends SIGKILL here).
+      init_pidfd_ = status_.pid_namespace() ? open_member(*init, *status_.pid_namespace()) : open_pidfd(*init);
+    }
+    // Under a keeper, bwrap's monitor is the init's parent. Should the keeper be killed, the
+    // monitor and then the init come to us (the server is a subreaper): wait() reaps them.
+    if (keeper_ && init_pidfd_) {
+      const pid_t monitor = parent_of(init_pid_);
+      if (monitor > 0 && monitor != child_.pid) {
+        UniqueFd fd = open_pidfd(monitor);
+        if (fd && parent_of(init_pid_) == monitor) monitor_pidfd_ = std::move(fd);  // still its parent: the same process
+      }
     }
   }
   ~BwrapProcess() override {
@@ -112,8 +125,11 @@ class BwrapProcess final : public Process {
 
   void kill() override {
     if (reaped_) return;
-    // The sandbox init first (its death takes the whole pid namespace), then bwrap itself.
+    // The sandbox init first: its death takes the whole pid namespace.
     signal_pidfd(init_pidfd_.get(), SIGKILL);
+    // A keeper then sees bwrap end, reaps everything and reports: killing it as well would
+    // hand its children to us half-way. Without an init to kill, it goes too.
+    if (keeper_ && init_pidfd_) return;
     signal_pidfd(child_.pidfd.get(), SIGKILL);
   }
 
@@ -121,14 +137,16 @@ class BwrapProcess final : public Process {
 
   ExitStatus wait() override {
     if (reaped_) return result_;
-    read_status(/*until_child_pid=*/false);
+    read_status(/*until_child_pid=*/false);  // a pipe: to its end, when bwrap has exited
     int raw = 0;
     while (::waitpid(child_.pid, &raw, 0) < 0) {
-      if (errno != EINTR) throw SysError(errno, "waitpid", "bwrap");
+      if (errno != EINTR) throw SysError(errno, "waitpid", keeper_ ? "the job keeper" : "bwrap");
     }
     reaped_ = true;
+    read_status(/*until_child_pid=*/false);  // a file: everything written until the end
     result_ = interpret(raw);
-    reap_orphaned_init();
+    result_.timed_out = status_.deadline_reached().has_value();
+    reap_leftovers();
     return result_;
   }
 
@@ -148,13 +166,21 @@ class BwrapProcess final : public Process {
     }
   }
 
-  // bwrap's monitor can exit before the sandbox init does; the init then goes to the nearest
-  // subreaper. When that is us (the server sets PR_SET_CHILD_SUBREAPER), reap it here.
-  void reap_orphaned_init() {
-    if (!init_pidfd_) return;
-    pollfd p{init_pidfd_.get(), POLLIN, 0};
-    ::poll(&p, 1, 1000);
-    ::waitpid(init_pid_, nullptr, WNOHANG);  // ECHILD when it is not ours: nothing to do
+  // bwrap's monitor exits when the main command does; with --die-with-parent the sandbox init
+  // is killed then and goes to the nearest subreaper. When that is us (the server sets
+  // PR_SET_CHILD_SUBREAPER; or a killed keeper's monitor and init), reap it here: nothing of the
+  // sandbox may linger, so SIGKILL first, then wait for exactly that process (never a poll).
+  // A keeper that exited normally has reaped them itself.
+  void reap_leftovers() {
+    for (UniqueFd* fd : {&monitor_pidfd_, &init_pidfd_}) {
+      if (!*fd) continue;
+      try {
+        signal_pidfd(fd->get(), SIGKILL);
+      } catch (const std::exception&) {
+      }
+      reap_if_child(fd->get());  // false when it is not ours: its own parent reaps it
+      fd->reset();
+    }
   }
 
   // The file has no end-of-stream: re-read it from the start until the wanted document is there
@@ -204,11 +230,13 @@ class BwrapProcess final : public Process {
   }
 
   Child child_;
+  bool keeper_ = false;
   UniqueFd status_fd_;
   bool status_is_file_ = false;
   StatusStream status_;
   pid_t init_pid_ = 0;
   UniqueFd init_pidfd_;
+  UniqueFd monitor_pidfd_;  // bwrap's monitor under a keeper
   bool reaped_ = false;
   ExitStatus result_;
 };
@@ -222,11 +250,16 @@ class BwrapBackend final : public Backend {
   std::string_view name() const override { return "bwrap"; }
 
   std::vector<std::string> describe(const RunSpec& spec) const override {
-    return build_bwrap_argv(ns_, spec, fd_numbers(), argv_options());
+    if (!needs_keeper(spec)) return build_bwrap_argv(ns_, spec, fd_numbers(), argv_options());
+    return keeper_argv(self_path(), keeper_options(spec));
   }
 
+  // The order of a launch: bwrap's argv (behind a keeper when the sandbox must outlive its
+  // caller or has a wall-time limit), the checks, the descriptors, then one spawn.
   std::unique_ptr<Process> start(const RunSpec& spec) override {
-    const std::vector<std::string> argv = build_bwrap_argv(ns_, spec, fd_numbers(), argv_options());
+    const bool keeper = needs_keeper(spec);
+    const std::vector<std::string> argv =
+        keeper ? keeper_argv(self_path(), keeper_options(spec)) : build_bwrap_argv(ns_, spec, fd_numbers(), argv_options());
     const std::vector<std::string> envp = build_sandbox_env(ns_, spec, host_env);
 
     if (drop_to_) {
@@ -258,14 +291,16 @@ class BwrapBackend final : public Backend {
 
     auto or_null = [&](int fd) { return fd >= 0 ? fd : null_fd.get(); };
     ChildSetup setup;
-    setup.program = argv.front();
+    // The keeper is this very binary: executed through /proc/self/exe it needs no path the
+    // sandbox uid can search, and is the same version as the server even during an upgrade.
+    setup.program = keeper ? "/proc/self/exe" : argv.front();
     setup.argv = argv;
     if (!spec.command_prefix.empty()) {
       auto prefix = fs::find_program(spec.command_prefix.front());
       if (!prefix)
         throw Error(fmt::format("'{}' ([jobs.local] cgroups_command) not found or not executable",
                                 spec.command_prefix.front()));
-      setup.program = *prefix;
+      setup.program = *prefix;  // which then executes argv[0] by its path
       setup.argv = spec.command_prefix;
       setup.argv.insert(setup.argv.end(), argv.begin(), argv.end());
     }
@@ -286,10 +321,39 @@ class BwrapBackend final : public Backend {
 
     Child child = spawn(setup);
     status.write.reset();
-    return std::make_unique<BwrapProcess>(std::move(child), std::move(status.read), status_is_file);
+    return std::make_unique<BwrapProcess>(std::move(child), keeper, std::move(status.read), status_is_file);
   }
 
  private:
+  static bool needs_keeper(const RunSpec& spec) { return !spec.die_with_caller || spec.limits.wall_time; }
+
+  // bwrap under a keeper always dies with its parent, the keeper: the sandbox ends with its
+  // main command or with the keeper, never orphaned.
+  KeeperOptions keeper_options(const RunSpec& spec) const {
+    RunSpec bwrap_spec = spec;
+    bwrap_spec.die_with_caller = true;
+    KeeperOptions options;
+    options.status_fd = kChildFds.status;
+    options.time_limit = spec.limits.wall_time.value_or(std::chrono::milliseconds(0));
+    options.grace = spec.limits.wall_time_grace;
+    options.bwrap_argv = build_bwrap_argv(ns_, bwrap_spec, fd_numbers(), argv_options());
+    return options;
+  }
+
+  // This binary's path (the keeper's argv[0], and what a command_prefix executes).
+  std::string self_path() const {
+    std::lock_guard lock(mutex_);
+    if (self_path_.empty()) {
+      std::error_code ec;
+      std::string path = stdfs::read_symlink("/proc/self/exe", ec).string();
+      if (ec) throw SysError(ec.value(), "readlink", "/proc/self/exe (the path of ns-hpc, for the job keeper)");
+      constexpr std::string_view deleted = " (deleted)";  // replaced on disk: its successor is there
+      if (path.size() > deleted.size() && path.ends_with(deleted)) path.resize(path.size() - deleted.size());
+      self_path_ = path;
+    }
+    return self_path_;
+  }
+
   FdNumbers fd_numbers() const {
     FdNumbers fds = kChildFds;
     if (!(ns_.hardening && ns_.seccomp)) fds.seccomp = -1;
@@ -332,6 +396,7 @@ class BwrapBackend final : public Backend {
   std::optional<std::pair<uid_t, gid_t>> drop_to_;
   mutable std::mutex mutex_;
   mutable std::string bwrap_path_;
+  mutable std::string self_path_;
   std::string seccomp_bpf_;
 };
 

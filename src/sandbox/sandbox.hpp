@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -29,13 +30,18 @@ struct Target {
   config::Network network = config::Network::host;
 };
 
-// Per-process limits applied with setrlimit before bwrap starts (inherited by the whole tree).
-// cgroup-backed limits (memory, cpus, pids) belong to the jobs engine.
+// Per-process limits applied with setrlimit before bwrap starts (inherited by the whole tree),
+// and the wall-time limit of the whole run. cgroup-backed limits (memory, cpus, pids) belong to
+// the jobs engine.
 struct Limits {
   std::optional<std::uint64_t> cpu_seconds;      // RLIMIT_CPU
   std::optional<std::uint64_t> file_size_bytes;  // RLIMIT_FSIZE
   std::optional<std::uint64_t> open_files;       // RLIMIT_NOFILE
   std::optional<std::uint64_t> address_space;    // RLIMIT_AS (bytes)
+  // Enforced by the job keeper (sandbox/keeper.hpp), with or without the caller: at the limit
+  // every process of the sandbox gets SIGTERM, wall_time_grace later SIGKILL.
+  std::optional<std::chrono::milliseconds> wall_time;
+  std::chrono::milliseconds wall_time_grace{0};
 };
 
 // Descriptors the command gets as stdin/stdout/stderr; borrowed, -1 means /dev/null.
@@ -54,13 +60,16 @@ struct RunSpec {
   Limits limits;
   bool terminal = false;         // stdin is a terminal to become the sandbox's controlling tty
   // SIGKILL the sandbox when the calling process dies (--die-with-parent). Jobs that must outlive
-  // a server restart turn it off and are killed through their cgroup or the sandbox init instead.
+  // a server restart turn it off: they then run under a job keeper (sandbox/keeper.hpp) that
+  // survives the caller, and the sandbox dies with its main command or with the keeper.
   bool die_with_caller = true;
   // Borrowed descriptors of cgroup.procs files: the child joins these cgroups before anything
   // else, so everything in the sandbox is accounted and limited from its first instruction.
   std::vector<int> join_cgroups;
-  // Borrowed descriptor of a file for bwrap's JSON status (child-pid, then exit-code). When set,
-  // the status survives the caller: Process::wait() reads the exit code back from this file.
+  // Borrowed descriptor of a file for bwrap's JSON status (child-pid, then exit-code; and the
+  // keeper's documents, see status.hpp). When set, the status survives the caller:
+  // Process::wait() reads the exit code back from this file. Needed for a graceful stop at the
+  // wall-time limit (without it the limit kills at once).
   int status_file = -1;
   // Program and arguments put in front of bwrap (e.g. systemd-run --user --scope -p … --), as
   // [jobs.local] cgroups_command; empty for none.
@@ -71,16 +80,17 @@ struct ExitStatus {
   bool started = false;  // the command itself ran
   int exit_code = -1;    // the command's exit code; 128+N when signal N killed it
   std::string error;     // when !started: why the command did not run
+  bool timed_out = false;  // Limits::wall_time was reached and the sandbox stopped
 };
 
 // A running sandbox. Destroying a Process that is still running kills its whole tree.
 class Process {
  public:
   virtual ~Process() = default;
-  virtual pid_t pid() const = 0;            // host pid of the bwrap process
+  virtual pid_t pid() const = 0;            // host pid of the process started: bwrap or its keeper
   virtual pid_t sandbox_pid() const = 0;    // host pid of the sandbox's init (0 if unknown)
-  virtual int pidfd() const = 0;            // pidfd of bwrap: readable once it has exited
-  virtual ExitStatus wait() = 0;            // blocks until the sandbox has ended
+  virtual int pidfd() const = 0;            // pidfd of pid(): readable once the sandbox has ended
+  virtual ExitStatus wait() = 0;            // blocks until the sandbox has ended; reaps it all
   virtual void kill() = 0;                  // SIGKILL to the whole tree; idempotent
   // Lets the sandbox run on when this handle is destroyed (a job outliving its server; with
   // die_with_caller off). The process is then reaped by whoever inherits it.

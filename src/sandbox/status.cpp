@@ -47,6 +47,14 @@ void StatusStream::take_document(std::string_view doc) {
     pid_namespace_ = it->get<std::uint64_t>();
   if (auto it = json.find("exit-code"); it != json.end() && it->is_number_integer())
     exit_code_ = it->get<int>();
+  if (json.contains(kKeeperKey)) keeper_ = true;
+  const auto epoch_ms = [&](std::string_view key) -> std::optional<TimePoint> {
+    auto it = json.find(key);
+    if (it == json.end() || !it->is_number_integer()) return std::nullopt;
+    return TimePoint(std::chrono::milliseconds(it->get<std::int64_t>()));
+  };
+  if (auto t = epoch_ms(kDeadlineKey)) deadline_reached_ = t;
+  if (auto t = epoch_ms(kEndedKey)) ended_ = t;
 }
 
 }  // namespace nshpc::sandbox

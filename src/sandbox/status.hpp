@@ -1,10 +1,16 @@
 // Reading bwrap's --json-status-fd stream: concatenated JSON documents, first
 // {"child-pid": N, ...namespace ids} when the sandbox exists, then {"exit-code": N} when the
 // command ends. A missing exit-code document means bwrap failed during setup or exec.
+//
+// A sandbox run under the job keeper (sandbox/keeper.hpp) has the keeper's documents in the same
+// stream: {"ns-hpc-keeper": <keeper pid>, ...} before bwrap's, {"ns-hpc-deadline": <epoch ms>}
+// when the wall-time limit was reached, and {"ns-hpc-ended": <epoch ms>} once nothing of the
+// sandbox is left.
 #pragma once
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -13,8 +19,15 @@
 
 namespace nshpc::sandbox {
 
+// The keys of the keeper's documents (written by keeper.cpp, read here).
+inline constexpr std::string_view kKeeperKey = "ns-hpc-keeper";
+inline constexpr std::string_view kDeadlineKey = "ns-hpc-deadline";
+inline constexpr std::string_view kEndedKey = "ns-hpc-ended";
+
 class StatusStream {
  public:
+  using TimePoint = std::chrono::system_clock::time_point;
+
   // Feeds raw bytes; complete documents are parsed as they arrive.
   void feed(std::string_view bytes);
   std::optional<pid_t> child_pid() const { return child_pid_; }
@@ -22,6 +35,12 @@ class StatusStream {
   // Inode of the sandbox's pid namespace: with child_pid, identifies the sandbox init safely
   // against pid reuse (compare with /proc/<child_pid>/ns/pid).
   std::optional<std::uint64_t> pid_namespace() const { return pid_namespace_; }
+  // A job keeper runs this sandbox (it enforces the wall-time limit and reports the end).
+  bool keeper() const { return keeper_; }
+  // When the keeper's wall-time limit was reached (the sandbox was then stopped).
+  std::optional<TimePoint> deadline_reached() const { return deadline_reached_; }
+  // When the keeper saw the last process of the sandbox end.
+  std::optional<TimePoint> ended() const { return ended_; }
   bool malformed() const { return malformed_; }
 
  private:
@@ -34,6 +53,9 @@ class StatusStream {
   std::optional<pid_t> child_pid_;
   std::optional<int> exit_code_;
   std::optional<std::uint64_t> pid_namespace_;
+  bool keeper_ = false;
+  std::optional<TimePoint> deadline_reached_;
+  std::optional<TimePoint> ended_;
   bool malformed_ = false;
 };
 

@@ -1,0 +1,318 @@
+#include "sandbox/keeper.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "base/fd.hpp"
+#include "sandbox/members.hpp"
+#include "sandbox/spawn.hpp"
+#include "sandbox/status.hpp"
+
+extern char** environ;
+
+namespace nshpc::sandbox {
+
+namespace {
+
+using Steady = std::chrono::steady_clock;
+
+// Signals that would end the keeper (and with it, through --die-with-parent, the sandbox):
+// ignored by the keeper, default again in bwrap.
+constexpr int kIgnored[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGPIPE};
+
+// After SIGKILL to the sandbox init, how long bwrap gets to notice before it is killed too.
+constexpr auto kEscalation = std::chrono::seconds(2);
+
+std::int64_t epoch_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::int64_t parse_count(const std::string& text, std::string_view option) {
+  std::int64_t value = 0;
+  std::size_t used = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || value < 0)
+    throw UsageError(fmt::format("{} {:?}: expected a whole number >= 0", option, text));
+  return value;
+}
+
+class Keeper {
+ public:
+  explicit Keeper(KeeperOptions options) : opt_(std::move(options)) {}
+
+  // The keeper's whole life, in order.
+  int run() {
+    // Its own session: the caller's terminal signals (Ctrl-C, hang-up) do not reach the job.
+    ::setsid();
+    // The sandbox init comes to us when bwrap's monitor exits before it: we reap it.
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    struct rlimit no_core{0, 0};
+    ::setrlimit(RLIMIT_CORE, &no_core);  // re-raising bwrap's fatal signal leaves no core file
+    sigset_t chld;
+    ::sigemptyset(&chld);
+    ::sigaddset(&chld, SIGCHLD);
+    ::sigprocmask(SIG_BLOCK, &chld, nullptr);  // taken with sigtimedwait
+    for (int sig : kIgnored) ::signal(sig, SIG_IGN);
+
+    // The status file (a pipe works too, but then the keeper cannot read the sandbox's pid
+    // namespace back, and the wall-time limit kills without a graceful SIGTERM first).
+    struct stat st;
+    if (::fstat(opt_.status_fd, &st) < 0) {
+      std::fprintf(stderr, "ns-hpc keeper: status descriptor %d: %s\n", opt_.status_fd, std::strerror(errno));
+      return 1;
+    }
+    append(fmt::format("{{\"{}\": {}, \"time-limit-ms\": {}, \"grace-ms\": {}}}\n", kKeeperKey, ::getpid(),
+                       opt_.time_limit.count(), opt_.grace.count()));
+    if (!start_bwrap()) return 1;
+    drop_descriptors();
+    supervise(chld);
+    if (deadline_untold_) append(fmt::format("{{\"{}\": {}}}\n", kDeadlineKey, *deadline_untold_));
+    append(fmt::format("{{\"{}\": {}}}\n", kEndedKey, epoch_ms()));
+    return exit_like_bwrap();
+  }
+
+ private:
+  // One write per document: appends at the offset bwrap shares, never inside its documents.
+  void append(const std::string& doc) {
+    const char* data = doc.data();
+    size_t left = doc.size();
+    while (left > 0) {
+      ssize_t n = ::write(opt_.status_fd, data, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;  // nobody to tell; the server falls back to what it sees itself
+      data += n;
+      left -= static_cast<size_t>(n);
+    }
+  }
+
+  bool start_bwrap() {
+    std::vector<char*> argv;
+    for (auto& s : opt_.bwrap_argv) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    bwrap_ = ::fork();
+    if (bwrap_ < 0) {
+      std::fprintf(stderr, "ns-hpc keeper: fork: %s\n", std::strerror(errno));
+      return false;
+    }
+    if (bwrap_ == 0) {
+      sigset_t none;
+      ::sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      for (int sig : kIgnored) ::signal(sig, SIG_DFL);
+      ::execve(argv[0], argv.data(), environ);
+      std::fprintf(stderr, "ns-hpc keeper: cannot execute %s: %s\n", argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    return true;
+  }
+
+  // bwrap has every descriptor it needs; the keeper keeps only the status file (and /dev/null
+  // as stdio, so it holds none of the job's output or pipes open).
+  void drop_descriptors() {
+    const int keep = opt_.status_fd;
+    int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+      for (int fd = 0; fd <= 2; ++fd)
+        if (fd != keep && fd != null) ::dup2(null, fd);
+      if (null > 2 && null != keep) ::close(null);
+    }
+    if (keep > 3) ::syscall(SYS_close_range, 3U, static_cast<unsigned>(keep - 1), 0U);
+    ::syscall(SYS_close_range, static_cast<unsigned>(std::max(3, keep + 1)), ~0U, 0U);
+  }
+
+  // Until bwrap and everything that came to us have been reaped.
+  void supervise(const sigset_t& chld) {
+    std::optional<Steady::time_point> deadline, hard_kill, escalate;
+    if (opt_.time_limit.count() > 0) deadline = Steady::now() + opt_.time_limit;
+    for (;;) {
+      if (!reap()) return;  // no child left
+      if (bwrap_status_ && !init_stopped_) {
+        // The main command ended: with --die-with-parent the init is dying already; make sure.
+        init_stopped_ = true;
+        learn_sandbox();
+        kill_init();
+      }
+      std::optional<Steady::time_point> next;
+      if (!bwrap_status_) {
+        const auto now = Steady::now();
+        if (deadline && now >= *deadline) {
+          deadline.reset();
+          reach_deadline();
+          hard_kill = now + opt_.grace;
+        }
+        if (hard_kill && now >= *hard_kill) {
+          hard_kill.reset();
+          if (!kill_init()) ::kill(bwrap_, SIGKILL);  // not set up yet: bwrap itself
+          escalate = now + kEscalation;
+        }
+        if (escalate && now >= *escalate) {
+          escalate.reset();
+          ::kill(bwrap_, SIGKILL);  // our child, not reaped yet: the pid is still bwrap's
+        }
+        for (const auto& t : {deadline, hard_kill, escalate})
+          if (t && (!next || *t < *next)) next = t;
+      }
+      timespec wait{};
+      if (next) {
+        const auto left = std::max(Steady::duration::zero(), *next - Steady::now());
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+        wait.tv_sec = static_cast<time_t>(ns / 1000000000);
+        wait.tv_nsec = static_cast<long>(ns % 1000000000);
+      }
+      ::sigtimedwait(&chld, nullptr, next ? &wait : nullptr);  // EAGAIN at the timeout, EINTR: fine
+    }
+  }
+
+  // Reaps every child that has exited; false when none is left at all.
+  bool reap() {
+    for (;;) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid > 0) {
+        if (pid == bwrap_) bwrap_status_ = status;
+        continue;
+      }
+      if (pid == 0) return true;
+      if (errno == EINTR) continue;
+      return false;  // ECHILD
+    }
+  }
+
+  // The sandbox init and its pid namespace, from bwrap's first status document.
+  void learn_sandbox() {
+    if (init_ || pid_ns_) return;
+    StatusStream status;
+    char buf[4096];
+    off_t offset = 0;
+    ssize_t n;
+    while ((n = ::pread(opt_.status_fd, buf, sizeof buf, offset)) > 0) {
+      status.feed(std::string_view(buf, static_cast<size_t>(n)));
+      offset += n;
+    }
+    if (!status.child_pid() || !status.pid_namespace()) return;
+    pid_ns_ = status.pid_namespace();
+    init_ = open_member(*status.child_pid(), *pid_ns_);
+  }
+
+  bool kill_init() {
+    if (!init_) return false;
+    try {
+      signal_pidfd(init_.get(), SIGKILL);  // its death takes the whole pid namespace
+    } catch (const std::exception&) {
+      return false;
+    }
+    return true;
+  }
+
+  void reach_deadline() {
+    const std::int64_t at = epoch_ms();
+    learn_sandbox();
+    if (!pid_ns_) {
+      // bwrap has not finished its first document (the sandbox is still being set up): say so
+      // once bwrap is gone, since writing now could land inside that document.
+      deadline_untold_ = at;
+      return;
+    }
+    append(fmt::format("{{\"{}\": {}}}\n", kDeadlineKey, at));
+    signal_members(*pid_ns_, SIGTERM);
+  }
+
+  int exit_like_bwrap() {
+    if (!bwrap_status_) return 1;
+    const int status = *bwrap_status_;
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) {
+      const int sig = WTERMSIG(status);
+      ::signal(sig, SIG_DFL);
+      sigset_t only;
+      ::sigemptyset(&only);
+      ::sigaddset(&only, sig);
+      ::sigprocmask(SIG_UNBLOCK, &only, nullptr);
+      ::raise(sig);
+      return 128 + sig;
+    }
+    return 1;
+  }
+
+  KeeperOptions opt_;
+  pid_t bwrap_ = -1;
+  std::optional<int> bwrap_status_;
+  UniqueFd init_;                           // pidfd of the sandbox init, once known
+  std::optional<std::uint64_t> pid_ns_;
+  bool init_stopped_ = false;
+  std::optional<std::int64_t> deadline_untold_;
+};
+
+}  // namespace
+
+std::vector<std::string> keeper_argv(const std::string& self, const KeeperOptions& options) {
+  std::vector<std::string> argv{self,
+                                std::string(kKeeperCommand),
+                                "--status-fd",
+                                std::to_string(options.status_fd),
+                                "--time-limit-ms",
+                                std::to_string(options.time_limit.count()),
+                                "--grace-ms",
+                                std::to_string(options.grace.count()),
+                                "--"};
+  argv.insert(argv.end(), options.bwrap_argv.begin(), options.bwrap_argv.end());
+  return argv;
+}
+
+KeeperOptions parse_keeper_argv(const std::vector<std::string>& argv) {
+  if (argv.size() < 2 || argv[1] != kKeeperCommand)
+    throw UsageError(fmt::format("not a keeper command line (argv[1] must be {})", kKeeperCommand));
+  KeeperOptions options;
+  std::size_t i = 2;
+  for (; i < argv.size() && argv[i] != "--"; i += 2) {
+    const std::string& option = argv[i];
+    if (i + 1 >= argv.size()) throw UsageError(fmt::format("{} needs a value", option));
+    const std::int64_t value = parse_count(argv[i + 1], option);
+    if (option == "--status-fd")
+      options.status_fd = static_cast<int>(value);
+    else if (option == "--time-limit-ms")
+      options.time_limit = std::chrono::milliseconds(value);
+    else if (option == "--grace-ms")
+      options.grace = std::chrono::milliseconds(value);
+    else
+      throw UsageError(fmt::format("unknown option {}", option));
+  }
+  if (i >= argv.size() || i + 1 >= argv.size()) throw UsageError("no bwrap command after --");
+  if (options.status_fd < 0) throw UsageError("--status-fd is required");
+  options.bwrap_argv.assign(argv.begin() + static_cast<std::ptrdiff_t>(i) + 1, argv.end());
+  return options;
+}
+
+int keeper_main(int argc, char** argv) {
+  KeeperOptions options;
+  try {
+    options = parse_keeper_argv(std::vector<std::string>(argv, argv + argc));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ns-hpc %s: %s\n", argc > 1 ? argv[1] : "keeper", e.what());
+    return 1;
+  }
+  return Keeper(std::move(options)).run();
+}
+
+}  // namespace nshpc::sandbox

@@ -1,0 +1,45 @@
+// The job keeper: the small process a sandbox that outlives its caller runs under (a local job
+// survives a server restart). It is the ns-hpc binary itself, run as
+//   ns-hpc __keeper --status-fd 3 --time-limit-ms N --grace-ms G -- <bwrap argv...>
+// and executed exactly where bwrap would be (same descriptors, cgroups, rlimits and uid). It
+//   - starts bwrap WITH --die-with-parent, so the sandbox ends with its main command (nothing a
+//     job leaves in the background outlives it) or with the keeper;
+//   - is a subreaper and reaps bwrap and the sandbox init it inherits: no zombie anywhere;
+//   - enforces the wall-time limit without any server: at the limit it appends
+//     {"ns-hpc-deadline": <epoch ms>} to the status file, sends SIGTERM to every process of the
+//     sandbox, and after the grace SIGKILL;
+//   - appends {"ns-hpc-ended": <epoch ms>} once nothing of the sandbox is left, and exits with
+//     bwrap's status (re-raising the signal that killed bwrap).
+// It has no parent-death signal (it must survive the server) and lives outside the sandbox's pid
+// namespace, so nothing inside can see or signal it. Terminal signals do not reach it (own
+// session); SIGTERM, SIGINT, SIGHUP and SIGQUIT are ignored: only SIGKILL ends it, and then
+// --die-with-parent takes the sandbox with it.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace nshpc::sandbox {
+
+// argv[1] that makes ns-hpc a keeper (dispatched in main() before anything else is set up).
+inline constexpr std::string_view kKeeperCommand = "__keeper";
+
+struct KeeperOptions {
+  int status_fd = -1;                       // bwrap's --json-status-fd: a file, appended to
+  std::chrono::milliseconds time_limit{0};  // wall-time limit; 0 = none
+  std::chrono::milliseconds grace{0};       // from SIGTERM to SIGKILL at the limit
+  std::vector<std::string> bwrap_argv;      // [0] is the program, executed as is
+};
+
+// The keeper's argv for `self` (argv[0], the ns-hpc binary) and `options`.
+std::vector<std::string> keeper_argv(const std::string& self, const KeeperOptions& options);
+
+// Reads what keeper_argv() wrote (argv[0] included). Throws UsageError.
+KeeperOptions parse_keeper_argv(const std::vector<std::string>& argv);
+
+// `ns-hpc __keeper ...`: runs bwrap as described above; returns (or raises) bwrap's status.
+int keeper_main(int argc, char** argv);
+
+}  // namespace nshpc::sandbox

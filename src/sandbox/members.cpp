@@ -1,0 +1,86 @@
+#include "sandbox/members.hpp"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+#include "sandbox/spawn.hpp"
+
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+namespace nshpc::sandbox {
+
+namespace {
+
+bool in_namespace(pid_t pid, std::uint64_t pid_ns) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/ns/pid", static_cast<int>(pid));
+  struct stat st;
+  return ::stat(path, &st) == 0 && st.st_ino == pid_ns;
+}
+
+}  // namespace
+
+UniqueFd open_member(pid_t pid, std::uint64_t pid_ns) {
+  if (pid <= 0 || !in_namespace(pid, pid_ns)) return {};
+  UniqueFd fd = open_pidfd(pid);
+  // Checked again with the pidfd held: the pid cannot be reused for another process now.
+  if (!fd || !in_namespace(pid, pid_ns)) return {};
+  return fd;
+}
+
+std::size_t signal_members(std::uint64_t pid_ns, int sig) {
+  std::size_t count = 0;
+  std::unique_ptr<DIR, int (*)(DIR*)> proc(::opendir("/proc"), ::closedir);
+  if (!proc) return 0;
+  while (dirent* e = ::readdir(proc.get())) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    UniqueFd fd = open_member(static_cast<pid_t>(std::atoi(e->d_name)), pid_ns);
+    if (!fd) continue;
+    try {
+      signal_pidfd(fd.get(), sig);
+      ++count;
+    } catch (const std::exception&) {
+      // Not ours to signal (EPERM): nothing else to do for it.
+    }
+  }
+  return count;
+}
+
+pid_t parent_of(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path, "re"), std::fclose);
+  if (!f) return 0;
+  char buf[1024];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f.get());
+  buf[n] = '\0';
+  // "pid (comm) state ppid ...": comm may contain anything, so look after the last ')'.
+  char* paren = nullptr;
+  for (char* p = buf; *p; ++p)
+    if (*p == ')') paren = p;
+  if (!paren) return 0;
+  char state = 0;
+  int ppid = 0;
+  if (std::sscanf(paren + 1, " %c %d", &state, &ppid) != 2) return 0;
+  return static_cast<pid_t>(ppid);
+}
+
+bool reap_if_child(int pidfd) {
+  if (pidfd < 0) return false;
+  siginfo_t info{};
+  while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &info, WEXITED) < 0) {
+    if (errno != EINTR) return false;  // ECHILD: not our child, or reaped already
+  }
+  return true;
+}
+
+}  // namespace nshpc::sandbox

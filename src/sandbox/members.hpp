@@ -1,0 +1,31 @@
+// The processes of one sandbox, named by its pid namespace: bwrap's init (pid 1 inside, the
+// "child-pid" of the status stream) and everything it runs. Processes cannot leave a pid
+// namespace, so the namespace is the one set that holds exactly the sandbox (neither bwrap's
+// monitor nor the job keeper, which live outside it).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/fd.hpp"
+
+namespace nshpc::sandbox {
+
+// A pidfd of the process `pid` if it is (still) in the pid namespace with inode `pid_ns` (a
+// reused pid has another namespace); invalid otherwise.
+UniqueFd open_member(pid_t pid, std::uint64_t pid_ns);
+
+// Sends `sig` to every process of the pid namespace `pid_ns`, each through a pidfd checked as
+// open_member does; returns how many were signalled.
+std::size_t signal_members(std::uint64_t pid_ns, int sig);
+
+// The parent of `pid` (field 4 of /proc/<pid>/stat); 0 when it is gone.
+pid_t parent_of(pid_t pid);
+
+// Reaps the process of `pidfd` if it is our child, blocking until it has exited; returns false
+// when it is not our child (or already reaped). Send it SIGKILL first when it must not linger.
+bool reap_if_child(int pidfd);
+
+}  // namespace nshpc::sandbox
