@@ -1,6 +1,7 @@
 // Host-side audit log: JSON Lines, one event per line, never mounted in any sandbox.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -9,14 +10,27 @@
 
 namespace nshpc::audit {
 
-// Appends one event to `log_file`: {"event", "timestamp", "actor", ...fields}.
-// The line is written with O_APPEND in a single write(2), so concurrent writers (several CLI
-// processes and a server) never interleave. Oversized string fields are cut so a line stays
-// below 64 KiB. Throws SysError when the log cannot be written.
-void append(const std::filesystem::path& log_file, std::string_view event, std::string_view actor,
-            nlohmann::json fields = nlohmann::json::object());
+// When a log is rotated: at `max_bytes` it becomes <log>.1 (<log>.1 becomes <log>.2, …, up to
+// <log>.<keep>; the oldest goes). 0 = never rotated.
+struct Rotation {
+  std::uint64_t max_bytes = 64ull * 1024 * 1024;
+  int keep = 3;
+};
 
-// Builds the line that append() writes (exposed for tests).
+// Every line is at most this long (a long argv or output is cut, never the line).
+inline constexpr std::size_t kMaxLineBytes = 64 * 1024;
+
+// Appends one event to `log_file`: {"event", "timestamp", "actor", ...fields}.
+// The line is written with O_APPEND in a single write(2) under an flock of the log, so concurrent
+// writers (several CLI processes and a server) never
+// interleave, and across a rotation no line is lost or written twice. Throws SysError when the
+// log cannot be written.
+void append(const std::filesystem::path& log_file, std::string_view event, std::string_view actor,
+            nlohmann::json fields = nlohmann::json::object(), const Rotation& rotation = {});
+
+// Builds the line that append() writes (exposed for tests): at most kMaxLineBytes. A string
+// longer than 8 KiB, and a field whose JSON does not fit, is replaced by its beginning and a
+// marker "…[cut: N bytes, sha256 HEX]" (the hash of the whole value as JSON/text).
 std::string format_line(std::string_view event, std::string_view actor, nlohmann::json fields);
 
 }  // namespace nshpc::audit

@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <set>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -100,34 +102,104 @@ FileLock::FileLock(const stdfs::path& lock_file) {
 
 namespace {
 
-// Empties the directory open at `dirfd` (which the caller then removes).
-void remove_contents(int dirfd, const stdfs::path& shown) {
-  int dup = ::fcntl(dirfd, F_DUPFD_CLOEXEC, 3);
-  if (dup < 0) throw SysError(errno, "dup", shown.string());
-  DIR* dir = ::fdopendir(dup);
-  if (!dir) {
-    int err = errno;
-    ::close(dup);
-    throw SysError(err, "opendir", shown.string());
+// Descriptors a tree walk holds at most, however deep the tree (a sandbox can make a chain of
+// thousands of folders; one descriptor per level would run out at the fd limit).
+constexpr std::size_t kMaxOpenLevels = 16;
+
+struct Level {
+  std::string name;  // in its parent (empty for the root)
+  dev_t dev = 0;
+  ino_t ino = 0;
+  UniqueFd fd;                        // closed for levels far above the current one
+  std::vector<std::string> subdirs;   // still to visit
+};
+
+UniqueFd open_subdir(int parent, const std::string& name, bool make_accessible, const stdfs::path& shown) {
+  int fd = ::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0 && errno == EACCES && make_accessible) {
+    // A folder the sandbox made unreadable (chmod 000): we own it, so open it up first.
+    ::fchmodat(parent, name.c_str(), 0700, 0);
+    fd = ::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   }
-  std::unique_ptr<DIR, int (*)(DIR*)> guard(dir, ::closedir);
-  while (struct dirent* entry = ::readdir(dir)) {
-    std::string_view name = entry->d_name;
-    if (name == "." || name == "..") continue;
-    if (::unlinkat(dirfd, entry->d_name, 0) == 0 || errno == ENOENT) continue;
-    if (errno != EISDIR && errno != EPERM) throw SysError(errno, "unlink", (shown / name).string());
-    int child = ::openat(dirfd, entry->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (child < 0 && errno == EACCES) {
-      // A folder the sandbox made unreadable (chmod 000): we own it, so open it up first.
-      ::fchmodat(dirfd, entry->d_name, 0700, 0);
-      child = ::openat(dirfd, entry->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) throw SysError(errno, "open", shown.string());
+  return UniqueFd(fd);
+}
+
+// Depth-first walk of the tree at `root` without following any link, holding at most
+// kMaxOpenLevels descriptors: a level whose descriptor was closed is re-opened from its child
+// through ".." and checked to be the same folder (device and inode) before it is used.
+//   on_entry(dirfd, name, st): every entry that is not a folder, with its lstat
+//   on_leave(parent_fd, name): after a folder's contents were visited (not for the root)
+// `make_accessible`: chmod folders 0700 first (for removal of a tree this process owns).
+void walk_tree(int root_fd, const stdfs::path& root,
+               const std::function<void(int, const char*, const struct stat&)>& on_entry,
+               const std::function<void(int, const std::string&)>& on_leave, bool make_accessible) {
+  std::vector<Level> stack;
+  stdfs::path shown = root;
+  auto enter = [&](UniqueFd fd, std::string name) {
+    struct stat st;
+    if (::fstat(fd.get(), &st) < 0) throw SysError(errno, "stat", shown.string());
+    if (make_accessible) ::fchmod(fd.get(), 0700);  // lets us unlink entries of a read-only folder
+    Level level{std::move(name), st.st_dev, st.st_ino, std::move(fd), {}};
+    int dup = ::fcntl(level.fd.get(), F_DUPFD_CLOEXEC, 3);
+    if (dup < 0) throw SysError(errno, "dup", shown.string());
+    DIR* dir = ::fdopendir(dup);
+    if (!dir) {
+      int err = errno;
+      ::close(dup);
+      throw SysError(err, "opendir", shown.string());
     }
-    if (child < 0) throw SysError(errno, "open", (shown / name).string());
-    UniqueFd child_fd(child);
-    ::fchmod(child, 0700);  // best effort: lets us unlink entries of a read-only folder
-    remove_contents(child, shown / name);
-    if (::unlinkat(dirfd, entry->d_name, AT_REMOVEDIR) < 0 && errno != ENOENT)
-      throw SysError(errno, "rmdir", (shown / name).string());
+    std::unique_ptr<DIR, int (*)(DIR*)> guard(dir, ::closedir);
+    while (struct dirent* entry = ::readdir(dir)) {
+      std::string_view entry_name = entry->d_name;
+      if (entry_name == "." || entry_name == "..") continue;
+      struct stat est;
+      if (::fstatat(level.fd.get(), entry->d_name, &est, AT_SYMLINK_NOFOLLOW) < 0) {
+        if (errno == ENOENT) continue;
+        throw SysError(errno, "stat", (shown / entry_name).string());
+      }
+      if (S_ISDIR(est.st_mode))
+        level.subdirs.emplace_back(entry_name);
+      else
+        on_entry(level.fd.get(), entry->d_name, est);
+    }
+    stack.push_back(std::move(level));
+    if (stack.size() > kMaxOpenLevels) stack[stack.size() - kMaxOpenLevels - 1].fd.reset();
+  };
+  UniqueFd first(::fcntl(root_fd, F_DUPFD_CLOEXEC, 3));
+  if (!first) throw SysError(errno, "dup", root.string());
+  enter(std::move(first), "");
+  while (!stack.empty()) {
+    Level& top = stack.back();
+    if (!top.subdirs.empty()) {
+      std::string name = std::move(top.subdirs.back());
+      top.subdirs.pop_back();
+      UniqueFd child;
+      try {
+        child = open_subdir(top.fd.get(), name, make_accessible, shown / name);
+      } catch (const SysError& e) {
+        if (e.code() == ENOENT) continue;  // gone meanwhile
+        throw;
+      }
+      shown /= name;
+      enter(std::move(child), std::move(name));
+      continue;
+    }
+    if (stack.size() == 1) return;
+    Level done = std::move(stack.back());
+    stack.pop_back();
+    shown = shown.parent_path();
+    Level& parent = stack.back();
+    if (!parent.fd) {
+      UniqueFd up(::openat(done.fd.get(), "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      struct stat st;
+      if (!up || ::fstat(up.get(), &st) < 0) throw SysError(errno, "open", (shown / "..").string());
+      if (st.st_dev != parent.dev || st.st_ino != parent.ino)
+        throw SysError(ESTALE, "walk", fmt::format("{} (the folder was moved while it was walked)", shown.string()));
+      parent.fd = std::move(up);
+    }
+    done.fd.reset();
+    on_leave(parent.fd.get(), done.name);
   }
 }
 
@@ -145,10 +217,41 @@ void remove_tree(const stdfs::path& path) {
   }
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) throw SysError(errno, "open", path.string());
-  ::fchmod(fd.get(), 0700);
-  remove_contents(fd.get(), path);
+  walk_tree(
+      fd.get(), path,
+      [&](int dirfd, const char* name, const struct stat&) {
+        if (::unlinkat(dirfd, name, 0) < 0 && errno != ENOENT) throw SysError(errno, "unlink", (path / name).string());
+      },
+      [&](int parent, const std::string& name) {
+        if (::unlinkat(parent, name.c_str(), AT_REMOVEDIR) < 0 && errno != ENOENT)
+          throw SysError(errno, "rmdir", (path / name).string());
+      },
+      /*make_accessible=*/true);
   fd.reset();
   if (::rmdir(path.c_str()) < 0 && errno != ENOENT) throw SysError(errno, "rmdir", path.string());
+}
+
+TreeUsage tree_usage(const stdfs::path& path) {
+  TreeUsage usage;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) {
+    if (errno == ENOENT) return usage;
+    throw SysError(errno, "open", path.string());
+  }
+  std::set<std::pair<dev_t, ino_t>> linked;  // files with several links count once
+  walk_tree(
+      fd.get(), path,
+      [&](int, const char*, const struct stat& st) {
+        ++usage.files;
+        if (st.st_nlink > 1 && !linked.emplace(st.st_dev, st.st_ino).second) return;
+        usage.bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;
+      },
+      [&](int, const std::string&) {
+        ++usage.folders;
+        usage.bytes += 4096;
+      },
+      /*make_accessible=*/false);
+  return usage;
 }
 
 void make_dirs(const stdfs::path& path, mode_t mode) {

@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -41,7 +42,17 @@ class FileLock {
 
 // Removes a tree without ever following a symbolic link (openat/unlinkat with O_NOFOLLOW), so a
 // link planted inside (by a sandbox) cannot redirect the removal. Missing path = no-op.
+// However deep the tree, it holds a bounded number of descriptors.
 void remove_tree(const stdfs::path& path);
+
+// Disk use of a tree (allocated blocks, a file with several links once), counted without
+// following links and with a bounded number of descriptors.
+struct TreeUsage {
+  std::uint64_t bytes = 0;
+  std::uint64_t files = 0;
+  std::uint64_t folders = 0;
+};
+TreeUsage tree_usage(const stdfs::path& path);
 
 // mkdir -p with a mode for the created folders.
 void make_dirs(const stdfs::path& path, mode_t mode = 0755);

@@ -24,6 +24,7 @@
 
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/safe_path.hpp"
 #include "cli/app.hpp"
 #include "cli/output.hpp"
 #include "sandbox/cgroups.hpp"
@@ -227,8 +228,14 @@ Check check_smoke(Context& ctx, const config::Config& cfg) {
     ssize_t n;
     while ((n = ::read(err.read.get(), buf, sizeof buf)) > 0) messages.append(buf, static_cast<size_t>(n));
     sandbox::ExitStatus st = process->wait();
-    const bool wrote = fs::read_file(tmp / "workspace" / "smoke").value_or("") == "ok\n" &&
-                       fs::read_file(tmp / "output" / "smoke").value_or("") == "ok\n";
+    // Written by the sandbox: read beneath the folder, never through a link or from a FIFO.
+    auto sandbox_wrote = [](const stdfs::path& dir) {
+      UniqueFd folder = fs::open_dir_path(dir);
+      UniqueFd file = fs::open_untrusted_file(folder.get(), "smoke", {.single_link = true});
+      char buf[8] = {};
+      return file && ::read(file.get(), buf, sizeof buf) == 3 && std::string_view(buf, 3) == "ok\n";
+    };
+    const bool wrote = sandbox_wrote(tmp / "workspace") && sandbox_wrote(tmp / "output");
     c.ok = st.started && st.exit_code == 7 && wrote;
     if (c.ok) {
       c.detail = "ran a command with no capabilities; workspace and output writable";

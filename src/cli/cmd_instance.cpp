@@ -60,7 +60,7 @@ void add_create(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceAr
                   "Instance id: 1-63 of A-Z a-z 0-9 _ . -, starting with a letter or digit "
                   "(omitted: a readable one is generated)");
   cmd->add_option("-d,--description", a->description, "What the instance is for");
-  cmd->add_option("--network", a->network, "Network of its sandboxes: host (default) or off");
+  cmd->add_option("--network", a->network, "Network of its sandboxes: host (default; shares the host's loopback services and abstract Unix sockets) or off");
   cmd->add_flag("--json", a->json, "Print the new instance as JSON");
   cmd->callback([&ctx, a] {
     store::CreateOptions options;
@@ -127,10 +127,17 @@ void add_describe(CLI::App& parent, Context& ctx, const std::shared_ptr<Instance
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([&ctx, a] {
     store::Instance inst = ctx.store().get(a->id);
-    if (a->json)
-      print_json(instance_json(inst));
-    else
+    const store::Store::DiskUse use = ctx.store().disk_use(inst);
+    if (a->json) {
+      nlohmann::json out = instance_json(inst);
+      out["disk_usage"] = {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes}, {"files", use.files}};
+      print_json(out);
+    } else {
       describe_text(inst);
+      std::printf("Disk use:      %.1f MiB in the workspace, %.1f MiB in output, %llu files\n",
+                  use.workspace_bytes / 1048576.0, use.output_bytes / 1048576.0,
+                  static_cast<unsigned long long>(use.files));
+    }
   });
 }
 

@@ -82,14 +82,29 @@ int serve(Context& ctx, Transport&& transport) {
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   jobs::Engine& engine = ctx.jobs();
   engine.recover();  // jobs left running by an earlier server are watched again
+  if (const std::size_t finished = ctx.store().finish_deletions())
+    log::info("finished {} delete(s) an earlier run left unfinished", finished);
   const tools::Services services{cfg, ctx.store(), ctx.backend(), &engine};
   mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
   tools::register_all(server, services);
   return transport(server);
 }
 
+// An HTTP server holds a descriptor per connection: the soft open-file limit goes up to the hard
+// one (what the system allows without privileges), so that the connection caps, not the
+// default 1024, decide how many clients fit.
+void raise_open_file_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  const rlim_t before = rl.rlim_cur;
+  rl.rlim_cur = rl.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &rl) != 0)
+    log::warn("cannot raise the open-file limit from {} to {}: {}", before, rl.rlim_max, std::strerror(errno));
+}
+
 void run_http(Context& ctx, const RunArgs& a) {
   const config::Config& cfg = ctx.config();
+  raise_open_file_limit();
   transport::HttpOptions options;
   options.protocol = a.transport == "sse" ? transport::HttpOptions::Protocol::legacy_sse
                                           : transport::HttpOptions::Protocol::streamable;

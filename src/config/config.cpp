@@ -252,6 +252,7 @@ nlohmann::json namespace_json(const Namespace& ns) {
       {"path", ns.path},
       {"env", ns.env},
       {"pass_env", ns.pass_env},
+      {"tmp_size", ns.tmp_size},
   };
 }
 
@@ -309,6 +310,8 @@ nlohmann::json to_json(const Config& config) {
   return {
       {"namespace", namespace_json(config.ns)},
       {"jobs", jobs_json(config.jobs)},
+      {"terminal", {{"limits", config.terminal.limits}}},
+      {"audit", {{"max_size", config.audit.max_size}, {"keep", config.audit.keep}}},
       {"resource",
        {{"context_dirs", paths_json(config.resource.context_dirs)},
         {"resource_patterns", config.resource.resource_patterns}}},
@@ -329,8 +332,16 @@ nlohmann::json to_json(const Config& config) {
         {"session_idle_timeout", config.server.session_idle_timeout},
         {"max_sessions", config.server.max_sessions},
         {"read_timeout", config.server.read_timeout},
+        {"header_timeout", config.server.header_timeout},
         {"shutdown_grace", config.server.shutdown_grace},
-        {"sse_buffer_bytes", config.server.sse_buffer_bytes}}},
+        {"sse_buffer_bytes", config.server.sse_buffer_bytes},
+        {"max_connections", config.server.max_connections},
+        {"max_connections_per_peer", config.server.max_connections_per_peer},
+        {"max_sessions_per_peer", config.server.max_sessions_per_peer},
+        {"max_requests_per_session", config.server.max_requests_per_session},
+        {"max_requests_per_peer", config.server.max_requests_per_peer},
+        {"max_session_buffer_bytes", config.server.max_session_buffer_bytes},
+        {"max_buffer_bytes", config.server.max_buffer_bytes}}},
       {"dav", dav_json(config.dav)},
       {"proxied_mcps", proxied_mcps_json(config.proxied_mcps)},
       {"host_commands", host_commands_json(config.host_commands)},

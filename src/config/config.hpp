@@ -31,7 +31,13 @@ std::optional<Network> parse_network(std::string_view);
 struct Limit {
   std::int64_t default_value = 0;
   std::int64_t max = 0;
+  std::int64_t min = 0;  // the least a job may ask for (set by the table: see local_limit_minimum)
 };
+
+// The least value of a [jobs.local.limit] / [terminal.limits] limit that ns-hpc enforces (cpus,
+// memory, pids, time, output): a local limit can never be switched off by asking for 0. nullopt
+// for other names. Slurm resources have no such minimum (gpus = 0 means something there).
+std::optional<std::int64_t> local_limit_minimum(std::string_view name);
 
 struct Namespace {
   std::filesystem::path instances_dir;     // absolute, ~ and $VAR expanded
@@ -50,6 +56,20 @@ struct Namespace {
   std::string path = "/usr/local/bin:/usr/bin:/bin";  // PATH inside the sandbox
   std::map<std::string, std::string> env;             // extra variables set in the sandbox
   std::vector<std::string> pass_env;                  // host variables passed through by name
+  std::int64_t tmp_size = 1024;  // MiB of the sandbox's private /tmp and of its /dev/shm, each
+};
+
+// terminal_execute: the limits every synchronous command runs under (as [jobs.local.limit]'s
+// defaults; a call cannot ask for other values). cpus, memory (MiB), pids, output (MiB).
+struct Terminal {
+  std::map<std::string, std::int64_t> limits;
+};
+
+// The host-side audit logs (per instance and the store's): each rotated at max_size MiB into
+// <log>.1 … <log>.<keep>, the oldest dropped.
+struct Audit {
+  std::int64_t max_size = 64;
+  std::int64_t keep = 3;
 };
 
 struct JobsLocal {
@@ -106,9 +126,19 @@ struct Server {
   std::vector<std::string> allowed_origins;  // extra Origins
   std::int64_t session_idle_timeout = 300;   // seconds
   std::int64_t max_sessions = 256;
-  std::int64_t read_timeout = 30;            // seconds, per request and per stalled write
+  std::int64_t read_timeout = 30;            // seconds, per request body and per stalled write
+  std::int64_t header_timeout = 10;          // seconds to send a request's header block
   std::int64_t shutdown_grace = 5;           // seconds for requests in flight at SIGTERM
   std::int64_t sse_buffer_bytes = 8 * 1024 * 1024;
+  // Caps, so that no client, sandbox or local user can starve the others. A peer is the remote
+  // address, or the uid of a loopback or Unix-socket client.
+  std::int64_t max_connections = 1024;
+  std::int64_t max_connections_per_peer = 256;
+  std::int64_t max_sessions_per_peer = 32;
+  std::int64_t max_requests_per_session = 16;  // running or queued
+  std::int64_t max_requests_per_peer = 128;
+  std::int64_t max_session_buffer_bytes = 32 * 1024 * 1024;  // held for clients: unsent + for resume
+  std::int64_t max_buffer_bytes = 256 * 1024 * 1024;         // the same, in the whole server
 };
 
 struct DavExtra {
@@ -139,6 +169,8 @@ struct HostCommand {
 struct Config {
   Namespace ns;
   Jobs jobs;
+  Terminal terminal;
+  Audit audit;
   Resource resource;
   Mcp mcp;
   Server server;

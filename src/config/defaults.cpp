@@ -49,9 +49,25 @@ default_network = "host"
 path = "/usr/local/bin:/usr/bin:/bin"
 # Host variables passed into the sandbox by name.
 pass_env = []
+# MiB of the sandbox's private /tmp and of its /dev/shm (each a tmpfs of at most this size).
+tmp_size = 1024
 
 # Extra variables set in the sandbox (NAME = "value"; not PATH or HOME).
 [namespace.env]
+
+[terminal]
+# Limits of every terminal_execute command (cgroups where this host offers them, as for jobs):
+# cpus: cores; memory: MiB; pids: processes and threads; output: MiB, the largest file it may write.
+[terminal.limits]
+cpus = 2
+memory = 4096
+pids = 1024
+output = 1024
+
+[audit]
+# Each audit log (per instance, and the store's) is rotated at max_size MiB into <log>.1 … <log>.<keep>.
+max_size = 64
+keep = 3
 
 [jobs]
 # Hard cap, in seconds, of any job timeout or wait (1..604800).
@@ -135,12 +151,32 @@ allowed_origins = []
 # An HTTP session nobody used for this many seconds is closed and everything it held released.
 session_idle_timeout = 300
 max_sessions = 256
-# Seconds a client may take to send one request, or to take a stalled response.
+# Seconds a client may take to send a request's body, or to take a stalled response.
 read_timeout = 30
+# Seconds a client may take to send a request's header block (also: a kept-alive connection
+# that sends no new request for this long is closed).
+header_timeout = 10
 # Seconds that requests in flight get to finish after SIGTERM/SIGINT.
 shutdown_grace = 5
 # Unsent bytes one SSE stream may hold for a slow reader before notifications are dropped.
 sse_buffer_bytes = 8388608
+# A peer below is the client's address, or, for a loopback or Unix-socket client, its uid.
+# Open connections at once (kept below the open-file limit, which ns-hpc raises to the maximum).
+# At a cap, the connection that waited longest for its request header is closed to make room.
+max_connections = 1024
+# Open connections of one peer.
+max_connections_per_peer = 256
+# Sessions of one peer (of max_sessions).
+max_sessions_per_peer = 32
+# Requests one session may have running or queued; more are refused with an error naming this.
+max_requests_per_session = 16
+# Requests one peer may have running or queued in all its sessions.
+max_requests_per_peer = 128
+# Bytes held for one session's client: unsent, or kept for a resume (Last-Event-ID). Beyond it
+# the resume copies go first, then new requests are refused until the client reads.
+max_session_buffer_bytes = 33554432
+# The same for all clients of the server together.
+max_buffer_bytes = 268435456
 
 [dav]
 # Serve WebDAV at /dav (HTTP transports only).
@@ -184,6 +220,15 @@ std::string_view to_string(Network network) {
       return "off";
   }
   return "host";
+}
+
+std::optional<std::int64_t> local_limit_minimum(std::string_view name) {
+  // memory: a sandbox with its shell needs a few MiB; pids: bwrap, its init and a shell.
+  static constexpr std::pair<std::string_view, std::int64_t> kMinimums[] = {
+      {"cpus", 1}, {"memory", 16}, {"pids", 8}, {"time", 1}, {"output", 1}};
+  for (const auto& [limit, min] : kMinimums)
+    if (limit == name) return min;
+  return std::nullopt;
 }
 
 std::optional<Network> parse_network(std::string_view name) {

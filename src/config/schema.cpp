@@ -464,6 +464,11 @@ class Section {
       : table_(table), key_(std::move(key)), ctx_(ctx) {}
 
   Context& ctx() const { return ctx_; }
+  // The last component of this table's key ("memory" for jobs.local.limit.memory).
+  std::string_view name() const {
+    const auto dot = key_.rfind('.');
+    return dot == std::string::npos ? std::string_view(key_) : std::string_view(key_).substr(dot + 1);
+  }
 
   // The value of `name` (nullopt when absent); the key counts as known from now on.
   std::optional<Field> take(std::string_view name) {
@@ -592,6 +597,10 @@ constexpr IntRule kPortRule{0, 65535, "a TCP port, 0 = any free port"};
 constexpr IntRule kIdleSecondsRule{1, 31536000, "seconds, at least 1"};
 constexpr IntRule kSessionsRule{1, 100000, "sessions"};
 constexpr IntRule kSseBufferRule{65536, 1073741824, "bytes (64 KiB to 1 GiB)"};
+constexpr IntRule kHeaderSecondsRule{1, 3600, "seconds (1 to 3600)"};
+constexpr IntRule kConnectionsRule{1, 1000000, "connections"};
+constexpr IntRule kRequestsRule{1, 100000, "requests"};
+constexpr IntRule kHeldBytesRule{1048576, 68719476736, "bytes (1 MiB to 64 GiB)"};
 
 std::optional<std::string> read_http_path(const Field& field, Context& ctx) {
   auto text = read_string(field, {"an URL path starting with /"}, ctx);
@@ -602,6 +611,26 @@ std::optional<std::string> read_http_path(const Field& field, Context& ctx) {
   }
   return text;
 }
+constexpr IntRule kTmpSizeRule{1, 1048576, "MiB"};
+constexpr IntRule kAuditSizeRule{1, 1048576, "MiB"};
+constexpr IntRule kAuditKeepRule{1, 100, "rotated files"};
+
+// [terminal.limits]: the limits ns-hpc knows, each at least its minimum (never switched off).
+Terminal read_terminal(Section& section) {
+  Terminal terminal;
+  section.table("limits", [&](Section& limits) {
+    static constexpr std::pair<std::string_view, std::int64_t> kMax[] = {
+        {"cpus", 1024}, {"memory", 16777216}, {"pids", 4194304}, {"output", 1048576}};
+    for (const auto& [name, max] : kMax) {
+      const IntRule rule{*local_limit_minimum(name), max, name == "cpus" ? "cores" : name == "pids" ? "processes" : "MiB"};
+      std::int64_t value = -1;
+      limits.read(name, value, read_int, rule);
+      if (value >= 0) terminal.limits[std::string(name)] = value;
+    }
+  });
+  return terminal;
+}
+
 constexpr IntRule kLimitValueRule{0, std::numeric_limits<std::int64_t>::max(), "", true};
 constexpr NumberRule kIdleTimeoutRule{0, true, "seconds; 0 = never closed"};
 constexpr NumberRule kHostTimeoutRule{0, false, "seconds"};
@@ -648,6 +677,7 @@ Namespace read_namespace(Section& section) {
   section.read("path", ns.path, read_string, kSandboxPathRule);
   section.read("env", ns.env, read_env, EnvRule{.reserve_path_and_home = true});
   section.read("pass_env", ns.pass_env, read_var_names);
+  section.read("tmp_size", ns.tmp_size, read_int, kTmpSizeRule);
   return ns;
 }
 
@@ -662,6 +692,22 @@ Limit read_limit(Section& entry) {
     entry.ctx().error(
         *entry.find("default"),
         fmt::format("{} is larger than max ({}); use 0 <= default <= max", limit.default_value, limit.max));
+  }
+  return limit;
+}
+
+// A local job limit: as read_limit, and never below the minimum ns-hpc enforces for its name.
+Limit read_local_limit(Section& entry) {
+  Limit limit = read_limit(entry);
+  const std::string_view name = entry.name();
+  if (auto min = local_limit_minimum(name)) {
+    limit.min = *min;
+    for (auto [key, value] : {std::pair<const char*, std::int64_t>{"default", limit.default_value}, {"max", limit.max}}) {
+      if (value >= 0 && value < *min)
+        entry.ctx().error(*entry.find(key), fmt::format("{} is below the minimum of {} for {}; a local limit cannot "
+                                                        "be switched off (give a large max instead)",
+                                                        value, *min, name));
+    }
   }
   return limit;
 }
@@ -688,7 +734,7 @@ Jobs read_jobs(Section& section) {
     local.read("use_cgroups", jobs.local.use_cgroups, read_bool);
     local.read("cgroups_command", jobs.local.cgroups_command, read_strings);
     local.read("proc_check", jobs.local.proc_check, read_bool);
-    local.named("limit", kLimitNames, jobs.local.limit, read_limit);
+    local.named("limit", kLimitNames, jobs.local.limit, read_local_limit);
   });
   section.table("slurm", [&](Section& slurm) {
     slurm.read("sbatch_command", jobs.slurm.sbatch_command, read_argv);
@@ -821,6 +867,11 @@ Config validate(const toml::table& merged, const EnvLookup& env, Diagnostics& di
   Config config;
   root.table("namespace", [&](Section& section) { config.ns = read_namespace(section); });
   root.table("jobs", [&](Section& section) { config.jobs = read_jobs(section); });
+  root.table("terminal", [&](Section& section) { config.terminal = read_terminal(section); });
+  root.table("audit", [&](Section& section) {
+    section.read("max_size", config.audit.max_size, read_int, kAuditSizeRule);
+    section.read("keep", config.audit.keep, read_int, kAuditKeepRule);
+  });
   root.table("resource", [&](Section& section) { config.resource = read_resource(section); });
   root.table("mcp", [&](Section& section) {
     section.read("result_type", config.mcp.result_type, read_result_type);
@@ -840,8 +891,16 @@ Config validate(const toml::table& merged, const EnvLookup& env, Diagnostics& di
     section.read("session_idle_timeout", server.session_idle_timeout, read_int, kIdleSecondsRule);
     section.read("max_sessions", server.max_sessions, read_int, kSessionsRule);
     section.read("read_timeout", server.read_timeout, read_int, kIdleSecondsRule);
+    section.read("header_timeout", server.header_timeout, read_int, kHeaderSecondsRule);
     section.read("shutdown_grace", server.shutdown_grace, read_int, kGraceRule);
     section.read("sse_buffer_bytes", server.sse_buffer_bytes, read_int, kSseBufferRule);
+    section.read("max_connections", server.max_connections, read_int, kConnectionsRule);
+    section.read("max_connections_per_peer", server.max_connections_per_peer, read_int, kConnectionsRule);
+    section.read("max_sessions_per_peer", server.max_sessions_per_peer, read_int, kSessionsRule);
+    section.read("max_requests_per_session", server.max_requests_per_session, read_int, kRequestsRule);
+    section.read("max_requests_per_peer", server.max_requests_per_peer, read_int, kRequestsRule);
+    section.read("max_session_buffer_bytes", server.max_session_buffer_bytes, read_int, kHeldBytesRule);
+    section.read("max_buffer_bytes", server.max_buffer_bytes, read_int, kHeldBytesRule);
   });
   root.table("dav", [&](Section& section) { config.dav = read_dav(section); });
   root.named("proxied_mcps", kMcpNames, config.proxied_mcps, read_proxied_mcp);

@@ -22,11 +22,14 @@
 #include "base/fs.hpp"
 #include "base/log.hpp"
 #include "base/process.hpp"
+#include "base/safe_path.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
 #include "jobs/jobs.hpp"
+#include "sandbox/bwrap_argv.hpp"
 #include "sandbox/cgroups.hpp"
 #include "sandbox/members.hpp"
+#include "sandbox/limits.hpp"
 #include "sandbox/spawn.hpp"
 #include "sandbox/status.hpp"
 
@@ -79,15 +82,14 @@ std::optional<timeutil::Clock::time_point> ended_at(const sandbox::StatusStream&
       std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
 }
 
-std::string tail_of(const std::string& path, const TailOptions& opt) {
-  if (opt.lines == 0 || opt.bytes == 0) return {};
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return {};
+// The last `opt.lines` lines (at most `opt.bytes`) of the file open at `fd`.
+std::string tail_from(int fd, const TailOptions& opt) {
+  if (opt.lines == 0 || opt.bytes == 0 || fd < 0) return {};
   struct stat st;
-  if (::fstat(fd.get(), &st) < 0 || st.st_size == 0) return {};
+  if (::fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return {};
   const off_t window = std::min<off_t>(st.st_size, static_cast<off_t>(std::max<std::size_t>(opt.bytes * 4, 65536)));
   std::string data(static_cast<size_t>(window), '\0');
-  ssize_t n = ::pread(fd.get(), data.data(), data.size(), st.st_size - window);
+  ssize_t n = ::pread(fd, data.data(), data.size(), st.st_size - window);
   if (n <= 0) return {};
   data.resize(static_cast<size_t>(n));
   if (!data.empty() && data.back() == '\n') data.pop_back();  // the last line's terminator
@@ -138,17 +140,62 @@ double seconds_between(const std::string& from, const std::string& to) {
   return std::chrono::duration<double>(*b - *a).count();
 }
 
-void chown_to(const stdfs::path& p, const config::Config& cfg) {
-  if (::geteuid() == 0 && cfg.ns.sandbox_uid != 0) {
-    if (::lchown(p.c_str(), cfg.ns.sandbox_uid, cfg.ns.sandbox_gid) < 0) throw SysError(errno, "chown", p.string());
+// The host uid that files written in a sandbox belong to, and the owner the server gives the
+// files it creates there.
+uid_t sandbox_owner(const config::Config& cfg) {
+  return ::geteuid() == 0 && cfg.ns.sandbox_uid != 0 ? cfg.ns.sandbox_uid : ::geteuid();
+}
+std::optional<std::pair<uid_t, gid_t>> sandbox_ids(const config::Config& cfg) {
+  if (::geteuid() == 0 && cfg.ns.sandbox_uid != 0) return std::make_pair(cfg.ns.sandbox_uid, cfg.ns.sandbox_gid);
+  return std::nullopt;
+}
+
+constexpr std::string_view kOutputDir = ".ns_hpc_output";
+
+// A job's output file, relative to its instance's workspace (every job writes there).
+std::string output_relative(const std::string& job_id, std::string_view ext) {
+  return fmt::format("{}/{}.{}", kOutputDir, job_id, ext);
+}
+
+// Everything under the workspace is written by the sandbox: the file is created beneath the
+// workspace descriptor without following links (a planted .ns_hpc_output symlink is refused).
+UniqueFd create_output(const store::Instance& inst, const config::Config& cfg, const std::string& relative) {
+  const std::string shown = cfg.ns.workspace_mount + "/" + relative;
+  UniqueFd ws = fs::open_dir_path(inst.workspace);
+  try {
+    return fs::create_beneath(ws.get(), relative, 0644, sandbox_ids(cfg), shown);
+  } catch (const SysError& e) {
+    if (e.code() == ELOOP || e.code() == ENOTDIR || e.code() == EXDEV)
+      throw UsageError(fmt::format("cannot create the job's output file {}: {}/{} is not a plain folder (a "
+                                   "symbolic link or a file was put there); remove it and submit again",
+                                   shown, cfg.ns.workspace_mount, kOutputDir));
+    throw;
   }
 }
 
-UniqueFd open_output(const stdfs::path& p, const config::Config& cfg) {
-  UniqueFd fd(::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644));
-  if (!fd) throw SysError(errno, "create", p.string());
-  chown_to(p, cfg);
-  return fd;
+// The tail of a job's output file: from the descriptor the server created (while it has it),
+// else re-opened beneath the workspace as an untrusted file (never a link, a FIFO, a device, a
+// hard link or someone else's file). A file that may not be read says why instead.
+std::string output_tail(const store::Instance& inst, const config::Config& cfg, const std::string& host_path,
+                        int kept_fd, const TailOptions& opt) {
+  if (opt.lines == 0 || opt.bytes == 0) return {};
+  if (kept_fd >= 0) return tail_from(kept_fd, opt);
+  const std::string ws = inst.workspace.string() + "/";
+  if (host_path.rfind(ws, 0) != 0) return {};
+  const std::string relative = host_path.substr(ws.size());
+  std::string problem;
+  UniqueFd fd;
+  try {
+    UniqueFd dir = fs::open_dir_path(inst.workspace);
+    fd = fs::open_untrusted_file(dir.get(), relative, {.owner = sandbox_owner(cfg)}, &problem);
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  if (!fd) {
+    if (problem == "it does not exist") return {};
+    return fmt::format("[ns-hpc: {}/{} was not read: {}]", cfg.ns.workspace_mount, relative, problem);
+  }
+  return tail_from(fd.get(), opt);
 }
 
 }  // namespace
@@ -164,6 +211,7 @@ struct Engine::Running {
   std::optional<Clock::time_point> hard_kill_at;
   bool deadline_hit = false;
   bool never_started = false;  // its submitter died before the sandbox existed
+  UniqueFd stdout_fd, stderr_fd;  // the output files as created (tails are read from these)
   std::mutex mu;
   bool finished = false;
 };
@@ -234,6 +282,10 @@ std::map<std::string, std::int64_t> Engine::resolve_limits(const LimitRequest& r
                                    name, table_name == "[jobs.slurm.limit]" ? "resource" : "limit", known));
     }
     if (value < 0) throw UsageError(fmt::format("limit {} = {} must not be negative", name, value));
+    if (value < it->second.min)
+      throw UsageError(fmt::format("{} = {} is below its minimum of {} ({} {}); a limit cannot be switched off, "
+                                   "ask for up to its maximum of {} instead",
+                                   name, value, it->second.min, table_name, name, it->second.max));
     if (value > it->second.max)
       throw UsageError(fmt::format("{} = {} is over its maximum of {} ({} {})", name, value, it->second.max,
                                    table_name, name));
@@ -249,6 +301,7 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   if (request.argv.empty() || (request.argv.size() == 3 && request.argv[0] == "/bin/sh" &&
                                request.argv[2].find_first_not_of(" \t\r\n") == std::string::npos))
     throw UsageError("the command is empty; give the shell command to run");
+  sandbox::check_command(request.argv);
   if (request.mode == "slurm") return submit_slurm(request, actor);
   if (request.mode != "local")
     throw UsageError(fmt::format("unknown mode '{}'; use \"local\" (this machine) or \"slurm\" (the cluster)", request.mode));
@@ -277,38 +330,27 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   rec.command = request.display.empty() ? text::shell_join(request.argv) : request.display;
   rec.created_at = timeutil::iso_utc();
   rec.limits = limits;
-  const stdfs::path out_dir = inst.workspace / ".ns_hpc_output";
   fs::make_dirs(jobs_dir(inst), 0700);
   fs::make_dirs(inst.base / "status", 0700);
-  if (::mkdir(out_dir.c_str(), 0755) == 0) chown_to(out_dir, config_);
-  rec.stdout_path = (out_dir / (rec.id + ".out")).string();
-  rec.stderr_path = (out_dir / (rec.id + ".err")).string();
+  rec.stdout_path = (inst.workspace / output_relative(rec.id, "out")).string();
+  rec.stderr_path = (inst.workspace / output_relative(rec.id, "err")).string();
   rec.status_path = (inst.base / "status" / (rec.id + ".status")).string();
   Submitting submitting(*this, inst.id + "/" + rec.id);
   rec.owner_pid = ::getpid();
   rec.owner_start = start_time_of(rec.owner_pid);
   save(inst, rec);  // pending: on record before anything runs
 
-  // Limits: cgroups for cpus/memory/pids, rlimit for output, the watcher for time.
-  sandbox::CgroupLimits cg;
-  if (auto it = limits.find("cpus"); it != limits.end() && it->second > 0) cg.cpus = static_cast<double>(it->second);
-  if (auto it = limits.find("memory"); it != limits.end() && it->second > 0)
-    cg.memory_bytes = static_cast<std::uint64_t>(it->second) * 1024 * 1024;
-  if (auto it = limits.find("pids"); it != limits.end() && it->second > 0)
-    cg.pids = static_cast<std::uint64_t>(it->second);
-  if (config_.jobs.local.use_cgroups) {
-    try {
-      // On record first: if this process dies while creating them, the next look removes them.
-      rec.cgroups.clear();
-      for (const auto& p : sandbox::Cgroup::candidate_paths(inst.id + "/" + rec.id)) rec.cgroups.push_back(p.string());
-      if (!rec.cgroups.empty()) save(inst, rec);
-      job->cgroup = sandbox::Cgroup::create(inst.id + "/" + rec.id, cg, rec.unenforced);
-    } catch (const Error& e) {
-      if (rec.unenforced.empty()) rec.unenforced.push_back(fmt::format("cpus, memory, pids: {}", e.what()));
-    }
-  } else if (cg.cpus || cg.memory_bytes || cg.pids) {
-    rec.unenforced.push_back("cpus, memory, pids: [jobs.local] use_cgroups is false");
-  }
+  // Limits: cgroups for cpus/memory/pids, rlimit for output; time is watched outside the sandbox.
+  // The groups' paths go on record first: if this process dies while creating them, the next look
+  // removes them.
+  sandbox::AppliedLimits applied =
+      sandbox::apply_limits(limits, inst.id + "/" + rec.id, config_.jobs.local.use_cgroups, [&](const auto& paths) {
+        rec.cgroups.clear();
+        for (const auto& p : paths) rec.cgroups.push_back(p.string());
+        if (!rec.cgroups.empty()) save(inst, rec);
+      });
+  job->cgroup = std::move(applied.cgroup);
+  rec.unenforced = applied.unenforced;
   rec.cgroups.clear();
   if (job->cgroup) for (const auto& p : job->cgroup->paths()) rec.cgroups.push_back(p.string());
   save(inst, rec);  // exactly the groups in use: whoever finishes the job after a crash removes them
@@ -318,14 +360,14 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   spec.argv = request.argv;
   spec.die_with_caller = false;
   spec.command_prefix = config_.jobs.local.cgroups_command;
-  UniqueFd out = open_output(rec.stdout_path, config_);
-  UniqueFd err = open_output(rec.stderr_path, config_);
+  job->stdout_fd = create_output(inst, config_, output_relative(rec.id, "out"));
+  job->stderr_fd = create_output(inst, config_, output_relative(rec.id, "err"));
+  const int out = job->stdout_fd.get(), err = job->stderr_fd.get();
   UniqueFd status(::open(rec.status_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!status) throw SysError(errno, "create", rec.status_path);
-  spec.stdio = {-1, out.get(), err.get()};
+  spec.stdio = {-1, out, err};
   spec.status_file = status.get();
-  if (auto it = limits.find("output"); it != limits.end() && it->second > 0)
-    spec.limits.file_size_bytes = static_cast<std::uint64_t>(it->second) * 1024 * 1024;
+  spec.limits.file_size_bytes = applied.rlimits.file_size_bytes;
   // The wall-time limit belongs to the job's keeper: enforced even while no server runs.
   if (auto it = limits.find("time"); it != limits.end() && it->second > 0)
     spec.limits.wall_time = std::chrono::seconds(it->second);
@@ -578,8 +620,21 @@ View Engine::view(const std::string& instance_id, const std::string& job_id, con
   }
   View v;
   v.record = *rec;
-  v.stdout_tail = tail_of(rec->stdout_path, tail);
-  v.stderr_tail = tail_of(rec->stderr_path, tail);
+  if (auto job = find_running(instance_id, job_id)) {
+    std::lock_guard guard(job->mu);
+    v.stdout_tail = output_tail(inst, config_, rec->stdout_path, job->stdout_fd.get(), tail);
+    v.stderr_tail = output_tail(inst, config_, rec->stderr_path, job->stderr_fd.get(), tail);
+  } else {
+    v.stdout_tail = output_tail(inst, config_, rec->stdout_path, -1, tail);
+    v.stderr_tail = output_tail(inst, config_, rec->stderr_path, -1, tail);
+  }
+  if (rec->mode == "slurm") {
+    // What Slurm itself said (a batch script that could not start, a cancel): server-private.
+    const stdfs::path said = jobs_dir(inst) / (rec->id + ".slurm.err");
+    UniqueFd fd(::open(said.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    if (std::string slurm = tail_from(fd.get(), tail); !slurm.empty())
+      v.stderr_tail += (v.stderr_tail.empty() ? "" : "\n") + slurm;
+  }
   v.stdout_sandbox_path = sandbox_path(inst, config_, rec->stdout_path);
   v.stderr_sandbox_path = sandbox_path(inst, config_, rec->stderr_path);
   v.duration_s = std::round(seconds_between(rec->started_at.empty() ? rec->created_at : rec->started_at,
@@ -770,7 +825,8 @@ std::size_t Engine::active_jobs(const stdfs::path& instance_base) {
 // Slurm jobs: sbatch runs `ns-hpc bwrap <instance> -- <command>` on a node; one status query
 // per poll interval covers every tracked job.
 
-std::vector<std::string> Engine::batch_command(const store::Instance& inst, const std::vector<std::string>& argv) const {
+std::vector<std::string> Engine::batch_command(const store::Instance& inst, const std::string& job_id,
+                                               const std::vector<std::string>& argv) const {
   std::vector<std::string> cmd = config_.jobs.slurm.ns_hpc_command;
   if (cmd.empty()) {
     std::error_code ec;
@@ -783,6 +839,9 @@ std::vector<std::string> Engine::batch_command(const store::Instance& inst, cons
     }
   }
   cmd.push_back("bwrap");
+  // The job's output files are opened by ns-hpc on the node beneath the workspace (never by a
+  // path Slurm follows); Slurm's own --output/--error get only its own messages.
+  cmd.insert(cmd.end(), {"--stdout", output_relative(job_id, "out"), "--stderr", output_relative(job_id, "err")});
   cmd.push_back(inst.id);
   cmd.push_back("--");
   cmd.insert(cmd.end(), argv.begin(), argv.end());
@@ -808,25 +867,24 @@ Record Engine::submit_slurm(const SubmitRequest& request, std::string_view actor
   rec.command = request.display.empty() ? text::shell_join(request.argv) : request.display;
   rec.created_at = timeutil::iso_utc();
   rec.limits = resources;
-  const stdfs::path out_dir = inst.workspace / ".ns_hpc_output";
-  rec.stdout_path = (out_dir / (rec.id + ".out")).string();
-  rec.stderr_path = (out_dir / (rec.id + ".err")).string();
+  rec.stdout_path = (inst.workspace / output_relative(rec.id, "out")).string();
+  rec.stderr_path = (inst.workspace / output_relative(rec.id, "err")).string();
   std::vector<std::string> sbatch =
-      slurm_.sbatch_argv(resources, "ns-hpc-" + rec.id, rec.stdout_path, rec.stderr_path, inst.base.string());
+      slurm_.sbatch_argv(resources, "ns-hpc-" + rec.id, (jobs_dir(inst) / (rec.id + ".slurm.out")).string(),
+                         (jobs_dir(inst) / (rec.id + ".slurm.err")).string(), inst.base.string());
   // Only what the batch script needs reaches the job's environment (never the server's secrets).
   std::string exports = "--export=PATH,HOME,LANG";
   if (std::getenv("XDG_CONFIG_HOME")) exports += ",XDG_CONFIG_HOME";
   sbatch.insert(sbatch.begin() + 1, exports);
   const std::string script = fmt::format("#!/bin/sh\n# ns-hpc job {} in instance {}\nexec {}\n", rec.id, inst.id,
-                                         text::shell_join(batch_command(inst, request.argv)));
+                                         text::shell_join(batch_command(inst, rec.id, request.argv)));
 
   fs::make_dirs(jobs_dir(inst), 0700);
-  if (::mkdir(out_dir.c_str(), 0755) == 0) chown_to(out_dir, config_);
   Submitting submitting(*this, inst.id + "/" + rec.id);
   rec.owner_pid = ::getpid();
   rec.owner_start = start_time_of(rec.owner_pid);
-  open_output(rec.stdout_path, config_);  // there (and readable) while the job waits in the queue
-  open_output(rec.stderr_path, config_);
+  create_output(inst, config_, output_relative(rec.id, "out"));  // there (and readable) while the job waits
+  create_output(inst, config_, output_relative(rec.id, "err"));
   save(inst, rec);
   try {
     rec.slurm_job_id = slurm_.submit(sbatch, script);

@@ -151,7 +151,8 @@ class Engine final : public store::JobsGuard {
   void slurm_loop();
   void poll_slurm();  // one scheduler query for every tracked job
   void apply_slurm(SlurmJob& job, const SlurmStatus* status);
-  std::vector<std::string> batch_command(const store::Instance& inst, const std::vector<std::string>& argv) const;
+  std::vector<std::string> batch_command(const store::Instance& inst, const std::string& job_id,
+                                         const std::vector<std::string>& argv) const;
   void watch_loop();
   static void terminate_members(Running& job);  // SIGTERM to every process of the job
   // Watches a job left running by another process, or records how it ended.

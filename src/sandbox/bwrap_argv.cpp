@@ -55,8 +55,11 @@ struct BaseScan {
   bool has_unshare_all = false;
 };
 
-BaseScan scan_base(const std::vector<std::string>& base, const ArgvOptions& options) {
+// `tmp_bytes` sizes every --tmpfs of the base that has no --size of its own, and a /dev made by
+// --dev gets a /dev/shm of that size (else it is a folder of the unlimited /dev tmpfs).
+BaseScan scan_base(const std::vector<std::string>& base, const ArgvOptions& options, std::uint64_t tmp_bytes) {
   BaseScan scan;
+  bool sized = false;  // the previous option was --size
   for (size_t i = 1; i < base.size(); ++i) {
     const std::string& opt = base[i];
     if (opt == "--")
@@ -79,13 +82,34 @@ BaseScan scan_base(const std::vector<std::string>& base, const ArgvOptions& opti
         continue;
       }
     }
+    if (opt == "--tmpfs" && !sized && tmp_bytes > 0) scan.args.insert(scan.args.end(), {"--size", std::to_string(tmp_bytes)});
+    sized = opt == "--size";
     scan.args.push_back(opt);
     for (int k = 0; k < *arity; ++k) scan.args.push_back(base[++i]);
+    if (opt == "--dev" && tmp_bytes > 0)
+      scan.args.insert(scan.args.end(), {"--size", std::to_string(tmp_bytes), "--tmpfs", base[i] + "/shm"});
   }
   return scan;
 }
 
 }  // namespace
+
+std::optional<std::string> shell_script_of(const std::vector<std::string>& argv) {
+  if (argv.size() != 3 || argv[1] != "-c") return std::nullopt;
+  if (argv[0] != "/bin/sh" && argv[0] != "/bin/bash") return std::nullopt;
+  return argv[2];
+}
+
+void check_command(const std::vector<std::string>& argv, std::string_view cwd) {
+  for (std::size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i].find('\0') != std::string::npos)
+      throw UsageError(fmt::format("argument {} of the command contains a NUL byte, which no program can receive; "
+                                   "remove it (pass binary data through stdin or a file)",
+                                   i + 1));
+  }
+  if (cwd.find('\0') != std::string_view::npos)
+    throw UsageError("the working directory contains a NUL byte; give a plain absolute path");
+}
 
 std::optional<int> bwrap_option_arity(std::string_view option) {
   if (contains(kNoArg, option)) return 0;
@@ -98,7 +122,8 @@ std::vector<std::string> build_bwrap_argv(const config::Namespace& ns, const Run
                                           const FdNumbers& fds, const ArgvOptions& options) {
   if (ns.bwrap_command.empty()) throw Error("namespace.bwrap_command is empty");
   if (spec.argv.empty()) throw UsageError("no command given to run in the sandbox");
-  BaseScan base = scan_base(ns.bwrap_command, options);
+  check_command(spec.argv, spec.cwd);
+  BaseScan base = scan_base(ns.bwrap_command, options, static_cast<std::uint64_t>(ns.tmp_size) * 1024 * 1024);
 
   std::vector<std::string> argv{options.bwrap_path};
   argv.insert(argv.end(), base.args.begin(), base.args.end());
@@ -126,7 +151,13 @@ std::vector<std::string> build_bwrap_argv(const config::Namespace& ns, const Run
   argv.insert(argv.end(), {"--json-status-fd", std::to_string(fds.status)});
   argv.insert(argv.end(), {"--chdir", spec.cwd.empty() ? ns.workspace_mount : spec.cwd});
   argv.push_back("--");
-  argv.insert(argv.end(), spec.argv.begin(), spec.argv.end());
+  if (fds.script >= 0 && shell_script_of(spec.argv)) {
+    // The shell reads the command from the descriptor: `sh -c '. /dev/fd/N'` runs it in the
+    // same shell, as -c would ($0, exit, the exit status as before).
+    argv.insert(argv.end(), {spec.argv[0], "-c", fmt::format(". /dev/fd/{}", fds.script)});
+  } else {
+    argv.insert(argv.end(), spec.argv.begin(), spec.argv.end());
+  }
   return argv;
 }
 

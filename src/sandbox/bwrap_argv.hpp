@@ -18,13 +18,23 @@ struct FdNumbers {
   int workspace = -1;       // --bind-fd
   int output = -1;          // --bind-fd
   int shared_output = -1;   // --ro-bind-fd (-1: not bound)
+  int script = -1;          // a shell command handed over on this descriptor (-1: in the argv)
 };
+
+// The command of a shell-mode argv ({"/bin/sh" or "/bin/bash", "-c", COMMAND}), which is handed
+// to the sandbox on a descriptor instead of in an argv every local user can read in ps; nullopt
+// for any other argv (kept word for word).
+std::optional<std::string> shell_script_of(const std::vector<std::string>& argv);
 
 struct ArgvOptions {
   std::string bwrap_path;  // resolved program path (argv[0])
   // Reads a top-level symlink such as /bin -> usr/bin; nullopt when not a symlink.
   std::function<std::optional<std::string>(const std::string&)> read_symlink;
 };
+
+// Refuses (UsageError) a command or working directory that a C program cannot receive whole
+// (a NUL byte would silently cut it).
+void check_command(const std::vector<std::string>& argv, std::string_view cwd = {});
 
 // Number of arguments each bwrap option takes (0, 1 or 2); nullopt for an unknown option.
 std::optional<int> bwrap_option_arity(std::string_view option);

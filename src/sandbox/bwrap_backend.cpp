@@ -1,5 +1,6 @@
 // The bubblewrap backend: one fresh, hardened sandbox per command.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <signal.h>
@@ -28,7 +29,22 @@ namespace nshpc::sandbox {
 namespace {
 
 // Descriptor numbers inside the bwrap process.
-constexpr FdNumbers kChildFds{.status = 3, .seccomp = 4, .workspace = 5, .output = 6, .shared_output = 7};
+// The shell command's descriptor is high, out of the way of a script's own `exec 3>…`.
+constexpr FdNumbers kChildFds{.status = 3, .seccomp = 4, .workspace = 5, .output = 6, .shared_output = 7, .script = 62};
+
+// A memfd holding a shell command, for the sandbox's shell to read (see shell_script_of).
+UniqueFd script_fd(const std::string& script) {
+  UniqueFd fd(::memfd_create("ns-hpc-command", MFD_CLOEXEC));
+  if (!fd) throw SysError(errno, "memfd_create", "the shell command's descriptor");
+  std::size_t done = 0;
+  while (done < script.size()) {
+    const ssize_t n = ::write(fd.get(), script.data() + done, script.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw SysError(errno, "write", "the shell command's descriptor");
+    done += static_cast<std::size_t>(n);
+  }
+  return fd;
+}
 
 std::optional<std::string> read_top_level_symlink(const std::string& path) {
   char buf[4096];
@@ -250,7 +266,7 @@ class BwrapBackend final : public Backend {
   std::string_view name() const override { return "bwrap"; }
 
   std::vector<std::string> describe(const RunSpec& spec) const override {
-    if (!needs_keeper(spec)) return build_bwrap_argv(ns_, spec, fd_numbers(), argv_options());
+    if (!needs_keeper(spec)) return build_bwrap_argv(ns_, spec, fd_numbers(spec), argv_options());
     return keeper_argv(self_path(), keeper_options(spec));
   }
 
@@ -259,7 +275,7 @@ class BwrapBackend final : public Backend {
   std::unique_ptr<Process> start(const RunSpec& spec) override {
     const bool keeper = needs_keeper(spec);
     const std::vector<std::string> argv =
-        keeper ? keeper_argv(self_path(), keeper_options(spec)) : build_bwrap_argv(ns_, spec, fd_numbers(), argv_options());
+        keeper ? keeper_argv(self_path(), keeper_options(spec)) : build_bwrap_argv(ns_, spec, fd_numbers(spec), argv_options());
     const std::vector<std::string> envp = build_sandbox_env(ns_, spec, host_env);
 
     if (drop_to_) {
@@ -313,6 +329,12 @@ class BwrapBackend final : public Backend {
                  {output.get(), kChildFds.output}};
     if (seccomp) setup.fds.emplace_back(seccomp.get(), kChildFds.seccomp);
     if (shared) setup.fds.emplace_back(shared.get(), kChildFds.shared_output);
+    // A shell command travels on a descriptor, not in an argv that every local user can read.
+    UniqueFd script;
+    if (auto command = shell_script_of(spec.argv)) {
+      script = script_fd(*command);
+      setup.fds.emplace_back(script.get(), kChildFds.script);
+    }
     setup.rlimits = rlimits(spec.limits);
     setup.drop_to = drop_to_;
     setup.controlling_tty = spec.terminal;
@@ -336,7 +358,7 @@ class BwrapBackend final : public Backend {
     options.status_fd = kChildFds.status;
     options.time_limit = spec.limits.wall_time.value_or(std::chrono::milliseconds(0));
     options.grace = spec.limits.wall_time_grace;
-    options.bwrap_argv = build_bwrap_argv(ns_, bwrap_spec, fd_numbers(), argv_options());
+    options.bwrap_argv = build_bwrap_argv(ns_, bwrap_spec, fd_numbers(spec), argv_options());
     return options;
   }
 
@@ -354,8 +376,9 @@ class BwrapBackend final : public Backend {
     return self_path_;
   }
 
-  FdNumbers fd_numbers() const {
+  FdNumbers fd_numbers(const RunSpec& spec) const {
     FdNumbers fds = kChildFds;
+    if (!shell_script_of(spec.argv)) fds.script = -1;
     if (!(ns_.hardening && ns_.seccomp)) fds.seccomp = -1;
     if (!ns_.shared_output) fds.shared_output = -1;
     return fds;

@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <random>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include "audit/audit.hpp"
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/log.hpp"
 #include "base/time.hpp"
 
 namespace nshpc::store {
@@ -117,7 +119,10 @@ std::size_t StateFileJobsGuard::active_jobs(const stdfs::path& instance_base) {
 // ---- Store ----------------------------------------------------------------------------------
 
 Store::Store(const config::Config& config, JobsGuard& jobs)
-    : root_(config.ns.instances_dir), default_network_(config.ns.default_network), jobs_(&jobs) {
+    : root_(config.ns.instances_dir),
+      default_network_(config.ns.default_network),
+      rotation_{static_cast<std::uint64_t>(config.audit.max_size) * 1024 * 1024, static_cast<int>(config.audit.keep)},
+      jobs_(&jobs) {
   if (::geteuid() == 0 && config.ns.sandbox_uid != 0) {
     owner_uid_ = config.ns.sandbox_uid;
     owner_gid_ = config.ns.sandbox_gid;
@@ -295,6 +300,7 @@ ArchivedInstance Store::archive(std::string_view id, std::string_view actor) {
   ensure_layout();
   fs::FileLock lock(lock_file());
   const stdfs::path base = removable_base(id, "archive");
+  stop_executions(id);
 
   const auto now = Clock::now();
   ArchivedInstance archived;
@@ -328,15 +334,73 @@ void Store::remove(std::string_view id, std::string_view actor) {
   ensure_layout();
   fs::FileLock lock(lock_file());
   const stdfs::path base = removable_base(id, "delete");
+  stop_executions(id);  // nothing of the instance may still run (and write) while its files go
   // Rename first so the instance disappears at once, then remove the trees.
   const stdfs::path doomed = root_ / fmt::format(".deleting-{}-{}", id, random_hex());
   check_sys(::rename(base.c_str(), doomed.c_str()), "rename", base.string());
   const stdfs::path output = output_root() / std::string(id);
   const stdfs::path doomed_output = output_root() / fmt::format(".deleting-{}-{}", id, random_hex());
   bool had_output = ::rename(output.c_str(), doomed_output.c_str()) == 0;
-  audit::append(root_ / ".audit.log", "instance.deleted", actor, {{"instance_id", std::string(id)}});
-  fs::remove_tree(doomed);
-  if (had_output) fs::remove_tree(doomed_output);
+  audit::append(root_ / ".audit.log", "instance.deleted", actor, {{"instance_id", std::string(id)}}, rotation_);
+  remove_doomed(doomed);
+  if (had_output) remove_doomed(doomed_output);
+}
+
+Store::Registration::~Registration() {
+  if (!store_) return;
+  std::lock_guard lock(store_->executions_mutex_);
+  store_->executions_.erase(key_);
+}
+
+Store::Registration Store::register_execution(std::string_view id, std::function<void()> stop) const {
+  std::lock_guard lock(executions_mutex_);
+  const std::uint64_t key = next_execution_++;
+  executions_[key] = Execution{std::string(id), std::move(stop)};
+  return Registration(*this, key);
+}
+
+void Store::stop_executions(std::string_view id) const {
+  std::vector<std::function<void()>> stops;
+  {
+    std::lock_guard lock(executions_mutex_);
+    for (const auto& [key, execution] : executions_)
+      if (execution.instance_id == id) stops.push_back(execution.stop);
+  }
+  for (const auto& stop : stops) {
+    try {
+      stop();
+    } catch (const std::exception& e) {
+      log::warn("instance {}: stopping an execution before the delete failed: {}", id, e.what());
+    }
+  }
+}
+
+bool Store::remove_doomed(const stdfs::path& tree) const {
+  for (int attempt = 0;; ++attempt) {
+    try {
+      fs::remove_tree(tree);
+      return true;
+    } catch (const SysError& e) {
+      // ENOTEMPTY/EBUSY: a process this server does not own still writes there; try again a
+      // little later, then leave it to finish_deletions().
+      if ((e.code() != ENOTEMPTY && e.code() != EBUSY) || attempt >= 20) {
+        log::warn("{}; it is removed at the next start of the server", e.what());
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+}
+
+std::size_t Store::finish_deletions() const {
+  std::size_t done = 0;
+  for (const stdfs::path& dir : {root_, output_root()}) {
+    for (const std::string& name : child_names(dir)) {
+      if (!name.starts_with(".deleting-")) continue;
+      if (remove_doomed(dir / name)) ++done;
+    }
+  }
+  return done;
 }
 
 void Store::remove_archived(std::string_view name, std::string_view actor) {
@@ -351,7 +415,7 @@ void Store::remove_archived(std::string_view name, std::string_view actor) {
   const stdfs::path base = archive_root() / std::string(name);
   if (!exists_nofollow(base))
     throw UsageError(fmt::format("archive '{}' not found; see 'ns-hpc instance list-archived'", name));
-  audit::append(root_ / ".audit.log", "instance.archive_deleted", actor, {{"archive", std::string(name)}});
+  audit::append(root_ / ".audit.log", "instance.archive_deleted", actor, {{"archive", std::string(name)}}, rotation_);
   fs::remove_tree(base);
   fs::remove_tree(output_root() / std::string(name));
 }
@@ -372,18 +436,24 @@ std::vector<CleanCandidate> Store::clean_candidates(std::chrono::hours older_tha
   return out;
 }
 
+Store::DiskUse Store::disk_use(const Instance& instance) const {
+  const fs::TreeUsage ws = fs::tree_usage(instance.workspace);
+  const fs::TreeUsage out = fs::tree_usage(instance.output);
+  return {ws.bytes, out.bytes, ws.files + out.files};
+}
+
 sandbox::Target Store::sandbox_target(const Instance& instance) const {
   return {instance.id, instance.workspace, instance.output, output_root(), instance.network};
 }
 
 void Store::audit(const Instance& instance, std::string_view event, std::string_view actor,
                   nlohmann::json fields) const {
-  audit::append(instance.audit_log(), event, actor, std::move(fields));
+  audit::append(instance.audit_log(), event, actor, std::move(fields), rotation_);
 }
 
 void Store::audit_store(std::string_view event, std::string_view actor, nlohmann::json fields) const {
   ensure_layout();
-  audit::append(root_ / ".audit.log", event, actor, std::move(fields));
+  audit::append(root_ / ".audit.log", event, actor, std::move(fields), rotation_);
 }
 
 }  // namespace nshpc::store

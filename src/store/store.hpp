@@ -18,6 +18,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -25,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "audit/audit.hpp"
 #include "config/config.hpp"
 #include "sandbox/sandbox.hpp"
 
@@ -129,9 +133,43 @@ class Store {
   std::vector<ArchivedInstance> list_archived() const;
   Instance update(std::string_view id, const UpdateOptions& options, std::string_view actor);
   ArchivedInstance archive(std::string_view id, std::string_view actor);
-  void remove(std::string_view id, std::string_view actor);               // purge an instance
+  // Purges an instance: refused while it has jobs; stops the executions registered for it, then
+  // renames it away and removes its trees. A tree that cannot be removed now (a process outside
+  // this server still writing) is left as <instances_dir>/.deleting-* and finished by
+  // finish_deletions() at the next start.
+  void remove(std::string_view id, std::string_view actor);
   void remove_archived(std::string_view name, std::string_view actor);    // purge an archive
   std::vector<CleanCandidate> clean_candidates(std::chrono::hours older_than) const;
+
+  // Removes what earlier deletes left behind (.deleting-* trees); returns how many it finished.
+  std::size_t finish_deletions() const;
+
+  // A running execution of an instance (terminal_execute, ...) is registered while it runs, with
+  // what stops it: remove() and archive() stop it before the files go.
+  class Registration {
+   public:
+    Registration(const Store& store, std::uint64_t key) : store_(&store), key_(key) {}
+    Registration(Registration&& other) noexcept : store_(std::exchange(other.store_, nullptr)), key_(other.key_) {}
+    Registration(const Registration&) = delete;
+    Registration& operator=(const Registration&) = delete;
+    Registration& operator=(Registration&&) = delete;
+    ~Registration();
+
+   private:
+    const Store* store_;
+    std::uint64_t key_;
+  };
+  Registration register_execution(std::string_view id, std::function<void()> stop) const;
+
+  // Disk use of an instance's workspace and output folder (walked without following links; a
+  // large tree takes a while, so only describe asks). No quota is set: the filesystem here has
+  // none that an unprivileged server could use.
+  struct DiskUse {
+    std::uint64_t workspace_bytes = 0;
+    std::uint64_t output_bytes = 0;
+    std::uint64_t files = 0;
+  };
+  DiskUse disk_use(const Instance& instance) const;
 
   // What a sandbox of this instance binds: its workspace, output and network.
   sandbox::Target sandbox_target(const Instance& instance) const;
@@ -152,9 +190,21 @@ class Store {
   void give_to_sandbox_user(const stdfs::path& dir) const;
   // The folder of an existing instance that has no live jobs (archive/delete), else UsageError.
   stdfs::path removable_base(std::string_view id, std::string_view action) const;
+  void stop_executions(std::string_view id) const;
+  // remove_tree, retried while something still writes there; false (and logged) when it stays.
+  bool remove_doomed(const stdfs::path& tree) const;
+
+  struct Execution {
+    std::string instance_id;
+    std::function<void()> stop;
+  };
+  mutable std::mutex executions_mutex_;
+  mutable std::map<std::uint64_t, Execution> executions_;
+  mutable std::uint64_t next_execution_ = 0;
 
   stdfs::path root_;
   config::Network default_network_;
+  audit::Rotation rotation_;
   std::optional<uid_t> owner_uid_;
   gid_t owner_gid_ = 0;
   JobsGuard* jobs_;

@@ -21,8 +21,10 @@ const json kInstanceIdArg = {
 
 const json kNetworkArg = {{"type", "string"},
                           {"enum", {"host", "off"}},
-                          {"description", "'host': the sandbox shares the host's network (internet where the "
-                                          "host has it). 'off': no network at all, only its own loopback."}};
+                          {"description", "'host': the sandbox shares the host's network namespace: the internet where the "
+                                          "host has it, but also every service on the host's loopback and its "
+                                          "abstract Unix sockets (X11, D-Bus). 'off': no network at all, only its "
+                                          "own loopback."}};
 
 const json kInstanceSchema = {
     {"type", "object"},
@@ -174,20 +176,29 @@ void add_describe(mcp::Server& server, const Context& ctx) {
   tool.name = "describe_instance";
   tool.title = "Describe an instance";
   tool.description =
-      "Show one instance: description, creation time, last activity, network mode and the sandbox paths of "
-      "its workspace and output folder.";
+      "Show one instance: description, creation time, last activity, network mode, the sandbox paths of "
+      "its workspace and output folder, and their disk use.";
   tool.input_schema = object_schema({{"instance_id", kInstanceIdArg}}, {"instance_id"});
   tool.output_schema = kInstanceSchema;
+  (*tool.output_schema)["properties"]["disk_usage"] = {
+      {"type", "object"},
+      {"description", "bytes on disk (allocated blocks) of the workspace and output folder, and their file count"},
+      {"properties",
+       {{"workspace_bytes", {{"type", "integer"}}}, {"output_bytes", {{"type", "integer"}}}, {"files", {{"type", "integer"}}}}}};
   tool.annotations = json{{"readOnlyHint", true}, {"openWorldHint", false}};
   tool.accept_input_wrapper = true;
   tool.handler = [ctx](const json& args, mcp::RequestContext&) {
     store::Instance inst = ctx.services.store.get(arg_string(args, "instance_id"));
     json out = instance_json(ctx, inst);
+    const store::Store::DiskUse use = ctx.services.store.disk_use(inst);
+    out["disk_usage"] = {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes}, {"files", use.files}};
     std::string text = fmt::format(
-        "Instance '{}'\nDescription: {}\nCreated: {}\nLast activity: {}\nNetwork: {}\nWorkspace: {}\nOutput: {}",
+        "Instance '{}'\nDescription: {}\nCreated: {}\nLast activity: {}\nNetwork: {}\nWorkspace: {} ({:.1f} MiB)\n"
+        "Output: {} ({:.1f} MiB)\nFiles: {}",
         inst.id, inst.meta.description().empty() ? "(none)" : inst.meta.description(),
         out["created_at"].get<std::string>(), out["last_activity"].get<std::string>(),
-        config::to_string(inst.network), out["workspace"].get<std::string>(), out["output"].get<std::string>());
+        config::to_string(inst.network), out["workspace"].get<std::string>(), use.workspace_bytes / 1048576.0,
+        out["output"].get<std::string>(), use.output_bytes / 1048576.0, use.files);
     return mcp::ToolResult::text(text, out);
   };
   server.add_tool(std::move(tool));

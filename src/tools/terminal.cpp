@@ -21,6 +21,8 @@
 #include "base/error.hpp"
 #include "base/fd.hpp"
 #include "base/text.hpp"
+#include "jobs/jobs.hpp"
+#include "sandbox/limits.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -118,6 +120,7 @@ struct Outcome {
   std::string out;
   std::string err;
   std::chrono::milliseconds duration{0};
+  bool oom_killed = false;
 };
 
 void set_nonblocking(int fd) {
@@ -164,6 +167,13 @@ class Run {
     spec.argv = req_.argv;
     spec.cwd = req_.working_directory;  // empty: the workspace
     spec.die_with_caller = true;
+    // [terminal.limits]: the same enforcement as a job's (cgroups for cpus/memory/pids, a file
+    // size limit for output), in a group of its own that goes with the command.
+    const config::Config& cfg = ctx_.services.config;
+    sandbox::AppliedLimits limits = sandbox::apply_limits(cfg.terminal.limits, inst_.id + "/term-" + jobs::new_job_id(),
+                                                          cfg.jobs.local.use_cgroups);
+    spec.limits = limits.rlimits;
+    if (limits.cgroup) spec.join_cgroups = limits.cgroup->procs_fds();
 
     Pipe in;
     if (!req_.stdin_text.empty()) {
@@ -180,6 +190,9 @@ class Run {
 
     SigpipeBlock no_sigpipe;
     auto process = ctx_.services.backend.start(spec);
+    // A delete or archive of the instance stops this command first.
+    store::Store::Registration running =
+        ctx_.services.store.register_execution(inst_.id, [p = process.get()] { p->kill(); });
     // Only the sandbox holds the other ends now: EOF on stdout/stderr when it is gone.
     in.read.reset();
     out.write.reset();
@@ -191,6 +204,15 @@ class Run {
     const auto started = Clock::now();
     loop(*process, started);
     outcome_.status = process->wait();
+    if (limits.cgroup) {
+      outcome_.oom_killed = limits.cgroup->oom_killed();
+      try {
+        limits.cgroup->kill(2000);  // anything the command left behind
+        limits.cgroup->remove();
+      } catch (const std::exception&) {
+        // removed later by the cgroup's destructor, or left empty for the administrator
+      }
+    }
     if (outcome_.ending == Ending::timed_out || outcome_.ending == Ending::finished) drain();
     outcome_.duration = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
     return std::move(outcome_);
@@ -322,7 +344,7 @@ void append_note(std::string& err, const std::string& note) {
   err += note;
 }
 
-mcp::ToolResult make_result(const Request& req, Outcome o) {
+mcp::ToolResult make_result(const config::Config& cfg, const Request& req, Outcome o) {
   int exit_code = o.status.exit_code;
   switch (o.ending) {
     case Ending::finished: break;
@@ -337,6 +359,12 @@ mcp::ToolResult make_result(const Request& req, Outcome o) {
                                      "was killed. Re-run with head, tail or grep, or write the output to a file.]",
                                      kOutputLimitBytes));
       break;
+  }
+  if (o.oom_killed) {
+    auto it = cfg.terminal.limits.find("memory");
+    append_note(o.err, fmt::format("[ns-hpc: out of memory: the command was killed at its memory limit of {} MiB "
+                                   "([terminal.limits] memory); use less memory or run it as a job with more]",
+                                   it == cfg.terminal.limits.end() ? 0 : it->second));
   }
   if (o.ending == Ending::finished && !o.status.started) {
     // bwrap could not set up the sandbox or execute the command; its own message is on stderr
@@ -434,7 +462,7 @@ void add_terminal_tool(mcp::Server& server, const Context& ctx) {
     const Request req = parse_request(args, ctx.services.config, ctx);
     const store::Instance inst = ctx.services.store.get(req.instance_id);
     Run run(ctx, inst, req, rc);
-    return make_result(req, run.execute());
+    return make_result(ctx.services.config, req, run.execute());
   };
   server.add_tool(std::move(tool));
 }
