@@ -1,6 +1,5 @@
 // The local job engine: starting jobs in sandboxes, watching them on one thread, finishing
 // their records exactly once, cancelling, and re-attaching after a restart.
-#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>

@@ -2,11 +2,12 @@
 // and rlimits; nothing lost across server restarts.
 //
 // A job's record lives in <instance>/.ns_hpc_jobs/<id>.state (atomic writes); its output in
-// <workspace>/.ns_hpc_output/<id>.out|.err (so the agent reads it as /workspace/...); bwrap's
-// JSON status in <instance>/status/<id>.status. bwrap is started without --die-with-parent, so
-// a job keeps running while the server is down; a restarted server re-attaches through the
-// status file (sandbox init pid + its pid-namespace inode: safe against pid reuse) and records
-// the real exit code of jobs that ended meanwhile.
+// <workspace>/.ns_hpc_output/<id>.out|.err (so the agent reads it as /workspace/...), created and
+// read beneath the workspace without following links; bwrap's JSON status in
+// <instance>/status/<id>.status. A job runs under a job keeper (sandbox/keeper.hpp), so it keeps
+// running, and its time limit holds, while the server is down; a restarted server re-attaches
+// through the status file (sandbox init pid + its pid-namespace inode: safe against pid reuse)
+// and records the real exit code and end of jobs that ended meanwhile.
 #pragma once
 
 #include <sys/types.h>
