@@ -190,4 +190,101 @@ std::string read_text(const fs::path& file) {
   return ss.str();
 }
 
+
+McpSession::McpSession(const Env& env) {
+  int in[2], out[2];
+  if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC)) throw std::runtime_error("pipe");
+  std::vector<std::string> argv_s = env.argv_for({"run"}), envp_s = env.env_for({});
+  auto argv = c_strings(argv_s);
+  auto envp = c_strings(envp_s);
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 1);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  to_ = in[1];
+  from_ = out[0];
+  const int id = request("initialize", {{"protocolVersion", "2025-06-18"},
+                                        {"capabilities", nlohmann::json::object()},
+                                        {"clientInfo", {{"name", "ns-hpc-integration"}, {"version", "1"}}}});
+  if (!wait_for(id, std::chrono::seconds(30)).is_object()) ADD_FAILURE() << "ns-hpc run did not answer initialize";
+  send({{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}});
+}
+
+McpSession::~McpSession() {
+  if (to_ >= 0) ::close(to_);
+  if (pid_ > 0 && wait_child(pid_, std::chrono::seconds(20)) < 0) {
+    ADD_FAILURE() << "the server did not stop at the end of its input";
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  if (from_ >= 0) ::close(from_);
+}
+
+void McpSession::crash() {
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+void McpSession::send(const nlohmann::json& message) {
+  const std::string line = message.dump() + "\n";
+  if (::write(to_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) ADD_FAILURE() << "write to ns-hpc run";
+}
+
+int McpSession::request(const std::string& method, const nlohmann::json& params) {
+  const int id = ++next_id_;
+  send({{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}});
+  return id;
+}
+
+nlohmann::json McpSession::wait_for(int id, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+      if (it->contains("id") && (*it)["id"] == id) {
+        nlohmann::json found = std::move(*it);
+        pending_.erase(it);
+        return found;
+      }
+    }
+    if (auto nl = buffer_.find('\n'); nl != std::string::npos) {
+      auto message = nlohmann::json::parse(buffer_.substr(0, nl), nullptr, false);
+      buffer_.erase(0, nl + 1);
+      if (message.is_object()) pending_.push_back(std::move(message));
+      continue;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return nullptr;
+    pollfd p{from_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    char buf[65536];
+    const ssize_t n = ::read(from_, buf, sizeof buf);
+    if (n <= 0) return nullptr;
+    buffer_.append(buf, static_cast<size_t>(n));
+  }
+}
+
+nlohmann::json McpSession::tool(const std::string& name, const nlohmann::json& args) {
+  nlohmann::json response = call_and_wait(name, args);
+  if (!response.is_object()) {
+    ADD_FAILURE() << "no answer to " << name;
+    return nlohmann::json::object();
+  }
+  const nlohmann::json result = response.value("result", nlohmann::json::object());
+  EXPECT_FALSE(result.value("isError", false)) << response.dump();
+  return result.value("structuredContent", nlohmann::json::object());
+}
+
+std::string result_text(const nlohmann::json& response) {
+  if (!response.is_object() || !response.contains("result")) return response.dump();
+  std::string text;
+  for (const auto& c : response["result"]["content"]) text += c.value("text", "");
+  return text;
+}
+
 }  // namespace nshpc::test

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace nshpc::test {
 
@@ -55,6 +56,42 @@ class Env {
 };
 
 inline constexpr const char* kSecret = "nshpc-secret-7f3a9c1e";
+
+// `ns-hpc run` on stdio, spoken to line by line as an MCP client (initialized on construction).
+class McpSession {
+ public:
+  explicit McpSession(const Env& env);
+  ~McpSession();  // closes stdin and waits for the server to stop
+  McpSession(const McpSession&) = delete;
+  McpSession& operator=(const McpSession&) = delete;
+
+  pid_t pid() const { return pid_; }
+  void crash();  // SIGKILL, as a crash would: nothing of the server runs afterwards
+
+  void send(const nlohmann::json& message);
+  int request(const std::string& method, const nlohmann::json& params);  // returns the id
+  int call(const std::string& tool, const nlohmann::json& args) {
+    return request("tools/call", {{"name", tool}, {"arguments", args}});
+  }
+  // The response to `id` (messages for other ids are kept for later waits); null on timeout.
+  nlohmann::json wait_for(int id, std::chrono::seconds timeout = std::chrono::seconds(60));
+  nlohmann::json call_and_wait(const std::string& tool, const nlohmann::json& args,
+                               std::chrono::seconds timeout = std::chrono::seconds(60)) {
+    return wait_for(call(tool, args), timeout);
+  }
+  // A tool's structuredContent; a tool error or no answer fails the test.
+  nlohmann::json tool(const std::string& name, const nlohmann::json& args);
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1, from_ = -1;
+  int next_id_ = 0;
+  std::string buffer_;
+  std::vector<nlohmann::json> pending_;
+};
+
+// All the text content of a tools/call response.
+std::string result_text(const nlohmann::json& response);
 
 int wait_child(pid_t pid, std::chrono::seconds timeout);
 // Host pids whose command line contains `marker`.

@@ -21,103 +21,6 @@ using nlohmann::json;
 
 namespace {
 
-// `ns-hpc run` on stdio, spoken to line by line.
-class StdioServer {
- public:
-  explicit StdioServer(const Env& env) {
-    int in[2], out[2];
-    if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC)) throw std::runtime_error("pipe");
-    auto argv = env.argv_for({"run"});
-    auto envp = env.env_for({});
-    std::vector<char*> argv_c, envp_c;
-    for (auto& s : argv) argv_c.push_back(s.data());
-    argv_c.push_back(nullptr);
-    for (auto& s : envp) envp_c.push_back(s.data());
-    envp_c.push_back(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(in[0], 0);
-      ::dup2(out[1], 1);
-      ::execve(argv_c[0], argv_c.data(), envp_c.data());
-      ::_exit(127);
-    }
-    ::close(in[0]);
-    ::close(out[1]);
-    to_ = in[1];
-    from_ = out[0];
-    call("initialize", {{"protocolVersion", "2025-06-18"},
-                        {"capabilities", json::object()},
-                        {"clientInfo", {{"name", "keeper-test"}, {"version", "1"}}}});
-    send({{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}});
-  }
-  ~StdioServer() {
-    if (to_ >= 0) ::close(to_);
-    if (from_ >= 0) ::close(from_);
-    if (pid_ > 0 && wait_child(pid_, std::chrono::seconds(20)) < 0) ADD_FAILURE() << "the server did not stop";
-  }
-
-  pid_t pid() const { return pid_; }
-
-  // SIGKILL, as a crash would: nothing of the server runs afterwards.
-  void crash() {
-    ::kill(pid_, SIGKILL);
-    int status;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-  }
-
-  // A tool's structured result.
-  json tool(const std::string& name, const json& args) {
-    json r = call("tools/call", {{"name", name}, {"arguments", args}});
-    EXPECT_FALSE(r.value("isError", false)) << r.dump();
-    return r.value("structuredContent", json::object());
-  }
-
-  json call(const std::string& method, const json& params) {
-    const int id = ++next_id_;
-    send({{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}});
-    for (;;) {
-      json msg = receive();
-      if (msg.is_null()) {
-        ADD_FAILURE() << "no answer to " << method;
-        return json::object();
-      }
-      if (msg.contains("id") && msg["id"] == id) return msg.value("result", json::object());
-    }
-  }
-
- private:
-  void send(const json& msg) {
-    const std::string line = msg.dump() + "\n";
-    ASSERT_EQ(::write(to_, line.data(), line.size()), static_cast<ssize_t>(line.size()));
-  }
-
-  json receive() {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    for (;;) {
-      if (auto nl = buffer_.find('\n'); nl != std::string::npos) {
-        json msg = json::parse(buffer_.substr(0, nl), nullptr, false);
-        buffer_.erase(0, nl + 1);
-        if (!msg.is_discarded()) return msg;
-        continue;
-      }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return nullptr;
-      pollfd p{from_, POLLIN, 0};
-      ::poll(&p, 1, static_cast<int>(left.count()));
-      char buf[65536];
-      ssize_t n = ::read(from_, buf, sizeof buf);
-      if (n <= 0) return nullptr;
-      buffer_.append(buf, static_cast<size_t>(n));
-    }
-  }
-
-  pid_t pid_ = -1;
-  int to_ = -1, from_ = -1;
-  int next_id_ = 0;
-  std::string buffer_;
-};
-
 // Children of `parent` that have exited and wait to be reaped.
 std::vector<pid_t> zombie_children(pid_t parent) {
   std::vector<pid_t> zombies;
@@ -147,7 +50,7 @@ class Keeper : public ::testing::Test {
 }  // namespace
 
 TEST_F(Keeper, NothingAJobLeavesBehindOutlivesItAndNoZombiesPileUp) {
-  StdioServer server(env_);
+  McpSession server(env_);
   // Background children of three kinds: a plain `&`, setsid'd and nohup'd ones that would run
   // for a day, and a short one whose end (while the sandbox init waits for it) used to leave
   // the init as a zombie under the server. The markers appear only after the shell expands them.
@@ -179,7 +82,7 @@ TEST_F(Keeper, NothingAJobLeavesBehindOutlivesItAndNoZombiesPileUp) {
 TEST_F(Keeper, TheTimeLimitHoldsWhileNoServerRunsAndTheRealEndIsRecorded) {
   std::string id;
   {
-    StdioServer server(env_);
+    McpSession server(env_);
     // A job that ignores SIGTERM (so the grace runs out and SIGKILL ends it) and leaves a
     // setsid'd child, submitted without waiting; then the server dies at once.
     json j = server.tool("submit_job", {{"instance_id", "alpha"},
@@ -198,7 +101,7 @@ TEST_F(Keeper, TheTimeLimitHoldsWhileNoServerRunsAndTheRealEndIsRecorded) {
 
   // Restarted a while later: when the job ended is what its keeper saw, not when we looked.
   std::this_thread::sleep_for(std::chrono::seconds(4));
-  StdioServer again(env_);
+  McpSession again(env_);
   json j = again.tool("poll_job", {{"instance_id", "alpha"}, {"job_id", id}, {"timeout", 10}});
   EXPECT_EQ(j.value("status", ""), "timed_out") << j.dump();
   EXPECT_NE(j.value("reason", "").find("time limit of 2 s"), std::string::npos) << j.dump();
