@@ -1,9 +1,11 @@
 // ns-hpc run: the MCP server, on stdio or HTTP (streamable HTTP, legacy SSE; TCP or a Unix socket).
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -123,8 +125,16 @@ void run_http(Context& ctx, const RunArgs& a) {
   options.max_sessions = static_cast<std::size_t>(cfg.server.max_sessions);
   options.max_body_bytes = static_cast<std::size_t>(cfg.mcp.max_message_bytes);
   options.read_timeout = std::chrono::seconds(cfg.server.read_timeout);
+  options.header_timeout = std::chrono::seconds(cfg.server.header_timeout);
   options.shutdown_grace = std::chrono::seconds(cfg.server.shutdown_grace);
   options.sse_buffer_bytes = static_cast<std::size_t>(cfg.server.sse_buffer_bytes);
+  options.max_connections = static_cast<std::size_t>(cfg.server.max_connections);
+  options.max_connections_per_peer = static_cast<std::size_t>(cfg.server.max_connections_per_peer);
+  options.max_sessions_per_peer = static_cast<std::size_t>(cfg.server.max_sessions_per_peer);
+  options.max_requests_per_session = static_cast<std::size_t>(cfg.server.max_requests_per_session);
+  options.max_requests_per_peer = static_cast<std::size_t>(cfg.server.max_requests_per_peer);
+  options.max_session_buffer_bytes = static_cast<std::size_t>(cfg.server.max_session_buffer_bytes);
+  options.max_buffer_bytes = static_cast<std::size_t>(cfg.server.max_buffer_bytes);
 
   // The token: --auth-token, NS_HPC_AUTH_TOKEN, [server] auth_token; otherwise, on loopback or
   // a Unix socket, the one kept in the state folder (generated once).

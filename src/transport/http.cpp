@@ -1,6 +1,12 @@
 // The HTTP transports: listener, connections (Beast on Asio coroutines, one template for TCP and
 // Unix sockets), request checks (Host, Origin, token, limits) and the MCP endpoints. Sessions
 // and streams are in http_session.cpp.
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <malloc.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -8,6 +14,7 @@
 
 #include <charconv>
 #include <csignal>
+#include <cstring>
 #include <set>
 #include <filesystem>
 #include <list>
@@ -28,6 +35,7 @@
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "base/fd.hpp"
 #include "base/log.hpp"
 #include "transport/http_internal.hpp"
 
@@ -135,15 +143,200 @@ struct HostRules {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// Peers: who is on the other end, for the per-peer caps.
+
+// The uid that owns the client's end of a loopback TCP connection, asked of the kernel with one
+// sock_diag query for exactly that socket (what `ss -e` shows). nullopt when it cannot tell.
+std::optional<uid_t> loopback_owner(int diag_fd, const tcp::endpoint& client, const tcp::endpoint& server) {
+  static std::atomic<std::uint32_t> sequence{0};
+  struct {
+    nlmsghdr header;
+    inet_diag_req_v2 request;
+  } message{};
+  message.header.nlmsg_len = sizeof message;
+  message.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  message.header.nlmsg_flags = NLM_F_REQUEST;
+  message.header.nlmsg_seq = ++sequence;
+  message.request.sdiag_family = client.address().is_v4() ? AF_INET : AF_INET6;
+  message.request.sdiag_protocol = IPPROTO_TCP;
+  message.request.idiag_states = ~0U;
+  message.request.id.idiag_sport = htons(client.port());
+  message.request.id.idiag_dport = htons(server.port());
+  auto put = [](__be32* into, const asio::ip::address& a) {
+    if (a.is_v4()) {
+      const auto bytes = a.to_v4().to_bytes();
+      std::memcpy(into, bytes.data(), bytes.size());
+    } else {
+      const auto bytes = a.to_v6().to_bytes();
+      std::memcpy(into, bytes.data(), bytes.size());
+    }
+  };
+  put(message.request.id.idiag_src, client.address());
+  put(message.request.id.idiag_dst, server.address());
+  message.request.id.idiag_cookie[0] = message.request.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+  sockaddr_nl kernel{};
+  kernel.nl_family = AF_NETLINK;
+  if (::sendto(diag_fd, &message, sizeof message, 0, reinterpret_cast<sockaddr*>(&kernel), sizeof kernel) < 0)
+    return std::nullopt;
+  // The kernel answers a single-socket query before sendto returns: nothing to wait for.
+  alignas(nlmsghdr) char reply[8192];
+  for (;;) {
+    const ssize_t n = ::recv(diag_fd, reply, sizeof reply, MSG_DONTWAIT);
+    if (n <= 0) return std::nullopt;
+    int left = static_cast<int>(n);
+    for (auto* h = reinterpret_cast<nlmsghdr*>(reply); NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
+      if (h->nlmsg_seq != message.header.nlmsg_seq) continue;  // a late answer to an earlier query
+      if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY || h->nlmsg_len < NLMSG_LENGTH(sizeof(inet_diag_msg)))
+        return std::nullopt;  // NLMSG_ERROR: no such socket (it went away), or not allowed
+      return static_cast<uid_t>(reinterpret_cast<const inet_diag_msg*>(NLMSG_DATA(h))->idiag_uid);
+    }
+  }
+}
+
+Peer uid_peer(uid_t uid) { return {fmt::format("uid:{}", uid), fmt::format("uid {}", uid)}; }
+
+// TCP: the remote address; on loopback, where every local client is 127.0.0.1 or ::1, the uid
+// owning the client's socket instead (a sandbox of a root-run server is uid 65534, other local
+// users their own uid), so one local user cannot use up another's share.
+template <class Ctx>
+Peer peer_of(tcp::socket& socket, Ctx& ctx) {
+  boost::system::error_code ec1, ec2;
+  tcp::endpoint remote = socket.remote_endpoint(ec1);
+  tcp::endpoint local = socket.local_endpoint(ec2);
+  if (ec1 || ec2) return {"unknown", "an unknown peer"};
+  auto plain = [](tcp::endpoint e) {
+    if (e.address().is_v6() && e.address().to_v6().is_v4_mapped())
+      e.address(asio::ip::make_address_v4(asio::ip::v4_mapped, e.address().to_v6()));
+    return e;
+  };
+  remote = plain(remote);
+  local = plain(local);
+  if (remote.address().is_loopback())
+    if (const int diag = ctx.diag_fd(); diag >= 0)
+      if (auto uid = loopback_owner(diag, remote, local)) return uid_peer(*uid);
+  const std::string a = remote.address().to_string();
+  return {"ip:" + a, a};
+}
+
+// A Unix socket: the client's uid (SO_PEERCRED).
+template <class Ctx>
+Peer peer_of(unix_socket::socket& socket, Ctx&) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) return uid_peer(cred.uid);
+  return {"unknown", "an unknown peer"};
+}
+
+// The connections the server may hold at once: max_connections, kept below the open-file limit
+// with room for what else the server opens (sandboxes' pipes, job files, the store).
+std::size_t connection_cap(std::size_t wanted) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return wanted;
+  const std::size_t soft = static_cast<std::size_t>(rl.rlim_cur);
+  const std::size_t room = soft > 512 ? soft - std::max<std::size_t>(256, soft / 4) : std::max<std::size_t>(soft / 2, 1);
+  if (room >= wanted) return wanted;
+  log::info("http: the open-file limit is {}: at most {} connections at once ([server] max_connections is {})", soft, room,
+            wanted);
+  return room;
+}
+
+// One open connection, as the listener sees it.
+struct ConnectionEntry {
+  std::function<void()> close;
+  std::string peer;
+  bool waiting_for_header = true;  // no request in progress: waiting for (the rest of) a header
+  Clock::time_point since = Clock::now();
+};
+
 // Shared by the listener and its connections.
 struct Context {
-  Context(Hub& h, const HttpOptions& o) : hub(h), options(o), rules(HostRules::from(o)) {}
+  Context(Hub& h, const HttpOptions& o)
+      : hub(h), options(o), rules(HostRules::from(o)), max_connections(connection_cap(o.max_connections)),
+        max_per_peer(std::min(o.max_connections_per_peer, max_connections)) {
+  }
   Hub& hub;
   const HttpOptions& options;
   HostRules rules;
-  std::map<std::uint64_t, std::function<void()>> closers;  // open connections
+  const std::size_t max_connections;
+  const std::size_t max_per_peer;
+  UniqueFd diag;  // sock_diag, for the owner of a loopback client's socket (opened on first use)
+  bool diag_tried = false;
+  std::map<std::uint64_t, ConnectionEntry> connections;  // open ones, by id (oldest first)
+  std::map<std::string, std::size_t, std::less<>> per_peer;
   std::uint64_t next_connection = 0;
+  std::size_t evicted = 0;
+
+  void add(std::uint64_t id, ConnectionEntry entry) {
+    ++per_peer[entry.peer];
+    connections.emplace(id, std::move(entry));
+  }
+  void forget(std::uint64_t id) {
+    auto it = connections.find(id);
+    if (it == connections.end()) return;
+    if (auto p = per_peer.find(it->second.peer); p != per_peer.end() && --p->second == 0) per_peer.erase(p);
+    connections.erase(it);
+  }
+  void waiting(std::uint64_t id, bool yes) {
+    if (auto it = connections.find(id); it != connections.end()) {
+      it->second.waiting_for_header = yes;
+      it->second.since = Clock::now();
+    }
+  }
+  int diag_fd() {
+    if (!diag_tried) {
+      diag_tried = true;
+      diag = UniqueFd(::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG));
+      if (!diag) log::info("http: no sock_diag ({}): loopback clients are told apart by address only", std::strerror(errno));
+    }
+    return diag.get();
+  }
+  std::size_t of_peer(std::string_view peer) const {
+    auto it = per_peer.find(peer);
+    return it == per_peer.end() ? 0 : it->second;
+  }
+  // Closes the connection that has waited longest for a request header (of `peer` when given):
+  // a slow or idle client makes room for a new one. False when none is waiting.
+  bool evict_waiting(const std::string* peer) {
+    auto oldest = connections.end();
+    for (auto it = connections.begin(); it != connections.end(); ++it)
+      if (it->second.waiting_for_header && (!peer || it->second.peer == *peer) &&
+          (oldest == connections.end() || it->second.since < oldest->second.since))
+        oldest = it;
+    if (oldest == connections.end()) return false;
+    auto close = std::move(oldest->second.close);
+    forget(oldest->first);
+    if (close) close();
+    if (++evicted == 1 || evicted % 1000 == 0)
+      log::warn("http: at a connection cap ({} open, [server] max_connections {}, max_connections_per_peer {}): closed the "
+                "connection that waited longest for its request header ({} so far)",
+                connections.size(), max_connections, max_per_peer, evicted);
+    return true;
+  }
+  // Room for one more connection of `peer`; else the refusal to send it.
+  std::optional<std::string> make_room(const Peer& peer) {
+    if (of_peer(peer.key) >= max_per_peer && !evict_waiting(&peer.key))
+      return fmt::format("too many connections from {}: {} open, all busy, the limit per peer is {} ([server] "
+                         "max_connections_per_peer)",
+                         peer.shown, of_peer(peer.key), max_per_peer);
+    if (connections.size() >= max_connections && !evict_waiting(nullptr))
+      return fmt::format("too many connections: {} open, all busy, the limit is {} ([server] max_connections)",
+                         connections.size(), max_connections);
+    return std::nullopt;
+  }
 };
+
+// Answers a connection the server will not take (at a cap) with 503 and closes it, without
+// waiting: the answer is small and the socket new, so it fits in the send buffer.
+void refuse_connection(int fd, const std::string& why) {
+  const std::string body =
+      mcp::make_error(nullptr, -32000, why + "; try again later").dump(-1, ' ', false, json::error_handler_t::replace);
+  const std::string text = fmt::format("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                       "Retry-After: 5\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{}",
+                                       body.size(), body);
+  [[maybe_unused]] const ssize_t n = ::send(fd, text.data(), text.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  ::shutdown(fd, SHUT_WR);
+}
 
 Response json_response(unsigned version, int status, const json& body) {
   Response res{static_cast<bhttp::status>(status), version};
@@ -159,19 +352,27 @@ Response error_response(unsigned version, int status, std::string_view message, 
   return json_response(version, status, mcp::make_error(nullptr, code, message));
 }
 
+// A cap's refusal: JSON-RPC error -32000 for request `id` (null: none), naming the cap.
+Response refusal_response(unsigned version, const Refusal& refusal, const json& id = nullptr) {
+  return json_response(version, refusal.http_status, mcp::make_error(id, -32000, refusal.message, refusal.data));
+}
+
 template <class Socket>
 class Connection : public std::enable_shared_from_this<Connection<Socket>> {
  public:
-  Connection(Context& ctx, Socket socket, bool local_socket)
+  Connection(Context& ctx, Socket socket, bool local_socket, Peer peer)
       : ctx_(ctx), hub_(ctx.hub), opt_(ctx.options), socket_(std::move(socket)),
-        local_(local_socket), deadline_(socket_.get_executor()) {}
+        local_(local_socket), peer_(std::move(peer)), deadline_(socket_.get_executor()) {}
 
   void start() {
     auto self = this->shared_from_this();
     id_ = ctx_.next_connection++;
-    ctx_.closers[id_] = [weak = std::weak_ptr<Connection>(self)] {
+    ConnectionEntry entry;
+    entry.peer = peer_.key;
+    entry.close = [weak = std::weak_ptr<Connection>(self)] {
       if (auto c = weak.lock()) c->abort();
     };
+    ctx_.add(id_, std::move(entry));
     asio::co_spawn(socket_.get_executor(), watchdog(self), asio::detached);
     asio::co_spawn(socket_.get_executor(), run(self), asio::detached);
   }
@@ -208,7 +409,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
     boost::system::error_code ignored;
     self->socket_.shutdown(Socket::shutdown_both, ignored);
     self->socket_.close(ignored);
-    self->ctx_.closers.erase(self->id_);
+    self->ctx_.forget(self->id_);
   }
 
   awaitable<void> serve() {
@@ -217,12 +418,16 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
       bhttp::request_parser<bhttp::string_body> parser;
       parser.header_limit(static_cast<std::uint32_t>(opt_.max_header_bytes));
       parser.body_limit(opt_.max_body_bytes);
-      arm(opt_.read_timeout);
+      // Until the header is in, this connection may be closed to make room (see make_room).
+      ctx_.waiting(id_, true);
+      arm(opt_.header_timeout);
       auto [ec, n] = co_await bhttp::async_read_header(socket_, buffer, parser, kTuple);
+      ctx_.waiting(id_, false);
       if (ec) {
         co_await refuse_broken(ec, 11);
         co_return;
       }
+      arm(opt_.read_timeout);
       const auto& header = parser.get();
       if (auto refusal = check(header)) {
         // Refused before the body is read: the connection cannot be reused.
@@ -266,6 +471,11 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
   }
 
   awaitable<bool> write(Response& res) {
+    // A kept-alive connection is closed after header_timeout without a new request: said, so
+    // that clients stop reusing it first (instead of sending into a closing socket).
+    if (res.keep_alive() && opt_.header_timeout >= std::chrono::seconds(1))
+      res.set(bhttp::field::keep_alive,
+              fmt::format("timeout={}", std::chrono::duration_cast<std::chrono::seconds>(opt_.header_timeout).count()));
     arm(opt_.read_timeout);
     auto [ec, n] = co_await bhttp::async_write(socket_, res, kTuple);
     disarm();
@@ -430,10 +640,10 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
 
     std::shared_ptr<HttpSession> session;
     if (is_initialize) {
-      session = hub_.create_session(false);
+      Refusal refusal;
+      session = hub_.create_session(false, peer_, refusal);
       if (!session) {
-        Response res = error_response(v, 503, fmt::format("too many sessions (limit {}); close unused ones (DELETE) or wait for idle ones to "
-                                                           "time out", opt_.max_sessions));
+        Response res = refusal_response(v, refusal);
         co_return co_await write(res);
       }
     } else {
@@ -458,6 +668,14 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
       co_return co_await write(res);
     }
     const json id = message["id"];
+    if (!is_initialize) {
+      if (auto refusal = hub_.admit(*session, message["method"].is_string() ? message["method"].get<std::string>() : "")) {
+        // The request's JSON-RPC answer (the session stays usable).
+        Response res = json_response(v, 200, mcp::make_error(id, -32000, refusal->message, refusal->data));
+        res.set("Mcp-Session-Id", session->id());
+        co_return co_await write(res);
+      }
+    }
     auto stream = session->open_request_stream(id);
     session->receive(std::move(message));
     // Messages the session sent while handling it were posted to this thread: let them land.
@@ -467,7 +685,9 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
       res.set(bhttp::field::content_type, "application/json");
       res.set(bhttp::field::cache_control, "no-store");
       res.set("Mcp-Session-Id", session->id());
-      res.body() = stream->response_json();
+      res.body() = stream->release_response();
+      // Still held for the client until written.
+      HeldBytes held(session->account_ptr(), res.body().size());
       res.prepare_payload();
       session->drop_request_stream(stream);
       if (is_initialize && res.body().find("\"error\"") != std::string::npos &&
@@ -542,9 +762,10 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
       Response res = error_response(v, 406, "not acceptable: this endpoint is an SSE stream; send Accept: text/event-stream");
       co_return co_await write(res);
     }
-    auto session = hub_.create_session(true);
+    Refusal refusal;
+    auto session = hub_.create_session(true, peer_, refusal);
     if (!session) {
-      Response res = error_response(v, 503, fmt::format("too many sessions (limit {})", opt_.max_sessions));
+      Response res = refusal_response(v, refusal);
       co_return co_await write(res);
     }
     auto stream = session->standalone();
@@ -574,6 +795,14 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
       malformed = error_response(v, 400, e.what(), e.code());
     }
     if (malformed) co_return co_await write(*malformed);
+    if (message.is_object() && message.contains("id") && message.contains("method")) {
+      const json& method = message["method"];
+      if (auto refusal = hub_.admit(*session, method.is_string() ? method.get<std::string>() : "")) {
+        // Answers travel on the stream, which this client may not be reading: said here.
+        Response res = refusal_response(v, *refusal, message["id"]);
+        co_return co_await write(res);
+      }
+    }
     session->receive(std::move(message));
     Response res{bhttp::status::accepted, v};
     res.set(bhttp::field::content_type, "text/plain");
@@ -644,6 +873,9 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
         stream->wake();
       }
     });
+    stream->cut_writer = [weak = std::weak_ptr<Connection>(this->shared_from_this())] {
+      if (auto c = weak.lock()) c->abort();
+    };
     struct Detach {
       Hub& hub;
       std::shared_ptr<HttpSession> session;
@@ -653,6 +885,8 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
       Socket& socket;
       ~Detach() {
         stream->attached = false;
+        stream->end_write();
+        stream->cut_writer = nullptr;
         --session->connections;
         session->touch();
         if (post_stream) --hub.post_writers;
@@ -675,9 +909,9 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
       res.chunked(true);
     else
       res.keep_alive(false);
-    auto send = [&](const std::string& text) {
-      return chunked ? asio::async_write(socket_, bhttp::make_chunk(asio::buffer(text)), kTuple)
-                     : asio::async_write(socket_, asio::buffer(text), kTuple);
+    auto send = [&](const auto& buffers) {
+      return chunked ? asio::async_write(socket_, bhttp::make_chunk(buffers), kTuple)
+                     : asio::async_write(socket_, buffers, kTuple);
     };
     bhttp::response_serializer<bhttp::empty_body> serializer{res};
     arm(opt_.read_timeout);
@@ -691,12 +925,17 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
       if (stream->closed() && first.empty()) break;
       if (!first.empty() || stream->has_after(cursor)) {
         std::uint64_t last = cursor;
-        std::string chunk = std::move(first);
-        first.clear();
-        chunk += stream->take(cursor, last);
+        // The events are written from where the stream keeps them (never copied); they stay
+        // until delivered() below.
+        std::vector<asio::const_buffer> buffers;
+        if (!first.empty()) buffers.emplace_back(first.data(), first.size());
+        for (const auto& b : stream->take(cursor, last)) buffers.push_back(b);
         arm(opt_.read_timeout);
-        auto [ec, n] = co_await send(chunk);
+        stream->begin_write(cursor);
+        auto [ec, n] = co_await send(buffers);
+        stream->end_write();
         disarm();
+        first.clear();
         if (ec) co_return false;  // the client went away; the stream stays for a resume
         cursor = last;
         stream->delivered(last);
@@ -710,7 +949,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
         // whether the client is still there.
         static const std::string kKeepalive = ": keepalive\n\n";
         arm(opt_.read_timeout);
-        auto [wec, n] = co_await send(kKeepalive);
+        auto [wec, n] = co_await send(asio::buffer(kKeepalive));
         disarm();
         if (wec) co_return false;
       }
@@ -730,6 +969,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
   const HttpOptions& opt_;
   Socket socket_;
   bool local_;
+  Peer peer_;
   asio::steady_timer deadline_;
   bool done_ = false;
   std::uint64_t id_ = 0;
@@ -741,11 +981,17 @@ awaitable<void> accept_loop(Context& ctx, Acceptor& acceptor, bool local) {
     auto [ec, socket] = co_await acceptor.async_accept(kTuple);
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
-      log::warn("http: accept failed: {}", ec.message());
       if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space) {
+        // Out of descriptors: a connection still waiting for its header makes room.
+        if (ctx.evict_waiting(nullptr)) continue;
+        log::warn("http: accept failed: {} (every connection is busy; raise the open-file limit or lower [server] "
+                  "max_connections)",
+                  ec.message());
         asio::steady_timer pause(acceptor.get_executor(), std::chrono::milliseconds(100));
         co_await pause.async_wait(kTuple);
+        continue;
       }
+      log::warn("http: accept failed: {}", ec.message());
       continue;
     }
     using SocketT = std::decay_t<decltype(socket)>;
@@ -754,7 +1000,14 @@ awaitable<void> accept_loop(Context& ctx, Acceptor& acceptor, bool local) {
       boost::system::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
     }
-    std::make_shared<Connection<SocketT>>(ctx, std::move(socket), local)->start();
+    Peer peer = peer_of(socket, ctx);
+    if (auto refusal = ctx.make_room(peer)) {
+      refuse_connection(socket.native_handle(), *refusal);
+      boost::system::error_code ignored;
+      socket.close(ignored);
+      continue;
+    }
+    std::make_shared<Connection<SocketT>>(ctx, std::move(socket), local, std::move(peer))->start();
   }
 }
 
@@ -787,6 +1040,10 @@ bool is_loopback_host(const std::string& raw) {
 
 int serve_http(mcp::Server& server, const HttpOptions& options) {
   using namespace http_detail;
+  // Answers of a few MiB are made on worker threads and freed here. With malloc's sliding mmap
+  // threshold they would end up in the arenas after the first one and, freed, stay there
+  // (fragmented, untrimmable); above a fixed 1 MiB each is its own mapping, given back on free.
+  ::mallopt(M_MMAP_THRESHOLD, 1024 * 1024);
   asio::io_context io(1);
   Hub hub(server, options, io);
   Context ctx(hub, options);
@@ -837,7 +1094,7 @@ int serve_http(mcp::Server& server, const HttpOptions& options) {
   // Stops the loop once every connection has ended, or after 2 s whatever is left.
   Clock::time_point stop_deadline;
   std::function<void()> wait_closed = [&] {
-    if (ctx.closers.empty() || Clock::now() >= stop_deadline) {
+    if (ctx.connections.empty() || Clock::now() >= stop_deadline) {
       io.stop();
       return;
     }
@@ -848,8 +1105,9 @@ int serve_http(mcp::Server& server, const HttpOptions& options) {
   };
   std::function<void()> close_everything = [&] {
     hub.close_all();
-    auto closers = ctx.closers;  // closing erases from the map
-    for (auto& [id, close] : closers) close();
+    std::vector<std::function<void()>> closers;  // closing erases from the table
+    for (const auto& [id, entry] : ctx.connections) closers.push_back(entry.close);
+    for (auto& close : closers) close();
     stop_deadline = Clock::now() + std::chrono::seconds(2);
     wait_closed();
   };
@@ -921,7 +1179,8 @@ std::string exchange(mcp::Server& server, const HttpOptions& options, const std:
     unix_socket::socket server_side(io), client(io);
     asio::local::connect_pair(server_side, client);
     // Treated as TCP so that the Host/Origin checks run too.
-    std::make_shared<Connection<unix_socket::socket>>(ctx, std::move(server_side), false)->start();
+    Peer peer = peer_of(server_side, ctx);
+    std::make_shared<Connection<unix_socket::socket>>(ctx, std::move(server_side), false, std::move(peer))->start();
     asio::co_spawn(io, [&]() -> awaitable<void> {
       co_await asio::async_write(client, asio::buffer(bytes), kTuple);
       boost::system::error_code ignored;
@@ -935,7 +1194,9 @@ std::string exchange(mcp::Server& server, const HttpOptions& options, const std:
     }, asio::detached);
     io.run_for(budget);
     hub.close_all();
-    for (auto closers = ctx.closers; auto& [id, close] : closers) close();
+    std::vector<std::function<void()>> closers;
+    for (const auto& [id, entry] : ctx.connections) closers.push_back(entry.close);
+    for (auto& close : closers) close();
     boost::system::error_code ignored;
     client.close(ignored);
     io.restart();

@@ -61,11 +61,35 @@ struct HttpOptions {
   std::size_t max_sessions = 256;
   std::size_t max_body_bytes = 8 * 1024 * 1024;  // larger bodies: 413
   std::size_t max_header_bytes = 16 * 1024;      // larger header blocks: 431
-  std::chrono::milliseconds read_timeout{std::chrono::seconds(30)};  // per request, header + body
+  // A request's header block must arrive within header_timeout of the moment the server starts
+  // waiting for it (a new connection, or the end of the previous exchange on a kept-alive one);
+  // its body, and every stalled write, within read_timeout.
+  std::chrono::milliseconds header_timeout{std::chrono::seconds(10)};
+  std::chrono::milliseconds read_timeout{std::chrono::seconds(30)};
   std::chrono::milliseconds shutdown_grace{std::chrono::seconds(5)};
+
+  // Who a peer is: the remote address for TCP, except on loopback, where it is the uid that owns
+  // the client's socket (sock_diag); for a Unix socket, the client's uid (SO_PEERCRED).
+  // Connections at once, and per peer (clamped below the open-file limit). At a cap, the
+  // connection that has waited longest for its request header (of that peer, for the per-peer
+  // cap) is closed to let the new one in; when none is waiting, the new one gets 503.
+  std::size_t max_connections = 1024;
+  std::size_t max_connections_per_peer = 256;
+  std::size_t max_sessions_per_peer = 32;     // of max_sessions
+  // Requests running or queued (ping is never refused): per session and per peer.
+  std::size_t max_requests_per_session = 16;
+  std::size_t max_requests_per_peer = 128;
+
   // Unsent bytes one SSE stream may hold for a slow reader. Above it, notifications to that
-  // stream are dropped (responses never are); a standalone GET stream over it is closed.
+  // stream are dropped (responses never are).
   std::size_t sse_buffer_bytes = 8 * 1024 * 1024;
+  // Bytes held for clients (unsent, or kept for a resume with Last-Event-ID) per session and in
+  // the whole server. Over a budget: what was kept for a resume goes first, notifications are
+  // dropped, a session that already holds unread bytes gets its new requests refused and further
+  // responses replaced by an error saying so (a session with nothing unread always gets its
+  // response, however big).
+  std::size_t max_session_buffer_bytes = 32 * 1024 * 1024;
+  std::size_t max_buffer_bytes = 256 * 1024 * 1024;
   std::chrono::milliseconds sse_keepalive{std::chrono::seconds(15)};
   std::chrono::milliseconds sse_retry{std::chrono::seconds(1)};  // `retry:` in priming events
   std::size_t worker_threads = 512;

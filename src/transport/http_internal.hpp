@@ -3,15 +3,19 @@
 // mcp::Session's send callback, which posts to it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include <boost/asio/buffer.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
@@ -25,39 +29,98 @@ namespace asio = boost::asio;
 using mcp::json;
 using Clock = std::chrono::steady_clock;
 
-// One SSE event, already formatted ("id: …\nevent: message\ndata: …\n\n").
+// Bytes the server holds for clients: unsent, or already written and kept for a resume with
+// Last-Event-ID. One account per session, whose parent is the server's. I/O thread only.
+struct ByteAccount {
+  std::size_t held = 0;    // unsent + kept for replay
+  std::size_t unsent = 0;  // not yet written to the client
+  std::size_t freed = 0;   // released since the last malloc_trim (server account only)
+  // A response had to be dropped for being over a budget: new requests are refused until the
+  // client has read its backlog down to half the budget (session accounts).
+  bool dropping = false;
+  std::shared_ptr<ByteAccount> parent;
+
+  void hold(std::size_t n);            // new unsent bytes
+  void written(std::size_t n);         // unsent → kept for replay
+  void release(std::size_t held_n, std::size_t unsent_n);  // gone (unsent_n of them unsent)
+};
+
+// Holds `bytes` on an account for as long as it lives (a response body being written).
+class HeldBytes {
+ public:
+  HeldBytes(std::shared_ptr<ByteAccount> account, std::size_t bytes);
+  ~HeldBytes();
+  HeldBytes(const HeldBytes&) = delete;
+  HeldBytes& operator=(const HeldBytes&) = delete;
+
+ private:
+  std::shared_ptr<ByteAccount> account_;
+  std::size_t bytes_;
+};
+
+// A message the mcp::Session sent, serialised on the thread that sent it (never on the I/O
+// thread) and classified for routing.
+struct Outbound {
+  enum class Kind { notification, response, request };
+  Kind kind = Kind::notification;
+  std::string text;     // the JSON
+  json related;         // id of the client request it belongs to (null: none)
+  std::string related_key;  // related.dump()
+
+  static Outbound of(const json& message, const json& related);
+};
+
+// One SSE event: "id: …\nevent: message\ndata: " + the JSON + "\n\n" (or a raw block). Kept as
+// parts so that the JSON is never copied.
 struct Event {
   std::uint64_t seq = 0;
-  std::string text;
+  std::string head;
+  std::string data;
+  bool framed = true;  // followed by a blank line
+  std::size_t bytes = 0;  // on the wire (counted when appended)
 };
 
 // One SSE stream of a session: the stream of a POST request (its progress, logs, requests to
 // the client and finally its response), or the session's standalone stream (GET; for the legacy
 // transport, every message). Events are kept after they are written so that a client that lost
-// the connection can resume with Last-Event-ID; the memory is bounded by sse_buffer_bytes.
+// the connection can resume with Last-Event-ID; what is kept counts on the session's account.
 class Stream {
  public:
-  Stream(asio::io_context& io, std::uint64_t id, bool standalone, std::size_t buffer_bytes);
+  Stream(asio::io_context& io, std::uint64_t id, bool standalone, std::size_t buffer_bytes,
+         std::shared_ptr<ByteAccount> account);
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
 
   // Appends a message. A notification is dropped (and counted) when the unsent backlog is over
   // the buffer limit; a response or a request to the client never is. Returns false if dropped.
-  bool push(const json& message, bool legacy_format);
-  // Adds a comment/priming block that is not kept for replay (e.g. the legacy endpoint event).
+  bool push(std::string json_text, Outbound::Kind kind, bool legacy_format);
+  // Adds a block that carries no message (e.g. the legacy endpoint event).
   void push_raw(std::string text);
+  // Counts a notification the session dropped for this stream.
+  void count_dropped() { ++dropped_; }
 
-  // Events with seq > after, concatenated up to about `max_bytes`; sets `last` to the last seq
-  // taken (unchanged when nothing is pending).
-  std::string take(std::uint64_t after, std::uint64_t& last, std::size_t max_bytes = 256 * 1024) const;
+  // The events with seq > after, up to about `max_bytes` (at least one), as buffers into the
+  // kept events: valid until delivered() is called past them or the stream is destroyed. Sets
+  // `last` to the last seq taken (unchanged when nothing is pending).
+  std::vector<asio::const_buffer> take(std::uint64_t after, std::uint64_t& last,
+                                       std::size_t max_bytes = 1024 * 1024) const;
   // The writer wrote everything up to `seq`: the backlog shrinks and old events may go.
   void delivered(std::uint64_t seq);
   bool has_after(std::uint64_t seq) const { return !events_.empty() && events_.back().seq > seq; }
   // True when `seq` is older than what is still kept (a resume from it would miss events).
   bool evicted_before(std::uint64_t seq) const { return seq + 1 < first_kept_; }
+  // Forgets every event the client already has; returns the bytes freed.
+  std::size_t drop_replay();
+  // Forgets everything (nobody can read it any more); returns the bytes freed.
+  std::size_t discard();
 
-  // POST stream: the response (`response_json`, as sent) is in; the writer ends after it.
-  void finish(std::string response_json);
-  const std::string& response_json() const { return response_json_; }
-  void close();   // session over or stream abandoned: the writer ends now
+  // POST stream: the response is in; the writer ends after it.
+  void finish();
+  // The response, moved out, for a request answered with plain JSON (the stream is then empty).
+  std::string release_response();
+  // Session over or stream abandoned: the writer ends now (a write in progress is cut off).
+  void close();
   void wake() { wake_.cancel(); }
 
   std::uint64_t id() const { return id_; }
@@ -68,17 +131,29 @@ class Stream {
   std::uint64_t delivered_seq() const { return delivered_; }
   std::size_t dropped() const { return dropped_; }
   std::size_t unsent_bytes() const { return unsent_bytes_; }
+  std::size_t kept_bytes() const { return kept_bytes_; }
   asio::steady_timer& timer() { return wake_; }
 
+  // A write of the events after `after` (as taken) is in progress: they stay until it ends,
+  // even those already delivered once (a resume re-sends them).
+  void begin_write(std::uint64_t after) { writing_after_ = after; }
+  void end_write() { writing_after_.reset(); }
+  bool writing() const { return writing_after_.has_value(); }
+
   bool attached = false;  // a connection is writing this stream
+  std::function<void()> cut_writer;  // set while attached: closes that connection
   std::string event_prefix;  // "<session-stream-id>_" part of event ids
 
  private:
+  void append(Event event);
+  void pop_front();
+  bool may_drop_front() const;  // delivered, and not part of a write in progress
   void trim();
 
   std::uint64_t id_;
   bool standalone_;
   std::size_t buffer_bytes_;
+  std::shared_ptr<ByteAccount> account_;
   std::deque<Event> events_;
   std::uint64_t next_seq_ = 1;
   std::uint64_t first_kept_ = 1;
@@ -88,8 +163,21 @@ class Stream {
   std::size_t dropped_ = 0;
   bool finished_ = false;
   bool closed_ = false;
-  std::string response_json_;
+  std::optional<std::uint64_t> writing_after_;
   asio::steady_timer wake_;
+};
+
+// Who is on the other end of a connection, for the per-peer caps.
+struct Peer {
+  std::string key;    // "uid:1000", "ip:192.0.2.7"
+  std::string shown;  // for messages: "uid 1000", "192.0.2.7"
+};
+
+// Why a request is not taken (see Hub::admit); the message names the cap and its config key.
+struct Refusal {
+  int http_status = 429;
+  std::string message;
+  json data;  // {"limit": "server.<key>", "value": N}
 };
 
 class Hub;
@@ -97,13 +185,16 @@ class Hub;
 // One MCP session over HTTP.
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
-  HttpSession(Hub& hub, std::string id, bool legacy);
+  HttpSession(Hub& hub, std::string id, bool legacy, Peer peer);
   ~HttpSession();
 
   void start();  // creates the mcp::Session (after make_shared, for the weak callback)
   const std::string& id() const { return id_; }
   bool legacy() const { return legacy_; }
   bool closed() const { return closed_; }
+  const Peer& peer() const { return peer_; }
+  const ByteAccount& account() const { return *account_; }
+  const std::shared_ptr<ByteAccount>& account_ptr() const { return account_; }
 
   // A POST request with `request_id`: its stream, registered before the message goes in.
   std::shared_ptr<Stream> open_request_stream(const json& request_id);
@@ -116,8 +207,12 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   std::string protocol_version() const;
   std::size_t in_flight() const;
 
-  // Routes a message the mcp::Session sent (on the I/O thread).
-  void route(const json& message, const json& related);
+  // Routes a message the mcp::Session sent (on the I/O thread), within the byte budgets.
+  void route(Outbound message);
+  // Frees what this session keeps for resumption until it holds at most `target` bytes: every
+  // event already written first, then the oldest finished streams nobody is reading. Returns
+  // the bytes freed.
+  std::size_t shed(std::size_t target);
 
   void touch() { last_active_ = Clock::now(); }
   Clock::time_point last_active() const { return last_active_; }
@@ -132,10 +227,15 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
  private:
   void retire(std::uint64_t stream_id);  // keeps a few finished streams for resumption
+  // A response that would take the session or the server over its budget while the session
+  // already holds unread bytes: the error that replaces it, else nullopt.
+  std::optional<Refusal> over_budget(const Outbound& response);
 
   Hub& hub_;
   std::string id_;
   bool legacy_;
+  Peer peer_;
+  std::shared_ptr<ByteAccount> account_;
   bool closed_ = false;
   std::unique_ptr<mcp::Session> mcp_;
   std::map<std::string, std::shared_ptr<Stream>> by_request_;  // request id (dumped) → stream
@@ -158,13 +258,24 @@ class Hub {
   Workers workers;
   bool draining = false;  // shutting down: no new sessions
 
-  // nullptr when the cap is reached.
-  std::shared_ptr<HttpSession> create_session(bool legacy);
+  // nullptr (and why in `refusal`) when a cap is reached.
+  std::shared_ptr<HttpSession> create_session(bool legacy, const Peer& peer, Refusal& refusal);
+  // Whether `session` may start the request `method` now: the in-flight caps of the session and
+  // its peer, and the byte budgets (a session whose client does not read its responses gets no
+  // new work). ping is always taken.
+  std::optional<Refusal> admit(HttpSession& session, std::string_view method);
   std::shared_ptr<HttpSession> find(std::string_view id) const;
   void remove(const std::string& id);
   std::size_t session_count() const { return sessions_.size(); }
   std::size_t total_in_flight() const;
   int post_writers = 0;  // POST streams being written now (shutdown waits for them)
+
+  // Bytes held for all clients.
+  const std::shared_ptr<ByteAccount>& account() const { return account_; }
+  // Frees kept events across sessions until the server holds at most `target` bytes.
+  void shed(std::size_t target);
+  // Returns freed memory to the system (malloc_trim on a worker) once enough was released.
+  void trim_memory(bool now = false);
   void close_all();
   void answer_unfinished(const std::string& why);
 
@@ -176,6 +287,10 @@ class Hub {
   void sweep();
 
   std::map<std::string, std::shared_ptr<HttpSession>, std::less<>> sessions_;
+  std::map<std::string, std::size_t, std::less<>> sessions_per_peer_;
+  std::shared_ptr<ByteAccount> account_ = std::make_shared<ByteAccount>();
+  std::shared_ptr<std::atomic<bool>> trimming_ = std::make_shared<std::atomic<bool>>(false);
+  Clock::time_point last_trim_{};
   asio::steady_timer sweeper_;
   bool sweeping_ = false;
 };

@@ -1,4 +1,5 @@
 // Sessions of the HTTP transports and their SSE streams (see http_internal.hpp).
+#include <malloc.h>
 #include <sys/random.h>
 
 #include <algorithm>
@@ -17,41 +18,108 @@ namespace {
 
 // Finished streams whose last events never reached the client, kept for resumption.
 constexpr std::size_t kKeptFinishedStreams = 32;
+// Memory is handed back to the system (malloc_trim) once this much was released, at most once
+// per kTrimInterval (a session closing trims at once after kTrimNowBytes).
+constexpr std::size_t kTrimAfterBytes = 16 * 1024 * 1024;
+constexpr std::size_t kTrimNowBytes = 1024 * 1024;
+constexpr auto kTrimInterval = std::chrono::seconds(1);
 
-bool is_notification(const json& message) {
-  return message.is_object() && message.contains("method") && !message.contains("id");
-}
+std::string mib(std::size_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0)); }
 
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+// Byte accounts
+
+void ByteAccount::hold(std::size_t n) {
+  held += n;
+  unsent += n;
+  if (parent) parent->hold(n);
+}
+
+void ByteAccount::written(std::size_t n) {
+  unsent -= std::min(unsent, n);
+  if (parent) parent->written(n);
+}
+
+void ByteAccount::release(std::size_t held_n, std::size_t unsent_n) {
+  held -= std::min(held, held_n);
+  unsent -= std::min(unsent, unsent_n);
+  freed += held_n;
+  if (parent) parent->release(held_n, unsent_n);
+}
+
+HeldBytes::HeldBytes(std::shared_ptr<ByteAccount> account, std::size_t bytes)
+    : account_(std::move(account)), bytes_(bytes) {
+  if (account_) account_->hold(bytes_);
+}
+
+HeldBytes::~HeldBytes() {
+  if (account_) account_->release(bytes_, bytes_);
+}
+
+Outbound Outbound::of(const json& message, const json& related) {
+  Outbound out;
+  out.related = related;
+  if (!related.is_null()) out.related_key = related.dump();
+  const bool has_method = message.is_object() && message.contains("method");
+  if (has_method)
+    out.kind = message.contains("id") ? Kind::request : Kind::notification;
+  else
+    out.kind = message.is_object() && message.contains("id") && !related.is_null() && message["id"] == related
+                   ? Kind::response
+                   : Kind::request;  // an error about unreadable input: routed like a request
+  out.text = message.dump(-1, ' ', false, json::error_handler_t::replace);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Stream
 
-Stream::Stream(asio::io_context& io, std::uint64_t id, bool standalone, std::size_t buffer_bytes)
-    : id_(id), standalone_(standalone), buffer_bytes_(buffer_bytes), wake_(io) {
+Stream::Stream(asio::io_context& io, std::uint64_t id, bool standalone, std::size_t buffer_bytes,
+               std::shared_ptr<ByteAccount> account)
+    : id_(id), standalone_(standalone), buffer_bytes_(buffer_bytes), account_(std::move(account)), wake_(io) {
   event_prefix = fmt::format("{}_", id);
 }
 
-bool Stream::push(const json& message, bool legacy_format) {
+Stream::~Stream() { discard(); }
+
+void Stream::append(Event event) {
+  event.bytes = event.head.size() + event.data.size() + (event.framed ? 2 : 0);
+  const std::size_t size = event.bytes;
+  kept_bytes_ += size;
+  unsent_bytes_ += size;
+  if (account_) account_->hold(size);
+  events_.push_back(std::move(event));
+}
+
+void Stream::pop_front() {
+  const Event& e = events_.front();
+  const std::size_t size = e.bytes;
+  const std::size_t unsent = e.seq > delivered_ ? size : 0;
+  kept_bytes_ -= std::min(kept_bytes_, size);
+  unsent_bytes_ -= std::min(unsent_bytes_, unsent);
+  if (account_) account_->release(size, unsent);
+  events_.pop_front();
+  first_kept_ = events_.empty() ? next_seq_ : events_.front().seq;
+}
+
+bool Stream::push(std::string json_text, Outbound::Kind kind, bool legacy_format) {
   if (closed_) return false;
-  if (is_notification(message) && unsent_bytes_ > buffer_bytes_) {
+  if (kind == Outbound::Kind::notification && unsent_bytes_ > buffer_bytes_) {
     ++dropped_;
     if (dropped_ == 1 || dropped_ % 1000 == 0)
       log::warn("http: a client reads its SSE stream too slowly; {} notification(s) dropped so far "
-                "(backlog {} bytes, limit {})",
+                "(backlog {} bytes, limit {}: [server] sse_buffer_bytes)",
                 dropped_, unsent_bytes_, buffer_bytes_);
     return false;
   }
-  const std::string data = message.dump(-1, ' ', false, json::error_handler_t::replace);
   Event event;
   event.seq = next_seq_++;
-  if (legacy_format)
-    event.text = fmt::format("event: message\ndata: {}\n\n", data);
-  else
-    event.text = fmt::format("id: {}{}\nevent: message\ndata: {}\n\n", event_prefix, event.seq, data);
-  kept_bytes_ += event.text.size();
-  unsent_bytes_ += event.text.size();
-  events_.push_back(std::move(event));
+  event.head = legacy_format ? std::string("event: message\ndata: ")
+                             : fmt::format("id: {}{}\nevent: message\ndata: ", event_prefix, event.seq);
+  event.data = std::move(json_text);
+  append(std::move(event));
   trim();
   wake();
   return true;
@@ -61,21 +129,25 @@ void Stream::push_raw(std::string text) {
   if (closed_) return;
   Event event;
   event.seq = next_seq_++;
-  event.text = std::move(text);
-  kept_bytes_ += event.text.size();
-  unsent_bytes_ += event.text.size();
-  events_.push_back(std::move(event));
+  event.head = std::move(text);
+  event.framed = false;
+  append(std::move(event));
   wake();
 }
 
-std::string Stream::take(std::uint64_t after, std::uint64_t& last, std::size_t max_bytes) const {
-  std::string out;
+std::vector<asio::const_buffer> Stream::take(std::uint64_t after, std::uint64_t& last, std::size_t max_bytes) const {
+  static constexpr char kBlankLine[] = "\n\n";
+  std::vector<asio::const_buffer> out;
   if (events_.empty() || events_.back().seq <= after) return out;
   std::size_t index = after + 1 >= first_kept_ ? static_cast<std::size_t>(after + 1 - first_kept_) : 0;
+  std::size_t taken = 0;
   for (; index < events_.size(); ++index) {
     const Event& e = events_[index];
-    if (!out.empty() && out.size() + e.text.size() > max_bytes) break;
-    out += e.text;
+    if (taken > 0 && taken + e.bytes > max_bytes) break;
+    out.emplace_back(e.head.data(), e.head.size());
+    if (!e.data.empty()) out.emplace_back(e.data.data(), e.data.size());
+    if (e.framed) out.emplace_back(kBlankLine, 2);
+    taken += e.bytes;
     last = e.seq;
   }
   return out;
@@ -83,40 +155,69 @@ std::string Stream::take(std::uint64_t after, std::uint64_t& last, std::size_t m
 
 void Stream::delivered(std::uint64_t seq) {
   if (seq <= delivered_) return;
+  std::size_t written = 0;
   for (const Event& e : events_) {
     if (e.seq <= delivered_) continue;
     if (e.seq > seq) break;
-    unsent_bytes_ -= std::min(unsent_bytes_, e.text.size());
+    written += e.bytes;
   }
+  unsent_bytes_ -= std::min(unsent_bytes_, written);
+  if (account_) account_->written(written);
   delivered_ = seq;
   trim();
 }
 
-void Stream::trim() {
-  // Only events the client already has may go; what is unsent stays (bounded by push).
-  while (kept_bytes_ > buffer_bytes_ && !events_.empty() && events_.front().seq <= delivered_) {
-    kept_bytes_ -= events_.front().text.size();
-    events_.pop_front();
-    first_kept_ = events_.empty() ? next_seq_ : events_.front().seq;
-  }
+bool Stream::may_drop_front() const {
+  if (events_.empty()) return false;
+  const std::uint64_t seq = events_.front().seq;
+  return seq <= delivered_ && (!writing_after_ || seq <= *writing_after_);
 }
 
-void Stream::finish(std::string response_json) {
+void Stream::trim() {
+  // Only events the client already has may go; what is unsent stays (bounded by push).
+  while (kept_bytes_ > buffer_bytes_ && may_drop_front()) pop_front();
+}
+
+std::size_t Stream::drop_replay() {
+  const std::size_t before = kept_bytes_;
+  while (may_drop_front()) pop_front();
+  return before - kept_bytes_;
+}
+
+std::size_t Stream::discard() {
+  if (writing_after_) return 0;  // never under a write (callers skip attached streams)
+  const std::size_t before = kept_bytes_;
+  while (!events_.empty()) pop_front();
+  return before;
+}
+
+void Stream::finish() {
   finished_ = true;
-  response_json_ = std::move(response_json);
   wake();
+}
+
+std::string Stream::release_response() {
+  std::string text;
+  if (!events_.empty()) text = std::move(events_.back().data);
+  discard();
+  return text;
 }
 
 void Stream::close() {
   closed_ = true;
+  // A write stuck on a client that does not read would keep the events for read_timeout.
+  if (writing() && cut_writer) cut_writer();
+  if (!attached) discard();
   wake();
 }
 
 // ---------------------------------------------------------------------------------------------
 // HttpSession
 
-HttpSession::HttpSession(Hub& hub, std::string id, bool legacy)
-    : hub_(hub), id_(std::move(id)), legacy_(legacy) {}
+HttpSession::HttpSession(Hub& hub, std::string id, bool legacy, Peer peer)
+    : hub_(hub), id_(std::move(id)), legacy_(legacy), peer_(std::move(peer)), account_(std::make_shared<ByteAccount>()) {
+  account_->parent = hub_.account();
+}
 
 HttpSession::~HttpSession() {
   if (!closed_) close();
@@ -129,15 +230,16 @@ void HttpSession::start() {
   mcp_ = std::make_unique<mcp::Session>(
       hub_.server, id_,
       mcp::Session::RoutedSend([weak, &io](const json& message, const json& related) {
-        asio::post(io, [weak, message, related] {
-          if (auto self = weak.lock()) self->route(message, related);
+        // Serialised here, on the sending thread: the I/O thread only moves the text along.
+        asio::post(io, [weak, out = Outbound::of(message, related)]() mutable {
+          if (auto self = weak.lock()) self->route(std::move(out));
         });
       }),
       [&workers](std::function<void()> work) { workers.post(std::move(work)); });
 }
 
 std::shared_ptr<Stream> HttpSession::open_request_stream(const json& request_id) {
-  auto stream = std::make_shared<Stream>(hub_.io, next_stream_++, false, hub_.options.sse_buffer_bytes);
+  auto stream = std::make_shared<Stream>(hub_.io, next_stream_++, false, hub_.options.sse_buffer_bytes, account_);
   streams_[stream->id()] = stream;
   by_request_[request_id.dump()] = stream;
   return stream;
@@ -156,7 +258,7 @@ void HttpSession::drop_request_stream(const std::shared_ptr<Stream>& stream) {
 
 std::shared_ptr<Stream> HttpSession::standalone() {
   if (!standalone_) {
-    standalone_ = std::make_shared<Stream>(hub_.io, next_stream_++, true, hub_.options.sse_buffer_bytes);
+    standalone_ = std::make_shared<Stream>(hub_.io, next_stream_++, true, hub_.options.sse_buffer_bytes, account_);
     streams_[standalone_->id()] = standalone_;
   }
   return standalone_;
@@ -177,28 +279,99 @@ std::string HttpSession::protocol_version() const { return mcp_ ? mcp_->protocol
 
 std::size_t HttpSession::in_flight() const { return mcp_ ? mcp_->in_flight() : 0; }
 
-void HttpSession::route(const json& message, const json& related) {
-  if (closed_) return;
-  if (legacy_) {
-    standalone()->push(message, true);
-    return;
+std::size_t HttpSession::shed(std::size_t target) {
+  std::size_t freed = 0;
+  for (auto& [id, stream] : streams_) {
+    if (account_->held <= target) return freed;
+    freed += stream->drop_replay();
   }
-  if (!related.is_null()) {
-    auto it = by_request_.find(related.dump());
-    if (it != by_request_.end()) {
-      std::shared_ptr<Stream> stream = it->second;
-      stream->push(message, false);
-      const bool response = message.is_object() && !message.contains("method") &&
-                            message.contains("id") && message["id"] == related;
-      if (response) {
-        stream->finish(message.dump(-1, ' ', false, json::error_handler_t::replace));
-        by_request_.erase(it);
-        retire(stream->id());
-      }
+  // Then whole finished streams that nobody reads (kept for a resume), oldest first.
+  for (auto it = streams_.begin(); it != streams_.end() && account_->held > target;) {
+    const std::shared_ptr<Stream>& stream = it->second;
+    if (stream->standalone() || !stream->finished() || stream->attached) {
+      ++it;
+      continue;
+    }
+    const std::size_t n = stream->discard();
+    if (n > 0)
+      log::warn("http: session {}: an unread response of {} kept for a resume was dropped (the session held {}, limit {}: "
+                "[server] max_session_buffer_bytes; the server held {}, limit {}: [server] max_buffer_bytes)",
+                id_.substr(0, 8), mib(n), mib(account_->held + n), mib(hub_.options.max_session_buffer_bytes),
+                mib(hub_.account()->held + n), mib(hub_.options.max_buffer_bytes));
+    freed += n;
+    retired_.erase(std::remove(retired_.begin(), retired_.end(), it->first), retired_.end());
+    it = streams_.erase(it);
+  }
+  return freed;
+}
+
+std::optional<Refusal> HttpSession::over_budget(const Outbound& response) {
+  const std::size_t size = response.text.size();
+  const std::size_t session_limit = hub_.options.max_session_buffer_bytes;
+  const std::size_t server_limit = hub_.options.max_buffer_bytes;
+  auto fits = [&] {
+    return account_->held + size <= session_limit && hub_.account()->held + size <= server_limit;
+  };
+  if (fits()) return std::nullopt;
+  shed(session_limit > size ? session_limit - size : 0);
+  if (!fits()) hub_.shed(server_limit > size ? server_limit - size : 0);
+  // A session with nothing unread always gets its response, however big.
+  if (fits() || account_->unsent == 0) return std::nullopt;
+  if (account_->held + size > session_limit)
+    return Refusal{200,
+                   fmt::format("the response ({}) was dropped: this session already holds {} of responses that its client "
+                               "has not read, and the limit is {} ([server] max_session_buffer_bytes). Read the pending "
+                               "responses (or resume their streams with GET and Last-Event-ID), then repeat the request",
+                               mib(size), mib(account_->unsent), mib(session_limit)),
+                   json{{"limit", "server.max_session_buffer_bytes"}, {"value", session_limit}}};
+  return Refusal{200,
+                 fmt::format("the response ({}) was dropped: the server holds {} that clients have not read (the limit is {}, "
+                             "[server] max_buffer_bytes), {} of it for this session. Read the pending responses, then repeat "
+                             "the request",
+                             mib(size), mib(hub_.account()->held), mib(server_limit), mib(account_->unsent)),
+                 json{{"limit", "server.max_buffer_bytes"}, {"value", server_limit}}};
+}
+
+void HttpSession::route(Outbound message) {
+  if (closed_) return;
+  std::shared_ptr<Stream> stream;
+  bool by_request = false;
+  if (legacy_) {
+    stream = standalone();
+  } else if (!message.related.is_null()) {
+    if (auto it = by_request_.find(message.related_key); it != by_request_.end()) {
+      stream = it->second;
+      by_request = true;
+    }
+  }
+  if (!stream) stream = standalone();
+  const auto& opt = hub_.options;
+  if (message.kind == Outbound::Kind::notification &&
+      (account_->held + message.text.size() > opt.max_session_buffer_bytes ||
+       hub_.account()->held + message.text.size() > opt.max_buffer_bytes)) {
+    shed(opt.max_session_buffer_bytes > message.text.size() ? opt.max_session_buffer_bytes - message.text.size() : 0);
+    const bool fits = account_->held + message.text.size() <= opt.max_session_buffer_bytes &&
+                      hub_.account()->held + message.text.size() <= opt.max_buffer_bytes;
+    if (!fits && account_->unsent > 0) {  // progress and logs are the first to go
+      stream->count_dropped();
       return;
     }
   }
-  standalone()->push(message, false);
+  if (message.kind == Outbound::Kind::response) {
+    if (auto why = over_budget(message)) {
+      log::warn("http: session {}: {}", id_.substr(0, 8), why->message);
+      account_->dropping = true;
+      hub_.account()->freed += message.text.size();  // made on a worker, freed here: worth a trim
+      message.text = mcp::make_error(message.related, -32000, why->message, why->data)
+                         .dump(-1, ' ', false, json::error_handler_t::replace);
+    }
+  }
+  stream->push(std::move(message.text), message.kind, legacy_);
+  if (by_request && message.kind == Outbound::Kind::response) {
+    stream->finish();
+    by_request_.erase(message.related_key);
+    retire(stream->id());
+  }
 }
 
 void HttpSession::answer_unfinished(const std::string& why) {
@@ -206,9 +379,9 @@ void HttpSession::answer_unfinished(const std::string& why) {
   by_request_.clear();
   for (auto& [key, stream] : pending) {
     const json id = json::parse(key, nullptr, false);
-    const json error = mcp::make_error(id, -32000, why);
-    stream->push(error, false);
-    stream->finish(error.dump(-1, ' ', false, json::error_handler_t::replace));
+    stream->push(mcp::make_error(id, -32000, why).dump(-1, ' ', false, json::error_handler_t::replace),
+                 Outbound::Kind::response, legacy_);
+    stream->finish();
     retire(stream->id());
   }
 }
@@ -254,13 +427,74 @@ Hub::~Hub() {
   workers.join();  // sessions being closed finish before the I/O context goes
 }
 
-std::shared_ptr<HttpSession> Hub::create_session(bool legacy) {
-  if (draining || sessions_.size() >= options.max_sessions) return nullptr;
+std::shared_ptr<HttpSession> Hub::create_session(bool legacy, const Peer& peer, Refusal& refusal) {
+  if (draining) {
+    refusal = {503, "the server is shutting down", nullptr};
+    return nullptr;
+  }
+  if (sessions_.size() >= options.max_sessions) {
+    refusal = {503,
+               fmt::format("too many sessions: {} open, the limit is {} ([server] max_sessions); close unused ones "
+                           "(DELETE) or wait for idle ones to time out",
+                           sessions_.size(), options.max_sessions),
+               json{{"limit", "server.max_sessions"}, {"value", options.max_sessions}}};
+    return nullptr;
+  }
+  auto per_peer = sessions_per_peer_.find(peer.key);
+  if (per_peer != sessions_per_peer_.end() && per_peer->second >= options.max_sessions_per_peer) {
+    refusal = {429,
+               fmt::format("too many sessions for {}: {} open, the limit per peer is {} ([server] max_sessions_per_peer); "
+                           "close unused ones (DELETE) or wait for idle ones to time out",
+                           peer.shown, per_peer->second, options.max_sessions_per_peer),
+               json{{"limit", "server.max_sessions_per_peer"}, {"value", options.max_sessions_per_peer}}};
+    return nullptr;
+  }
   std::string id = random_hex(16);
-  auto session = std::make_shared<HttpSession>(*this, id, legacy);
+  auto session = std::make_shared<HttpSession>(*this, id, legacy, peer);
   session->start();
   sessions_.emplace(std::move(id), session);
+  ++sessions_per_peer_[peer.key];
   return session;
+}
+
+std::optional<Refusal> Hub::admit(HttpSession& session, std::string_view method) {
+  if (method == "ping") return std::nullopt;
+  const std::size_t own = session.in_flight();
+  if (own >= options.max_requests_per_session)
+    return Refusal{429,
+                   fmt::format("too many requests in flight in this session: {} (the limit is {}, [server] "
+                               "max_requests_per_session); wait for some to finish or cancel them",
+                               own, options.max_requests_per_session),
+                   json{{"limit", "server.max_requests_per_session"}, {"value", options.max_requests_per_session}}};
+  std::size_t peer_total = 0;
+  for (const auto& [id, s] : sessions_)
+    if (s->peer().key == session.peer().key) peer_total += s->in_flight();
+  if (peer_total >= options.max_requests_per_peer)
+    return Refusal{429,
+                   fmt::format("too many requests in flight from {}: {} in all its sessions (the limit is {}, [server] "
+                               "max_requests_per_peer); wait for some to finish or cancel them",
+                               session.peer().shown, peer_total, options.max_requests_per_peer),
+                   json{{"limit", "server.max_requests_per_peer"}, {"value", options.max_requests_per_peer}}};
+  // Backpressure: a client that does not read its responses gets no new work.
+  if (session.account().held > options.max_session_buffer_bytes) session.shed(options.max_session_buffer_bytes);
+  ByteAccount& account = *session.account_ptr();
+  if (account.dropping && account.unsent <= options.max_session_buffer_bytes / 2) account.dropping = false;
+  if (account.unsent > options.max_session_buffer_bytes || account.dropping)
+    return Refusal{429,
+                   fmt::format("this session's client is not reading its responses: {} are unread (the limit is {}, "
+                               "[server] max_session_buffer_bytes{}); read them (or resume their streams with GET and "
+                               "Last-Event-ID) before sending more requests",
+                               mib(account.unsent), mib(options.max_session_buffer_bytes),
+                               account.dropping ? ", and answers beyond it were dropped" : ""),
+                   json{{"limit", "server.max_session_buffer_bytes"}, {"value", options.max_session_buffer_bytes}}};
+  if (account_->held > options.max_buffer_bytes) shed(options.max_buffer_bytes);
+  if (account_->held > options.max_buffer_bytes && session.account().unsent > 0)
+    return Refusal{503,
+                   fmt::format("the server holds {} that clients have not read (the limit is {}, [server] max_buffer_bytes), "
+                               "{} of it for this session; read your pending responses before sending more requests",
+                               mib(account_->held), mib(options.max_buffer_bytes), mib(session.account().unsent)),
+                   json{{"limit", "server.max_buffer_bytes"}, {"value", options.max_buffer_bytes}}};
+  return std::nullopt;
 }
 
 std::shared_ptr<HttpSession> Hub::find(std::string_view id) const {
@@ -273,7 +507,10 @@ void Hub::remove(const std::string& id) {
   if (it == sessions_.end()) return;
   auto session = it->second;
   sessions_.erase(it);
+  if (auto peer = sessions_per_peer_.find(session->peer().key); peer != sessions_per_peer_.end() && --peer->second == 0)
+    sessions_per_peer_.erase(peer);
   session->close();
+  trim_memory(true);
 }
 
 std::size_t Hub::total_in_flight() const {
@@ -289,7 +526,33 @@ void Hub::answer_unfinished(const std::string& why) {
 void Hub::close_all() {
   auto sessions = std::move(sessions_);
   sessions_.clear();
+  sessions_per_peer_.clear();
   for (auto& [id, session] : sessions) session->close();
+}
+
+void Hub::shed(std::size_t target) {
+  for (auto& [id, session] : sessions_) {
+    if (account_->held <= target) return;
+    session->shed(0);
+  }
+}
+
+void Hub::trim_memory(bool now) {
+  if (account_->freed < (now ? kTrimNowBytes : kTrimAfterBytes)) return;
+  if (!now && Clock::now() - last_trim_ < kTrimInterval) return;
+  if (trimming_->exchange(true)) return;
+  account_->freed = 0;
+  last_trim_ = Clock::now();
+  // The large buffers of responses (made on worker threads, freed here) stay in malloc's arenas
+  // otherwise; trimming walks every arena, so not on the I/O thread.
+  try {
+    workers.post([flag = trimming_] {
+      ::malloc_trim(0);
+      flag->store(false);
+    });
+  } catch (...) {
+    trimming_->store(false);
+  }
 }
 
 void Hub::start_sweeper() {
@@ -318,6 +581,7 @@ void Hub::sweep() {
               std::chrono::duration_cast<std::chrono::seconds>(options.session_idle_timeout).count());
     remove(id);
   }
+  trim_memory();
 }
 
 // ---------------------------------------------------------------------------------------------

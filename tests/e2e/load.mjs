@@ -72,7 +72,8 @@ function makeHome() {
     home.config,
     `[namespace]\ninstances_dir = ${JSON.stringify(home.instancesDir)}\n` +
       `[resource]\ncontext_dirs = [${JSON.stringify(home.contextDir)}]\n` +
-      `[server]\nstate_dir = ${JSON.stringify(home.stateDir)}\n`,
+      // Every session comes from this one client (one uid): lift the per-peer session cap.
+      `[server]\nstate_dir = ${JSON.stringify(home.stateDir)}\nmax_sessions_per_peer = 256\n`,
   );
   return home;
 }

@@ -707,6 +707,58 @@ max_sessions = "many"
   EXPECT_TRUE(has_line_containing(found, "server.max_sessions")) << dump(found);
 }
 
+// The caps that keep one client, sandbox or local user from starving the others.
+TEST_F(ConfigTest, ServerCapsDefaultsOverridesAndBounds) {
+  const config::Config defaults = load_text("").config;
+  EXPECT_EQ(defaults.server.header_timeout, 10);
+  EXPECT_EQ(defaults.server.max_connections, 1024);
+  EXPECT_EQ(defaults.server.max_connections_per_peer, 256);
+  EXPECT_EQ(defaults.server.max_sessions_per_peer, 32);
+  EXPECT_EQ(defaults.server.max_requests_per_session, 16);
+  EXPECT_EQ(defaults.server.max_requests_per_peer, 128);
+  EXPECT_EQ(defaults.server.max_session_buffer_bytes, 32 * 1024 * 1024);
+  EXPECT_EQ(defaults.server.max_buffer_bytes, 256 * 1024 * 1024);
+
+  const config::Config cfg = load_text(R"([server]
+header_timeout = 2
+max_connections = 64
+max_connections_per_peer = 8
+max_sessions_per_peer = 4
+max_requests_per_session = 2
+max_requests_per_peer = 6
+max_session_buffer_bytes = 1048576
+max_buffer_bytes = 4194304
+)")
+                                 .config;
+  EXPECT_EQ(cfg.server.header_timeout, 2);
+  EXPECT_EQ(cfg.server.max_connections, 64);
+  EXPECT_EQ(cfg.server.max_connections_per_peer, 8);
+  EXPECT_EQ(cfg.server.max_sessions_per_peer, 4);
+  EXPECT_EQ(cfg.server.max_requests_per_session, 2);
+  EXPECT_EQ(cfg.server.max_requests_per_peer, 6);
+  EXPECT_EQ(cfg.server.max_session_buffer_bytes, 1048576);
+  EXPECT_EQ(cfg.server.max_buffer_bytes, 4194304);
+  const auto shown = config::to_json(cfg)["server"];
+  EXPECT_EQ(shown["header_timeout"], 2);
+  EXPECT_EQ(shown["max_connections_per_peer"], 8);
+  EXPECT_EQ(shown["max_buffer_bytes"], 4194304);
+
+  const Lines found = problems_of(R"([server]
+header_timeout = 0
+max_connections = 0
+max_connections_per_peer = -1
+max_sessions_per_peer = 0
+max_requests_per_session = 0
+max_requests_per_peer = "many"
+max_session_buffer_bytes = 1000
+max_buffer_bytes = 0
+)");
+  for (const char* key : {"server.header_timeout", "server.max_connections", "server.max_connections_per_peer",
+                          "server.max_sessions_per_peer", "server.max_requests_per_session", "server.max_requests_per_peer",
+                          "server.max_session_buffer_bytes", "server.max_buffer_bytes"})
+    EXPECT_TRUE(has_line_containing(found, std::string(key) + ":")) << key << "\n" << dump(found);
+}
+
 TEST_F(ConfigTest, ServerStateDirIsTheSystemOneAsRoot) {
   auto opts = options(write("c.toml", ""));
   opts.as_root = true;

@@ -22,8 +22,10 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "mcp/protocol.hpp"
@@ -229,6 +231,8 @@ Req get(std::string target) {
 
 struct Probe {
   std::atomic<int> calls{0};
+  std::atomic<int> holding{0};    // "hold" calls waiting now
+  std::atomic<bool> open{false};  // lets every "hold" call finish
 };
 
 std::unique_ptr<mcp::Server> make_server(std::shared_ptr<Probe> probe = std::make_shared<Probe>()) {
@@ -260,6 +264,39 @@ std::unique_ptr<mcp::Server> make_server(std::shared_ptr<Probe> probe = std::mak
     return mcp::ToolResult::text("done " + std::to_string(n));
   };
   server->add_tool(std::move(steps));
+
+  // Waits until the probe's gate opens (or the call is cancelled): a long wait that holds a slot.
+  mcp::Tool hold;
+  hold.name = "hold";
+  hold.description = "Waits until the test lets it go";
+  hold.input_schema = {{"type", "object"}};
+  hold.handler = [probe](const json&, mcp::RequestContext& ctx) {
+    ++probe->calls;
+    ++probe->holding;
+    while (!probe->open.load() && !ctx.wait_cancelled_for(20ms)) {
+    }
+    --probe->holding;
+    return mcp::ToolResult::text("let go");
+  };
+  server->add_tool(std::move(hold));
+
+  // Answers with `bytes` bytes of text (twice: as text and as structuredContent).
+  mcp::Tool big;
+  big.name = "big";
+  big.description = "A large answer";
+  big.input_schema = {{"type", "object"}, {"properties", {{"bytes", {{"type", "integer"}}}, {"gated", {{"type", "boolean"}}}}}};
+  big.handler = [probe](const json& args, mcp::RequestContext& ctx) {
+    ++probe->calls;
+    if (args.value("gated", false)) {  // answers once the gate opens, like "hold"
+      ++probe->holding;
+      while (!probe->open.load() && !ctx.wait_cancelled_for(20ms)) {
+      }
+      --probe->holding;
+    }
+    std::string text(static_cast<std::size_t>(args.value("bytes", 1000)), 'x');
+    return mcp::ToolResult::text(text, json{{"text", text}});
+  };
+  server->add_tool(std::move(big));
   return server;
 }
 
@@ -673,6 +710,13 @@ TEST_F(Http, KeepAliveServesPipelinedRequests) {
   EXPECT_EQ(replies[2].status, 200);
 }
 
+TEST_F(Http, KeptAliveResponsesSayHowLongTheConnectionMayIdle) {
+  options_.header_timeout = 7s;
+  const auto replies = final_replies(raw(get("/healthz").bytes()));
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].header("keep-alive"), "timeout=7");
+}
+
 TEST_F(Http, ConnectionCloseEndsAfterTheResponse) {
   const std::string out = raw(get("/healthz").with("Connection", "close").bytes() + get("/healthz").bytes());
   EXPECT_EQ(final_replies(out).size(), 1u) << out;
@@ -733,6 +777,18 @@ TEST_F(Http, SessionCapIs503) {
   ASSERT_EQ(replies.size(), 2u);
   EXPECT_EQ(replies[0].status, 200);
   expect_refusal(replies[1], 503, -32000, "too many sessions");
+}
+
+TEST_F(Http, SessionCapPerPeerIs429NamingTheKeyAndThePeer) {
+  options_.max_sessions_per_peer = 1;
+  const auto replies = final_replies(raw(post(initialize_message(1)).bytes() + post(initialize_message(2)).bytes()));
+  ASSERT_EQ(replies.size(), 2u);
+  EXPECT_EQ(replies[0].status, 200);
+  // The peer of a Unix socket (here a socketpair) is its uid.
+  expect_refusal(replies[1], 429, -32000, fmt::format("too many sessions for uid {}", ::getuid()));
+  const json body = json::parse(replies[1].body, nullptr, false);
+  EXPECT_EQ(body["error"]["data"]["limit"], "server.max_sessions_per_peer") << replies[1].body;
+  EXPECT_NE(replies[1].body.find("[server] max_sessions_per_peer"), std::string::npos) << replies[1].body;
 }
 
 TEST_F(Http, FailedInitializeOpensNoSession) {
@@ -1033,7 +1089,7 @@ TEST(HttpLive, FullSessionFlow) {
   ASSERT_EQ(list.status, 200);
   const json tools = rpc_of(list)["result"]["tools"];
   ASSERT_TRUE(tools.is_array()) << list.body;
-  EXPECT_EQ(tools.size(), 2u);
+  EXPECT_EQ(tools.size(), 4u);
 
   // tools/call: the answer may come as JSON or as an SSE stream; both carry the response.
   const Reply call = live.request(in_session(rpc(3, "tools/call", {{"name", "echo"}, {"arguments", {{"text", "hi"}}}})));
@@ -1168,6 +1224,7 @@ TEST(HttpLive, SlowOrIdleClientIsCutOffAfterTheReadTimeout) {
   auto server = make_server();
   HttpOptions options = default_options();
   options.read_timeout = 300ms;
+  options.header_timeout = 300ms;
   LiveServer live(*server, options);
   ASSERT_NE(live.port(), 0);
   // Half a header, then nothing: the server closes the connection (no answer) after ~300 ms.
@@ -1196,29 +1253,400 @@ TEST(HttpLive, SlowOrIdleClientIsCutOffAfterTheReadTimeout) {
   EXPECT_EQ(live.stop(), 0);
 }
 
+// A connection that sent `bytes` and is left open; `seen` gets what arrived within `wait`
+// (enough to tell an answer from an SSE stream that keeps going).
+struct Open {
+  int fd = -1;
+  std::string seen;
+  Open() = default;
+  Open(const Open&) = delete;
+  Open& operator=(const Open&) = delete;
+  Open(Open&& o) noexcept : fd(std::exchange(o.fd, -1)), seen(std::move(o.seen)) {}
+  ~Open() {
+    if (fd >= 0) ::close(fd);
+  }
+  // Reads what is there until `until` says enough or `wait` passes.
+  void read_for(std::chrono::milliseconds wait, const std::function<bool(const std::string&)>& until = nullptr,
+                std::size_t at_most = std::string::npos) {
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    char buf[16384];
+    while (fd >= 0 && !(until && until(seen)) && seen.size() < at_most) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left <= 0ms) break;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+      const ssize_t n = ::recv(fd, buf, std::min(sizeof buf, at_most - seen.size()), 0);
+      if (n <= 0) break;
+      seen.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  // True once the server closed the connection (EOF or reset), waiting up to `wait`.
+  bool closed_within(std::chrono::milliseconds wait) {
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    char buf[4096];
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left <= 0ms) return false;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) return true;
+    }
+  }
+};
+
+Open open_with(const LiveServer& live, Req r, std::chrono::milliseconds wait = 300ms, int receive_buffer = 0) {
+  Open o;
+  o.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (receive_buffer > 0) ::setsockopt(o.fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(live.port());
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(o.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ADD_FAILURE() << "cannot connect";
+    return o;
+  }
+  r.host = "127.0.0.1:" + std::to_string(live.port());
+  const std::string bytes = r.bytes();
+  EXPECT_EQ(::send(o.fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+  if (wait > 0ms) o.read_for(wait, [](const std::string& s) { return s.find("\r\n\r\n") != std::string::npos; });
+  return o;
+}
+
+// initialize + notifications/initialized; the session id.
+std::string open_session(const LiveServer& live) {
+  const Reply init = live.request(post(initialize_message()));
+  EXPECT_EQ(init.status, 200) << init.body;
+  const std::string sid = init.header("mcp-session-id");
+  EXPECT_EQ(live.request(post(json{{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}).with("Mcp-Session-Id", sid)).status,
+            202);
+  return sid;
+}
+
+Req call_in(const std::string& sid, int id, const std::string& tool, json arguments = json::object()) {
+  return post(rpc(id, "tools/call", {{"name", tool}, {"arguments", std::move(arguments)}}))
+      .with("Mcp-Session-Id", sid)
+      .with("MCP-Protocol-Version", "2025-11-25");
+}
+
+bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+TEST(HttpLive, HeaderTimeoutIsSeparateFromTheReadTimeout) {
+  auto server = make_server();
+  HttpOptions options = default_options();
+  options.header_timeout = 300ms;
+  options.read_timeout = 20s;
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  // Half a header, then nothing: closed after the header timeout, long before the read timeout.
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(live.talk("POST /mcp HTTP/1.1\r\nHost: localhost\r\n", nullptr, 10s), "");
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, 250ms);
+  EXPECT_LT(took, 5s);
+  // A header that trickles in a byte at a time is cut off just the same.
+  const int fd = live.connect_fd();
+  ASSERT_GE(fd, 0);
+  start = std::chrono::steady_clock::now();
+  bool cut = false;
+  for (char c : std::string("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy")) {
+    if (::send(fd, &c, 1, MSG_NOSIGNAL) != 1) {
+      cut = true;
+      break;
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) > 0) {
+      char b;
+      if (::recv(fd, &b, 1, 0) <= 0) {
+        cut = true;
+        break;
+      }
+    }
+  }
+  took = std::chrono::steady_clock::now() - start;
+  ::close(fd);
+  EXPECT_TRUE(cut) << "the trickling header was not cut off";
+  EXPECT_LT(took, 5s);
+  // Once the header is in, the body has the (long) read timeout: 1 s of silence is fine.
+  Open body;
+  body.fd = live.connect_fd();
+  ASSERT_GE(body.fd, 0);
+  const std::string partial = "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer " + std::string(kToken) +
+                              "\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"jsonrpc\"";
+  ASSERT_EQ(::send(body.fd, partial.data(), partial.size(), MSG_NOSIGNAL), static_cast<ssize_t>(partial.size()));
+  EXPECT_FALSE(body.closed_within(1000ms));
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpLive, AtTheConnectionCapTheLongestWaitingConnectionMakesRoom) {
+  auto server = make_server();
+  HttpOptions options = default_options();
+  options.max_connections = 12;
+  options.max_connections_per_peer = 6;
+  options.header_timeout = 20s;  // nothing times out during the test
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  // 20 half-open requests from this test's uid: the server keeps at most 6 of them.
+  std::vector<Open> attack;
+  for (int i = 0; i < 20; ++i) {
+    Open o;
+    o.fd = live.connect_fd();
+    ASSERT_GE(o.fd, 0);
+    const std::string half = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    ASSERT_EQ(::send(o.fd, half.data(), half.size(), MSG_NOSIGNAL), static_cast<ssize_t>(half.size()));
+    attack.push_back(std::move(o));
+  }
+  // A well-behaved client still gets in, and is served.
+  const std::string sid = open_session(live);
+  const Reply list = live.request(post(rpc(2, "tools/list")).with("Mcp-Session-Id", sid));
+  EXPECT_EQ(list.status, 200) << list.body;
+  // The oldest half-open ones were closed to make room; the newest are still open.
+  int closed = 0;
+  for (auto& o : attack) closed += o.closed_within(100ms) ? 1 : 0;
+  EXPECT_GE(closed, 20 - 6);
+  EXPECT_FALSE(attack.back().closed_within(100ms));
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpLive, WhenEveryConnectionIsBusyANewOneGets503NamingTheCap) {
+  auto server = make_server();
+  HttpOptions options = default_options();
+  options.max_connections = 2;
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  // Two legacy SSE streams: busy connections, not waiting for a header.
+  Req sse = get("/sse");
+  sse.accept = "text/event-stream";
+  Open a = open_with(live, sse, 2000ms);
+  Open b = open_with(live, sse, 2000ms);
+  ASSERT_NE(a.seen.find("200 OK"), std::string::npos) << a.seen;
+  ASSERT_NE(b.seen.find("200 OK"), std::string::npos) << b.seen;
+  Open c = open_with(live, post(initialize_message()), 0ms);
+  c.read_for(3000ms);
+  const auto replies = final_replies(c.seen);
+  ASSERT_EQ(replies.size(), 1u) << c.seen;
+  expect_refusal(replies[0], 503, -32000, "[server] max_connections");
+  EXPECT_EQ(replies[0].header("retry-after"), "5");
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpLive, InFlightCapsPerSessionAndPerPeerNameTheirKeys) {
+  auto probe = std::make_shared<Probe>();
+  auto server = make_server(probe);
+  HttpOptions options = default_options();
+  options.max_requests_per_session = 2;
+  options.max_requests_per_peer = 3;
+  options.max_sessions_per_peer = 8;
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  const std::string a = open_session(live);
+  const std::string b = open_session(live);
+  std::vector<Open> held;
+  held.push_back(open_with(live, call_in(a, 10, "hold")));
+  held.push_back(open_with(live, call_in(a, 11, "hold")));
+  ASSERT_TRUE(eventually([&] { return probe->holding.load() == 2; }, 5s));
+  // The session's third request: a JSON-RPC error for that request naming the cap and its key.
+  const Reply third = live.request(call_in(a, 12, "echo", {{"text", "x"}}));
+  EXPECT_EQ(third.status, 200) << third.body;
+  const json refused = rpc_of(third);
+  EXPECT_EQ(refused["id"], 12) << third.body;
+  EXPECT_EQ(refused["error"]["code"], -32000) << third.body;
+  EXPECT_NE(refused["error"].value("message", "").find("[server] max_requests_per_session"), std::string::npos) << third.body;
+  EXPECT_EQ(refused["error"]["data"]["limit"], "server.max_requests_per_session");
+  // ping is never refused, and another session is served at once.
+  EXPECT_TRUE(rpc_of(live.request(post(rpc(13, "ping")).with("Mcp-Session-Id", a))).contains("result"));
+  const Reply other = live.request(call_in(b, 20, "echo", {{"text", "y"}}));
+  EXPECT_EQ(rpc_of(other)["result"]["structuredContent"]["echo"], "y") << other.body;
+  // The peer's third running request fills the per-peer cap: the next one, in any session, is refused.
+  held.push_back(open_with(live, call_in(b, 21, "hold")));
+  ASSERT_TRUE(eventually([&] { return probe->holding.load() == 3; }, 5s));
+  const json peer_refused = rpc_of(live.request(call_in(b, 22, "echo", {{"text", "z"}})));
+  EXPECT_NE(peer_refused["error"].value("message", "").find("[server] max_requests_per_peer"), std::string::npos) << peer_refused;
+  EXPECT_NE(peer_refused["error"].value("message", "").find(fmt::format("uid {}", ::getuid())), std::string::npos)
+      << peer_refused;  // a loopback client is its uid
+  probe->open = true;
+  ASSERT_TRUE(eventually([&] { return probe->holding.load() == 0; }, 5s));
+  // Once they finished, the session takes requests again.
+  EXPECT_TRUE(eventually([&] { return rpc_of(live.request(call_in(a, 30, "echo", {{"text", "w"}}))).contains("result"); }, 5s));
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpLive, UnreadResponsesAreBoundedPerSession) {
+  auto probe = std::make_shared<Probe>();
+  auto server = make_server(probe);
+  HttpOptions options = default_options();
+  options.max_session_buffer_bytes = 2 * 1024 * 1024;
+  options.max_requests_per_session = 64;
+  options.read_timeout = 20s;
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  const std::string sid = open_session(live);
+  // Four answers of ~6 MiB each (text and structuredContent) that the client never reads (more
+  // than the kernel's socket buffers take), all ready at once.
+  std::vector<Open> unread;
+  for (int i = 0; i < 4; ++i)
+    unread.push_back(open_with(live, call_in(sid, 100 + i, "big", {{"bytes", 3 * 1024 * 1024}, {"gated", true}}), 0ms, 4096));
+  ASSERT_TRUE(eventually([&] { return probe->holding.load() == 4; }, 5s));
+  probe->open = true;
+  // The first to land is kept for the client; the others, beyond the budget, are replaced by
+  // an error that says so. (A look at the first bytes only: a kept answer is not read.)
+  int dropped = 0;
+  for (auto& o : unread) {
+    o.read_for(2000ms, [](const std::string& seen) { return seen.find("\"jsonrpc\"") != std::string::npos; }, 2048);
+    if (o.seen.find("was dropped: this session already holds") != std::string::npos) ++dropped;
+  }
+  EXPECT_GE(dropped, 2);
+  // Then the session gets no new work: its requests are refused before they run.
+  const int calls = probe->calls.load();
+  const Reply refused = live.request(call_in(sid, 200, "big", {{"bytes", 10}}));
+  EXPECT_EQ(refused.status, 200);
+  const std::string said = rpc_of(refused)["error"].value("message", "");
+  EXPECT_NE(said.find("is not reading its responses"), std::string::npos) << refused.body;
+  EXPECT_NE(said.find("[server] max_session_buffer_bytes"), std::string::npos) << said;
+  EXPECT_EQ(probe->calls.load(), calls);
+  // A client that sends its requests one by one without reading is refused just the same.
+  const std::string second = open_session(live);
+  probe->open = false;
+  std::vector<Open> more;
+  int refusals = 0;
+  for (int i = 0; i < 6; ++i) {
+    Open o = open_with(live, call_in(second, 100 + i, "big", {{"bytes", 3 * 1024 * 1024}}), 0ms, 4096);
+    o.read_for(300ms, [](const std::string& seen) { return seen.find("\"jsonrpc\"") != std::string::npos; }, 2048);
+    refusals += o.seen.find("is not reading its responses") != std::string::npos ? 1 : 0;
+    more.push_back(std::move(o));
+  }
+  EXPECT_GE(refusals, 4);
+  // Another session is not affected.
+  const std::string other = open_session(live);
+  const Reply served = live.request(call_in(other, 2, "echo", {{"text", "ok"}}));
+  EXPECT_TRUE(rpc_of(served).contains("result")) << served.status << " " << served.body.substr(0, 500);
+  // Reading makes room: once the unread streams are gone (closed here) and the session ended,
+  // a new session of the same client works.
+  unread.clear();
+  Req del = get("/mcp");
+  del.method = "DELETE";
+  EXPECT_EQ(live.request(del.with("Mcp-Session-Id", sid)).status, 200);
+  const std::string again = open_session(live);
+  EXPECT_TRUE(rpc_of(live.request(call_in(again, 2, "big", {{"bytes", 1000}}))).contains("result"));
+  EXPECT_EQ(live.stop(), 0);
+}
+
+}  // namespace
+
+namespace {
+
+namespace http_detail = nshpc::transport::http_detail;
+
+std::string text_of(const std::vector<boost::asio::const_buffer>& buffers) {
+  std::string out;
+  for (const auto& b : buffers) out.append(static_cast<const char*>(b.data()), b.size());
+  return out;
+}
+
+std::string dumped(const json& j) { return j.dump(); }
+
 }  // namespace
 
 // A slow SSE reader cannot grow the server's memory: past the buffer limit a stream drops
 // notifications (progress, logs), never a response; what the reader has taken is freed.
 TEST(HttpStream, BacklogIsBoundedButResponsesAreKept) {
   boost::asio::io_context io;
-  nshpc::transport::http_detail::Stream stream(io, 1, false, 4096);
-  const nlohmann::json note = {{"jsonrpc", "2.0"},
-                               {"method", "notifications/progress"},
-                               {"params", {{"progressToken", 1}, {"progress", 1}, {"message", std::string(200, 'x')}}}};
+  http_detail::Stream stream(io, 1, false, 4096, nullptr);
+  const std::string note = dumped({{"jsonrpc", "2.0"},
+                                   {"method", "notifications/progress"},
+                                   {"params", {{"progressToken", 1}, {"progress", 1}, {"message", std::string(200, 'x')}}}});
+  using Kind = http_detail::Outbound::Kind;
   std::size_t kept = 0;
-  for (int i = 0; i < 1000; ++i) kept += stream.push(note, false) ? 1 : 0;
+  for (int i = 0; i < 1000; ++i) kept += stream.push(note, Kind::notification, false) ? 1 : 0;
   EXPECT_LT(kept, 40u);
   EXPECT_EQ(stream.dropped(), 1000u - kept);
   EXPECT_LT(stream.unsent_bytes(), 4096u + 400u);
-  const nlohmann::json response = {{"jsonrpc", "2.0"}, {"id", 7}, {"result", {{"big", std::string(10000, 'y')}}}};
-  EXPECT_TRUE(stream.push(response, false));  // never dropped
+  const std::string response = dumped({{"jsonrpc", "2.0"}, {"id", 7}, {"result", {{"big", std::string(10000, 'y')}}}});
+  EXPECT_TRUE(stream.push(response, Kind::response, false));  // never dropped
   std::uint64_t last = 0;
-  const std::string all = stream.take(0, last, 1 << 20);
+  const std::string all = text_of(stream.take(0, last, 1 << 20));
   EXPECT_NE(all.find("\"id\":7"), std::string::npos);
+  EXPECT_NE(all.find("id: 1_1\nevent: message\ndata: {"), std::string::npos) << all.substr(0, 100);
   EXPECT_EQ(last, stream.last_seq());
   // Once the reader has it, old events go (only a bounded tail is kept for resumption).
   stream.delivered(last);
   EXPECT_EQ(stream.unsent_bytes(), 0u);
-  EXPECT_TRUE(stream.push(note, false));
+  EXPECT_TRUE(stream.push(note, Kind::notification, false));
+}
+
+// What a stream keeps counts on its session's account and the server's, unsent and kept for a
+// resume apart; every byte is given back when the events go.
+TEST(HttpStream, HeldBytesAreAccountedAndGivenBack) {
+  boost::asio::io_context io;
+  auto server = std::make_shared<http_detail::ByteAccount>();
+  auto session = std::make_shared<http_detail::ByteAccount>();
+  session->parent = server;
+  using Kind = http_detail::Outbound::Kind;
+  {
+    http_detail::Stream stream(io, 3, false, 1 << 20, session);
+    const std::string message = std::string(1000, 'a');
+    stream.push(message, Kind::notification, false);
+    stream.push(message, Kind::response, false);
+    const std::size_t both = stream.kept_bytes();
+    EXPECT_GT(both, 2000u);
+    EXPECT_EQ(session->held, both);
+    EXPECT_EQ(session->unsent, both);
+    EXPECT_EQ(server->held, both);
+    std::uint64_t last = 0;
+    const std::string first = text_of(stream.take(0, last, 1));  // at least one event
+    EXPECT_EQ(last, 1u);
+    EXPECT_EQ(first.size() * 2, both);
+    stream.delivered(last);
+    EXPECT_EQ(session->held, both);  // written, kept for a resume
+    EXPECT_EQ(session->unsent, both / 2);
+    EXPECT_EQ(stream.drop_replay(), both / 2);
+    EXPECT_TRUE(stream.evicted_before(0));  // a resume from before it would miss an event
+    EXPECT_EQ(session->held, both / 2);
+    EXPECT_EQ(server->unsent, both / 2);
+  }
+  EXPECT_EQ(session->held, 0u);  // destroyed: everything given back
+  EXPECT_EQ(session->unsent, 0u);
+  EXPECT_EQ(server->held, 0u);
+  EXPECT_GT(server->freed, 2000u);
+  {
+    http_detail::Stream stream(io, 4, false, 1 << 20, session);
+    stream.push("{\"id\":1}", Kind::response, false);
+    stream.finish();
+    EXPECT_EQ(stream.release_response(), "{\"id\":1}");  // the JSON alone, moved out
+    EXPECT_EQ(session->held, 0u);
+    http_detail::HeldBytes body(session, 9);
+    EXPECT_EQ(server->unsent, 9u);
+  }
+  EXPECT_EQ(server->held, 0u);
+}
+
+// A resume re-sends events the client had already been given; they stay while that write is in
+// progress, even when the stream is over its buffer and would otherwise let them go.
+TEST(HttpStream, EventsUnderAWriteStayUntilItEnds) {
+  boost::asio::io_context io;
+  http_detail::Stream stream(io, 5, false, 2048, nullptr);
+  using Kind = http_detail::Outbound::Kind;
+  for (int i = 0; i < 3; ++i) stream.push(std::string(500, 'a' + i), Kind::notification, false);
+  std::uint64_t last = 0;
+  stream.take(0, last);
+  stream.delivered(last);  // all three delivered, kept for a resume
+  stream.begin_write(0);   // a resume from the start is writing them again
+  std::uint64_t again = 0;
+  const auto buffers = stream.take(0, again);
+  const std::string before = text_of(buffers);
+  for (int i = 0; i < 4; ++i) stream.push(std::string(600, 'z'), Kind::response, false);  // over the buffer
+  EXPECT_EQ(stream.drop_replay(), 0u);
+  EXPECT_FALSE(stream.evicted_before(0));
+  EXPECT_EQ(text_of(buffers), before);
+  stream.end_write();
+  stream.push(std::string(10, 'y'), Kind::response, false);
+  EXPECT_TRUE(stream.evicted_before(0));  // now they may go
 }
