@@ -187,6 +187,11 @@ int main(int argc, char** argv) {
   std::ofstream(config) << "[namespace]\ninstances_dir = \"" << (root / "instances").string() << "\"\n";
   Server server(binary, config);
   server.tool("create_instance", {{"instance_id", "bench"}});
+  // The same store without cgroups: what terminal_execute's own cgroup ([terminal.limits]) costs.
+  const fs::path config_nocg = root / "config-nocg.toml";
+  std::ofstream(config_nocg) << "[namespace]\ninstances_dir = \"" << (root / "instances").string()
+                             << "\"\n[jobs.local]\nuse_cgroups = false\n";
+  Server nocg(binary, config_nocg);
 
   // The floor, with the same hardened flags, interleaved with the server's calls.
   const bool as_root = ::geteuid() == 0;
@@ -203,7 +208,7 @@ int main(int argc, char** argv) {
       "--die-with-parent", "--share-net", "--bind-fd", "11", "/workspace", "--bind-fd", "12", "/output",
       "--seccomp", "10", "--chdir", "/workspace", "--", "true"};
 
-  std::vector<double> floor_ms, terminal_ms, submit_ms, submit_poll_ms;
+  std::vector<double> floor_ms, terminal_ms, terminal_nocg_ms, submit_ms, submit_poll_ms;
   for (int i = 0; i < 10; ++i) {
     bare_bwrap_ms(bare, bpf_fd, ws, out, as_root);
     server.tool("terminal_execute", {{"instance_id", "bench"}, {"args", {"true"}}});
@@ -213,6 +218,9 @@ int main(int argc, char** argv) {
     auto t = Clock::now();
     server.tool("terminal_execute", {{"instance_id", "bench"}, {"args", {"true"}}});
     terminal_ms.push_back(ms_since(t));
+    t = Clock::now();
+    nocg.tool("terminal_execute", {{"instance_id", "bench"}, {"args", {"true"}}});
+    terminal_nocg_ms.push_back(ms_since(t));
   }
   for (int i = 0; i < runs / 2; ++i) {
     auto t = Clock::now();
@@ -240,16 +248,18 @@ int main(int argc, char** argv) {
   const double jobs_per_s = total / (ms_since(t) / 1000.0);
   const long rss = rss_kb(server.pid());
 
-  Stats f = summarize(floor_ms), te = summarize(terminal_ms), sj = summarize(submit_ms), sp = summarize(submit_poll_ms);
+  Stats f = summarize(floor_ms), te = summarize(terminal_ms), tn = summarize(terminal_nocg_ms), sj = summarize(submit_ms), sp = summarize(submit_poll_ms);
   std::printf("\nns-hpc bench: MCP over stdio, %d runs (interleaved with the floor), %s\n\n", runs,
               as_root ? "as root (sandboxes as uid 65534)" : "as an unprivileged user");
   std::printf("  %-52s %10s %10s\n", "", "median ms", "p99 ms");
   std::printf("  %-52s %10.2f %10.2f\n", "bare hardened bwrap ... true (floor)", f.median, f.p99);
   std::printf("  %-52s %10.2f %10.2f\n", "terminal_execute true (round trip)", te.median, te.p99);
+  std::printf("  %-52s %10.2f %10.2f\n", "terminal_execute true, no cgroups (use_cgroups=false)", tn.median, tn.p99);
   std::printf("  %-52s %10.2f %10.2f\n", "submit_job true, waiting for it", sj.median, sj.p99);
   std::printf("  %-52s %10.2f %10.2f\n", "submit_job true + poll_job", sp.median, sp.p99);
   std::printf("\n  terminal_execute / floor: median %.2fx, p99 %.2fx   (target: <= 1.3x)\n", te.median / f.median,
               te.p99 / f.p99);
+  std::printf("  without its cgroup:       median %.2fx, p99 %.2fx\n", tn.median / f.median, tn.p99 / f.p99);
   std::printf("  jobs per second (8 in flight, 2 cores): %.0f\n", jobs_per_s);
   std::printf("  server RSS after 1,000 finished jobs: %.1f MB   (target: <= 15 MB)\n\n", rss / 1024.0);
   std::system(("rm -rf '" + root.string() + "'").c_str());

@@ -3,13 +3,9 @@
 
 #include <fmt/format.h>
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/error.hpp"
-#include "base/fs.hpp"
-#include "base/safe_path.hpp"
 #include "base/users.hpp"
 #include "cli/app.hpp"
 
@@ -54,31 +50,12 @@ int run_in_sandbox(Context& ctx, const store::Instance& inst, const std::vector<
 
 namespace {
 
-// Puts the workspace file `relative` (as a job's output) on descriptor `target`: opened beneath
-// the workspace without following links, a regular file of the sandbox's uid with one link, or
-// created there. A batch job on a Slurm node writes its output this way, never by a path the
-// sandbox could have turned into a link to a host file.
-void redirect_to_workspace_file(Context& ctx, const store::Instance& inst, const std::string& relative,
-                                int target) {
-  const config::Config& cfg = ctx.config();
-  const std::string shown = cfg.ns.workspace_mount + "/" + relative;
-  const bool as_root = ::geteuid() == 0 && cfg.ns.sandbox_uid != 0;
-  const uid_t owner = as_root ? cfg.ns.sandbox_uid : ::geteuid();
-  UniqueFd ws = fs::open_dir_path(inst.workspace);
-  UniqueFd fd;
-  try {
-    fd = fs::open_beneath(ws.get(), relative, O_WRONLY | O_APPEND, 0, fs::Resolve::beneath_no_links, shown);
-    struct stat st;
-    if (::fstat(fd.get(), &st) < 0) throw SysError(errno, "stat", shown);
-    if (auto why = fs::untrusted_file_problem(st, {.owner = owner}))
-      throw Error(fmt::format("{} is not written: {}; remove it and submit again", shown, *why));
-  } catch (const SysError& e) {
-    if (e.code() != ENOENT) throw;
-    std::optional<std::pair<uid_t, gid_t>> ids;
-    if (as_root) ids = std::make_pair(cfg.ns.sandbox_uid, cfg.ns.sandbox_gid);
-    fd = fs::create_beneath(ws.get(), relative, 0644, ids, shown);
-  }
-  if (::dup2(fd.get(), target) < 0) throw SysError(errno, "dup2", shown);
+// Puts the workspace file `relative` (as a job's output) on descriptor `target`, opened as the
+// store opens every file a sandbox writes: a batch job on a Slurm node writes its output this
+// way, never by a path the sandbox could have turned into a link to a host file.
+void redirect_to_workspace_file(Context& ctx, const store::Instance& inst, const std::string& relative, int target) {
+  UniqueFd fd = ctx.store().open_workspace_file(inst, relative, store::Store::WorkspaceOpen::append);
+  if (::dup2(fd.get(), target) < 0) throw SysError(errno, "dup2", relative);
 }
 
 }  // namespace

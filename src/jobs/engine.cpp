@@ -21,7 +21,6 @@
 #include "base/fs.hpp"
 #include "base/log.hpp"
 #include "base/process.hpp"
-#include "base/safe_path.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
 #include "jobs/jobs.hpp"
@@ -139,16 +138,6 @@ double seconds_between(const std::string& from, const std::string& to) {
   return std::chrono::duration<double>(*b - *a).count();
 }
 
-// The host uid that files written in a sandbox belong to, and the owner the server gives the
-// files it creates there.
-uid_t sandbox_owner(const config::Config& cfg) {
-  return ::geteuid() == 0 && cfg.ns.sandbox_uid != 0 ? cfg.ns.sandbox_uid : ::geteuid();
-}
-std::optional<std::pair<uid_t, gid_t>> sandbox_ids(const config::Config& cfg) {
-  if (::geteuid() == 0 && cfg.ns.sandbox_uid != 0) return std::make_pair(cfg.ns.sandbox_uid, cfg.ns.sandbox_gid);
-  return std::nullopt;
-}
-
 constexpr std::string_view kOutputDir = ".ns_hpc_output";
 
 // A job's output file, relative to its instance's workspace (every job writes there).
@@ -158,16 +147,15 @@ std::string output_relative(const std::string& job_id, std::string_view ext) {
 
 // Everything under the workspace is written by the sandbox: the file is created beneath the
 // workspace descriptor without following links (a planted .ns_hpc_output symlink is refused).
-UniqueFd create_output(const store::Instance& inst, const config::Config& cfg, const std::string& relative) {
-  const std::string shown = cfg.ns.workspace_mount + "/" + relative;
-  UniqueFd ws = fs::open_dir_path(inst.workspace);
+UniqueFd create_output(const store::Store& store, const store::Instance& inst, const config::Config& cfg,
+                       const std::string& relative) {
   try {
-    return fs::create_beneath(ws.get(), relative, 0644, sandbox_ids(cfg), shown);
+    return store.open_workspace_file(inst, relative, store::Store::WorkspaceOpen::create);
   } catch (const SysError& e) {
     if (e.code() == ELOOP || e.code() == ENOTDIR || e.code() == EXDEV)
-      throw UsageError(fmt::format("cannot create the job's output file {}: {}/{} is not a plain folder (a "
+      throw UsageError(fmt::format("cannot create the job's output file {}/{}: {}/{} is not a plain folder (a "
                                    "symbolic link or a file was put there); remove it and submit again",
-                                   shown, cfg.ns.workspace_mount, kOutputDir));
+                                   cfg.ns.workspace_mount, relative, cfg.ns.workspace_mount, kOutputDir));
     throw;
   }
 }
@@ -175,8 +163,8 @@ UniqueFd create_output(const store::Instance& inst, const config::Config& cfg, c
 // The tail of a job's output file: from the descriptor the server created (while it has it),
 // else re-opened beneath the workspace as an untrusted file (never a link, a FIFO, a device, a
 // hard link or someone else's file). A file that may not be read says why instead.
-std::string output_tail(const store::Instance& inst, const config::Config& cfg, const std::string& host_path,
-                        int kept_fd, const TailOptions& opt) {
+std::string output_tail(const store::Store& store, const store::Instance& inst, const config::Config& cfg,
+                        const std::string& host_path, int kept_fd, const TailOptions& opt) {
   if (opt.lines == 0 || opt.bytes == 0) return {};
   if (kept_fd >= 0) return tail_from(kept_fd, opt);
   const std::string ws = inst.workspace.string() + "/";
@@ -185,8 +173,7 @@ std::string output_tail(const store::Instance& inst, const config::Config& cfg, 
   std::string problem;
   UniqueFd fd;
   try {
-    UniqueFd dir = fs::open_dir_path(inst.workspace);
-    fd = fs::open_untrusted_file(dir.get(), relative, {.owner = sandbox_owner(cfg)}, &problem);
+    fd = store.open_workspace_file(inst, relative, store::Store::WorkspaceOpen::read, &problem);
   } catch (const std::exception& e) {
     problem = e.what();
   }
@@ -359,8 +346,8 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   spec.argv = request.argv;
   spec.die_with_caller = false;
   spec.command_prefix = config_.jobs.local.cgroups_command;
-  job->stdout_fd = create_output(inst, config_, output_relative(rec.id, "out"));
-  job->stderr_fd = create_output(inst, config_, output_relative(rec.id, "err"));
+  job->stdout_fd = create_output(store_, inst, config_, output_relative(rec.id, "out"));
+  job->stderr_fd = create_output(store_, inst, config_, output_relative(rec.id, "err"));
   const int out = job->stdout_fd.get(), err = job->stderr_fd.get();
   UniqueFd status(::open(rec.status_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!status) throw SysError(errno, "create", rec.status_path);
@@ -621,11 +608,11 @@ View Engine::view(const std::string& instance_id, const std::string& job_id, con
   v.record = *rec;
   if (auto job = find_running(instance_id, job_id)) {
     std::lock_guard guard(job->mu);
-    v.stdout_tail = output_tail(inst, config_, rec->stdout_path, job->stdout_fd.get(), tail);
-    v.stderr_tail = output_tail(inst, config_, rec->stderr_path, job->stderr_fd.get(), tail);
+    v.stdout_tail = output_tail(store_, inst, config_, rec->stdout_path, job->stdout_fd.get(), tail);
+    v.stderr_tail = output_tail(store_, inst, config_, rec->stderr_path, job->stderr_fd.get(), tail);
   } else {
-    v.stdout_tail = output_tail(inst, config_, rec->stdout_path, -1, tail);
-    v.stderr_tail = output_tail(inst, config_, rec->stderr_path, -1, tail);
+    v.stdout_tail = output_tail(store_, inst, config_, rec->stdout_path, -1, tail);
+    v.stderr_tail = output_tail(store_, inst, config_, rec->stderr_path, -1, tail);
   }
   if (rec->mode == "slurm") {
     // What Slurm itself said (a batch script that could not start, a cancel): server-private.
@@ -882,8 +869,8 @@ Record Engine::submit_slurm(const SubmitRequest& request, std::string_view actor
   Submitting submitting(*this, inst.id + "/" + rec.id);
   rec.owner_pid = ::getpid();
   rec.owner_start = start_time_of(rec.owner_pid);
-  create_output(inst, config_, output_relative(rec.id, "out"));  // there (and readable) while the job waits
-  create_output(inst, config_, output_relative(rec.id, "err"));
+  create_output(store_, inst, config_, output_relative(rec.id, "out"));  // there (and readable) while the job waits
+  create_output(store_, inst, config_, output_relative(rec.id, "err"));
   save(inst, rec);
   try {
     rec.slurm_job_id = slurm_.submit(sbatch, script);

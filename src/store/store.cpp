@@ -1,6 +1,7 @@
 #include "store/store.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include "audit/audit.hpp"
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/safe_path.hpp"
 #include "base/log.hpp"
 #include "base/time.hpp"
 
@@ -122,6 +124,7 @@ Store::Store(const config::Config& config, JobsGuard& jobs)
     : root_(config.ns.instances_dir),
       default_network_(config.ns.default_network),
       rotation_{static_cast<std::uint64_t>(config.audit.max_size) * 1024 * 1024, static_cast<int>(config.audit.keep)},
+      workspace_mount_(config.ns.workspace_mount),
       jobs_(&jobs) {
   if (::geteuid() == 0 && config.ns.sandbox_uid != 0) {
     owner_uid_ = config.ns.sandbox_uid;
@@ -440,6 +443,34 @@ Store::DiskUse Store::disk_use(const Instance& instance) const {
   const fs::TreeUsage ws = fs::tree_usage(instance.workspace);
   const fs::TreeUsage out = fs::tree_usage(instance.output);
   return {ws.bytes, out.bytes, ws.files + out.files};
+}
+
+UniqueFd Store::open_workspace_file(const Instance& instance, const std::string& relative, WorkspaceOpen how,
+                                    std::string* problem) const {
+  const std::string shown = workspace_mount_ + "/" + relative;
+  const fs::Expect expect{.owner = owner_uid_.value_or(::geteuid())};
+  std::optional<std::pair<uid_t, gid_t>> owner;
+  if (owner_uid_) owner = std::make_pair(*owner_uid_, owner_gid_);
+  UniqueFd dir = fs::open_dir_path(instance.workspace);
+  switch (how) {
+    case WorkspaceOpen::read:
+      return fs::open_untrusted_file(dir.get(), relative, expect, problem);
+    case WorkspaceOpen::append:
+      try {
+        UniqueFd fd = fs::open_beneath(dir.get(), relative, O_WRONLY | O_APPEND, 0, fs::Resolve::beneath_no_links, shown);
+        struct stat st;
+        if (::fstat(fd.get(), &st) < 0) throw SysError(errno, "stat", shown);
+        if (auto why = fs::untrusted_file_problem(st, expect))
+          throw Error(fmt::format("{} is not written: {}; remove it and try again", shown, *why));
+        return fd;
+      } catch (const SysError& e) {
+        if (e.code() != ENOENT) throw;
+      }
+      [[fallthrough]];
+    case WorkspaceOpen::create:
+      return fs::create_beneath(dir.get(), relative, 0644, owner, shown);
+  }
+  return {};
 }
 
 sandbox::Target Store::sandbox_target(const Instance& instance) const {

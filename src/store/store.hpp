@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "audit/audit.hpp"
+#include "base/fd.hpp"
 #include "config/config.hpp"
 #include "sandbox/sandbox.hpp"
 
@@ -171,6 +172,17 @@ class Store {
   };
   DiskUse disk_use(const Instance& instance) const;
 
+  // A file of an instance's workspace, which its sandbox writes (so it is hostile): opened beneath
+  // the workspace without following links and without blocking (base/safe_path.hpp).
+  //   create: a fresh file (a planted entry is removed, not followed), given to the sandbox uid
+  //   append: an existing regular file of the sandbox uid with one link, else a fresh one
+  //   read:   for reading, checked the same way; an invalid descriptor and `problem` set when
+  //           it may not be read (missing, a link, not a regular file, another owner)
+  // create and append throw SysError (ELOOP/ENOTDIR: a link or a file on the way).
+  enum class WorkspaceOpen { create, append, read };
+  UniqueFd open_workspace_file(const Instance& instance, const std::string& relative, WorkspaceOpen how,
+                               std::string* problem = nullptr) const;
+
   // What a sandbox of this instance binds: its workspace, output and network.
   sandbox::Target sandbox_target(const Instance& instance) const;
 
@@ -205,6 +217,7 @@ class Store {
   stdfs::path root_;
   config::Network default_network_;
   audit::Rotation rotation_;
+  std::string workspace_mount_;
   std::optional<uid_t> owner_uid_;
   gid_t owner_gid_ = 0;
   JobsGuard* jobs_;
