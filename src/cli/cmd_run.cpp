@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -84,8 +85,16 @@ int serve(Context& ctx, Transport&& transport) {
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   jobs::Engine& engine = ctx.jobs();
   engine.recover();  // jobs left running by an earlier server are watched again
-  if (const std::size_t finished = ctx.store().finish_deletions())
-    log::info("finished {} delete(s) an earlier run left unfinished", finished);
+  // Deletes an earlier run left unfinished, off the start-up path (a big tree must not delay the
+  // first answer); joined when the server ends.
+  std::jthread finish_deletions([&store = ctx.store()] {
+    try {
+      if (const std::size_t finished = store.finish_deletions())
+        log::info("finished {} delete(s) an earlier run left unfinished", finished);
+    } catch (const std::exception& e) {
+      log::warn("finishing earlier deletes: {}", e.what());
+    }
+  });
   const tools::Services services{cfg, ctx.store(), ctx.backend(), &engine};
   mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
   tools::register_all(server, services);
