@@ -10,13 +10,13 @@
 #include <cctype>
 #include <cstdlib>
 #include <memory>
-#include <random>
 #include <set>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "base/random.hpp"
 
 namespace nshpc {
 
@@ -29,11 +29,6 @@ Pipe make_pipe() {
 namespace fs {
 
 namespace {
-
-std::string random_suffix() {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  return fmt::format("{:016x}", rng());
-}
 
 void write_all(int fd, std::string_view data, const stdfs::path& what) {
   while (!data.empty()) {
@@ -56,7 +51,7 @@ void sync_dir(const stdfs::path& dir) {
 
 void atomic_write(const stdfs::path& path, std::string_view data, mode_t mode) {
   const stdfs::path dir = path.parent_path().empty() ? stdfs::path(".") : path.parent_path();
-  const stdfs::path tmp = dir / fmt::format(".{}.tmp-{}", path.filename().string(), random_suffix());
+  const stdfs::path tmp = dir / fmt::format(".{}.tmp-{}", path.filename().string(), random::hex(8));
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode));
   if (!fd) throw SysError(errno, "create", tmp.string());
   try {

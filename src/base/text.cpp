@@ -35,27 +35,81 @@ std::string shell_join(const std::vector<std::string>& argv) {
   return out;
 }
 
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  for (;;) {
+    const auto end = s.find(sep);
+    out.push_back(s.substr(0, end));
+    if (end == std::string_view::npos) return out;
+    s.remove_prefix(end + 1);
+  }
+}
+
+std::string_view trim(std::string_view s, std::string_view chars) {
+  const auto first = s.find_first_not_of(chars);
+  if (first == std::string_view::npos) return {};
+  return s.substr(first, s.find_last_not_of(chars) - first + 1);
+}
+
+namespace {
+
+// Length of the well-formed UTF-8 sequence starting at s[0] (n > 0 bytes available), or 0.
+std::size_t sequence_length(const unsigned char* s, std::size_t n) {
+  const unsigned c = s[0];
+  if (c < 0x80) return 1;
+  if (c < 0xC2) return 0;  // continuation byte or overlong 2-byte lead
+  auto cont = [&](std::size_t i) { return i < n && (s[i] & 0xC0u) == 0x80u; };
+  if (c < 0xE0) return cont(1) ? 2 : 0;
+  if (c < 0xF0) {
+    if (!cont(1) || !cont(2)) return 0;
+    if (c == 0xE0 && s[1] < 0xA0) return 0;   // overlong
+    if (c == 0xED && s[1] >= 0xA0) return 0;  // UTF-16 surrogates
+    return 3;
+  }
+  if (c < 0xF5) {
+    if (!cont(1) || !cont(2) || !cont(3)) return 0;
+    if (c == 0xF0 && s[1] < 0x90) return 0;   // overlong
+    if (c == 0xF4 && s[1] >= 0x90) return 0;  // above U+10FFFF
+    return 4;
+  }
+  return 0;
+}
+
+const unsigned char* bytes(std::string_view s) { return reinterpret_cast<const unsigned char*>(s.data()); }
+
+}  // namespace
+
+std::optional<std::size_t> find_invalid_utf8(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t len = sequence_length(bytes(s) + i, s.size() - i);
+    if (len == 0) return i;
+    i += len;
+  }
+  return std::nullopt;
+}
+
+std::size_t utf8_length(std::string_view s) {
+  std::size_t count = 0;
+  for (std::size_t i = 0; i < s.size(); ++count) {
+    const std::size_t len = sequence_length(bytes(s) + i, s.size() - i);
+    i += len == 0 ? 1 : len;
+  }
+  return count;
+}
+
 std::string sanitize_utf8(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool ok = len > 0 && i + len <= s.size();
-    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    if (ok && len > 1) {  // reject overlong forms, surrogates and values above U+10FFFF
-      const auto c1 = static_cast<unsigned char>(s[i + 1]);
-      if ((len == 2 && c < 0xC2) || (len == 3 && c == 0xE0 && c1 < 0xA0) || (len == 3 && c == 0xED && c1 > 0x9F) ||
-          (len == 4 && c == 0xF0 && c1 < 0x90) || (len == 4 && (c > 0xF4 || (c == 0xF4 && c1 > 0x8F))))
-        ok = false;
-    }
-    if (ok) {
-      out.append(s.substr(i, len));
-      i += len;
-    } else {
+  auto bad = find_invalid_utf8(s);
+  if (!bad) return std::string(s);
+  std::string out(s.substr(0, *bad));
+  out.reserve(s.size() + 8);
+  for (std::size_t i = *bad; i < s.size();) {
+    const std::size_t len = sequence_length(bytes(s) + i, s.size() - i);
+    if (len == 0) {
       out += "\xEF\xBF\xBD";
       ++i;
+    } else {
+      out.append(s.substr(i, len));
+      i += len;
     }
   }
   return out;

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -10,7 +12,21 @@ namespace nshpc::text {
 std::string shell_quote(std::string_view arg);
 std::string shell_join(const std::vector<std::string>& argv);
 
-// Replaces every byte sequence that is not valid UTF-8 with U+FFFD (so it can be put in JSON).
+// The pieces of `s` between each `sep` (n separators give n + 1 pieces, empty ones included).
+// The views point into `s`.
+std::vector<std::string_view> split(std::string_view s, char sep);
+
+// `s` without leading and trailing characters from `chars` (blanks, tabs and line ends by default).
+std::string_view trim(std::string_view s, std::string_view chars = " \t\r\n");
+
+// Byte offset of the first ill-formed UTF-8 sequence (RFC 3629: no overlongs, no surrogates,
+// nothing above U+10FFFF), or nullopt when `s` is valid UTF-8.
+std::optional<std::size_t> find_invalid_utf8(std::string_view s);
+
+// Number of code points; each ill-formed byte counts as one.
+std::size_t utf8_length(std::string_view s);
+
+// `s` with every ill-formed byte replaced by U+FFFD (so it can be put in JSON).
 std::string sanitize_utf8(std::string_view s);
 
 // Cuts `s` to at most `max_bytes` on a UTF-8 boundary, appending "…" when cut.

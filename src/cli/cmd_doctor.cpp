@@ -25,6 +25,7 @@
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "base/safe_path.hpp"
+#include "base/text.hpp"
 #include "cli/app.hpp"
 #include "cli/output.hpp"
 #include "sandbox/cgroups.hpp"
@@ -80,11 +81,6 @@ int in_child(F body) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-std::string trim(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
 Check check_config(Context& ctx, const config::Config*& cfg, std::optional<config::Config>& fallback) {
   Check c{"config is valid"};
   try {
@@ -119,7 +115,7 @@ Check check_bwrap(const config::Config& cfg) {
     return c;
   }
   auto [rc, out] = capture({*path, "--version"});
-  out = trim(out);
+  out = std::string(text::trim(out));
   int major = 0, minor = 0, patch = 0;
   std::sscanf(out.c_str(), "bubblewrap %d.%d.%d", &major, &minor, &patch);
   c.detail = fmt::format("{} ({})", *path, out.empty() ? "no version" : out);
@@ -131,7 +127,7 @@ Check check_bwrap(const config::Config& cfg) {
 Check check_userns(const config::Config& cfg) {
   Check c{"user namespaces"};
   auto max = fs::read_file("/proc/sys/user/max_user_namespaces");
-  std::string value = max ? trim(*max) : "?";
+  std::string value = max ? std::string(text::trim(*max)) : "?";
   const bool root = ::geteuid() == 0;
   const uid_t uid = cfg.ns.sandbox_uid;
   const gid_t gid = cfg.ns.sandbox_gid;
@@ -243,7 +239,7 @@ Check check_smoke(Context& ctx, const config::Config& cfg) {
       c.detail = st.started ? fmt::format("command exited {}{}", st.exit_code,
                                           wrote ? "" : "; workspace/output not writable")
                             : st.error;
-      if (!messages.empty()) c.detail += ": " + trim(messages);
+      if (!messages.empty()) c.detail += fmt::format(": {}", text::trim(messages));
       c.fix = "check namespace.bwrap_command and namespace.sandbox_uid; try: ns-hpc bwrap ID -- true";
     }
   } catch (const std::exception& e) {

@@ -15,6 +15,7 @@
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
+#include "base/random.hpp"
 #include "cli/app.hpp"
 #include "tools/tools.hpp"
 #include "transport/http.hpp"
@@ -40,18 +41,6 @@ struct RunArgs {
        has_session_timeout = false;
 };
 
-std::string random_token() {
-  std::FILE* f = std::fopen("/dev/urandom", "rb");
-  if (!f) throw SysError(errno, "open", "/dev/urandom (to generate an HTTP token)");
-  unsigned char raw[32];
-  const bool ok = std::fread(raw, 1, sizeof raw, f) == sizeof raw;
-  std::fclose(f);
-  if (!ok) throw Error("could not read 32 random bytes from /dev/urandom for the HTTP token");
-  std::string out;
-  for (unsigned char c : raw) out += fmt::format("{:02x}", c);
-  return out;
-}
-
 // The token kept in <state_dir>/http-token (0600), created on first use.
 std::string stored_token(const std::filesystem::path& state_dir, bool& created) {
   const std::filesystem::path file = state_dir / "http-token";
@@ -70,7 +59,7 @@ std::string stored_token(const std::filesystem::path& state_dir, bool& created) 
     log::warn("{} holds no usable token (fewer than 16 characters): a new one is generated", file.string());
   }
   fs::make_dirs(state_dir, 0700);
-  std::string token = random_token();
+  std::string token = random::hex(32);
   fs::atomic_write(file, token + "\n", 0600);
   created = true;
   return token;

@@ -1,9 +1,9 @@
 // Job states, ids and the persisted record.
 #include <array>
-#include <random>
 
 #include <fmt/format.h>
 
+#include "base/random.hpp"
 #include "jobs/jobs.hpp"
 
 namespace nshpc::jobs {
@@ -36,9 +36,7 @@ std::optional<State> parse_state(std::string_view text) {
 bool is_final(State state) { return state != State::pending && state != State::running; }
 
 std::string new_job_id() {
-  std::random_device rd;
-  std::mt19937_64 rng((static_cast<std::uint64_t>(rd()) << 32) ^ rd());
-  return fmt::format("{:012x}", rng() & 0xffffffffffffULL);
+  return random::hex(6);
 }
 
 bool valid_job_id(std::string_view id) {

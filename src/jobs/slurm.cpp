@@ -8,18 +8,13 @@
 
 #include "base/error.hpp"
 #include "base/process.hpp"
+#include "base/text.hpp"
 
 namespace nshpc::jobs {
 
 namespace {
 
 constexpr std::chrono::seconds kCommandTimeout{60};
-
-std::string join_ids(const std::vector<std::string>& ids) {
-  std::string out;
-  for (const auto& id : ids) out += (out.empty() ? "" : ",") + id;
-  return out;
-}
 
 std::string first_word(std::string_view s) {
   const auto space = s.find(' ');
@@ -35,18 +30,6 @@ void parse_exit(std::string_view text, SlurmStatus& st) {
     st.signal = std::stoi(std::string(text.substr(colon + 1)));
   } catch (const std::exception&) {
   }
-}
-
-std::vector<std::string_view> split(std::string_view text, char sep) {
-  std::vector<std::string_view> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const auto end = text.find(sep, start);
-    out.push_back(text.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start));
-    if (end == std::string_view::npos) break;
-    start = end + 1;
-  }
-  return out;
 }
 
 }  // namespace
@@ -164,12 +147,12 @@ std::map<std::string, SlurmStatus> SlurmClient::query(const std::vector<std::str
 std::map<std::string, SlurmStatus> SlurmClient::query_sacct(const std::vector<std::string>& ids) {
   std::vector<std::string> argv = config_.sacct_command;
   for (const char* a : {"-n", "-X", "-P", "-o", "JobIDRaw,State,ExitCode,Reason", "-j"}) argv.emplace_back(a);
-  argv.push_back(join_ids(ids));
+  argv.push_back(fmt::format("{}", fmt::join(ids, ",")));
   const std::string text = run(argv, {}, "");
   std::map<std::string, SlurmStatus> out;
-  for (auto line : split(text, '\n')) {
+  for (auto line : text::split(text, '\n')) {
     if (line.empty()) continue;
-    auto f = split(line, '|');
+    auto f = text::split(line, '|');
     if (f.size() < 4) continue;
     SlurmStatus st;
     st.state = first_word(f[1]);
@@ -183,7 +166,7 @@ std::map<std::string, SlurmStatus> SlurmClient::query_sacct(const std::vector<st
 std::map<std::string, SlurmStatus> SlurmClient::query_squeue(const std::vector<std::string>& ids) {
   std::vector<std::string> argv = config_.squeue_command;
   for (const char* a : {"-h", "-t", "all", "-O", "JobID:|,State:|,Reason:|,exit_code:|", "-j"}) argv.emplace_back(a);
-  argv.push_back(join_ids(ids));
+  argv.push_back(fmt::format("{}", fmt::join(ids, ",")));
   const std::string text = run(argv, {}, "");
   auto trim = [](std::string_view v) {
     while (!v.empty() && (v.back() == ' ' || v.back() == '\r')) v.remove_suffix(1);
@@ -191,8 +174,8 @@ std::map<std::string, SlurmStatus> SlurmClient::query_squeue(const std::vector<s
     return std::string(v);
   };
   std::map<std::string, SlurmStatus> out;
-  for (auto line : split(text, '\n')) {
-    auto f = split(line, '|');
+  for (auto line : text::split(text, '\n')) {
+    auto f = text::split(line, '|');
     if (f.size() < 4) continue;
     SlurmStatus st;
     st.state = first_word(trim(f[1]));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "base/text.hpp"
 #include "mcp/validate.hpp"
 
 namespace nshpc::mcp {
@@ -20,7 +21,7 @@ struct TooDeep {};
 std::string without_prefix(std::string_view what) {
   if (!what.empty() && what.front() == '[')
     if (auto end = what.find("] "); end != std::string_view::npos) what.remove_prefix(end + 2);
-  return detail::sanitize_utf8(what);
+  return text::sanitize_utf8(what);
 }
 
 }  // namespace
@@ -33,7 +34,7 @@ bool is_supported_version(std::string_view version) {
 json parse_message(std::string_view text, const ParseLimits& limits) {
   // nlohmann only checks UTF-8 inside strings; checking the whole text first also catches stray
   // bytes between tokens and gives one clear message for both.
-  if (auto bad = detail::find_invalid_utf8(text))
+  if (auto bad = text::find_invalid_utf8(text))
     throw ProtocolError(kParseError,
                         fmt::format("parse error: invalid UTF-8 at byte {} of the message", *bad));
 
@@ -69,7 +70,7 @@ json make_response(const json& id, json result) {
 }
 
 json make_error(const json& id, int code, std::string_view message, const json& data) {
-  json error = {{"code", code}, {"message", detail::sanitize_utf8(message)}};
+  json error = {{"code", code}, {"message", text::sanitize_utf8(message)}};
   if (!data.is_null()) error["data"] = data;
   return json{{"jsonrpc", "2.0"}, {"id", id}, {"error", std::move(error)}};
 }

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <unordered_set>
 
+#include "base/text.hpp"
 #include "mcp/validate.hpp"
 
 namespace nshpc::mcp {
@@ -280,7 +281,7 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
       if (closed || !initialized || lv < level) return;
     }
     json params = {{"level", std::string(to_string(lv))}};
-    if (!logger.empty()) params["logger"] = detail::sanitize_utf8(logger);
+    if (!logger.empty()) params["logger"] = text::sanitize_utf8(logger);
     params["data"] = data;
     emit(make_notification("notifications/message", std::move(params)), related);
   }
@@ -346,7 +347,7 @@ class Session::State::Context final : public RequestContext {
     call_->last_progress = progress;
     json params = {{"progressToken", *call_->progress_token}, {"progress", progress}};
     if (total && std::isfinite(*total)) params["total"] = *total;
-    if (!message.empty()) params["message"] = detail::sanitize_utf8(message);
+    if (!message.empty()) params["message"] = text::sanitize_utf8(message);
     state_->emit(make_notification("notifications/progress", std::move(params)), call_->id);
   }
 
@@ -701,7 +702,7 @@ void Session::State::request(const std::string& method, const json& id, const js
     if (!parsed)
       throw invalid_params(fmt::format(
           "params.level: {}; expected one of {}",
-          lv == params.end() ? std::string("missing") : "got " + detail::sanitize_utf8(lv->dump()),
+          lv == params.end() ? std::string("missing") : "got " + text::sanitize_utf8(lv->dump()),
           log_level_names()));
     {
       std::lock_guard lock(mu);
@@ -749,7 +750,7 @@ void Session::State::request(const std::string& method, const json& id, const js
         } catch (const ProtocolError&) {
           throw;
         } catch (const std::exception& e) {
-          r = ToolResult::error(detail::sanitize_utf8(e.what()));
+          r = ToolResult::error(text::sanitize_utf8(e.what()));
         } catch (...) {
           r = ToolResult::error("the tool failed with an unknown exception");
         }

@@ -12,28 +12,6 @@ namespace nshpc::mcp::detail {
 
 namespace {
 
-// Length of the well-formed UTF-8 sequence starting at s[0] (n > 0 bytes available), or 0.
-std::size_t sequence_length(const unsigned char* s, std::size_t n) {
-  const unsigned c = s[0];
-  if (c < 0x80) return 1;
-  if (c < 0xC2) return 0;  // continuation byte or overlong 2-byte lead
-  auto cont = [&](std::size_t i) { return i < n && (s[i] & 0xC0u) == 0x80u; };
-  if (c < 0xE0) return cont(1) ? 2 : 0;
-  if (c < 0xF0) {
-    if (!cont(1) || !cont(2)) return 0;
-    if (c == 0xE0 && s[1] < 0xA0) return 0;   // overlong
-    if (c == 0xED && s[1] >= 0xA0) return 0;  // UTF-16 surrogates
-    return 3;
-  }
-  if (c < 0xF5) {
-    if (!cont(1) || !cont(2) || !cont(3)) return 0;
-    if (c == 0xF0 && s[1] < 0x90) return 0;   // overlong
-    if (c == 0xF4 && s[1] >= 0x90) return 0;  // above U+10FFFF
-    return 4;
-  }
-  return 0;
-}
-
 std::string_view type_phrase(std::string_view type) {
   if (type == "string") return "a string";
   if (type == "integer") return "an integer";
@@ -171,7 +149,7 @@ class Checker {
         return m;
     }
     if (v.is_string()) {
-      const std::size_t len = utf8_length(v.get_ref<const std::string&>());
+      const std::size_t len = text::utf8_length(v.get_ref<const std::string&>());
       if (auto n = count_keyword(schema, "minLength"); n && len < *n)
         return fmt::format("{}: expected at least {}, got {}", label(path), plural(*n, "character"),
                            len);
@@ -273,38 +251,6 @@ std::string_view describe_type(const json& value) {
       break;
   }
   return "nothing";
-}
-
-std::optional<std::size_t> find_invalid_utf8(std::string_view text) {
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const std::size_t n = text.size();
-  std::size_t i = 0;
-  while (i < n) {
-    if (s[i] < 0x80) {
-      ++i;
-      continue;
-    }
-    const std::size_t len = sequence_length(s + i, n - i);
-    if (len == 0) return i;
-    i += len;
-  }
-  return std::nullopt;
-}
-
-std::size_t utf8_length(std::string_view text) {
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const std::size_t n = text.size();
-  std::size_t count = 0;
-  for (std::size_t i = 0; i < n; ++count) {
-    const std::size_t len = sequence_length(s + i, n - i);
-    i += len == 0 ? 1 : len;
-  }
-  return count;
-}
-
-std::string sanitize_utf8(std::string_view text) {
-  if (!find_invalid_utf8(text)) return std::string(text);
-  return text::sanitize_utf8(text);
 }
 
 }  // namespace nshpc::mcp::detail

@@ -1,4 +1,4 @@
-// Internal to src/mcp: the minimal JSON-Schema check of tool arguments and small UTF-8 helpers.
+// Internal to src/mcp: the minimal JSON-Schema check of tool arguments.
 #pragma once
 
 #include <cstddef>
@@ -23,13 +23,5 @@ std::optional<std::string> validate_arguments(const json& arguments, const json&
 
 // "a string", "an integer", "a number", "a boolean", "an object", "an array", "null".
 std::string_view describe_type(const json& value);
-
-// Byte offset of the first ill-formed UTF-8 sequence (RFC 3629: no overlongs, no surrogates,
-// nothing above U+10FFFF), or nullopt when `text` is valid UTF-8.
-std::optional<std::size_t> find_invalid_utf8(std::string_view text);
-// Number of code points; each ill-formed byte counts as one.
-std::size_t utf8_length(std::string_view text);
-// `text` with every ill-formed byte replaced by U+FFFD (safe to put into a json string).
-std::string sanitize_utf8(std::string_view text);
 
 }  // namespace nshpc::mcp::detail

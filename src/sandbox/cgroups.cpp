@@ -33,6 +33,7 @@
 #include "base/fd.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
+#include "base/text.hpp"
 
 namespace nshpc::sandbox {
 
@@ -48,18 +49,6 @@ constexpr const char* kControllers[] = {"memory", "cpu", "pids"};
 
 // ---- text and file helpers ----------------------------------------------------------------
 
-std::vector<std::string> split(std::string_view s, char sep) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  for (;;) {
-    size_t end = s.find(sep, start);
-    out.emplace_back(s.substr(start, end == std::string_view::npos ? end : end - start));
-    if (end == std::string_view::npos) break;
-    start = end + 1;
-  }
-  return out;
-}
-
 std::set<std::string> words(std::string_view s) {
   std::set<std::string> out;
   size_t i = 0;
@@ -73,18 +62,8 @@ std::set<std::string> words(std::string_view s) {
   return out;
 }
 
-std::string join(const std::vector<std::string>& parts, std::string_view sep) {
-  std::string out;
-  for (const auto& p : parts) {
-    if (!out.empty()) out += sep;
-    out += p;
-  }
-  return out;
-}
-
 std::optional<std::uint64_t> parse_u64(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  s = text::trim(s);
   std::uint64_t v = 0;
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
@@ -93,8 +72,7 @@ std::optional<std::uint64_t> parse_u64(std::string_view s) {
 
 // The number after `key` in "key value" lines (cgroup.events, memory.events, memory.oom_control).
 std::optional<std::uint64_t> keyed_value(std::string_view text, std::string_view key) {
-  for (const auto& line : split(text, '\n')) {
-    std::string_view l = line;
+  for (std::string_view l : text::split(text, '\n')) {
     if (l.size() > key.size() && l.substr(0, key.size()) == key && l[key.size()] == ' ')
       return parse_u64(l.substr(key.size() + 1));
   }
@@ -131,7 +109,7 @@ std::vector<pid_t> read_pids(const stdfs::path& procs_file) {
   std::vector<pid_t> out;
   auto text = read_cgroup_file(procs_file);
   if (!text) return out;
-  for (const auto& line : split(*text, '\n'))
+  for (const auto& line : text::split(*text, '\n'))
     if (auto v = parse_u64(line); v && *v > 0) out.push_back(static_cast<pid_t>(*v));
   return out;
 }
@@ -198,15 +176,16 @@ Discovery discover(const stdfs::path& mount_root) {
   std::vector<std::pair<std::set<std::string>, std::string>> v1_own;
   std::optional<std::string> v2_own;
   if (auto text = fs::read_file("/proc/self/cgroup")) {
-    for (const auto& line : split(*text, '\n')) {
+    for (const auto& line : text::split(*text, '\n')) {
       size_t a = line.find(':');
       size_t b = a == std::string::npos ? a : line.find(':', a + 1);
       if (b == std::string::npos) continue;
-      std::string id = line.substr(0, a), ctrls = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+      const std::string_view id = line.substr(0, a), ctrls = line.substr(a + 1, b - a - 1);
+      const std::string path(line.substr(b + 1));
       if (id == "0" && ctrls.empty()) {
         v2_own = path;
       } else {
-        auto list = split(ctrls, ',');
+        auto list = text::split(ctrls, ',');
         v1_own.emplace_back(std::set<std::string>(list.begin(), list.end()), path);
       }
     }
@@ -226,7 +205,7 @@ Discovery discover(const stdfs::path& mount_root) {
                               mount.string());
       return;
     }
-    for (const auto& part : split(rel, '/')) {
+    for (const auto& part : text::split(rel, '/')) {
       if (part == "..") {
         h.problem = fmt::format("this process's cgroup {} is outside its cgroup namespace", own);
         return;
@@ -239,10 +218,10 @@ Discovery discover(const stdfs::path& mount_root) {
   std::vector<Hierarchy> v1, v2;
   std::set<std::string> seen_devices;
   if (auto text = fs::read_file("/proc/self/mountinfo")) {
-    for (const auto& line : split(*text, '\n')) {
+    for (const auto& line : text::split(*text, '\n')) {
       std::vector<std::string> t;
-      for (auto& w : split(line, ' '))
-        if (!w.empty()) t.push_back(std::move(w));
+      for (std::string_view w : text::split(line, ' '))
+        if (!w.empty()) t.emplace_back(w);
       auto dash = std::find(t.begin(), t.end(), "-");
       if (dash == t.end() || dash - t.begin() < 6 || t.end() - dash < 4) continue;
       const std::string& fstype = *(dash + 1);
@@ -256,7 +235,7 @@ Discovery discover(const stdfs::path& mount_root) {
       Hierarchy h;
       h.mount = mount_point;
       if (fstype == "cgroup") {
-        auto opts = split(super_options, ',');
+        auto opts = text::split(super_options, ',');
         for (const char* c : kControllers)
           if (std::find(opts.begin(), opts.end(), c) != opts.end()) h.controllers.insert(c);
         if (h.controllers.empty()) continue;  // cpuset, devices, name=systemd, ...: not ours
@@ -300,7 +279,7 @@ void check_name(const std::string& name) {
   bool ok = !name.empty() && name.find('\0') == std::string::npos &&
             name.find('\n') == std::string::npos;
   if (ok) {
-    for (const auto& part : split(name, '/'))
+    for (const auto& part : text::split(name, '/'))
       if (part.empty() || part == "." || part == "..") ok = false;
   }
   if (!ok)
@@ -346,7 +325,7 @@ std::optional<stdfs::path> make_group(const Hierarchy& h, const std::string& nam
                                       std::map<std::string, std::string>& enable_failures,
                                       std::string& failure) {
   std::vector<std::string> parts{std::string(kTop)};
-  for (auto& p : split(name, '/')) parts.push_back(std::move(p));
+  for (std::string_view p : text::split(name, '/')) parts.emplace_back(p);
   for (int attempt = 0;; ++attempt) {
     stdfs::path dir = h.own;
     bool retry = false;
@@ -459,7 +438,7 @@ std::vector<stdfs::path> Cgroup::candidate_paths(const std::string& name, const 
   for (const auto& h : discover(mount_root).hierarchies) {
     if (h.own.empty()) continue;
     stdfs::path p = h.own / kTop;
-    for (auto& part : split(name, '/')) p /= part;
+    for (std::string_view part : text::split(name, '/')) p /= part;
     out.push_back(std::move(p));
   }
   return out;
@@ -573,7 +552,7 @@ std::unique_ptr<Cgroup> Cgroup::create(const std::string& name, const CgroupLimi
   for (auto& n : notes) unenforced.push_back(std::move(n));
 
   if (cg->paths_.empty()) {
-    const std::string why = failures.empty() ? "no usable cgroup hierarchy" : join(failures, ", ");
+    const std::string why = failures.empty() ? "no usable cgroup hierarchy" : fmt::format("{}", fmt::join(failures, ", "));
     if (any_asked)
       throw Error(fmt::format("no cgroup could be created for '{}' ({}); run the server as root or "
                               "in a delegated cgroup, or turn off jobs.local.use_cgroups",
@@ -795,17 +774,17 @@ CgroupSupport probe_cgroups(const stdfs::path& mount_root) {
         kill_file = true;
       }
       v2_parts.push_back(fmt::format("v2 ({}) {}", h->mount.string(),
-                                     provides.empty() ? std::string("nothing") : join(provides, ", ")));
+                                     provides.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(provides, ", "))));
     }
   }
   std::vector<std::string> parts, v1_sorted;
   for (const char* c : kControllers)
     if (std::find(v1_parts.begin(), v1_parts.end(), c) != v1_parts.end()) v1_sorted.emplace_back(c);
-  if (!v1_sorted.empty()) parts.push_back("v1 " + join(v1_sorted, ", "));
+  if (!v1_sorted.empty()) parts.push_back(fmt::format("v1 {}", fmt::join(v1_sorted, ", ")));
   parts.insert(parts.end(), v2_parts.begin(), v2_parts.end());
   if (s.kill && !kill_file) parts.emplace_back("kill by signalling members");
-  if (!unenforced.empty()) parts.push_back("not available: " + join(unenforced, ", "));
-  s.detail = join(parts, "; ");
+  if (!unenforced.empty()) parts.push_back(fmt::format("not available: {}", fmt::join(unenforced, ", ")));
+  s.detail = fmt::format("{}", fmt::join(parts, "; "));
   try {
     cg->remove();
   } catch (const std::exception& e) {

@@ -1,9 +1,9 @@
 #include <array>
-#include <random>
 
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "base/random.hpp"
 #include "store/store.hpp"
 
 namespace nshpc::store {
@@ -51,11 +51,8 @@ void validate_id(std::string_view id) {
 }
 
 std::string generate_id() {
-  std::random_device rd;
-  std::mt19937 rng(rd());
-  std::uniform_int_distribution<size_t> adj(0, kAdjectives.size() - 1), noun(0, kNouns.size() - 1);
-  std::uniform_int_distribution<unsigned> hex(0, 0xffff);
-  return fmt::format("{}-{}-{:04x}", kAdjectives[adj(rng)], kNouns[noun(rng)], hex(rng));
+  return fmt::format("{}-{}-{}", kAdjectives[random::below(kAdjectives.size())],
+                     kNouns[random::below(kNouns.size())], random::hex(2));
 }
 
 }  // namespace nshpc::store

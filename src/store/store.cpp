@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <random>
 #include <thread>
 
 #include <fmt/format.h>
@@ -15,8 +14,9 @@
 #include "audit/audit.hpp"
 #include "base/error.hpp"
 #include "base/fs.hpp"
-#include "base/safe_path.hpp"
 #include "base/log.hpp"
+#include "base/random.hpp"
+#include "base/safe_path.hpp"
 #include "base/time.hpp"
 
 namespace nshpc::store {
@@ -49,11 +49,6 @@ std::string host_name() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) < 0) return "unknown";
   return buf;
-}
-
-std::string random_hex() {
-  std::random_device rd;
-  return fmt::format("{:08x}", rd());
 }
 
 void write_metadata(const stdfs::path& file, const Metadata& meta) {
@@ -233,7 +228,7 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
 
   // Build the instance in a staging folder, then rename it into place: a crash or an error
   // leaves no half-made instance under its id.
-  const stdfs::path staging = root_ / fmt::format(".creating-{}-{}", id, random_hex());
+  const stdfs::path staging = root_ / fmt::format(".creating-{}-{}", id, random::hex(4));
   bool output_made = false;
   try {
     // 0711: the sandbox uid may pass through to the workspace but not list or read the rest.
@@ -339,10 +334,10 @@ void Store::remove(std::string_view id, std::string_view actor) {
   const stdfs::path base = removable_base(id, "delete");
   stop_executions(id);  // nothing of the instance may still run (and write) while its files go
   // Rename first so the instance disappears at once, then remove the trees.
-  const stdfs::path doomed = root_ / fmt::format(".deleting-{}-{}", id, random_hex());
+  const stdfs::path doomed = root_ / fmt::format(".deleting-{}-{}", id, random::hex(4));
   check_sys(::rename(base.c_str(), doomed.c_str()), "rename", base.string());
   const stdfs::path output = output_root() / std::string(id);
-  const stdfs::path doomed_output = output_root() / fmt::format(".deleting-{}-{}", id, random_hex());
+  const stdfs::path doomed_output = output_root() / fmt::format(".deleting-{}-{}", id, random::hex(4));
   bool had_output = ::rename(output.c_str(), doomed_output.c_str()) == 0;
   audit::append(root_ / ".audit.log", "instance.deleted", actor, {{"instance_id", std::string(id)}}, rotation_);
   remove_doomed(doomed);

@@ -37,6 +37,7 @@
 #include "base/error.hpp"
 #include "base/fd.hpp"
 #include "base/log.hpp"
+#include "base/text.hpp"
 #include "transport/http_internal.hpp"
 
 namespace nshpc::transport {
@@ -59,12 +60,6 @@ std::string lower(std::string_view s) {
   std::transform(out.begin(), out.end(), out.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return out;
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
 }
 
 // The value of `name` in a query string, percent-decoding not needed for our hex ids.
@@ -128,7 +123,7 @@ struct HostRules {
 
   bool origin_ok(std::string_view origin) const {
     if (origin.empty() || any_origin) return true;
-    const std::string o = lower(trim(origin));
+    const std::string o = lower(text::trim(origin));
     if (origins.count(o)) return true;
     for (std::string_view scheme : {"http://", "https://"}) {
       if (o.rfind(scheme, 0) == 0) {
@@ -507,10 +502,10 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
                                                   std::string(h[bhttp::field::origin])));
     }
     if (!opt_.token.empty()) {
-      const std::string_view auth = trim(h[bhttp::field::authorization]);
+      const std::string_view auth = text::trim(h[bhttp::field::authorization]);
       bool ok = false;
       if (auth.size() > 7 && lower(auth.substr(0, 7)) == "bearer ")
-        ok = same_secret(trim(auth.substr(7)), opt_.token);
+        ok = same_secret(text::trim(auth.substr(7)), opt_.token);
       if (!ok) {
         Response res = error_response(v, 401,
                                       auth.empty() ? "unauthorized: this server needs 'Authorization: Bearer <token>' (ns-hpc prints the token "
@@ -577,7 +572,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
 
   // The session a request names (Mcp-Session-Id), or the refusal to send.
   std::shared_ptr<HttpSession> session_of(const Request& req, std::optional<Response>& refusal) {
-    const std::string_view sid = trim(req["mcp-session-id"]);
+    const std::string_view sid = text::trim(req["mcp-session-id"]);
     if (sid.empty()) {
       refusal = error_response(req.version(), 400, "bad request: the Mcp-Session-Id header is missing (send initialize first and "
                                                    "repeat the id it returned on every later request)");
@@ -593,7 +588,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
   }
 
   std::optional<Response> version_problem(const Request& req) {
-    const std::string_view pv = trim(req["mcp-protocol-version"]);
+    const std::string_view pv = text::trim(req["mcp-protocol-version"]);
     if (pv.empty() || mcp::is_supported_version(pv)) return std::nullopt;
     std::string supported;
     for (auto s : mcp::kProtocolVersions) supported += (supported.empty() ? "" : ", ") + std::string(s);
@@ -709,7 +704,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
     if (!session) co_return co_await write(*refusal);
     if (auto problem = version_problem(req)) co_return co_await write(*problem);
     session->touch();
-    const std::string_view last = trim(req["last-event-id"]);
+    const std::string_view last = text::trim(req["last-event-id"]);
     if (!last.empty()) {
       std::uint64_t stream_id = 0, seq = 0;
       const auto sep = last.find('_');

@@ -295,9 +295,6 @@ class Hub {
   bool sweeping_ = false;
 };
 
-// 128 random bits as 32 lower-case hex characters (getrandom). Throws when the kernel's random
-// source fails.
-std::string random_hex(std::size_t bytes = 16);
 // Compares in time that depends only on `expected`'s length.
 bool same_secret(std::string_view given, std::string_view expected);
 // "host" of a Host header value ("[::1]:8000" → "::1", "a.b:80" → "a.b"), lower-case.

@@ -1,6 +1,5 @@
 // Sessions of the HTTP transports and their SSE streams (see http_internal.hpp).
 #include <malloc.h>
-#include <sys/random.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -10,6 +9,7 @@
 
 #include "base/error.hpp"
 #include "base/log.hpp"
+#include "base/random.hpp"
 #include "transport/http_internal.hpp"
 
 namespace nshpc::transport::http_detail {
@@ -449,7 +449,7 @@ std::shared_ptr<HttpSession> Hub::create_session(bool legacy, const Peer& peer, 
                json{{"limit", "server.max_sessions_per_peer"}, {"value", options.max_sessions_per_peer}}};
     return nullptr;
   }
-  std::string id = random_hex(16);
+  std::string id = random::hex(16);
   auto session = std::make_shared<HttpSession>(*this, id, legacy, peer);
   session->start();
   sessions_.emplace(std::move(id), session);
@@ -586,27 +586,6 @@ void Hub::sweep() {
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-std::string random_hex(std::size_t bytes) {
-  std::string raw(bytes, '\0');
-  std::size_t got = 0;
-  while (got < bytes) {
-    const ssize_t n = ::getrandom(raw.data() + got, bytes - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw SysError(errno, "getrandom", "random bytes for a session id or token");
-    }
-    got += static_cast<std::size_t>(n);
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes * 2);
-  for (unsigned char c : raw) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
-}
 
 bool same_secret(std::string_view given, std::string_view expected) {
   unsigned char diff = given.size() == expected.size() ? 0 : 1;

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "base/fs.hpp"
+#include "base/random.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
 
@@ -74,6 +75,35 @@ TEST(Time, IsoRoundTripWithMicroseconds) {
 TEST(Text, ShellQuoteOnlyWhenNeeded) {
   EXPECT_EQ(text::shell_join({"ls", "-la", "my file", "it's"}), "ls -la 'my file' 'it'\\''s'");
   EXPECT_EQ(text::truncate_utf8("héllo", 2), "h…");
+}
+
+TEST(Text, SplitKeepsEmptyPiecesAndTrimCutsBothEnds) {
+  using nshpc::text::split;
+  EXPECT_EQ(split("a,,b", ','), (std::vector<std::string_view>{"a", "", "b"}));
+  EXPECT_EQ(split("", ','), (std::vector<std::string_view>{""}));
+  EXPECT_EQ(split("a,", ','), (std::vector<std::string_view>{"a", ""}));
+  EXPECT_EQ(nshpc::text::trim("  x y \n"), "x y");
+  EXPECT_EQ(nshpc::text::trim(" \t "), "");
+  EXPECT_EQ(nshpc::text::trim("--x-", "-"), "x");
+}
+
+TEST(Text, Utf8LengthAndFirstInvalidByte) {
+  using namespace nshpc::text;
+  EXPECT_FALSE(find_invalid_utf8("plain \xC3\xA9t\xC3\xA9"));
+  EXPECT_EQ(find_invalid_utf8("ab\xFF"), 2u);
+  EXPECT_EQ(find_invalid_utf8("\xED\xA0\x80"), 0u);  // a UTF-16 surrogate
+  EXPECT_EQ(utf8_length("\xC3\xA9t\xC3\xA9"), 3u);
+  EXPECT_EQ(utf8_length("a\xFF\xFE"), 3u);
+}
+
+TEST(Random, HexIsFreshEachTimeAndBelowStaysInRange) {
+  const std::string a = nshpc::random::hex(16), b = nshpc::random::hex(16);
+  EXPECT_EQ(a.size(), 32u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos) << a;
+  EXPECT_NE(a, b);
+  std::vector<int> seen(3);
+  for (int i = 0; i < 300; ++i) ++seen.at(nshpc::random::below(3));
+  for (int n : seen) EXPECT_GT(n, 0);
 }
 
 TEST(Text, SanitizeUtf8ReplacesOnlyInvalidSequences) {

@@ -376,14 +376,6 @@ TEST(HttpHelpers, HostOf) {
   EXPECT_EQ(host_of(""), "");
 }
 
-TEST(HttpHelpers, RandomHex) {
-  using nshpc::transport::http_detail::random_hex;
-  const std::string a = random_hex(), b = random_hex();
-  EXPECT_TRUE(is_hex32(a)) << a;
-  EXPECT_NE(a, b);
-  EXPECT_EQ(random_hex(4).size(), 8u);
-}
-
 TEST(HttpLoopback, RecognisesLoopbackNames) {
   using transport::is_loopback_host;
   EXPECT_TRUE(is_loopback_host("127.0.0.1"));

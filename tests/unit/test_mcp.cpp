@@ -508,7 +508,7 @@ TEST(McpProtocol, InvalidUtf8IsNamed) {
         std::string("{\"s\":\"\xE2\x82\"}"), std::string("\xFF{}")}) {
     try {
       mcp::parse_message(bad);
-      FAIL() << "accepted " << mcp::detail::sanitize_utf8(bad);
+      FAIL() << "accepted " << nshpc::text::sanitize_utf8(bad);
     } catch (const mcp::ProtocolError& e) {
       EXPECT_EQ(e.code(), mcp::kParseError);
       EXPECT_TRUE(has(e.what(), "invalid UTF-8")) << e.what();
@@ -516,17 +516,6 @@ TEST(McpProtocol, InvalidUtf8IsNamed) {
       EXPECT_NO_THROW(json(e.what()).dump());
     }
   }
-}
-
-TEST(McpProtocol, Utf8Helpers) {
-  using namespace mcp::detail;
-  EXPECT_FALSE(find_invalid_utf8("plain \xC3\xA9t\xC3\xA9"));
-  EXPECT_EQ(find_invalid_utf8("ab\xFF"), 2u);
-  EXPECT_EQ(utf8_length("\xC3\xA9t\xC3\xA9"), 3u);
-  EXPECT_EQ(sanitize_utf8("a\xFF"
-                          "b"),
-            "a\xEF\xBF\xBD"
-            "b");
 }
 
 // ---------------------------------------------------------------------------------------------
