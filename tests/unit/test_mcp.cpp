@@ -19,6 +19,7 @@
 
 #include "mcp/protocol.hpp"
 #include "mcp/server.hpp"
+#include "base/text.hpp"
 #include "mcp/validate.hpp"
 
 namespace mcp = nshpc::mcp;
