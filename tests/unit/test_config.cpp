@@ -863,3 +863,28 @@ TEST(ConfigKeys, EveryKeyHasHelpAndADefaultOrIsRequired) {
   });
   EXPECT_GT(values, 70);
 }
+
+// The README's table of keys is generated from the key table (src/config/keys.cpp).
+TEST(ConfigKeys, ReadmeTableIsTheKeyTable) {
+  constexpr std::string_view kBegin =
+      "<!-- config-keys: generated from src/config/keys.cpp by `ns-hpc config keys --markdown` -->\n";
+  constexpr std::string_view kEnd = "<!-- config-keys: end -->";
+  const stdfs::path readme = stdfs::path(NSHPC_SOURCE_DIR) / "README.md";
+  std::ifstream in(readme);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const std::size_t begin = text.find(kBegin);
+  ASSERT_NE(begin, std::string::npos) << readme << " lacks the line " << kBegin;
+  const std::size_t start = begin + kBegin.size();
+  const std::size_t end = text.find(kEnd, start);
+  ASSERT_NE(end, std::string::npos) << readme << " lacks the line " << kEnd;
+  const std::string expected = config::keys_markdown();
+  const std::string found = text.substr(start, end - start);
+  if (found != expected && std::getenv("NSHPC_REFRESH_README")) {
+    std::ofstream(readme) << text.substr(0, start) << expected << text.substr(end);
+    GTEST_SKIP() << "refreshed the table of " << readme;
+  }
+  EXPECT_EQ(found, expected)
+      << "README.md's table of configuration keys differs from the key table (src/config/keys.cpp). Refresh "
+         "it: NSHPC_REFRESH_README=1 build/tests/nshpc_unit --gtest_filter=ConfigKeys.ReadmeTableIsTheKeyTable "
+         "(or paste `ns-hpc config keys --markdown` between the config-keys lines of README.md)";
+}
