@@ -1,4 +1,4 @@
-// ns-hpc config show [--json] | config check FILE
+// ns-hpc config show [--json] | config check FILE | config keys [--markdown]
 #include <cstdio>
 
 #include "base/error.hpp"
@@ -25,6 +25,14 @@ void add_config_commands(CLI::App& app, Context& ctx) {
     std::string text = config::to_toml(cfg);
     std::fwrite(text.data(), 1, text.size(), stdout);
     if (!text.empty() && text.back() != '\n') std::fputc('\n', stdout);
+  });
+
+  auto markdown = std::make_shared<bool>(false);
+  auto* keys = config_cmd->add_subcommand("keys", "Describe every key: its type, default and meaning");
+  keys->add_flag("--markdown", *markdown, "Print the Markdown table of the README's configuration section");
+  keys->callback([markdown] {
+    const std::string text = *markdown ? config::keys_markdown() : config::keys_text();
+    std::fwrite(text.data(), 1, text.size(), stdout);
   });
 
   auto file = std::make_shared<std::string>();

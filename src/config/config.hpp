@@ -4,6 +4,10 @@
 // -> the explicit file (--config, else NS_HPC_CONFIG). Tables merge deeply; every other value,
 // lists included, is replaced whole. An entry of a named table (proxied_mcps.X, host_commands.X,
 // dav.extras.X, jobs.*.limit.X) with `enabled = false` is removed from the effective config.
+//
+// Every key (its name, type, bounds, default and meaning) is defined once, in src/config/keys.cpp;
+// the structs below only hold the values. A Config comes from load() or built_in(), never from
+// its members' initial values (which are zero/empty).
 #pragma once
 
 #include <cstdint>
@@ -14,18 +18,45 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 
 namespace nshpc::config {
 
+// The enumerations of the configuration, each value with its TOML/JSON name.
 enum class ResultType { text, structured, both };
-enum class Network { host, off };
+NLOHMANN_JSON_SERIALIZE_ENUM(ResultType, {{ResultType::text, "text"},
+                                          {ResultType::structured, "structured"},
+                                          {ResultType::both, "both"}})
 
-std::string_view to_string(ResultType);
-std::string_view to_string(Network);
-std::optional<Network> parse_network(std::string_view);
+enum class Network { host, off };
+NLOHMANN_JSON_SERIALIZE_ENUM(Network, {{Network::host, "host"}, {Network::off, "off"}})
+
+// Where the ends of Slurm jobs that the controller has forgotten come from.
+enum class StatusSource { automatic, sacct, squeue };
+NLOHMANN_JSON_SERIALIZE_ENUM(StatusSource, {{StatusSource::automatic, "auto"},
+                                            {StatusSource::sacct, "sacct"},
+                                            {StatusSource::squeue, "squeue"}})
+
+// The name of a value of one of the enumerations above.
+template <class E>
+  requires std::is_enum_v<E>
+std::string to_string(E value) {
+  return nlohmann::json(value).get<std::string>();
+}
+
+// The value of one of the enumerations above named `name`; nullopt for any other name.
+template <class E>
+  requires std::is_enum_v<E>
+std::optional<E> from_string(std::string_view name) {
+  const E value = nlohmann::json(name).get<E>();  // the first value when no value has this name
+  if (to_string(value) != name) return std::nullopt;
+  return value;
+}
+
+inline std::optional<Network> parse_network(std::string_view name) { return from_string<Network>(name); }
 
 // A resource limit in the style of Slurm's: used when a job does not ask, and the most it may ask.
 struct Limit {
@@ -42,108 +73,99 @@ std::optional<std::int64_t> local_limit_minimum(std::string_view name);
 struct Namespace {
   std::filesystem::path instances_dir;     // absolute, ~ and $VAR expanded
   std::vector<std::string> bwrap_command;  // base argv; [0] is the bwrap program
-  std::string workspace_mount = "/workspace";
-  std::string output_mount = "/output";
-  std::string shared_output_mount = "/shared-output";
-  bool shared_output = false;  // opt-in: bind every instance's output read-only (the seed's default)
-  int status_fd = 3;           // accepted for compatibility; ns-hpc numbers its descriptors itself
-  bool hardening = true;       // add the hardening flags to bwrap_command
-  bool seccomp = true;         // pass the built-in seccomp filter (only when hardening is on)
-  // Host uid/gid bwrap is started as when ns-hpc runs as root. 0 keeps root (unsafe; doctor warns).
-  std::uint32_t sandbox_uid = 65534;
-  std::uint32_t sandbox_gid = 65534;
-  Network default_network = Network::host;  // network of new instances
-  std::string path = "/usr/local/bin:/usr/bin:/bin";  // PATH inside the sandbox
-  std::map<std::string, std::string> env;             // extra variables set in the sandbox
-  std::vector<std::string> pass_env;                  // host variables passed through by name
-  std::int64_t tmp_size = 1024;  // MiB of the sandbox's private /tmp and of its /dev/shm, each
+  std::string workspace_mount;
+  std::string output_mount;
+  std::string shared_output_mount;
+  bool shared_output = false;
+  int status_fd = 0;
+  bool hardening = false;
+  bool seccomp = false;
+  std::uint32_t sandbox_uid = 0;
+  std::uint32_t sandbox_gid = 0;
+  Network default_network = Network::host;
+  std::string path;                       // PATH inside the sandbox
+  std::map<std::string, std::string> env;
+  std::vector<std::string> pass_env;
+  std::int64_t tmp_size = 0;  // MiB
 };
 
-// terminal_execute: the limits every synchronous command runs under (as [jobs.local.limit]'s
-// defaults; a call cannot ask for other values). cpus, memory (MiB), pids, output (MiB).
+// terminal_execute: cpus, memory (MiB), pids, output (MiB).
 struct Terminal {
   std::map<std::string, std::int64_t> limits;
 };
 
-// The host-side audit logs (per instance and the store's): each rotated at max_size MiB into
-// <log>.1 … <log>.<keep>, the oldest dropped.
 struct Audit {
-  std::int64_t max_size = 64;
-  std::int64_t keep = 3;
+  std::int64_t max_size = 0;  // MiB
+  std::int64_t keep = 0;
 };
 
 struct JobsLocal {
-  bool use_cgroups = true;
-  std::vector<std::string> cgroups_command;  // optional prefix (e.g. systemd-run); empty = none
-  bool proc_check = true;
+  bool use_cgroups = false;
+  std::vector<std::string> cgroups_command;  // optional prefix; empty = none
+  bool proc_check = false;
   std::map<std::string, Limit> limit;
 };
 
 struct JobsSlurm {
   std::vector<std::string> sbatch_command;
   std::map<std::string, Limit> limit;
-  // The other scheduler commands (argv prefixes; a wrapper can stand in for any of them).
-  std::vector<std::string> squeue_command = {"squeue"};
-  std::vector<std::string> sacct_command = {"sacct"};
-  std::vector<std::string> scancel_command = {"scancel"};
-  double poll_interval = 2.0;       // seconds between the status queries of all tracked jobs
-  std::string status_source = "auto";  // auto | sacct | squeue (ends of jobs the controller forgot)
-  // How a batch job runs ns-hpc on the compute node ([] = this binary's absolute path, with
-  // the same --config); it must see the same instances folder (shared filesystem).
-  std::vector<std::string> ns_hpc_command;
+  std::vector<std::string> squeue_command;
+  std::vector<std::string> sacct_command;
+  std::vector<std::string> scancel_command;
+  double poll_interval = 0;  // seconds
+  StatusSource status_source = StatusSource::automatic;
+  std::vector<std::string> ns_hpc_command;  // [] = this binary with the same --config
 };
 
 struct Jobs {
-  std::int64_t max_timeout = 3600;
-  std::int64_t max_running_per_instance = 256;
-  std::int64_t max_running = 512;
-  std::int64_t cancel_grace = 5;  // seconds between SIGTERM and SIGKILL
+  std::int64_t max_timeout = 0;  // seconds
+  std::int64_t max_running_per_instance = 0;
+  std::int64_t max_running = 0;
+  std::int64_t cancel_grace = 0;  // seconds between SIGTERM and SIGKILL
   JobsLocal local;
   JobsSlurm slurm;
 };
 
 struct Resource {
-  std::vector<std::filesystem::path> context_dirs;  // absolute; relative ones resolved against the
-                                                     // folder of the file that set them
+  std::vector<std::filesystem::path> context_dirs;  // absolute
   std::vector<std::string> resource_patterns;
 };
 
 struct Mcp {
   ResultType result_type = ResultType::both;
-  std::int64_t max_message_bytes = 8 * 1024 * 1024;  // larger messages are refused
-  std::int64_t page_size = 100;                      // list results per page
-  std::string default_instance;  // instance used when a tool call names none ("" = must name one)
+  std::int64_t max_message_bytes = 0;
+  std::int64_t page_size = 0;
+  std::string default_instance;  // "" = a tool call must name one
 };
 
 // The HTTP transports (ns-hpc run --transport streamable-http|sse); command-line flags override.
 struct Server {
-  std::string host = "127.0.0.1";
-  std::int64_t port = 8000;
-  std::string path = "/mcp";
+  std::string host;
+  std::int64_t port = 0;
+  std::string path;
   std::string auth_token;                 // "" = NS_HPC_AUTH_TOKEN, else the stored/generated one
   std::filesystem::path state_dir;        // holds http-token (0600)
-  std::vector<std::string> allowed_hosts;    // extra Host names (DNS-rebinding protection)
-  std::vector<std::string> allowed_origins;  // extra Origins
-  std::int64_t session_idle_timeout = 300;   // seconds
-  std::int64_t max_sessions = 256;
-  std::int64_t read_timeout = 30;            // seconds, per request body and per stalled write
-  std::int64_t header_timeout = 10;          // seconds to send a request's header block
-  std::int64_t shutdown_grace = 5;           // seconds for requests in flight at SIGTERM
-  std::int64_t sse_buffer_bytes = 8 * 1024 * 1024;
-  // Caps, so that no client, sandbox or local user can starve the others. A peer is the remote
-  // address, or the uid of a loopback or Unix-socket client.
-  std::int64_t max_connections = 1024;
-  std::int64_t max_connections_per_peer = 256;
-  std::int64_t max_sessions_per_peer = 32;
-  std::int64_t max_requests_per_session = 16;  // running or queued
-  std::int64_t max_requests_per_peer = 128;
-  std::int64_t max_session_buffer_bytes = 32 * 1024 * 1024;  // held for clients: unsent + for resume
-  std::int64_t max_buffer_bytes = 256 * 1024 * 1024;         // the same, in the whole server
+  std::vector<std::string> allowed_hosts;
+  std::vector<std::string> allowed_origins;
+  std::int64_t session_idle_timeout = 0;  // seconds
+  std::int64_t max_sessions = 0;
+  std::int64_t read_timeout = 0;    // seconds
+  std::int64_t header_timeout = 0;  // seconds
+  std::int64_t shutdown_grace = 0;  // seconds
+  std::int64_t sse_buffer_bytes = 0;
+  std::int64_t max_connections = 0;
+  std::int64_t max_connections_per_peer = 0;
+  std::int64_t max_sessions_per_peer = 0;
+  std::int64_t max_requests_per_session = 0;
+  std::int64_t max_requests_per_peer = 0;
+  std::int64_t max_session_buffer_bytes = 0;
+  std::int64_t max_buffer_bytes = 0;
 };
 
+// Reserved ([dav], [proxied_mcps], [host_commands]): read and checked, not used yet.
 struct DavExtra {
   std::filesystem::path path;
-  bool ro = true;
+  bool ro = false;
 };
 
 struct Dav {
@@ -163,7 +185,7 @@ struct ProxiedMcp {
 struct HostCommand {
   std::string command;
   std::string description;
-  double timeout = 30.0;
+  double timeout = 0.0;
 };
 
 struct Config {
@@ -218,11 +240,16 @@ Loaded load(const LoadOptions& options = {});
 // Validates one file on top of the defaults (for `ns-hpc config check FILE`).
 Loaded check_file(const std::filesystem::path& file, const EnvLookup& env = process_env());
 
+// The built-in defaults alone (no file read, NS_HPC_CONFIG ignored).
+Config built_in(const EnvLookup& env = process_env(), bool as_root = running_as_root());
+
 // The effective configuration, for `ns-hpc config show [--json]`.
 nlohmann::json to_json(const Config&);
 std::string to_toml(const Config&);
 
-// The built-in defaults as TOML text (documented in the README).
-std::string_view default_toml();
+// Every key with its type, default and meaning (`ns-hpc config keys [--markdown]`): a Markdown
+// table (the README's, between its config-keys markers) or plain text, one key per paragraph.
+std::string keys_markdown();
+std::string keys_text();
 
 }  // namespace nshpc::config

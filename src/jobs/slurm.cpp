@@ -67,7 +67,7 @@ std::string SlurmClient::run(const std::vector<std::string>& argv, const std::st
 }
 
 SlurmClient::SlurmClient(const config::JobsSlurm& config) : config_(config) {
-  if (config_.status_source != "auto") source_ = config_.status_source;
+  if (config_.status_source != config::StatusSource::automatic) source_ = config::to_string(config_.status_source);
 }
 
 std::string SlurmClient::source() const { return source_; }

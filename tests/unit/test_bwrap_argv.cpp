@@ -12,7 +12,7 @@ using namespace nshpc::sandbox;
 namespace {
 
 config::Namespace seed_namespace() {
-  config::Namespace ns;
+  config::Namespace ns = config::built_in().ns;  // the defaults of the key table
   ns.bwrap_command = {"bwrap", "--unshare-all", "--share-net", "--proc", "/proc", "--dev", "/dev",
                       "--tmpfs", "/tmp", "--ro-bind", "/usr", "/usr", "--ro-bind", "/lib", "/lib",
                       "--ro-bind", "/bin", "/bin", "--ro-bind", "/etc", "/etc"};

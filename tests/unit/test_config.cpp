@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.hpp"
+#include "config/keys.hpp"
 
 namespace stdfs = std::filesystem;
 namespace config = nshpc::config;
@@ -172,15 +174,26 @@ TEST_F(ConfigTest, DefaultsOfJobsResourcesMcpDavAndServers) {
   EXPECT_FALSE(cfg.dav.enabled);
   EXPECT_TRUE(cfg.dav.extras.empty());
   EXPECT_TRUE(cfg.host_commands.empty());
+  EXPECT_TRUE(cfg.proxied_mcps.empty());  // reserved: no example entry pretends to work
+  EXPECT_EQ(cfg.jobs.slurm.status_source, config::StatusSource::automatic);
+  EXPECT_EQ(cfg.jobs.slurm.squeue_command, Lines{"squeue"});
+  EXPECT_EQ(cfg.jobs.slurm.poll_interval, 2.0);
+  EXPECT_EQ(cfg.terminal.limits,
+            (std::map<std::string, std::int64_t>{{"cpus", 2}, {"memory", 4096}, {"pids", 1024}, {"output", 1024}}));
+  EXPECT_EQ(cfg.audit.max_size, 64);
+  EXPECT_EQ(cfg.audit.keep, 3);
+}
 
-  ASSERT_EQ(cfg.proxied_mcps.size(), 1u);
-  const config::ProxiedMcp& filesystem = cfg.proxied_mcps.at("filesystem");
-  EXPECT_EQ(filesystem.command, "npx");
-  EXPECT_EQ(filesystem.args, strings({"-y", "@modelcontextprotocol/server-filesystem", "/"}));
-  EXPECT_TRUE(filesystem.env.empty());
-  EXPECT_TRUE(filesystem.include.empty());
-  EXPECT_TRUE(filesystem.exclude.empty());
-  EXPECT_EQ(filesystem.idle_timeout, 0.0);
+TEST_F(ConfigTest, BuiltInIsTheDefaultsAlone) {
+  write_user_file("[jobs]\nmax_timeout = 60\n");
+  set_env("NS_HPC_CONFIG", write("c.toml", "[jobs]\nmax_timeout = 70\n").string());
+  const config::Config built_in = config::built_in(env(), false);
+  EXPECT_EQ(built_in.jobs.max_timeout, 3600);
+  EXPECT_TRUE(built_in.sources.empty());
+  set_env("NS_HPC_CONFIG", "");
+  auto opts = options();
+  opts.read_user_file = false;
+  EXPECT_EQ(config::to_json(built_in), config::to_json(config::load(opts).config));
 }
 
 TEST_F(ConfigTest, UserFileAndDefaultContextDirFollowXdgConfigHome) {
@@ -230,11 +243,12 @@ timeout = 5
   EXPECT_EQ(cfg.host_commands.at("uptime").command, "uptime");
   EXPECT_EQ(cfg.host_commands.at("uptime").timeout, 5.0);
   EXPECT_EQ(strings(cfg.sources), (Lines{user_file.string(), explicit_file.string()}));
-  EXPECT_EQ(loaded.warnings, Lines{});
+  EXPECT_EQ(loaded.warnings, Lines{explicit_file.string() + ":4:1: reserved key 'host_commands.uptime' read but not "
+                                                            "used: host commands are not there yet"});
 }
 
 TEST_F(ConfigTest, ListsAreReplacedWhole) {
-  write_user_file("[proxied_mcps.filesystem]\nargs = [\"-y\", \"pkg\", \"/a\", \"/b\"]\n");
+  write_user_file("[proxied_mcps.filesystem]\ncommand = \"npx\"\nargs = [\"-y\", \"pkg\", \"/a\", \"/b\"]\n");
   const auto explicit_file = write("c.toml", R"(
 [namespace]
 bwrap_command = ["/opt/bwrap", "--unshare-all"]
@@ -265,8 +279,8 @@ enabled = false
 }
 
 TEST_F(ConfigTest, EnabledMustBeABoolean) {
-  EXPECT_EQ(problems_of("[proxied_mcps.filesystem]\nenabled = \"no\"\n"),
-            Lines{file() + ":2:11: proxied_mcps.filesystem.enabled: expected a boolean (true keeps the "
+  EXPECT_EQ(problems_of("[jobs.slurm.limit.cpus]\nenabled = \"no\"\n"),
+            Lines{file() + ":2:11: jobs.slurm.limit.cpus.enabled: expected a boolean (true keeps the "
                            "entry, false removes it), got a string"});
 }
 
@@ -321,15 +335,49 @@ path = "data"
 TEST_F(ConfigTest, UnknownKeysAreWarnedWithTheirPosition) {
   const auto loaded = load_text(R"([namespace]
 bwrap_comand = ["bwrap"]
-[proxied_mcps.fs]
-comand = "x"
-command = "mcp-fs"
+[jobs.slurm.limit.gpus]
+defualt = 1
+default = 0
+max = 2
 [colour]
 )");
   EXPECT_EQ(loaded.warnings, (Lines{file() + ":2:1: unknown key 'namespace.bwrap_comand' ignored",
-                                    file() + ":4:1: unknown key 'proxied_mcps.fs.comand' ignored",
-                                    file() + ":6:2: unknown key 'colour' ignored"}));
+                                    file() + ":4:1: unknown key 'jobs.slurm.limit.gpus.defualt' ignored",
+                                    file() + ":7:2: unknown key 'colour' ignored"}));
+  EXPECT_EQ(loaded.config.jobs.slurm.limit.at("gpus").max, 2);
+}
+
+// Keys of features that are not there yet are read and checked (old files still load), and each
+// one a file sets is a warning that says so; config show leaves them out when nothing sets them.
+TEST_F(ConfigTest, ReservedKeysAreReadAndWarnedAbout) {
+  const auto loaded = load_text(R"([dav]
+enabled = true
+[dav.extras.data]
+path = "/srv/data"
+[proxied_mcps.fs]
+command = "mcp-fs"
+[host_commands.uptime]
+command = "uptime"
+)");
+  EXPECT_EQ(loaded.warnings,
+            (Lines{file() + ":2:11: reserved key 'dav.enabled' read but not used: WebDAV is not there yet",
+                   file() + ":3:1: reserved key 'dav.extras.data' read but not used: WebDAV is not there yet",
+                   file() + ":5:1: reserved key 'proxied_mcps.fs' read but not used: proxied MCP servers are "
+                            "not there yet",
+                   file() + ":7:1: reserved key 'host_commands.uptime' read but not used: host commands are not "
+                            "there yet"}));
   EXPECT_EQ(loaded.config.proxied_mcps.at("fs").command, "mcp-fs");
+  EXPECT_EQ(loaded.config.host_commands.at("uptime").timeout, 30.0);  // an entry field's default
+  EXPECT_TRUE(loaded.config.dav.extras.at("data").ro);
+
+  const nlohmann::json defaults = config::to_json(config::load(options()).config);
+  for (const char* key : {"dav", "proxied_mcps", "host_commands"}) EXPECT_FALSE(defaults.contains(key)) << key;
+  const std::string shown = config::to_toml(loaded.config);
+  const auto reserved = shown.find("# Reserved: read but not used yet");
+  ASSERT_NE(reserved, std::string::npos) << shown;
+  EXPECT_GT(shown.find("[proxied_mcps.fs]"), reserved) << shown;
+  EXPECT_GT(shown.find("[dav]"), reserved) << shown;
+  EXPECT_EQ(config::to_toml(config::load(options()).config).find("Reserved"), std::string::npos);
 }
 
 TEST_F(ConfigTest, LegacyKeysAreWarnedWithTheirReplacement) {
@@ -376,6 +424,7 @@ TEST_F(ConfigTest, OutOfRangeNumbersAreErrors) {
 TEST_F(ConfigTest, IntegersAreAcceptedWhereNumbersAreAllowed) {
   const config::Config cfg = load_text(R"(
 [proxied_mcps.filesystem]
+command = "npx"
 idle_timeout = 300
 [host_commands.x]
 command = "true"
@@ -634,7 +683,9 @@ TEST_F(ConfigTest, ToTomlLoadsBackToTheSameConfig) {
   const config::Config original = load_text(kRichConfig).config;
   const auto shown = write("shown/effective.toml", config::to_toml(original));
   const auto reloaded = config::check_file(shown, env());
-  EXPECT_EQ(reloaded.warnings, Lines{});
+  EXPECT_EQ(reloaded.warnings.size(), 4u) << dump(reloaded.warnings);  // dav twice, proxied_mcps, host_commands
+  for (const std::string& warning : reloaded.warnings)
+    EXPECT_NE(warning.find("read but not used"), std::string::npos) << warning;
   nlohmann::json expected = config::to_json(original);
   nlohmann::json actual = config::to_json(reloaded.config);
   expected.erase("sources");
@@ -763,4 +814,77 @@ TEST_F(ConfigTest, ServerStateDirIsTheSystemOneAsRoot) {
   auto opts = options(write("c.toml", ""));
   opts.as_root = true;
   EXPECT_EQ(config::load(opts).config.server.state_dir, stdfs::path(config::kRootStateDir));
+}
+
+// ---- enumerations, terminal limits, the key table ---------------------------------------------
+
+TEST_F(ConfigTest, StatusSourceIsAnEnumSpelledAsInToml) {
+  EXPECT_EQ(load_text("[jobs.slurm]\nstatus_source = \"sacct\"\n").config.jobs.slurm.status_source,
+            config::StatusSource::sacct);
+  EXPECT_EQ(problems_of("[jobs.slurm]\nstatus_source = \"accounting\"\n"),
+            Lines{file() + ":2:17: jobs.slurm.status_source: \"accounting\" is not allowed; use \"auto\", "
+                           "\"sacct\" or \"squeue\""});
+  EXPECT_EQ(config::to_json(load_text("").config)["jobs"]["slurm"]["status_source"], "auto");
+  EXPECT_EQ(config::to_string(config::StatusSource::automatic), "auto");
+  EXPECT_EQ(config::from_string<config::StatusSource>("squeue"), config::StatusSource::squeue);
+  EXPECT_EQ(config::from_string<config::StatusSource>("automatic"), std::nullopt);
+  EXPECT_EQ(config::parse_network("off"), config::Network::off);
+  EXPECT_EQ(config::parse_network("none"), std::nullopt);
+}
+
+TEST_F(ConfigTest, TerminalLimitsKeepTheirDefaultsMinimumsAndMaximums) {
+  const auto loaded = load_text("[terminal.limits]\nmemory = 512\ngpus = 1\n");
+  EXPECT_EQ(loaded.config.terminal.limits.at("memory"), 512);
+  EXPECT_EQ(loaded.config.terminal.limits.at("cpus"), 2);
+  EXPECT_EQ(loaded.warnings, Lines{file() + ":3:1: unknown key 'terminal.limits.gpus' ignored"});
+  EXPECT_EQ(problems_of("[terminal.limits]\npids = 0\n"),
+            Lines{file() + ":2:8: terminal.limits.pids: 0 is out of range; use an integer (processes, 8..4194304)"});
+  EXPECT_EQ(problems_of("[terminal.limits]\ncpus = 1025\n"),
+            Lines{file() + ":2:8: terminal.limits.cpus: 1025 is out of range; use an integer (cores, 1..1024)"});
+}
+
+TEST_F(ConfigTest, AMountEqualToADefaultMountIsAnErrorAtTheGivenOne) {
+  EXPECT_EQ(problems_of("[namespace]\nworkspace_mount = \"/output\"\n"),
+            Lines{file() + ":2:19: namespace.workspace_mount: \"/output\" is also namespace.output_mount; the "
+                           "three mounts must differ"});
+}
+
+TEST(ConfigKeys, EveryKeyHasHelpAndADefaultOrIsRequired) {
+  using nshpc::config::detail::KeyDoc;
+  using nshpc::config::detail::KeyKind;
+  int values = 0;
+  nshpc::config::detail::for_each_key([&](const KeyDoc& doc, const std::string& key, const std::string&) {
+    if (doc.kind == KeyKind::table) return;
+    EXPECT_FALSE(doc.about.help.empty()) << key;
+    if (doc.kind != KeyKind::value) return;
+    ++values;
+    EXPECT_NE(doc.about.defaults_to.empty(), doc.about.required.empty())
+        << key << ": a key has a default or is required, not both and not neither";
+  });
+  EXPECT_GT(values, 70);
+}
+
+// The README's table of keys is generated from the key table (src/config/keys.cpp).
+TEST(ConfigKeys, ReadmeTableIsTheKeyTable) {
+  constexpr std::string_view kBegin =
+      "<!-- config-keys: generated from src/config/keys.cpp by `ns-hpc config keys --markdown` -->\n";
+  constexpr std::string_view kEnd = "<!-- config-keys: end -->";
+  const stdfs::path readme = stdfs::path(NSHPC_SOURCE_DIR) / "README.md";
+  std::ifstream in(readme);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const std::size_t begin = text.find(kBegin);
+  ASSERT_NE(begin, std::string::npos) << readme << " lacks the line " << kBegin;
+  const std::size_t start = begin + kBegin.size();
+  const std::size_t end = text.find(kEnd, start);
+  ASSERT_NE(end, std::string::npos) << readme << " lacks the line " << kEnd;
+  const std::string expected = config::keys_markdown();
+  const std::string found = text.substr(start, end - start);
+  if (found != expected && std::getenv("NSHPC_REFRESH_README")) {
+    std::ofstream(readme) << text.substr(0, start) << expected << text.substr(end);
+    GTEST_SKIP() << "refreshed the table of " << readme;
+  }
+  EXPECT_EQ(found, expected)
+      << "README.md's table of configuration keys differs from the key table (src/config/keys.cpp). Refresh "
+         "it: NSHPC_REFRESH_README=1 build/tests/nshpc_unit --gtest_filter=ConfigKeys.ReadmeTableIsTheKeyTable "
+         "(or paste `ns-hpc config keys --markdown` between the config-keys lines of README.md)";
 }

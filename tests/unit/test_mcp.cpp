@@ -20,6 +20,7 @@
 #include "base/text.hpp"
 #include "mcp/protocol.hpp"
 #include "mcp/server.hpp"
+#include "base/text.hpp"
 #include "mcp/validate.hpp"
 
 namespace mcp = nshpc::mcp;

@@ -31,7 +31,7 @@ class SlurmClientTest : public ::testing::Test {
     return p.string();
   }
   fs::path dir_;
-  nshpc::config::JobsSlurm cfg_;
+  nshpc::config::JobsSlurm cfg_ = nshpc::config::built_in().jobs.slurm;
 };
 
 }  // namespace

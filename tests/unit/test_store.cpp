@@ -53,7 +53,7 @@ class StoreTest : public ::testing::Test {
   }
 
   fs::path root_;
-  config::Config config_;
+  config::Config config_ = config::built_in();
   store::StateFileJobsGuard guard_;
 };
 
