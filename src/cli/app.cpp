@@ -12,7 +12,7 @@
 
 namespace nshpc::cli {
 
-const config::Config& Context::config() {
+const config::Config& Invocation::config() {
   if (!loaded_) {
     config::LoadOptions options;
     options.explicit_path = config_path;
@@ -22,12 +22,12 @@ const config::Config& Context::config() {
   return loaded_->config;
 }
 
-const std::vector<std::string>& Context::config_warnings() {
+const std::vector<std::string>& Invocation::config_warnings() {
   config();
   return loaded_->warnings;
 }
 
-store::Store& Context::store() {
+store::Store& Invocation::store() {
   if (!store_) {
     jobs_guard_ = std::make_unique<store::StateFileJobsGuard>();
     store_ = std::make_unique<store::Store>(config(), *jobs_guard_);
@@ -35,12 +35,12 @@ store::Store& Context::store() {
   return *store_;
 }
 
-sandbox::Backend& Context::backend() {
+sandbox::Backend& Invocation::backend() {
   if (!backend_) backend_ = sandbox::make_bwrap_backend(config());
   return *backend_;
 }
 
-jobs::Engine& Context::jobs() {
+jobs::Engine& Invocation::jobs() {
   if (!jobs_) {
     jobs_ = std::make_unique<jobs::Engine>(config(), store(), backend());
     store().set_jobs_guard(*jobs_);
@@ -73,29 +73,29 @@ void print_error(std::string_view message) {
 
 int main(int argc, char** argv) {
   log::init();
-  Context ctx;
+  Invocation inv;
   CLI::App app{
       "ns-hpc: safe, persistent Linux sandboxes (bubblewrap) for LLM agents and people.\n"
       "Instances keep a workspace; every command runs in a fresh hardened sandbox.",
       "ns-hpc"};
   app.set_version_flag("--version", std::string("ns-hpc ") + NSHPC_VERSION);
   app.require_subcommand(1);
-  app.add_option("-c,--config", ctx.config_path,
+  app.add_option("-c,--config", inv.config_path,
                  "TOML config file (highest-priority layer); also read from NS_HPC_CONFIG")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
-  add_run_command(app, ctx);
-  add_doctor_command(app, ctx);
-  add_bwrap_command(app, ctx);
-  add_instance_commands(app, ctx);
-  add_clean_command(app, ctx);
-  add_config_commands(app, ctx);
+  add_run_command(app, inv);
+  add_doctor_command(app, inv);
+  add_bwrap_command(app, inv);
+  add_instance_commands(app, inv);
+  add_clean_command(app, inv);
+  add_config_commands(app, inv);
 
   // The command after "--" is kept exactly as given; CLI11 parses only what comes before.
   int cli_argc = argc;
   for (int i = 1; i < argc; ++i) {
     if (std::string_view(argv[i]) == "--") {
-      ctx.trailing = std::vector<std::string>(argv + i + 1, argv + argc);
+      inv.trailing = std::vector<std::string>(argv + i + 1, argv + argc);
       cli_argc = i;
       break;
     }
@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::fflush(stdout);
-  return ctx.exit_code;
+  return inv.exit_code;
 }
 
 }  // namespace nshpc::cli

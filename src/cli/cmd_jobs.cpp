@@ -64,7 +64,7 @@ int exit_code_for(const jobs::View& v) {
 
 }  // namespace
 
-void add_job_commands(CLI::App& instance, Context& ctx) {
+void add_job_commands(CLI::App& instance, Invocation& inv) {
   auto a = std::make_shared<JobArgs>();  // instance run
 
   auto* run = instance.add_subcommand(
@@ -83,12 +83,12 @@ void add_job_commands(CLI::App& instance, Context& ctx) {
   run->add_option("-r,--resource", a->resources,
                   "Slurm resource name=value from [jobs.slurm.limit] (e.g. cpus=2, memory=1024 MiB); with --slurm");
   run->add_flag("--json", a->json, "Print JSON");
-  run->callback([&ctx, a] {
-    if (ctx.trailing) a->command = *ctx.trailing;
+  run->callback([&inv, a] {
+    if (inv.trailing) a->command = *inv.trailing;
     if (a->command.empty()) throw CLI::ValidationError("command", "no command given: ns-hpc instance run ID -- CMD");
-    if (a->timeout > ctx.config().jobs.max_timeout)
+    if (a->timeout > inv.config().jobs.max_timeout)
       throw UsageError(fmt::format("--timeout {} is over the maximum of {} s ([jobs] max_timeout)", a->timeout,
-                                   ctx.config().jobs.max_timeout));
+                                   inv.config().jobs.max_timeout));
     jobs::SubmitRequest req;
     req.instance_id = a->id;
     if (a->command.size() == 1) {
@@ -102,7 +102,7 @@ void add_job_commands(CLI::App& instance, Context& ctx) {
     if (!a->slurm && !a->resources.empty()) throw UsageError("-r/--resource is for --slurm jobs; local jobs take -l");
     req.mode = a->slurm ? "slurm" : "local";
     req.limits = a->slurm ? parse_limits(a->resources, "-r cpus=2") : parse_limits(a->limits);
-    jobs::Engine& engine = ctx.jobs();
+    jobs::Engine& engine = inv.jobs();
     jobs::Record rec = engine.submit(req, users::cli_actor());
     jobs::View v = engine.wait(rec.instance_id, rec.id, std::chrono::seconds(a->timeout),
                                {static_cast<std::size_t>(a->tail), 16 * 1024});
@@ -111,7 +111,7 @@ void add_job_commands(CLI::App& instance, Context& ctx) {
       v = engine.view(rec.instance_id, rec.id, {static_cast<std::size_t>(a->tail), 16 * 1024});
     }
     print_view(v, a->json);
-    ctx.exit_code = exit_code_for(v);
+    inv.exit_code = exit_code_for(v);
   });
 
   a = std::make_shared<JobArgs>();  // each command has its own defaults
@@ -124,8 +124,8 @@ void add_job_commands(CLI::App& instance, Context& ctx) {
   status->add_option("--tail", a->tail, "Lines of output to show (default 50)")->check(CLI::Range(0, 1000));
   status->add_flag("--detach,!--no-detach", a->detach, "With a timeout: keep it running when the wait runs out");
   status->add_flag("--json", a->json, "Print JSON");
-  status->callback([&ctx, a] {
-    jobs::Engine& engine = ctx.jobs();
+  status->callback([&inv, a] {
+    jobs::Engine& engine = inv.jobs();
     jobs::TailOptions tail{static_cast<std::size_t>(a->tail), 16 * 1024};
     jobs::View v = engine.wait(a->id, a->job, std::chrono::seconds(a->timeout), tail);
     if (!jobs::is_final(v.record.state) && !a->detach && a->timeout > 0) {
@@ -141,7 +141,7 @@ void add_job_commands(CLI::App& instance, Context& ctx) {
   list->add_option("id", a->id, "Instance id")->required();
   list->add_option("--status", a->status, "Only jobs in this state");
   list->add_flag("--json", a->json, "Print a JSON array");
-  list->callback([&ctx, a] {
+  list->callback([&inv, a] {
     std::optional<jobs::State> filter;
     if (!a->status.empty()) {
       filter = jobs::parse_state(a->status);
@@ -149,7 +149,7 @@ void add_job_commands(CLI::App& instance, Context& ctx) {
         throw UsageError(fmt::format("--status '{}' is not a job state (pending, running, completed, failed, "
                                      "cancelled, timed_out, lost, out_of_memory, node_fail, preempted)", a->status));
     }
-    auto all = ctx.jobs().list(a->id, filter);
+    auto all = inv.jobs().list(a->id, filter);
     if (a->json) {
       nlohmann::json out = nlohmann::json::array();
       for (const auto& r : all) out.push_back(jobs::record_summary_json(r));
@@ -179,8 +179,8 @@ void add_job_commands(CLI::App& instance, Context& ctx) {
   cancel->add_option("id", a->id, "Instance id")->required();
   cancel->add_option("job", a->job, "Job id")->required();
   cancel->add_flag("--json", a->json, "Print JSON");
-  cancel->callback([&ctx, a] {
-    jobs::Engine& engine = ctx.jobs();
+  cancel->callback([&inv, a] {
+    jobs::Engine& engine = inv.jobs();
     engine.cancel(a->id, a->job, users::cli_actor());
     print_view(engine.view(a->id, a->job, {50, 16 * 1024}), a->json);
   });

@@ -67,16 +67,16 @@ std::string stored_token(const std::filesystem::path& state_dir, bool& created) 
 
 // The MCP server with every tool, handed to a transport; returns the transport's exit code.
 template <class Transport>
-int serve(Context& ctx, Transport&& transport) {
-  const config::Config& cfg = ctx.config();
+int serve(Invocation& inv, Transport&& transport) {
+  const config::Config& cfg = inv.config();
   // Sandbox processes orphaned by bwrap come to us, not to pid 1 (which in containers may
   // never reap them); the job engine and the sandbox backend reap them.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  jobs::Engine& engine = ctx.jobs();
+  jobs::Engine& engine = inv.jobs();
   engine.recover();  // jobs left running by an earlier server are watched again
   // Deletes an earlier run left unfinished, off the start-up path (a big tree must not delay the
   // first answer); joined when the server ends.
-  std::jthread finish_deletions([&store = ctx.store()] {
+  std::jthread finish_deletions([&store = inv.store()] {
     try {
       if (const std::size_t finished = store.finish_deletions())
         log::info("finished {} delete(s) an earlier run left unfinished", finished);
@@ -84,7 +84,7 @@ int serve(Context& ctx, Transport&& transport) {
       log::warn("finishing earlier deletes: {}", e.what());
     }
   });
-  const tools::Services services{cfg, ctx.store(), ctx.backend(), &engine};
+  const tools::Services services{cfg, inv.store(), inv.backend(), &engine};
   mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
   tools::register_all(server, services);
   return transport(server);
@@ -102,8 +102,8 @@ void raise_open_file_limit() {
     log::warn("cannot raise the open-file limit from {} to {}: {}", before, rl.rlim_max, std::strerror(errno));
 }
 
-void run_http(Context& ctx, const RunArgs& a) {
-  const config::Config& cfg = ctx.config();
+void run_http(Invocation& inv, const RunArgs& a) {
+  const config::Config& cfg = inv.config();
   raise_open_file_limit();
   transport::HttpOptions options;
   options.protocol = a.transport == "sse" ? transport::HttpOptions::Protocol::legacy_sse
@@ -190,12 +190,12 @@ void run_http(Context& ctx, const RunArgs& a) {
     std::fflush(stderr);
   };
 
-  ctx.exit_code = serve(ctx, [&](mcp::Server& server) { return transport::serve_http(server, options); });
+  inv.exit_code = serve(inv, [&](mcp::Server& server) { return transport::serve_http(server, options); });
 }
 
 }  // namespace
 
-void add_run_command(CLI::App& app, Context& ctx) {
+void add_run_command(CLI::App& app, Invocation& inv) {
   auto a = std::make_shared<RunArgs>();
   auto* cmd = app.add_subcommand(
       "run",
@@ -225,7 +225,7 @@ void add_run_command(CLI::App& app, Context& ctx) {
                                   "close HTTP sessions idle for this many seconds (default [server] "
                                   "session_idle_timeout: 300)")
                       ->check(CLI::Range(1, 31536000));
-  cmd->callback([&ctx, a, host, port, uds, path, token, hosts, origins, timeout] {
+  cmd->callback([&inv, a, host, port, uds, path, token, hosts, origins, timeout] {
     if (a->transport == "http") a->transport = "streamable-http";
     if (a->transport != "stdio" && a->transport != "streamable-http" && a->transport != "sse")
       throw CLI::ValidationError(
@@ -237,7 +237,7 @@ void add_run_command(CLI::App& app, Context& ctx) {
     a->has_path = path->count() > 0;
     a->has_token = token->count() > 0;
     a->has_session_timeout = timeout->count() > 0;
-    const config::Config& cfg = ctx.config();
+    const config::Config& cfg = inv.config();
     if (a->transport == "stdio") {
       for (auto [given, flag] : {std::pair{a->has_host, "--host"}, {a->has_port, "--port"}, {a->has_uds, "--uds"},
                                  {a->has_path, "--path"}, {a->has_token, "--auth-token"},
@@ -251,10 +251,10 @@ void add_run_command(CLI::App& app, Context& ctx) {
       transport::StdioOptions options;
       options.max_message_bytes = static_cast<std::size_t>(cfg.mcp.max_message_bytes);
       log::info("serving MCP on stdio");
-      ctx.exit_code = serve(ctx, [&](mcp::Server& server) { return transport::serve_stdio(server, options); });
+      inv.exit_code = serve(inv, [&](mcp::Server& server) { return transport::serve_stdio(server, options); });
       return;
     }
-    run_http(ctx, *a);
+    run_http(inv, *a);
   });
 }
 
