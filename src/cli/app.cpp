@@ -61,6 +61,13 @@ bool confirm(const std::string& question) {
   return answer == "y" || answer == "Y" || answer == "yes" || answer == "YES" || answer == "Yes";
 }
 
+const std::vector<std::string>& command_to_run(const Invocation& inv, const std::vector<std::string>& positional,
+                                               const std::string& usage) {
+  const std::vector<std::string>& command = inv.trailing ? *inv.trailing : positional;
+  if (command.empty()) throw CLI::ValidationError("command", "no command given: " + usage);
+  return command;
+}
+
 namespace {
 
 void print_error(std::string_view message) {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -48,6 +49,40 @@ void add_bwrap_command(CLI::App& app, Invocation& inv);
 void add_clean_command(CLI::App& app, Invocation& inv);
 void add_run_command(CLI::App& app, Invocation& inv);
 void add_job_commands(CLI::App& instance, Invocation& inv);  // instance run|status|jobs|cancel
+
+// The values an option accepts, by the name typed on the command line (several names may mean
+// the same value: an alias).
+template <typename T>
+using Choices = std::vector<std::pair<std::string, T>>;
+
+// `values` by the names their module gives them (its to_string), so the CLI spells none itself.
+template <typename T>
+Choices<T> named(std::initializer_list<T> values) {
+  Choices<T> choices;
+  for (T value : values) choices.emplace_back(std::string(to_string(value)), value);
+  return choices;
+}
+
+// An option taking one of `choices`: CLI11 checks the name (CLI::IsMember: a wrong one is a usage
+// error listing them all, and --help shows them) and `target` gets its value.
+template <typename T>
+CLI::Option* add_choice(CLI::App& cmd, const std::string& flags, std::optional<T>& target, Choices<T> choices,
+                        const std::string& help) {
+  auto* option = cmd.add_option_function<std::string>(
+      flags,
+      [&target, choices](const std::string& name) {
+        for (const auto& [n, value] : choices)
+          if (n == name) target = value;
+      },
+      help);
+  option->check(CLI::IsMember(std::move(choices)));
+  return option;
+}
+
+// The command to run: the words after "--" when there are any, else `positional` (the command
+// given without "--"). None at all is a usage error that shows `usage`.
+const std::vector<std::string>& command_to_run(const Invocation& inv, const std::vector<std::string>& positional,
+                                               const std::string& usage);
 
 // Runs a command in an instance's sandbox attached to the caller (cli/pty_relay.hpp) and audits
 // it. Returns the exit code to pass through. `ns-hpc bwrap` and `instance enter`.

@@ -65,7 +65,7 @@ void add_bwrap_command(CLI::App& app, Invocation& inv) {
   struct Args {
     std::string id;
     std::vector<std::string> command;
-    std::string stdout_file, stderr_file;
+    std::optional<std::string> stdout_file, stderr_file;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand(
@@ -81,12 +81,10 @@ void add_bwrap_command(CLI::App& app, Invocation& inv) {
                   "through a link)");
   cmd->add_option("--stderr", a->stderr_file, "The same for stderr");
   cmd->callback([&inv, a] {
-    const std::vector<std::string>& command = inv.trailing ? *inv.trailing : a->command;
-    if (command.empty())
-      throw CLI::ValidationError("command", "no command given: ns-hpc bwrap ID -- CMD [ARGS...]");
+    const std::vector<std::string>& command = command_to_run(inv, a->command, "ns-hpc bwrap ID -- CMD [ARGS...]");
     store::Instance inst = inv.store().get(a->id);
-    if (!a->stdout_file.empty()) redirect_to_workspace_file(inv, inst, a->stdout_file, STDOUT_FILENO);
-    if (!a->stderr_file.empty()) redirect_to_workspace_file(inv, inst, a->stderr_file, STDERR_FILENO);
+    if (a->stdout_file) redirect_to_workspace_file(inv, inst, *a->stdout_file, STDOUT_FILENO);
+    if (a->stderr_file) redirect_to_workspace_file(inv, inst, *a->stderr_file, STDERR_FILENO);
     inv.exit_code = run_in_sandbox(inv, inst, command, "sandbox.exec");
   });
 }

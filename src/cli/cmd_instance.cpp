@@ -6,19 +6,18 @@
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "base/log.hpp"
 #include "base/users.hpp"
 #include "cli/app.hpp"
-#include "base/log.hpp"
 #include "cli/output.hpp"
 
 namespace nshpc::cli {
 
 namespace {
 
-config::Network network_arg(const std::string& value) {
-  auto net = config::parse_network(value);
-  if (!net) throw UsageError(fmt::format("--network '{}' is not allowed; use 'host' or 'off'", value));
-  return *net;
+// --network host|off, of `instance create` and `instance update`.
+void add_network_option(CLI::App& cmd, std::optional<config::Network>& network, const std::string& help) {
+  add_choice(cmd, "--network", network, named({config::Network::host, config::Network::off}), help);
 }
 
 // An existing instance, even one whose metadata.json is corrupt (it can still be archived or
@@ -48,7 +47,7 @@ struct InstanceArgs {
   std::string id;
   std::string description;
   std::optional<std::string> new_description;
-  std::string network;
+  std::optional<config::Network> network;
   bool json = false;
   bool force = false;
   bool archived = false;
@@ -60,12 +59,14 @@ void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
                   "Instance id: 1-63 of A-Z a-z 0-9 _ . -, starting with a letter or digit "
                   "(omitted: a readable one is generated)");
   cmd->add_option("-d,--description", a->description, "What the instance is for");
-  cmd->add_option("--network", a->network, "Network of its sandboxes: host (default; shares the host's loopback services and abstract Unix sockets) or off");
+  add_network_option(*cmd, a->network,
+                     "Network of its sandboxes: host (default; shares the host's loopback services and abstract "
+                     "Unix sockets) or off");
   cmd->add_flag("--json", a->json, "Print the new instance as JSON");
   cmd->callback([&inv, a] {
     store::CreateOptions options;
     options.description = a->description;
-    if (!a->network.empty()) options.network = network_arg(a->network);
+    options.network = a->network;
     store::Instance inst = inv.store().create(a->id, options, users::cli_actor());
     if (a->json)
       print_json(instance_host_json(inst));
@@ -145,12 +146,12 @@ void add_update(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
   auto* cmd = parent.add_subcommand("update", "Change an instance's description or network");
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->add_option("-d,--description", a->new_description, "New description");
-  cmd->add_option("--network", a->network, "host or off (applies to the next command)");
+  add_network_option(*cmd, a->network, "host or off (applies to the next command)");
   cmd->add_flag("--json", a->json, "Print the updated instance as JSON");
   cmd->callback([&inv, a] {
     store::UpdateOptions options;
     options.description = a->new_description;
-    if (!a->network.empty()) options.network = network_arg(a->network);
+    options.network = a->network;
     if (!options.description && !options.network)
       throw UsageError("nothing to update; pass --description TEXT and/or --network host|off");
     store::Instance inst = inv.store().update(a->id, options, users::cli_actor());

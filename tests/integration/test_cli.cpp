@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <string>
+#include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "harness.hpp"
@@ -236,4 +239,42 @@ TEST(Cli, CleanDryRunListsIdleInstancesWithoutTouchingThem) {
   EXPECT_EQ(real.exit_code, 0) << real.err;
   EXPECT_FALSE(fs::exists(env.instances() / "idle"));
   EXPECT_TRUE(fs::exists(env.instances() / "fresh/metadata.json"));
+}
+
+namespace {
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(Cli, ModeRulesNameTheOptionAndWhatToDo) {
+  Env env;
+  env.create("x");
+  struct Refused {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  for (const Refused& refused : std::vector<Refused>{
+           {{"run", "--host", "0.0.0.0"},
+            "--host: only valid with an HTTP transport (--transport streamable-http or sse)"},
+           {{"run", "-t", "stdio", "--session-timeout", "5"}, "--session-timeout: only valid with an HTTP transport"},
+           {{"run", "--allow-unauthenticated-http"}, "--allow-unauthenticated-http: only valid with an HTTP transport"},
+           {{"run", "-t", "websocket"}, "--transport: websocket not in {stdio,streamable-http,http,sse}"},
+           {{"instance", "run", "x", "--slurm", "-l", "memory=100", "--", "true"}, "--slurm excludes --limit"},
+           {{"instance", "run", "x", "-r", "cpus=2", "--", "true"}, "--resource requires --slurm"},
+           {{"instance", "jobs", "x", "--status", "done"}, "--status: done not in {pending,running,completed,"},
+           {{"instance", "create", "y", "--network", "wifi"}, "--network: wifi not in {host,off}"},
+           {{"instance", "update", "x", "--network", "wifi"}, "--network: wifi not in {host,off}"}}) {
+    Result r = env.run(refused.args);
+    const std::string what = fmt::format("{}", fmt::join(refused.args, " "));
+    EXPECT_EQ(r.exit_code, 2) << what << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("ns-hpc: error: ", 0), 0u) << what << ": " << r.err;
+    EXPECT_TRUE(has(r.err, refused.message)) << what << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << what << ": " << r.out;
+  }
+  EXPECT_FALSE(fs::exists(env.instances() / "y"));
+  EXPECT_EQ(json::parse(env.run({"instance", "describe", "x", "--json"}).out)["network"], "host");
+  // A state by its name is still taken.
+  Result jobs = env.run({"instance", "jobs", "x", "--status", "completed", "--json"});
+  EXPECT_EQ(jobs.exit_code, 0) << jobs.err;
 }
