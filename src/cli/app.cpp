@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -76,6 +77,35 @@ void print_error(std::string_view message) {
   std::fprintf(stderr, "ns-hpc: error: %s\n", text.c_str());
 }
 
+// What a person asked of the log on stderr: --log-level, else -v (info) / -vv (debug), else the
+// NS_HPC_LOG environment variable, else warning.
+struct LogRequest {
+  std::optional<log::Level> level;
+  int verbosity = 0;
+};
+
+void add_log_options(CLI::App& app, LogRequest& request) {
+  auto* level = add_choice(app, "--log-level", request.level, log::level_names(),
+                           "what ns-hpc logs on stderr, never on stdout (default warning; debug adds the sandbox "
+                           "argv, cgroups, scheduler commands and config files read); also from NS_HPC_LOG, which "
+                           "this flag overrides");
+  app.add_flag("-v,--verbose", request.verbosity, "log more on stderr: -v info, -vv debug (like --log-level)")
+      ->excludes(level);
+}
+
+log::Level requested_level(const LogRequest& request) {
+  if (request.level) return *request.level;
+  if (request.verbosity > 0) return request.verbosity == 1 ? log::Level::info : log::Level::debug;
+  if (const char* env = std::getenv("NS_HPC_LOG"); env && *env) {
+    std::string name = env;
+    // The same check, and so the same message, as --log-level's.
+    const std::string problem = CLI::IsMember(log::level_names())(name);
+    if (!problem.empty()) throw CLI::ValidationError("NS_HPC_LOG", problem);
+    return *log::parse_level(name);
+  }
+  return log::Level::warning;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -87,9 +117,16 @@ int main(int argc, char** argv) {
       "ns-hpc"};
   app.set_version_flag("--version", std::string("ns-hpc ") + NSHPC_VERSION);
   app.require_subcommand(1);
+  // The options here (--config, the log ones) are taken after the command's name too:
+  // `ns-hpc run -vv` as well as `ns-hpc -vv run`.
+  app.fallthrough();
   app.add_option("-c,--config", inv.config_path,
                  "TOML config file (highest-priority layer); also read from NS_HPC_CONFIG")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  LogRequest log_request;
+  add_log_options(app, log_request);
+  // Before any command runs (and so before the config is read).
+  app.parse_complete_callback([&log_request] { log::set_level(requested_level(log_request)); });
 
   add_run_command(app, inv);
   add_doctor_command(app, inv);
