@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -12,7 +13,7 @@
 
 namespace nshpc::cli {
 
-const config::Config& Context::config() {
+const config::Config& Invocation::config() {
   if (!loaded_) {
     config::LoadOptions options;
     options.explicit_path = config_path;
@@ -22,12 +23,12 @@ const config::Config& Context::config() {
   return loaded_->config;
 }
 
-const std::vector<std::string>& Context::config_warnings() {
+const std::vector<std::string>& Invocation::config_warnings() {
   config();
   return loaded_->warnings;
 }
 
-store::Store& Context::store() {
+store::Store& Invocation::store() {
   if (!store_) {
     jobs_guard_ = std::make_unique<store::StateFileJobsGuard>();
     store_ = std::make_unique<store::Store>(config(), *jobs_guard_);
@@ -35,12 +36,12 @@ store::Store& Context::store() {
   return *store_;
 }
 
-sandbox::Backend& Context::backend() {
+sandbox::Backend& Invocation::backend() {
   if (!backend_) backend_ = sandbox::make_bwrap_backend(config());
   return *backend_;
 }
 
-jobs::Engine& Context::jobs() {
+jobs::Engine& Invocation::jobs() {
   if (!jobs_) {
     jobs_ = std::make_unique<jobs::Engine>(config(), store(), backend());
     store().set_jobs_guard(*jobs_);
@@ -61,6 +62,13 @@ bool confirm(const std::string& question) {
   return answer == "y" || answer == "Y" || answer == "yes" || answer == "YES" || answer == "Yes";
 }
 
+const std::vector<std::string>& command_to_run(const Invocation& inv, const std::vector<std::string>& positional,
+                                               const std::string& usage) {
+  const std::vector<std::string>& command = inv.trailing ? *inv.trailing : positional;
+  if (command.empty()) throw CLI::ValidationError("command", "no command given: " + usage);
+  return command;
+}
+
 namespace {
 
 void print_error(std::string_view message) {
@@ -69,33 +77,69 @@ void print_error(std::string_view message) {
   std::fprintf(stderr, "ns-hpc: error: %s\n", text.c_str());
 }
 
+// What a person asked of the log on stderr: --log-level, else -v (info) / -vv (debug), else the
+// NS_HPC_LOG environment variable, else warning.
+struct LogRequest {
+  std::optional<log::Level> level;
+  int verbosity = 0;
+};
+
+void add_log_options(CLI::App& app, LogRequest& request) {
+  auto* level = add_choice(app, "--log-level", request.level, log::level_names(),
+                           "what ns-hpc logs on stderr, never on stdout (default warning; debug adds the sandbox "
+                           "argv, cgroups, scheduler commands and config files read); also from NS_HPC_LOG, which "
+                           "this flag overrides");
+  app.add_flag("-v,--verbose", request.verbosity, "log more on stderr: -v info, -vv debug (like --log-level)")
+      ->excludes(level);
+}
+
+log::Level requested_level(const LogRequest& request) {
+  if (request.level) return *request.level;
+  if (request.verbosity > 0) return request.verbosity == 1 ? log::Level::info : log::Level::debug;
+  if (const char* env = std::getenv("NS_HPC_LOG"); env && *env) {
+    std::string name = env;
+    // The same check, and so the same message, as --log-level's.
+    const std::string problem = CLI::IsMember(log::level_names())(name);
+    if (!problem.empty()) throw CLI::ValidationError("NS_HPC_LOG", problem);
+    return *log::parse_level(name);
+  }
+  return log::Level::warning;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   log::init();
-  Context ctx;
+  Invocation inv;
   CLI::App app{
       "ns-hpc: safe, persistent Linux sandboxes (bubblewrap) for LLM agents and people.\n"
       "Instances keep a workspace; every command runs in a fresh hardened sandbox.",
       "ns-hpc"};
   app.set_version_flag("--version", std::string("ns-hpc ") + NSHPC_VERSION);
   app.require_subcommand(1);
-  app.add_option("-c,--config", ctx.config_path,
+  // The options here (--config, the log ones) are taken after the command's name too:
+  // `ns-hpc run -vv` as well as `ns-hpc -vv run`.
+  app.fallthrough();
+  app.add_option("-c,--config", inv.config_path,
                  "TOML config file (highest-priority layer); also read from NS_HPC_CONFIG")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  LogRequest log_request;
+  add_log_options(app, log_request);
+  // Before any command runs (and so before the config is read).
+  app.parse_complete_callback([&log_request] { log::set_level(requested_level(log_request)); });
 
-  add_run_command(app, ctx);
-  add_doctor_command(app, ctx);
-  add_bwrap_command(app, ctx);
-  add_instance_commands(app, ctx);
-  add_clean_command(app, ctx);
-  add_config_commands(app, ctx);
+  add_run_command(app, inv);
+  add_doctor_command(app, inv);
+  add_bwrap_command(app, inv);
+  add_instance_commands(app, inv);
+  add_clean_command(app, inv);
+  add_config_commands(app, inv);
 
   // The command after "--" is kept exactly as given; CLI11 parses only what comes before.
   int cli_argc = argc;
   for (int i = 1; i < argc; ++i) {
     if (std::string_view(argv[i]) == "--") {
-      ctx.trailing = std::vector<std::string>(argv + i + 1, argv + argc);
+      inv.trailing = std::vector<std::string>(argv + i + 1, argv + argc);
       cli_argc = i;
       break;
     }
@@ -123,7 +167,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::fflush(stdout);
-  return ctx.exit_code;
+  return inv.exit_code;
 }
 
 }  // namespace nshpc::cli

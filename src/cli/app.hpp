@@ -2,11 +2,12 @@
 // exit 2 on a usage error; listings and descriptions have --json.
 #pragma once
 
-#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -17,8 +18,8 @@
 
 namespace nshpc::cli {
 
-// Shared state of one invocation: the config and the services built from it, made on first use.
-class Context {
+// One run of the ns-hpc command: the config and the services built from it, made on first use.
+class Invocation {
  public:
   std::optional<std::filesystem::path> config_path;  // --config
   int exit_code = 0;
@@ -41,37 +42,52 @@ class Context {
   std::unique_ptr<jobs::Engine> jobs_;
 };
 
-void add_instance_commands(CLI::App& app, Context& ctx);
-void add_config_commands(CLI::App& app, Context& ctx);
-void add_doctor_command(CLI::App& app, Context& ctx);
-void add_bwrap_command(CLI::App& app, Context& ctx);
-void add_clean_command(CLI::App& app, Context& ctx);
-void add_run_command(CLI::App& app, Context& ctx);
-void add_job_commands(CLI::App& instance, Context& ctx);  // instance run|status|jobs|cancel
+void add_instance_commands(CLI::App& app, Invocation& inv);
+void add_config_commands(CLI::App& app, Invocation& inv);
+void add_doctor_command(CLI::App& app, Invocation& inv);
+void add_bwrap_command(CLI::App& app, Invocation& inv);
+void add_clean_command(CLI::App& app, Invocation& inv);
+void add_run_command(CLI::App& app, Invocation& inv);
+void add_job_commands(CLI::App& instance, Invocation& inv);  // instance run|status|jobs|cancel
 
-// Runs a command in an instance's sandbox attached to the caller (run_attached) and audits it.
-// Returns the exit code to pass through. `ns-hpc bwrap` and `instance enter`.
-int run_in_sandbox(Context& ctx, const store::Instance& inst, const std::vector<std::string>& command,
+// The values an option accepts, by the name typed on the command line (several names may mean
+// the same value: an alias).
+template <typename T>
+using Choices = std::vector<std::pair<std::string, T>>;
+
+// `values` by the names their module gives them (its to_string), so the CLI spells none itself.
+template <typename T>
+Choices<T> named(std::initializer_list<T> values) {
+  Choices<T> choices;
+  for (T value : values) choices.emplace_back(std::string(to_string(value)), value);
+  return choices;
+}
+
+// An option taking one of `choices`: CLI11 checks the name (CLI::IsMember: a wrong one is a usage
+// error listing them all, and --help shows them) and `target` gets its value.
+template <typename T>
+CLI::Option* add_choice(CLI::App& cmd, const std::string& flags, std::optional<T>& target, Choices<T> choices,
+                        const std::string& help) {
+  auto* option = cmd.add_option_function<std::string>(
+      flags,
+      [&target, choices](const std::string& name) {
+        for (const auto& [n, value] : choices)
+          if (n == name) target = value;
+      },
+      help);
+  option->check(CLI::IsMember(std::move(choices)));
+  return option;
+}
+
+// The command to run: the words after "--" when there are any, else `positional` (the command
+// given without "--"). None at all is a usage error that shows `usage`.
+const std::vector<std::string>& command_to_run(const Invocation& inv, const std::vector<std::string>& positional,
+                                               const std::string& usage);
+
+// Runs a command in an instance's sandbox attached to the caller (cli/pty_relay.hpp) and audits
+// it. Returns the exit code to pass through. `ns-hpc bwrap` and `instance enter`.
+int run_in_sandbox(Invocation& inv, const store::Instance& inst, const std::vector<std::string>& command,
                    std::string_view event);
-
-struct AttachedRun {
-  sandbox::ExitStatus status;
-  int stop_signal = 0;  // the SIGINT/SIGTERM/SIGHUP/SIGQUIT that made ns-hpc kill the sandbox, or 0
-};
-// Runs `spec` on the caller's stdin, stdout and stderr until it ends; a stop signal kills the
-// whole sandbox. A terminal among them is never handed over: the sandbox gets a private PTY in
-// its place, relayed to the caller's terminal (raw while the command runs when stdin is on it,
-// restored exactly afterwards; window size forwarded), so nothing the sandbox does to its
-// terminal (stty, TIOCSETD) reaches the caller's. Pipes and files are passed as they are.
-AttachedRun run_attached(sandbox::Backend& backend, sandbox::RunSpec spec);
-
-// Audits a finished sandbox run and turns it into the exit code to return.
-int finish_sandbox_run(Context& ctx, const store::Instance& inst, const std::vector<std::string>& command,
-                       std::string_view event, const sandbox::ExitStatus& status,
-                       std::chrono::steady_clock::duration elapsed, int stop_signal);
-
-sandbox::RunSpec make_run_spec(Context& ctx, const store::Instance& inst,
-                               std::vector<std::string> command);
 
 // Asks "question [y/N] " on the terminal; false when the answer is not y/yes or there is none.
 bool confirm(const std::string& question);

@@ -8,18 +8,21 @@
 #include "base/error.hpp"
 #include "base/users.hpp"
 #include "cli/app.hpp"
+#include "cli/pty_relay.hpp"
 
 namespace nshpc::cli {
 
-sandbox::RunSpec make_run_spec(Context& ctx, const store::Instance& inst,
-                               std::vector<std::string> command) {
+namespace {
+
+sandbox::RunSpec make_run_spec(Invocation& inv, const store::Instance& inst, std::vector<std::string> command) {
   sandbox::RunSpec spec;
-  spec.target = ctx.store().sandbox_target(inst);
+  spec.target = inv.store().sandbox_target(inst);
   spec.argv = std::move(command);
   return spec;
 }
 
-int finish_sandbox_run(Context& ctx, const store::Instance& inst, const std::vector<std::string>& command,
+// Audits a finished sandbox run and turns it into the exit code to return.
+int finish_sandbox_run(Invocation& inv, const store::Instance& inst, const std::vector<std::string>& command,
                        std::string_view event, const sandbox::ExitStatus& status,
                        std::chrono::steady_clock::duration elapsed, int stop_signal) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
@@ -31,7 +34,7 @@ int finish_sandbox_run(Context& ctx, const store::Instance& inst, const std::vec
                            {"started", status.started}};
   if (!status.error.empty()) fields["error"] = status.error;
   if (stop_signal) fields["stopped_by_signal"] = stop_signal;
-  ctx.store().audit(inst, event, users::cli_actor(), std::move(fields));
+  inv.store().audit(inst, event, users::cli_actor(), std::move(fields));
   if (stop_signal) return 128 + stop_signal;
   if (!status.started) {
     std::fprintf(stderr, "ns-hpc: error: %s\n", status.error.c_str());
@@ -40,31 +43,29 @@ int finish_sandbox_run(Context& ctx, const store::Instance& inst, const std::vec
   return status.exit_code;
 }
 
-int run_in_sandbox(Context& ctx, const store::Instance& inst, const std::vector<std::string>& command,
-                   std::string_view event) {
-  const auto started = std::chrono::steady_clock::now();
-  AttachedRun run = run_attached(ctx.backend(), make_run_spec(ctx, inst, command));
-  return finish_sandbox_run(ctx, inst, command, event, run.status, std::chrono::steady_clock::now() - started,
-                            run.stop_signal);
-}
-
-namespace {
-
 // Puts the workspace file `relative` (as a job's output) on descriptor `target`, opened as the
 // store opens every file a sandbox writes: a batch job on a Slurm node writes its output this
 // way, never by a path the sandbox could have turned into a link to a host file.
-void redirect_to_workspace_file(Context& ctx, const store::Instance& inst, const std::string& relative, int target) {
-  UniqueFd fd = ctx.store().open_workspace_file(inst, relative, store::Store::WorkspaceOpen::append);
+void redirect_to_workspace_file(Invocation& inv, const store::Instance& inst, const std::string& relative, int target) {
+  UniqueFd fd = inv.store().open_workspace_file(inst, relative, store::Store::WorkspaceOpen::append);
   if (::dup2(fd.get(), target) < 0) throw SysError(errno, "dup2", relative);
 }
 
 }  // namespace
 
-void add_bwrap_command(CLI::App& app, Context& ctx) {
+int run_in_sandbox(Invocation& inv, const store::Instance& inst, const std::vector<std::string>& command,
+                   std::string_view event) {
+  const auto started = std::chrono::steady_clock::now();
+  AttachedRun run = run_attached(inv.backend(), make_run_spec(inv, inst, command));
+  return finish_sandbox_run(inv, inst, command, event, run.status, std::chrono::steady_clock::now() - started,
+                            run.stop_signal);
+}
+
+void add_bwrap_command(CLI::App& app, Invocation& inv) {
   struct Args {
     std::string id;
     std::vector<std::string> command;
-    std::string stdout_file, stderr_file;
+    std::optional<std::string> stdout_file, stderr_file;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand(
@@ -79,14 +80,12 @@ void add_bwrap_command(CLI::App& app, Context& ctx) {
                   "Append the command's stdout to this file of the workspace (a path relative to it; never "
                   "through a link)");
   cmd->add_option("--stderr", a->stderr_file, "The same for stderr");
-  cmd->callback([&ctx, a] {
-    const std::vector<std::string>& command = ctx.trailing ? *ctx.trailing : a->command;
-    if (command.empty())
-      throw CLI::ValidationError("command", "no command given: ns-hpc bwrap ID -- CMD [ARGS...]");
-    store::Instance inst = ctx.store().get(a->id);
-    if (!a->stdout_file.empty()) redirect_to_workspace_file(ctx, inst, a->stdout_file, STDOUT_FILENO);
-    if (!a->stderr_file.empty()) redirect_to_workspace_file(ctx, inst, a->stderr_file, STDERR_FILENO);
-    ctx.exit_code = run_in_sandbox(ctx, inst, command, "sandbox.exec");
+  cmd->callback([&inv, a] {
+    const std::vector<std::string>& command = command_to_run(inv, a->command, "ns-hpc bwrap ID -- CMD [ARGS...]");
+    store::Instance inst = inv.store().get(a->id);
+    if (a->stdout_file) redirect_to_workspace_file(inv, inst, *a->stdout_file, STDOUT_FILENO);
+    if (a->stderr_file) redirect_to_workspace_file(inv, inst, *a->stderr_file, STDERR_FILENO);
+    inv.exit_code = run_in_sandbox(inv, inst, command, "sandbox.exec");
   });
 }
 

@@ -7,7 +7,7 @@
 
 namespace nshpc::cli {
 
-void add_config_commands(CLI::App& app, Context& ctx) {
+void add_config_commands(CLI::App& app, Invocation& ctx) {
   auto* config_cmd = app.add_subcommand("config", "Show or check the configuration");
   config_cmd->require_subcommand(1);
 

@@ -81,7 +81,7 @@ int in_child(F body) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-Check check_config(Context& ctx, const config::Config*& cfg, std::optional<config::Config>& fallback) {
+Check check_config(Invocation& ctx, const config::Config*& cfg, std::optional<config::Config>& fallback) {
   Check c{"config is valid"};
   try {
     cfg = &ctx.config();
@@ -189,7 +189,7 @@ Check check_sandbox_user(const config::Config& cfg) {
   return c;
 }
 
-Check check_smoke(Context& ctx, const config::Config& cfg) {
+Check check_smoke(Invocation& ctx, const config::Config& cfg) {
   Check c{"sandbox smoke run (configured bwrap_command)"};
   stdfs::path tmp;
   try {
@@ -348,7 +348,7 @@ void print_text(const std::vector<Check>& checks, bool ok) {
 
 }  // namespace
 
-void add_doctor_command(CLI::App& app, Context& ctx) {
+void add_doctor_command(CLI::App& app, Invocation& ctx) {
   auto json = std::make_shared<bool>(false);
   auto* cmd = app.add_subcommand("doctor", "Check that this machine can run ns-hpc sandboxes");
   cmd->add_flag("--json", *json, "Print JSON");

@@ -6,25 +6,24 @@
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "base/log.hpp"
 #include "base/users.hpp"
 #include "cli/app.hpp"
-#include "base/log.hpp"
 #include "cli/output.hpp"
 
 namespace nshpc::cli {
 
 namespace {
 
-config::Network network_arg(const std::string& value) {
-  auto net = config::parse_network(value);
-  if (!net) throw UsageError(fmt::format("--network '{}' is not allowed; use 'host' or 'off'", value));
-  return *net;
+// --network host|off, of `instance create` and `instance update`.
+void add_network_option(CLI::App& cmd, std::optional<config::Network>& network, const std::string& help) {
+  add_choice(cmd, "--network", network, named({config::Network::host, config::Network::off}), help);
 }
 
 // An existing instance, even one whose metadata.json is corrupt (it can still be archived or
 // deleted); UsageError otherwise.
-void require_instance(Context& ctx, const std::string& id) {
-  if (!ctx.store().exists(id))
+void require_instance(Invocation& inv, const std::string& id) {
+  if (!inv.store().exists(id))
     throw UsageError(fmt::format("instance '{}' not found; see 'ns-hpc instance list'", id));
 }
 
@@ -48,41 +47,43 @@ struct InstanceArgs {
   std::string id;
   std::string description;
   std::optional<std::string> new_description;
-  std::string network;
+  std::optional<config::Network> network;
   bool json = false;
   bool force = false;
   bool archived = false;
 };
 
-void add_create(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceArgs>& a) {
+void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
   auto* cmd = parent.add_subcommand("create", "Create an instance (a persistent workspace)");
   cmd->add_option("id", a->id,
                   "Instance id: 1-63 of A-Z a-z 0-9 _ . -, starting with a letter or digit "
                   "(omitted: a readable one is generated)");
   cmd->add_option("-d,--description", a->description, "What the instance is for");
-  cmd->add_option("--network", a->network, "Network of its sandboxes: host (default; shares the host's loopback services and abstract Unix sockets) or off");
+  add_network_option(*cmd, a->network,
+                     "Network of its sandboxes: host (default; shares the host's loopback services and abstract "
+                     "Unix sockets) or off");
   cmd->add_flag("--json", a->json, "Print the new instance as JSON");
-  cmd->callback([&ctx, a] {
+  cmd->callback([&inv, a] {
     store::CreateOptions options;
     options.description = a->description;
-    if (!a->network.empty()) options.network = network_arg(a->network);
-    store::Instance inst = ctx.store().create(a->id, options, users::cli_actor());
+    options.network = a->network;
+    store::Instance inst = inv.store().create(a->id, options, users::cli_actor());
     if (a->json)
-      print_json(instance_json(inst));
+      print_json(instance_host_json(inst));
     else
       std::printf("Created instance '%s' at %s\n", inst.id.c_str(), inst.base.c_str());
   });
 }
 
-void add_list(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceArgs>& a) {
+void add_list(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
   auto* cmd = parent.add_subcommand("list", "List active instances");
   cmd->add_flag("--json", a->json, "Print a JSON array");
-  cmd->callback([&ctx, a] {
-    store::Listing listing = ctx.store().list();
+  cmd->callback([&inv, a] {
+    store::Listing listing = inv.store().list();
     warn_corrupt(listing);
     if (a->json) {
       nlohmann::json out = nlohmann::json::array();
-      for (const auto& inst : listing.instances) out.push_back(instance_json(inst));
+      for (const auto& inst : listing.instances) out.push_back(instance_host_json(inst));
       print_json(out);
       return;
     }
@@ -98,11 +99,11 @@ void add_list(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceArgs
   });
 }
 
-void add_list_archived(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceArgs>& a) {
+void add_list_archived(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
   auto* cmd = parent.add_subcommand("list-archived", "List archived instances");
   cmd->add_flag("--json", a->json, "Print a JSON array");
-  cmd->callback([&ctx, a] {
-    auto archived = ctx.store().list_archived();
+  cmd->callback([&inv, a] {
+    auto archived = inv.store().list_archived();
     if (a->json) {
       nlohmann::json out = nlohmann::json::array();
       for (const auto& entry : archived) out.push_back(archived_json(entry));
@@ -121,15 +122,15 @@ void add_list_archived(CLI::App& parent, Context& ctx, const std::shared_ptr<Ins
   });
 }
 
-void add_describe(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceArgs>& a) {
+void add_describe(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
   auto* cmd = parent.add_subcommand("describe", "Show an instance's metadata and folders");
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->add_flag("--json", a->json, "Print JSON");
-  cmd->callback([&ctx, a] {
-    store::Instance inst = ctx.store().get(a->id);
-    const store::Store::DiskUse use = ctx.store().disk_use(inst);
+  cmd->callback([&inv, a] {
+    store::Instance inst = inv.store().get(a->id);
+    const store::Store::DiskUse use = inv.store().disk_use(inst);
     if (a->json) {
-      nlohmann::json out = instance_json(inst);
+      nlohmann::json out = instance_host_json(inst);
       out["disk_usage"] = {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes}, {"files", use.files}};
       print_json(out);
     } else {
@@ -141,21 +142,21 @@ void add_describe(CLI::App& parent, Context& ctx, const std::shared_ptr<Instance
   });
 }
 
-void add_update(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceArgs>& a) {
+void add_update(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
   auto* cmd = parent.add_subcommand("update", "Change an instance's description or network");
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->add_option("-d,--description", a->new_description, "New description");
-  cmd->add_option("--network", a->network, "host or off (applies to the next command)");
+  add_network_option(*cmd, a->network, "host or off (applies to the next command)");
   cmd->add_flag("--json", a->json, "Print the updated instance as JSON");
-  cmd->callback([&ctx, a] {
+  cmd->callback([&inv, a] {
     store::UpdateOptions options;
     options.description = a->new_description;
-    if (!a->network.empty()) options.network = network_arg(a->network);
+    options.network = a->network;
     if (!options.description && !options.network)
       throw UsageError("nothing to update; pass --description TEXT and/or --network host|off");
-    store::Instance inst = ctx.store().update(a->id, options, users::cli_actor());
+    store::Instance inst = inv.store().update(a->id, options, users::cli_actor());
     if (a->json) {
-      print_json(instance_json(inst));
+      print_json(instance_host_json(inst));
       return;
     }
     std::printf("Updated instance '%s'.\n", inst.id.c_str());
@@ -164,20 +165,20 @@ void add_update(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceAr
   });
 }
 
-void add_archive(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceArgs>& a) {
+void add_archive(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
   auto* cmd = parent.add_subcommand("archive", "Archive an instance (moves it aside; no new jobs)");
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->add_flag("-f,--force", a->force, "Do not ask for confirmation");
   cmd->add_flag("--json", a->json, "Print the archive entry as JSON");
-  cmd->callback([&ctx, a] {
-    require_instance(ctx, a->id);  // unknown ids fail before the question
+  cmd->callback([&inv, a] {
+    require_instance(inv, a->id);  // unknown ids fail before the question
     if (!a->force && !confirm(fmt::format("Archive instance '{}' and disable new jobs?", a->id))) {
       std::fprintf(stderr, "Aborted.\n");
-      ctx.exit_code = 1;
+      inv.exit_code = 1;
       return;
     }
-    ctx.jobs();  // running jobs are checked against their real processes
-    store::ArchivedInstance archived = ctx.store().archive(a->id, users::cli_actor());
+    inv.jobs();  // running jobs are checked against their real processes
+    store::ArchivedInstance archived = inv.store().archive(a->id, users::cli_actor());
     if (a->json)
       print_json(archived_json(archived));
     else
@@ -185,63 +186,63 @@ void add_archive(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceA
   });
 }
 
-void add_delete(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceArgs>& a) {
+void add_delete(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
   auto* cmd = parent.add_subcommand(
       "delete", "Delete an instance and its workspace and output for good (purge)");
   cmd->add_option("id", a->id, "Instance id, or with --archived an archive name from list-archived")
       ->required();
   cmd->add_flag("-f,--force", a->force, "Do not ask for confirmation");
   cmd->add_flag("--archived", a->archived, "Delete an archived instance (name from list-archived)");
-  cmd->callback([&ctx, a] {
-    if (!a->archived) require_instance(ctx, a->id);
+  cmd->callback([&inv, a] {
+    if (!a->archived) require_instance(inv, a->id);
     const std::string what = a->archived ? fmt::format("archive '{}'", a->id)
                                          : fmt::format("instance '{}'", a->id);
     if (!a->force &&
         !confirm(fmt::format("Delete {} with its workspace and output? This cannot be undone.", what))) {
       std::fprintf(stderr, "Aborted.\n");
-      ctx.exit_code = 1;
+      inv.exit_code = 1;
       return;
     }
-    ctx.jobs();
+    inv.jobs();
     if (a->archived)
-      ctx.store().remove_archived(a->id, users::cli_actor());
+      inv.store().remove_archived(a->id, users::cli_actor());
     else
-      ctx.store().remove(a->id, users::cli_actor());
+      inv.store().remove(a->id, users::cli_actor());
     std::printf("Deleted %s.\n", what.c_str());
   });
 }
 
-void add_enter(CLI::App& parent, Context& ctx, const std::shared_ptr<InstanceArgs>& a) {
+void add_enter(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
   auto* cmd = parent.add_subcommand(
       "enter", "Open an interactive bash in the instance's sandbox (on a private terminal relayed to yours)");
   cmd->add_option("id", a->id, "Instance id")->required();
-  cmd->callback([&ctx, a] {
-    store::Instance inst = ctx.store().get(a->id);
+  cmd->callback([&inv, a] {
+    store::Instance inst = inv.store().get(a->id);
     if (!::isatty(STDIN_FILENO))
       throw UsageError(fmt::format(
           "'instance enter' needs a terminal on stdin; for scripts use: ns-hpc bwrap {} -- CMD", inst.id));
-    ctx.exit_code = run_in_sandbox(ctx, inst, {"/bin/bash", "-i"}, "sandbox.enter");
+    inv.exit_code = run_in_sandbox(inv, inst, {"/bin/bash", "-i"}, "sandbox.enter");
   });
 }
 
 }  // namespace
 
-void add_instance_commands(CLI::App& app, Context& ctx) {
+void add_instance_commands(CLI::App& app, Invocation& inv) {
   auto* instance = app.add_subcommand("instance", "Manage sandbox instances");
   instance->require_subcommand(1);
   auto args = std::make_shared<InstanceArgs>();
-  add_create(*instance, ctx, args);
-  add_list(*instance, ctx, args);
-  add_list_archived(*instance, ctx, args);
-  add_describe(*instance, ctx, args);
-  add_update(*instance, ctx, args);
-  add_archive(*instance, ctx, args);
-  add_delete(*instance, ctx, args);
-  add_enter(*instance, ctx, args);
-  add_job_commands(*instance, ctx);
+  add_create(*instance, inv, args);
+  add_list(*instance, inv, args);
+  add_list_archived(*instance, inv, args);
+  add_describe(*instance, inv, args);
+  add_update(*instance, inv, args);
+  add_archive(*instance, inv, args);
+  add_delete(*instance, inv, args);
+  add_enter(*instance, inv, args);
+  add_job_commands(*instance, inv);
 }
 
-void add_clean_command(CLI::App& app, Context& ctx) {
+void add_clean_command(CLI::App& app, Invocation& inv) {
   struct Args {
     int days = 7;
     bool force = false;
@@ -254,8 +255,8 @@ void add_clean_command(CLI::App& app, Context& ctx) {
   cmd->add_flag("-f,--force", a->force, "Do not ask for confirmation");
   cmd->add_flag("--dry-run", a->dry_run, "Only list what would be archived");
   cmd->add_flag("--json", a->json, "Print JSON");
-  cmd->callback([&ctx, a] {
-    auto candidates = ctx.store().clean_candidates(std::chrono::hours(24) * a->days);
+  cmd->callback([&inv, a] {
+    auto candidates = inv.store().clean_candidates(std::chrono::hours(24) * a->days);
     nlohmann::json report = {{"days", a->days}, {"dry_run", a->dry_run},
                              {"archived", nlohmann::json::array()}, {"skipped", nlohmann::json::array()},
                              {"candidates", nlohmann::json::array()}};
@@ -277,12 +278,12 @@ void add_clean_command(CLI::App& app, Context& ctx) {
     }
     if (!a->force && !confirm("Archive these instances?")) {
       std::fprintf(stderr, "Aborted.\n");
-      ctx.exit_code = 1;
+      inv.exit_code = 1;
       return;
     }
     for (const auto& c : candidates) {
       try {
-        auto archived = ctx.store().archive(c.id, users::cli_actor());
+        auto archived = inv.store().archive(c.id, users::cli_actor());
         report["archived"].push_back({{"id", c.id}, {"archive", archived.name}});
         if (!a->json) std::printf("  Archived %s\n", c.id.c_str());
       } catch (const Error& e) {

@@ -19,7 +19,7 @@ struct JobArgs {
   std::vector<std::string> limits;     // name=value
   std::vector<std::string> resources;  // name=value (Slurm)
   bool slurm = false;
-  std::string status;
+  std::optional<jobs::State> status;
   int timeout = 60;
   int tail = 50;
   bool detach = true;
@@ -55,6 +55,19 @@ void print_view(const jobs::View& v, bool json) {
   std::puts(jobs::view_text(v).c_str());
 }
 
+// Waits up to --timeout for the job (the output tails as --tail asks); with --no-detach one
+// still running then is cancelled. `instance run` and `instance status`.
+jobs::View wait_for_job(jobs::Engine& engine, const std::string& instance_id, const std::string& job_id,
+                        const JobArgs& a) {
+  const jobs::TailOptions tail{static_cast<std::size_t>(a.tail), 16 * 1024};
+  jobs::View v = engine.wait(instance_id, job_id, std::chrono::seconds(a.timeout), tail);
+  if (!jobs::is_final(v.record.state) && !a.detach && a.timeout > 0) {
+    engine.cancel(instance_id, job_id, users::cli_actor());
+    v = engine.view(instance_id, job_id, tail);
+  }
+  return v;
+}
+
 int exit_code_for(const jobs::View& v) {
   if (jobs::is_final(v.record.state) && v.record.state != jobs::State::completed &&
       v.record.state != jobs::State::cancelled)
@@ -64,7 +77,7 @@ int exit_code_for(const jobs::View& v) {
 
 }  // namespace
 
-void add_job_commands(CLI::App& instance, Context& ctx) {
+void add_job_commands(CLI::App& instance, Invocation& inv) {
   auto a = std::make_shared<JobArgs>();  // instance run
 
   auto* run = instance.add_subcommand(
@@ -78,40 +91,37 @@ void add_job_commands(CLI::App& instance, Context& ctx) {
   run->add_option("-t,--timeout", a->timeout, "Seconds to wait (default 60)")->check(CLI::Range(0, 604800));
   run->add_option("--tail", a->tail, "Lines of output to show (default 50)")->check(CLI::Range(0, 1000));
   run->add_flag("--detach,!--no-detach", a->detach, "Keep the job running when the wait runs out (default)");
-  run->add_option("-l,--limit", a->limits, "Resource limit name=value (cpus, memory MiB, pids, time s, output MiB)");
-  run->add_flag("--slurm", a->slurm, "Submit to the Slurm cluster (sbatch) instead of running on this node");
+  auto* slurm =
+      run->add_flag("--slurm", a->slurm, "Submit to the Slurm cluster (sbatch) instead of running on this node");
+  // Local jobs take limits, Slurm jobs take resources.
+  run->add_option("-l,--limit", a->limits,
+                  "Resource limit name=value (cpus, memory MiB, pids, time s, output MiB) of a local job (--slurm "
+                  "jobs take -r)")
+      ->excludes(slurm);
   run->add_option("-r,--resource", a->resources,
-                  "Slurm resource name=value from [jobs.slurm.limit] (e.g. cpus=2, memory=1024 MiB); with --slurm");
+                  "Slurm resource name=value from [jobs.slurm.limit] (e.g. cpus=2, memory=1024 MiB); with --slurm")
+      ->needs(slurm);
   run->add_flag("--json", a->json, "Print JSON");
-  run->callback([&ctx, a] {
-    if (ctx.trailing) a->command = *ctx.trailing;
-    if (a->command.empty()) throw CLI::ValidationError("command", "no command given: ns-hpc instance run ID -- CMD");
-    if (a->timeout > ctx.config().jobs.max_timeout)
+  run->callback([&inv, a] {
+    const std::vector<std::string>& command = command_to_run(inv, a->command, "ns-hpc instance run ID -- CMD");
+    if (a->timeout > inv.config().jobs.max_timeout)
       throw UsageError(fmt::format("--timeout {} is over the maximum of {} s ([jobs] max_timeout)", a->timeout,
-                                   ctx.config().jobs.max_timeout));
+                                   inv.config().jobs.max_timeout));
     jobs::SubmitRequest req;
     req.instance_id = a->id;
-    if (a->command.size() == 1) {
-      req.argv = {"/bin/sh", "-c", a->command.front()};
-      req.display = a->command.front();
+    if (command.size() == 1) {
+      req.argv = {"/bin/sh", "-c", command.front()};
+      req.display = command.front();
     } else {
-      req.argv = a->command;
+      req.argv = command;
     }
-    if (a->slurm && !a->limits.empty())
-      throw UsageError("--slurm jobs take Slurm resources (-r cpus=2), not local limits (-l)");
-    if (!a->slurm && !a->resources.empty()) throw UsageError("-r/--resource is for --slurm jobs; local jobs take -l");
     req.mode = a->slurm ? "slurm" : "local";
     req.limits = a->slurm ? parse_limits(a->resources, "-r cpus=2") : parse_limits(a->limits);
-    jobs::Engine& engine = ctx.jobs();
+    jobs::Engine& engine = inv.jobs();
     jobs::Record rec = engine.submit(req, users::cli_actor());
-    jobs::View v = engine.wait(rec.instance_id, rec.id, std::chrono::seconds(a->timeout),
-                               {static_cast<std::size_t>(a->tail), 16 * 1024});
-    if (!jobs::is_final(v.record.state) && !a->detach && a->timeout > 0) {
-      engine.cancel(rec.instance_id, rec.id, users::cli_actor());
-      v = engine.view(rec.instance_id, rec.id, {static_cast<std::size_t>(a->tail), 16 * 1024});
-    }
+    jobs::View v = wait_for_job(engine, rec.instance_id, rec.id, *a);
     print_view(v, a->json);
-    ctx.exit_code = exit_code_for(v);
+    inv.exit_code = exit_code_for(v);
   });
 
   a = std::make_shared<JobArgs>();  // each command has its own defaults
@@ -124,32 +134,22 @@ void add_job_commands(CLI::App& instance, Context& ctx) {
   status->add_option("--tail", a->tail, "Lines of output to show (default 50)")->check(CLI::Range(0, 1000));
   status->add_flag("--detach,!--no-detach", a->detach, "With a timeout: keep it running when the wait runs out");
   status->add_flag("--json", a->json, "Print JSON");
-  status->callback([&ctx, a] {
-    jobs::Engine& engine = ctx.jobs();
-    jobs::TailOptions tail{static_cast<std::size_t>(a->tail), 16 * 1024};
-    jobs::View v = engine.wait(a->id, a->job, std::chrono::seconds(a->timeout), tail);
-    if (!jobs::is_final(v.record.state) && !a->detach && a->timeout > 0) {
-      engine.cancel(a->id, a->job, users::cli_actor());
-      v = engine.view(a->id, a->job, tail);
-    }
-    print_view(v, a->json);
+  status->callback([&inv, a] {
+    print_view(wait_for_job(inv.jobs(), a->id, a->job, *a), a->json);
   });
 
   a = std::make_shared<JobArgs>();
   auto* list = instance.add_subcommand("jobs", "List an instance's jobs, newest first");
   list->alias("jobs-list");
   list->add_option("id", a->id, "Instance id")->required();
-  list->add_option("--status", a->status, "Only jobs in this state");
+  add_choice(*list, "--status", a->status,
+             named({jobs::State::pending, jobs::State::running, jobs::State::completed, jobs::State::failed,
+                    jobs::State::cancelled, jobs::State::timed_out, jobs::State::lost, jobs::State::out_of_memory,
+                    jobs::State::node_fail, jobs::State::preempted}),
+             "Only jobs in this state");
   list->add_flag("--json", a->json, "Print a JSON array");
-  list->callback([&ctx, a] {
-    std::optional<jobs::State> filter;
-    if (!a->status.empty()) {
-      filter = jobs::parse_state(a->status);
-      if (!filter)
-        throw UsageError(fmt::format("--status '{}' is not a job state (pending, running, completed, failed, "
-                                     "cancelled, timed_out, lost, out_of_memory, node_fail, preempted)", a->status));
-    }
-    auto all = ctx.jobs().list(a->id, filter);
+  list->callback([&inv, a] {
+    auto all = inv.jobs().list(a->id, a->status);
     if (a->json) {
       nlohmann::json out = nlohmann::json::array();
       for (const auto& r : all) out.push_back(jobs::record_summary_json(r));
@@ -179,8 +179,8 @@ void add_job_commands(CLI::App& instance, Context& ctx) {
   cancel->add_option("id", a->id, "Instance id")->required();
   cancel->add_option("job", a->job, "Job id")->required();
   cancel->add_flag("--json", a->json, "Print JSON");
-  cancel->callback([&ctx, a] {
-    jobs::Engine& engine = ctx.jobs();
+  cancel->callback([&inv, a] {
+    jobs::Engine& engine = inv.jobs();
     engine.cancel(a->id, a->job, users::cli_actor());
     print_view(engine.view(a->id, a->job, {50, 16 * 1024}), a->json);
   });

@@ -25,20 +25,20 @@ namespace nshpc::cli {
 
 namespace {
 
+enum class Transport { stdio, streamable_http, sse };
+
 struct RunArgs {
-  std::string transport = "stdio";
-  std::string host;
-  int port = 0;
-  std::string uds;
-  std::string path;
-  std::string auth_token;
+  std::optional<Transport> transport;  // stdio when not given
+  // The HTTP options: given or not (nullopt: [server] in the config decides).
+  std::optional<std::string> host;
+  std::optional<int> port;
+  std::optional<std::string> uds;
+  std::optional<std::string> path;
+  std::optional<std::string> auth_token;
   bool allow_unauthenticated = false;
   std::vector<std::string> allowed_hosts;
   std::vector<std::string> allowed_origins;
-  int session_timeout = 0;
-  // Which of the options were given on the command line.
-  bool has_host = false, has_port = false, has_uds = false, has_path = false, has_token = false,
-       has_session_timeout = false;
+  std::optional<int> session_timeout;
 };
 
 // The token kept in <state_dir>/http-token (0600), created on first use.
@@ -66,17 +66,17 @@ std::string stored_token(const std::filesystem::path& state_dir, bool& created) 
 }
 
 // The MCP server with every tool, handed to a transport; returns the transport's exit code.
-template <class Transport>
-int serve(Context& ctx, Transport&& transport) {
-  const config::Config& cfg = ctx.config();
+template <class Serve>
+int serve(Invocation& inv, Serve&& transport) {
+  const config::Config& cfg = inv.config();
   // Sandbox processes orphaned by bwrap come to us, not to pid 1 (which in containers may
   // never reap them); the job engine and the sandbox backend reap them.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  jobs::Engine& engine = ctx.jobs();
+  jobs::Engine& engine = inv.jobs();
   engine.recover();  // jobs left running by an earlier server are watched again
   // Deletes an earlier run left unfinished, off the start-up path (a big tree must not delay the
   // first answer); joined when the server ends.
-  std::jthread finish_deletions([&store = ctx.store()] {
+  std::jthread finish_deletions([&store = inv.store()] {
     try {
       if (const std::size_t finished = store.finish_deletions())
         log::info("finished {} delete(s) an earlier run left unfinished", finished);
@@ -84,7 +84,7 @@ int serve(Context& ctx, Transport&& transport) {
       log::warn("finishing earlier deletes: {}", e.what());
     }
   });
-  const tools::Services services{cfg, ctx.store(), ctx.backend(), &engine};
+  const tools::Services services{cfg, inv.store(), inv.backend(), &engine};
   mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
   tools::register_all(server, services);
   return transport(server);
@@ -102,16 +102,16 @@ void raise_open_file_limit() {
     log::warn("cannot raise the open-file limit from {} to {}: {}", before, rl.rlim_max, std::strerror(errno));
 }
 
-void run_http(Context& ctx, const RunArgs& a) {
-  const config::Config& cfg = ctx.config();
+void run_http(Invocation& inv, const RunArgs& a) {
+  const config::Config& cfg = inv.config();
   raise_open_file_limit();
   transport::HttpOptions options;
-  options.protocol = a.transport == "sse" ? transport::HttpOptions::Protocol::legacy_sse
-                                          : transport::HttpOptions::Protocol::streamable;
-  options.host = a.has_host ? a.host : cfg.server.host;
-  options.port = static_cast<std::uint16_t>(a.has_port ? a.port : cfg.server.port);
-  options.uds = a.has_uds ? a.uds : std::string();
-  options.path = a.has_path ? a.path : cfg.server.path;
+  const bool sse = a.transport == Transport::sse;
+  options.protocol = sse ? transport::HttpOptions::Protocol::legacy_sse : transport::HttpOptions::Protocol::streamable;
+  options.host = a.host.value_or(cfg.server.host);
+  options.port = static_cast<std::uint16_t>(a.port.value_or(cfg.server.port));
+  options.uds = a.uds.value_or(std::string());
+  options.path = a.path.value_or(cfg.server.path);
   if (options.path.empty() || options.path.front() != '/')
     throw Error(fmt::format("--path {:?}: the HTTP endpoint path must start with /", options.path));
   options.allowed_hosts = cfg.server.allowed_hosts;
@@ -119,7 +119,7 @@ void run_http(Context& ctx, const RunArgs& a) {
   options.allowed_origins = cfg.server.allowed_origins;
   options.allowed_origins.insert(options.allowed_origins.end(), a.allowed_origins.begin(), a.allowed_origins.end());
   options.session_idle_timeout =
-      std::chrono::seconds(a.has_session_timeout ? a.session_timeout : cfg.server.session_idle_timeout);
+      std::chrono::seconds(a.session_timeout.value_or(cfg.server.session_idle_timeout));
   options.max_sessions = static_cast<std::size_t>(cfg.server.max_sessions);
   options.max_body_bytes = static_cast<std::size_t>(cfg.mcp.max_message_bytes);
   options.read_timeout = std::chrono::seconds(cfg.server.read_timeout);
@@ -138,8 +138,8 @@ void run_http(Context& ctx, const RunArgs& a) {
   // a Unix socket, the one kept in the state folder (generated once).
   std::string token;
   std::string source;
-  if (a.has_token && !a.auth_token.empty()) {
-    token = a.auth_token;
+  if (a.auth_token && !a.auth_token->empty()) {
+    token = *a.auth_token;
     source = "--auth-token";
   } else if (const char* env = std::getenv("NS_HPC_AUTH_TOKEN"); env && *env) {
     token = env;
@@ -165,14 +165,14 @@ void run_http(Context& ctx, const RunArgs& a) {
   options.token = token;
 
   const bool show_token = !token_file.empty();
-  const std::string transport_name = a.transport == "sse" ? "legacy HTTP+SSE" : "streamable HTTP";
-  options.on_listening = [&, show_token](const std::string& url) {
+  const std::string transport_name = sse ? "legacy HTTP+SSE" : "streamable HTTP";
+  options.on_listening = [&, show_token, sse](const std::string& url) {
     std::string client_url = url;
     nlohmann::json server_entry;
     if (!options.uds.empty()) {
       server_entry = {{"type", "http"}, {"url", "http://localhost" + options.path}, {"socketPath", options.uds}};
     } else {
-      server_entry = {{"type", a.transport == "sse" ? "sse" : "http"}, {"url", url}};
+      server_entry = {{"type", sse ? "sse" : "http"}, {"url", url}};
     }
     if (!token.empty())
       server_entry["headers"] = {{"Authorization", "Bearer " + (show_token ? token : std::string("<your token>"))}};
@@ -190,12 +190,19 @@ void run_http(Context& ctx, const RunArgs& a) {
     std::fflush(stderr);
   };
 
-  ctx.exit_code = serve(ctx, [&](mcp::Server& server) { return transport::serve_http(server, options); });
+  inv.exit_code = serve(inv, [&](mcp::Server& server) { return transport::serve_http(server, options); });
+}
+
+void run_stdio(Invocation& inv) {
+  transport::StdioOptions options;
+  options.max_message_bytes = static_cast<std::size_t>(inv.config().mcp.max_message_bytes);
+  log::info("serving MCP on stdio");
+  inv.exit_code = serve(inv, [&](mcp::Server& server) { return transport::serve_stdio(server, options); });
 }
 
 }  // namespace
 
-void add_run_command(CLI::App& app, Context& ctx) {
+void add_run_command(CLI::App& app, Invocation& inv) {
   auto a = std::make_shared<RunArgs>();
   auto* cmd = app.add_subcommand(
       "run",
@@ -203,58 +210,46 @@ void add_run_command(CLI::App& app, Context& ctx) {
       "MCP messages, logs go to stderr). With --transport streamable-http (or sse for old clients) it serves HTTP on "
       "127.0.0.1:8000/mcp (or a Unix socket) behind a bearer token, printed with a ready-to-paste client "
       "configuration at start-up.");
-  cmd->add_option("-t,--transport", a->transport, "stdio (default), streamable-http (alias http) or sse (legacy)");
-  auto* host = cmd->add_option("-H,--host", a->host, "HTTP listen address (default [server] host: 127.0.0.1)");
-  auto* port = cmd->add_option("-p,--port", a->port, "HTTP port (default [server] port: 8000; 0 = any free port)")
-                   ->check(CLI::Range(0, 65535));
-  auto* uds = cmd->add_option("-u,--uds", a->uds, "Unix socket path for HTTP, created 0600 (instead of host/port)");
-  auto* path = cmd->add_option("--path", a->path, "HTTP endpoint path (default [server] path: /mcp)");
-  auto* token = cmd->add_option("--auth-token", a->auth_token,
-                                "bearer token for every HTTP route but /healthz (better: NS_HPC_AUTH_TOKEN, which ps "
-                                "does not show; default: [server] auth_token, else one generated and kept in "
-                                "<state_dir>/http-token)");
-  cmd->add_flag("--allow-unauthenticated-http", a->allow_unauthenticated,
-                "serve HTTP without a token unless one is given (needed for a non-loopback listener without a "
-                "token; only behind a trusted private network)");
-  auto* hosts = cmd->add_option("--allowed-host", a->allowed_hosts,
-                                "a Host name to accept besides localhost/127.0.0.1/[::1] and the listen address "
-                                "(repeatable; \"*\" = any)");
-  auto* origins = cmd->add_option("--allowed-origin", a->allowed_origins,
-                                  "an Origin to accept besides http(s)://<an accepted host> (repeatable)");
-  auto* timeout = cmd->add_option("--session-timeout", a->session_timeout,
-                                  "close HTTP sessions idle for this many seconds (default [server] "
-                                  "session_idle_timeout: 300)")
-                      ->check(CLI::Range(1, 31536000));
-  cmd->callback([&ctx, a, host, port, uds, path, token, hosts, origins, timeout] {
-    if (a->transport == "http") a->transport = "streamable-http";
-    if (a->transport != "stdio" && a->transport != "streamable-http" && a->transport != "sse")
-      throw CLI::ValidationError(
-          "--transport", fmt::format("Unknown transport: '{}'. Must be one of: stdio, streamable-http, sse",
-                                     a->transport));
-    a->has_host = host->count() > 0;
-    a->has_port = port->count() > 0;
-    a->has_uds = uds->count() > 0;
-    a->has_path = path->count() > 0;
-    a->has_token = token->count() > 0;
-    a->has_session_timeout = timeout->count() > 0;
-    const config::Config& cfg = ctx.config();
-    if (a->transport == "stdio") {
-      for (auto [given, flag] : {std::pair{a->has_host, "--host"}, {a->has_port, "--port"}, {a->has_uds, "--uds"},
-                                 {a->has_path, "--path"}, {a->has_token, "--auth-token"},
-                                 {a->allow_unauthenticated, "--allow-unauthenticated-http"},
-                                 {hosts->count() > 0, "--allowed-host"}, {origins->count() > 0, "--allowed-origin"},
-                                 {a->has_session_timeout, "--session-timeout"}})
-        if (given)
-          throw Error(fmt::format("{} is only valid with an HTTP transport (--transport streamable-http or sse); in "
-                                  "stdio mode there is no HTTP server",
-                                  flag));
-      transport::StdioOptions options;
-      options.max_message_bytes = static_cast<std::size_t>(cfg.mcp.max_message_bytes);
-      log::info("serving MCP on stdio");
-      ctx.exit_code = serve(ctx, [&](mcp::Server& server) { return transport::serve_stdio(server, options); });
+  add_choice(*cmd, "-t,--transport", a->transport,
+             Choices<Transport>{{"stdio", Transport::stdio},
+                                {"streamable-http", Transport::streamable_http},
+                                {"http", Transport::streamable_http},
+                                {"sse", Transport::sse}},
+             "stdio (default), streamable-http (alias http) or sse (legacy)");
+  // Everything of the HTTP server, in one group: refused together in stdio mode.
+  auto* http = cmd->add_option_group("HTTP", "With --transport streamable-http or sse");
+  http->add_option("-H,--host", a->host, "HTTP listen address (default [server] host: 127.0.0.1)");
+  http->add_option("-p,--port", a->port, "HTTP port (default [server] port: 8000; 0 = any free port)")
+      ->check(CLI::Range(0, 65535));
+  http->add_option("-u,--uds", a->uds, "Unix socket path for HTTP, created 0600 (instead of host/port)");
+  http->add_option("--path", a->path, "HTTP endpoint path (default [server] path: /mcp)");
+  http->add_option("--auth-token", a->auth_token,
+                   "bearer token for every HTTP route but /healthz (better: NS_HPC_AUTH_TOKEN, which ps "
+                   "does not show; default: [server] auth_token, else one generated and kept in "
+                   "<state_dir>/http-token)");
+  http->add_flag("--allow-unauthenticated-http", a->allow_unauthenticated,
+                 "serve HTTP without a token unless one is given (needed for a non-loopback listener without a "
+                 "token; only behind a trusted private network)");
+  http->add_option("--allowed-host", a->allowed_hosts,
+                   "a Host name to accept besides localhost/127.0.0.1/[::1] and the listen address "
+                   "(repeatable; \"*\" = any)");
+  http->add_option("--allowed-origin", a->allowed_origins,
+                   "an Origin to accept besides http(s)://<an accepted host> (repeatable)");
+  http->add_option("--session-timeout", a->session_timeout,
+                   "close HTTP sessions idle for this many seconds (default [server] "
+                   "session_idle_timeout: 300)")
+      ->check(CLI::Range(1, 31536000));
+  cmd->callback([&inv, a, http] {
+    if (a->transport.value_or(Transport::stdio) == Transport::stdio) {
+      for (const CLI::Option* option : http->get_options())
+        if (option->count() > 0)
+          throw CLI::ValidationError(option->get_name(),
+                                     "only valid with an HTTP transport (--transport streamable-http or sse); in "
+                                     "stdio mode there is no HTTP server");
+      run_stdio(inv);
       return;
     }
-    run_http(ctx, *a);
+    run_http(inv, *a);
   });
 }
 

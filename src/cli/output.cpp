@@ -9,7 +9,7 @@
 
 namespace nshpc::cli {
 
-nlohmann::json instance_json(const store::Instance& inst) {
+nlohmann::json instance_host_json(const store::Instance& inst) {
   return {{"id", inst.id},
           {"created_at", inst.meta.created_at()},
           {"description", inst.meta.description()},

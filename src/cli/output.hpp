@@ -9,7 +9,9 @@
 
 namespace nshpc::cli {
 
-nlohmann::json instance_json(const store::Instance& inst);
+// An instance as a person on the host sees it: its folders by their host paths. (The MCP tools
+// show agents another view, tools' instance_json: the paths inside the sandbox.)
+nlohmann::json instance_host_json(const store::Instance& inst);
 nlohmann::json archived_json(const store::ArchivedInstance& a);
 void print_json(const nlohmann::json& value);
 

@@ -15,6 +15,7 @@
 
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/log.hpp"
 #include "base/text.hpp"
 #include "config/keys.hpp"
 
@@ -144,6 +145,7 @@ Loaded load_layers(const std::vector<LayerFile>& files, const EnvLookup& env, bo
   std::vector<stdfs::path> sources;
   for (const LayerFile& file : files) {
     const auto text = read_layer_text(file, diagnostics);
+    log::debug("config: {} {}: {}", file.label, text ? "read" : "not there", file.path.string());
     if (!text) continue;
     sources.push_back(file.path);
     if (auto layer = parse_layer(*text, file.path.string(), diagnostics)) layers.push_back(std::move(*layer));

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "base/log.hpp"
 #include "base/process.hpp"
 #include "base/text.hpp"
 
@@ -57,6 +58,7 @@ std::string SlurmClient::run(const std::vector<std::string>& argv, const std::st
   try {
     ++invocations_;
     result = run_command(argv, input, kCommandTimeout);
+    log::debug("slurm: {} exited {}{}", fmt::join(argv, " "), result.exit_code, result.timed_out ? " (timed out)" : "");
   } catch (const SysError& e) {
     throw SchedulerError(fmt::format("cannot run {}: {} (is Slurm installed on this machine, and is {} in PATH?)",
                                      argv[0], std::strerror(e.code()), argv[0]));

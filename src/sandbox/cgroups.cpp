@@ -518,6 +518,7 @@ std::unique_ptr<Cgroup> Cgroup::create(const std::string& name, const CgroupLimi
       for (const auto& c : roles) problems[c] = failure;
       continue;
     }
+    log::debug("cgroup {}: created {}", name, leaf->string());
     cg->paths_.push_back(*leaf);
     cg->tops_.push_back(h.own / kTop);
     for (const auto& c : roles) {
@@ -580,6 +581,7 @@ std::unique_ptr<Cgroup> Cgroup::attach(const std::vector<stdfs::path>& paths) {
       prefix /= part;
       if (part == kTop) top = prefix;
     }
+    log::debug("cgroup: attached to {}", p.string());
     cg->paths_.push_back(p);
     cg->tops_.push_back(top);
   }

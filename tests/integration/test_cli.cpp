@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <string>
+#include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "harness.hpp"
@@ -236,4 +239,138 @@ TEST(Cli, CleanDryRunListsIdleInstancesWithoutTouchingThem) {
   EXPECT_EQ(real.exit_code, 0) << real.err;
   EXPECT_FALSE(fs::exists(env.instances() / "idle"));
   EXPECT_TRUE(fs::exists(env.instances() / "fresh/metadata.json"));
+}
+
+namespace {
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The stderr lines of one log level ("ns-hpc: debug: ...").
+std::vector<std::string> log_lines(const std::string& err, const std::string& level) {
+  std::vector<std::string> lines;
+  std::size_t start = 0;
+  while (start < err.size()) {
+    std::size_t end = err.find('\n', start);
+    if (end == std::string::npos) end = err.size();
+    std::string line = err.substr(start, end - start);
+    if (line.rfind("ns-hpc: " + level + ": ", 0) == 0) lines.push_back(line);
+    start = end + 1;
+  }
+  return lines;
+}
+
+}  // namespace
+
+TEST(Cli, DebugLogGoesToStderrAndNeverToStdout) {
+  Env env;
+  env.create("x");
+  struct Way {
+    std::vector<std::string> args;
+    std::vector<std::string> env;
+  };
+  for (const Way& way : std::vector<Way>{{{"-vv", "bwrap", "x", "--", "echo", "hi"}, {}},
+                                         {{"bwrap", "x", "-vv", "--", "echo", "hi"}, {}},
+                                         {{"--log-level", "debug", "bwrap", "x", "--", "echo", "hi"}, {}},
+                                         {{"bwrap", "x", "--", "echo", "hi"}, {"NS_HPC_LOG=debug"}}}) {
+    const std::string what = fmt::format("{} {}", fmt::join(way.args, " "), fmt::join(way.env, " "));
+    Result r = env.run(way.args, "", std::chrono::seconds(60), way.env);
+    EXPECT_EQ(r.exit_code, 0) << what << ": " << r.err;
+    EXPECT_EQ(r.out, "hi\n") << what;  // the command's output and nothing else
+    const auto debug = log_lines(r.err, "debug");
+    // The sandbox's full argv before it starts, and the config files looked for.
+    EXPECT_TRUE(std::any_of(debug.begin(), debug.end(), [](const std::string& line) {
+      return has(line, "sandbox x: starting ") && has(line, "bwrap ") && has(line, " echo hi");
+    })) << what << ": " << r.err;
+    EXPECT_TRUE(std::any_of(debug.begin(), debug.end(), [&](const std::string& line) {
+      return has(line, "config: ") && has(line, env.config_file().string());
+    })) << what << ": " << r.err;
+  }
+  // Without asking, or asking for less, or the flag over the environment: no debug line.
+  for (const Way& way : std::vector<Way>{{{"bwrap", "x", "--", "echo", "hi"}, {}},
+                                         {{"-v", "bwrap", "x", "--", "echo", "hi"}, {}},
+                                         {{"--log-level", "warning", "bwrap", "x", "--", "echo", "hi"},
+                                          {"NS_HPC_LOG=debug"}}}) {
+    Result r = env.run(way.args, "", std::chrono::seconds(60), way.env);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "hi\n");
+    EXPECT_TRUE(log_lines(r.err, "debug").empty()) << fmt::format("{}", fmt::join(way.args, " ")) << ": " << r.err;
+  }
+}
+
+TEST(Cli, DebugLogOfTheStdioServerStaysOffItsMcpChannel) {
+  Env env;
+  env.create("x");
+  const std::string input =
+      json{{"jsonrpc", "2.0"}, {"id", 1}, {"method", "initialize"},
+           {"params", {{"protocolVersion", "2025-06-18"}, {"capabilities", json::object()},
+                       {"clientInfo", {{"name", "test"}, {"version", "1"}}}}}}.dump() + "\n" +
+      json{{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}.dump() + "\n" +
+      json{{"jsonrpc", "2.0"}, {"id", 2}, {"method", "tools/call"},
+           {"params", {{"name", "terminal_execute"}, {"arguments", {{"instance_id", "x"}, {"command", "echo ran"}}}}}}
+          .dump() + "\n";
+  Result r = env.run({"run"}, input, std::chrono::seconds(60), {"NS_HPC_LOG=debug"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  int answers = 0;
+  std::size_t start = 0;
+  while (start < r.out.size()) {
+    std::size_t end = r.out.find('\n', start);
+    ASSERT_NE(end, std::string::npos) << r.out;
+    json message = json::parse(r.out.substr(start, end - start), nullptr, false);
+    ASSERT_FALSE(message.is_discarded()) << "not an MCP message on stdout: " << r.out.substr(start, end - start);
+    EXPECT_EQ(message["jsonrpc"], "2.0");
+    if (message.contains("id")) ++answers;
+    start = end + 1;
+  }
+  EXPECT_EQ(answers, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "ran")) << r.out;
+  const auto debug = log_lines(r.err, "debug");
+  EXPECT_TRUE(std::any_of(debug.begin(), debug.end(),
+                          [](const std::string& line) { return has(line, "sandbox x: starting "); }))
+      << r.err;
+}
+
+TEST(Cli, BadLogLevelIsRefusedNamingTheAllowedOnes) {
+  Env env;
+  Result flag = env.run({"--log-level", "loud", "instance", "list"});
+  EXPECT_EQ(flag.exit_code, 2);
+  EXPECT_TRUE(has(flag.err, "--log-level: loud not in {error,warning,info,debug}")) << flag.err;
+  Result from_env = env.run({"instance", "list"}, "", std::chrono::seconds(60), {"NS_HPC_LOG=loud"});
+  EXPECT_EQ(from_env.exit_code, 2);
+  EXPECT_TRUE(has(from_env.err, "NS_HPC_LOG: loud not in {error,warning,info,debug}")) << from_env.err;
+  EXPECT_TRUE(from_env.out.empty()) << from_env.out;
+  Result both = env.run({"-v", "--log-level", "debug", "instance", "list"});
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_TRUE(has(both.err, "excludes")) << both.err;
+}
+
+TEST(Cli, ModeRulesNameTheOptionAndWhatToDo) {
+  Env env;
+  env.create("x");
+  struct Refused {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  for (const Refused& refused : std::vector<Refused>{
+           {{"run", "--host", "0.0.0.0"},
+            "--host: only valid with an HTTP transport (--transport streamable-http or sse)"},
+           {{"run", "-t", "stdio", "--session-timeout", "5"}, "--session-timeout: only valid with an HTTP transport"},
+           {{"run", "--allow-unauthenticated-http"}, "--allow-unauthenticated-http: only valid with an HTTP transport"},
+           {{"run", "-t", "websocket"}, "--transport: websocket not in {stdio,streamable-http,http,sse}"},
+           {{"instance", "run", "x", "--slurm", "-l", "memory=100", "--", "true"}, "--slurm excludes --limit"},
+           {{"instance", "run", "x", "-r", "cpus=2", "--", "true"}, "--resource requires --slurm"},
+           {{"instance", "jobs", "x", "--status", "done"}, "--status: done not in {pending,running,completed,"},
+           {{"instance", "create", "y", "--network", "wifi"}, "--network: wifi not in {host,off}"},
+           {{"instance", "update", "x", "--network", "wifi"}, "--network: wifi not in {host,off}"}}) {
+    Result r = env.run(refused.args);
+    const std::string what = fmt::format("{}", fmt::join(refused.args, " "));
+    EXPECT_EQ(r.exit_code, 2) << what << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("ns-hpc: error: ", 0), 0u) << what << ": " << r.err;
+    EXPECT_TRUE(has(r.err, refused.message)) << what << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << what << ": " << r.out;
+  }
+  EXPECT_FALSE(fs::exists(env.instances() / "y"));
+  EXPECT_EQ(json::parse(env.run({"instance", "describe", "x", "--json"}).out)["network"], "host");
+  // A state by its name is still taken.
+  Result jobs = env.run({"instance", "jobs", "x", "--status", "completed", "--json"});
+  EXPECT_EQ(jobs.exit_code, 0) << jobs.err;
 }

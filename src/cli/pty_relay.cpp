@@ -17,7 +17,7 @@
 #include <string>
 
 #include "base/error.hpp"
-#include "cli/app.hpp"
+#include "cli/pty_relay.hpp"
 #include "cli/signals.hpp"
 
 namespace nshpc::cli {

@@ -1,7 +1,7 @@
 // The caller's terminal stays the caller's. Each test runs ns-hpc on a terminal the test owns (its
 // stdin, stdout, stderr and controlling terminal, as a login shell has), lets the sandbox attack
 // the terminal it was given, and checks the test's terminal afterwards: same termios, same line
-// discipline, and the command's output relayed to it.
+// discipline, and the command's output relayed to it (src/cli/pty_relay.cpp).
 #include <fcntl.h>
 #include <linux/tty.h>
 #include <poll.h>
