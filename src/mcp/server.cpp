@@ -11,6 +11,7 @@
 #include <set>
 #include <stdexcept>
 #include <unordered_set>
+#include <variant>
 
 #include "base/text.hpp"
 #include "mcp/validate.hpp"
@@ -82,6 +83,30 @@ std::optional<std::size_t> decode_cursor(std::string_view cursor) {
   if (ec != std::errc() || end != cursor.data() + cursor.size() || cursor.empty() || offset == 0)
     return std::nullopt;
   return offset;
+}
+
+// One page of a list result: `items` from params.cursor on (at most `page_size` of them; 0: all)
+// as {key: [...]}, with nextCursor when more follow. A cursor that is not a string, or not one
+// this server gave out, is refused (-32602).
+template <class Item, class ToJson>
+json page_of(const json& params, const std::vector<Item>& items, std::size_t page_size,
+             const char* key, ToJson&& to_json) {
+  std::size_t start = 0;
+  if (auto c = params.find("cursor"); c != params.end() && !c->is_null()) {
+    if (!c->is_string())
+      throw invalid_params(
+          fmt::format("params.cursor: expected a string, got {}", detail::describe_type(*c)));
+    auto offset = decode_cursor(c->get_ref<const std::string&>());
+    if (!offset) throw invalid_params("invalid cursor");
+    start = std::min(*offset, items.size());  // the list may have shrunk since
+  }
+  const std::size_t end =
+      (page_size == 0 || items.size() - start <= page_size) ? items.size() : start + page_size;
+  json page = json::array();
+  for (std::size_t i = start; i < end; ++i) page.push_back(to_json(items[i]));
+  json result = {{key, std::move(page)}};
+  if (end < items.size()) result["nextCursor"] = encode_cursor(end);
+  return result;
 }
 
 bool schema_has_property(const json& schema, const std::string& name) {
@@ -169,16 +194,6 @@ std::string log_level_names() {
   return out;
 }
 
-const std::set<std::string, std::less<>>& known_methods() {
-  // clang-format off
-  static const std::set<std::string, std::less<>> methods = {
-      "initialize", "ping", "logging/setLevel", "tools/list", "tools/call", "prompts/list",
-      "prompts/get", "resources/list", "resources/templates/list", "resources/read",
-      "resources/subscribe", "resources/unsubscribe", "completion/complete"};
-  // clang-format on
-  return methods;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -219,6 +234,24 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   };
   class Context;
   using Job = std::function<json(RequestContext& ctx)>;  // the result; may throw ProtocolError
+
+  // A row of the method table (see methods()). `Answer` methods never block: they answer on the
+  // I/O thread that read the request. `Offload` methods check their params there and return the
+  // work, which runs on the Executor.
+  enum class Lifecycle {
+    anytime,      // before initialize too (ping)
+    initialized,  // only once initialize was answered
+    initializes,  // initialize itself: the session is initialized once its answer went out
+  };
+  using Answer = json (State::*)(const json& params);
+  using Offload = Job (State::*)(const json& params);
+  struct Method {
+    Lifecycle lifecycle;
+    std::variant<Answer, Offload> run;
+  };
+  static std::variant<Answer, Offload> on_io_thread(Answer answer) { return answer; }
+  static std::variant<Answer, Offload> on_executor(Offload offload) { return offload; }
+  static const std::map<std::string, Method, std::less<>>& methods();
 
   State(Server& srv, std::string session_id, RoutedSend send_fn, Executor exec)
       : server(srv),
@@ -308,15 +341,30 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
 
   void handle(json message);
   void notification(const std::string& method, const json& message);
-  void request(const std::string& method, const json& id, const json& message);
+  void request(const std::string& name, const json& id, const json& message);
+  // The handlers of the method table.
   json initialize(const json& params);
+  json ping(const json& params);
+  json set_level(const json& params);
+  json list_tools(const json& params);
+  Job call_tool(const json& params);
+  json list_prompts(const json& params);
+  Job get_prompt(const json& params);
+  Job complete(const json& params);
+  json list_resources(const json& params);
+  json list_resource_templates(const json& params);
+  json subscribe(const json& params);
+  json unsubscribe(const json& params);
+  Job read_resource(const json& params);
+  // The resource provider, or -32601 for `method` when the server has none.
+  std::shared_ptr<ResourceProvider> resources_for(std::string_view method);
+
   void start(const json& id, const json& params, Job job);
   void run(const std::shared_ptr<Call>& call, const Job& job);
   void erase_call(const std::shared_ptr<Call>& call) {  // mu held
     auto it = calls.find(call->key);
     if (it != calls.end() && it->second == call) calls.erase(it);
   }
-  std::pair<std::size_t, std::size_t> page(const json& params, std::size_t total);
   void reply(const json& id, json result) { emit(make_response(id, std::move(result)), id); }
   void fail(const json& id, int code, std::string_view message, const json& data = nullptr) {
     emit(make_error(id, code, message, data), id);
@@ -399,9 +447,21 @@ struct Server::Registry {
       if (p->name == name) return p;
     return nullptr;
   }
+  std::vector<std::shared_ptr<const Tool>> all_tools() {
+    std::lock_guard lock(mu);
+    return tools;
+  }
+  std::vector<std::shared_ptr<const Prompt>> all_prompts() {
+    std::lock_guard lock(mu);
+    return prompts;
+  }
   std::shared_ptr<ResourceProvider> provider() {
     std::lock_guard lock(mu);
     return resources;
+  }
+  CompletionHandler completion_handler() {
+    std::lock_guard lock(mu);
+    return completion;
   }
 
   // Sends `message` to every open, initialized session `want` accepts. Sessions are collected
@@ -657,243 +717,225 @@ json Session::State::initialize(const json& params) {
   return result;
 }
 
-std::pair<std::size_t, std::size_t> Session::State::page(const json& params, std::size_t total) {
-  std::size_t start = 0;
-  if (auto c = params.find("cursor"); c != params.end() && !c->is_null()) {
-    if (!c->is_string())
-      throw invalid_params(
-          fmt::format("params.cursor: expected a string, got {}", detail::describe_type(*c)));
-    auto offset = decode_cursor(c->get_ref<const std::string&>());
-    if (!offset) throw invalid_params("invalid cursor");
-    start = std::min(*offset, total);  // the list may have shrunk since
-  }
-  const std::size_t size = server.options().page_size;
-  const std::size_t end = (size == 0 || total - start <= size) ? total : start + size;
-  return {start, end};
+// ---------------------------------------------------------------------------------------------
+// The method table: every request method, when it may come, and where it runs.
+
+const std::map<std::string, Session::State::Method, std::less<>>& Session::State::methods() {
+  // Answers come from the I/O thread that read the request for methods that never block
+  // (lifecycle, settings, lists); methods that call a tool, prompt, completion or resource
+  // handler check their params there and run on the Executor.
+  constexpr auto anytime = Lifecycle::anytime;
+  constexpr auto initialized = Lifecycle::initialized;
+  // clang-format off
+  static const std::map<std::string, Method, std::less<>> table = {
+      {"initialize",               {Lifecycle::initializes, on_io_thread(&State::initialize)}},
+      {"ping",                     {anytime,                on_io_thread(&State::ping)}},
+      {"logging/setLevel",         {initialized,            on_io_thread(&State::set_level)}},
+      {"tools/list",               {initialized,            on_io_thread(&State::list_tools)}},
+      {"tools/call",               {initialized,            on_executor(&State::call_tool)}},
+      {"prompts/list",             {initialized,            on_io_thread(&State::list_prompts)}},
+      {"prompts/get",              {initialized,            on_executor(&State::get_prompt)}},
+      {"completion/complete",      {initialized,            on_executor(&State::complete)}},
+      {"resources/list",           {initialized,            on_io_thread(&State::list_resources)}},
+      {"resources/templates/list", {initialized,            on_io_thread(&State::list_resource_templates)}},
+      {"resources/subscribe",      {initialized,            on_io_thread(&State::subscribe)}},
+      {"resources/unsubscribe",    {initialized,            on_io_thread(&State::unsubscribe)}},
+      {"resources/read",           {initialized,            on_executor(&State::read_resource)}},
+  };
+  // clang-format on
+  return table;
 }
 
-void Session::State::request(const std::string& method, const json& id, const json& message) {
-  if (method == "initialize") {
-    json result = initialize(params_of(message));
-    reply(id, std::move(result));
-    std::lock_guard lock(mu);
-    initialized = true;
-    return;
-  }
-  if (method == "ping") {
-    reply(id, json::object());
-    return;
-  }
-  if (!known_methods().count(method))
-    throw ProtocolError(kMethodNotFound, fmt::format("method not found: {}", method));
-  {
+void Session::State::request(const std::string& name, const json& id, const json& message) {
+  const auto& table = methods();
+  const auto found = table.find(name);
+  if (found == table.end())
+    throw ProtocolError(kMethodNotFound, fmt::format("method not found: {}", name));
+  const Method& method = found->second;
+  if (method.lifecycle == Lifecycle::initialized) {
     std::lock_guard lock(mu);
     if (!initialized)
       throw ProtocolError(kInvalidRequest, "server not initialized: send initialize first");
   }
-  const json params = params_of(message);
-  auto& reg = registry();
+  // ping answers whatever its params are: a liveness check never fails.
+  const json params = method.lifecycle == Lifecycle::anytime ? json::object() : params_of(message);
+  if (const auto* answer = std::get_if<Answer>(&method.run)) {
+    reply(id, (this->**answer)(params));
+    if (method.lifecycle == Lifecycle::initializes) {
+      // Only now: nothing (a log, a list_changed) may reach the client before this answer.
+      std::lock_guard lock(mu);
+      initialized = true;
+    }
+    return;
+  }
+  start(id, params, (this->*std::get<Offload>(method.run))(params));
+}
+
+std::shared_ptr<ResourceProvider> Session::State::resources_for(std::string_view method) {
+  if (auto provider = registry().provider()) return provider;
+  throw ProtocolError(kMethodNotFound,
+                      fmt::format("method not found: {} (this server has no resources)", method));
+}
+
+json Session::State::ping(const json&) { return json::object(); }
+
+json Session::State::set_level(const json& params) {
+  auto lv = params.find("level");
+  std::optional<LogLevel> parsed;
+  if (lv != params.end() && lv->is_string()) parsed = parse_log_level(lv->get<std::string>());
+  if (!parsed)
+    throw invalid_params(fmt::format(
+        "params.level: {}; expected one of {}",
+        lv == params.end() ? std::string("missing") : "got " + text::sanitize_utf8(lv->dump()),
+        log_level_names()));
+  std::lock_guard lock(mu);
+  level = *parsed;
+  return json::object();
+}
+
+json Session::State::list_tools(const json& params) {
   const ResultShape shape = server.options().result_shape;
+  return page_of(params, registry().all_tools(), server.options().page_size, "tools",
+                 [shape](const auto& tool) { return tool_json(*tool, shape); });
+}
 
-  if (method == "logging/setLevel") {
-    auto lv = params.find("level");
-    std::optional<LogLevel> parsed;
-    if (lv != params.end() && lv->is_string()) parsed = parse_log_level(lv->get<std::string>());
-    if (!parsed)
-      throw invalid_params(fmt::format(
-          "params.level: {}; expected one of {}",
-          lv == params.end() ? std::string("missing") : "got " + text::sanitize_utf8(lv->dump()),
-          log_level_names()));
-    {
-      std::lock_guard lock(mu);
-      level = *parsed;
-    }
-    reply(id, json::object());
-    return;
+Session::State::Job Session::State::call_tool(const json& params) {
+  const std::string name = required_string(params, "name");
+  json arguments = optional_object(params, "arguments");
+  auto tool = registry().find_tool(name);
+  if (!tool) throw invalid_params(fmt::format("unknown tool '{}'", name));
+  if (tool->accept_input_wrapper && arguments.size() == 1 && arguments.contains("input") &&
+      arguments["input"].is_object() && !schema_has_property(tool->input_schema, "input")) {
+    json inner = std::move(arguments["input"]);
+    arguments = std::move(inner);
   }
-
-  if (method == "tools/list") {
-    std::vector<std::shared_ptr<const Tool>> tools;
-    {
-      std::lock_guard lock(reg.mu);
-      tools = reg.tools;
-    }
-    auto [start, end] = page(params, tools.size());
-    json list = json::array();
-    for (std::size_t i = start; i < end; ++i) list.push_back(tool_json(*tools[i], shape));
-    json result = {{"tools", std::move(list)}};
-    if (end < tools.size()) result["nextCursor"] = encode_cursor(end);
-    reply(id, std::move(result));
-    return;
-  }
-
-  if (method == "tools/call") {
-    const std::string name = required_string(params, "name");
-    json arguments = optional_object(params, "arguments");
-    auto tool = reg.find_tool(name);
-    if (!tool) throw invalid_params(fmt::format("unknown tool '{}'", name));
-    if (tool->accept_input_wrapper && arguments.size() == 1 && arguments.contains("input") &&
-        arguments["input"].is_object() && !schema_has_property(tool->input_schema, "input")) {
-      json inner = std::move(arguments["input"]);
-      arguments = std::move(inner);
-    }
-    const ToolCallObserver& observer = server.options().on_tool_call;
-    start(id, params, [tool, shape, observer, arguments = std::move(arguments)](RequestContext& ctx) {
-      const auto started = std::chrono::steady_clock::now();
-      ToolResult r;
-      if (auto problem = detail::validate_arguments(arguments, tool->input_schema)) {
-        // SEP-1303: the model should see this and correct its call, so it is a tool result.
-        r = ToolResult::error(*problem);
-      } else {
-        try {
-          r = tool->handler(arguments, ctx);
-        } catch (const ProtocolError&) {
-          throw;
-        } catch (const std::exception& e) {
-          r = ToolResult::error(text::sanitize_utf8(e.what()));
-        } catch (...) {
-          r = ToolResult::error("the tool failed with an unknown exception");
-        }
+  const ResultShape shape = server.options().result_shape;
+  const ToolCallObserver& observer = server.options().on_tool_call;
+  return [tool, shape, observer, arguments = std::move(arguments)](RequestContext& ctx) {
+    const auto started = std::chrono::steady_clock::now();
+    ToolResult r;
+    if (auto problem = detail::validate_arguments(arguments, tool->input_schema)) {
+      // SEP-1303: the model should see this and correct its call, so it is a tool result.
+      r = ToolResult::error(*problem);
+    } else {
+      try {
+        r = tool->handler(arguments, ctx);
+      } catch (const ProtocolError&) {
+        throw;
+      } catch (const std::exception& e) {
+        r = ToolResult::error(text::sanitize_utf8(e.what()));
+      } catch (...) {
+        r = ToolResult::error("the tool failed with an unknown exception");
       }
-      if (observer) {
-        observer(tool->name, arguments, r,
-                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started),
-                 ctx);
-      }
-      return shape_tool_result(std::move(r), shape);
-    });
-    return;
-  }
-
-  if (method == "prompts/list") {
-    std::vector<std::shared_ptr<const Prompt>> prompts;
-    {
-      std::lock_guard lock(reg.mu);
-      prompts = reg.prompts;
     }
-    auto [start, end] = page(params, prompts.size());
-    json list = json::array();
-    for (std::size_t i = start; i < end; ++i) list.push_back(prompt_json(*prompts[i]));
-    json result = {{"prompts", std::move(list)}};
-    if (end < prompts.size()) result["nextCursor"] = encode_cursor(end);
-    reply(id, std::move(result));
-    return;
-  }
-
-  if (method == "prompts/get") {
-    const std::string name = required_string(params, "name");
-    auto prompt = reg.find_prompt(name);
-    if (!prompt) throw invalid_params(fmt::format("unknown prompt '{}'", name));
-    json arguments = optional_object(params, "arguments");
-    for (auto it = arguments.begin(); it != arguments.end(); ++it)
-      if (!it->is_string())
-        throw invalid_params(fmt::format("params.arguments.{}: expected a string, got {}", it.key(),
-                                         detail::describe_type(*it)));
-    for (const auto& arg : prompt->arguments)
-      if (arg.required && !arguments.contains(arg.name))
-        throw invalid_params(
-            fmt::format("params.arguments: missing required argument '{}' of "
-                        "prompt '{}'",
-                        arg.name, name));
-    start(id, params, [prompt, arguments = std::move(arguments)](RequestContext&) {
-      return prompt->handler(arguments);
-    });
-    return;
-  }
-
-  if (method == "completion/complete") {
-    CompletionHandler handler;
-    {
-      std::lock_guard lock(reg.mu);
-      handler = reg.completion;
+    if (observer) {
+      observer(tool->name, arguments, r,
+               std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started),
+               ctx);
     }
-    if (!handler)
-      throw ProtocolError(kMethodNotFound, "method not found: completion/complete (this server offers no completions)");
-    auto ref = params.find("ref");
-    if (ref == params.end() || !ref->is_object())
-      throw invalid_params("params.ref: expected an object like {\"type\":\"ref/prompt\",\"name\":…}");
-    auto argument = params.find("argument");
-    if (argument == params.end() || !argument->is_object() || !argument->contains("name"))
-      throw invalid_params("params.argument: expected an object {\"name\":…, \"value\":…}");
-    json context = params.contains("context") ? params["context"] : json::object();
-    start(id, params, [handler, r = *ref, a = *argument, context](RequestContext&) {
-      json result = handler(r, a, context);
-      json completion = {{"values", json::array()}};
-      if (result.is_object()) completion = std::move(result);
-      if (completion.contains("values") && completion["values"].size() > 100) {
-        // The spec allows at most 100 values per response.
-        const std::size_t total = completion["values"].size();
-        completion["values"].erase(completion["values"].begin() + 100, completion["values"].end());
-        completion["hasMore"] = true;
-        if (!completion.contains("total")) completion["total"] = total;
-      }
-      return json{{"completion", std::move(completion)}};
-    });
-    return;
-  }
+    return shape_tool_result(std::move(r), shape);
+  };
+}
 
-  // resources/*
-  auto provider = reg.provider();
-  if (!provider)
-    throw ProtocolError(kMethodNotFound,
-                        fmt::format("method not found: {} (this server has no resources)", method));
+json Session::State::list_prompts(const json& params) {
+  return page_of(params, registry().all_prompts(), server.options().page_size, "prompts",
+                 [](const auto& prompt) { return prompt_json(*prompt); });
+}
 
-  if (method == "resources/list") {
-    const std::vector<Resource> resources = provider->list();
-    auto [start, end] = page(params, resources.size());
+Session::State::Job Session::State::get_prompt(const json& params) {
+  const std::string name = required_string(params, "name");
+  auto prompt = registry().find_prompt(name);
+  if (!prompt) throw invalid_params(fmt::format("unknown prompt '{}'", name));
+  json arguments = optional_object(params, "arguments");
+  for (auto it = arguments.begin(); it != arguments.end(); ++it)
+    if (!it->is_string())
+      throw invalid_params(fmt::format("params.arguments.{}: expected a string, got {}", it.key(),
+                                       detail::describe_type(*it)));
+  for (const auto& arg : prompt->arguments)
+    if (arg.required && !arguments.contains(arg.name))
+      throw invalid_params(
+          fmt::format("params.arguments: missing required argument '{}' of "
+                      "prompt '{}'",
+                      arg.name, name));
+  return [prompt, arguments = std::move(arguments)](RequestContext&) {
+    return prompt->handler(arguments);
+  };
+}
+
+Session::State::Job Session::State::complete(const json& params) {
+  CompletionHandler handler = registry().completion_handler();
+  if (!handler)
+    throw ProtocolError(kMethodNotFound, "method not found: completion/complete (this server offers no completions)");
+  auto ref = params.find("ref");
+  if (ref == params.end() || !ref->is_object())
+    throw invalid_params("params.ref: expected an object like {\"type\":\"ref/prompt\",\"name\":…}");
+  auto argument = params.find("argument");
+  if (argument == params.end() || !argument->is_object() || !argument->contains("name"))
+    throw invalid_params("params.argument: expected an object {\"name\":…, \"value\":…}");
+  json context = params.contains("context") ? params["context"] : json::object();
+  return [handler, r = *ref, a = *argument, context](RequestContext&) {
+    json result = handler(r, a, context);
+    json completion = {{"values", json::array()}};
+    if (result.is_object()) completion = std::move(result);
+    if (completion.contains("values") && completion["values"].size() > 100) {
+      // The spec allows at most 100 values per response.
+      const std::size_t total = completion["values"].size();
+      completion["values"].erase(completion["values"].begin() + 100, completion["values"].end());
+      completion["hasMore"] = true;
+      if (!completion.contains("total")) completion["total"] = total;
+    }
+    return json{{"completion", std::move(completion)}};
+  };
+}
+
+json Session::State::list_resources(const json& params) {
+  return page_of(params, resources_for("resources/list")->list(), server.options().page_size,
+                 "resources", resource_json);
+}
+
+json Session::State::list_resource_templates(const json& params) {
+  return page_of(params, resources_for("resources/templates/list")->templates(),
+                 server.options().page_size, "resourceTemplates", template_json);
+}
+
+json Session::State::subscribe(const json& params) {
+  resources_for("resources/subscribe");
+  std::string uri = required_string(params, "uri");
+  std::lock_guard lock(mu);
+  subscriptions.insert(std::move(uri));
+  return json::object();
+}
+
+json Session::State::unsubscribe(const json& params) {
+  resources_for("resources/unsubscribe");
+  const std::string uri = required_string(params, "uri");
+  std::lock_guard lock(mu);
+  subscriptions.erase(uri);
+  return json::object();
+}
+
+Session::State::Job Session::State::read_resource(const json& params) {
+  auto provider = resources_for("resources/read");
+  std::string uri = required_string(params, "uri");
+  return [provider, uri = std::move(uri)](RequestContext&) {
+    auto contents = provider->read(uri);
+    if (!contents)
+      throw ProtocolError(kResourceNotFound, fmt::format("resource not found: {}", uri),
+                          json{{"uri", uri}});
     json list = json::array();
-    for (std::size_t i = start; i < end; ++i) list.push_back(resource_json(resources[i]));
-    json result = {{"resources", std::move(list)}};
-    if (end < resources.size()) result["nextCursor"] = encode_cursor(end);
-    reply(id, std::move(result));
-    return;
-  }
-  if (method == "resources/templates/list") {
-    const std::vector<ResourceTemplate> templates = provider->templates();
-    auto [start, end] = page(params, templates.size());
-    json list = json::array();
-    for (std::size_t i = start; i < end; ++i) list.push_back(template_json(templates[i]));
-    json result = {{"resourceTemplates", std::move(list)}};
-    if (end < templates.size()) result["nextCursor"] = encode_cursor(end);
-    reply(id, std::move(result));
-    return;
-  }
-  if (method == "resources/subscribe" || method == "resources/unsubscribe") {
-    std::string uri = required_string(params, "uri");
-    {
-      std::lock_guard lock(mu);
-      if (method == "resources/subscribe")
-        subscriptions.insert(std::move(uri));
+    for (const auto& c : *contents) {
+      json item = {{"uri", c.uri.empty() ? uri : c.uri}};
+      if (!c.mime_type.empty()) item["mimeType"] = c.mime_type;
+      if (c.text)
+        item["text"] = *c.text;
+      else if (c.blob)
+        item["blob"] = *c.blob;
       else
-        subscriptions.erase(uri);
+        item["text"] = "";
+      list.push_back(std::move(item));
     }
-    reply(id, json::object());
-    return;
-  }
-  if (method == "resources/read") {
-    std::string uri = required_string(params, "uri");
-    start(id, params, [provider, uri = std::move(uri)](RequestContext&) {
-      auto contents = provider->read(uri);
-      if (!contents)
-        throw ProtocolError(kResourceNotFound, fmt::format("resource not found: {}", uri),
-                            json{{"uri", uri}});
-      json list = json::array();
-      for (const auto& c : *contents) {
-        json item = {{"uri", c.uri.empty() ? uri : c.uri}};
-        if (!c.mime_type.empty()) item["mimeType"] = c.mime_type;
-        if (c.text)
-          item["text"] = *c.text;
-        else if (c.blob)
-          item["blob"] = *c.blob;
-        else
-          item["text"] = "";
-        list.push_back(std::move(item));
-      }
-      return json{{"contents", std::move(list)}};
-    });
-    return;
-  }
-  throw ProtocolError(kMethodNotFound, fmt::format("method not found: {}", method));
+    return json{{"contents", std::move(list)}};
+  };
 }
 
 void Session::State::start(const json& id, const json& params, Job job) {

@@ -800,6 +800,85 @@ TEST_F(McpTest, ReusedRequestIdsAreRefused) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The method table
+
+TEST_F(McpTest, EveryMethodOtherThanPingAndInitializeWaitsForInitialize) {
+  Client c(*server);
+  // Unknown methods are unknown before initialize too.
+  auto unknown = c.call("tools/frobnicate");
+  EXPECT_EQ(error_code(unknown), mcp::kMethodNotFound);
+  EXPECT_EQ(error_message(unknown), "method not found: tools/frobnicate");
+  for (const char* method :
+       {"logging/setLevel", "tools/list", "tools/call", "prompts/list", "prompts/get", "completion/complete",
+        "resources/list", "resources/templates/list", "resources/subscribe", "resources/unsubscribe",
+        "resources/read"}) {
+    auto early = c.call(method);
+    EXPECT_EQ(error_code(early), mcp::kInvalidRequest) << method;
+    EXPECT_EQ(error_message(early), "server not initialized: send initialize first") << method;
+  }
+  // ping answers whatever its params are; initialize checks its own.
+  EXPECT_EQ(c.raw(R"({"jsonrpc":"2.0","id":"p","method":"ping","params":5})")["result"], json::object());
+  auto bad_init = c.raw(R"({"jsonrpc":"2.0","id":"i","method":"initialize","params":[1]})");
+  EXPECT_EQ(error_code(bad_init), mcp::kInvalidParams);
+  EXPECT_EQ(error_message(bad_init), "params: expected an object, got an array");
+  c.initialize();
+  auto bad_params = c.raw(R"({"jsonrpc":"2.0","id":"l","method":"tools/list","params":"x"})");
+  EXPECT_EQ(error_code(bad_params), mcp::kInvalidParams);
+  EXPECT_TRUE(has(error_message(bad_params), "params: expected an object")) << bad_params;
+}
+
+TEST_F(McpTest, ListsAnswerAtOnceAndHandlerCallsGoToTheExecutor) {
+  auto completing = make_server(probe);
+  completing->set_completion([](const json&, const json& argument, const json&) {
+    json values = json::array();
+    for (int i = 0; i < 150; ++i) values.push_back(argument["value"].get<std::string>() + std::to_string(i));
+    return json{{"values", values}};
+  });
+  Client c(*completing, Mode::manual);
+  c.initialize();
+  // Answered on the thread that read them, with nothing queued.
+  for (const char* method : {"ping", "tools/list", "prompts/list", "resources/list", "resources/templates/list"})
+    EXPECT_TRUE(c.call(method).contains("result")) << method;
+  EXPECT_TRUE(c.call("logging/setLevel", {{"level", "debug"}}).contains("result"));
+  EXPECT_TRUE(c.call("resources/subscribe", {{"uri", "mem://a"}}).contains("result"));
+  EXPECT_TRUE(c.call("resources/unsubscribe", {{"uri", "mem://a"}}).contains("result"));
+  EXPECT_EQ(c.manual.pending(), 0u);
+  // Queued for the Executor, answered when it runs them.
+  std::vector<json> ids = {
+      c.send_request("tools/call", {{"name", "echo"}, {"arguments", {{"text", "x"}}}}),
+      c.send_request("prompts/get", {{"name", "greet"}, {"arguments", {{"name", "Ada"}}}}),
+      c.send_request("resources/read", {{"uri", "mem://a"}}),
+      c.send_request("completion/complete",
+                     {{"ref", {{"type", "ref/prompt"}, {"name", "greet"}}}, {"argument", {{"name", "name"}, {"value", "v"}}}}),
+  };
+  EXPECT_EQ(c.manual.pending(), ids.size());
+  for (const json& id : ids) EXPECT_FALSE(c.sink.answered(id));
+  c.manual.run_all();
+  for (const json& id : ids) EXPECT_TRUE(c.sink.response(id).contains("result")) << id;
+  const json completion = c.sink.response(ids.back())["result"]["completion"];
+  EXPECT_EQ(completion["values"].size(), 100u);
+  EXPECT_EQ(completion["total"], 150);
+  EXPECT_EQ(completion["hasMore"], true);
+}
+
+TEST_F(McpTest, MethodsOfAnAbsentFeatureAreNotFoundNamingIt) {
+  ServerSetup setup;
+  setup.resources = false;
+  auto bare = make_server(probe, setup);
+  Client c(*bare);
+  c.initialize();
+  for (const char* method : {"resources/list", "resources/templates/list", "resources/subscribe",
+                             "resources/unsubscribe", "resources/read"}) {
+    auto r = c.call(method, {{"uri", "mem://a"}});
+    EXPECT_EQ(error_code(r), mcp::kMethodNotFound) << method;
+    EXPECT_EQ(error_message(r), std::string("method not found: ") + method + " (this server has no resources)");
+  }
+  auto complete = c.call("completion/complete");
+  EXPECT_EQ(error_code(complete), mcp::kMethodNotFound);
+  EXPECT_EQ(error_message(complete), "method not found: completion/complete (this server offers no completions)");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Tools
 
 TEST_F(McpTest, ToolsListShape) {
