@@ -145,9 +145,15 @@ json shape_tool_result(ToolResult r, ResultShape shape) {
   return out;
 }
 
+// Adds the optional strings that are set: MCP leaves an unset one out rather than sending "".
+void put_set(json& j, std::initializer_list<std::pair<const char*, const std::string&>> fields) {
+  for (const auto& [key, value] : fields)
+    if (!value.empty()) j[key] = value;
+}
+
 json tool_json(const Tool& t, ResultShape shape) {
   json j = {{"name", t.name}};
-  if (!t.title.empty()) j["title"] = t.title;
+  put_set(j, {{"title", t.title}});
   j["description"] = t.description;
   j["inputSchema"] = t.input_schema;
   if (t.output_schema && shape != ResultShape::text) j["outputSchema"] = *t.output_schema;
@@ -157,29 +163,24 @@ json tool_json(const Tool& t, ResultShape shape) {
 
 json resource_json(const Resource& r) {
   json j = {{"uri", r.uri}, {"name", r.name}};
-  if (!r.title.empty()) j["title"] = r.title;
-  if (!r.description.empty()) j["description"] = r.description;
-  if (!r.mime_type.empty()) j["mimeType"] = r.mime_type;
+  put_set(j, {{"title", r.title}, {"description", r.description}, {"mimeType", r.mime_type}});
   if (r.size) j["size"] = *r.size;
   return j;
 }
 
 json template_json(const ResourceTemplate& t) {
   json j = {{"uriTemplate", t.uri_template}, {"name", t.name}};
-  if (!t.title.empty()) j["title"] = t.title;
-  if (!t.description.empty()) j["description"] = t.description;
-  if (!t.mime_type.empty()) j["mimeType"] = t.mime_type;
+  put_set(j, {{"title", t.title}, {"description", t.description}, {"mimeType", t.mime_type}});
   return j;
 }
 
 json prompt_json(const Prompt& p) {
   json j = {{"name", p.name}};
-  if (!p.title.empty()) j["title"] = p.title;
-  if (!p.description.empty()) j["description"] = p.description;
+  put_set(j, {{"title", p.title}, {"description", p.description}});
   json args = json::array();
   for (const auto& a : p.arguments) {
     json arg = {{"name", a.name}};
-    if (!a.description.empty()) arg["description"] = a.description;
+    put_set(arg, {{"description", a.description}});
     arg["required"] = a.required;
     args.push_back(std::move(arg));
   }
@@ -435,18 +436,8 @@ struct Server::Registry {
   CompletionHandler completion;
   std::map<Session*, std::weak_ptr<Session::State>> sessions;
 
-  std::shared_ptr<const Tool> find_tool(std::string_view name) {
-    std::lock_guard lock(mu);
-    for (const auto& t : tools)
-      if (t->name == name) return t;
-    return nullptr;
-  }
-  std::shared_ptr<const Prompt> find_prompt(std::string_view name) {
-    std::lock_guard lock(mu);
-    for (const auto& p : prompts)
-      if (p->name == name) return p;
-    return nullptr;
-  }
+  std::shared_ptr<const Tool> find_tool(std::string_view name) { return find(tools, name); }
+  std::shared_ptr<const Prompt> find_prompt(std::string_view name) { return find(prompts, name); }
   std::vector<std::shared_ptr<const Tool>> all_tools() {
     std::lock_guard lock(mu);
     return tools;
@@ -462,6 +453,29 @@ struct Server::Registry {
   CompletionHandler completion_handler() {
     std::lock_guard lock(mu);
     return completion;
+  }
+
+  template <class T>
+  std::shared_ptr<const T> find(const std::vector<std::shared_ptr<const T>>& list, std::string_view name) {
+    std::lock_guard lock(mu);
+    for (const auto& item : list)
+      if (item->name == name) return item;
+    return nullptr;
+  }
+  // Adds `item` (a `kind`: tool or prompt) to `list`; one of the same name is replaced, the newer
+  // definition winning. Returns whether sessions are open (and must hear that the list changed).
+  template <class T>
+  bool add(std::vector<std::shared_ptr<const T>>& list, T item, std::string_view kind) {
+    if (item.name.empty()) throw std::invalid_argument(fmt::format("mcp: a {} needs a name", kind));
+    if (!item.handler) throw std::invalid_argument(fmt::format("mcp: {} '{}' has no handler", kind, item.name));
+    auto shared = std::make_shared<const T>(std::move(item));
+    std::lock_guard lock(mu);
+    auto it = std::find_if(list.begin(), list.end(), [&](const auto& old) { return old->name == shared->name; });
+    if (it != list.end())
+      *it = std::move(shared);
+    else
+      list.push_back(std::move(shared));
+    return !sessions.empty();
   }
 
   // Sends `message` to every open, initialized session `want` accepts. Sessions are collected
@@ -492,42 +506,13 @@ Server::Server(ServerInfo info, ServerOptions options)
 Server::~Server() = default;
 
 void Server::add_tool(Tool tool) {
-  if (tool.name.empty()) throw std::invalid_argument("mcp: a tool needs a name");
-  if (!tool.handler) throw std::invalid_argument("mcp: tool '" + tool.name + "' has no handler");
-  auto shared = std::make_shared<const Tool>(std::move(tool));
-  bool notify = false;
-  {
-    std::lock_guard lock(registry_->mu);
-    auto& tools = registry_->tools;
-    auto it = std::find_if(tools.begin(), tools.end(),
-                           [&](const auto& t) { return t->name == shared->name; });
-    if (it != tools.end())
-      *it = shared;  // same name: the newer definition replaces the older one
-    else
-      tools.push_back(shared);
-    notify = !registry_->sessions.empty();
-  }
-  if (notify) registry_->broadcast(make_notification("notifications/tools/list_changed"));
+  if (registry_->add(registry_->tools, std::move(tool), "tool"))
+    registry_->broadcast(make_notification("notifications/tools/list_changed"));
 }
 
 void Server::add_prompt(Prompt prompt) {
-  if (prompt.name.empty()) throw std::invalid_argument("mcp: a prompt needs a name");
-  if (!prompt.handler)
-    throw std::invalid_argument("mcp: prompt '" + prompt.name + "' has no handler");
-  auto shared = std::make_shared<const Prompt>(std::move(prompt));
-  bool notify = false;
-  {
-    std::lock_guard lock(registry_->mu);
-    auto& prompts = registry_->prompts;
-    auto it = std::find_if(prompts.begin(), prompts.end(),
-                           [&](const auto& p) { return p->name == shared->name; });
-    if (it != prompts.end())
-      *it = shared;
-    else
-      prompts.push_back(shared);
-    notify = !registry_->sessions.empty();
-  }
-  if (notify) registry_->broadcast(make_notification("notifications/prompts/list_changed"));
+  if (registry_->add(registry_->prompts, std::move(prompt), "prompt"))
+    registry_->broadcast(make_notification("notifications/prompts/list_changed"));
 }
 
 void Server::set_resources(std::shared_ptr<ResourceProvider> provider) {
