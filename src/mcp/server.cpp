@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -108,6 +109,27 @@ json page_of(const json& params, const std::vector<Item>& items, std::size_t pag
   if (end < items.size()) result["nextCursor"] = encode_cursor(end);
   return result;
 }
+
+// The request ids a session received last: at most `capacity` (the oldest is forgotten first).
+class RecentIds {
+ public:
+  explicit RecentIds(std::size_t capacity) : capacity_(capacity) {}
+  bool contains(const std::string& key) const { return set_.count(key) > 0; }
+  void add(const std::string& key) {
+    if (capacity_ == 0 || !set_.insert(key).second) return;
+    order_.push_back(key);
+    if (order_.size() > capacity_) {
+      set_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+  std::size_t size() const { return order_.size(); }
+
+ private:
+  std::size_t capacity_;
+  std::unordered_set<std::string> set_;
+  std::deque<std::string> order_;  // oldest first
+};
 
 bool schema_has_property(const json& schema, const std::string& name) {
   if (!schema.is_object()) return false;
@@ -258,7 +280,8 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
       : server(srv),
         id(std::move(session_id)),
         send(std::move(send_fn)),
-        executor(std::move(exec)) {}
+        executor(std::move(exec)),
+        recent_ids(srv.options().remembered_request_ids) {}
 
   Server& server;
   const std::string id;
@@ -274,7 +297,9 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   std::string client_name = "unknown";
   json client_capabilities = json::object();
   LogLevel level = LogLevel::info;
-  std::unordered_set<std::string> used_ids;
+  // A request id is refused while its request is in flight (`calls`) and while it is among the
+  // last ServerOptions::remembered_request_ids ids received: a long session holds no more.
+  RecentIds recent_ids;
   std::map<std::string, std::shared_ptr<Call>> calls;  // accepted, not yet answered
   std::size_t running = 0;                             // handlers executing now
   std::size_t sending = 0;                             // Send calls in progress
@@ -338,6 +363,11 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   std::size_t in_flight() const {
     std::lock_guard lock(mu);
     return calls.size();
+  }
+
+  std::size_t request_ids_held() const {
+    std::lock_guard lock(mu);
+    return recent_ids.size() + calls.size();
   }
 
   void handle(json message);
@@ -607,8 +637,10 @@ void Session::State::handle(json message) {
   }
   bool reused = false;
   {
+    const std::string key = id.dump();
     std::lock_guard lock(mu);
-    reused = !used_ids.insert(id.dump()).second;
+    reused = calls.count(key) > 0 || recent_ids.contains(key);
+    if (!reused) recent_ids.add(key);
   }
   if (reused) {
     fail(id, kInvalidRequest,
@@ -1113,6 +1145,8 @@ void Session::receive(json message) {
 void Session::close() { state_->close(); }
 
 std::size_t Session::in_flight() const { return state_->in_flight(); }
+
+std::size_t Session::request_ids_held() const { return state_->request_ids_held(); }
 
 void Session::deliver(const json& message) { state_->emit(message); }
 

@@ -147,6 +147,9 @@ struct ServerOptions {
   std::size_t page_size = 100;          // list results per page (cursor pagination)
   ResultShape result_shape = ResultShape::both;
   std::size_t max_in_flight = 128;      // concurrent requests per session
+  // A request id is refused while its request is in flight, and while it is among the last this
+  // many ids the session received; older ids are forgotten (a long session holds no more).
+  std::size_t remembered_request_ids = 1024;
   ParseLimits limits;
   ToolCallObserver on_tool_call;        // optional
 };
@@ -214,6 +217,9 @@ class Session {
   // Cancels every running request and stops sending; returns once none is running.
   void close();
   std::size_t in_flight() const;
+  // Request ids held to refuse duplicates: those in flight plus the recent ones (at most
+  // in_flight() + ServerOptions::remembered_request_ids, however long the session).
+  std::size_t request_ids_held() const;
   const std::string& id() const { return id_; }
   // The protocol version initialize settled on ("" before initialize).
   std::string protocol_version() const;

@@ -799,6 +799,53 @@ TEST_F(McpTest, ReusedRequestIdsAreRefused) {
   EXPECT_EQ(other.raw(R"({"jsonrpc":"2.0","id":7,"method":"ping"})")["result"], json::object());
 }
 
+TEST_F(McpTest, ALongSessionHoldsOnlyTheInFlightAndTheRecentRequestIds) {
+  const std::size_t window = mcp::ServerOptions{}.remembered_request_ids;
+  Client c(*server, Mode::manual);
+  c.initialize();
+  // Two calls stay queued (in flight) through the whole test.
+  const json first = c.send_request("tools/call", {{"name", "echo"}, {"arguments", {{"text", "a"}}}});
+  const json second = c.send_request("tools/call", {{"name", "echo"}, {"arguments", {{"text", "b"}}}});
+  ASSERT_EQ(c.manual.pending(), 2u);
+  constexpr int kAnswered = 100000;
+  for (int i = 0; i < kAnswered; ++i) {
+    c.session->receive(json{{"jsonrpc", "2.0"}, {"id", 1000 + i}, {"method", "ping"}});
+    if (i % 10000 == 0) c.sink.clear();
+  }
+  EXPECT_EQ(c.sink.size(), static_cast<std::size_t>((kAnswered - 1) % 10000));  // every ping answered
+  EXPECT_EQ(c.session->in_flight(), 2u);
+  EXPECT_LE(c.session->request_ids_held(), window + 2);
+  // An in-flight id is refused however many requests came since.
+  auto dup = c.raw(json{{"jsonrpc", "2.0"}, {"id", first}, {"method", "ping"}}.dump());
+  EXPECT_EQ(error_code(dup), mcp::kInvalidRequest);
+  EXPECT_EQ(error_message(dup), "request id " + first.dump() + " was already used in this session");
+  // So is a recent one; an id older than the window is forgotten and served again.
+  EXPECT_EQ(error_code(c.raw(json{{"jsonrpc", "2.0"}, {"id", 1000 + kAnswered - 1}, {"method", "ping"}}.dump())),
+            mcp::kInvalidRequest);
+  EXPECT_EQ(c.raw(json{{"jsonrpc", "2.0"}, {"id", 1000}, {"method", "ping"}}.dump())["result"], json::object());
+  // Once answered, the calls hold nothing more than their place in the window.
+  c.manual.run_all();
+  EXPECT_EQ(result_text(c.sink.response(second)), "b");
+  EXPECT_EQ(c.session->in_flight(), 0u);
+  EXPECT_LE(c.session->request_ids_held(), window);
+}
+
+TEST_F(McpTest, RequestIdWindowOfZeroRefusesOnlyInFlightIds) {
+  ServerSetup setup;
+  setup.options.remembered_request_ids = 0;
+  auto forgetful = make_server(probe, setup);
+  Client c(*forgetful, Mode::manual);
+  c.initialize();
+  const json call = c.send_request("tools/call", {{"name", "echo"}, {"arguments", {{"text", "a"}}}});
+  EXPECT_EQ(error_code(c.raw(json{{"jsonrpc", "2.0"}, {"id", call}, {"method", "ping"}}.dump())),
+            mcp::kInvalidRequest);
+  EXPECT_EQ(c.raw(R"({"jsonrpc":"2.0","id":"p","method":"ping"})")["result"], json::object());
+  EXPECT_EQ(c.raw(R"({"jsonrpc":"2.0","id":"p","method":"ping"})")["result"], json::object());
+  EXPECT_EQ(c.session->request_ids_held(), 1u);
+  c.manual.run_all();
+  EXPECT_EQ(c.session->request_ids_held(), 0u);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The method table
 
