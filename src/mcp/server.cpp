@@ -276,17 +276,19 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   static std::variant<Answer, Offload> on_executor(Offload offload) { return offload; }
   static const std::map<std::string, Method, std::less<>>& methods();
 
-  State(Server& srv, std::string session_id, RoutedSend send_fn, Executor exec)
+  State(Server& srv, std::string session_id, RoutedSend send_fn, Executor exec, Unanswered unanswered_fn)
       : server(srv),
         id(std::move(session_id)),
         send(std::move(send_fn)),
         executor(std::move(exec)),
+        unanswered(std::move(unanswered_fn)),
         recent_ids(srv.options().remembered_request_ids) {}
 
   Server& server;
   const std::string id;
   const RoutedSend send;
   const Executor executor;
+  const Unanswered unanswered;
 
   mutable std::mutex mu;
   std::condition_variable cv;  // running/sending counts, cancellations
@@ -311,6 +313,18 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
 
   // Sends unless closed; never with `mu` held. Returns whether it was handed to Send.
   bool emit(const json& message, const json& related = nullptr) {
+    return to_transport([&] { send(message, related); });
+  }
+
+  // Tells the transport that the request of `call` ends without a response (it was cancelled).
+  void went_unanswered(const Call& call) {
+    if (unanswered) to_transport([&] { unanswered(call.id); });
+  }
+
+  // Calls into the transport unless closed; never with `mu` held (close() waits for the call to
+  // end). Returns whether it was made.
+  template <class Fn>
+  bool to_transport(Fn&& transport_call) {
     {
       std::lock_guard lock(mu);
       if (closed) return false;
@@ -319,7 +333,7 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
     {
       StackEntry entry(tl_sends, this);
       try {
-        send(message, related);
+        transport_call();
       } catch (...) {
         // The transport reports its own failures; the protocol core carries on.
       }
@@ -994,9 +1008,11 @@ void Session::State::start(const json& id, const json& params, Job job) {
 
 void Session::State::run(const std::shared_ptr<Call>& call, const Job& job) {
   {
-    std::lock_guard lock(mu);
-    if (closed || call->cancelled.load()) {
+    std::unique_lock lock(mu);
+    if (closed || call->cancelled.load()) {  // cancelled while queued: never runs
       erase_call(call);
+      lock.unlock();
+      went_unanswered(*call);
       return;
     }
     ++running;
@@ -1023,9 +1039,12 @@ void Session::State::run(const std::shared_ptr<Call>& call, const Job& job) {
     drop = closed || call->cancelled.load();  // cancelled: the client expects no response
   }
   if (drop) cv.notify_all();  // close() may be waiting for this handler
-  std::lock_guard lock(call->send_mu);
-  call->done = true;
-  if (!drop) emit(message, call->id);
+  {
+    std::lock_guard lock(call->send_mu);
+    call->done = true;
+    if (!drop) emit(message, call->id);
+  }
+  if (drop) went_unanswered(*call);
 }
 
 json Session::State::request_client(const std::shared_ptr<Call>& call, const std::string& method,
@@ -1095,10 +1114,10 @@ Session::Session(Server& server, std::string id, Send send, Executor executor)
               RoutedSend([send = std::move(send)](const json& message, const json&) { send(message); }),
               std::move(executor)) {}
 
-Session::Session(Server& server, std::string id, RoutedSend send, Executor executor)
+Session::Session(Server& server, std::string id, RoutedSend send, Executor executor, Unanswered unanswered)
     : server_(server),
       id_(std::move(id)),
-      state_(std::make_shared<State>(server, id_, std::move(send), std::move(executor))) {
+      state_(std::make_shared<State>(server, id_, std::move(send), std::move(executor), std::move(unanswered))) {
   server_.attach(this);
 }
 

@@ -197,10 +197,14 @@ class Session {
   // errors about input whose id could not be read). HTTP transports route by it.
   using RoutedSend = std::function<void(const json& message, const json& related_request)>;
   using Executor = std::function<void(std::function<void()> work)>;
+  // Called with the id of a client request that ends without a response because it was
+  // cancelled (from the thread that ran it, after its last progress or log message). A transport
+  // that keeps something per request (HTTP: its stream) lets it go.
+  using Unanswered = std::function<void(const json& request_id)>;
 
   // `id` names the session in audit records and logs (stdio: "stdio"; HTTP: the session id).
   Session(Server& server, std::string id, Send send, Executor executor);
-  Session(Server& server, std::string id, RoutedSend send, Executor executor);
+  Session(Server& server, std::string id, RoutedSend send, Executor executor, Unanswered unanswered = nullptr);
   ~Session();  // cancels what is still running and waits for it
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;

@@ -890,6 +890,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
           boost::system::error_code ignored;
           socket.cancel(ignored);
         }
+        if (stream->abandoned) session->drop_request_stream(stream);
       }
     } detach{hub_, session, stream, post_stream, watching, socket_};
 

@@ -1304,6 +1304,58 @@ TEST_F(McpTest, CancellingQueuedWorkNeverRunsIt) {
   EXPECT_EQ(result_text(c.sink.response(id2)), "y");
 }
 
+TEST_F(McpTest, TheTransportHearsOfRequestsThatEndUnanswered) {
+  Sink sink;
+  ManualExecutor queued;
+  std::mutex mu;
+  std::vector<json> unanswered;
+  mcp::Session session(
+      *server, "routed", mcp::Session::RoutedSend([&](const json& m, const json&) { sink.push(m); }),
+      queued.executor(), [&](const json& id) {
+        std::lock_guard lock(mu);
+        unanswered.push_back(id);
+      });
+  session.receive(json{{"jsonrpc", "2.0"},
+                       {"id", 1},
+                       {"method", "initialize"},
+                       {"params", {{"protocolVersion", "2025-11-25"}, {"clientInfo", {{"name", "t"}}}}}});
+  auto call = [&](const json& id) {
+    session.receive(json{{"jsonrpc", "2.0"},
+                         {"id", id},
+                         {"method", "tools/call"},
+                         {"params", {{"name", "echo"}, {"arguments", {{"text", "x"}}}}}});
+  };
+  auto cancel = [&](const json& id) {
+    session.receive(json{{"jsonrpc", "2.0"}, {"method", "notifications/cancelled"}, {"params", {{"requestId", id}}}});
+  };
+  call("answered");
+  call("queued-then-cancelled");
+  cancel("queued-then-cancelled");
+  queued.run_all();
+  EXPECT_TRUE(sink.answered("answered"));
+  EXPECT_FALSE(sink.answered("queued-then-cancelled"));
+  // A handler that was running when the cancellation came.
+  ThreadExecutor threads;
+  mcp::Session running(
+      *server, "routed-2", mcp::Session::RoutedSend([&](const json& m, const json&) { sink.push(m); }),
+      threads.executor(), [&](const json& id) {
+        std::lock_guard lock(mu);
+        unanswered.push_back(id);
+      });
+  running.receive(json{{"jsonrpc", "2.0"},
+                       {"id", 1},
+                       {"method", "initialize"},
+                       {"params", {{"protocolVersion", "2025-11-25"}, {"clientInfo", {{"name", "t"}}}}}});
+  running.receive(json{{"jsonrpc", "2.0"}, {"id", "slow"}, {"method", "tools/call"}, {"params", {{"name", "slow"}}}});
+  ASSERT_TRUE(eventually([&] { return probe->started == 1; }));
+  running.receive(json{{"jsonrpc", "2.0"}, {"method", "notifications/cancelled"}, {"params", {{"requestId", "slow"}}}});
+  ASSERT_TRUE(eventually([&] { return probe->finished == 1; }));
+  threads.join();
+  EXPECT_FALSE(sink.answered("slow"));
+  std::lock_guard lock(mu);
+  EXPECT_EQ(unanswered, (std::vector<json>{"queued-then-cancelled", "slow"}));
+}
+
 TEST_F(McpTest, PingIsAnsweredWhileASlowCallRuns) {
   Client c(*server);
   c.initialize();
