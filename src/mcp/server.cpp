@@ -255,7 +255,7 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
     json result;
     std::optional<json> error;
   };
-  class Context;
+  class RunningRequest;
   using Job = std::function<json(RequestContext& ctx)>;  // the result; may throw ProtocolError
 
   // A row of the method table (see methods()). `Answer` methods never block: they answer on the
@@ -416,9 +416,10 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   }
 };
 
-class Session::State::Context final : public RequestContext {
+// What the handler of one request running on the Executor sees of it and of its session.
+class Session::State::RunningRequest final : public RequestContext {
  public:
-  Context(std::shared_ptr<State> state, std::shared_ptr<Call> call)
+  RunningRequest(std::shared_ptr<State> state, std::shared_ptr<Call> call)
       : state_(std::move(state)), call_(std::move(call)) {
     std::lock_guard lock(state_->mu);
     protocol_version_ = state_->protocol_version;
@@ -1020,7 +1021,7 @@ void Session::State::run(const std::shared_ptr<Call>& call, const Job& job) {
   json message;
   {
     StackEntry entry(tl_handlers, this);
-    Context ctx(shared_from_this(), call);
+    RunningRequest ctx(shared_from_this(), call);
     try {
       message = make_response(call->id, job(ctx));
     } catch (const ProtocolError& e) {
