@@ -598,6 +598,17 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
                                                           std::string(pv), supported));
   }
 
+  // The JSON-RPC message a POST carries, into `message`; else the 400 to answer with (a parse
+  // error: malformed JSON, invalid UTF-8, nesting too deep).
+  std::optional<Response> parse_body(const Request& req, json& message) const {
+    try {
+      message = mcp::parse_message(req.body(), hub_.server.options().limits);
+      return std::nullopt;
+    } catch (const mcp::ProtocolError& e) {
+      return error_response(req.version(), 400, e.what(), e.code());
+    }
+  }
+
   awaitable<bool> mcp_post(Request& req) {
     const unsigned v = req.version();
     const std::string content_type = lower(req[bhttp::field::content_type]);
@@ -611,13 +622,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
     }
     if (auto problem = version_problem(req)) co_return co_await write(*problem);
     json message;
-    std::optional<Response> malformed;
-    try {
-      message = mcp::parse_message(req.body(), hub_.server.options().limits);
-    } catch (const mcp::ProtocolError& e) {
-      malformed = error_response(v, 400, e.what(), e.code());
-    }
-    if (malformed) co_return co_await write(*malformed);
+    if (auto malformed = parse_body(req, message)) co_return co_await write(*malformed);
     if (message.is_array()) {
       Response res = error_response(v, 400, "invalid request: batches are not supported; send one JSON-RPC message per POST",
                                     mcp::kInvalidRequest);
@@ -785,13 +790,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
       co_return co_await write(res);
     }
     json message;
-    std::optional<Response> malformed;
-    try {
-      message = mcp::parse_message(req.body(), hub_.server.options().limits);
-    } catch (const mcp::ProtocolError& e) {
-      malformed = error_response(v, 400, e.what(), e.code());
-    }
-    if (malformed) co_return co_await write(*malformed);
+    if (auto malformed = parse_body(req, message)) co_return co_await write(*malformed);
     if (message.is_object() && message.contains("id") && message.contains("method")) {
       const json& method = message["method"];
       if (auto refusal = hub_.admit(*session, method.is_string() ? method.get<std::string>() : "")) {
