@@ -1306,49 +1306,43 @@ TEST_F(McpTest, CancellingQueuedWorkNeverRunsIt) {
 
 TEST_F(McpTest, TheTransportHearsOfRequestsThatEndUnanswered) {
   Sink sink;
-  ManualExecutor queued;
   std::mutex mu;
   std::vector<json> unanswered;
-  mcp::Session session(
-      *server, "routed", mcp::Session::RoutedSend([&](const json& m, const json&) { sink.push(m); }),
-      queued.executor(), [&](const json& id) {
-        std::lock_guard lock(mu);
-        unanswered.push_back(id);
-      });
-  session.receive(json{{"jsonrpc", "2.0"},
-                       {"id", 1},
-                       {"method", "initialize"},
-                       {"params", {{"protocolVersion", "2025-11-25"}, {"clientInfo", {{"name", "t"}}}}}});
-  auto call = [&](const json& id) {
-    session.receive(json{{"jsonrpc", "2.0"},
-                         {"id", id},
-                         {"method", "tools/call"},
-                         {"params", {{"name", "echo"}, {"arguments", {{"text", "x"}}}}}});
+  // An initialized session that reports unanswered requests, with `executor`.
+  auto open = [&](const std::string& name, mcp::Session::Executor executor) {
+    auto session = std::make_unique<mcp::Session>(
+        *server, name, mcp::Session::RoutedSend([&](const json& m, const json&) { sink.push(m); }), std::move(executor),
+        [&](const json& id) {
+          std::lock_guard lock(mu);
+          unanswered.push_back(id);
+        });
+    session->receive(json{{"jsonrpc", "2.0"},
+                          {"id", 1},
+                          {"method", "initialize"},
+                          {"params", {{"protocolVersion", "2025-11-25"}, {"clientInfo", {{"name", "t"}}}}}});
+    return session;
   };
-  auto cancel = [&](const json& id) {
+  auto call = [](mcp::Session& session, const json& id, const std::string& tool) {
+    session.receive(json{{"jsonrpc", "2.0"}, {"id", id}, {"method", "tools/call"}, {"params", {{"name", tool}, {"arguments", {{"text", "x"}}}}}});
+  };
+  auto cancel = [](mcp::Session& session, const json& id) {
     session.receive(json{{"jsonrpc", "2.0"}, {"method", "notifications/cancelled"}, {"params", {{"requestId", id}}}});
   };
-  call("answered");
-  call("queued-then-cancelled");
-  cancel("queued-then-cancelled");
+  // Queued work cancelled before it runs.
+  ManualExecutor queued;
+  auto first = open("routed", queued.executor());
+  call(*first, "answered", "echo");
+  call(*first, "queued-then-cancelled", "echo");
+  cancel(*first, "queued-then-cancelled");
   queued.run_all();
   EXPECT_TRUE(sink.answered("answered"));
   EXPECT_FALSE(sink.answered("queued-then-cancelled"));
   // A handler that was running when the cancellation came.
   ThreadExecutor threads;
-  mcp::Session running(
-      *server, "routed-2", mcp::Session::RoutedSend([&](const json& m, const json&) { sink.push(m); }),
-      threads.executor(), [&](const json& id) {
-        std::lock_guard lock(mu);
-        unanswered.push_back(id);
-      });
-  running.receive(json{{"jsonrpc", "2.0"},
-                       {"id", 1},
-                       {"method", "initialize"},
-                       {"params", {{"protocolVersion", "2025-11-25"}, {"clientInfo", {{"name", "t"}}}}}});
-  running.receive(json{{"jsonrpc", "2.0"}, {"id", "slow"}, {"method", "tools/call"}, {"params", {{"name", "slow"}}}});
+  auto second = open("routed-2", threads.executor());
+  call(*second, "slow", "slow");
   ASSERT_TRUE(eventually([&] { return probe->started == 1; }));
-  running.receive(json{{"jsonrpc", "2.0"}, {"method", "notifications/cancelled"}, {"params", {{"requestId", "slow"}}}});
+  cancel(*second, "slow");
   ASSERT_TRUE(eventually([&] { return probe->finished == 1; }));
   threads.join();
   EXPECT_FALSE(sink.answered("slow"));
