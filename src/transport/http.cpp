@@ -692,9 +692,8 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
       HeldBytes held(session->account_ptr(), res.body().size());
       res.prepare_payload();
       session->drop_request_stream(stream);
-      if (is_initialize && res.body().find("\"error\"") != std::string::npos &&
-          json::parse(res.body(), nullptr, false).contains("error"))
-        hub_.remove(session->id());  // a failed initialize opens no session
+      // A failed initialize opens no session: it settled on no protocol version.
+      if (is_initialize && session->protocol_version().empty()) hub_.remove(session->id());
       co_return co_await write(res);
     }
     co_return co_await write_stream(session, stream, 0, true, v);
