@@ -756,11 +756,10 @@ const std::map<std::string, Session::State::Method, std::less<>>& Session::State
   // Answers come from the I/O thread that read the request for methods that never block
   // (lifecycle, settings, lists); methods that call a tool, prompt, completion or resource
   // handler check their params there and run on the Executor.
-  constexpr auto anytime = Lifecycle::anytime;
-  constexpr auto initialized = Lifecycle::initialized;
+  using enum Lifecycle;
   // clang-format off
   static const std::map<std::string, Method, std::less<>> table = {
-      {"initialize",               {Lifecycle::initializes, on_io_thread(&State::initialize)}},
+      {"initialize",               {initializes,            on_io_thread(&State::initialize)}},
       {"ping",                     {anytime,                on_io_thread(&State::ping)}},
       {"logging/setLevel",         {initialized,            on_io_thread(&State::set_level)}},
       {"tools/list",               {initialized,            on_io_thread(&State::list_tools)}},

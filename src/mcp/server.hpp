@@ -2,9 +2,11 @@
 // (Server), and one protocol session per connection (Session). Transports feed a Session the
 // messages they read and write out what it sends.
 //
-// Threading: Session::receive is called from one I/O thread. Requests other than the trivial
-// ones (initialize, ping, logging/setLevel, list calls) run through the Executor the transport
-// provides, so a slow tool call never delays ping or another call. `Send` may be called from any
+// Threading: Session::receive is called from one I/O thread. Requests that call a tool, prompt,
+// completion or resource handler (tools/call, prompts/get, completion/complete, resources/read)
+// run through the Executor the transport provides, so a slow tool call never delays ping or
+// another call; the others (lifecycle, settings, lists) are answered on the I/O thread (the
+// method table in server.cpp says which is which). `Send` may be called from any
 // thread and must be thread-safe.
 #pragma once
 
