@@ -55,11 +55,8 @@ json parse_message(std::string_view text, const ParseLimits& limits) {
                                     "the limit of {} levels",
                                     limits.max_depth));
   } catch (const json::parse_error& e) {
-    std::string message = without_prefix(e.what());
-    if (message.find("UTF-8") != std::string::npos)
-      message =
-          fmt::format("parse error: invalid UTF-8 at byte {} of the message ({})", e.byte, message);
-    throw ProtocolError(kParseError, std::move(message));
+    // Never about UTF-8: the whole text was checked above.
+    throw ProtocolError(kParseError, without_prefix(e.what()));
   } catch (const json::exception& e) {  // e.g. out_of_range for a number too large
     throw ProtocolError(kParseError, "parse error: " + without_prefix(e.what()));
   }

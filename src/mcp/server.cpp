@@ -7,10 +7,12 @@
 #include <charconv>
 #include <cmath>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <set>
 #include <stdexcept>
 #include <unordered_set>
+#include <variant>
 
 #include "base/text.hpp"
 #include "mcp/validate.hpp"
@@ -84,6 +86,51 @@ std::optional<std::size_t> decode_cursor(std::string_view cursor) {
   return offset;
 }
 
+// One page of a list result: `items` from params.cursor on (at most `page_size` of them; 0: all)
+// as {key: [...]}, with nextCursor when more follow. A cursor that is not a string, or not one
+// this server gave out, is refused (-32602).
+template <class Item, class ToJson>
+json page_of(const json& params, const std::vector<Item>& items, std::size_t page_size,
+             const char* key, ToJson&& to_json) {
+  std::size_t start = 0;
+  if (auto c = params.find("cursor"); c != params.end() && !c->is_null()) {
+    if (!c->is_string())
+      throw invalid_params(
+          fmt::format("params.cursor: expected a string, got {}", detail::describe_type(*c)));
+    auto offset = decode_cursor(c->get_ref<const std::string&>());
+    if (!offset) throw invalid_params("invalid cursor");
+    start = std::min(*offset, items.size());  // the list may have shrunk since
+  }
+  const std::size_t end =
+      (page_size == 0 || items.size() - start <= page_size) ? items.size() : start + page_size;
+  json page = json::array();
+  for (std::size_t i = start; i < end; ++i) page.push_back(to_json(items[i]));
+  json result = {{key, std::move(page)}};
+  if (end < items.size()) result["nextCursor"] = encode_cursor(end);
+  return result;
+}
+
+// The request ids a session received last: at most `capacity` (the oldest is forgotten first).
+class RecentIds {
+ public:
+  explicit RecentIds(std::size_t capacity) : capacity_(capacity) {}
+  bool contains(const std::string& key) const { return set_.count(key) > 0; }
+  void add(const std::string& key) {
+    if (capacity_ == 0 || !set_.insert(key).second) return;
+    order_.push_back(key);
+    if (order_.size() > capacity_) {
+      set_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+  std::size_t size() const { return order_.size(); }
+
+ private:
+  std::size_t capacity_;
+  std::unordered_set<std::string> set_;
+  std::deque<std::string> order_;  // oldest first
+};
+
 bool schema_has_property(const json& schema, const std::string& name) {
   if (!schema.is_object()) return false;
   auto props = schema.find("properties");
@@ -120,9 +167,15 @@ json shape_tool_result(ToolResult r, ResultShape shape) {
   return out;
 }
 
+// Adds the optional strings that are set: MCP leaves an unset one out rather than sending "".
+void put_set(json& j, std::initializer_list<std::pair<const char*, const std::string&>> fields) {
+  for (const auto& [key, value] : fields)
+    if (!value.empty()) j[key] = value;
+}
+
 json tool_json(const Tool& t, ResultShape shape) {
   json j = {{"name", t.name}};
-  if (!t.title.empty()) j["title"] = t.title;
+  put_set(j, {{"title", t.title}});
   j["description"] = t.description;
   j["inputSchema"] = t.input_schema;
   if (t.output_schema && shape != ResultShape::text) j["outputSchema"] = *t.output_schema;
@@ -132,29 +185,24 @@ json tool_json(const Tool& t, ResultShape shape) {
 
 json resource_json(const Resource& r) {
   json j = {{"uri", r.uri}, {"name", r.name}};
-  if (!r.title.empty()) j["title"] = r.title;
-  if (!r.description.empty()) j["description"] = r.description;
-  if (!r.mime_type.empty()) j["mimeType"] = r.mime_type;
+  put_set(j, {{"title", r.title}, {"description", r.description}, {"mimeType", r.mime_type}});
   if (r.size) j["size"] = *r.size;
   return j;
 }
 
 json template_json(const ResourceTemplate& t) {
   json j = {{"uriTemplate", t.uri_template}, {"name", t.name}};
-  if (!t.title.empty()) j["title"] = t.title;
-  if (!t.description.empty()) j["description"] = t.description;
-  if (!t.mime_type.empty()) j["mimeType"] = t.mime_type;
+  put_set(j, {{"title", t.title}, {"description", t.description}, {"mimeType", t.mime_type}});
   return j;
 }
 
 json prompt_json(const Prompt& p) {
   json j = {{"name", p.name}};
-  if (!p.title.empty()) j["title"] = p.title;
-  if (!p.description.empty()) j["description"] = p.description;
+  put_set(j, {{"title", p.title}, {"description", p.description}});
   json args = json::array();
   for (const auto& a : p.arguments) {
     json arg = {{"name", a.name}};
-    if (!a.description.empty()) arg["description"] = a.description;
+    put_set(arg, {{"description", a.description}});
     arg["required"] = a.required;
     args.push_back(std::move(arg));
   }
@@ -167,16 +215,6 @@ std::string log_level_names() {
   for (int i = 0; i <= static_cast<int>(LogLevel::emergency); ++i)
     out += (i ? ", " : "") + std::string(to_string(static_cast<LogLevel>(i)));
   return out;
-}
-
-const std::set<std::string, std::less<>>& known_methods() {
-  // clang-format off
-  static const std::set<std::string, std::less<>> methods = {
-      "initialize", "ping", "logging/setLevel", "tools/list", "tools/call", "prompts/list",
-      "prompts/get", "resources/list", "resources/templates/list", "resources/read",
-      "resources/subscribe", "resources/unsubscribe", "completion/complete"};
-  // clang-format on
-  return methods;
 }
 
 }  // namespace
@@ -217,19 +255,40 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
     json result;
     std::optional<json> error;
   };
-  class Context;
+  class RunningRequest;
   using Job = std::function<json(RequestContext& ctx)>;  // the result; may throw ProtocolError
 
-  State(Server& srv, std::string session_id, RoutedSend send_fn, Executor exec)
+  // A row of the method table (see methods()). `Answer` methods never block: they answer on the
+  // I/O thread that read the request. `Offload` methods check their params there and return the
+  // work, which runs on the Executor.
+  enum class Lifecycle {
+    anytime,      // before initialize too (ping)
+    initialized,  // only once initialize was answered
+    initializes,  // initialize itself: the session is initialized once its answer went out
+  };
+  using Answer = json (State::*)(const json& params);
+  using Offload = Job (State::*)(const json& params);
+  struct Method {
+    Lifecycle lifecycle;
+    std::variant<Answer, Offload> run;
+  };
+  static std::variant<Answer, Offload> on_io_thread(Answer answer) { return answer; }
+  static std::variant<Answer, Offload> on_executor(Offload offload) { return offload; }
+  static const std::map<std::string, Method, std::less<>>& methods();
+
+  State(Server& srv, std::string session_id, RoutedSend send_fn, Executor exec, Unanswered unanswered_fn)
       : server(srv),
         id(std::move(session_id)),
         send(std::move(send_fn)),
-        executor(std::move(exec)) {}
+        executor(std::move(exec)),
+        unanswered(std::move(unanswered_fn)),
+        recent_ids(srv.options().remembered_request_ids) {}
 
   Server& server;
   const std::string id;
   const RoutedSend send;
   const Executor executor;
+  const Unanswered unanswered;
 
   mutable std::mutex mu;
   std::condition_variable cv;  // running/sending counts, cancellations
@@ -240,7 +299,9 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   std::string client_name = "unknown";
   json client_capabilities = json::object();
   LogLevel level = LogLevel::info;
-  std::unordered_set<std::string> used_ids;
+  // A request id is refused while its request is in flight (`calls`) and while it is among the
+  // last ServerOptions::remembered_request_ids ids received: a long session holds no more.
+  RecentIds recent_ids;
   std::map<std::string, std::shared_ptr<Call>> calls;  // accepted, not yet answered
   std::size_t running = 0;                             // handlers executing now
   std::size_t sending = 0;                             // Send calls in progress
@@ -252,6 +313,18 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
 
   // Sends unless closed; never with `mu` held. Returns whether it was handed to Send.
   bool emit(const json& message, const json& related = nullptr) {
+    return to_transport([&] { send(message, related); });
+  }
+
+  // Tells the transport that the request of `call` ends without a response (it was cancelled).
+  void went_unanswered(const Call& call) {
+    if (unanswered) to_transport([&] { unanswered(call.id); });
+  }
+
+  // Calls into the transport unless closed; never with `mu` held (close() waits for the call to
+  // end). Returns whether it was made.
+  template <class Fn>
+  bool to_transport(Fn&& transport_call) {
     {
       std::lock_guard lock(mu);
       if (closed) return false;
@@ -260,7 +333,7 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
     {
       StackEntry entry(tl_sends, this);
       try {
-        send(message, related);
+        transport_call();
       } catch (...) {
         // The transport reports its own failures; the protocol core carries on.
       }
@@ -306,26 +379,47 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
     return calls.size();
   }
 
+  std::size_t request_ids_held() const {
+    std::lock_guard lock(mu);
+    return recent_ids.size() + calls.size();
+  }
+
   void handle(json message);
   void notification(const std::string& method, const json& message);
-  void request(const std::string& method, const json& id, const json& message);
+  void request(const std::string& name, const json& id, const json& message);
+  // The handlers of the method table.
   json initialize(const json& params);
+  json ping(const json& params);
+  json set_level(const json& params);
+  json list_tools(const json& params);
+  Job call_tool(const json& params);
+  json list_prompts(const json& params);
+  Job get_prompt(const json& params);
+  Job complete(const json& params);
+  json list_resources(const json& params);
+  json list_resource_templates(const json& params);
+  json subscribe(const json& params);
+  json unsubscribe(const json& params);
+  Job read_resource(const json& params);
+  // The resource provider, or -32601 for `method` when the server has none.
+  std::shared_ptr<ResourceProvider> resources_for(std::string_view method);
+
   void start(const json& id, const json& params, Job job);
   void run(const std::shared_ptr<Call>& call, const Job& job);
   void erase_call(const std::shared_ptr<Call>& call) {  // mu held
     auto it = calls.find(call->key);
     if (it != calls.end() && it->second == call) calls.erase(it);
   }
-  std::pair<std::size_t, std::size_t> page(const json& params, std::size_t total);
   void reply(const json& id, json result) { emit(make_response(id, std::move(result)), id); }
   void fail(const json& id, int code, std::string_view message, const json& data = nullptr) {
     emit(make_error(id, code, message, data), id);
   }
 };
 
-class Session::State::Context final : public RequestContext {
+// What the handler of one request running on the Executor sees of it and of its session.
+class Session::State::RunningRequest final : public RequestContext {
  public:
-  Context(std::shared_ptr<State> state, std::shared_ptr<Call> call)
+  RunningRequest(std::shared_ptr<State> state, std::shared_ptr<Call> call)
       : state_(std::move(state)), call_(std::move(call)) {
     std::lock_guard lock(state_->mu);
     protocol_version_ = state_->protocol_version;
@@ -387,21 +481,46 @@ struct Server::Registry {
   CompletionHandler completion;
   std::map<Session*, std::weak_ptr<Session::State>> sessions;
 
-  std::shared_ptr<const Tool> find_tool(std::string_view name) {
+  std::shared_ptr<const Tool> find_tool(std::string_view name) { return find(tools, name); }
+  std::shared_ptr<const Prompt> find_prompt(std::string_view name) { return find(prompts, name); }
+  std::vector<std::shared_ptr<const Tool>> all_tools() {
     std::lock_guard lock(mu);
-    for (const auto& t : tools)
-      if (t->name == name) return t;
-    return nullptr;
+    return tools;
   }
-  std::shared_ptr<const Prompt> find_prompt(std::string_view name) {
+  std::vector<std::shared_ptr<const Prompt>> all_prompts() {
     std::lock_guard lock(mu);
-    for (const auto& p : prompts)
-      if (p->name == name) return p;
-    return nullptr;
+    return prompts;
   }
   std::shared_ptr<ResourceProvider> provider() {
     std::lock_guard lock(mu);
     return resources;
+  }
+  CompletionHandler completion_handler() {
+    std::lock_guard lock(mu);
+    return completion;
+  }
+
+  template <class T>
+  std::shared_ptr<const T> find(const std::vector<std::shared_ptr<const T>>& list, std::string_view name) {
+    std::lock_guard lock(mu);
+    for (const auto& item : list)
+      if (item->name == name) return item;
+    return nullptr;
+  }
+  // Adds `item` (a `kind`: tool or prompt) to `list`; one of the same name is replaced, the newer
+  // definition winning. Returns whether sessions are open (and must hear that the list changed).
+  template <class T>
+  bool add(std::vector<std::shared_ptr<const T>>& list, T item, std::string_view kind) {
+    if (item.name.empty()) throw std::invalid_argument(fmt::format("mcp: a {} needs a name", kind));
+    if (!item.handler) throw std::invalid_argument(fmt::format("mcp: {} '{}' has no handler", kind, item.name));
+    auto shared = std::make_shared<const T>(std::move(item));
+    std::lock_guard lock(mu);
+    auto it = std::find_if(list.begin(), list.end(), [&](const auto& old) { return old->name == shared->name; });
+    if (it != list.end())
+      *it = std::move(shared);
+    else
+      list.push_back(std::move(shared));
+    return !sessions.empty();
   }
 
   // Sends `message` to every open, initialized session `want` accepts. Sessions are collected
@@ -432,42 +551,13 @@ Server::Server(ServerInfo info, ServerOptions options)
 Server::~Server() = default;
 
 void Server::add_tool(Tool tool) {
-  if (tool.name.empty()) throw std::invalid_argument("mcp: a tool needs a name");
-  if (!tool.handler) throw std::invalid_argument("mcp: tool '" + tool.name + "' has no handler");
-  auto shared = std::make_shared<const Tool>(std::move(tool));
-  bool notify = false;
-  {
-    std::lock_guard lock(registry_->mu);
-    auto& tools = registry_->tools;
-    auto it = std::find_if(tools.begin(), tools.end(),
-                           [&](const auto& t) { return t->name == shared->name; });
-    if (it != tools.end())
-      *it = shared;  // same name: the newer definition replaces the older one
-    else
-      tools.push_back(shared);
-    notify = !registry_->sessions.empty();
-  }
-  if (notify) registry_->broadcast(make_notification("notifications/tools/list_changed"));
+  if (registry_->add(registry_->tools, std::move(tool), "tool"))
+    registry_->broadcast(make_notification("notifications/tools/list_changed"));
 }
 
 void Server::add_prompt(Prompt prompt) {
-  if (prompt.name.empty()) throw std::invalid_argument("mcp: a prompt needs a name");
-  if (!prompt.handler)
-    throw std::invalid_argument("mcp: prompt '" + prompt.name + "' has no handler");
-  auto shared = std::make_shared<const Prompt>(std::move(prompt));
-  bool notify = false;
-  {
-    std::lock_guard lock(registry_->mu);
-    auto& prompts = registry_->prompts;
-    auto it = std::find_if(prompts.begin(), prompts.end(),
-                           [&](const auto& p) { return p->name == shared->name; });
-    if (it != prompts.end())
-      *it = shared;
-    else
-      prompts.push_back(shared);
-    notify = !registry_->sessions.empty();
-  }
-  if (notify) registry_->broadcast(make_notification("notifications/prompts/list_changed"));
+  if (registry_->add(registry_->prompts, std::move(prompt), "prompt"))
+    registry_->broadcast(make_notification("notifications/prompts/list_changed"));
 }
 
 void Server::set_resources(std::shared_ptr<ResourceProvider> provider) {
@@ -562,8 +652,10 @@ void Session::State::handle(json message) {
   }
   bool reused = false;
   {
+    const std::string key = id.dump();
     std::lock_guard lock(mu);
-    reused = !used_ids.insert(id.dump()).second;
+    reused = calls.count(key) > 0 || recent_ids.contains(key);
+    if (!reused) recent_ids.add(key);
   }
   if (reused) {
     fail(id, kInvalidRequest,
@@ -657,243 +749,224 @@ json Session::State::initialize(const json& params) {
   return result;
 }
 
-std::pair<std::size_t, std::size_t> Session::State::page(const json& params, std::size_t total) {
-  std::size_t start = 0;
-  if (auto c = params.find("cursor"); c != params.end() && !c->is_null()) {
-    if (!c->is_string())
-      throw invalid_params(
-          fmt::format("params.cursor: expected a string, got {}", detail::describe_type(*c)));
-    auto offset = decode_cursor(c->get_ref<const std::string&>());
-    if (!offset) throw invalid_params("invalid cursor");
-    start = std::min(*offset, total);  // the list may have shrunk since
-  }
-  const std::size_t size = server.options().page_size;
-  const std::size_t end = (size == 0 || total - start <= size) ? total : start + size;
-  return {start, end};
+// ---------------------------------------------------------------------------------------------
+// The method table: every request method, when it may come, and where it runs.
+
+const std::map<std::string, Session::State::Method, std::less<>>& Session::State::methods() {
+  // Answers come from the I/O thread that read the request for methods that never block
+  // (lifecycle, settings, lists); methods that call a tool, prompt, completion or resource
+  // handler check their params there and run on the Executor.
+  using enum Lifecycle;
+  // clang-format off
+  static const std::map<std::string, Method, std::less<>> table = {
+      {"initialize",               {initializes,            on_io_thread(&State::initialize)}},
+      {"ping",                     {anytime,                on_io_thread(&State::ping)}},
+      {"logging/setLevel",         {initialized,            on_io_thread(&State::set_level)}},
+      {"tools/list",               {initialized,            on_io_thread(&State::list_tools)}},
+      {"tools/call",               {initialized,            on_executor(&State::call_tool)}},
+      {"prompts/list",             {initialized,            on_io_thread(&State::list_prompts)}},
+      {"prompts/get",              {initialized,            on_executor(&State::get_prompt)}},
+      {"completion/complete",      {initialized,            on_executor(&State::complete)}},
+      {"resources/list",           {initialized,            on_io_thread(&State::list_resources)}},
+      {"resources/templates/list", {initialized,            on_io_thread(&State::list_resource_templates)}},
+      {"resources/subscribe",      {initialized,            on_io_thread(&State::subscribe)}},
+      {"resources/unsubscribe",    {initialized,            on_io_thread(&State::unsubscribe)}},
+      {"resources/read",           {initialized,            on_executor(&State::read_resource)}},
+  };
+  // clang-format on
+  return table;
 }
 
-void Session::State::request(const std::string& method, const json& id, const json& message) {
-  if (method == "initialize") {
-    json result = initialize(params_of(message));
-    reply(id, std::move(result));
-    std::lock_guard lock(mu);
-    initialized = true;
-    return;
-  }
-  if (method == "ping") {
-    reply(id, json::object());
-    return;
-  }
-  if (!known_methods().count(method))
-    throw ProtocolError(kMethodNotFound, fmt::format("method not found: {}", method));
-  {
+void Session::State::request(const std::string& name, const json& id, const json& message) {
+  const auto& table = methods();
+  const auto found = table.find(name);
+  if (found == table.end())
+    throw ProtocolError(kMethodNotFound, fmt::format("method not found: {}", name));
+  const Method& method = found->second;
+  if (method.lifecycle == Lifecycle::initialized) {
     std::lock_guard lock(mu);
     if (!initialized)
       throw ProtocolError(kInvalidRequest, "server not initialized: send initialize first");
   }
-  const json params = params_of(message);
-  auto& reg = registry();
+  // ping answers whatever its params are: a liveness check never fails.
+  const json params = method.lifecycle == Lifecycle::anytime ? json::object() : params_of(message);
+  if (const auto* answer = std::get_if<Answer>(&method.run)) {
+    reply(id, (this->**answer)(params));
+    if (method.lifecycle == Lifecycle::initializes) {
+      // Only now: nothing (a log, a list_changed) may reach the client before this answer.
+      std::lock_guard lock(mu);
+      initialized = true;
+    }
+    return;
+  }
+  start(id, params, (this->*std::get<Offload>(method.run))(params));
+}
+
+std::shared_ptr<ResourceProvider> Session::State::resources_for(std::string_view method) {
+  if (auto provider = registry().provider()) return provider;
+  throw ProtocolError(kMethodNotFound,
+                      fmt::format("method not found: {} (this server has no resources)", method));
+}
+
+json Session::State::ping(const json&) { return json::object(); }
+
+json Session::State::set_level(const json& params) {
+  auto lv = params.find("level");
+  std::optional<LogLevel> parsed;
+  if (lv != params.end() && lv->is_string()) parsed = parse_log_level(lv->get<std::string>());
+  if (!parsed)
+    throw invalid_params(fmt::format(
+        "params.level: {}; expected one of {}",
+        lv == params.end() ? std::string("missing") : "got " + text::sanitize_utf8(lv->dump()),
+        log_level_names()));
+  std::lock_guard lock(mu);
+  level = *parsed;
+  return json::object();
+}
+
+json Session::State::list_tools(const json& params) {
   const ResultShape shape = server.options().result_shape;
+  return page_of(params, registry().all_tools(), server.options().page_size, "tools",
+                 [shape](const auto& tool) { return tool_json(*tool, shape); });
+}
 
-  if (method == "logging/setLevel") {
-    auto lv = params.find("level");
-    std::optional<LogLevel> parsed;
-    if (lv != params.end() && lv->is_string()) parsed = parse_log_level(lv->get<std::string>());
-    if (!parsed)
-      throw invalid_params(fmt::format(
-          "params.level: {}; expected one of {}",
-          lv == params.end() ? std::string("missing") : "got " + text::sanitize_utf8(lv->dump()),
-          log_level_names()));
-    {
-      std::lock_guard lock(mu);
-      level = *parsed;
-    }
-    reply(id, json::object());
-    return;
+Session::State::Job Session::State::call_tool(const json& params) {
+  const std::string name = required_string(params, "name");
+  json arguments = optional_object(params, "arguments");
+  auto tool = registry().find_tool(name);
+  if (!tool) throw invalid_params(fmt::format("unknown tool '{}'", name));
+  if (tool->accept_input_wrapper && arguments.size() == 1 && arguments.contains("input") &&
+      arguments["input"].is_object() && !schema_has_property(tool->input_schema, "input")) {
+    json inner = std::move(arguments["input"]);
+    arguments = std::move(inner);
   }
-
-  if (method == "tools/list") {
-    std::vector<std::shared_ptr<const Tool>> tools;
-    {
-      std::lock_guard lock(reg.mu);
-      tools = reg.tools;
-    }
-    auto [start, end] = page(params, tools.size());
-    json list = json::array();
-    for (std::size_t i = start; i < end; ++i) list.push_back(tool_json(*tools[i], shape));
-    json result = {{"tools", std::move(list)}};
-    if (end < tools.size()) result["nextCursor"] = encode_cursor(end);
-    reply(id, std::move(result));
-    return;
-  }
-
-  if (method == "tools/call") {
-    const std::string name = required_string(params, "name");
-    json arguments = optional_object(params, "arguments");
-    auto tool = reg.find_tool(name);
-    if (!tool) throw invalid_params(fmt::format("unknown tool '{}'", name));
-    if (tool->accept_input_wrapper && arguments.size() == 1 && arguments.contains("input") &&
-        arguments["input"].is_object() && !schema_has_property(tool->input_schema, "input")) {
-      json inner = std::move(arguments["input"]);
-      arguments = std::move(inner);
-    }
-    const ToolCallObserver& observer = server.options().on_tool_call;
-    start(id, params, [tool, shape, observer, arguments = std::move(arguments)](RequestContext& ctx) {
-      const auto started = std::chrono::steady_clock::now();
-      ToolResult r;
-      if (auto problem = detail::validate_arguments(arguments, tool->input_schema)) {
-        // SEP-1303: the model should see this and correct its call, so it is a tool result.
-        r = ToolResult::error(*problem);
-      } else {
-        try {
-          r = tool->handler(arguments, ctx);
-        } catch (const ProtocolError&) {
-          throw;
-        } catch (const std::exception& e) {
-          r = ToolResult::error(text::sanitize_utf8(e.what()));
-        } catch (...) {
-          r = ToolResult::error("the tool failed with an unknown exception");
-        }
+  const ResultShape shape = server.options().result_shape;
+  const ToolCallObserver& observer = server.options().on_tool_call;
+  return [tool, shape, observer, arguments = std::move(arguments)](RequestContext& ctx) {
+    const auto started = std::chrono::steady_clock::now();
+    ToolResult r;
+    if (auto problem = detail::validate_arguments(arguments, tool->input_schema)) {
+      // SEP-1303: the model should see this and correct its call, so it is a tool result.
+      r = ToolResult::error(*problem);
+    } else {
+      try {
+        r = tool->handler(arguments, ctx);
+      } catch (const ProtocolError&) {
+        throw;
+      } catch (const std::exception& e) {
+        r = ToolResult::error(text::sanitize_utf8(e.what()));
+      } catch (...) {
+        r = ToolResult::error("the tool failed with an unknown exception");
       }
-      if (observer) {
-        observer(tool->name, arguments, r,
-                 std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started),
-                 ctx);
-      }
-      return shape_tool_result(std::move(r), shape);
-    });
-    return;
-  }
-
-  if (method == "prompts/list") {
-    std::vector<std::shared_ptr<const Prompt>> prompts;
-    {
-      std::lock_guard lock(reg.mu);
-      prompts = reg.prompts;
     }
-    auto [start, end] = page(params, prompts.size());
-    json list = json::array();
-    for (std::size_t i = start; i < end; ++i) list.push_back(prompt_json(*prompts[i]));
-    json result = {{"prompts", std::move(list)}};
-    if (end < prompts.size()) result["nextCursor"] = encode_cursor(end);
-    reply(id, std::move(result));
-    return;
-  }
-
-  if (method == "prompts/get") {
-    const std::string name = required_string(params, "name");
-    auto prompt = reg.find_prompt(name);
-    if (!prompt) throw invalid_params(fmt::format("unknown prompt '{}'", name));
-    json arguments = optional_object(params, "arguments");
-    for (auto it = arguments.begin(); it != arguments.end(); ++it)
-      if (!it->is_string())
-        throw invalid_params(fmt::format("params.arguments.{}: expected a string, got {}", it.key(),
-                                         detail::describe_type(*it)));
-    for (const auto& arg : prompt->arguments)
-      if (arg.required && !arguments.contains(arg.name))
-        throw invalid_params(
-            fmt::format("params.arguments: missing required argument '{}' of "
-                        "prompt '{}'",
-                        arg.name, name));
-    start(id, params, [prompt, arguments = std::move(arguments)](RequestContext&) {
-      return prompt->handler(arguments);
-    });
-    return;
-  }
-
-  if (method == "completion/complete") {
-    CompletionHandler handler;
-    {
-      std::lock_guard lock(reg.mu);
-      handler = reg.completion;
+    if (observer) {
+      observer(tool->name, arguments, r,
+               std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started),
+               ctx);
     }
-    if (!handler)
-      throw ProtocolError(kMethodNotFound, "method not found: completion/complete (this server offers no completions)");
-    auto ref = params.find("ref");
-    if (ref == params.end() || !ref->is_object())
-      throw invalid_params("params.ref: expected an object like {\"type\":\"ref/prompt\",\"name\":…}");
-    auto argument = params.find("argument");
-    if (argument == params.end() || !argument->is_object() || !argument->contains("name"))
-      throw invalid_params("params.argument: expected an object {\"name\":…, \"value\":…}");
-    json context = params.contains("context") ? params["context"] : json::object();
-    start(id, params, [handler, r = *ref, a = *argument, context](RequestContext&) {
-      json result = handler(r, a, context);
-      json completion = {{"values", json::array()}};
-      if (result.is_object()) completion = std::move(result);
-      if (completion.contains("values") && completion["values"].size() > 100) {
-        // The spec allows at most 100 values per response.
-        const std::size_t total = completion["values"].size();
-        completion["values"].erase(completion["values"].begin() + 100, completion["values"].end());
-        completion["hasMore"] = true;
-        if (!completion.contains("total")) completion["total"] = total;
-      }
-      return json{{"completion", std::move(completion)}};
-    });
-    return;
-  }
+    return shape_tool_result(std::move(r), shape);
+  };
+}
 
-  // resources/*
-  auto provider = reg.provider();
-  if (!provider)
-    throw ProtocolError(kMethodNotFound,
-                        fmt::format("method not found: {} (this server has no resources)", method));
+json Session::State::list_prompts(const json& params) {
+  return page_of(params, registry().all_prompts(), server.options().page_size, "prompts",
+                 [](const auto& prompt) { return prompt_json(*prompt); });
+}
 
-  if (method == "resources/list") {
-    const std::vector<Resource> resources = provider->list();
-    auto [start, end] = page(params, resources.size());
+Session::State::Job Session::State::get_prompt(const json& params) {
+  const std::string name = required_string(params, "name");
+  auto prompt = registry().find_prompt(name);
+  if (!prompt) throw invalid_params(fmt::format("unknown prompt '{}'", name));
+  json arguments = optional_object(params, "arguments");
+  for (auto it = arguments.begin(); it != arguments.end(); ++it)
+    if (!it->is_string())
+      throw invalid_params(fmt::format("params.arguments.{}: expected a string, got {}", it.key(),
+                                       detail::describe_type(*it)));
+  for (const auto& arg : prompt->arguments)
+    if (arg.required && !arguments.contains(arg.name))
+      throw invalid_params(
+          fmt::format("params.arguments: missing required argument '{}' of "
+                      "prompt '{}'",
+                      arg.name, name));
+  return [prompt, arguments = std::move(arguments)](RequestContext&) {
+    return prompt->handler(arguments);
+  };
+}
+
+Session::State::Job Session::State::complete(const json& params) {
+  CompletionHandler handler = registry().completion_handler();
+  if (!handler)
+    throw ProtocolError(kMethodNotFound, "method not found: completion/complete (this server offers no completions)");
+  auto ref = params.find("ref");
+  if (ref == params.end() || !ref->is_object())
+    throw invalid_params("params.ref: expected an object like {\"type\":\"ref/prompt\",\"name\":…}");
+  auto argument = params.find("argument");
+  if (argument == params.end() || !argument->is_object() || !argument->contains("name"))
+    throw invalid_params("params.argument: expected an object {\"name\":…, \"value\":…}");
+  json context = params.contains("context") ? params["context"] : json::object();
+  return [handler, r = *ref, a = *argument, context](RequestContext&) {
+    json result = handler(r, a, context);
+    json completion = {{"values", json::array()}};
+    if (result.is_object()) completion = std::move(result);
+    if (completion.contains("values") && completion["values"].size() > 100) {
+      // The spec allows at most 100 values per response.
+      const std::size_t total = completion["values"].size();
+      completion["values"].erase(completion["values"].begin() + 100, completion["values"].end());
+      completion["hasMore"] = true;
+      if (!completion.contains("total")) completion["total"] = total;
+    }
+    return json{{"completion", std::move(completion)}};
+  };
+}
+
+json Session::State::list_resources(const json& params) {
+  return page_of(params, resources_for("resources/list")->list(), server.options().page_size,
+                 "resources", resource_json);
+}
+
+json Session::State::list_resource_templates(const json& params) {
+  return page_of(params, resources_for("resources/templates/list")->templates(),
+                 server.options().page_size, "resourceTemplates", template_json);
+}
+
+json Session::State::subscribe(const json& params) {
+  resources_for("resources/subscribe");
+  std::string uri = required_string(params, "uri");
+  std::lock_guard lock(mu);
+  subscriptions.insert(std::move(uri));
+  return json::object();
+}
+
+json Session::State::unsubscribe(const json& params) {
+  resources_for("resources/unsubscribe");
+  const std::string uri = required_string(params, "uri");
+  std::lock_guard lock(mu);
+  subscriptions.erase(uri);
+  return json::object();
+}
+
+Session::State::Job Session::State::read_resource(const json& params) {
+  auto provider = resources_for("resources/read");
+  std::string uri = required_string(params, "uri");
+  return [provider, uri = std::move(uri)](RequestContext&) {
+    auto contents = provider->read(uri);
+    if (!contents)
+      throw ProtocolError(kResourceNotFound, fmt::format("resource not found: {}", uri),
+                          json{{"uri", uri}});
     json list = json::array();
-    for (std::size_t i = start; i < end; ++i) list.push_back(resource_json(resources[i]));
-    json result = {{"resources", std::move(list)}};
-    if (end < resources.size()) result["nextCursor"] = encode_cursor(end);
-    reply(id, std::move(result));
-    return;
-  }
-  if (method == "resources/templates/list") {
-    const std::vector<ResourceTemplate> templates = provider->templates();
-    auto [start, end] = page(params, templates.size());
-    json list = json::array();
-    for (std::size_t i = start; i < end; ++i) list.push_back(template_json(templates[i]));
-    json result = {{"resourceTemplates", std::move(list)}};
-    if (end < templates.size()) result["nextCursor"] = encode_cursor(end);
-    reply(id, std::move(result));
-    return;
-  }
-  if (method == "resources/subscribe" || method == "resources/unsubscribe") {
-    std::string uri = required_string(params, "uri");
-    {
-      std::lock_guard lock(mu);
-      if (method == "resources/subscribe")
-        subscriptions.insert(std::move(uri));
+    for (const auto& c : *contents) {
+      json item = {{"uri", c.uri.empty() ? uri : c.uri}};
+      if (!c.mime_type.empty()) item["mimeType"] = c.mime_type;
+      if (c.text)
+        item["text"] = *c.text;
+      else if (c.blob)
+        item["blob"] = *c.blob;
       else
-        subscriptions.erase(uri);
+        item["text"] = "";
+      list.push_back(std::move(item));
     }
-    reply(id, json::object());
-    return;
-  }
-  if (method == "resources/read") {
-    std::string uri = required_string(params, "uri");
-    start(id, params, [provider, uri = std::move(uri)](RequestContext&) {
-      auto contents = provider->read(uri);
-      if (!contents)
-        throw ProtocolError(kResourceNotFound, fmt::format("resource not found: {}", uri),
-                            json{{"uri", uri}});
-      json list = json::array();
-      for (const auto& c : *contents) {
-        json item = {{"uri", c.uri.empty() ? uri : c.uri}};
-        if (!c.mime_type.empty()) item["mimeType"] = c.mime_type;
-        if (c.text)
-          item["text"] = *c.text;
-        else if (c.blob)
-          item["blob"] = *c.blob;
-        else
-          item["text"] = "";
-        list.push_back(std::move(item));
-      }
-      return json{{"contents", std::move(list)}};
-    });
-    return;
-  }
-  throw ProtocolError(kMethodNotFound, fmt::format("method not found: {}", method));
+    return json{{"contents", std::move(list)}};
+  };
 }
 
 void Session::State::start(const json& id, const json& params, Job job) {
@@ -935,9 +1008,11 @@ void Session::State::start(const json& id, const json& params, Job job) {
 
 void Session::State::run(const std::shared_ptr<Call>& call, const Job& job) {
   {
-    std::lock_guard lock(mu);
-    if (closed || call->cancelled.load()) {
+    std::unique_lock lock(mu);
+    if (closed || call->cancelled.load()) {  // cancelled while queued: never runs
       erase_call(call);
+      lock.unlock();
+      went_unanswered(*call);
       return;
     }
     ++running;
@@ -945,7 +1020,7 @@ void Session::State::run(const std::shared_ptr<Call>& call, const Job& job) {
   json message;
   {
     StackEntry entry(tl_handlers, this);
-    Context ctx(shared_from_this(), call);
+    RunningRequest ctx(shared_from_this(), call);
     try {
       message = make_response(call->id, job(ctx));
     } catch (const ProtocolError& e) {
@@ -964,9 +1039,12 @@ void Session::State::run(const std::shared_ptr<Call>& call, const Job& job) {
     drop = closed || call->cancelled.load();  // cancelled: the client expects no response
   }
   if (drop) cv.notify_all();  // close() may be waiting for this handler
-  std::lock_guard lock(call->send_mu);
-  call->done = true;
-  if (!drop) emit(message, call->id);
+  {
+    std::lock_guard lock(call->send_mu);
+    call->done = true;
+    if (!drop) emit(message, call->id);
+  }
+  if (drop) went_unanswered(*call);
 }
 
 json Session::State::request_client(const std::shared_ptr<Call>& call, const std::string& method,
@@ -1036,10 +1114,10 @@ Session::Session(Server& server, std::string id, Send send, Executor executor)
               RoutedSend([send = std::move(send)](const json& message, const json&) { send(message); }),
               std::move(executor)) {}
 
-Session::Session(Server& server, std::string id, RoutedSend send, Executor executor)
+Session::Session(Server& server, std::string id, RoutedSend send, Executor executor, Unanswered unanswered)
     : server_(server),
       id_(std::move(id)),
-      state_(std::make_shared<State>(server, id_, std::move(send), std::move(executor))) {
+      state_(std::make_shared<State>(server, id_, std::move(send), std::move(executor), std::move(unanswered))) {
   server_.attach(this);
 }
 
@@ -1086,6 +1164,8 @@ void Session::receive(json message) {
 void Session::close() { state_->close(); }
 
 std::size_t Session::in_flight() const { return state_->in_flight(); }
+
+std::size_t Session::request_ids_held() const { return state_->request_ids_held(); }
 
 void Session::deliver(const json& message) { state_->emit(message); }
 

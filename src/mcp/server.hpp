@@ -2,9 +2,11 @@
 // (Server), and one protocol session per connection (Session). Transports feed a Session the
 // messages they read and write out what it sends.
 //
-// Threading: Session::receive is called from one I/O thread. Requests other than the trivial
-// ones (initialize, ping, logging/setLevel, list calls) run through the Executor the transport
-// provides, so a slow tool call never delays ping or another call. `Send` may be called from any
+// Threading: Session::receive is called from one I/O thread. Requests that call a tool, prompt,
+// completion or resource handler (tools/call, prompts/get, completion/complete, resources/read)
+// run through the Executor the transport provides, so a slow tool call never delays ping or
+// another call; the others (lifecycle, settings, lists) are answered on the I/O thread (the
+// method table in server.cpp says which is which). `Send` may be called from any
 // thread and must be thread-safe.
 #pragma once
 
@@ -147,6 +149,9 @@ struct ServerOptions {
   std::size_t page_size = 100;          // list results per page (cursor pagination)
   ResultShape result_shape = ResultShape::both;
   std::size_t max_in_flight = 128;      // concurrent requests per session
+  // A request id is refused while its request is in flight, and while it is among the last this
+  // many ids the session received; older ids are forgotten (a long session holds no more).
+  std::size_t remembered_request_ids = 1024;
   ParseLimits limits;
   ToolCallObserver on_tool_call;        // optional
 };
@@ -194,10 +199,14 @@ class Session {
   // errors about input whose id could not be read). HTTP transports route by it.
   using RoutedSend = std::function<void(const json& message, const json& related_request)>;
   using Executor = std::function<void(std::function<void()> work)>;
+  // Called with the id of a client request that ends without a response because it was
+  // cancelled (from the thread that ran it, after its last progress or log message). A transport
+  // that keeps something per request (HTTP: its stream) lets it go.
+  using Unanswered = std::function<void(const json& request_id)>;
 
   // `id` names the session in audit records and logs (stdio: "stdio"; HTTP: the session id).
   Session(Server& server, std::string id, Send send, Executor executor);
-  Session(Server& server, std::string id, RoutedSend send, Executor executor);
+  Session(Server& server, std::string id, RoutedSend send, Executor executor, Unanswered unanswered = nullptr);
   ~Session();  // cancels what is still running and waits for it
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -214,6 +223,9 @@ class Session {
   // Cancels every running request and stops sending; returns once none is running.
   void close();
   std::size_t in_flight() const;
+  // Request ids held to refuse duplicates: those in flight plus the recent ones (at most
+  // in_flight() + ServerOptions::remembered_request_ids, however long the session).
+  std::size_t request_ids_held() const;
   const std::string& id() const { return id_; }
   // The protocol version initialize settled on ("" before initialize).
   std::string protocol_version() const;

@@ -139,89 +139,7 @@ struct HostRules {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Peers: who is on the other end, for the per-peer caps.
-
-// The uid that owns the client's end of a loopback TCP connection, asked of the kernel with one
-// sock_diag query for exactly that socket (what `ss -e` shows). nullopt when it cannot tell.
-std::optional<uid_t> loopback_owner(int diag_fd, const tcp::endpoint& client, const tcp::endpoint& server) {
-  static std::atomic<std::uint32_t> sequence{0};
-  struct {
-    nlmsghdr header;
-    inet_diag_req_v2 request;
-  } message{};
-  message.header.nlmsg_len = sizeof message;
-  message.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
-  message.header.nlmsg_flags = NLM_F_REQUEST;
-  message.header.nlmsg_seq = ++sequence;
-  message.request.sdiag_family = client.address().is_v4() ? AF_INET : AF_INET6;
-  message.request.sdiag_protocol = IPPROTO_TCP;
-  message.request.idiag_states = ~0U;
-  message.request.id.idiag_sport = htons(client.port());
-  message.request.id.idiag_dport = htons(server.port());
-  auto put = [](__be32* into, const asio::ip::address& a) {
-    if (a.is_v4()) {
-      const auto bytes = a.to_v4().to_bytes();
-      std::memcpy(into, bytes.data(), bytes.size());
-    } else {
-      const auto bytes = a.to_v6().to_bytes();
-      std::memcpy(into, bytes.data(), bytes.size());
-    }
-  };
-  put(message.request.id.idiag_src, client.address());
-  put(message.request.id.idiag_dst, server.address());
-  message.request.id.idiag_cookie[0] = message.request.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
-  sockaddr_nl kernel{};
-  kernel.nl_family = AF_NETLINK;
-  if (::sendto(diag_fd, &message, sizeof message, 0, reinterpret_cast<sockaddr*>(&kernel), sizeof kernel) < 0)
-    return std::nullopt;
-  // The kernel answers a single-socket query before sendto returns: nothing to wait for.
-  alignas(nlmsghdr) char reply[8192];
-  for (;;) {
-    const ssize_t n = ::recv(diag_fd, reply, sizeof reply, MSG_DONTWAIT);
-    if (n <= 0) return std::nullopt;
-    int left = static_cast<int>(n);
-    for (auto* h = reinterpret_cast<nlmsghdr*>(reply); NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
-      if (h->nlmsg_seq != message.header.nlmsg_seq) continue;  // a late answer to an earlier query
-      if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY || h->nlmsg_len < NLMSG_LENGTH(sizeof(inet_diag_msg)))
-        return std::nullopt;  // NLMSG_ERROR: no such socket (it went away), or not allowed
-      return static_cast<uid_t>(reinterpret_cast<const inet_diag_msg*>(NLMSG_DATA(h))->idiag_uid);
-    }
-  }
-}
-
-Peer uid_peer(uid_t uid) { return {fmt::format("uid:{}", uid), fmt::format("uid {}", uid)}; }
-
-// TCP: the remote address; on loopback, where every local client is 127.0.0.1 or ::1, the uid
-// owning the client's socket instead (a sandbox of a root-run server is uid 65534, other local
-// users their own uid), so one local user cannot use up another's share.
-template <class Ctx>
-Peer peer_of(tcp::socket& socket, Ctx& ctx) {
-  boost::system::error_code ec1, ec2;
-  tcp::endpoint remote = socket.remote_endpoint(ec1);
-  tcp::endpoint local = socket.local_endpoint(ec2);
-  if (ec1 || ec2) return {"unknown", "an unknown peer"};
-  auto plain = [](tcp::endpoint e) {
-    if (e.address().is_v6() && e.address().to_v6().is_v4_mapped())
-      e.address(asio::ip::make_address_v4(asio::ip::v4_mapped, e.address().to_v6()));
-    return e;
-  };
-  remote = plain(remote);
-  local = plain(local);
-  if (remote.address().is_loopback())
-    if (const int diag = ctx.diag_fd(); diag >= 0)
-      if (auto uid = loopback_owner(diag, remote, local)) return uid_peer(*uid);
-  const std::string a = remote.address().to_string();
-  return {"ip:" + a, a};
-}
-
-// A Unix socket: the client's uid (SO_PEERCRED).
-template <class Ctx>
-Peer peer_of(unix_socket::socket& socket, Ctx&) {
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) return uid_peer(cred.uid);
-  return {"unknown", "an unknown peer"};
-}
+// The listener: open connections and the caps on them.
 
 // The connections the server may hold at once: max_connections, kept below the open-file limit
 // with room for what else the server opens (sandboxes' pipes, job files, the store).
@@ -244,9 +162,10 @@ struct ConnectionEntry {
   Clock::time_point since = Clock::now();
 };
 
-// Shared by the listener and its connections.
-struct Context {
-  Context(Hub& h, const HttpOptions& o)
+// What the listener and its connections share: the hub, the Host/Origin rules, and the table of
+// open connections with their count per peer (for the connection caps).
+struct Listener {
+  Listener(Hub& h, const HttpOptions& o)
       : hub(h), options(o), rules(HostRules::from(o)), max_connections(connection_cap(o.max_connections)),
         max_per_peer(std::min(o.max_connections_per_peer, max_connections)) {
   }
@@ -321,6 +240,89 @@ struct Context {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// Peers: who is on the other end, for the per-peer caps.
+
+// The uid that owns the client's end of a loopback TCP connection, asked of the kernel with one
+// sock_diag query for exactly that socket (what `ss -e` shows). nullopt when it cannot tell.
+std::optional<uid_t> loopback_owner(int diag_fd, const tcp::endpoint& client, const tcp::endpoint& server) {
+  static std::atomic<std::uint32_t> sequence{0};
+  struct {
+    nlmsghdr header;
+    inet_diag_req_v2 request;
+  } message{};
+  message.header.nlmsg_len = sizeof message;
+  message.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  message.header.nlmsg_flags = NLM_F_REQUEST;
+  message.header.nlmsg_seq = ++sequence;
+  message.request.sdiag_family = client.address().is_v4() ? AF_INET : AF_INET6;
+  message.request.sdiag_protocol = IPPROTO_TCP;
+  message.request.idiag_states = ~0U;
+  message.request.id.idiag_sport = htons(client.port());
+  message.request.id.idiag_dport = htons(server.port());
+  auto put = [](__be32* into, const asio::ip::address& a) {
+    if (a.is_v4()) {
+      const auto bytes = a.to_v4().to_bytes();
+      std::memcpy(into, bytes.data(), bytes.size());
+    } else {
+      const auto bytes = a.to_v6().to_bytes();
+      std::memcpy(into, bytes.data(), bytes.size());
+    }
+  };
+  put(message.request.id.idiag_src, client.address());
+  put(message.request.id.idiag_dst, server.address());
+  message.request.id.idiag_cookie[0] = message.request.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+  sockaddr_nl kernel{};
+  kernel.nl_family = AF_NETLINK;
+  if (::sendto(diag_fd, &message, sizeof message, 0, reinterpret_cast<sockaddr*>(&kernel), sizeof kernel) < 0)
+    return std::nullopt;
+  // The kernel answers a single-socket query before sendto returns: nothing to wait for.
+  alignas(nlmsghdr) char reply[8192];
+  for (;;) {
+    const ssize_t n = ::recv(diag_fd, reply, sizeof reply, MSG_DONTWAIT);
+    if (n <= 0) return std::nullopt;
+    int left = static_cast<int>(n);
+    for (auto* h = reinterpret_cast<nlmsghdr*>(reply); NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
+      if (h->nlmsg_seq != message.header.nlmsg_seq) continue;  // a late answer to an earlier query
+      if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY || h->nlmsg_len < NLMSG_LENGTH(sizeof(inet_diag_msg)))
+        return std::nullopt;  // NLMSG_ERROR: no such socket (it went away), or not allowed
+      return static_cast<uid_t>(reinterpret_cast<const inet_diag_msg*>(NLMSG_DATA(h))->idiag_uid);
+    }
+  }
+}
+
+Peer uid_peer(uid_t uid) { return {fmt::format("uid:{}", uid), fmt::format("uid {}", uid)}; }
+
+// TCP: the remote address; on loopback, where every local client is 127.0.0.1 or ::1, the uid
+// owning the client's socket instead (a sandbox of a root-run server is uid 65534, other local
+// users their own uid), so one local user cannot use up another's share.
+Peer peer_of(tcp::socket& socket, Listener& listener) {
+  boost::system::error_code ec1, ec2;
+  tcp::endpoint remote = socket.remote_endpoint(ec1);
+  tcp::endpoint local = socket.local_endpoint(ec2);
+  if (ec1 || ec2) return {"unknown", "an unknown peer"};
+  auto plain = [](tcp::endpoint e) {
+    if (e.address().is_v6() && e.address().to_v6().is_v4_mapped())
+      e.address(asio::ip::make_address_v4(asio::ip::v4_mapped, e.address().to_v6()));
+    return e;
+  };
+  remote = plain(remote);
+  local = plain(local);
+  if (remote.address().is_loopback())
+    if (const int diag = listener.diag_fd(); diag >= 0)
+      if (auto uid = loopback_owner(diag, remote, local)) return uid_peer(*uid);
+  const std::string a = remote.address().to_string();
+  return {"ip:" + a, a};
+}
+
+// A Unix socket: the client's uid (SO_PEERCRED).
+Peer peer_of(unix_socket::socket& socket, Listener&) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) return uid_peer(cred.uid);
+  return {"unknown", "an unknown peer"};
+}
+
 // Answers a connection the server will not take (at a cap) with 503 and closes it, without
 // waiting: the answer is small and the socket new, so it fits in the send buffer.
 void refuse_connection(int fd, const std::string& why) {
@@ -355,19 +357,19 @@ Response refusal_response(unsigned version, const Refusal& refusal, const json& 
 template <class Socket>
 class Connection : public std::enable_shared_from_this<Connection<Socket>> {
  public:
-  Connection(Context& ctx, Socket socket, bool local_socket, Peer peer)
-      : ctx_(ctx), hub_(ctx.hub), opt_(ctx.options), socket_(std::move(socket)),
+  Connection(Listener& listener, Socket socket, bool local_socket, Peer peer)
+      : listener_(listener), hub_(listener.hub), opt_(listener.options), socket_(std::move(socket)),
         local_(local_socket), peer_(std::move(peer)), deadline_(socket_.get_executor()) {}
 
   void start() {
     auto self = this->shared_from_this();
-    id_ = ctx_.next_connection++;
+    id_ = listener_.next_connection++;
     ConnectionEntry entry;
     entry.peer = peer_.key;
     entry.close = [weak = std::weak_ptr<Connection>(self)] {
       if (auto c = weak.lock()) c->abort();
     };
-    ctx_.add(id_, std::move(entry));
+    listener_.add(id_, std::move(entry));
     asio::co_spawn(socket_.get_executor(), watchdog(self), asio::detached);
     asio::co_spawn(socket_.get_executor(), run(self), asio::detached);
   }
@@ -404,7 +406,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
     boost::system::error_code ignored;
     self->socket_.shutdown(Socket::shutdown_both, ignored);
     self->socket_.close(ignored);
-    self->ctx_.forget(self->id_);
+    self->listener_.forget(self->id_);
   }
 
   awaitable<void> serve() {
@@ -414,10 +416,10 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
       parser.header_limit(static_cast<std::uint32_t>(opt_.max_header_bytes));
       parser.body_limit(opt_.max_body_bytes);
       // Until the header is in, this connection may be closed to make room (see make_room).
-      ctx_.waiting(id_, true);
+      listener_.waiting(id_, true);
       arm(opt_.header_timeout);
       auto [ec, n] = co_await bhttp::async_read_header(socket_, buffer, parser, kTuple);
-      ctx_.waiting(id_, false);
+      listener_.waiting(id_, false);
       if (ec) {
         co_await refuse_broken(ec, 11);
         co_return;
@@ -492,11 +494,11 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
     const std::string_view path = path_of(h.target());
     if (path == "/healthz") return std::nullopt;
     if (!local_) {
-      if (!ctx_.rules.host_ok(h[bhttp::field::host]))
+      if (!listener_.rules.host_ok(h[bhttp::field::host]))
         return error_response(v, 403, fmt::format("forbidden: Host '{}' is not allowed (DNS-rebinding "
                                                   "protection; allow it with [server] allowed_hosts or --allowed-host)",
                                                   std::string(h[bhttp::field::host])));
-      if (!ctx_.rules.origin_ok(h[bhttp::field::origin]))
+      if (!listener_.rules.origin_ok(h[bhttp::field::origin]))
         return error_response(v, 403, fmt::format("forbidden: Origin '{}' is not allowed (allow it with [server] "
                                                   "allowed_origins or --allowed-origin)",
                                                   std::string(h[bhttp::field::origin])));
@@ -596,6 +598,17 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
                                                           std::string(pv), supported));
   }
 
+  // The JSON-RPC message a POST carries, into `message`; else the 400 to answer with (a parse
+  // error: malformed JSON, invalid UTF-8, nesting too deep).
+  std::optional<Response> parse_body(const Request& req, json& message) const {
+    try {
+      message = mcp::parse_message(req.body(), hub_.server.options().limits);
+      return std::nullopt;
+    } catch (const mcp::ProtocolError& e) {
+      return error_response(req.version(), 400, e.what(), e.code());
+    }
+  }
+
   awaitable<bool> mcp_post(Request& req) {
     const unsigned v = req.version();
     const std::string content_type = lower(req[bhttp::field::content_type]);
@@ -609,13 +622,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
     }
     if (auto problem = version_problem(req)) co_return co_await write(*problem);
     json message;
-    std::optional<Response> malformed;
-    try {
-      message = mcp::parse_message(req.body(), hub_.server.options().limits);
-    } catch (const mcp::ProtocolError& e) {
-      malformed = error_response(v, 400, e.what(), e.code());
-    }
-    if (malformed) co_return co_await write(*malformed);
+    if (auto malformed = parse_body(req, message)) co_return co_await write(*malformed);
     if (message.is_array()) {
       Response res = error_response(v, 400, "invalid request: batches are not supported; send one JSON-RPC message per POST",
                                     mcp::kInvalidRequest);
@@ -685,9 +692,8 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
       HeldBytes held(session->account_ptr(), res.body().size());
       res.prepare_payload();
       session->drop_request_stream(stream);
-      if (is_initialize && res.body().find("\"error\"") != std::string::npos &&
-          json::parse(res.body(), nullptr, false).contains("error"))
-        hub_.remove(session->id());  // a failed initialize opens no session
+      // A failed initialize opens no session: it settled on no protocol version.
+      if (is_initialize && session->protocol_version().empty()) hub_.remove(session->id());
       co_return co_await write(res);
     }
     co_return co_await write_stream(session, stream, 0, true, v);
@@ -783,13 +789,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
       co_return co_await write(res);
     }
     json message;
-    std::optional<Response> malformed;
-    try {
-      message = mcp::parse_message(req.body(), hub_.server.options().limits);
-    } catch (const mcp::ProtocolError& e) {
-      malformed = error_response(v, 400, e.what(), e.code());
-    }
-    if (malformed) co_return co_await write(*malformed);
+    if (auto malformed = parse_body(req, message)) co_return co_await write(*malformed);
     if (message.is_object() && message.contains("id") && message.contains("method")) {
       const json& method = message["method"];
       if (auto refusal = hub_.admit(*session, method.is_string() ? method.get<std::string>() : "")) {
@@ -890,6 +890,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
           boost::system::error_code ignored;
           socket.cancel(ignored);
         }
+        if (stream->abandoned) session->drop_request_stream(stream);
       }
     } detach{hub_, session, stream, post_stream, watching, socket_};
 
@@ -959,7 +960,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
     co_return chunked && !stream->standalone() && !hub_.draining;
   }
 
-  Context& ctx_;
+  Listener& listener_;
   Hub& hub_;
   const HttpOptions& opt_;
   Socket socket_;
@@ -971,14 +972,14 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
 };
 
 template <class Acceptor>
-awaitable<void> accept_loop(Context& ctx, Acceptor& acceptor, bool local) {
+awaitable<void> accept_loop(Listener& listener, Acceptor& acceptor, bool local) {
   for (;;) {
     auto [ec, socket] = co_await acceptor.async_accept(kTuple);
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
       if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space) {
         // Out of descriptors: a connection still waiting for its header makes room.
-        if (ctx.evict_waiting(nullptr)) continue;
+        if (listener.evict_waiting(nullptr)) continue;
         log::warn("http: accept failed: {} (every connection is busy; raise the open-file limit or lower [server] "
                   "max_connections)",
                   ec.message());
@@ -995,14 +996,14 @@ awaitable<void> accept_loop(Context& ctx, Acceptor& acceptor, bool local) {
       boost::system::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
     }
-    Peer peer = peer_of(socket, ctx);
-    if (auto refusal = ctx.make_room(peer)) {
+    Peer peer = peer_of(socket, listener);
+    if (auto refusal = listener.make_room(peer)) {
       refuse_connection(socket.native_handle(), *refusal);
       boost::system::error_code ignored;
       socket.close(ignored);
       continue;
     }
-    std::make_shared<Connection<SocketT>>(ctx, std::move(socket), local, std::move(peer))->start();
+    std::make_shared<Connection<SocketT>>(listener, std::move(socket), local, std::move(peer))->start();
   }
 }
 
@@ -1041,7 +1042,7 @@ int serve_http(mcp::Server& server, const HttpOptions& options) {
   ::mallopt(M_MMAP_THRESHOLD, 1024 * 1024);
   asio::io_context io(1);
   Hub hub(server, options, io);
-  Context ctx(hub, options);
+  Listener listener(hub, options);
 
   std::optional<tcp::acceptor> tcp_acceptor;
   std::optional<unix_socket::acceptor> unix_acceptor;
@@ -1058,7 +1059,7 @@ int serve_http(mcp::Server& server, const HttpOptions& options) {
     ::umask(old);
     ::chmod(options.uds.c_str(), 0600);
     url = fmt::format("unix:{}:{}", options.uds, options.path);
-    asio::co_spawn(io, accept_loop(ctx, *unix_acceptor, true), asio::detached);
+    asio::co_spawn(io, accept_loop(listener, *unix_acceptor, true), asio::detached);
   } else {
     boost::system::error_code ec;
     tcp::resolver resolver(io);
@@ -1078,7 +1079,7 @@ int serve_http(mcp::Server& server, const HttpOptions& options) {
     const auto local = tcp_acceptor->local_endpoint();
     const std::string shown = local.address().is_v6() ? "[" + local.address().to_string() + "]" : local.address().to_string();
     url = fmt::format("http://{}:{}{}", shown, local.port(), options.path);
-    asio::co_spawn(io, accept_loop(ctx, *tcp_acceptor, false), asio::detached);
+    asio::co_spawn(io, accept_loop(listener, *tcp_acceptor, false), asio::detached);
   }
 
   hub.start_sweeper();
@@ -1089,7 +1090,7 @@ int serve_http(mcp::Server& server, const HttpOptions& options) {
   // Stops the loop once every connection has ended, or after 2 s whatever is left.
   Clock::time_point stop_deadline;
   std::function<void()> wait_closed = [&] {
-    if (ctx.connections.empty() || Clock::now() >= stop_deadline) {
+    if (listener.connections.empty() || Clock::now() >= stop_deadline) {
       io.stop();
       return;
     }
@@ -1101,7 +1102,7 @@ int serve_http(mcp::Server& server, const HttpOptions& options) {
   std::function<void()> close_everything = [&] {
     hub.close_all();
     std::vector<std::function<void()>> closers;  // closing erases from the table
-    for (const auto& [id, entry] : ctx.connections) closers.push_back(entry.close);
+    for (const auto& [id, entry] : listener.connections) closers.push_back(entry.close);
     for (auto& close : closers) close();
     stop_deadline = Clock::now() + std::chrono::seconds(2);
     wait_closed();
@@ -1170,12 +1171,12 @@ std::string exchange(mcp::Server& server, const HttpOptions& options, const std:
   std::string out;
   {
     Hub hub(server, options, io);
-    Context ctx(hub, options);
+    Listener listener(hub, options);
     unix_socket::socket server_side(io), client(io);
     asio::local::connect_pair(server_side, client);
     // Treated as TCP so that the Host/Origin checks run too.
-    Peer peer = peer_of(server_side, ctx);
-    std::make_shared<Connection<unix_socket::socket>>(ctx, std::move(server_side), false, std::move(peer))->start();
+    Peer peer = peer_of(server_side, listener);
+    std::make_shared<Connection<unix_socket::socket>>(listener, std::move(server_side), false, std::move(peer))->start();
     asio::co_spawn(io, [&]() -> awaitable<void> {
       co_await asio::async_write(client, asio::buffer(bytes), kTuple);
       boost::system::error_code ignored;
@@ -1190,7 +1191,7 @@ std::string exchange(mcp::Server& server, const HttpOptions& options, const std:
     io.run_for(budget);
     hub.close_all();
     std::vector<std::function<void()>> closers;
-    for (const auto& [id, entry] : ctx.connections) closers.push_back(entry.close);
+    for (const auto& [id, entry] : listener.connections) closers.push_back(entry.close);
     for (auto& close : closers) close();
     boost::system::error_code ignored;
     client.close(ignored);

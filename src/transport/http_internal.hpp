@@ -141,6 +141,9 @@ class Stream {
   bool writing() const { return writing_after_.has_value(); }
 
   bool attached = false;  // a connection is writing this stream
+  // Its request was cancelled: nothing more comes, and the stream goes once no connection
+  // writes it (until then a client still reading it sees it open, as before the cancellation).
+  bool abandoned = false;
   std::function<void()> cut_writer;  // set while attached: closes that connection
   std::string event_prefix;  // "<session-stream-id>_" part of event ids
 
@@ -198,8 +201,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
 
   // A POST request with `request_id`: its stream, registered before the message goes in.
   std::shared_ptr<Stream> open_request_stream(const json& request_id);
-  // Forgets a request stream that was answered as plain JSON.
+  // Forgets a request stream that was answered as plain JSON, or abandoned.
   void drop_request_stream(const std::shared_ptr<Stream>& stream);
+  // The request (id dumped) was cancelled and gets no response: its stream is abandoned.
+  void unanswered(const std::string& request_key);
   std::shared_ptr<Stream> standalone();
   // The stream a Last-Event-ID names, if still kept.
   std::shared_ptr<Stream> find_stream(std::uint64_t id) const;

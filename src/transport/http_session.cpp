@@ -235,7 +235,12 @@ void HttpSession::start() {
           if (auto self = weak.lock()) self->route(std::move(out));
         });
       }),
-      [&workers](std::function<void()> work) { workers.post(std::move(work)); });
+      [&workers](std::function<void()> work) { workers.post(std::move(work)); },
+      [weak, &io](const json& request_id) {
+        asio::post(io, [weak, key = request_id.dump()] {
+          if (auto self = weak.lock()) self->unanswered(key);
+        });
+      });
 }
 
 std::shared_ptr<Stream> HttpSession::open_request_stream(const json& request_id) {
@@ -254,6 +259,17 @@ void HttpSession::drop_request_stream(const std::shared_ptr<Stream>& stream) {
   streams_.erase(stream->id());
   retired_.erase(std::remove(retired_.begin(), retired_.end(), stream->id()), retired_.end());
   stream->close();
+}
+
+void HttpSession::unanswered(const std::string& request_key) {
+  auto it = by_request_.find(request_key);
+  if (it == by_request_.end()) return;
+  std::shared_ptr<Stream> stream = std::move(it->second);
+  by_request_.erase(it);
+  if (stream->attached)
+    stream->abandoned = true;  // dropped when its writer detaches
+  else
+    drop_request_stream(stream);
 }
 
 std::shared_ptr<Stream> HttpSession::standalone() {

@@ -1331,6 +1331,69 @@ bool eventually(const std::function<bool()>& condition, std::chrono::millisecond
   return true;
 }
 
+// The id of the first SSE event in `seen` ("" while there is none).
+std::string first_event_id(const std::string& seen) {
+  const auto at = seen.find("\nid: ");
+  if (at == std::string::npos) return "";
+  const auto end = seen.find('\n', at + 5);
+  return end == std::string::npos ? "" : seen.substr(at + 5, end - at - 5);
+}
+
+TEST(HttpLive, TheStreamOfACancelledRequestIsLetGo) {
+  auto probe = std::make_shared<Probe>();
+  auto server = make_server(probe);
+  LiveServer live(*server, default_options());
+  ASSERT_NE(live.port(), 0);
+  const std::string sid = open_session(live);
+  auto cancel = [&](int id) {
+    return live.request(post(json{{"jsonrpc", "2.0"}, {"method", "notifications/cancelled"}, {"params", {{"requestId", id}}}})
+                            .with("Mcp-Session-Id", sid))
+        .status;
+  };
+  // Whether a GET with Last-Event-ID `event` is refused with 404 (the stream is no longer kept).
+  auto gone = [&](const std::string& event) {
+    Req resume = get("/mcp");
+    resume.accept = "text/event-stream";
+    resume.with("Mcp-Session-Id", sid).with("Last-Event-ID", event);
+    Open o = open_with(live, resume, 2000ms);
+    return o.seen.rfind("HTTP/1.1 404", 0) == 0;
+  };
+  auto open_call = [&](int id) {
+    Open o = open_with(live, call_in(sid, id, "hold"), 2000ms);
+    o.read_for(2000ms, [](const std::string& s) { return !first_event_id(s).empty(); });
+    return o;
+  };
+
+  // The client went away before it cancelled: the stream goes as soon as the handler ends.
+  std::string event;
+  {
+    Open o = open_call(2);
+    event = first_event_id(o.seen);
+    ASSERT_FALSE(event.empty()) << o.seen;
+    ASSERT_TRUE(eventually([&] { return probe->holding == 1; }, 5s));
+  }
+  EXPECT_EQ(cancel(2), 202);
+  ASSERT_TRUE(eventually([&] { return probe->holding == 0; }, 5s));
+  EXPECT_TRUE(eventually([&] { return gone(event); }, 5s)) << "the cancelled request's stream is still kept";
+
+  // The client still reads: the stream stays open for it (no response comes), and goes when it leaves.
+  Open reading = open_call(3);
+  event = first_event_id(reading.seen);
+  ASSERT_FALSE(event.empty()) << reading.seen;
+  ASSERT_TRUE(eventually([&] { return probe->holding == 1; }, 5s));
+  EXPECT_EQ(cancel(3), 202);
+  ASSERT_TRUE(eventually([&] { return probe->holding == 0; }, 5s));
+  EXPECT_FALSE(reading.closed_within(300ms));
+  EXPECT_EQ(reading.seen.find("let go"), std::string::npos) << reading.seen;
+  ::close(std::exchange(reading.fd, -1));
+  EXPECT_TRUE(eventually([&] { return gone(event); }, 5s)) << "the cancelled request's stream is still kept";
+
+  // The session goes on.
+  const Reply echo = live.request(call_in(sid, 4, "echo", {{"text", "after"}}));
+  EXPECT_EQ(rpc_of(echo)["result"]["content"][0]["text"], "after") << echo.body;
+  EXPECT_EQ(live.stop(), 0);
+}
+
 TEST(HttpLive, HeaderTimeoutIsSeparateFromTheReadTimeout) {
   auto server = make_server();
   HttpOptions options = default_options();

@@ -800,6 +800,132 @@ TEST_F(McpTest, ReusedRequestIdsAreRefused) {
   EXPECT_EQ(other.raw(R"({"jsonrpc":"2.0","id":7,"method":"ping"})")["result"], json::object());
 }
 
+TEST_F(McpTest, ALongSessionHoldsOnlyTheInFlightAndTheRecentRequestIds) {
+  const std::size_t window = mcp::ServerOptions{}.remembered_request_ids;
+  Client c(*server, Mode::manual);
+  c.initialize();
+  // Two calls stay queued (in flight) through the whole test.
+  const json first = c.send_request("tools/call", {{"name", "echo"}, {"arguments", {{"text", "a"}}}});
+  const json second = c.send_request("tools/call", {{"name", "echo"}, {"arguments", {{"text", "b"}}}});
+  ASSERT_EQ(c.manual.pending(), 2u);
+  constexpr int kAnswered = 100000;
+  for (int i = 0; i < kAnswered; ++i) {
+    c.session->receive(json{{"jsonrpc", "2.0"}, {"id", 1000 + i}, {"method", "ping"}});
+    if (i % 10000 == 0) c.sink.clear();
+  }
+  EXPECT_EQ(c.sink.size(), static_cast<std::size_t>((kAnswered - 1) % 10000));  // every ping answered
+  EXPECT_EQ(c.session->in_flight(), 2u);
+  EXPECT_LE(c.session->request_ids_held(), window + 2);
+  // An in-flight id is refused however many requests came since.
+  auto dup = c.raw(json{{"jsonrpc", "2.0"}, {"id", first}, {"method", "ping"}}.dump());
+  EXPECT_EQ(error_code(dup), mcp::kInvalidRequest);
+  EXPECT_EQ(error_message(dup), "request id " + first.dump() + " was already used in this session");
+  // So is a recent one; an id older than the window is forgotten and served again.
+  EXPECT_EQ(error_code(c.raw(json{{"jsonrpc", "2.0"}, {"id", 1000 + kAnswered - 1}, {"method", "ping"}}.dump())),
+            mcp::kInvalidRequest);
+  EXPECT_EQ(c.raw(json{{"jsonrpc", "2.0"}, {"id", 1000}, {"method", "ping"}}.dump())["result"], json::object());
+  // Once answered, the calls hold nothing more than their place in the window.
+  c.manual.run_all();
+  EXPECT_EQ(result_text(c.sink.response(second)), "b");
+  EXPECT_EQ(c.session->in_flight(), 0u);
+  EXPECT_LE(c.session->request_ids_held(), window);
+}
+
+TEST_F(McpTest, RequestIdWindowOfZeroRefusesOnlyInFlightIds) {
+  ServerSetup setup;
+  setup.options.remembered_request_ids = 0;
+  auto forgetful = make_server(probe, setup);
+  Client c(*forgetful, Mode::manual);
+  c.initialize();
+  const json call = c.send_request("tools/call", {{"name", "echo"}, {"arguments", {{"text", "a"}}}});
+  EXPECT_EQ(error_code(c.raw(json{{"jsonrpc", "2.0"}, {"id", call}, {"method", "ping"}}.dump())),
+            mcp::kInvalidRequest);
+  EXPECT_EQ(c.raw(R"({"jsonrpc":"2.0","id":"p","method":"ping"})")["result"], json::object());
+  EXPECT_EQ(c.raw(R"({"jsonrpc":"2.0","id":"p","method":"ping"})")["result"], json::object());
+  EXPECT_EQ(c.session->request_ids_held(), 1u);
+  c.manual.run_all();
+  EXPECT_EQ(c.session->request_ids_held(), 0u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The method table
+
+TEST_F(McpTest, EveryMethodOtherThanPingAndInitializeWaitsForInitialize) {
+  Client c(*server);
+  // Unknown methods are unknown before initialize too.
+  auto unknown = c.call("tools/frobnicate");
+  EXPECT_EQ(error_code(unknown), mcp::kMethodNotFound);
+  EXPECT_EQ(error_message(unknown), "method not found: tools/frobnicate");
+  for (const char* method :
+       {"logging/setLevel", "tools/list", "tools/call", "prompts/list", "prompts/get", "completion/complete",
+        "resources/list", "resources/templates/list", "resources/subscribe", "resources/unsubscribe",
+        "resources/read"}) {
+    auto early = c.call(method);
+    EXPECT_EQ(error_code(early), mcp::kInvalidRequest) << method;
+    EXPECT_EQ(error_message(early), "server not initialized: send initialize first") << method;
+  }
+  // ping answers whatever its params are; initialize checks its own.
+  EXPECT_EQ(c.raw(R"({"jsonrpc":"2.0","id":"p","method":"ping","params":5})")["result"], json::object());
+  auto bad_init = c.raw(R"({"jsonrpc":"2.0","id":"i","method":"initialize","params":[1]})");
+  EXPECT_EQ(error_code(bad_init), mcp::kInvalidParams);
+  EXPECT_EQ(error_message(bad_init), "params: expected an object, got an array");
+  c.initialize();
+  auto bad_params = c.raw(R"({"jsonrpc":"2.0","id":"l","method":"tools/list","params":"x"})");
+  EXPECT_EQ(error_code(bad_params), mcp::kInvalidParams);
+  EXPECT_TRUE(has(error_message(bad_params), "params: expected an object")) << bad_params;
+}
+
+TEST_F(McpTest, ListsAnswerAtOnceAndHandlerCallsGoToTheExecutor) {
+  auto completing = make_server(probe);
+  completing->set_completion([](const json&, const json& argument, const json&) {
+    json values = json::array();
+    for (int i = 0; i < 150; ++i) values.push_back(argument["value"].get<std::string>() + std::to_string(i));
+    return json{{"values", values}};
+  });
+  Client c(*completing, Mode::manual);
+  c.initialize();
+  // Answered on the thread that read them, with nothing queued.
+  for (const char* method : {"ping", "tools/list", "prompts/list", "resources/list", "resources/templates/list"})
+    EXPECT_TRUE(c.call(method).contains("result")) << method;
+  EXPECT_TRUE(c.call("logging/setLevel", {{"level", "debug"}}).contains("result"));
+  EXPECT_TRUE(c.call("resources/subscribe", {{"uri", "mem://a"}}).contains("result"));
+  EXPECT_TRUE(c.call("resources/unsubscribe", {{"uri", "mem://a"}}).contains("result"));
+  EXPECT_EQ(c.manual.pending(), 0u);
+  // Queued for the Executor, answered when it runs them.
+  std::vector<json> ids = {
+      c.send_request("tools/call", {{"name", "echo"}, {"arguments", {{"text", "x"}}}}),
+      c.send_request("prompts/get", {{"name", "greet"}, {"arguments", {{"name", "Ada"}}}}),
+      c.send_request("resources/read", {{"uri", "mem://a"}}),
+      c.send_request("completion/complete",
+                     {{"ref", {{"type", "ref/prompt"}, {"name", "greet"}}}, {"argument", {{"name", "name"}, {"value", "v"}}}}),
+  };
+  EXPECT_EQ(c.manual.pending(), ids.size());
+  for (const json& id : ids) EXPECT_FALSE(c.sink.answered(id));
+  c.manual.run_all();
+  for (const json& id : ids) EXPECT_TRUE(c.sink.response(id).contains("result")) << id;
+  const json completion = c.sink.response(ids.back())["result"]["completion"];
+  EXPECT_EQ(completion["values"].size(), 100u);
+  EXPECT_EQ(completion["total"], 150);
+  EXPECT_EQ(completion["hasMore"], true);
+}
+
+TEST_F(McpTest, MethodsOfAnAbsentFeatureAreNotFoundNamingIt) {
+  ServerSetup setup;
+  setup.resources = false;
+  auto bare = make_server(probe, setup);
+  Client c(*bare);
+  c.initialize();
+  for (const char* method : {"resources/list", "resources/templates/list", "resources/subscribe",
+                             "resources/unsubscribe", "resources/read"}) {
+    auto r = c.call(method, {{"uri", "mem://a"}});
+    EXPECT_EQ(error_code(r), mcp::kMethodNotFound) << method;
+    EXPECT_EQ(error_message(r), std::string("method not found: ") + method + " (this server has no resources)");
+  }
+  auto complete = c.call("completion/complete");
+  EXPECT_EQ(error_code(complete), mcp::kMethodNotFound);
+  EXPECT_EQ(error_message(complete), "method not found: completion/complete (this server offers no completions)");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tools
 
@@ -1177,6 +1303,52 @@ TEST_F(McpTest, CancellingQueuedWorkNeverRunsIt) {
   EXPECT_FALSE(c.sink.answered(id2));
   c.manual.run_all();
   EXPECT_EQ(result_text(c.sink.response(id2)), "y");
+}
+
+TEST_F(McpTest, TheTransportHearsOfRequestsThatEndUnanswered) {
+  Sink sink;
+  std::mutex mu;
+  std::vector<json> unanswered;
+  // An initialized session that reports unanswered requests, with `executor`.
+  auto open = [&](const std::string& name, mcp::Session::Executor executor) {
+    auto session = std::make_unique<mcp::Session>(
+        *server, name, mcp::Session::RoutedSend([&](const json& m, const json&) { sink.push(m); }), std::move(executor),
+        [&](const json& id) {
+          std::lock_guard lock(mu);
+          unanswered.push_back(id);
+        });
+    session->receive(json{{"jsonrpc", "2.0"},
+                          {"id", 1},
+                          {"method", "initialize"},
+                          {"params", {{"protocolVersion", "2025-11-25"}, {"clientInfo", {{"name", "t"}}}}}});
+    return session;
+  };
+  auto call = [](mcp::Session& session, const json& id, const std::string& tool) {
+    session.receive(json{{"jsonrpc", "2.0"}, {"id", id}, {"method", "tools/call"}, {"params", {{"name", tool}, {"arguments", {{"text", "x"}}}}}});
+  };
+  auto cancel = [](mcp::Session& session, const json& id) {
+    session.receive(json{{"jsonrpc", "2.0"}, {"method", "notifications/cancelled"}, {"params", {{"requestId", id}}}});
+  };
+  // Queued work cancelled before it runs.
+  ManualExecutor queued;
+  auto first = open("routed", queued.executor());
+  call(*first, "answered", "echo");
+  call(*first, "queued-then-cancelled", "echo");
+  cancel(*first, "queued-then-cancelled");
+  queued.run_all();
+  EXPECT_TRUE(sink.answered("answered"));
+  EXPECT_FALSE(sink.answered("queued-then-cancelled"));
+  // A handler that was running when the cancellation came.
+  ThreadExecutor threads;
+  auto second = open("routed-2", threads.executor());
+  call(*second, "slow", "slow");
+  ASSERT_TRUE(eventually([&] { return probe->started == 1; }));
+  cancel(*second, "slow");
+  ASSERT_TRUE(eventually([&] { return probe->finished == 1; }));
+  threads.join();
+  EXPECT_FALSE(sink.answered("slow"));
+  std::lock_guard lock(mu);
+  EXPECT_EQ(unanswered, (std::vector<json>{"queued-then-cancelled", "slow"}));
 }
 
 TEST_F(McpTest, PingIsAnsweredWhileASlowCallRuns) {
