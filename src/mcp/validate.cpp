@@ -209,7 +209,7 @@ class Checker {
         std::string known;
         for (auto k = props.begin(); k != props.end(); ++k)
           known += (known.empty() ? "" : ", ") + k.key();
-        return fmt::format("unknown argument '{}'{}", sanitize_utf8(join(path, it.key())),
+        return fmt::format("unknown argument '{}'{}", text::sanitize_utf8(join(path, it.key())),
                            known.empty() ? std::string(" (this tool takes no arguments)")
                                          : fmt::format(" (expected one of: {})", known));
       }

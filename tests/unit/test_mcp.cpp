@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/text.hpp"
 #include "mcp/protocol.hpp"
 #include "mcp/server.hpp"
 #include "mcp/validate.hpp"
