@@ -288,9 +288,7 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
                                request.argv[2].find_first_not_of(" \t\r\n") == std::string::npos))
     throw UsageError("the command is empty; give the shell command to run");
   sandbox::check_command(request.argv);
-  if (request.mode == "slurm") return submit_slurm(request, actor);
-  if (request.mode != "local")
-    throw UsageError(fmt::format("unknown mode '{}'; use \"local\" (this machine) or \"slurm\" (the cluster)", request.mode));
+  if (request.mode == Mode::slurm) return submit_slurm(request, actor);
   store::Instance inst = store_.get(request.instance_id);
   const auto limits = resolve_limits(request.limits, config_.jobs.local.limit, "[jobs.local.limit]");
   {
@@ -375,7 +373,7 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   rec.bwrap_pid = job->process->pid();
   save(inst, rec);
   store_.audit(inst, "job.running", actor,
-               {{"job_id", rec.id}, {"command", rec.command}, {"mode", "local"}, {"limits", rec.limits},
+               {{"job_id", rec.id}, {"command", rec.command}, {"mode", Mode::local}, {"limits", rec.limits},
                 {"unenforced", rec.unenforced}, {"stdout_path", sandbox_path(inst, config_, rec.stdout_path)},
                 {"stderr_path", sandbox_path(inst, config_, rec.stderr_path)}});
   job->watch = UniqueFd(::fcntl(job->process->pidfd(), F_DUPFD_CLOEXEC, 3));
@@ -592,9 +590,9 @@ View Engine::view(const std::string& instance_id, const std::string& job_id, con
     rec = load(inst, job_id);
   }
   if (!rec) throw UsageError(fmt::format("job '{}' not found in instance '{}'; see list_jobs", job_id, instance_id));
-  if (rec->mode == "slurm" && !is_final(rec->state) && !find_slurm(instance_id, job_id)) {
+  if (rec->mode == Mode::slurm && !is_final(rec->state) && !find_slurm(instance_id, job_id)) {
     track_slurm(inst, *rec);  // submitted by another process: watch it here too
-  } else if (rec->mode != "slurm" && !is_final(rec->state) && !find_running(instance_id, job_id)) {
+  } else if (rec->mode != Mode::slurm && !is_final(rec->state) && !find_running(instance_id, job_id)) {
     // Left by another process: adopt it (it may have ended meanwhile).
     adopt(inst, job_id);
     if (auto job = find_running(instance_id, job_id)) {
@@ -614,7 +612,7 @@ View Engine::view(const std::string& instance_id, const std::string& job_id, con
     v.stdout_tail = output_tail(store_, inst, config_, rec->stdout_path, -1, tail);
     v.stderr_tail = output_tail(store_, inst, config_, rec->stderr_path, -1, tail);
   }
-  if (rec->mode == "slurm") {
+  if (rec->mode == Mode::slurm) {
     // What Slurm itself said (a batch script that could not start, a cancel): server-private.
     const stdfs::path said = jobs_dir(inst) / (rec->id + ".slurm.err");
     UniqueFd fd(::open(said.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
@@ -666,7 +664,7 @@ std::vector<Record> Engine::list(const std::string& instance_id, std::optional<S
       rec = sj->record;
     } else {
       rec = load(inst, id);
-      if (rec && rec->mode == "slurm" && !is_final(rec->state)) {
+      if (rec && rec->mode == Mode::slurm && !is_final(rec->state)) {
         track_slurm(inst, *rec);
       } else if (rec && !is_final(rec->state)) {
         adopt(inst, id);  // left by another process: look at it again
@@ -688,7 +686,7 @@ std::vector<Record> Engine::list(const std::string& instance_id, std::optional<S
 Record Engine::cancel(const std::string& instance_id, const std::string& job_id, std::string_view actor) {
   View current = view(instance_id, job_id, {0, 0});
   if (is_final(current.record.state)) return current.record;
-  if (current.record.mode == "slurm") return cancel_slurm(store_.get(instance_id), job_id, actor);
+  if (current.record.mode == Mode::slurm) return cancel_slurm(store_.get(instance_id), job_id, actor);
   auto job = find_running(instance_id, job_id);
   if (!job) return view(instance_id, job_id, {0, 0}).record;
   store::Instance inst = store_.get(instance_id);
@@ -744,7 +742,7 @@ void Engine::adopt(const store::Instance& inst, const std::string& job_id) {
   }
   auto rec = load(inst, job_id);
   if (!rec || is_final(rec->state)) return;
-  if (rec->mode == "slurm") {
+  if (rec->mode == Mode::slurm) {
     track_slurm(inst, *rec);
     return;
   }
@@ -795,7 +793,7 @@ std::size_t Engine::active_jobs(const stdfs::path& instance_base) {
     if (!text) continue;
     auto rec = Record::from_json(nlohmann::json::parse(*text, nullptr, false));
     if (!rec || is_final(rec->state)) continue;
-    if (rec->mode == "slurm") {
+    if (rec->mode == Mode::slurm) {
       ++count;  // queued or running on the cluster
       continue;
     }
@@ -848,7 +846,7 @@ Record Engine::submit_slurm(const SubmitRequest& request, std::string_view actor
   Record rec;
   rec.id = new_job_id();
   rec.instance_id = inst.id;
-  rec.mode = "slurm";
+  rec.mode = Mode::slurm;
   rec.argv = request.argv;
   rec.command = request.display.empty() ? text::shell_join(request.argv) : request.display;
   rec.created_at = timeutil::iso_utc();
@@ -884,7 +882,7 @@ Record Engine::submit_slurm(const SubmitRequest& request, std::string_view actor
   }
   save(inst, rec);
   store_.audit(inst, "job.submitted", actor,
-               {{"job_id", rec.id}, {"mode", "slurm"}, {"slurm_job_id", rec.slurm_job_id}, {"command", rec.command},
+               {{"job_id", rec.id}, {"mode", Mode::slurm}, {"slurm_job_id", rec.slurm_job_id}, {"command", rec.command},
                 {"resources", rec.limits}, {"stdout_path", sandbox_path(inst, config_, rec.stdout_path)},
                 {"stderr_path", sandbox_path(inst, config_, rec.stderr_path)}});
   track_slurm(inst, rec);
@@ -1015,9 +1013,9 @@ void Engine::apply_slurm(SlurmJob& job, const SlurmStatus* st) {
                                rec.slurm_job_id, slurm_.source());
       rec.finished_at = timeutil::iso_utc();
     } else {
-      rec.scheduler_state = st->state;
+      rec.scheduler_state = st->scheduler_state;
       rec.scheduler_reason = st->reason;
-      const State mapped = parse_state(state_for(st->state)).value_or(State::running);
+      const State mapped = st->state;
       if (mapped == State::running && rec.started_at.empty()) rec.started_at = timeutil::iso_utc();
       rec.state = mapped;
       if (is_final(mapped)) {
@@ -1028,7 +1026,7 @@ void Engine::apply_slurm(SlurmJob& job, const SlurmStatus* st) {
         switch (mapped) {
           case State::completed: rec.reason.clear(); break;
           case State::failed:
-            rec.reason = sig ? fmt::format("killed by signal {} ({})", sig, st->state)
+            rec.reason = sig ? fmt::format("killed by signal {} ({})", sig, st->scheduler_state)
                              : fmt::format("exit code {}", st->exit_code.value_or(-1));
             break;
           case State::cancelled:

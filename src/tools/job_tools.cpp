@@ -148,12 +148,14 @@ void add_submit(mcp::Server& server, const Context& ctx) {
     const std::string command = args.value("command", "");
     req.argv = {"/bin/sh", "-c", command};
     req.display = command;
-    req.mode = args.value("mode", "local");
-    if (req.mode == "slurm" && args.contains("limits"))
+    const std::string mode = args.value("mode", "local");
+    if (auto parsed = jobs::parse_mode(mode)) req.mode = *parsed;
+    else throw UsageError(fmt::format("unknown mode '{}'; use \"local\" (this machine) or \"slurm\" (the cluster)", mode));
+    if (req.mode == jobs::Mode::slurm && args.contains("limits"))
       throw UsageError("mode \"slurm\" takes `resources` (e.g. {\"cpus\": 2, \"memory\": 1024}), not `limits`");
-    if (req.mode != "slurm" && args.contains("resources"))
+    if (req.mode != jobs::Mode::slurm && args.contains("resources"))
       throw UsageError("`resources` are for mode \"slurm\"; local jobs take `limits`");
-    if (auto it = args.find(req.mode == "slurm" ? "resources" : "limits"); it != args.end())
+    if (auto it = args.find(req.mode == jobs::Mode::slurm ? "resources" : "limits"); it != args.end())
       for (const auto& [name, value] : it->items()) req.limits.values[name] = value.get<std::int64_t>();
     jobs::Record rec = ctx.services.jobs->submit(req, actor(rc));
     return wait_for(ctx, rec.instance_id, rec.id, args.value("timeout", 30), args, rc);
@@ -222,7 +224,7 @@ void add_list(mcp::Server& server, const Context& ctx) {
     for (std::size_t i = offset; i < all.size() && i < offset + limit; ++i) {
       items.push_back(jobs::record_summary_json(all[i]));
       const jobs::Record& r = all[i];
-      std::string where = r.mode == "slurm" ? fmt::format("  [slurm {}{}{}]", r.slurm_job_id.empty() ? "-" : r.slurm_job_id,
+      std::string where = r.mode == jobs::Mode::slurm ? fmt::format("  [slurm {}{}{}]", r.slurm_job_id.empty() ? "-" : r.slurm_job_id,
                                                           r.scheduler_state.empty() ? "" : " " + r.scheduler_state,
                                                           r.scheduler_reason.empty() || r.scheduler_reason == "None"
                                                               ? ""
