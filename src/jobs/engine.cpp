@@ -20,6 +20,7 @@
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
+#include "base/pidfd.hpp"
 #include "base/process.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
@@ -57,7 +58,7 @@ UniqueFd open_sandbox_init(const sandbox::StatusStream& status) {
   if (!status.child_pid() || !status.pid_namespace()) return {};
   struct stat st;
   const std::string ns = fmt::format("/proc/{}/ns/pid", *status.child_pid());
-  UniqueFd pidfd = sandbox::open_pidfd(*status.child_pid());
+  UniqueFd pidfd = open_pidfd(*status.child_pid());
   if (!pidfd || ::stat(ns.c_str(), &st) < 0 || st.st_ino != *status.pid_namespace()) return {};
   // An exited init waiting to be reaped still has its namespace: it is not running.
   auto stat_line = fs::read_file(fmt::format("/proc/{}/stat", *status.child_pid()));
@@ -437,7 +438,7 @@ void Engine::watch_loop() {
         job->hard_kill_at.reset();
         if (job->cgroup) job->cgroup->kill(1000);
         if (job->process) job->process->kill();
-        sandbox::signal_pidfd(job->watch.get(), SIGKILL);
+        signal_pidfd(job->watch.get(), SIGKILL);
       }
     }
   }
@@ -471,7 +472,7 @@ void Engine::finish(const std::shared_ptr<Running>& job, bool process_gone) {
     // Nothing of the sandbox outlives the job (an earlier release's init waits for background
     // processes): SIGKILL to the init takes its pid namespace.
     try {
-      sandbox::signal_pidfd(job->watch.get(), SIGKILL);
+      signal_pidfd(job->watch.get(), SIGKILL);
     } catch (const std::exception& e) {
       log::warn("job {}: {}", rec.id, e.what());
     }
@@ -529,7 +530,7 @@ void Engine::finish(const std::shared_ptr<Running>& job, bool process_gone) {
   if (!job->process) {
     // Re-attached: the sandbox init came to us (subreaper) or to pid 1; reap it if ours.
     if (job->watch)
-      sandbox::reap_if_child(job->watch.get());
+      reap_if_child(job->watch.get());
     else if (auto init = status.child_pid())
       ::waitpid(*init, nullptr, WNOHANG);
   }
@@ -705,13 +706,13 @@ Record Engine::cancel(const std::string& instance_id, const std::string& job_id,
   if (find_running(instance_id, job_id)) {
     // SIGKILL to the sandbox init takes its pid namespace; the keeper then reaps it and exits.
     if (job->process) job->process->kill();
-    else sandbox::signal_pidfd(job->watch.get(), SIGKILL);  // re-attached: the watch is the init
+    else signal_pidfd(job->watch.get(), SIGKILL);  // re-attached: the watch is the init
     std::unique_lock lock(mutex_);
     changed_.wait_for(lock, std::chrono::seconds(2), [&] { return !running_.count(instance_id + "/" + job_id); });
   }
   if (find_running(instance_id, job_id)) {
     if (job->cgroup) job->cgroup->kill(2000);
-    sandbox::signal_pidfd(job->watch.get(), SIGKILL);
+    signal_pidfd(job->watch.get(), SIGKILL);
     std::unique_lock lock(mutex_);
     changed_.wait_for(lock, std::chrono::seconds(10), [&] { return !running_.count(instance_id + "/" + job_id); });
   }

@@ -33,6 +33,7 @@
 #include "base/fd.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
+#include "base/pidfd.hpp"
 #include "base/text.hpp"
 
 namespace nshpc::sandbox {
@@ -408,23 +409,24 @@ void signal_members(const std::vector<pid_t>& first_look,
   std::vector<std::pair<pid_t, UniqueFd>> targets;
   for (pid_t pid : first_look) {
     if (pid == self) continue;
-#ifdef SYS_pidfd_open
-    long fd = ::syscall(SYS_pidfd_open, pid, 0);
-    if (fd < 0 && errno == ESRCH) continue;
-    targets.emplace_back(pid, UniqueFd(fd < 0 ? -1 : static_cast<int>(fd)));
-#else
-    targets.emplace_back(pid, UniqueFd());
-#endif
+    int error = 0;
+    UniqueFd fd = open_pidfd(pid, &error);
+    if (!fd && error == ESRCH) continue;
+    targets.emplace_back(pid, std::move(fd));
   }
   if (targets.empty()) return;
   const std::vector<pid_t> second_look = look();
   for (auto& [pid, fd] : targets) {
     if (!std::binary_search(second_look.begin(), second_look.end(), pid)) continue;
-#ifdef SYS_pidfd_send_signal
-    if (fd && ::syscall(SYS_pidfd_send_signal, fd.get(), sig, nullptr, 0) == 0) continue;
-    if (fd && errno == ESRCH) continue;
-#endif
-    ::kill(pid, sig);
+    if (!fd) {
+      ::kill(pid, sig);  // no pidfd for it (not supported here): by pid, checked just above
+      continue;
+    }
+    try {
+      signal_pidfd(fd.get(), sig);
+    } catch (const SysError&) {
+      // Not ours to signal (EPERM): nothing else to do for it.
+    }
   }
 }
 

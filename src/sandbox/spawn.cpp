@@ -121,16 +121,6 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
 
 }  // namespace
 
-UniqueFd open_pidfd(pid_t pid) {
-  return UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
-}
-
-void signal_pidfd(int pidfd, int sig) {
-  if (pidfd < 0) return;
-  if (::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0) < 0 && errno != ESRCH)
-    throw SysError(errno, "pidfd_send_signal");
-}
-
 Child spawn(const ChildSetup& setup) {
   std::vector<char*> argv = c_strings(setup.argv);
   std::vector<char*> envp = c_strings(setup.envp);

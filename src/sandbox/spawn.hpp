@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/fd.hpp"
+#include "base/pidfd.hpp"
 
 namespace nshpc::sandbox {
 
@@ -34,11 +35,5 @@ struct Child {
 
 // Forks and execs. Throws Error naming the step that failed in the child (e.g. "setresuid(65534)").
 Child spawn(const ChildSetup& setup);
-
-// Sends `sig` through a pidfd; ESRCH (already gone) is not an error.
-void signal_pidfd(int pidfd, int sig);
-
-// pidfd_open(2); an invalid fd when the process is already gone.
-UniqueFd open_pidfd(pid_t pid);
 
 }  // namespace nshpc::sandbox

@@ -20,6 +20,7 @@
 
 #include "base/error.hpp"
 #include "base/fd.hpp"
+#include "base/process.hpp"
 #include "base/text.hpp"
 #include "jobs/jobs.hpp"
 #include "sandbox/limits.hpp"
@@ -127,32 +128,6 @@ void set_nonblocking(int fd) {
   int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) throw SysError(errno, "fcntl(O_NONBLOCK)");
 }
-
-// SIGPIPE blocked on this thread while it writes the command's stdin (a command that does not
-// read it must not kill the server, whatever the transport did with SIGPIPE); a SIGPIPE raised
-// meanwhile is consumed before the mask is restored.
-class SigpipeBlock {
- public:
-  SigpipeBlock() {
-    sigemptyset(&pipe_);
-    sigaddset(&pipe_, SIGPIPE);
-    ::pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
-  }
-  ~SigpipeBlock() {
-    if (!sigismember(&old_, SIGPIPE)) {
-      const timespec zero{0, 0};
-      while (::sigtimedwait(&pipe_, nullptr, &zero) == SIGPIPE) {
-      }
-    }
-    ::pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  SigpipeBlock(const SigpipeBlock&) = delete;
-  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
-
- private:
-  sigset_t pipe_;
-  sigset_t old_;
-};
 
 // One command in a fresh sandbox: stdin written, stdout/stderr read, all in one poll loop with
 // the bwrap pidfd, the timeout deadline and cancellation.
