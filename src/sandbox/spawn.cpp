@@ -155,7 +155,7 @@ Child spawn(const ChildSetup& setup) {
   const Step step = static_cast<Step>(failure.step);
   std::string what = step_name(step);
   if (step == Step::setuid || step == Step::setgid) {
-    what += fmt::format("({})", step == Step::setuid ? setup.drop_to->first : setup.drop_to->second);
+    what += fmt::format("({})", step == Step::setuid ? setup.drop_to->uid : setup.drop_to->gid);
   } else if (step == Step::exec) {
     what += " " + setup.program;
   }

@@ -13,6 +13,7 @@
 
 #include "base/fd.hpp"
 #include "base/pidfd.hpp"
+#include "base/users.hpp"
 
 namespace nshpc::sandbox {
 
@@ -23,7 +24,7 @@ struct ChildSetup {
   std::vector<std::pair<int, int>> fds;  // (descriptor here, number in the child); all others closed
   std::vector<int> join_cgroups;         // cgroup.procs descriptors: the child writes "0" to each first
   std::vector<std::pair<int, rlim_t>> rlimits;  // (RLIMIT_*, value) set as soft and hard limit
-  std::optional<std::pair<uid_t, gid_t>> drop_to;  // setgroups(0) + setresgid + setresuid
+  std::optional<users::Identity> drop_to;  // setgroups(0) + setresgid + setresuid
   bool controlling_tty = false;  // setsid() and make the child's stdin its controlling terminal
   bool die_with_parent = true;   // PR_SET_PDEATHSIG(SIGKILL), set after the identity change
 };

@@ -121,10 +121,7 @@ Store::Store(const config::Config& config, JobsGuard& jobs)
       rotation_{static_cast<std::uint64_t>(config.audit.max_size) * 1024 * 1024, static_cast<int>(config.audit.keep)},
       workspace_mount_(config.ns.workspace_mount),
       jobs_(&jobs) {
-  if (::geteuid() == 0 && config.ns.sandbox_uid != 0) {
-    owner_uid_ = config.ns.sandbox_uid;
-    owner_gid_ = config.ns.sandbox_gid;
-  }
+  owner_ = users::sandbox_owner(config.ns.sandbox_uid, config.ns.sandbox_gid);
 }
 
 void Store::ensure_layout() const {
@@ -134,8 +131,8 @@ void Store::ensure_layout() const {
 }
 
 void Store::give_to_sandbox_user(const stdfs::path& dir) const {
-  if (!owner_uid_) return;
-  if (::lchown(dir.c_str(), *owner_uid_, owner_gid_) < 0)
+  if (!owner_) return;
+  if (::lchown(dir.c_str(), owner_->uid, owner_->gid) < 0)
     throw SysError(errno, "chown", dir.string());
 }
 
@@ -443,9 +440,9 @@ Store::DiskUse Store::disk_use(const Instance& instance) const {
 UniqueFd Store::open_workspace_file(const Instance& instance, const std::string& relative, WorkspaceOpen how,
                                     std::string* problem) const {
   const std::string shown = workspace_mount_ + "/" + relative;
-  const fs::Expect expect{.owner = owner_uid_.value_or(::geteuid())};
+  const fs::Expect expect{.owner = owner_ ? owner_->uid : ::geteuid()};
   std::optional<std::pair<uid_t, gid_t>> owner;
-  if (owner_uid_) owner = std::make_pair(*owner_uid_, owner_gid_);
+  if (owner_) owner = std::make_pair(owner_->uid, owner_->gid);
   UniqueFd dir = fs::open_dir_path(instance.workspace);
   switch (how) {
     case WorkspaceOpen::read:

@@ -30,6 +30,7 @@
 
 #include "audit/audit.hpp"
 #include "base/fd.hpp"
+#include "base/users.hpp"
 #include "config/config.hpp"
 #include "sandbox/sandbox.hpp"
 
@@ -218,8 +219,7 @@ class Store {
   config::Network default_network_;
   audit::Rotation rotation_;
   std::string workspace_mount_;
-  std::optional<uid_t> owner_uid_;
-  gid_t owner_gid_ = 0;
+  std::optional<users::Identity> owner_;  // users::sandbox_owner
   JobsGuard* jobs_;
 };
 

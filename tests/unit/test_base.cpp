@@ -13,6 +13,7 @@
 #include "base/random.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
+#include "base/users.hpp"
 
 namespace fs = std::filesystem;
 namespace timeutil = nshpc::timeutil;
@@ -148,4 +149,13 @@ TEST(Process, AProgramThatCannotStartIsASysErrorWithItsErrno) {
   } catch (const nshpc::SysError& e) {
     EXPECT_EQ(e.code(), ENOENT);
   }
+}
+
+TEST(Users, SandboxesDropToTheSandboxUidOnlyAsRootAndNeverToRoot) {
+  const auto owner = nshpc::users::sandbox_owner(65534, 65533, true);
+  ASSERT_TRUE(owner);
+  EXPECT_EQ(owner->uid, 65534u);
+  EXPECT_EQ(owner->gid, 65533u);
+  EXPECT_FALSE(nshpc::users::sandbox_owner(65534, 65533, false));  // unprivileged: our own uid
+  EXPECT_FALSE(nshpc::users::sandbox_owner(0, 0, true));           // root asked to stay root
 }
