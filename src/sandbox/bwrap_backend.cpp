@@ -402,7 +402,7 @@ class BwrapBackend final : public Backend {
     try {
       return fs::open_dir_path(dir);
     } catch (const SysError& e) {
-      throw Error(fmt::format("cannot open the instance's {} folder: {}", what, e.what()));
+      throw e.wrapped(fmt::format("cannot open the instance's {} folder", what));
     }
   }
 

@@ -447,8 +447,8 @@ std::vector<stdfs::path> Cgroup::candidate_paths(const std::string& name, const 
 }
 
 std::unique_ptr<Cgroup> Cgroup::create(const std::string& name, const CgroupLimits& limits,
-                                       std::vector<std::string>& unenforced,
-                                       const stdfs::path& mount_root) {
+                                       std::vector<std::string>& unenforced, const stdfs::path& mount_root,
+                                       std::vector<std::string>* unenforced_controllers) {
   check_name(name);
   if (limits.cpus && !(std::isfinite(*limits.cpus) && *limits.cpus > 0))
     throw UsageError(fmt::format("invalid cpu limit {}; give a positive number of cores", *limits.cpus));
@@ -550,7 +550,10 @@ std::unique_ptr<Cgroup> Cgroup::create(const std::string& name, const CgroupLimi
   });
 
   for (const char* c : kControllers)
-    if (asked.at(c) && problems.count(c)) unenforced.push_back(fmt::format("{}: {}", c, problems[c]));
+    if (asked.at(c) && problems.count(c)) {
+      unenforced.push_back(fmt::format("{}: {}", c, problems[c]));
+      if (unenforced_controllers) unenforced_controllers->emplace_back(c);
+    }
   for (auto& n : notes) unenforced.push_back(std::move(n));
 
   if (cg->paths_.empty()) {
@@ -735,17 +738,16 @@ CgroupSupport probe_cgroups(const stdfs::path& mount_root) {
   limits.memory_bytes = std::uint64_t{1} << 40;
   limits.cpus = 0.01;
   limits.pids = 100000;
-  std::vector<std::string> unenforced;
+  std::vector<std::string> unenforced, not_enforced;
   std::unique_ptr<Cgroup> cg;
   try {
-    cg = Cgroup::create(name, limits, unenforced, mount_root);
+    cg = Cgroup::create(name, limits, unenforced, mount_root, &not_enforced);
   } catch (const std::exception& e) {
     s.detail = e.what();
     return s;
   }
-  auto works = [&unenforced](const std::string& c) {
-    return std::none_of(unenforced.begin(), unenforced.end(),
-                        [&c](const std::string& u) { return u.rfind(c + ": ", 0) == 0; });
+  auto works = [&not_enforced](const std::string& c) {
+    return std::find(not_enforced.begin(), not_enforced.end(), c) == not_enforced.end();
   };
   s.memory = works("memory");
   s.cpu = works("cpu");

@@ -159,7 +159,7 @@ Child spawn(const ChildSetup& setup) {
   } else if (step == Step::exec) {
     what += " " + setup.program;
   }
-  throw Error(fmt::format("could not start the sandbox: {} failed: {}", what, std::strerror(failure.err)));
+  throw SysError(failure.err, what + " failed").wrapped("could not start the sandbox");
 }
 
 }  // namespace nshpc::sandbox

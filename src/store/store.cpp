@@ -302,16 +302,23 @@ ArchivedInstance Store::archive(std::string_view id, std::string_view actor) {
   archived.id = std::string(id);
   archived.name = fmt::format("{}__{}", id, timeutil::compact_utc(now));
   archived.base = archive_root() / archived.name;
+  std::optional<Instance> inst;
   try {
-    Instance inst = load(id, base);
-    inst.meta.raw["archived"] = true;
-    inst.meta.raw["archived_at"] = timeutil::iso_utc(now);
-    write_metadata(inst.metadata_file(), inst.meta);
-    archived.meta = inst.meta;
+    inst = load(id, base);
   } catch (const UsageError&) {
     throw;
   } catch (const Error&) {
     // A corrupt metadata.json does not stop the archive: the folder is moved aside as it is.
+  }
+  if (inst) {
+    inst->meta.raw["archived"] = true;
+    inst->meta.raw["archived_at"] = timeutil::iso_utc(now);
+    try {
+      write_metadata(inst->metadata_file(), inst->meta);  // before anything moves: a failure changes nothing
+    } catch (const SysError& e) {
+      throw e.wrapped(fmt::format("cannot archive instance '{}': its metadata could not be written", id));
+    }
+    archived.meta = inst->meta;
   }
   audit::append(base / "audit.log", "instance.archived", actor,
                 {{"instance_id", std::string(id)}, {"archive", archived.name}});

@@ -159,3 +159,22 @@ TEST(Users, SandboxesDropToTheSandboxUidOnlyAsRootAndNeverToRoot) {
   EXPECT_FALSE(nshpc::users::sandbox_owner(65534, 65533, false));  // unprivileged: our own uid
   EXPECT_FALSE(nshpc::users::sandbox_owner(0, 0, true));           // root asked to stay root
 }
+
+TEST(Errors, AnErrorWrappedTwiceKeepsItsErrnoAndBothContexts) {
+  try {
+    try {
+      try {
+        nshpc::check_sys(-(errno = ENOENT, 1), "open", "/x/y");
+      } catch (const nshpc::SysError& e) {
+        throw e.wrapped("cannot open the instance's workspace folder");
+      }
+    } catch (const nshpc::SysError& e) {
+      throw e.wrapped("could not start the sandbox");
+    }
+    FAIL();
+  } catch (const nshpc::SysError& e) {
+    EXPECT_EQ(e.code(), ENOENT);
+    EXPECT_STREQ(e.what(), "could not start the sandbox: cannot open the instance's workspace folder: open /x/y: "
+                           "No such file or directory");
+  }
+}
