@@ -97,7 +97,7 @@ Clock::time_point Instance::last_activity() const {
   return newest;
 }
 
-std::size_t StateFileJobsGuard::active_jobs(const stdfs::path& instance_base) {
+std::size_t RecordedJobsGuard::active_jobs(const stdfs::path& instance_base) {
   std::size_t count = 0;
   const stdfs::path dir = instance_base / ".ns_hpc_jobs";
   std::error_code ec;

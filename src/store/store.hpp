@@ -95,8 +95,9 @@ class JobsGuard {
   virtual std::size_t active_jobs(const stdfs::path& instance_base) = 0;
 };
 
-// Reads the job records in <base>/.ns_hpc_jobs/*.state and counts "pending"/"running" ones.
-class StateFileJobsGuard final : public JobsGuard {
+// Counts the jobs recorded as "pending" or "running" in <base>/.ns_hpc_jobs/*.state, taking the
+// records at their word (no look at the sandboxes): for processes without a job engine.
+class RecordedJobsGuard final : public JobsGuard {
  public:
   std::size_t active_jobs(const stdfs::path& instance_base) override;
 };

@@ -59,7 +59,7 @@ std::string string_arg(const json& args, const char* name) {
 }
 
 // Validation as the original: empty command/args/working_directory/stdin count as absent.
-Request parse_request(const json& args, const config::Config& cfg, const Context& ctx) {
+Request parse_request(const json& args, const config::Config& cfg, const ToolContext& ctx) {
   Request req;
   req.instance_id = instance_arg(ctx, args);
   const std::string command = string_arg(args, "command");
@@ -133,7 +133,7 @@ void set_nonblocking(int fd) {
 // the bwrap pidfd, the timeout deadline and cancellation.
 class Run {
  public:
-  Run(const Context& ctx, const store::Instance& inst, const Request& req, mcp::RequestContext& rc)
+  Run(const ToolContext& ctx, const store::Instance& inst, const Request& req, mcp::RequestContext& rc)
       : ctx_(ctx), inst_(inst), req_(req), rc_(rc) {}
 
   Outcome execute() {
@@ -300,7 +300,7 @@ class Run {
     stdin_fd_.reset();  // all written: EOF for the command
   }
 
-  const Context& ctx_;
+  const ToolContext& ctx_;
   const store::Instance& inst_;
   const Request& req_;
   mcp::RequestContext& rc_;
@@ -392,7 +392,7 @@ std::string tool_description(const config::Config& cfg) {
 
 }  // namespace
 
-void add_terminal_tool(mcp::Server& server, const Context& ctx) {
+void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
   const config::Config& cfg = ctx.services.config;
   mcp::Tool tool;
   tool.name = "terminal_execute";
