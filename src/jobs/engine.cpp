@@ -576,33 +576,36 @@ std::shared_ptr<Engine::Running> Engine::find_running(const std::string& instanc
   return it == running_.end() ? nullptr : it->second;
 }
 
+std::optional<Record> Engine::current_record(const store::Instance& inst, const std::string& job_id) {
+  if (auto job = find_running(inst.id, job_id)) {
+    std::lock_guard guard(job->mu);
+    return job->record;
+  }
+  if (auto sj = find_slurm(inst.id, job_id)) {
+    std::lock_guard guard(sj->mu);
+    return sj->record;
+  }
+  std::optional<Record> rec = load(inst, job_id);
+  if (!rec || is_final(rec->state)) return rec;
+  if (rec->mode == Mode::slurm) {
+    track_slurm(inst, *rec);  // submitted by another process: watch it here too
+    return rec;
+  }
+  adopt(inst, job_id);  // left by another process (it may have ended meanwhile)
+  if (auto job = find_running(inst.id, job_id)) {
+    std::lock_guard guard(job->mu);
+    return job->record;
+  }
+  if (auto again = load(inst, job_id)) return again;
+  return rec;
+}
+
 View Engine::view(const std::string& instance_id, const std::string& job_id, const TailOptions& tail) {
   if (!valid_job_id(job_id))
     throw UsageError(fmt::format("'{}' is not a job id (job ids are 12 hex characters, see list_jobs)", job_id));
   store::Instance inst = store_.get(instance_id);
-  std::optional<Record> rec;
-  if (auto job = find_running(instance_id, job_id)) {
-    std::lock_guard guard(job->mu);
-    rec = job->record;
-  } else if (auto sj = find_slurm(instance_id, job_id)) {
-    std::lock_guard guard(sj->mu);
-    rec = sj->record;
-  } else {
-    rec = load(inst, job_id);
-  }
+  const std::optional<Record> rec = current_record(inst, job_id);
   if (!rec) throw UsageError(fmt::format("job '{}' not found in instance '{}'; see list_jobs", job_id, instance_id));
-  if (rec->mode == Mode::slurm && !is_final(rec->state) && !find_slurm(instance_id, job_id)) {
-    track_slurm(inst, *rec);  // submitted by another process: watch it here too
-  } else if (rec->mode != Mode::slurm && !is_final(rec->state) && !find_running(instance_id, job_id)) {
-    // Left by another process: adopt it (it may have ended meanwhile).
-    adopt(inst, job_id);
-    if (auto job = find_running(instance_id, job_id)) {
-      std::lock_guard guard(job->mu);
-      rec = job->record;
-    } else if (auto again = load(inst, job_id)) {
-      rec = again;
-    }
-  }
   View v;
   v.record = *rec;
   if (auto job = find_running(instance_id, job_id)) {
@@ -655,28 +658,7 @@ std::vector<Record> Engine::list(const std::string& instance_id, std::optional<S
   std::error_code ec;
   for (const auto& entry : stdfs::directory_iterator(jobs_dir(inst), ec)) {
     if (entry.path().extension() != ".state") continue;
-    const std::string id = entry.path().stem().string();
-    std::optional<Record> rec;
-    if (auto job = find_running(instance_id, id)) {
-      std::lock_guard guard(job->mu);
-      rec = job->record;
-    } else if (auto sj = find_slurm(instance_id, id)) {
-      std::lock_guard guard(sj->mu);
-      rec = sj->record;
-    } else {
-      rec = load(inst, id);
-      if (rec && rec->mode == Mode::slurm && !is_final(rec->state)) {
-        track_slurm(inst, *rec);
-      } else if (rec && !is_final(rec->state)) {
-        adopt(inst, id);  // left by another process: look at it again
-        if (auto job = find_running(instance_id, id)) {
-          std::lock_guard guard(job->mu);
-          rec = job->record;
-        } else {
-          rec = load(inst, id);
-        }
-      }
-    }
+    std::optional<Record> rec = current_record(inst, entry.path().stem().string());
     if (!rec) continue;
     if (!filter || rec->state == *filter) out.push_back(std::move(*rec));
   }

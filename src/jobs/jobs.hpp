@@ -162,6 +162,9 @@ class Engine final : public store::JobsGuard {
   std::optional<Record> load(const store::Instance& inst, const std::string& job_id) const;
   void save(const store::Instance& inst, const Record& record) const;
   std::shared_ptr<Running> find_running(const std::string& instance_id, const std::string& job_id);
+  // The job's record as tracked here, else from disk; a job another process left unfinished is
+  // watched here first (tracked or adopted) and its record read again. nullopt: no such job.
+  std::optional<Record> current_record(const store::Instance& inst, const std::string& job_id);
   std::map<std::string, std::int64_t> resolve_limits(const LimitRequest& request,
                                                      const std::map<std::string, config::Limit>& table,
                                                      std::string_view table_name) const;
