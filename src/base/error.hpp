@@ -20,13 +20,20 @@ class UsageError : public Error {
   using Error::Error;
 };
 
-// A failed system call; keeps errno so callers can branch on it.
+// A failed system call; keeps errno so callers can branch on it, through every layer: a layer
+// that adds what it was doing wraps the error (as crun's crun_error_wrap) instead of turning it
+// into text. what(): "<context>: ... <operation> <subject>: <strerror>".
 class SysError : public Error {
  public:
   SysError(int err, std::string_view operation, std::string_view subject = {});
   int code() const noexcept { return code_; }
 
+  // The same failure (same code) with `context` said first: "<context>: <what()>".
+  SysError wrapped(std::string_view context) const;
+
  private:
+  struct Message {};
+  SysError(Message, int err, std::string message) : Error(std::move(message)), code_(err) {}
   int code_;
 };
 

@@ -13,6 +13,7 @@
 
 #include "base/error.hpp"
 #include "base/fd.hpp"
+#include "base/pidfd.hpp"
 
 extern char** environ;
 
@@ -31,7 +32,44 @@ struct FileActions {
   FileActions& operator=(const FileActions&) = delete;
 };
 
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::seconds kReapBound{5};  // how long a SIGKILLed program may take to go
+
+// Waits for our child `pid` (pidfd `pidfd`) until `deadline`; then SIGKILL, and at most
+// kReapBound more. Returns the wait status; `killed` says whether it had to be killed.
+int reap(pid_t pid, int pidfd, Clock::time_point deadline, const std::string& name, bool& killed) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  killed = false;
+  if (pidfd < 0 || !wait_pidfd(pidfd, std::max(left, std::chrono::milliseconds(0)))) {
+    killed = true;
+    ::kill(pid, SIGKILL);
+    if (pidfd >= 0 && !wait_pidfd(pidfd, kReapBound))
+      throw Error(fmt::format("{} (pid {}) did not end within {} s of SIGKILL; it is left unreaped", name, pid,
+                              kReapBound.count()));
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw SysError(errno, "waitpid", name);
+  }
+  return status;
+}
+
 }  // namespace
+
+SigpipeBlock::SigpipeBlock() {
+  sigemptyset(&pipe_);
+  sigaddset(&pipe_, SIGPIPE);
+  ::pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+}
+
+SigpipeBlock::~SigpipeBlock() {
+  if (!sigismember(&old_, SIGPIPE)) {
+    const timespec zero{0, 0};
+    while (::sigtimedwait(&pipe_, nullptr, &zero) == SIGPIPE) {
+    }
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+}
 
 CommandResult run_command(const std::vector<std::string>& argv, const std::string& input,
                           std::chrono::milliseconds timeout, std::size_t max_output) {
@@ -52,6 +90,7 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::strin
                      ? ::posix_spawnp(&pid, argv[0].c_str(), &fa.actions, nullptr, args.data(), environ)
                      : ::posix_spawn(&pid, argv[0].c_str(), &fa.actions, nullptr, args.data(), environ);
   if (rc != 0) throw SysError(rc, "run", argv[0]);
+  const UniqueFd pidfd = open_pidfd(pid);
   in_read.reset();
   out_write.reset();
   err_write.reset();
@@ -62,7 +101,8 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::strin
   set_nonblocking(err_read.get());
   std::size_t written = 0;
   if (input.empty()) in_write.reset();
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const SigpipeBlock no_sigpipe;
+  const auto deadline = Clock::now() + timeout;
   char buf[65536];
   while (out_read || err_read) {
     pollfd fds[3];
@@ -70,14 +110,15 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::strin
     if (in_write) fds[n++] = {in_write.get(), POLLOUT, 0};
     if (out_read) fds[n++] = {out_read.get(), POLLIN, 0};
     if (err_read) fds[n++] = {err_read.get(), POLLIN, 0};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      result.timed_out = true;
-      ::kill(pid, SIGKILL);
-      break;
-    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) break;  // killed below
     const int ready = ::poll(fds, n, static_cast<int>(std::min<std::int64_t>(left.count(), 1000)));
-    if (ready < 0 && errno != EINTR) break;
+    if (ready < 0 && errno != EINTR) {
+      const int err = errno;
+      bool killed = false;
+      reap(pid, pidfd.get(), Clock::now(), argv[0], killed);
+      throw SysError(err, "poll", fmt::format("the output of {} (it was killed)", argv[0]));
+    }
     for (int i = 0; i < n; ++i) {
       if (!fds[i].revents) continue;
       if (in_write && fds[i].fd == in_write.get()) {
@@ -97,9 +138,7 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::strin
       }
     }
   }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  const int status = reap(pid, pidfd.get(), deadline, argv[0], result.timed_out);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
 }

@@ -21,4 +21,9 @@ std::string current_user_name() {
 
 std::string cli_actor() { return "cli:" + current_user_name(); }
 
+std::optional<Identity> sandbox_owner(uid_t sandbox_uid, gid_t sandbox_gid, bool as_root) {
+  if (!as_root || sandbox_uid == 0) return std::nullopt;
+  return Identity{sandbox_uid, sandbox_gid};
+}
+
 }  // namespace nshpc::users

@@ -30,7 +30,7 @@ const std::vector<std::string>& Invocation::config_warnings() {
 
 store::Store& Invocation::store() {
   if (!store_) {
-    jobs_guard_ = std::make_unique<store::StateFileJobsGuard>();
+    jobs_guard_ = std::make_unique<store::RecordedJobsGuard>();
     store_ = std::make_unique<store::Store>(config(), *jobs_guard_);
   }
   return *store_;

@@ -36,7 +36,7 @@ class Invocation {
 
  private:
   std::optional<config::Loaded> loaded_;
-  std::unique_ptr<store::StateFileJobsGuard> jobs_guard_;
+  std::unique_ptr<store::RecordedJobsGuard> jobs_guard_;
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<sandbox::Backend> backend_;
   std::unique_ptr<jobs::Engine> jobs_;

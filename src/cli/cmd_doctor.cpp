@@ -203,8 +203,8 @@ Check check_smoke(Invocation& ctx, const config::Config& cfg) {
     for (const char* dir : {"workspace", "output"}) {
       stdfs::path p = tmp / dir;
       check_sys(::mkdir(p.c_str(), 0700), "mkdir", p.string());
-      if (::geteuid() == 0 && cfg.ns.sandbox_uid != 0)
-        check_sys(::chown(p.c_str(), cfg.ns.sandbox_uid, cfg.ns.sandbox_gid), "chown", p.string());
+      if (auto owner = users::sandbox_owner(cfg.ns.sandbox_uid, cfg.ns.sandbox_gid))
+        check_sys(::chown(p.c_str(), owner->uid, owner->gid), "chown", p.string());
     }
     sandbox::RunSpec spec;
     spec.target.instance_id = "doctor";

@@ -115,7 +115,7 @@ void add_job_commands(CLI::App& instance, Invocation& inv) {
     } else {
       req.argv = command;
     }
-    req.mode = a->slurm ? "slurm" : "local";
+    req.mode = a->slurm ? jobs::Mode::slurm : jobs::Mode::local;
     req.limits = a->slurm ? parse_limits(a->resources, "-r cpus=2") : parse_limits(a->limits);
     jobs::Engine& engine = inv.jobs();
     jobs::Record rec = engine.submit(req, users::cli_actor());
@@ -162,8 +162,8 @@ void add_job_commands(CLI::App& instance, Invocation& inv) {
     }
     std::vector<std::vector<std::string>> rows{{"JOB", "STATUS", "EXIT", "MODE", "CREATED", "COMMAND"}};
     for (const auto& r : all) {
-      std::string mode = r.mode;
-      if (r.mode == "slurm") {
+      std::string mode = jobs::to_string(r.mode);
+      if (r.mode == jobs::Mode::slurm) {
         mode = "slurm " + (r.slurm_job_id.empty() ? std::string("-") : r.slurm_job_id);
         if (!r.scheduler_state.empty()) mode += " " + r.scheduler_state;
         if (!r.scheduler_reason.empty() && r.scheduler_reason != "None") mode += " (" + r.scheduler_reason + ")";

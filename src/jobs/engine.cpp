@@ -20,6 +20,7 @@
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
+#include "base/pidfd.hpp"
 #include "base/process.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
@@ -57,7 +58,7 @@ UniqueFd open_sandbox_init(const sandbox::StatusStream& status) {
   if (!status.child_pid() || !status.pid_namespace()) return {};
   struct stat st;
   const std::string ns = fmt::format("/proc/{}/ns/pid", *status.child_pid());
-  UniqueFd pidfd = sandbox::open_pidfd(*status.child_pid());
+  UniqueFd pidfd = open_pidfd(*status.child_pid());
   if (!pidfd || ::stat(ns.c_str(), &st) < 0 || st.st_ino != *status.pid_namespace()) return {};
   // An exited init waiting to be reaped still has its namespace: it is not running.
   auto stat_line = fs::read_file(fmt::format("/proc/{}/stat", *status.child_pid()));
@@ -288,9 +289,7 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
                                request.argv[2].find_first_not_of(" \t\r\n") == std::string::npos))
     throw UsageError("the command is empty; give the shell command to run");
   sandbox::check_command(request.argv);
-  if (request.mode == "slurm") return submit_slurm(request, actor);
-  if (request.mode != "local")
-    throw UsageError(fmt::format("unknown mode '{}'; use \"local\" (this machine) or \"slurm\" (the cluster)", request.mode));
+  if (request.mode == Mode::slurm) return submit_slurm(request, actor);
   store::Instance inst = store_.get(request.instance_id);
   const auto limits = resolve_limits(request.limits, config_.jobs.local.limit, "[jobs.local.limit]");
   {
@@ -375,7 +374,7 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   rec.bwrap_pid = job->process->pid();
   save(inst, rec);
   store_.audit(inst, "job.running", actor,
-               {{"job_id", rec.id}, {"command", rec.command}, {"mode", "local"}, {"limits", rec.limits},
+               {{"job_id", rec.id}, {"command", rec.command}, {"mode", Mode::local}, {"limits", rec.limits},
                 {"unenforced", rec.unenforced}, {"stdout_path", sandbox_path(inst, config_, rec.stdout_path)},
                 {"stderr_path", sandbox_path(inst, config_, rec.stderr_path)}});
   job->watch = UniqueFd(::fcntl(job->process->pidfd(), F_DUPFD_CLOEXEC, 3));
@@ -439,7 +438,7 @@ void Engine::watch_loop() {
         job->hard_kill_at.reset();
         if (job->cgroup) job->cgroup->kill(1000);
         if (job->process) job->process->kill();
-        sandbox::signal_pidfd(job->watch.get(), SIGKILL);
+        signal_pidfd(job->watch.get(), SIGKILL);
       }
     }
   }
@@ -473,7 +472,7 @@ void Engine::finish(const std::shared_ptr<Running>& job, bool process_gone) {
     // Nothing of the sandbox outlives the job (an earlier release's init waits for background
     // processes): SIGKILL to the init takes its pid namespace.
     try {
-      sandbox::signal_pidfd(job->watch.get(), SIGKILL);
+      signal_pidfd(job->watch.get(), SIGKILL);
     } catch (const std::exception& e) {
       log::warn("job {}: {}", rec.id, e.what());
     }
@@ -531,7 +530,7 @@ void Engine::finish(const std::shared_ptr<Running>& job, bool process_gone) {
   if (!job->process) {
     // Re-attached: the sandbox init came to us (subreaper) or to pid 1; reap it if ours.
     if (job->watch)
-      sandbox::reap_if_child(job->watch.get());
+      reap_if_child(job->watch.get());
     else if (auto init = status.child_pid())
       ::waitpid(*init, nullptr, WNOHANG);
   }
@@ -577,33 +576,36 @@ std::shared_ptr<Engine::Running> Engine::find_running(const std::string& instanc
   return it == running_.end() ? nullptr : it->second;
 }
 
+std::optional<Record> Engine::current_record(const store::Instance& inst, const std::string& job_id) {
+  if (auto job = find_running(inst.id, job_id)) {
+    std::lock_guard guard(job->mu);
+    return job->record;
+  }
+  if (auto sj = find_slurm(inst.id, job_id)) {
+    std::lock_guard guard(sj->mu);
+    return sj->record;
+  }
+  std::optional<Record> rec = load(inst, job_id);
+  if (!rec || is_final(rec->state)) return rec;
+  if (rec->mode == Mode::slurm) {
+    track_slurm(inst, *rec);  // submitted by another process: watch it here too
+    return rec;
+  }
+  adopt(inst, job_id);  // left by another process (it may have ended meanwhile)
+  if (auto job = find_running(inst.id, job_id)) {
+    std::lock_guard guard(job->mu);
+    return job->record;
+  }
+  if (auto again = load(inst, job_id)) return again;
+  return rec;
+}
+
 View Engine::view(const std::string& instance_id, const std::string& job_id, const TailOptions& tail) {
   if (!valid_job_id(job_id))
     throw UsageError(fmt::format("'{}' is not a job id (job ids are 12 hex characters, see list_jobs)", job_id));
   store::Instance inst = store_.get(instance_id);
-  std::optional<Record> rec;
-  if (auto job = find_running(instance_id, job_id)) {
-    std::lock_guard guard(job->mu);
-    rec = job->record;
-  } else if (auto sj = find_slurm(instance_id, job_id)) {
-    std::lock_guard guard(sj->mu);
-    rec = sj->record;
-  } else {
-    rec = load(inst, job_id);
-  }
+  const std::optional<Record> rec = current_record(inst, job_id);
   if (!rec) throw UsageError(fmt::format("job '{}' not found in instance '{}'; see list_jobs", job_id, instance_id));
-  if (rec->mode == "slurm" && !is_final(rec->state) && !find_slurm(instance_id, job_id)) {
-    track_slurm(inst, *rec);  // submitted by another process: watch it here too
-  } else if (rec->mode != "slurm" && !is_final(rec->state) && !find_running(instance_id, job_id)) {
-    // Left by another process: adopt it (it may have ended meanwhile).
-    adopt(inst, job_id);
-    if (auto job = find_running(instance_id, job_id)) {
-      std::lock_guard guard(job->mu);
-      rec = job->record;
-    } else if (auto again = load(inst, job_id)) {
-      rec = again;
-    }
-  }
   View v;
   v.record = *rec;
   if (auto job = find_running(instance_id, job_id)) {
@@ -614,7 +616,7 @@ View Engine::view(const std::string& instance_id, const std::string& job_id, con
     v.stdout_tail = output_tail(store_, inst, config_, rec->stdout_path, -1, tail);
     v.stderr_tail = output_tail(store_, inst, config_, rec->stderr_path, -1, tail);
   }
-  if (rec->mode == "slurm") {
+  if (rec->mode == Mode::slurm) {
     // What Slurm itself said (a batch script that could not start, a cancel): server-private.
     const stdfs::path said = jobs_dir(inst) / (rec->id + ".slurm.err");
     UniqueFd fd(::open(said.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
@@ -656,28 +658,7 @@ std::vector<Record> Engine::list(const std::string& instance_id, std::optional<S
   std::error_code ec;
   for (const auto& entry : stdfs::directory_iterator(jobs_dir(inst), ec)) {
     if (entry.path().extension() != ".state") continue;
-    const std::string id = entry.path().stem().string();
-    std::optional<Record> rec;
-    if (auto job = find_running(instance_id, id)) {
-      std::lock_guard guard(job->mu);
-      rec = job->record;
-    } else if (auto sj = find_slurm(instance_id, id)) {
-      std::lock_guard guard(sj->mu);
-      rec = sj->record;
-    } else {
-      rec = load(inst, id);
-      if (rec && rec->mode == "slurm" && !is_final(rec->state)) {
-        track_slurm(inst, *rec);
-      } else if (rec && !is_final(rec->state)) {
-        adopt(inst, id);  // left by another process: look at it again
-        if (auto job = find_running(instance_id, id)) {
-          std::lock_guard guard(job->mu);
-          rec = job->record;
-        } else {
-          rec = load(inst, id);
-        }
-      }
-    }
+    std::optional<Record> rec = current_record(inst, entry.path().stem().string());
     if (!rec) continue;
     if (!filter || rec->state == *filter) out.push_back(std::move(*rec));
   }
@@ -688,7 +669,7 @@ std::vector<Record> Engine::list(const std::string& instance_id, std::optional<S
 Record Engine::cancel(const std::string& instance_id, const std::string& job_id, std::string_view actor) {
   View current = view(instance_id, job_id, {0, 0});
   if (is_final(current.record.state)) return current.record;
-  if (current.record.mode == "slurm") return cancel_slurm(store_.get(instance_id), job_id, actor);
+  if (current.record.mode == Mode::slurm) return cancel_slurm(store_.get(instance_id), job_id, actor);
   auto job = find_running(instance_id, job_id);
   if (!job) return view(instance_id, job_id, {0, 0}).record;
   store::Instance inst = store_.get(instance_id);
@@ -707,13 +688,13 @@ Record Engine::cancel(const std::string& instance_id, const std::string& job_id,
   if (find_running(instance_id, job_id)) {
     // SIGKILL to the sandbox init takes its pid namespace; the keeper then reaps it and exits.
     if (job->process) job->process->kill();
-    else sandbox::signal_pidfd(job->watch.get(), SIGKILL);  // re-attached: the watch is the init
+    else signal_pidfd(job->watch.get(), SIGKILL);  // re-attached: the watch is the init
     std::unique_lock lock(mutex_);
     changed_.wait_for(lock, std::chrono::seconds(2), [&] { return !running_.count(instance_id + "/" + job_id); });
   }
   if (find_running(instance_id, job_id)) {
     if (job->cgroup) job->cgroup->kill(2000);
-    sandbox::signal_pidfd(job->watch.get(), SIGKILL);
+    signal_pidfd(job->watch.get(), SIGKILL);
     std::unique_lock lock(mutex_);
     changed_.wait_for(lock, std::chrono::seconds(10), [&] { return !running_.count(instance_id + "/" + job_id); });
   }
@@ -744,7 +725,7 @@ void Engine::adopt(const store::Instance& inst, const std::string& job_id) {
   }
   auto rec = load(inst, job_id);
   if (!rec || is_final(rec->state)) return;
-  if (rec->mode == "slurm") {
+  if (rec->mode == Mode::slurm) {
     track_slurm(inst, *rec);
     return;
   }
@@ -795,7 +776,7 @@ std::size_t Engine::active_jobs(const stdfs::path& instance_base) {
     if (!text) continue;
     auto rec = Record::from_json(nlohmann::json::parse(*text, nullptr, false));
     if (!rec || is_final(rec->state)) continue;
-    if (rec->mode == "slurm") {
+    if (rec->mode == Mode::slurm) {
       ++count;  // queued or running on the cluster
       continue;
     }
@@ -848,7 +829,7 @@ Record Engine::submit_slurm(const SubmitRequest& request, std::string_view actor
   Record rec;
   rec.id = new_job_id();
   rec.instance_id = inst.id;
-  rec.mode = "slurm";
+  rec.mode = Mode::slurm;
   rec.argv = request.argv;
   rec.command = request.display.empty() ? text::shell_join(request.argv) : request.display;
   rec.created_at = timeutil::iso_utc();
@@ -884,7 +865,7 @@ Record Engine::submit_slurm(const SubmitRequest& request, std::string_view actor
   }
   save(inst, rec);
   store_.audit(inst, "job.submitted", actor,
-               {{"job_id", rec.id}, {"mode", "slurm"}, {"slurm_job_id", rec.slurm_job_id}, {"command", rec.command},
+               {{"job_id", rec.id}, {"mode", Mode::slurm}, {"slurm_job_id", rec.slurm_job_id}, {"command", rec.command},
                 {"resources", rec.limits}, {"stdout_path", sandbox_path(inst, config_, rec.stdout_path)},
                 {"stderr_path", sandbox_path(inst, config_, rec.stderr_path)}});
   track_slurm(inst, rec);
@@ -1012,12 +993,12 @@ void Engine::apply_slurm(SlurmJob& job, const SlurmStatus* st) {
       rec.state = State::lost;
       rec.reason = fmt::format("Slurm has no record of job {} any more ({}); it ended while nobody watched and the "
                                "cluster keeps no accounting for it",
-                               rec.slurm_job_id, slurm_.source());
+                               rec.slurm_job_id, config::to_string(slurm_.source()));
       rec.finished_at = timeutil::iso_utc();
     } else {
-      rec.scheduler_state = st->state;
+      rec.scheduler_state = st->scheduler_state;
       rec.scheduler_reason = st->reason;
-      const State mapped = parse_state(state_for(st->state)).value_or(State::running);
+      const State mapped = st->state;
       if (mapped == State::running && rec.started_at.empty()) rec.started_at = timeutil::iso_utc();
       rec.state = mapped;
       if (is_final(mapped)) {
@@ -1028,7 +1009,7 @@ void Engine::apply_slurm(SlurmJob& job, const SlurmStatus* st) {
         switch (mapped) {
           case State::completed: rec.reason.clear(); break;
           case State::failed:
-            rec.reason = sig ? fmt::format("killed by signal {} ({})", sig, st->state)
+            rec.reason = sig ? fmt::format("killed by signal {} ({})", sig, st->scheduler_state)
                              : fmt::format("exit code {}", st->exit_code.value_or(-1));
             break;
           case State::cancelled:

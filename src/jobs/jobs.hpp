@@ -29,28 +29,25 @@
 
 #include "config/config.hpp"
 #include "jobs/slurm.hpp"
+#include "jobs/state.hpp"
 #include "sandbox/sandbox.hpp"
 #include "store/store.hpp"
 
 namespace nshpc::jobs {
-
-// out_of_memory, node_fail and preempted come from Slurm (local jobs report OOM as failed).
-enum class State { pending, running, completed, failed, cancelled, timed_out, lost, out_of_memory, node_fail, preempted };
-std::string_view to_string(State state);
-std::optional<State> parse_state(std::string_view text);
-bool is_final(State state);
 
 // Resource limits of one job; unset fields take [jobs.local.limit] defaults.
 struct LimitRequest {
   std::map<std::string, std::int64_t> values;  // cpus, memory (MiB), pids, time (s), output (MiB)
 };
 
+// Persisted as <id>.state (nlohmann-json, see record.cpp): the keys are the member names,
+// except id ("job_id") and state ("status"); a missing key takes the default below.
 struct Record {
   std::string id;           // 12 hex characters
   std::string instance_id;
   std::string command;      // shell command (/bin/sh -c), or the argv joined for display
   std::vector<std::string> argv;  // the exact argv run in the sandbox
-  std::string mode = "local";
+  Mode mode = Mode::local;
   State state = State::pending;
   std::string reason;       // why it ended as it did: "out of memory", "time limit (60 s)", ...
   std::optional<int> exit_code;
@@ -59,13 +56,14 @@ struct Record {
   std::vector<std::string> unenforced;              // limits this host could not enforce
   std::vector<std::string> cgroups;                 // cgroup folders (for kill after a restart)
   std::string stdout_path, stderr_path, status_path;  // host paths
-  pid_t bwrap_pid = 0;
+  pid_t bwrap_pid = 0;              // bwrap (or the job keeper), our child; "pid" in older records
   pid_t owner_pid = 0;             // the process that submitted it, and that process's start
   std::uint64_t owner_start = 0;   // time: a pending job whose submitter is gone never started
   bool cancel_requested = false;
-  // Slurm jobs (mode "slurm"): the scheduler's id, its state and reason as it said them
-  // (e.g. PENDING / Resources), the signal that ended the job, and the last failure to ask
-  // the scheduler (cleared by the next success).
+  // Slurm jobs (Mode::slurm; these keys only in their records): the scheduler's id, its state
+  // and reason as it said them (e.g. PENDING / Resources, shown as they are; `state` is what
+  // they map to), the signal that ended the job, and the last failure to ask the scheduler
+  // (cleared by the next success).
   std::string slurm_job_id;
   std::string scheduler_state, scheduler_reason;
   std::optional<int> signal;
@@ -88,7 +86,7 @@ struct SubmitRequest {
   std::vector<std::string> argv;  // e.g. {"/bin/sh", "-c", command}
   std::string display;            // the command as shown in lists
   LimitRequest limits;            // local jobs: [jobs.local.limit]; Slurm jobs: [jobs.slurm.limit]
-  std::string mode = "local";     // "local" or "slurm"
+  Mode mode = Mode::local;
 };
 
 struct TailOptions {
@@ -164,6 +162,9 @@ class Engine final : public store::JobsGuard {
   std::optional<Record> load(const store::Instance& inst, const std::string& job_id) const;
   void save(const store::Instance& inst, const Record& record) const;
   std::shared_ptr<Running> find_running(const std::string& instance_id, const std::string& job_id);
+  // The job's record as tracked here, else from disk; a job another process left unfinished is
+  // watched here first (tracked or adopted) and its record read again. nullopt: no such job.
+  std::optional<Record> current_record(const store::Instance& inst, const std::string& job_id);
   std::map<std::string, std::int64_t> resolve_limits(const LimitRequest& request,
                                                      const std::map<std::string, config::Limit>& table,
                                                      std::string_view table_name) const;

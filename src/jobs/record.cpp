@@ -1,36 +1,25 @@
 // Job states, ids and the persisted record.
-#include <array>
-
 #include <fmt/format.h>
 
+#include "base/json.hpp"
 #include "base/random.hpp"
 #include "jobs/jobs.hpp"
 
 namespace nshpc::jobs {
 
-namespace {
-constexpr std::array<std::pair<State, std::string_view>, 10> kStates = {{{State::pending, "pending"},
-                                                                        {State::running, "running"},
-                                                                        {State::completed, "completed"},
-                                                                        {State::failed, "failed"},
-                                                                        {State::cancelled, "cancelled"},
-                                                                        {State::timed_out, "timed_out"},
-                                                                        {State::lost, "lost"},
-                                                                        {State::out_of_memory, "out_of_memory"},
-                                                                        {State::node_fail, "node_fail"},
-                                                                        {State::preempted, "preempted"}}};
-}  // namespace
-
-std::string_view to_string(State state) {
-  for (const auto& [s, name] : kStates)
-    if (s == state) return name;
-  return "lost";
-}
+std::string to_string(State state) { return nlohmann::json(state).get<std::string>(); }
+std::string to_string(Mode mode) { return nlohmann::json(mode).get<std::string>(); }
 
 std::optional<State> parse_state(std::string_view text) {
-  for (const auto& [s, name] : kStates)
-    if (name == text) return s;
-  return std::nullopt;
+  const auto state = nlohmann::json(text).get<State>();
+  if (to_string(state) != text) return std::nullopt;  // read as the first name: not a state
+  return state;
+}
+
+std::optional<Mode> parse_mode(std::string_view text) {
+  const auto mode = nlohmann::json(text).get<Mode>();
+  if (to_string(mode) != text) return std::nullopt;
+  return mode;
 }
 
 bool is_final(State state) { return state != State::pending && state != State::running; }
@@ -46,71 +35,48 @@ bool valid_job_id(std::string_view id) {
   return true;
 }
 
+// Every member by its name; missing keys take the defaults of Record.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Record, id, instance_id, command, argv, mode, state, reason, exit_code,
+                                                created_at, started_at, finished_at, limits, unenforced, cgroups,
+                                                stdout_path, stderr_path, status_path, bwrap_pid, owner_pid,
+                                                owner_start, cancel_requested, slurm_job_id, scheduler_state,
+                                                scheduler_reason, signal, scheduler_error)
+
+namespace {
+
+// Members stored under another key, as since the first release: (member, key on disk).
+constexpr std::pair<const char*, const char*> kKeyOnDisk[] = {{"id", "job_id"}, {"state", "status"}};
+// Keys of records written before bwrap_pid had its name: (old key, member).
+constexpr std::pair<const char*, const char*> kOldKeys[] = {{"pid", "bwrap_pid"}};
+// Written for Slurm jobs only.
+constexpr const char* kSlurmOnly[] = {"slurm_job_id", "scheduler_state", "scheduler_reason", "signal",
+                                      "scheduler_error"};
+
+void rename_key(nlohmann::json& j, const char* from, const char* to) {
+  auto it = j.find(from);
+  if (it == j.end()) return;
+  if (!j.contains(to)) j[to] = std::move(*it);
+  j.erase(from);
+}
+
+}  // namespace
+
 nlohmann::json Record::to_json() const {
-  nlohmann::json j = {{"job_id", id},
-                      {"instance_id", instance_id},
-                      {"command", command},
-                      {"argv", argv},
-                      {"mode", mode},
-                      {"status", to_string(state)},
-                      {"reason", reason},
-                      {"exit_code", exit_code ? nlohmann::json(*exit_code) : nlohmann::json(nullptr)},
-                      {"created_at", created_at},
-                      {"started_at", started_at},
-                      {"finished_at", finished_at},
-                      {"limits", limits},
-                      {"unenforced", unenforced},
-                      {"cgroups", cgroups},
-                      {"stdout_path", stdout_path},
-                      {"stderr_path", stderr_path},
-                      {"status_path", status_path},
-                      {"pid", bwrap_pid},
-                      {"owner_pid", owner_pid},
-                      {"owner_start", owner_start},
-                      {"cancel_requested", cancel_requested}};
-  if (mode == "slurm") {
-    j["slurm_job_id"] = slurm_job_id;
-    j["scheduler_state"] = scheduler_state;
-    j["scheduler_reason"] = scheduler_reason;
-    j["signal"] = signal ? nlohmann::json(*signal) : nlohmann::json(nullptr);
-    j["scheduler_error"] = scheduler_error;
-  }
+  nlohmann::json j = *this;
+  for (const auto& [member, key] : kKeyOnDisk) rename_key(j, member, key);
+  if (mode != Mode::slurm)
+    for (const char* key : kSlurmOnly) j.erase(key);
   return j;
 }
 
 std::optional<Record> Record::from_json(const nlohmann::json& j) {
   if (!j.is_object()) return std::nullopt;
+  nlohmann::json by_member = j;
+  for (const auto& [member, key] : kKeyOnDisk) rename_key(by_member, key, member);
+  for (const auto& [old_key, member] : kOldKeys) rename_key(by_member, old_key, member);
   try {
-    Record r;
-    r.id = j.value("job_id", "");
+    auto r = by_member.get<Record>();
     if (!valid_job_id(r.id)) return std::nullopt;
-    r.instance_id = j.value("instance_id", "");
-    r.command = j.value("command", "");
-    if (auto it = j.find("argv"); it != j.end() && it->is_array()) r.argv = it->get<std::vector<std::string>>();
-    r.mode = j.value("mode", "local");
-    r.state = parse_state(j.value("status", "")).value_or(State::lost);
-    r.reason = j.value("reason", "");
-    if (auto it = j.find("exit_code"); it != j.end() && it->is_number_integer()) r.exit_code = it->get<int>();
-    r.created_at = j.value("created_at", "");
-    r.started_at = j.value("started_at", "");
-    r.finished_at = j.value("finished_at", "");
-    if (auto it = j.find("limits"); it != j.end() && it->is_object())
-      r.limits = it->get<std::map<std::string, std::int64_t>>();
-    if (auto it = j.find("unenforced"); it != j.end() && it->is_array())
-      r.unenforced = it->get<std::vector<std::string>>();
-    if (auto it = j.find("cgroups"); it != j.end() && it->is_array()) r.cgroups = it->get<std::vector<std::string>>();
-    r.stdout_path = j.value("stdout_path", "");
-    r.stderr_path = j.value("stderr_path", "");
-    r.status_path = j.value("status_path", "");
-    if (auto it = j.find("pid"); it != j.end() && it->is_number_integer()) r.bwrap_pid = it->get<pid_t>();
-    r.cancel_requested = j.value("cancel_requested", false);
-    r.owner_pid = j.value("owner_pid", 0);
-    r.owner_start = j.value("owner_start", std::uint64_t{0});
-    r.slurm_job_id = j.value("slurm_job_id", "");
-    r.scheduler_state = j.value("scheduler_state", "");
-    r.scheduler_reason = j.value("scheduler_reason", "");
-    if (auto it = j.find("signal"); it != j.end() && it->is_number_integer()) r.signal = it->get<int>();
-    r.scheduler_error = j.value("scheduler_error", "");
     return r;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;  // a field of the wrong type: treated as corrupt
@@ -125,9 +91,9 @@ nlohmann::json record_summary_json(const Record& r) {
           {"reason", r.reason},
           {"command", r.command},
           {"mode", r.mode},
-          {"slurm_job_id", r.mode == "slurm" ? nlohmann::json(r.slurm_job_id) : nlohmann::json(nullptr)},
-          {"scheduler_state", r.mode == "slurm" ? nlohmann::json(r.scheduler_state) : nlohmann::json(nullptr)},
-          {"scheduler_reason", r.mode == "slurm" ? nlohmann::json(r.scheduler_reason) : nlohmann::json(nullptr)},
+          {"slurm_job_id", r.mode == Mode::slurm ? nlohmann::json(r.slurm_job_id) : nlohmann::json(nullptr)},
+          {"scheduler_state", r.mode == Mode::slurm ? nlohmann::json(r.scheduler_state) : nlohmann::json(nullptr)},
+          {"scheduler_reason", r.mode == Mode::slurm ? nlohmann::json(r.scheduler_reason) : nlohmann::json(nullptr)},
           {"created_at", r.created_at},
           {"finished_at", r.finished_at}};
 }
@@ -143,7 +109,7 @@ nlohmann::json view_json(const View& v) {
   j["limits"] = v.record.limits;
   j["unenforced"] = v.record.unenforced;
   j["signal"] = v.record.signal ? nlohmann::json(*v.record.signal) : nlohmann::json(nullptr);
-  j["scheduler_error"] = v.record.mode == "slurm" ? nlohmann::json(v.record.scheduler_error) : nlohmann::json(nullptr);
+  j["scheduler_error"] = v.record.mode == Mode::slurm ? nlohmann::json(v.record.scheduler_error) : nlohmann::json(nullptr);
   return j;
 }
 
@@ -155,7 +121,7 @@ std::string view_text(const View& v) {
   head += fmt::format(" ({:.2f} s)", v.duration_s);
   if (!r.reason.empty() && r.state != State::completed) head += " — " + r.reason;
   std::string text = head + "\nCommand: " + r.command;
-  if (r.mode == "slurm") {
+  if (r.mode == Mode::slurm) {
     text += fmt::format("\nSlurm job {}: {}", r.slurm_job_id.empty() ? std::string("(not submitted)") : r.slurm_job_id,
                         r.scheduler_state.empty() ? std::string("not yet seen by the scheduler") : r.scheduler_state);
     if (!r.scheduler_reason.empty() && r.scheduler_reason != "None") text += " (reason: " + r.scheduler_reason + ")";

@@ -35,22 +35,17 @@ void parse_exit(std::string_view text, SlurmStatus& st) {
 
 }  // namespace
 
-std::string_view state_for(std::string_view s) {
+State state_for(std::string_view s) {
   if (s == "PENDING" || s == "REQUEUED" || s == "REQUEUE_HOLD" || s == "REQUEUE_FED" || s == "RESV_DEL_HOLD")
-    return "pending";
-  if (s == "COMPLETED") return "completed";
-  if (s == "FAILED" || s == "BOOT_FAIL" || s == "DEADLINE" || s == "SPECIAL_EXIT") return "failed";
-  if (s == "CANCELLED" || s == "REVOKED") return "cancelled";
-  if (s == "TIMEOUT") return "timed_out";
-  if (s == "OUT_OF_MEMORY") return "out_of_memory";
-  if (s == "NODE_FAIL") return "node_fail";
-  if (s == "PREEMPTED") return "preempted";
-  return "running";  // RUNNING, CONFIGURING, COMPLETING, SUSPENDED, STAGE_OUT, SIGNALING, …
-}
-
-bool slurm_state_final(std::string_view s) {
-  const auto mapped = state_for(s);
-  return mapped != "pending" && mapped != "running";
+    return State::pending;
+  if (s == "COMPLETED") return State::completed;
+  if (s == "FAILED" || s == "BOOT_FAIL" || s == "DEADLINE" || s == "SPECIAL_EXIT") return State::failed;
+  if (s == "CANCELLED" || s == "REVOKED") return State::cancelled;
+  if (s == "TIMEOUT") return State::timed_out;
+  if (s == "OUT_OF_MEMORY") return State::out_of_memory;
+  if (s == "NODE_FAIL") return State::node_fail;
+  if (s == "PREEMPTED") return State::preempted;
+  return State::running;  // RUNNING, CONFIGURING, COMPLETING, SUSPENDED, STAGE_OUT, SIGNALING, …
 }
 
 std::string SlurmClient::run(const std::vector<std::string>& argv, const std::string& input, std::string_view failed) {
@@ -60,19 +55,30 @@ std::string SlurmClient::run(const std::vector<std::string>& argv, const std::st
     result = run_command(argv, input, kCommandTimeout);
     log::debug("slurm: {} exited {}{}", fmt::join(argv, " "), result.exit_code, result.timed_out ? " (timed out)" : "");
   } catch (const SysError& e) {
-    throw SchedulerError(fmt::format("cannot run {}: {} (is Slurm installed on this machine, and is {} in PATH?)",
-                                     argv[0], std::strerror(e.code()), argv[0]));
+    throw SchedulerError(SchedulerError::Cause::not_started,
+                         fmt::format("cannot run {}: {} (is Slurm installed on this machine, and is {} in PATH?)",
+                                     argv[0], std::strerror(e.code()), argv[0]),
+                         e.code());
   }
-  if (result.exit_code != 0 || result.timed_out)
-    throw SchedulerError(std::string(failed) + describe_failure(argv, result));
+  if (result.exit_code != 0 || result.timed_out) {
+    const bool no_accounting = result.err.find("accounting storage is disabled") != std::string::npos;
+    throw SchedulerError(no_accounting ? SchedulerError::Cause::no_accounting : SchedulerError::Cause::failed,
+                         std::string(failed) + describe_failure(argv, result));
+  }
   return std::move(result.out);
 }
 
-SlurmClient::SlurmClient(const config::JobsSlurm& config) : config_(config) {
-  if (config_.status_source != config::StatusSource::automatic) source_ = config::to_string(config_.status_source);
+std::string SlurmClient::ask(const std::vector<std::string>& command, std::initializer_list<const char*> options,
+                             const std::vector<std::string>& ids) {
+  std::vector<std::string> argv = command;
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.emplace_back("-j");
+  argv.push_back(fmt::format("{}", fmt::join(ids, ",")));
+  return run(argv, {}, "");
 }
 
-std::string SlurmClient::source() const { return source_; }
+SlurmClient::SlurmClient(const config::JobsSlurm& config) : config_(config), source_(config.status_source) {}
+
 
 std::vector<std::string> SlurmClient::sbatch_argv(const std::map<std::string, std::int64_t>& resources,
                                                   const std::string& job_name, const std::string& stdout_path,
@@ -119,7 +125,7 @@ std::string SlurmClient::submit(const std::vector<std::string>& argv, const std:
   std::string id = out.substr(0, out.find_first_of(";\n"));
   while (!id.empty() && (id.back() == ' ' || id.back() == '\r')) id.pop_back();
   if (id.empty() || id.find_first_not_of("0123456789_") != std::string::npos)
-    throw SchedulerError(fmt::format("{} printed no job id (got {:?}); is it really sbatch?", argv[0], out.substr(0, 200)));
+    throw SchedulerError(SchedulerError::Cause::failed, fmt::format("{} printed no job id (got {:?}); is it really sbatch?", argv[0], out.substr(0, 200)));
   return id;
 }
 
@@ -131,33 +137,29 @@ std::map<std::string, SlurmStatus> SlurmClient::query(const std::vector<std::str
   std::vector<std::string> missing;
   for (const auto& id : ids)
     if (!out.count(id)) missing.push_back(id);
-  if (missing.empty() || source_ == "squeue") return out;
+  if (missing.empty() || source_ == config::StatusSource::squeue) return out;
   // Jobs the controller has forgotten: accounting (sacct) has their ends, where there is one.
   try {
     for (auto& [id, st] : query_sacct(missing)) out.emplace(id, std::move(st));
-    source_ = "sacct";
+    source_ = config::StatusSource::sacct;
   } catch (const SchedulerError& e) {
-    const std::string what = e.what();
-    const bool no_accounting = what.find("accounting storage is disabled") != std::string::npos ||
-                               what.find("cannot run") != std::string::npos;
-    if (source_ == "sacct" || !no_accounting) throw;
-    source_ = "squeue";  // decided once: this cluster keeps no accounting
+    const bool no_accounting = e.cause() != SchedulerError::Cause::failed;  // or no sacct at all
+    if (source_ == config::StatusSource::sacct || !no_accounting) throw;
+    source_ = config::StatusSource::squeue;  // decided once: this cluster keeps no accounting
   }
   return out;
 }
 
 std::map<std::string, SlurmStatus> SlurmClient::query_sacct(const std::vector<std::string>& ids) {
-  std::vector<std::string> argv = config_.sacct_command;
-  for (const char* a : {"-n", "-X", "-P", "-o", "JobIDRaw,State,ExitCode,Reason", "-j"}) argv.emplace_back(a);
-  argv.push_back(fmt::format("{}", fmt::join(ids, ",")));
-  const std::string text = run(argv, {}, "");
+  const std::string text = ask(config_.sacct_command, {"-n", "-X", "-P", "-o", "JobIDRaw,State,ExitCode,Reason"}, ids);
   std::map<std::string, SlurmStatus> out;
   for (auto line : text::split(text, '\n')) {
     if (line.empty()) continue;
     auto f = text::split(line, '|');
     if (f.size() < 4) continue;
     SlurmStatus st;
-    st.state = first_word(f[1]);
+    st.scheduler_state = first_word(f[1]);
+    st.state = state_for(st.scheduler_state);
     st.reason = std::string(f[3]);
     parse_exit(f[2], st);
     out[std::string(f[0])] = std::move(st);
@@ -166,23 +168,17 @@ std::map<std::string, SlurmStatus> SlurmClient::query_sacct(const std::vector<st
 }
 
 std::map<std::string, SlurmStatus> SlurmClient::query_squeue(const std::vector<std::string>& ids) {
-  std::vector<std::string> argv = config_.squeue_command;
-  for (const char* a : {"-h", "-t", "all", "-O", "JobID:|,State:|,Reason:|,exit_code:|", "-j"}) argv.emplace_back(a);
-  argv.push_back(fmt::format("{}", fmt::join(ids, ",")));
-  const std::string text = run(argv, {}, "");
-  auto trim = [](std::string_view v) {
-    while (!v.empty() && (v.back() == ' ' || v.back() == '\r')) v.remove_suffix(1);
-    while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
-    return std::string(v);
-  };
+  const std::string text = ask(config_.squeue_command, {"-h", "-t", "all", "-O", "JobID:|,State:|,Reason:|,exit_code:|"}, ids);
+  const auto trim = [](std::string_view v) { return std::string(text::trim(v)); };
   std::map<std::string, SlurmStatus> out;
   for (auto line : text::split(text, '\n')) {
     auto f = text::split(line, '|');
     if (f.size() < 4) continue;
     SlurmStatus st;
-    st.state = first_word(trim(f[1]));
+    st.scheduler_state = first_word(trim(f[1]));
+    st.state = state_for(st.scheduler_state);
     st.reason = trim(f[2]);
-    if (slurm_state_final(st.state)) {
+    if (is_final(st.state)) {
       // The raw wait status: code << 8 | signal.
       try {
         const int raw = std::stoi(trim(f[3]));

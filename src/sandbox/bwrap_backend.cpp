@@ -261,7 +261,7 @@ class BwrapProcess final : public Process {
 class BwrapBackend final : public Backend {
  public:
   explicit BwrapBackend(const config::Config& config) : ns_(config.ns) {
-    if (::geteuid() == 0 && ns_.sandbox_uid != 0) drop_to_ = std::make_pair(ns_.sandbox_uid, ns_.sandbox_gid);
+    drop_to_ = users::sandbox_owner(ns_.sandbox_uid, ns_.sandbox_gid);
   }
 
   std::string_view name() const override { return "bwrap"; }
@@ -281,11 +281,11 @@ class BwrapBackend final : public Backend {
 
     if (drop_to_) {
       for (const stdfs::path& dir : {spec.target.workspace, spec.target.output}) {
-        if (auto why = unreachable_for(dir, drop_to_->first, drop_to_->second))
+        if (auto why = unreachable_for(dir, drop_to_->uid, drop_to_->gid))
           throw Error(fmt::format(
               "the sandbox uid {} cannot reach {}: {}; keep namespace.instances_dir in a folder it can "
               "pass through (as root the default is {}) or change namespace.sandbox_uid",
-              drop_to_->first, dir.string(), *why, config::kRootInstancesDir));
+              drop_to_->uid, dir.string(), *why, config::kRootInstancesDir));
       }
     }
     // Instance folders are passed as descriptors opened here (bwrap binds /proc/self/fd/N), so
@@ -404,7 +404,7 @@ class BwrapBackend final : public Backend {
     try {
       return fs::open_dir_path(dir);
     } catch (const SysError& e) {
-      throw Error(fmt::format("cannot open the instance's {} folder: {}", what, e.what()));
+      throw e.wrapped(fmt::format("cannot open the instance's {} folder", what));
     }
   }
 
@@ -418,7 +418,7 @@ class BwrapBackend final : public Backend {
   }
 
   config::Namespace ns_;
-  std::optional<std::pair<uid_t, gid_t>> drop_to_;
+  std::optional<users::Identity> drop_to_;
   mutable std::mutex mutex_;
   mutable std::string bwrap_path_;
   mutable std::string self_path_;

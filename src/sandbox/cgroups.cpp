@@ -33,6 +33,7 @@
 #include "base/fd.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
+#include "base/pidfd.hpp"
 #include "base/text.hpp"
 
 namespace nshpc::sandbox {
@@ -408,23 +409,24 @@ void signal_members(const std::vector<pid_t>& first_look,
   std::vector<std::pair<pid_t, UniqueFd>> targets;
   for (pid_t pid : first_look) {
     if (pid == self) continue;
-#ifdef SYS_pidfd_open
-    long fd = ::syscall(SYS_pidfd_open, pid, 0);
-    if (fd < 0 && errno == ESRCH) continue;
-    targets.emplace_back(pid, UniqueFd(fd < 0 ? -1 : static_cast<int>(fd)));
-#else
-    targets.emplace_back(pid, UniqueFd());
-#endif
+    int error = 0;
+    UniqueFd fd = open_pidfd(pid, &error);
+    if (!fd && error == ESRCH) continue;
+    targets.emplace_back(pid, std::move(fd));
   }
   if (targets.empty()) return;
   const std::vector<pid_t> second_look = look();
   for (auto& [pid, fd] : targets) {
     if (!std::binary_search(second_look.begin(), second_look.end(), pid)) continue;
-#ifdef SYS_pidfd_send_signal
-    if (fd && ::syscall(SYS_pidfd_send_signal, fd.get(), sig, nullptr, 0) == 0) continue;
-    if (fd && errno == ESRCH) continue;
-#endif
-    ::kill(pid, sig);
+    if (!fd) {
+      ::kill(pid, sig);  // no pidfd for it (not supported here): by pid, checked just above
+      continue;
+    }
+    try {
+      signal_pidfd(fd.get(), sig);
+    } catch (const SysError&) {
+      // Not ours to signal (EPERM): nothing else to do for it.
+    }
   }
 }
 
@@ -445,8 +447,8 @@ std::vector<stdfs::path> Cgroup::candidate_paths(const std::string& name, const 
 }
 
 std::unique_ptr<Cgroup> Cgroup::create(const std::string& name, const CgroupLimits& limits,
-                                       std::vector<std::string>& unenforced,
-                                       const stdfs::path& mount_root) {
+                                       std::vector<std::string>& unenforced, const stdfs::path& mount_root,
+                                       std::vector<std::string>* unenforced_controllers) {
   check_name(name);
   if (limits.cpus && !(std::isfinite(*limits.cpus) && *limits.cpus > 0))
     throw UsageError(fmt::format("invalid cpu limit {}; give a positive number of cores", *limits.cpus));
@@ -549,7 +551,10 @@ std::unique_ptr<Cgroup> Cgroup::create(const std::string& name, const CgroupLimi
   });
 
   for (const char* c : kControllers)
-    if (asked.at(c) && problems.count(c)) unenforced.push_back(fmt::format("{}: {}", c, problems[c]));
+    if (asked.at(c) && problems.count(c)) {
+      unenforced.push_back(fmt::format("{}: {}", c, problems[c]));
+      if (unenforced_controllers) unenforced_controllers->emplace_back(c);
+    }
   for (auto& n : notes) unenforced.push_back(std::move(n));
 
   if (cg->paths_.empty()) {
@@ -735,17 +740,16 @@ CgroupSupport probe_cgroups(const stdfs::path& mount_root) {
   limits.memory_bytes = std::uint64_t{1} << 40;
   limits.cpus = 0.01;
   limits.pids = 100000;
-  std::vector<std::string> unenforced;
+  std::vector<std::string> unenforced, not_enforced;
   std::unique_ptr<Cgroup> cg;
   try {
-    cg = Cgroup::create(name, limits, unenforced, mount_root);
+    cg = Cgroup::create(name, limits, unenforced, mount_root, &not_enforced);
   } catch (const std::exception& e) {
     s.detail = e.what();
     return s;
   }
-  auto works = [&unenforced](const std::string& c) {
-    return std::none_of(unenforced.begin(), unenforced.end(),
-                        [&c](const std::string& u) { return u.rfind(c + ": ", 0) == 0; });
+  auto works = [&not_enforced](const std::string& c) {
+    return std::find(not_enforced.begin(), not_enforced.end(), c) == not_enforced.end();
   };
   s.memory = works("memory");
   s.cpu = works("cpu");

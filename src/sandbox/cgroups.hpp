@@ -43,10 +43,12 @@ class Cgroup {
   // asked and nothing creatable it returns a Cgroup without paths() (members() empty, kill() a
   // no-op) and adds "kill: <why>" to `unenforced`. `name` may contain '/' (parts must not be
   // empty, "." or ".."; else UsageError, as for cpus <= 0). An empty left-over group of the same
-  // name is reused; one with members makes it throw SysError(EBUSY).
+  // name is reused; one with members makes it throw SysError(EBUSY). `unenforced_controllers`,
+  // when given, gets the controllers ("memory", "cpu", "pids") of the limits not enforced.
   static std::unique_ptr<Cgroup> create(const std::string& name, const CgroupLimits& limits,
                                         std::vector<std::string>& unenforced,
-                                        const std::filesystem::path& mount_root = "/sys/fs/cgroup");
+                                        const std::filesystem::path& mount_root = "/sys/fs/cgroup",
+                                        std::vector<std::string>* unenforced_controllers = nullptr);
   // Re-attaches to groups created earlier (after a server restart), from their saved paths.
   // Paths that no longer exist are skipped (SysError ENOENT when none is left); a path outside
   // a cgroup file system throws Error.

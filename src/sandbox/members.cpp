@@ -10,11 +10,7 @@
 #include <cstdlib>
 #include <memory>
 
-#include "sandbox/spawn.hpp"
-
-#ifndef P_PIDFD
-#define P_PIDFD 3
-#endif
+#include "base/pidfd.hpp"
 
 namespace nshpc::sandbox {
 
@@ -72,15 +68,6 @@ pid_t parent_of(pid_t pid) {
   int ppid = 0;
   if (std::sscanf(paren + 1, " %c %d", &state, &ppid) != 2) return 0;
   return static_cast<pid_t>(ppid);
-}
-
-bool reap_if_child(int pidfd) {
-  if (pidfd < 0) return false;
-  siginfo_t info{};
-  while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &info, WEXITED) < 0) {
-    if (errno != EINTR) return false;  // ECHILD: not our child, or reaped already
-  }
-  return true;
 }
 
 }  // namespace nshpc::sandbox

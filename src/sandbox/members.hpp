@@ -24,8 +24,4 @@ std::size_t signal_members(std::uint64_t pid_ns, int sig);
 // The parent of `pid` (field 4 of /proc/<pid>/stat); 0 when it is gone.
 pid_t parent_of(pid_t pid);
 
-// Reaps the process of `pidfd` if it is our child, blocking until it has exited; returns false
-// when it is not our child (or already reaped). Send it SIGKILL first when it must not linger.
-bool reap_if_child(int pidfd);
-
 }  // namespace nshpc::sandbox

@@ -121,16 +121,6 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
 
 }  // namespace
 
-UniqueFd open_pidfd(pid_t pid) {
-  return UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
-}
-
-void signal_pidfd(int pidfd, int sig) {
-  if (pidfd < 0) return;
-  if (::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0) < 0 && errno != ESRCH)
-    throw SysError(errno, "pidfd_send_signal");
-}
-
 Child spawn(const ChildSetup& setup) {
   std::vector<char*> argv = c_strings(setup.argv);
   std::vector<char*> envp = c_strings(setup.envp);
@@ -165,11 +155,11 @@ Child spawn(const ChildSetup& setup) {
   const Step step = static_cast<Step>(failure.step);
   std::string what = step_name(step);
   if (step == Step::setuid || step == Step::setgid) {
-    what += fmt::format("({})", step == Step::setuid ? setup.drop_to->first : setup.drop_to->second);
+    what += fmt::format("({})", step == Step::setuid ? setup.drop_to->uid : setup.drop_to->gid);
   } else if (step == Step::exec) {
     what += " " + setup.program;
   }
-  throw Error(fmt::format("could not start the sandbox: {} failed: {}", what, std::strerror(failure.err)));
+  throw SysError(failure.err, what + " failed").wrapped("could not start the sandbox");
 }
 
 }  // namespace nshpc::sandbox

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "base/fd.hpp"
+#include "base/pidfd.hpp"
+#include "base/users.hpp"
 
 namespace nshpc::sandbox {
 
@@ -22,7 +24,7 @@ struct ChildSetup {
   std::vector<std::pair<int, int>> fds;  // (descriptor here, number in the child); all others closed
   std::vector<int> join_cgroups;         // cgroup.procs descriptors: the child writes "0" to each first
   std::vector<std::pair<int, rlim_t>> rlimits;  // (RLIMIT_*, value) set as soft and hard limit
-  std::optional<std::pair<uid_t, gid_t>> drop_to;  // setgroups(0) + setresgid + setresuid
+  std::optional<users::Identity> drop_to;  // setgroups(0) + setresgid + setresuid
   bool controlling_tty = false;  // setsid() and make the child's stdin its controlling terminal
   bool die_with_parent = true;   // PR_SET_PDEATHSIG(SIGKILL), set after the identity change
 };
@@ -34,11 +36,5 @@ struct Child {
 
 // Forks and execs. Throws Error naming the step that failed in the child (e.g. "setresuid(65534)").
 Child spawn(const ChildSetup& setup);
-
-// Sends `sig` through a pidfd; ESRCH (already gone) is not an error.
-void signal_pidfd(int pidfd, int sig);
-
-// pidfd_open(2); an invalid fd when the process is already gone.
-UniqueFd open_pidfd(pid_t pid);
 
 }  // namespace nshpc::sandbox

@@ -97,7 +97,7 @@ Clock::time_point Instance::last_activity() const {
   return newest;
 }
 
-std::size_t StateFileJobsGuard::active_jobs(const stdfs::path& instance_base) {
+std::size_t RecordedJobsGuard::active_jobs(const stdfs::path& instance_base) {
   std::size_t count = 0;
   const stdfs::path dir = instance_base / ".ns_hpc_jobs";
   std::error_code ec;
@@ -121,10 +121,7 @@ Store::Store(const config::Config& config, JobsGuard& jobs)
       rotation_{static_cast<std::uint64_t>(config.audit.max_size) * 1024 * 1024, static_cast<int>(config.audit.keep)},
       workspace_mount_(config.ns.workspace_mount),
       jobs_(&jobs) {
-  if (::geteuid() == 0 && config.ns.sandbox_uid != 0) {
-    owner_uid_ = config.ns.sandbox_uid;
-    owner_gid_ = config.ns.sandbox_gid;
-  }
+  owner_ = users::sandbox_owner(config.ns.sandbox_uid, config.ns.sandbox_gid);
 }
 
 void Store::ensure_layout() const {
@@ -134,8 +131,8 @@ void Store::ensure_layout() const {
 }
 
 void Store::give_to_sandbox_user(const stdfs::path& dir) const {
-  if (!owner_uid_) return;
-  if (::lchown(dir.c_str(), *owner_uid_, owner_gid_) < 0)
+  if (!owner_) return;
+  if (::lchown(dir.c_str(), owner_->uid, owner_->gid) < 0)
     throw SysError(errno, "chown", dir.string());
 }
 
@@ -305,16 +302,23 @@ ArchivedInstance Store::archive(std::string_view id, std::string_view actor) {
   archived.id = std::string(id);
   archived.name = fmt::format("{}__{}", id, timeutil::compact_utc(now));
   archived.base = archive_root() / archived.name;
+  std::optional<Instance> inst;
   try {
-    Instance inst = load(id, base);
-    inst.meta.raw["archived"] = true;
-    inst.meta.raw["archived_at"] = timeutil::iso_utc(now);
-    write_metadata(inst.metadata_file(), inst.meta);
-    archived.meta = inst.meta;
+    inst = load(id, base);
   } catch (const UsageError&) {
     throw;
   } catch (const Error&) {
     // A corrupt metadata.json does not stop the archive: the folder is moved aside as it is.
+  }
+  if (inst) {
+    inst->meta.raw["archived"] = true;
+    inst->meta.raw["archived_at"] = timeutil::iso_utc(now);
+    try {
+      write_metadata(inst->metadata_file(), inst->meta);  // before anything moves: a failure changes nothing
+    } catch (const SysError& e) {
+      throw e.wrapped(fmt::format("cannot archive instance '{}': its metadata could not be written", id));
+    }
+    archived.meta = inst->meta;
   }
   audit::append(base / "audit.log", "instance.archived", actor,
                 {{"instance_id", std::string(id)}, {"archive", archived.name}});
@@ -443,9 +447,9 @@ Store::DiskUse Store::disk_use(const Instance& instance) const {
 UniqueFd Store::open_workspace_file(const Instance& instance, const std::string& relative, WorkspaceOpen how,
                                     std::string* problem) const {
   const std::string shown = workspace_mount_ + "/" + relative;
-  const fs::Expect expect{.owner = owner_uid_.value_or(::geteuid())};
+  const fs::Expect expect{.owner = owner_ ? owner_->uid : ::geteuid()};
   std::optional<std::pair<uid_t, gid_t>> owner;
-  if (owner_uid_) owner = std::make_pair(*owner_uid_, owner_gid_);
+  if (owner_) owner = std::make_pair(owner_->uid, owner_->gid);
   UniqueFd dir = fs::open_dir_path(instance.workspace);
   switch (how) {
     case WorkspaceOpen::read:

@@ -30,6 +30,7 @@
 
 #include "audit/audit.hpp"
 #include "base/fd.hpp"
+#include "base/users.hpp"
 #include "config/config.hpp"
 #include "sandbox/sandbox.hpp"
 
@@ -94,8 +95,9 @@ class JobsGuard {
   virtual std::size_t active_jobs(const stdfs::path& instance_base) = 0;
 };
 
-// Reads the job records in <base>/.ns_hpc_jobs/*.state and counts "pending"/"running" ones.
-class StateFileJobsGuard final : public JobsGuard {
+// Counts the jobs recorded as "pending" or "running" in <base>/.ns_hpc_jobs/*.state, taking the
+// records at their word (no look at the sandboxes): for processes without a job engine.
+class RecordedJobsGuard final : public JobsGuard {
  public:
   std::size_t active_jobs(const stdfs::path& instance_base) override;
 };
@@ -218,8 +220,7 @@ class Store {
   config::Network default_network_;
   audit::Rotation rotation_;
   std::string workspace_mount_;
-  std::optional<uid_t> owner_uid_;
-  gid_t owner_gid_ = 0;
+  std::optional<users::Identity> owner_;  // users::sandbox_owner
   JobsGuard* jobs_;
 };
 

@@ -63,7 +63,7 @@ std::string describe_line(const store::Instance& inst) {
   return line;
 }
 
-void add_create(mcp::Server& server, const Context& ctx) {
+void add_create(mcp::Server& server, const ToolContext& ctx) {
   mcp::Tool tool;
   tool.name = "create_instance";
   tool.title = "Create a sandbox instance";
@@ -86,7 +86,7 @@ void add_create(mcp::Server& server, const Context& ctx) {
     options.network = arg_network(args);
     store::Instance inst = ctx.services.store.create(arg_string(args, "instance_id"), options, actor(rc));
     server.notify_resource_list_changed();
-    json out = instance_json(ctx, inst);
+    json out = agent_instance_json(ctx, inst);
     return mcp::ToolResult::text(
         fmt::format("Created instance '{}' (network {}). Its workspace is {} inside the sandbox and persists "
                     "between commands; results meant to be kept go to {}.",
@@ -97,7 +97,7 @@ void add_create(mcp::Server& server, const Context& ctx) {
   server.add_tool(std::move(tool));
 }
 
-void add_list(mcp::Server& server, const Context& ctx) {
+void add_list(mcp::Server& server, const ToolContext& ctx) {
   mcp::Tool tool;
   tool.name = "list_instances";
   tool.title = "List instances";
@@ -118,7 +118,7 @@ void add_list(mcp::Server& server, const Context& ctx) {
     std::string text = listing.instances.empty() ? "No instances yet; create one with create_instance."
                                                  : fmt::format("{} instance(s):", listing.instances.size());
     for (const auto& inst : listing.instances) {
-      items.push_back(instance_json(ctx, inst));
+      items.push_back(agent_instance_json(ctx, inst));
       text += "\n- " + describe_line(inst);
     }
     for (const auto& bad : listing.corrupt)
@@ -128,7 +128,7 @@ void add_list(mcp::Server& server, const Context& ctx) {
   server.add_tool(std::move(tool));
 }
 
-void add_list_archived(mcp::Server& server, const Context& ctx) {
+void add_list_archived(mcp::Server& server, const ToolContext& ctx) {
   mcp::Tool tool;
   tool.name = "list_archived_instances";
   tool.title = "List archived instances";
@@ -171,7 +171,7 @@ void add_list_archived(mcp::Server& server, const Context& ctx) {
   server.add_tool(std::move(tool));
 }
 
-void add_describe(mcp::Server& server, const Context& ctx) {
+void add_describe(mcp::Server& server, const ToolContext& ctx) {
   mcp::Tool tool;
   tool.name = "describe_instance";
   tool.title = "Describe an instance";
@@ -189,7 +189,7 @@ void add_describe(mcp::Server& server, const Context& ctx) {
   tool.accept_input_wrapper = true;
   tool.handler = [ctx](const json& args, mcp::RequestContext&) {
     store::Instance inst = ctx.services.store.get(arg_string(args, "instance_id"));
-    json out = instance_json(ctx, inst);
+    json out = agent_instance_json(ctx, inst);
     const store::Store::DiskUse use = ctx.services.store.disk_use(inst);
     out["disk_usage"] = {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes}, {"files", use.files}};
     std::string text = fmt::format(
@@ -204,7 +204,7 @@ void add_describe(mcp::Server& server, const Context& ctx) {
   server.add_tool(std::move(tool));
 }
 
-void add_update(mcp::Server& server, const Context& ctx) {
+void add_update(mcp::Server& server, const ToolContext& ctx) {
   mcp::Tool tool;
   tool.name = "update_instance";
   tool.title = "Update an instance";
@@ -230,12 +230,12 @@ void add_update(mcp::Server& server, const Context& ctx) {
     return mcp::ToolResult::text(
         fmt::format("Updated instance '{}': description \"{}\", network {}.", inst.id, inst.meta.description(),
                     config::to_string(inst.network)),
-        instance_json(ctx, inst));
+        agent_instance_json(ctx, inst));
   };
   server.add_tool(std::move(tool));
 }
 
-void add_archive(mcp::Server& server, const Context& ctx) {
+void add_archive(mcp::Server& server, const ToolContext& ctx) {
   mcp::Tool tool;
   tool.name = "archive_instance";
   tool.title = "Archive an instance";
@@ -266,7 +266,7 @@ void add_archive(mcp::Server& server, const Context& ctx) {
   server.add_tool(std::move(tool));
 }
 
-void add_delete(mcp::Server& server, const Context& ctx) {
+void add_delete(mcp::Server& server, const ToolContext& ctx) {
   mcp::Tool tool;
   tool.name = "delete_instance";
   tool.title = "Delete an instance for good";
@@ -304,7 +304,7 @@ void add_delete(mcp::Server& server, const Context& ctx) {
 
 }  // namespace
 
-void add_instance_tools(mcp::Server& server, const Context& ctx) {
+void add_instance_tools(mcp::Server& server, const ToolContext& ctx) {
   add_create(server, ctx);
   add_list(server, ctx);
   add_list_archived(server, ctx);

@@ -20,7 +20,7 @@ const json kTailArg = {{"type", "integer"},
 const json kStates = {"pending",   "running", "completed",     "failed",    "cancelled",
                        "timed_out", "lost",    "out_of_memory", "node_fail", "preempted"};
 
-json required_with_instance(const Context& ctx, std::vector<std::string> others) {
+json required_with_instance(const ToolContext& ctx, std::vector<std::string> others) {
   if (ctx.services.config.mcp.default_instance.empty()) others.insert(others.begin(), "instance_id");
   return others;
 }
@@ -97,7 +97,7 @@ mcp::ToolResult result_of(const jobs::View& view) {
 // Waits for the job as the call asked: progress while waiting, stops waiting (not the job) when
 // the request is cancelled, and with detach=false cancels a job still running when a real wait
 // (timeout > 0) ran out. Returns the result to send.
-mcp::ToolResult wait_for(const Context& ctx, const std::string& instance, const std::string& job,
+mcp::ToolResult wait_for(const ToolContext& ctx, const std::string& instance, const std::string& job,
                          std::int64_t timeout_s, const json& args, mcp::RequestContext& rc) {
   jobs::Engine& engine = *ctx.services.jobs;
   bool interrupted = false;
@@ -113,7 +113,7 @@ mcp::ToolResult wait_for(const Context& ctx, const std::string& instance, const 
   return result_of(v);
 }
 
-void add_submit(mcp::Server& server, const Context& ctx) {
+void add_submit(mcp::Server& server, const ToolContext& ctx) {
   mcp::Tool tool;
   tool.name = "submit_job";
   tool.title = "Run a command as a job";
@@ -148,12 +148,14 @@ void add_submit(mcp::Server& server, const Context& ctx) {
     const std::string command = args.value("command", "");
     req.argv = {"/bin/sh", "-c", command};
     req.display = command;
-    req.mode = args.value("mode", "local");
-    if (req.mode == "slurm" && args.contains("limits"))
+    const std::string mode = args.value("mode", "local");
+    if (auto parsed = jobs::parse_mode(mode)) req.mode = *parsed;
+    else throw UsageError(fmt::format("unknown mode '{}'; use \"local\" (this machine) or \"slurm\" (the cluster)", mode));
+    if (req.mode == jobs::Mode::slurm && args.contains("limits"))
       throw UsageError("mode \"slurm\" takes `resources` (e.g. {\"cpus\": 2, \"memory\": 1024}), not `limits`");
-    if (req.mode != "slurm" && args.contains("resources"))
+    if (req.mode != jobs::Mode::slurm && args.contains("resources"))
       throw UsageError("`resources` are for mode \"slurm\"; local jobs take `limits`");
-    if (auto it = args.find(req.mode == "slurm" ? "resources" : "limits"); it != args.end())
+    if (auto it = args.find(req.mode == jobs::Mode::slurm ? "resources" : "limits"); it != args.end())
       for (const auto& [name, value] : it->items()) req.limits.values[name] = value.get<std::int64_t>();
     jobs::Record rec = ctx.services.jobs->submit(req, actor(rc));
     return wait_for(ctx, rec.instance_id, rec.id, args.value("timeout", 30), args, rc);
@@ -161,7 +163,7 @@ void add_submit(mcp::Server& server, const Context& ctx) {
   server.add_tool(std::move(tool));
 }
 
-void add_poll(mcp::Server& server, const Context& ctx) {
+void add_poll(mcp::Server& server, const ToolContext& ctx) {
   mcp::Tool tool;
   tool.name = "poll_job";
   tool.title = "Check or wait for a job";
@@ -187,7 +189,7 @@ void add_poll(mcp::Server& server, const Context& ctx) {
   server.add_tool(std::move(tool));
 }
 
-void add_list(mcp::Server& server, const Context& ctx) {
+void add_list(mcp::Server& server, const ToolContext& ctx) {
   mcp::Tool tool;
   tool.name = "list_jobs";
   tool.title = "List jobs";
@@ -222,7 +224,7 @@ void add_list(mcp::Server& server, const Context& ctx) {
     for (std::size_t i = offset; i < all.size() && i < offset + limit; ++i) {
       items.push_back(jobs::record_summary_json(all[i]));
       const jobs::Record& r = all[i];
-      std::string where = r.mode == "slurm" ? fmt::format("  [slurm {}{}{}]", r.slurm_job_id.empty() ? "-" : r.slurm_job_id,
+      std::string where = r.mode == jobs::Mode::slurm ? fmt::format("  [slurm {}{}{}]", r.slurm_job_id.empty() ? "-" : r.slurm_job_id,
                                                           r.scheduler_state.empty() ? "" : " " + r.scheduler_state,
                                                           r.scheduler_reason.empty() || r.scheduler_reason == "None"
                                                               ? ""
@@ -240,7 +242,7 @@ void add_list(mcp::Server& server, const Context& ctx) {
   server.add_tool(std::move(tool));
 }
 
-void add_cancel(mcp::Server& server, const Context& ctx) {
+void add_cancel(mcp::Server& server, const ToolContext& ctx) {
   mcp::Tool tool;
   tool.name = "cancel_job";
   tool.title = "Cancel a job";
@@ -267,7 +269,7 @@ void add_cancel(mcp::Server& server, const Context& ctx) {
 
 }  // namespace
 
-void add_job_tools(mcp::Server& server, const Context& ctx) {
+void add_job_tools(mcp::Server& server, const ToolContext& ctx) {
   add_submit(server, ctx);
   add_poll(server, ctx);
   add_list(server, ctx);

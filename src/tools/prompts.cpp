@@ -5,7 +5,7 @@
 
 namespace nshpc::tools {
 
-void add_prompts(mcp::Server& server, const Context&) {
+void add_prompts(mcp::Server& server, const ToolContext&) {
   mcp::Prompt prompt;
   prompt.name = "work_in_sandbox";
   prompt.title = "Work on a task in an ns-hpc sandbox";

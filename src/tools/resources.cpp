@@ -44,7 +44,7 @@ struct Document {
 
 class Resources final : public mcp::ResourceProvider {
  public:
-  explicit Resources(Context ctx) : ctx_(std::move(ctx)) {}
+  explicit Resources(ToolContext ctx) : ctx_(std::move(ctx)) {}
 
   std::vector<mcp::Resource> list() override {
     std::vector<mcp::Resource> out;
@@ -129,17 +129,17 @@ class Resources final : public mcp::ResourceProvider {
       if (!ctx_.services.store.exists(id)) return std::nullopt;
       store::Instance inst = ctx_.services.store.get(id);
       return std::vector<mcp::ResourceContents>{
-          {uri, "application/json", instance_json(ctx_, inst).dump(2), std::nullopt}};
+          {uri, "application/json", agent_instance_json(ctx_, inst).dump(2), std::nullopt}};
     } catch (const UsageError&) {
       return std::nullopt;  // an invalid id names no resource
     }
   }
 
-  Context ctx_;
+  ToolContext ctx_;
 };
 
 }  // namespace
 
-std::shared_ptr<mcp::ResourceProvider> make_resources(const Context& ctx) { return std::make_shared<Resources>(ctx); }
+std::shared_ptr<mcp::ResourceProvider> make_resources(const ToolContext& ctx) { return std::make_shared<Resources>(ctx); }
 
 }  // namespace nshpc::tools

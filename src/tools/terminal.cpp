@@ -20,6 +20,7 @@
 
 #include "base/error.hpp"
 #include "base/fd.hpp"
+#include "base/process.hpp"
 #include "base/text.hpp"
 #include "jobs/jobs.hpp"
 #include "sandbox/limits.hpp"
@@ -58,7 +59,7 @@ std::string string_arg(const json& args, const char* name) {
 }
 
 // Validation as the original: empty command/args/working_directory/stdin count as absent.
-Request parse_request(const json& args, const config::Config& cfg, const Context& ctx) {
+Request parse_request(const json& args, const config::Config& cfg, const ToolContext& ctx) {
   Request req;
   req.instance_id = instance_arg(ctx, args);
   const std::string command = string_arg(args, "command");
@@ -128,37 +129,11 @@ void set_nonblocking(int fd) {
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) throw SysError(errno, "fcntl(O_NONBLOCK)");
 }
 
-// SIGPIPE blocked on this thread while it writes the command's stdin (a command that does not
-// read it must not kill the server, whatever the transport did with SIGPIPE); a SIGPIPE raised
-// meanwhile is consumed before the mask is restored.
-class SigpipeBlock {
- public:
-  SigpipeBlock() {
-    sigemptyset(&pipe_);
-    sigaddset(&pipe_, SIGPIPE);
-    ::pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
-  }
-  ~SigpipeBlock() {
-    if (!sigismember(&old_, SIGPIPE)) {
-      const timespec zero{0, 0};
-      while (::sigtimedwait(&pipe_, nullptr, &zero) == SIGPIPE) {
-      }
-    }
-    ::pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  SigpipeBlock(const SigpipeBlock&) = delete;
-  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
-
- private:
-  sigset_t pipe_;
-  sigset_t old_;
-};
-
 // One command in a fresh sandbox: stdin written, stdout/stderr read, all in one poll loop with
 // the bwrap pidfd, the timeout deadline and cancellation.
 class Run {
  public:
-  Run(const Context& ctx, const store::Instance& inst, const Request& req, mcp::RequestContext& rc)
+  Run(const ToolContext& ctx, const store::Instance& inst, const Request& req, mcp::RequestContext& rc)
       : ctx_(ctx), inst_(inst), req_(req), rc_(rc) {}
 
   Outcome execute() {
@@ -325,7 +300,7 @@ class Run {
     stdin_fd_.reset();  // all written: EOF for the command
   }
 
-  const Context& ctx_;
+  const ToolContext& ctx_;
   const store::Instance& inst_;
   const Request& req_;
   mcp::RequestContext& rc_;
@@ -417,7 +392,7 @@ std::string tool_description(const config::Config& cfg) {
 
 }  // namespace
 
-void add_terminal_tool(mcp::Server& server, const Context& ctx) {
+void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
   const config::Config& cfg = ctx.services.config;
   mcp::Tool tool;
   tool.name = "terminal_execute";

@@ -19,7 +19,7 @@ std::string actor(const mcp::RequestContext& rc) {
   return fmt::format("mcp:{}@{}", rc.client_name(), rc.session_id());
 }
 
-void audit_tool_call(const Context& ctx, const std::string& tool, const mcp::json& args, mcp::ToolResult& result,
+void audit_tool_call(const ToolContext& ctx, const std::string& tool, const mcp::json& args, mcp::ToolResult& result,
                      std::chrono::milliseconds duration, mcp::RequestContext& rc) {
   std::string shown_args = args.dump(-1, ' ', false, mcp::json::error_handler_t::replace);
   if (shown_args.size() > kAuditedArgumentBytes) shown_args = shown_args.substr(0, kAuditedArgumentBytes) + "…";
@@ -54,7 +54,7 @@ void audit_tool_call(const Context& ctx, const std::string& tool, const mcp::jso
   }
 }
 
-mcp::json instance_json(const Context& ctx, const store::Instance& inst) {
+mcp::json agent_instance_json(const ToolContext& ctx, const store::Instance& inst) {
   return {{"id", inst.id},
           {"description", inst.meta.description()},
           {"created_at", inst.meta.created_at()},
@@ -67,14 +67,14 @@ mcp::json instance_json(const Context& ctx, const store::Instance& inst) {
 
 std::string instance_uri(const std::string& id) { return "resource://ns-hpc/instances/" + id; }
 
-std::string instance_arg(const Context& ctx, const mcp::json& args) {
+std::string instance_arg(const ToolContext& ctx, const mcp::json& args) {
   auto it = args.find("instance_id");
   if (it != args.end() && it->is_string() && !it->get_ref<const std::string&>().empty()) return it->get<std::string>();
   if (!ctx.services.config.mcp.default_instance.empty()) return ctx.services.config.mcp.default_instance;
   throw UsageError("instance_id is required (this server has no [mcp] default_instance); list_instances shows them");
 }
 
-mcp::json instance_id_schema(const Context& ctx, const std::string& what) {
+mcp::json instance_id_schema(const ToolContext& ctx, const std::string& what) {
   const std::string& fallback = ctx.services.config.mcp.default_instance;
   return {{"type", "string"},
           {"description", fallback.empty() ? what : fmt::format("{} Default: '{}'.", what, fallback)}};
@@ -97,7 +97,7 @@ mcp::ServerInfo server_info() {
 
 mcp::ServerOptions server_options(const config::Config& config, Services services) {
   mcp::ServerOptions options;
-  Context ctx{services};
+  ToolContext ctx{services};
   options.on_tool_call = [ctx](const std::string& tool, const mcp::json& args, mcp::ToolResult& result,
                                std::chrono::milliseconds duration, mcp::RequestContext& rc) {
     audit_tool_call(ctx, tool, args, result, duration, rc);
@@ -112,7 +112,7 @@ mcp::ServerOptions server_options(const config::Config& config, Services service
 }
 
 void register_all(mcp::Server& server, Services services) {
-  Context ctx{services};
+  ToolContext ctx{services};
   add_instance_tools(server, ctx);
   add_terminal_tool(server, ctx);
   if (services.jobs) add_job_tools(server, ctx);

@@ -133,7 +133,6 @@ describe('job tools', () => {
   let client;
   let api;
   let tools;
-  const auditJobs = {}; // job id -> final status (tests 1 and 2), checked against audit.log
 
   before(async () => {
     home = makeHome('jobs');
@@ -199,7 +198,6 @@ describe('job tools', () => {
     assert.ok(text.includes(job.job_id), 'text names the job');
     assert.match(text, /\bhi\b/);
     assert.match(text, /\berr\b/);
-    auditJobs[job.job_id] = 'completed';
     // poll_job of a finished job returns the same.
     const again = await api.poll(ID, job.job_id);
     assert.equal(again.status, 'completed');
@@ -214,7 +212,6 @@ describe('job tools', () => {
     assert.match(job.reason, /42/);
     assert.match(textOf(result), /failed/);
     assert.match(textOf(result), /42/);
-    auditJobs[job.job_id] = 'failed';
   });
 
   test('3. the wait runs out with detach: the job keeps running until cancel_job', async () => {
@@ -442,16 +439,21 @@ describe('job tools', () => {
     assert.equal(read.structuredContent.stdout, 'from-job\n');
   });
 
-  test('13. audit: one job.running and one final line per finished job', () => {
+  test('13. audit: one job.running and one final line per finished job', async () => {
+    // Its own jobs: one that completes, one that fails (whatever ran before).
+    const jobs = {};
+    for (const [command, status] of [['true', 'completed'], ['exit 3', 'failed']]) {
+      const job = (await api.ok('submit_job', { instance_id: ID, command })).structuredContent;
+      assert.equal(job.status, status);
+      jobs[job.job_id] = status;
+    }
     const log = path.join(home.instancesDir, ID, 'audit.log');
     const records = fs
       .readFileSync(log, 'utf8')
       .split('\n')
       .filter((l) => l.trim())
       .map((l) => JSON.parse(l));
-    const ids = Object.keys(auditJobs);
-    assert.equal(ids.length, 2, 'tests 1 and 2 ran');
-    for (const [id, status] of Object.entries(auditJobs)) {
+    for (const [id, status] of Object.entries(jobs)) {
       const mine = records.filter((r) => r.job_id === id && typeof r.event === 'string' && r.event.startsWith('job.'));
       const events = mine.map((r) => r.event);
       assert.equal(events.filter((e) => e === 'job.running').length, 1, `${id}: one job.running in ${events}`);

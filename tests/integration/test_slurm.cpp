@@ -166,30 +166,23 @@ TEST_F(Slurm, BadResourcesAreRefusedBeforeSbatch) {
   EXPECT_EQ(records(), 0u);
 }
 
-TEST_F(Slurm, SbatchMissingOrFailingIsAClearErrorWithNothingLeft) {
-  {
-    std::ofstream(env_->config_file(), std::ios::app) << "";
-  }
-  Env missing;
-  std::ofstream(missing.config_file(), std::ios::app)
-      << "[jobs.slurm]\nsbatch_command = [\"/nonexistent/sbatch\"]\n";
-  missing.create("alpha");
-  Result r = missing.run({"instance", "run", "alpha", "--slurm", "--", "true"});
+// A Slurm submit through `sbatch_command` (TOML) that cannot succeed: it fails, its error says
+// each of `says`, and no job is left on record.
+static void expect_submit_refused(const std::string& sbatch_command, const std::vector<std::string>& says) {
+  Env env;
+  std::ofstream(env.config_file(), std::ios::app) << "[jobs.slurm]\nsbatch_command = " << sbatch_command << "\n";
+  env.create("alpha");
+  Result r = env.run({"instance", "run", "alpha", "--slurm", "--", "true"});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("cannot run /nonexistent/sbatch"), std::string::npos) << r.err;
-  Result list = missing.run({"instance", "jobs", "alpha", "--json"});
+  for (const auto& s : says) EXPECT_NE(r.err.find(s), std::string::npos) << r.err;
+  Result list = env.run({"instance", "jobs", "alpha", "--json"});
   EXPECT_EQ(json::parse(list.out, nullptr, false).size(), 0u) << list.out;
+}
 
-  Env failing;
-  std::ofstream(failing.config_file(), std::ios::app)
-      << "[jobs.slurm]\nsbatch_command = [\"sbatch\", \"--partition\", \"nosuchpartition\"]\n";
-  failing.create("alpha");
-  Result f = failing.run({"instance", "run", "alpha", "--slurm", "--", "true"});
-  EXPECT_NE(f.exit_code, 0);
-  EXPECT_NE(f.err.find("submitting failed: sbatch exited with"), std::string::npos) << f.err;
-  EXPECT_NE(f.err.find("nosuchpartition"), std::string::npos) << f.err;
-  Result list2 = failing.run({"instance", "jobs", "alpha", "--json"});
-  EXPECT_EQ(json::parse(list2.out, nullptr, false).size(), 0u) << list2.out;
+TEST_F(Slurm, SbatchMissingOrFailingIsAClearErrorWithNothingLeft) {
+  expect_submit_refused("[\"/nonexistent/sbatch\"]", {"cannot run /nonexistent/sbatch"});
+  expect_submit_refused("[\"sbatch\", \"--partition\", \"nosuchpartition\"]",
+                        {"submitting failed: sbatch exited with", "nosuchpartition"});
 }
 
 TEST_F(Slurm, QueryFailureIsReportedAsSuchNotAsJobNotFound) {

@@ -1,14 +1,19 @@
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
+#include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/process.hpp"
 #include "base/random.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
+#include "base/users.hpp"
 
 namespace fs = std::filesystem;
 namespace timeutil = nshpc::timeutil;
@@ -113,4 +118,63 @@ TEST(Text, SanitizeUtf8ReplacesOnlyInvalidSequences) {
   EXPECT_EQ(text::sanitize_utf8("\xc0\xaf"), "\xef\xbf\xbd\xef\xbf\xbd");   // overlong '/'
   EXPECT_EQ(text::sanitize_utf8("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // surrogate
   EXPECT_EQ(text::sanitize_utf8("cut \xe2\x82"), "cut \xef\xbf\xbd\xef\xbf\xbd");
+}
+
+TEST(Process, RunCommandCapturesBothStreamsAndTheExitCode) {
+  const auto r = nshpc::run_command({"/bin/sh", "-c", "cat; echo err >&2; exit 3"}, "in\n");
+  EXPECT_EQ(r.out, "in\n");
+  EXPECT_EQ(r.err, "err\n");
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_FALSE(r.timed_out);
+}
+
+TEST(Process, AProgramThatDoesNotReadItsInputCannotKillTheCaller) {
+  // Bigger than a pipe buffer: the write meets a closed pipe (EPIPE, no SIGPIPE for us).
+  const auto r = nshpc::run_command({"/bin/sh", "-c", "exit 1"}, std::string(1 << 20, 'x'));
+  EXPECT_EQ(r.exit_code, 1);
+}
+
+TEST(Process, AProgramThatClosesItsOutputButStaysIsKilledAtTheTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = nshpc::run_command({"/bin/sh", "-c", "exec >&- 2>&-; sleep 30"}, {}, std::chrono::milliseconds(300));
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(Process, AProgramThatCannotStartIsASysErrorWithItsErrno) {
+  try {
+    nshpc::run_command({"/nonexistent/program"});
+    FAIL();
+  } catch (const nshpc::SysError& e) {
+    EXPECT_EQ(e.code(), ENOENT);
+  }
+}
+
+TEST(Users, SandboxesDropToTheSandboxUidOnlyAsRootAndNeverToRoot) {
+  const auto owner = nshpc::users::sandbox_owner(65534, 65533, true);
+  ASSERT_TRUE(owner);
+  EXPECT_EQ(owner->uid, 65534u);
+  EXPECT_EQ(owner->gid, 65533u);
+  EXPECT_FALSE(nshpc::users::sandbox_owner(65534, 65533, false));  // unprivileged: our own uid
+  EXPECT_FALSE(nshpc::users::sandbox_owner(0, 0, true));           // root asked to stay root
+}
+
+TEST(Errors, AnErrorWrappedTwiceKeepsItsErrnoAndBothContexts) {
+  try {
+    try {
+      try {
+        nshpc::check_sys(-(errno = ENOENT, 1), "open", "/x/y");
+      } catch (const nshpc::SysError& e) {
+        throw e.wrapped("cannot open the instance's workspace folder");
+      }
+    } catch (const nshpc::SysError& e) {
+      throw e.wrapped("could not start the sandbox");
+    }
+    FAIL();
+  } catch (const nshpc::SysError& e) {
+    EXPECT_EQ(e.code(), ENOENT);
+    EXPECT_STREQ(e.what(), "could not start the sandbox: cannot open the instance's workspace folder: open /x/y: "
+                           "No such file or directory");
+  }
 }

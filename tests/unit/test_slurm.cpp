@@ -14,6 +14,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using nshpc::jobs::SchedulerError;
+using nshpc::jobs::State;
 using nshpc::jobs::SlurmClient;
 
 class SlurmClientTest : public ::testing::Test {
@@ -69,6 +70,8 @@ TEST_F(SlurmClientTest, SubmitReturnsTheIdAndSaysWhySbatchFailed) {
     FAIL();
   } catch (const SchedulerError& e) {
     EXPECT_NE(std::string(e.what()).find("cannot run"), std::string::npos) << e.what();
+    EXPECT_EQ(e.cause(), SchedulerError::Cause::not_started);
+    EXPECT_EQ(e.code(), ENOENT);
   }
   EXPECT_THROW(client.submit({script("noid", "echo Submitted batch job")}, "x"), SchedulerError);
 }
@@ -80,13 +83,16 @@ TEST_F(SlurmClientTest, OneSqueueCallGivesStatesReasonsAndExitStatuses) {
   SlurmClient client(cfg_);
   auto st = client.query({"1", "2", "3", "4", "5"});
   ASSERT_EQ(st.size(), 5u);
-  EXPECT_EQ(st["1"].state, "PENDING");
+  EXPECT_EQ(st["1"].scheduler_state, "PENDING");
+  EXPECT_EQ(st["1"].state, State::pending);
   EXPECT_EQ(st["1"].reason, "Resources");
-  EXPECT_EQ(st["2"].state, "RUNNING");
+  EXPECT_EQ(st["2"].scheduler_state, "RUNNING");
+  EXPECT_EQ(st["2"].state, State::running);
+  EXPECT_EQ(st["3"].state, State::failed);
   EXPECT_EQ(st["3"].exit_code, 3);
   EXPECT_EQ(st["3"].signal, 0);
   EXPECT_EQ(st["4"].signal, 15);
-  EXPECT_EQ(nshpc::jobs::state_for(st["5"].state), "out_of_memory");
+  EXPECT_EQ(st["5"].state, State::out_of_memory);
   EXPECT_EQ(client.invocations(), 1u);
 }
 
@@ -95,10 +101,12 @@ TEST_F(SlurmClientTest, ForgottenJobsComeFromAccountingOrNowhere) {
   cfg_.sacct_command = {script("sacct", "printf '2|COMPLETED|0:0|None\\n3|CANCELLED by 0|0:15|None\\n'")};
   SlurmClient client(cfg_);
   auto st = client.query({"1", "2", "3"});
-  EXPECT_EQ(st["2"].state, "COMPLETED");
-  EXPECT_EQ(st["3"].state, "CANCELLED");
+  EXPECT_EQ(st["2"].scheduler_state, "COMPLETED");
+  EXPECT_EQ(st["2"].state, State::completed);
+  EXPECT_EQ(st["3"].scheduler_state, "CANCELLED");
+  EXPECT_EQ(st["3"].state, State::cancelled);
   EXPECT_EQ(st["3"].signal, 15);
-  EXPECT_EQ(client.source(), "sacct");
+  EXPECT_EQ(client.source(), config::StatusSource::sacct);
   // Nothing forgotten: squeue alone.
   const auto before = client.invocations();
   client.query({"1"});
@@ -109,7 +117,7 @@ TEST_F(SlurmClientTest, ForgottenJobsComeFromAccountingOrNowhere) {
   SlurmClient plain(cfg_);
   auto st2 = plain.query({"1", "2"});
   EXPECT_EQ(st2.count("2"), 0u);
-  EXPECT_EQ(plain.source(), "squeue");
+  EXPECT_EQ(plain.source(), config::StatusSource::squeue);
 }
 
 TEST_F(SlurmClientTest, AFailingQueryIsASchedulerError) {
@@ -120,5 +128,6 @@ TEST_F(SlurmClientTest, AFailingQueryIsASchedulerError) {
     FAIL();
   } catch (const SchedulerError& e) {
     EXPECT_NE(std::string(e.what()).find("Unable to contact slurm controller"), std::string::npos) << e.what();
+    EXPECT_EQ(e.cause(), SchedulerError::Cause::failed);
   }
 }

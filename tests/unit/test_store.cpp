@@ -54,7 +54,7 @@ class StoreTest : public ::testing::Test {
 
   fs::path root_;
   config::Config config_ = config::built_in();
-  store::StateFileJobsGuard guard_;
+  store::RecordedJobsGuard guard_;
 };
 
 template <typename F>
