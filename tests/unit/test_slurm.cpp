@@ -106,7 +106,7 @@ TEST_F(SlurmClientTest, ForgottenJobsComeFromAccountingOrNowhere) {
   EXPECT_EQ(st["3"].scheduler_state, "CANCELLED");
   EXPECT_EQ(st["3"].state, State::cancelled);
   EXPECT_EQ(st["3"].signal, 15);
-  EXPECT_EQ(client.source(), config::StatusSource::sacct);
+  EXPECT_EQ(client.source(), nshpc::config::StatusSource::sacct);
   // Nothing forgotten: squeue alone.
   const auto before = client.invocations();
   client.query({"1"});
@@ -117,7 +117,7 @@ TEST_F(SlurmClientTest, ForgottenJobsComeFromAccountingOrNowhere) {
   SlurmClient plain(cfg_);
   auto st2 = plain.query({"1", "2"});
   EXPECT_EQ(st2.count("2"), 0u);
-  EXPECT_EQ(plain.source(), config::StatusSource::squeue);
+  EXPECT_EQ(plain.source(), nshpc::config::StatusSource::squeue);
 }
 
 TEST_F(SlurmClientTest, AFailingQueryIsASchedulerError) {
