@@ -51,9 +51,9 @@ std::optional<std::string> untrusted_file_problem(const struct stat& st, const E
   return std::nullopt;
 }
 
-UniqueFd open_untrusted_file(int dir_fd, std::string_view relative, const Expect& expect, std::string* problem) {
-  auto say = [&](std::string why) {
-    if (problem) *problem = std::move(why);
+UniqueFd open_untrusted_file(int dir_fd, std::string_view relative, const Expect& expect, Refusal* refusal) {
+  auto refuse = [&](int code, std::string why) {
+    if (refusal) *refusal = {code, std::move(why)};
     return UniqueFd();
   };
   UniqueFd fd;
@@ -61,16 +61,16 @@ UniqueFd open_untrusted_file(int dir_fd, std::string_view relative, const Expect
     fd = open_beneath(dir_fd, relative, O_RDONLY | O_NOCTTY);
   } catch (const SysError& e) {
     switch (e.code()) {
-      case ENOENT: return say("it does not exist");
-      case ELOOP: return say("it is a symbolic link, or a link is on its way (never followed)");
-      case EXDEV: return say("the path leaves its folder (never followed)");
-      case ENXIO: return say("it is not a regular file");
-      default: return say(e.what());
+      case ENOENT: return refuse(ENOENT, "it does not exist");
+      case ELOOP: return refuse(ELOOP, "it is a symbolic link, or a link is on its way (never followed)");
+      case EXDEV: return refuse(EXDEV, "the path leaves its folder (never followed)");
+      case ENXIO: return refuse(ENXIO, "it is not a regular file");
+      default: return refuse(e.code(), e.what());
     }
   }
   struct stat st;
-  if (::fstat(fd.get(), &st) < 0) return say(fmt::format("fstat: {}", std::strerror(errno)));
-  if (auto why = untrusted_file_problem(st, expect)) return say(*why);
+  if (::fstat(fd.get(), &st) < 0) return refuse(errno, fmt::format("fstat: {}", std::strerror(errno)));
+  if (auto why = untrusted_file_problem(st, expect)) return refuse(S_ISREG(st.st_mode) ? EPERM : ENXIO, *why);
   return fd;
 }
 

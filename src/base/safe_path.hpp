@@ -45,11 +45,20 @@ struct Expect {
 // Why `st` is not an acceptable regular file, or nullopt when it is.
 std::optional<std::string> untrusted_file_problem(const struct stat& st, const Expect& expect);
 
+// Why a file was not read. `code` is the errno of the refusal — ENOENT: it is not there; ELOOP:
+// it is a link, or one is on its way; EXDEV: the path leaves its folder; ENXIO: not a regular
+// file; EPERM: it failed `expect` (links, owner); else what open or fstat said — and `why` says
+// it in a sentence for people.
+struct Refusal {
+  int code = 0;
+  std::string why;
+};
+
 // Opens a regular file for reading beneath `dir_fd` (Resolve::beneath_no_links), without blocking
-// and checked with `expect`. Returns an invalid descriptor and sets `problem` (when given) to a
-// sentence saying why the file was not read: missing, a link, not a regular file, wrong owner.
+// and checked with `expect`. Returns an invalid descriptor and fills `refusal` (when given) when
+// the file was not read.
 UniqueFd open_untrusted_file(int dir_fd, std::string_view relative, const Expect& expect,
-                             std::string* problem = nullptr);
+                             Refusal* refusal = nullptr);
 
 // Creates (O_EXCL) a regular file beneath `dir_fd`, `relative` one or more components deep,
 // creating a missing parent folder (one level, mode 0755) first. With `owner` the new entries

@@ -7,15 +7,15 @@
 
 namespace nshpc::cli {
 
-void add_config_commands(CLI::App& app, Invocation& ctx) {
+void add_config_commands(CLI::App& app, Invocation& inv) {
   auto* config_cmd = app.add_subcommand("config", "Show or check the configuration");
   config_cmd->require_subcommand(1);
 
   auto json = std::make_shared<bool>(false);
   auto* show = config_cmd->add_subcommand("show", "Print the effective configuration (all layers merged)");
   show->add_flag("--json", *json, "Print JSON instead of TOML");
-  show->callback([&ctx, json] {
-    const config::Config& cfg = ctx.config();
+  show->callback([&inv, json] {
+    const config::Config& cfg = inv.config();
     if (*json) {
       print_json(config::to_json(cfg));
       return;

@@ -24,8 +24,10 @@
 
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/process.hpp"
 #include "base/safe_path.hpp"
 #include "base/text.hpp"
+#include "base/users.hpp"
 #include "cli/app.hpp"
 #include "cli/output.hpp"
 #include "sandbox/cgroups.hpp"
@@ -45,30 +47,6 @@ struct Check {
   std::string fix;
 };
 
-// Runs `argv` with stdout+stderr captured; returns (exit code, output).
-std::pair<int, std::string> capture(const std::vector<std::string>& argv) {
-  Pipe out = make_pipe();
-  pid_t pid = ::fork();
-  if (pid < 0) throw SysError(errno, "fork");
-  if (pid == 0) {
-    ::dup2(out.write.get(), 1);
-    ::dup2(out.write.get(), 2);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execvp(args[0], args.data());
-    ::_exit(127);
-  }
-  out.write.reset();
-  std::string text;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(out.read.get(), buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), text};
-}
-
 // Runs `body` in a forked child; its return value is the child's exit code.
 template <typename F>
 int in_child(F body) {
@@ -81,25 +59,19 @@ int in_child(F body) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-Check check_config(Invocation& ctx, const config::Config*& cfg, std::optional<config::Config>& fallback) {
+Check check_config(Invocation& inv, const config::Config*& cfg, std::optional<config::Config>& fallback) {
   Check c{"config is valid"};
   try {
-    cfg = &ctx.config();
+    cfg = &inv.config();
     c.ok = true;
     c.detail = cfg->sources.empty() ? "defaults only" : "";
     for (const auto& s : cfg->sources) c.detail += (c.detail.empty() ? "" : ", ") + s.string();
-    if (!ctx.config_warnings().empty())
-      c.detail += fmt::format(" ({} warning(s) above)", ctx.config_warnings().size());
+    if (!inv.config_warnings().empty())
+      c.detail += fmt::format(" ({} warning(s) above)", inv.config_warnings().size());
   } catch (const config::ConfigError& e) {
     c.detail = e.what();
     c.fix = "correct the lines named above ('ns-hpc config check FILE' re-checks one file)";
-    config::LoadOptions defaults_only;
-    defaults_only.read_user_file = false;
-    defaults_only.env = [](std::string_view name) -> std::optional<std::string> {
-      if (name == "NS_HPC_CONFIG") return std::nullopt;
-      return config::process_env()(name);
-    };
-    fallback = config::load(defaults_only).config;
+    fallback = config::built_in();
     cfg = &*fallback;
   }
   return c;
@@ -114,8 +86,9 @@ Check check_bwrap(const config::Config& cfg) {
     c.fix = "install bubblewrap: apt-get install bubblewrap (0.8 or newer)";
     return c;
   }
-  auto [rc, out] = capture({*path, "--version"});
-  out = std::string(text::trim(out));
+  const CommandResult version = run_command({*path, "--version"}, {}, std::chrono::seconds(10));
+  const int rc = version.exit_code;
+  const std::string out(text::trim(version.out + version.err));
   int major = 0, minor = 0, patch = 0;
   std::sscanf(out.c_str(), "bubblewrap %d.%d.%d", &major, &minor, &patch);
   c.detail = fmt::format("{} ({})", *path, out.empty() ? "no version" : out);
@@ -128,12 +101,10 @@ Check check_userns(const config::Config& cfg) {
   Check c{"user namespaces"};
   auto max = fs::read_file("/proc/sys/user/max_user_namespaces");
   std::string value = max ? std::string(text::trim(*max)) : "?";
-  const bool root = ::geteuid() == 0;
-  const uid_t uid = cfg.ns.sandbox_uid;
-  const gid_t gid = cfg.ns.sandbox_gid;
+  const auto owner = users::sandbox_owner(cfg.ns.sandbox_uid, cfg.ns.sandbox_gid);
   int rc = in_child([&] {
-    if (root && uid != 0 && (::setgroups(0, nullptr) < 0 || ::setresgid(gid, gid, gid) < 0 ||
-                             ::setresuid(uid, uid, uid) < 0))
+    if (owner && (::setgroups(0, nullptr) < 0 || ::setresgid(owner->gid, owner->gid, owner->gid) < 0 ||
+                  ::setresuid(owner->uid, owner->uid, owner->uid) < 0))
       return 2;
     return ::unshare(CLONE_NEWUSER) == 0 ? 0 : 1;
   });
@@ -175,21 +146,21 @@ Check check_seccomp() {
 
 Check check_sandbox_user(const config::Config& cfg) {
   Check c{"sandbox identity"};
-  if (::geteuid() != 0) {
+  if (auto owner = users::sandbox_owner(cfg.ns.sandbox_uid, cfg.ns.sandbox_gid)) {
+    c.ok = true;
+    c.detail = fmt::format("root: bwrap drops to uid {} gid {} (namespace.sandbox_uid/gid)", owner->uid,
+                           owner->gid);
+  } else if (::geteuid() != 0) {
     c.ok = true;
     c.detail = fmt::format("not root: bwrap runs as your uid {}", ::getuid());
-  } else if (cfg.ns.sandbox_uid == 0) {
+  } else {
     c.detail = "running as root with namespace.sandbox_uid = 0: sandboxes would map to host root";
     c.fix = "set namespace.sandbox_uid (and sandbox_gid) to an unprivileged uid, e.g. 65534";
-  } else {
-    c.ok = true;
-    c.detail = fmt::format("root: bwrap drops to uid {} gid {} (namespace.sandbox_uid/gid)",
-                           cfg.ns.sandbox_uid, cfg.ns.sandbox_gid);
   }
   return c;
 }
 
-Check check_smoke(Invocation& ctx, const config::Config& cfg) {
+Check check_smoke(Invocation& inv, const config::Config& cfg) {
   Check c{"sandbox smoke run (configured bwrap_command)"};
   stdfs::path tmp;
   try {
@@ -217,7 +188,7 @@ Check check_smoke(Invocation& ctx, const config::Config& cfg) {
                  "grep -q '^CapEff:[[:space:]]*0*$' /proc/self/status && exit 7"};
     Pipe err = make_pipe();
     spec.stdio.err = err.write.get();
-    auto process = ctx.backend().start(spec);
+    auto process = inv.backend().start(spec);
     err.write.reset();
     std::string messages;
     char buf[4096];
@@ -348,21 +319,21 @@ void print_text(const std::vector<Check>& checks, bool ok) {
 
 }  // namespace
 
-void add_doctor_command(CLI::App& app, Invocation& ctx) {
+void add_doctor_command(CLI::App& app, Invocation& inv) {
   auto json = std::make_shared<bool>(false);
   auto* cmd = app.add_subcommand("doctor", "Check that this machine can run ns-hpc sandboxes");
   cmd->add_flag("--json", *json, "Print JSON");
-  cmd->callback([&ctx, json] {
+  cmd->callback([&inv, json] {
     std::vector<Check> checks;
     const config::Config* cfg = nullptr;
     std::optional<config::Config> fallback;
-    checks.push_back(check_config(ctx, cfg, fallback));
+    checks.push_back(check_config(inv, cfg, fallback));
     checks.push_back(check_bwrap(*cfg));
     checks.push_back(check_userns(*cfg));
     checks.push_back(check_seccomp());
     checks.push_back(check_sandbox_user(*cfg));
     if (checks[0].ok && checks[1].ok) {
-      checks.push_back(check_smoke(ctx, *cfg));
+      checks.push_back(check_smoke(inv, *cfg));
     } else {
       Check skipped{"sandbox smoke run (configured bwrap_command)"};
       skipped.detail = "skipped: needs a valid config and bwrap";
@@ -384,7 +355,7 @@ void add_doctor_command(CLI::App& app, Invocation& ctx) {
     } else {
       print_text(checks, ok);
     }
-    ctx.exit_code = ok ? 0 : 1;
+    inv.exit_code = ok ? 0 : 1;
   });
 }
 

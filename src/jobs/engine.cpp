@@ -171,16 +171,16 @@ std::string output_tail(const store::Store& store, const store::Instance& inst, 
   const std::string ws = inst.workspace.string() + "/";
   if (host_path.rfind(ws, 0) != 0) return {};
   const std::string relative = host_path.substr(ws.size());
-  std::string problem;
+  fs::Refusal refusal;
   UniqueFd fd;
   try {
-    fd = store.open_workspace_file(inst, relative, store::Store::WorkspaceOpen::read, &problem);
-  } catch (const std::exception& e) {
-    problem = e.what();
+    fd = store.open_workspace_file(inst, relative, store::Store::WorkspaceOpen::read, &refusal);
+  } catch (const SysError& e) {
+    refusal = {e.code(), e.what()};
   }
   if (!fd) {
-    if (problem == "it does not exist") return {};
-    return fmt::format("[ns-hpc: {}/{} was not read: {}]", cfg.ns.workspace_mount, relative, problem);
+    if (refusal.code == ENOENT) return {};  // nothing written yet
+    return fmt::format("[ns-hpc: {}/{} was not read: {}]", cfg.ns.workspace_mount, relative, refusal.why);
   }
   return tail_from(fd.get(), opt);
 }

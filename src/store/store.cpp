@@ -445,7 +445,7 @@ Store::DiskUse Store::disk_use(const Instance& instance) const {
 }
 
 UniqueFd Store::open_workspace_file(const Instance& instance, const std::string& relative, WorkspaceOpen how,
-                                    std::string* problem) const {
+                                    fs::Refusal* refusal) const {
   const std::string shown = workspace_mount_ + "/" + relative;
   const fs::Expect expect{.owner = owner_ ? owner_->uid : ::geteuid()};
   std::optional<std::pair<uid_t, gid_t>> owner;
@@ -453,7 +453,7 @@ UniqueFd Store::open_workspace_file(const Instance& instance, const std::string&
   UniqueFd dir = fs::open_dir_path(instance.workspace);
   switch (how) {
     case WorkspaceOpen::read:
-      return fs::open_untrusted_file(dir.get(), relative, expect, problem);
+      return fs::open_untrusted_file(dir.get(), relative, expect, refusal);
     case WorkspaceOpen::append:
       try {
         UniqueFd fd = fs::open_beneath(dir.get(), relative, O_WRONLY | O_APPEND, 0, fs::Resolve::beneath_no_links, shown);

@@ -30,6 +30,7 @@
 
 #include "audit/audit.hpp"
 #include "base/fd.hpp"
+#include "base/safe_path.hpp"
 #include "base/users.hpp"
 #include "config/config.hpp"
 #include "sandbox/sandbox.hpp"
@@ -178,12 +179,12 @@ class Store {
   // the workspace without following links and without blocking (base/safe_path.hpp).
   //   create: a fresh file (a planted entry is removed, not followed), given to the sandbox uid
   //   append: an existing regular file of the sandbox uid with one link, else a fresh one
-  //   read:   for reading, checked the same way; an invalid descriptor and `problem` set when
+  //   read:   for reading, checked the same way; an invalid descriptor and `refusal` set when
   //           it may not be read (missing, a link, not a regular file, another owner)
   // create and append throw SysError (ELOOP/ENOTDIR: a link or a file on the way).
   enum class WorkspaceOpen { create, append, read };
   UniqueFd open_workspace_file(const Instance& instance, const std::string& relative, WorkspaceOpen how,
-                               std::string* problem = nullptr) const;
+                               fs::Refusal* refusal = nullptr) const;
 
   // What a sandbox of this instance binds: its workspace, output and network.
   sandbox::Target sandbox_target(const Instance& instance) const;

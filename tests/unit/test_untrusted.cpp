@@ -59,9 +59,9 @@ TEST(SafePath, ARegularFileOfTheExpectedOwnerIsRead) {
   TempDir t;
   std::ofstream(t.path() / "a.out") << "hello";
   UniqueFd dir = nfs::open_dir_path(t.path());
-  std::string problem;
-  UniqueFd fd = nfs::open_untrusted_file(dir.get(), "a.out", {.owner = ::geteuid()}, &problem);
-  ASSERT_TRUE(fd) << problem;
+  nfs::Refusal refusal;
+  UniqueFd fd = nfs::open_untrusted_file(dir.get(), "a.out", {.owner = ::geteuid()}, &refusal);
+  ASSERT_TRUE(fd) << refusal.why;
   EXPECT_EQ(read_fd(fd.get()), "hello");
 }
 
@@ -77,28 +77,32 @@ TEST(SafePath, LinksFifosHardLinksAndEscapesAreRefusedWithAReason) {
   UniqueFd dir = nfs::open_dir_path(ws);
   struct Case {
     const char* path;
+    int code;
     const char* says;
-  } cases[] = {{"link", "symbolic link"},     {"dirlink/secret", "symbolic link"}, {"hard", "hard links"},
-               {"fifo", "not a regular file"}, {"../secret", "leaves its folder"}, {"sub", "not a regular file"},
-               {"missing", "does not exist"}};
+  } cases[] = {{"link", ELOOP, "symbolic link"},        {"dirlink/secret", ELOOP, "symbolic link"},
+               {"hard", EPERM, "hard links"},           {"fifo", ENXIO, "not a regular file"},
+               {"../secret", EXDEV, "leaves its folder"}, {"sub", ENXIO, "not a regular file"},
+               {"missing", ENOENT, "does not exist"}};
   for (const Case& c : cases) {
-    std::string problem;
-    UniqueFd fd = nfs::open_untrusted_file(dir.get(), c.path, {}, &problem);  // a FIFO must not block
+    nfs::Refusal refusal;
+    UniqueFd fd = nfs::open_untrusted_file(dir.get(), c.path, {}, &refusal);  // a FIFO must not block
     EXPECT_FALSE(fd) << c.path;
-    EXPECT_NE(problem.find(c.says), std::string::npos) << c.path << ": " << problem;
+    EXPECT_EQ(refusal.code, c.code) << c.path << ": " << refusal.why;
+    EXPECT_NE(refusal.why.find(c.says), std::string::npos) << c.path << ": " << refusal.why;
   }
-  std::string problem;
-  EXPECT_FALSE(nfs::open_untrusted_file(dir.get(), "sub/../../secret", {}, &problem)) << problem;
-  EXPECT_FALSE(nfs::open_untrusted_file(dir.get(), "/etc/passwd", {}, &problem));
+  nfs::Refusal refusal;
+  EXPECT_FALSE(nfs::open_untrusted_file(dir.get(), "sub/../../secret", {}, &refusal)) << refusal.why;
+  EXPECT_FALSE(nfs::open_untrusted_file(dir.get(), "/etc/passwd", {}, &refusal));
 }
 
 TEST(SafePath, AFileOfAnotherOwnerIsRefused) {
   TempDir t;
   std::ofstream(t.path() / "f") << "x";
   UniqueFd dir = nfs::open_dir_path(t.path());
-  std::string problem;
-  EXPECT_FALSE(nfs::open_untrusted_file(dir.get(), "f", {.owner = ::geteuid() + 1}, &problem));
-  EXPECT_NE(problem.find("belongs to uid"), std::string::npos) << problem;
+  nfs::Refusal refusal;
+  EXPECT_FALSE(nfs::open_untrusted_file(dir.get(), "f", {.owner = ::geteuid() + 1}, &refusal));
+  EXPECT_EQ(refusal.code, EPERM);
+  EXPECT_NE(refusal.why.find("belongs to uid"), std::string::npos) << refusal.why;
 }
 
 TEST(SafePath, ALinkSwappedInWhileOpeningNeverLeadsOutside) {
