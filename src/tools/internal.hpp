@@ -49,7 +49,7 @@ mcp::json of_type(const char* type);  // {"type": type}
 mcp::json input_object(mcp::json properties, std::vector<std::string> required = {});
 // The arguments of a tool working in one instance: instance_id (described as `what`, with the
 // [mcp] default_instance when there is one and then not required) and `properties`.
-mcp::json instance_input(const ToolContext& ctx, const std::string& what, mcp::json properties,
+mcp::json instance_input(const config::Config& cfg, const std::string& what, mcp::json properties,
                          std::vector<std::string> required = {});
 // A result object (structuredContent or an item of it): these properties, these required.
 mcp::json output_object(mcp::json properties, std::vector<std::string> required);

@@ -135,7 +135,7 @@ void add_submit(mcp::Server& server, const ToolContext& ctx) {
           "out is cancelled. Output files are kept in /workspace/.ns_hpc_output/. Use terminal_execute instead "
           "for quick commands whose output you need at once.",
       .input = instance_input(
-          ctx, kInstanceWhat,
+          cfg, kInstanceWhat,
           {{"command", {{"type", "string"}, {"description", "Shell command to run."}}},
            {"timeout", timeout_arg(cfg, "How long to wait for the job before returning", 30)},
            {"detach", kDetachArg},
@@ -181,7 +181,7 @@ void add_poll(mcp::Server& server, const ToolContext& ctx) {
           "Return a job's status, exit code and the last lines of its output, waiting up to `timeout` seconds "
           "(default 0: just look) for it to finish. With detach=false, a job still running when a real wait "
           "(timeout > 0) runs out is cancelled; timeout 0 never cancels.",
-      .input = instance_input(ctx, kInstanceWhat,
+      .input = instance_input(ctx.services.config, kInstanceWhat,
                               {{"job_id", kJobIdArg},
                                {"timeout", timeout_arg(ctx.services.config, "How long to wait for the job to finish", 0)},
                                {"detach", kDetachArg},
@@ -198,7 +198,7 @@ void add_poll(mcp::Server& server, const ToolContext& ctx) {
 }
 
 void add_list(mcp::Server& server, const ToolContext& ctx) {
-  json input = instance_input(ctx, kInstanceWhat,
+  json input = instance_input(ctx.services.config, kInstanceWhat,
                               {{"status", {{"type", "string"}, {"enum", kStates}}},
                                {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 500}}},
                                {"offset", {{"type", "integer"}, {"minimum", 0}}}});
@@ -246,7 +246,7 @@ void add_cancel(mcp::Server& server, const ToolContext& ctx) {
           "Stop a job: SIGTERM to all its processes, then after a grace period SIGKILL to the whole process "
           "tree (Slurm jobs: scancel). Returns the final status and the last lines of its output. A finished "
           "job is left as it is.",
-      .input = instance_input(ctx, kInstanceWhat, {{"job_id", kJobIdArg}, {"tail", kTailArg}}, {"job_id"}),
+      .input = instance_input(ctx.services.config, kInstanceWhat, {{"job_id", kJobIdArg}, {"tail", kTailArg}}, {"job_id"}),
       .output = job_schema(),
       .hints = {.destructive = true, .idempotent = true},
       .handler =

@@ -36,9 +36,9 @@ json input_object(json properties, std::vector<std::string> required) {
   return schema;
 }
 
-json instance_input(const ToolContext& ctx, const std::string& what, json properties,
+json instance_input(const config::Config& cfg, const std::string& what, json properties,
                     std::vector<std::string> required) {
-  const std::string& fallback = ctx.services.config.mcp.default_instance;
+  const std::string& fallback = cfg.mcp.default_instance;
   properties["instance_id"] = {{"type", "string"},
                                {"description", fallback.empty() ? what : fmt::format("{} Default: '{}'.", what, fallback)}};
   if (fallback.empty()) required.insert(required.begin(), "instance_id");

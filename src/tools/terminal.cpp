@@ -394,7 +394,7 @@ void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
       .title = "Run a command in an instance",
       .description = tool_description(cfg),
       .input = instance_input(
-          ctx, "The instance to run the command in (its id, as listed by list_instances).",
+          cfg, "The instance to run the command in (its id, as listed by list_instances).",
           {{"command",
             {{"type", "string"},
              {"description", "Shell command string (mutually exclusive with args). Run by /bin/bash -c."}}},
