@@ -2,7 +2,9 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "mcp/server.hpp"
 #include "tools/tools.hpp"
@@ -13,6 +15,51 @@ struct ToolContext {
   Services services;
 };
 
+// ---------------------------------------------------------------------------------------------
+// Declaring a tool: one spec, one call. Every tool accepts the legacy {"input": {...}} wrapper.
+
+// MCP's behaviour hints. readOnlyHint and openWorldHint are always published; destructiveHint
+// and idempotentHint only when set (a read-only tool leaves them out).
+struct Hints {
+  bool read_only = false;
+  std::optional<bool> destructive;
+  std::optional<bool> idempotent;
+  bool open_world = false;
+};
+mcp::json annotations(const Hints& hints);
+
+using ToolHandler = std::function<mcp::ToolResult(const mcp::json& args, mcp::RequestContext& rc)>;
+
+struct ToolSpec {
+  std::string name;
+  std::string title;
+  std::string description;
+  mcp::json input;   // input_object(...) or instance_input(...)
+  mcp::json output;  // output_object(...)
+  Hints hints;
+  ToolHandler handler;
+};
+void add_tool(mcp::Server& server, ToolSpec spec);
+
+// ---------------------------------------------------------------------------------------------
+// Schema fragments.
+
+mcp::json of_type(const char* type);  // {"type": type}
+// The arguments object: these properties, no others; "required" left out when empty.
+mcp::json input_object(mcp::json properties, std::vector<std::string> required = {});
+// The arguments of a tool working in one instance: instance_id (described as `what`, with the
+// [mcp] default_instance when there is one and then not required) and `properties`.
+mcp::json instance_input(const config::Config& cfg, const std::string& what, mcp::json properties,
+                         std::vector<std::string> required = {});
+// A result object (structuredContent or an item of it): these properties, these required.
+mcp::json output_object(mcp::json properties, std::vector<std::string> required);
+
+// ---------------------------------------------------------------------------------------------
+// Arguments. The input schema has been checked before a handler runs, so these only read.
+
+// A string argument; "" when absent (or not a string).
+std::string string_arg(const mcp::json& args, const char* name);
+
 // Who acts, for the audit log: "mcp:<client name/version>@<session>".
 std::string actor(const mcp::RequestContext& rc);
 
@@ -22,8 +69,6 @@ std::string instance_uri(const std::string& id);  // resource://ns-hpc/instances
 
 // The instance a call names, or [mcp] default_instance; UsageError when there is neither.
 std::string instance_arg(const ToolContext& ctx, const mcp::json& args);
-// Schema text for instance_id, saying whether it may be left out.
-mcp::json instance_id_schema(const ToolContext& ctx, const std::string& what);
 
 void add_instance_tools(mcp::Server& server, const ToolContext& ctx);
 void add_prompts(mcp::Server& server, const ToolContext& ctx);

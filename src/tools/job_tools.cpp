@@ -20,28 +20,24 @@ const json kTailArg = {{"type", "integer"},
 const json kStates = {"pending",   "running", "completed",     "failed",    "cancelled",
                        "timed_out", "lost",    "out_of_memory", "node_fail", "preempted"};
 
-json required_with_instance(const ToolContext& ctx, std::vector<std::string> others) {
-  if (ctx.services.config.mcp.default_instance.empty()) others.insert(others.begin(), "instance_id");
-  return others;
-}
+const json kDetachArg = {{"type", "boolean"},
+                        {"description", "Keep the job running when the wait runs out (default true)."}};
+constexpr const char* kInstanceWhat = "The instance to work in.";
 
 json job_schema() {
-  json str = {{"type", "string"}};
-  json nullable_int = {{"type", {"integer", "null"}}};
-  return {{"type", "object"},
-          {"properties",
-           {{"job_id", str}, {"instance_id", str},
-            {"status", {{"type", "string"},
-                        {"enum", kStates}}},
-            {"exit_code", nullable_int}, {"reason", str}, {"command", str}, {"mode", str},
-            {"duration_s", {{"type", "number"}}}, {"created_at", str}, {"started_at", str}, {"finished_at", str},
-            {"stdout_path", str}, {"stderr_path", str}, {"stdout_tail", str}, {"stderr_tail", str},
-            {"limits", {{"type", "object"}}}, {"unenforced", {{"type", "array"}, {"items", str}}},
-            {"slurm_job_id", {{"type", {"string", "null"}}}}, {"scheduler_state", {{"type", {"string", "null"}}}},
-            {"scheduler_reason", {{"type", {"string", "null"}}}}, {"scheduler_error", {{"type", {"string", "null"}}}},
-            {"signal", nullable_int}}},
-          {"required", {"job_id", "instance_id", "status", "exit_code", "command", "stdout_tail", "stderr_tail",
-                        "stdout_path", "stderr_path"}}};
+  const json str = of_type("string");
+  const json nullable_int = {{"type", {"integer", "null"}}};
+  const json nullable_str = {{"type", {"string", "null"}}};
+  return output_object(
+      {{"job_id", str}, {"instance_id", str}, {"status", {{"type", "string"}, {"enum", kStates}}},
+       {"exit_code", nullable_int}, {"reason", str}, {"command", str}, {"mode", str},
+       {"duration_s", of_type("number")}, {"created_at", str}, {"started_at", str}, {"finished_at", str},
+       {"stdout_path", str}, {"stderr_path", str}, {"stdout_tail", str}, {"stderr_tail", str},
+       {"limits", of_type("object")}, {"unenforced", {{"type", "array"}, {"items", str}}},
+       {"slurm_job_id", nullable_str}, {"scheduler_state", nullable_str}, {"scheduler_reason", nullable_str},
+       {"scheduler_error", nullable_str}, {"signal", nullable_int}},
+      {"job_id", "instance_id", "status", "exit_code", "command", "stdout_tail", "stderr_tail", "stdout_path",
+       "stderr_path"});
 }
 
 json limits_arg(const config::Config& cfg) {
@@ -113,158 +109,154 @@ mcp::ToolResult wait_for(const ToolContext& ctx, const std::string& instance, co
   return result_of(v);
 }
 
+// One line of list_jobs: id, state, exit code, where it runs (Slurm), the command's start.
+std::string job_line(const jobs::Record& r) {
+  std::string where;
+  if (r.mode == jobs::Mode::slurm)
+    where = fmt::format("  [slurm {}{}{}]", r.slurm_job_id.empty() ? "-" : r.slurm_job_id,
+                        r.scheduler_state.empty() ? "" : " " + r.scheduler_state,
+                        r.scheduler_reason.empty() || r.scheduler_reason == "None" ? "" : " (" + r.scheduler_reason + ")");
+  return fmt::format("{}  {}{}{}  {}", r.id, jobs::to_string(r.state),
+                     r.exit_code ? fmt::format(" ({})", *r.exit_code) : "", where, r.command.substr(0, 80));
+}
+
 void add_submit(mcp::Server& server, const ToolContext& ctx) {
-  mcp::Tool tool;
-  tool.name = "submit_job";
-  tool.title = "Run a command as a job";
-  tool.description =
-      "Run a shell command (/bin/sh -c) as an asynchronous job in an instance's sandbox: on this node with "
-      "resource `limits` (mode \"local\", the default), or on the Slurm cluster through sbatch with "
-      "`resources` such as cpus and memory (mode \"slurm\"; it may wait in the queue as pending, with the "
-      "scheduler's reason). Waits up to `timeout` seconds and returns the job's status with the last lines of "
-      "its stdout and stderr; a job still running then keeps running (detach=true, the default) — check it "
-      "with poll_job, stop it with cancel_job. With detach=false a job still running when the wait runs "
-      "out is cancelled. Output files are kept in /workspace/.ns_hpc_output/. Use terminal_execute instead "
-      "for quick commands whose output you need at once.";
-  tool.input_schema = {{"type", "object"},
-                       {"properties",
-                        {{"instance_id", instance_id_schema(ctx, "The instance to work in.")},
-                         {"command", {{"type", "string"}, {"description", "Shell command to run."}}},
-                         {"timeout", timeout_arg(ctx.services.config, "How long to wait for the job before returning", 30)},
-                         {"detach", {{"type", "boolean"}, {"description", "Keep the job running when the wait runs out (default true)."}}},
-                         {"tail", kTailArg},
-                         {"limits", limits_arg(ctx.services.config)},
-                         {"resources", resources_arg(ctx.services.config)},
-                         {"mode", {{"type", "string"}, {"enum", {"local", "slurm"}},
-                                   {"description", "Where to run: 'local' (this node, default) or 'slurm' (the cluster)."}}}}},
-                       {"required", required_with_instance(ctx, {"command"})},
-                       {"additionalProperties", false}};
-  tool.output_schema = job_schema();
-  tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", true}, {"openWorldHint", true}};
-  tool.accept_input_wrapper = true;
-  tool.handler = [ctx](const json& args, mcp::RequestContext& rc) {
-    jobs::SubmitRequest req;
-    req.instance_id = instance_arg(ctx, args);
-    const std::string command = args.value("command", "");
-    req.argv = {"/bin/sh", "-c", command};
-    req.display = command;
-    const std::string mode = args.value("mode", "local");
-    if (auto parsed = jobs::parse_mode(mode)) req.mode = *parsed;
-    else throw UsageError(fmt::format("unknown mode '{}'; use \"local\" (this machine) or \"slurm\" (the cluster)", mode));
-    if (req.mode == jobs::Mode::slurm && args.contains("limits"))
-      throw UsageError("mode \"slurm\" takes `resources` (e.g. {\"cpus\": 2, \"memory\": 1024}), not `limits`");
-    if (req.mode != jobs::Mode::slurm && args.contains("resources"))
-      throw UsageError("`resources` are for mode \"slurm\"; local jobs take `limits`");
-    if (auto it = args.find(req.mode == jobs::Mode::slurm ? "resources" : "limits"); it != args.end())
-      for (const auto& [name, value] : it->items()) req.limits.values[name] = value.get<std::int64_t>();
-    jobs::Record rec = ctx.services.jobs->submit(req, actor(rc));
-    return wait_for(ctx, rec.instance_id, rec.id, args.value("timeout", 30), args, rc);
-  };
-  server.add_tool(std::move(tool));
+  const config::Config& cfg = ctx.services.config;
+  add_tool(server, {
+      .name = "submit_job",
+      .title = "Run a command as a job",
+      .description =
+          "Run a shell command (/bin/sh -c) as an asynchronous job in an instance's sandbox: on this node with "
+          "resource `limits` (mode \"local\", the default), or on the Slurm cluster through sbatch with "
+          "`resources` such as cpus and memory (mode \"slurm\"; it may wait in the queue as pending, with the "
+          "scheduler's reason). Waits up to `timeout` seconds and returns the job's status with the last lines "
+          "of its stdout and stderr; a job still running then keeps running (detach=true, the default) — check "
+          "it with poll_job, stop it with cancel_job. With detach=false a job still running when the wait runs "
+          "out is cancelled. Output files are kept in /workspace/.ns_hpc_output/. Use terminal_execute instead "
+          "for quick commands whose output you need at once.",
+      .input = instance_input(
+          cfg, kInstanceWhat,
+          {{"command", {{"type", "string"}, {"description", "Shell command to run."}}},
+           {"timeout", timeout_arg(cfg, "How long to wait for the job before returning", 30)},
+           {"detach", kDetachArg},
+           {"tail", kTailArg},
+           {"limits", limits_arg(cfg)},
+           {"resources", resources_arg(cfg)},
+           {"mode", {{"type", "string"},
+                     {"enum", {"local", "slurm"}},
+                     {"description", "Where to run: 'local' (this node, default) or 'slurm' (the cluster)."}}}},
+          {"command"}),
+      .output = job_schema(),
+      .hints = {.destructive = true, .open_world = true},
+      .handler =
+          [ctx](const json& args, mcp::RequestContext& rc) {
+            jobs::SubmitRequest req;
+            req.instance_id = instance_arg(ctx, args);
+            const std::string command = string_arg(args, "command");
+            req.argv = {"/bin/sh", "-c", command};
+            req.display = command;
+            const std::string mode = args.value("mode", "local");
+            if (auto parsed = jobs::parse_mode(mode))
+              req.mode = *parsed;
+            else
+              throw UsageError(
+                  fmt::format("unknown mode '{}'; use \"local\" (this machine) or \"slurm\" (the cluster)", mode));
+            if (req.mode == jobs::Mode::slurm && args.contains("limits"))
+              throw UsageError("mode \"slurm\" takes `resources` (e.g. {\"cpus\": 2, \"memory\": 1024}), not `limits`");
+            if (req.mode != jobs::Mode::slurm && args.contains("resources"))
+              throw UsageError("`resources` are for mode \"slurm\"; local jobs take `limits`");
+            if (auto it = args.find(req.mode == jobs::Mode::slurm ? "resources" : "limits"); it != args.end())
+              for (const auto& [name, value] : it->items()) req.limits.values[name] = value.get<std::int64_t>();
+            jobs::Record rec = ctx.services.jobs->submit(req, actor(rc));
+            return wait_for(ctx, rec.instance_id, rec.id, args.value("timeout", 30), args, rc);
+          },
+  });
 }
 
 void add_poll(mcp::Server& server, const ToolContext& ctx) {
-  mcp::Tool tool;
-  tool.name = "poll_job";
-  tool.title = "Check or wait for a job";
-  tool.description =
-      "Return a job's status, exit code and the last lines of its output, waiting up to `timeout` seconds "
-      "(default 0: just look) for it to finish. With detach=false, a job still running when a real wait "
-      "(timeout > 0) runs out is cancelled; timeout 0 never cancels.";
-  tool.input_schema = {{"type", "object"},
-                       {"properties",
-                        {{"instance_id", instance_id_schema(ctx, "The instance to work in.")},
-                         {"job_id", kJobIdArg},
-                         {"timeout", timeout_arg(ctx.services.config, "How long to wait for the job to finish", 0)},
-                         {"detach", {{"type", "boolean"}, {"description", "Keep the job running when the wait runs out (default true)."}}},
-                         {"tail", kTailArg}}},
-                       {"required", required_with_instance(ctx, {"job_id"})},
-                       {"additionalProperties", false}};
-  tool.output_schema = job_schema();
-  tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", false}, {"openWorldHint", false}};
-  tool.accept_input_wrapper = true;
-  tool.handler = [ctx](const json& args, mcp::RequestContext& rc) {
-    return wait_for(ctx, instance_arg(ctx, args), args.value("job_id", ""), args.value("timeout", 0), args, rc);
-  };
-  server.add_tool(std::move(tool));
+  add_tool(server, {
+      .name = "poll_job",
+      .title = "Check or wait for a job",
+      .description =
+          "Return a job's status, exit code and the last lines of its output, waiting up to `timeout` seconds "
+          "(default 0: just look) for it to finish. With detach=false, a job still running when a real wait "
+          "(timeout > 0) runs out is cancelled; timeout 0 never cancels.",
+      .input = instance_input(ctx.services.config, kInstanceWhat,
+                              {{"job_id", kJobIdArg},
+                               {"timeout", timeout_arg(ctx.services.config, "How long to wait for the job to finish", 0)},
+                               {"detach", kDetachArg},
+                               {"tail", kTailArg}},
+                              {"job_id"}),
+      .output = job_schema(),
+      .hints = {.destructive = false},
+      .handler =
+          [ctx](const json& args, mcp::RequestContext& rc) {
+            return wait_for(ctx, instance_arg(ctx, args), string_arg(args, "job_id"), args.value("timeout", 0), args,
+                            rc);
+          },
+  });
 }
 
 void add_list(mcp::Server& server, const ToolContext& ctx) {
-  mcp::Tool tool;
-  tool.name = "list_jobs";
-  tool.title = "List jobs";
-  tool.description =
-      "List an instance's jobs, newest first, with status, exit code and command. Filter by status; page "
-      "with limit (default 15, at most 500) and offset (from next_offset).";
-  tool.input_schema = {{"type", "object"},
-                       {"properties",
-                        {{"instance_id", instance_id_schema(ctx, "The instance to work in.")},
-                         {"status", {{"type", "string"},
-                                     {"enum", kStates}}},
-                         {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 500}}},
-                         {"offset", {{"type", "integer"}, {"minimum", 0}}}}},
-                       {"required", required_with_instance(ctx, {})},
-                       {"additionalProperties", false}};
-  tool.output_schema = {{"type", "object"},
-                        {"properties",
-                         {{"jobs", {{"type", "array"}, {"items", {{"type", "object"}}}}},
-                          {"total", {{"type", "integer"}}},
-                          {"next_offset", {{"type", {"integer", "null"}}}}}},
-                        {"required", {"jobs", "total", "next_offset"}}};
-  tool.annotations = json{{"readOnlyHint", true}, {"openWorldHint", false}};
-  tool.accept_input_wrapper = true;
-  tool.handler = [ctx](const json& args, mcp::RequestContext&) {
-    std::optional<jobs::State> filter;
-    if (auto it = args.find("status"); it != args.end()) filter = jobs::parse_state(it->get<std::string>());
-    auto all = ctx.services.jobs->list(instance_arg(ctx, args), filter);
-    const std::size_t offset = args.value("offset", 0);
-    const std::size_t limit = args.value("limit", 15);
-    json items = json::array();
-    std::string text = all.empty() ? "No jobs." : fmt::format("{} job(s), newest first:", all.size());
-    for (std::size_t i = offset; i < all.size() && i < offset + limit; ++i) {
-      items.push_back(jobs::record_summary_json(all[i]));
-      const jobs::Record& r = all[i];
-      std::string where = r.mode == jobs::Mode::slurm ? fmt::format("  [slurm {}{}{}]", r.slurm_job_id.empty() ? "-" : r.slurm_job_id,
-                                                          r.scheduler_state.empty() ? "" : " " + r.scheduler_state,
-                                                          r.scheduler_reason.empty() || r.scheduler_reason == "None"
-                                                              ? ""
-                                                              : " (" + r.scheduler_reason + ")")
-                                            : std::string();
-      text += fmt::format("\n- {}  {}{}{}  {}", r.id, jobs::to_string(r.state),
-                          r.exit_code ? fmt::format(" ({})", *r.exit_code) : "", where, r.command.substr(0, 80));
-    }
-    const bool more = offset + limit < all.size();
-    if (more) text += fmt::format("\n(more: offset {})", offset + limit);
-    return mcp::ToolResult::text(text, json{{"jobs", items},
-                                            {"total", all.size()},
-                                            {"next_offset", more ? json(offset + limit) : json(nullptr)}});
-  };
-  server.add_tool(std::move(tool));
+  json input = instance_input(ctx.services.config, kInstanceWhat,
+                              {{"status", {{"type", "string"}, {"enum", kStates}}},
+                               {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 500}}},
+                               {"offset", {{"type", "integer"}, {"minimum", 0}}}});
+  // Published as it always was: an empty "required" when instance_id may be left out.
+  if (!input.contains("required")) input["required"] = json::array();
+  add_tool(server, {
+      .name = "list_jobs",
+      .title = "List jobs",
+      .description =
+          "List an instance's jobs, newest first, with status, exit code and command. Filter by status; page "
+          "with limit (default 15, at most 500) and offset (from next_offset).",
+      .input = std::move(input),
+      .output = output_object({{"jobs", {{"type", "array"}, {"items", of_type("object")}}},
+                               {"total", of_type("integer")},
+                               {"next_offset", {{"type", {"integer", "null"}}}}},
+                              {"jobs", "total", "next_offset"}),
+      .hints = {.read_only = true},
+      .handler =
+          [ctx](const json& args, mcp::RequestContext&) {
+            std::optional<jobs::State> filter;
+            if (auto it = args.find("status"); it != args.end()) filter = jobs::parse_state(it->get<std::string>());
+            auto all = ctx.services.jobs->list(instance_arg(ctx, args), filter);
+            const std::size_t offset = args.value("offset", 0);
+            const std::size_t limit = args.value("limit", 15);
+            json items = json::array();
+            std::string text = all.empty() ? "No jobs." : fmt::format("{} job(s), newest first:", all.size());
+            for (std::size_t i = offset; i < all.size() && i < offset + limit; ++i) {
+              items.push_back(jobs::record_summary_json(all[i]));
+              text += "\n- " + job_line(all[i]);
+            }
+            const bool more = offset + limit < all.size();
+            if (more) text += fmt::format("\n(more: offset {})", offset + limit);
+            return mcp::ToolResult::text(text, json{{"jobs", items},
+                                                    {"total", all.size()},
+                                                    {"next_offset", more ? json(offset + limit) : json(nullptr)}});
+          },
+  });
 }
 
 void add_cancel(mcp::Server& server, const ToolContext& ctx) {
-  mcp::Tool tool;
-  tool.name = "cancel_job";
-  tool.title = "Cancel a job";
-  tool.description =
-      "Stop a job: SIGTERM to all its processes, then after a grace period SIGKILL to the whole process "
-      "tree (Slurm jobs: scancel). Returns the final status and the last lines of its output. A finished job "
-      "is left as it is.";
-  tool.input_schema = {{"type", "object"},
-                       {"properties", {{"instance_id", instance_id_schema(ctx, "The instance to work in.")}, {"job_id", kJobIdArg}, {"tail", kTailArg}}},
-                       {"required", required_with_instance(ctx, {"job_id"})},
-                       {"additionalProperties", false}};
-  tool.output_schema = job_schema();
-  tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", true}, {"idempotentHint", true},
-                          {"openWorldHint", false}};
-  tool.accept_input_wrapper = true;
-  tool.handler = [ctx](const json& args, mcp::RequestContext& rc) {
-    const std::string instance = instance_arg(ctx, args);
-    const std::string job = args.value("job_id", "");
-    ctx.services.jobs->cancel(instance, job, actor(rc));
-    return result_of(ctx.services.jobs->view(instance, job, tail_of(args)));
-  };
-  server.add_tool(std::move(tool));
+  add_tool(server, {
+      .name = "cancel_job",
+      .title = "Cancel a job",
+      .description =
+          "Stop a job: SIGTERM to all its processes, then after a grace period SIGKILL to the whole process "
+          "tree (Slurm jobs: scancel). Returns the final status and the last lines of its output. A finished "
+          "job is left as it is.",
+      .input = instance_input(ctx.services.config, kInstanceWhat, {{"job_id", kJobIdArg}, {"tail", kTailArg}}, {"job_id"}),
+      .output = job_schema(),
+      .hints = {.destructive = true, .idempotent = true},
+      .handler =
+          [ctx](const json& args, mcp::RequestContext& rc) {
+            const std::string instance = instance_arg(ctx, args);
+            const std::string job = string_arg(args, "job_id");
+            ctx.services.jobs->cancel(instance, job, actor(rc));
+            return result_of(ctx.services.jobs->view(instance, job, tail_of(args)));
+          },
+  });
 }
 
 }  // namespace

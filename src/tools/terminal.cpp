@@ -53,11 +53,6 @@ struct Request {
   std::int64_t timeout = kDefaultTimeoutSeconds;
 };
 
-std::string string_arg(const json& args, const char* name) {
-  auto it = args.find(name);
-  return it != args.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
 // Validation as the original: empty command/args/working_directory/stdin count as absent.
 Request parse_request(const json& args, const config::Config& cfg, const ToolContext& ctx) {
   Request req;
@@ -394,53 +389,45 @@ std::string tool_description(const config::Config& cfg) {
 
 void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
   const config::Config& cfg = ctx.services.config;
-  mcp::Tool tool;
-  tool.name = "terminal_execute";
-  tool.title = "Run a command in an instance";
-  tool.description = tool_description(cfg);
-  tool.input_schema = json{
-      {"type", "object"},
-      {"properties",
-       {{"instance_id",
-         instance_id_schema(ctx, "The instance to run the command in (its id, as listed by list_instances).")},
-        {"command",
-         {{"type", "string"},
-          {"description", "Shell command string (mutually exclusive with args). Run by /bin/bash -c."}}},
-        {"args",
-         {{"type", "array"},
-          {"items", {{"type", "string"}}},
-          {"description",
-           "List of arguments for direct execution (mutually exclusive with command). The first is the "
-           "program."}}},
-        {"stdin", {{"type", "string"}, {"description", "Content to pipe to stdin (at most 2 MiB)."}}},
-        {"working_directory",
-         {{"type", "string"},
-          {"description", fmt::format("Working directory for the command (must be absolute). Default: {}.",
-                                      cfg.ns.workspace_mount)}}},
-        {"timeout",
-         {{"type", "integer"},
-          {"description", fmt::format("Timeout in seconds (default {}, at most {}).", kDefaultTimeoutSeconds,
-                                      cfg.jobs.max_timeout)}}}}},
-      {"additionalProperties", false}};
-  if (ctx.services.config.mcp.default_instance.empty()) tool.input_schema["required"] = {"instance_id"};
-  tool.output_schema = json{{"type", "object"},
-                            {"properties",
-                             {{"stdout", {{"type", "string"}}},
-                              {"stderr", {{"type", "string"}}},
-                              {"exit_code", {{"type", "integer"}}},
-                              {"exec_duration_ms", {{"type", "integer"}}},
-                              {"instance_id", {{"type", "string"}}}}},
-                            {"required", {"stdout", "stderr", "exit_code", "exec_duration_ms", "instance_id"}}};
-  tool.annotations = json{{"readOnlyHint", false}, {"destructiveHint", true}, {"idempotentHint", false},
-                          {"openWorldHint", true}};
-  tool.accept_input_wrapper = true;
-  tool.handler = [ctx](const json& args, mcp::RequestContext& rc) {
-    const Request req = parse_request(args, ctx.services.config, ctx);
-    const store::Instance inst = ctx.services.store.get(req.instance_id);
-    Run run(ctx, inst, req, rc);
-    return make_result(ctx.services.config, req, run.execute());
-  };
-  server.add_tool(std::move(tool));
+  add_tool(server, {
+      .name = "terminal_execute",
+      .title = "Run a command in an instance",
+      .description = tool_description(cfg),
+      .input = instance_input(
+          cfg, "The instance to run the command in (its id, as listed by list_instances).",
+          {{"command",
+            {{"type", "string"},
+             {"description", "Shell command string (mutually exclusive with args). Run by /bin/bash -c."}}},
+           {"args",
+            {{"type", "array"},
+             {"items", of_type("string")},
+             {"description",
+              "List of arguments for direct execution (mutually exclusive with command). The first is the "
+              "program."}}},
+           {"stdin", {{"type", "string"}, {"description", "Content to pipe to stdin (at most 2 MiB)."}}},
+           {"working_directory",
+            {{"type", "string"},
+             {"description", fmt::format("Working directory for the command (must be absolute). Default: {}.",
+                                         cfg.ns.workspace_mount)}}},
+           {"timeout",
+            {{"type", "integer"},
+             {"description", fmt::format("Timeout in seconds (default {}, at most {}).", kDefaultTimeoutSeconds,
+                                         cfg.jobs.max_timeout)}}}}),
+      .output = output_object({{"stdout", of_type("string")},
+                               {"stderr", of_type("string")},
+                               {"exit_code", of_type("integer")},
+                               {"exec_duration_ms", of_type("integer")},
+                               {"instance_id", of_type("string")}},
+                              {"stdout", "stderr", "exit_code", "exec_duration_ms", "instance_id"}),
+      .hints = {.destructive = true, .idempotent = false, .open_world = true},
+      .handler =
+          [ctx](const json& args, mcp::RequestContext& rc) {
+            const Request req = parse_request(args, ctx.services.config, ctx);
+            const store::Instance inst = ctx.services.store.get(req.instance_id);
+            Run run(ctx, inst, req, rc);
+            return make_result(ctx.services.config, req, run.execute());
+          },
+  });
 }
 
 }  // namespace nshpc::tools

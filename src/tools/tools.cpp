@@ -74,12 +74,6 @@ std::string instance_arg(const ToolContext& ctx, const mcp::json& args) {
   throw UsageError("instance_id is required (this server has no [mcp] default_instance); list_instances shows them");
 }
 
-mcp::json instance_id_schema(const ToolContext& ctx, const std::string& what) {
-  const std::string& fallback = ctx.services.config.mcp.default_instance;
-  return {{"type", "string"},
-          {"description", fallback.empty() ? what : fmt::format("{} Default: '{}'.", what, fallback)}};
-}
-
 mcp::ServerInfo server_info() {
   mcp::ServerInfo info;
   info.name = "ns-hpc";

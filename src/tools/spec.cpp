@@ -1,0 +1,57 @@
+// Declaring tools: the spec turned into an mcp::Tool, the schema fragments every tool shares,
+// and reading arguments.
+#include <fmt/format.h>
+
+#include "tools/internal.hpp"
+
+namespace nshpc::tools {
+
+using mcp::json;
+
+json annotations(const Hints& hints) {
+  json out = {{"readOnlyHint", hints.read_only}, {"openWorldHint", hints.open_world}};
+  if (hints.destructive) out["destructiveHint"] = *hints.destructive;
+  if (hints.idempotent) out["idempotentHint"] = *hints.idempotent;
+  return out;
+}
+
+void add_tool(mcp::Server& server, ToolSpec spec) {
+  mcp::Tool tool;
+  tool.name = std::move(spec.name);
+  tool.title = std::move(spec.title);
+  tool.description = std::move(spec.description);
+  tool.input_schema = std::move(spec.input);
+  tool.output_schema = std::move(spec.output);
+  tool.annotations = annotations(spec.hints);
+  tool.accept_input_wrapper = true;
+  tool.handler = std::move(spec.handler);
+  server.add_tool(std::move(tool));
+}
+
+json of_type(const char* type) { return {{"type", type}}; }
+
+json input_object(json properties, std::vector<std::string> required) {
+  json schema = {{"type", "object"}, {"properties", std::move(properties)}, {"additionalProperties", false}};
+  if (!required.empty()) schema["required"] = std::move(required);
+  return schema;
+}
+
+json instance_input(const config::Config& cfg, const std::string& what, json properties,
+                    std::vector<std::string> required) {
+  const std::string& fallback = cfg.mcp.default_instance;
+  properties["instance_id"] = {{"type", "string"},
+                               {"description", fallback.empty() ? what : fmt::format("{} Default: '{}'.", what, fallback)}};
+  if (fallback.empty()) required.insert(required.begin(), "instance_id");
+  return input_object(std::move(properties), std::move(required));
+}
+
+json output_object(json properties, std::vector<std::string> required) {
+  return {{"type", "object"}, {"properties", std::move(properties)}, {"required", std::move(required)}};
+}
+
+std::string string_arg(const json& args, const char* name) {
+  auto it = args.find(name);
+  return it != args.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+}  // namespace nshpc::tools

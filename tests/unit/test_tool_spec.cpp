@@ -1,0 +1,51 @@
+// The tool-declaration helpers of src/tools (tools/internal.hpp): what they publish, key by key.
+#include <gtest/gtest.h>
+
+#include "config/config.hpp"
+#include "tools/internal.hpp"
+
+namespace tools = nshpc::tools;
+using nshpc::mcp::json;
+
+TEST(ToolSpec, ReadOnlyHintsLeaveOutDestructiveAndIdempotent) {
+  EXPECT_EQ(tools::annotations({.read_only = true}), (json{{"readOnlyHint", true}, {"openWorldHint", false}}));
+}
+
+TEST(ToolSpec, HintsPublishWhatIsSet) {
+  EXPECT_EQ(tools::annotations({.destructive = true, .idempotent = false, .open_world = true}),
+            (json{{"readOnlyHint", false}, {"destructiveHint", true}, {"idempotentHint", false}, {"openWorldHint", true}}));
+  EXPECT_EQ(tools::annotations({.destructive = false}),
+            (json{{"readOnlyHint", false}, {"destructiveHint", false}, {"openWorldHint", false}}));
+}
+
+TEST(ToolSpec, InputObjectIsClosedAndOmitsAnEmptyRequired) {
+  const json none = tools::input_object(json::object());
+  EXPECT_EQ(none, (json{{"type", "object"}, {"properties", json::object()}, {"additionalProperties", false}}));
+  const json one = tools::input_object({{"a", tools::of_type("string")}}, {"a"});
+  EXPECT_EQ(one["required"], json::array({"a"}));
+  EXPECT_EQ(one["properties"]["a"], (json{{"type", "string"}}));
+}
+
+TEST(ToolSpec, InstanceInputRequiresInstanceIdOnlyWithoutADefault) {
+  nshpc::config::Config cfg;
+  const json without = tools::instance_input(cfg, "Where.", {{"job_id", tools::of_type("string")}}, {"job_id"});
+  EXPECT_EQ(without["required"], json::array({"instance_id", "job_id"}));
+  EXPECT_EQ(without["properties"]["instance_id"], (json{{"type", "string"}, {"description", "Where."}}));
+
+  cfg.mcp.default_instance = "dflt";
+  const json with = tools::instance_input(cfg, "Where.", json::object());
+  EXPECT_FALSE(with.contains("required"));
+  EXPECT_EQ(with["properties"]["instance_id"]["description"], "Where. Default: 'dflt'.");
+}
+
+TEST(ToolSpec, OutputObjectIsOpenWithItsRequired) {
+  EXPECT_EQ(tools::output_object({{"n", tools::of_type("integer")}}, {"n"}),
+            (json{{"type", "object"}, {"properties", {{"n", {{"type", "integer"}}}}}, {"required", {"n"}}}));
+}
+
+TEST(ToolSpec, StringArgIsEmptyWhenAbsentOrNotAString) {
+  const json args = {{"s", "x"}, {"n", 3}};
+  EXPECT_EQ(tools::string_arg(args, "s"), "x");
+  EXPECT_EQ(tools::string_arg(args, "n"), "");
+  EXPECT_EQ(tools::string_arg(args, "missing"), "");
+}
