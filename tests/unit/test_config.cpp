@@ -15,6 +15,7 @@
 
 #include "config/config.hpp"
 #include "config/keys.hpp"
+#include "common/temp_dir.hpp"
 
 namespace stdfs = std::filesystem;
 namespace config = nshpc::config;
@@ -27,12 +28,7 @@ namespace {
 // a test adds variables), so nothing of the real user's configuration is read.
 class ConfigTest : public ::testing::Test {
  protected:
-  ConfigTest() {
-    char pattern[] = "/tmp/nshpc-config-XXXXXX";
-    root_ = stdfs::path(::mkdtemp(pattern));
-    vars_["HOME"] = home().string();
-  }
-  ~ConfigTest() override { stdfs::remove_all(root_); }
+  ConfigTest() { vars_["HOME"] = home().string(); }
 
   stdfs::path root() const { return root_; }
   stdfs::path home() const { return root_ / "home"; }
@@ -85,7 +81,8 @@ class ConfigTest : public ::testing::Test {
   std::string file() const { return (root_ / "c.toml").string(); }
 
  private:
-  stdfs::path root_;
+  nshpc::tests::TempDir tmp_{"nshpc-config"};
+  const stdfs::path root_ = tmp_.path();
   std::map<std::string, std::string> vars_;
 };
 
