@@ -1169,6 +1169,20 @@ TEST(HttpLive, KeepAliveAcrossRequestsOfOneSession) {
   EXPECT_EQ(live.stop(), 0);
 }
 
+// What the server answered to `bytes` on a new connection (see LiveServer::talk) and how long it
+// took to close it.
+struct Timed {
+  std::string out;
+  std::chrono::steady_clock::duration took;
+};
+Timed timed_talk(const LiveServer& live, const std::string& bytes, std::chrono::milliseconds limit) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string out = live.talk(bytes, nullptr, limit);
+  return {std::move(out), std::chrono::steady_clock::now() - start};
+}
+
+constexpr const char* kHalfAHeader = "POST /mcp HTTP/1.1\r\nHost: localhost\r\n";
+
 TEST(HttpLive, SlowOrIdleClientIsCutOffAfterTheReadTimeout) {
   auto server = make_server();
   HttpOptions options = default_options();
@@ -1177,28 +1191,23 @@ TEST(HttpLive, SlowOrIdleClientIsCutOffAfterTheReadTimeout) {
   LiveServer live(*server, options);
   ASSERT_NE(live.port(), 0);
   // Half a header, then nothing: the server closes the connection (no answer) after ~300 ms.
-  auto start = std::chrono::steady_clock::now();
-  std::string out = live.talk("POST /mcp HTTP/1.1\r\nHost: localhost\r\n", nullptr, 5s);
-  auto took = std::chrono::steady_clock::now() - start;
-  EXPECT_EQ(out, "");
-  EXPECT_GE(took, 250ms);
-  EXPECT_LT(took, 3s);
+  const Timed half = timed_talk(live, kHalfAHeader, 5s);
+  EXPECT_EQ(half.out, "");
+  EXPECT_GE(half.took, 250ms);
+  EXPECT_LT(half.took, 3s);
   // A body that never completes.
-  start = std::chrono::steady_clock::now();
-  out = live.talk("POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer " + std::string(kToken) +
-                      "\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"jsonrpc\"",
-                  nullptr, 5s);
-  took = std::chrono::steady_clock::now() - start;
-  EXPECT_EQ(out, "");
-  EXPECT_LT(took, 3s);
+  const Timed body = timed_talk(live,
+                                "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer " + std::string(kToken) +
+                                    "\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"jsonrpc\"",
+                                5s);
+  EXPECT_EQ(body.out, "");
+  EXPECT_LT(body.took, 3s);
   // An idle keep-alive connection after a complete exchange.
-  start = std::chrono::steady_clock::now();
-  out = live.talk("GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n", nullptr, 5s);
-  took = std::chrono::steady_clock::now() - start;
-  const auto replies = final_replies(out);
-  ASSERT_EQ(replies.size(), 1u) << out;
+  const Timed idle = timed_talk(live, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n", 5s);
+  const auto replies = final_replies(idle.out);
+  ASSERT_EQ(replies.size(), 1u) << idle.out;
   EXPECT_EQ(replies[0].status, 200);
-  EXPECT_LT(took, 3s);
+  EXPECT_LT(idle.took, 3s);
   EXPECT_EQ(live.stop(), 0);
 }
 
@@ -1332,15 +1341,14 @@ TEST(HttpLive, HeaderTimeoutIsSeparateFromTheReadTimeout) {
   LiveServer live(*server, options);
   ASSERT_NE(live.port(), 0);
   // Half a header, then nothing: closed after the header timeout, long before the read timeout.
-  auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(live.talk("POST /mcp HTTP/1.1\r\nHost: localhost\r\n", nullptr, 10s), "");
-  auto took = std::chrono::steady_clock::now() - start;
-  EXPECT_GE(took, 250ms);
-  EXPECT_LT(took, 5s);
+  const Timed half = timed_talk(live, kHalfAHeader, 10s);
+  EXPECT_EQ(half.out, "");
+  EXPECT_GE(half.took, 250ms);
+  EXPECT_LT(half.took, 5s);
   // A header that trickles in a byte at a time is cut off just the same.
   const int fd = live.connect_fd();
   ASSERT_GE(fd, 0);
-  start = std::chrono::steady_clock::now();
+  const auto start = std::chrono::steady_clock::now();
   bool cut = false;
   for (char c : std::string("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy")) {
     if (::send(fd, &c, 1, MSG_NOSIGNAL) != 1) {
@@ -1356,7 +1364,7 @@ TEST(HttpLive, HeaderTimeoutIsSeparateFromTheReadTimeout) {
       }
     }
   }
-  took = std::chrono::steady_clock::now() - start;
+  const auto took = std::chrono::steady_clock::now() - start;
   ::close(fd);
   EXPECT_TRUE(cut) << "the trickling header was not cut off";
   EXPECT_LT(took, 5s);
