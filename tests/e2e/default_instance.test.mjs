@@ -2,16 +2,15 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 
-import { NSHPC_BINARY, childEnv, connectClient, makeHome, nshpcArgs, removeHome, textOf } from './lib.mjs';
+import { connectNshpc, createInstance, makeHome, removeHome, textOf } from './lib.mjs';
 
 let home;
 let conn;
 
 before(async () => {
   home = makeHome('default', '[mcp]\ndefault_instance = "main"\n');
-  conn = await connectClient({ command: NSHPC_BINARY, args: nshpcArgs(home), env: childEnv(home) });
-  const created = await conn.client.callTool({ name: 'create_instance', arguments: { instance_id: 'main' } });
-  assert.ok(!created.isError, textOf(created));
+  conn = await connectNshpc(home);
+  await createInstance(conn.client, { instance_id: 'main' });
 });
 
 after(async () => {

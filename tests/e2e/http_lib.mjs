@@ -12,23 +12,12 @@ import { SSEClientTransport } from '@modelcontextprotocol/sdk/client/sse.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { Agent, fetch as undiciFetch } from 'undici';
 
-import { NSHPC_BINARY, childEnv, makeHome, sleep } from './lib.mjs';
+import { NSHPC_BINARY, childEnv } from './home.mjs';
+import { sleep } from './lib.mjs';
+
+export { makeHttpHome } from './home.mjs';
 
 export const PROTOCOL_VERSION = '2025-11-25';
-
-// makeHome with the HTTP server's state folder (the generated token) inside the temporary home:
-// as root the default is the system-wide /var/lib/ns-hpc, which tests must not touch.
-// `extraConfig` may have its own [server] section.
-export function makeHttpHome(prefix, extraConfig = '') {
-  const home = makeHome(prefix);
-  home.stateDir = path.join(home.root, 'state');
-  const line = `state_dir = ${JSON.stringify(home.stateDir)}\n`;
-  const extra = extraConfig.includes('[server]\n')
-    ? extraConfig.replace('[server]\n', `[server]\n${line}`)
-    : `${extraConfig}${extraConfig && !extraConfig.endsWith('\n') ? '\n' : ''}[server]\n${line}`;
-  fs.appendFileSync(home.config, extra);
-  return home;
-}
 
 // Starts `ns-hpc --config <home> run --transport <transport> [--port 0] ...args` and waits for
 // the "listening on" line (and the client configuration line after it). Returns a server handle:

@@ -14,13 +14,14 @@ import {
   ajv,
   childEnv,
   compileSchema,
-  connectClient,
+  connectNshpc,
+  createInstance,
+  hostProcessesWith,
   makeHome,
   nshpcArgs,
   removeHome,
   sleep,
   textOf,
-  hostProcessesWith,
   until,
 } from './lib.mjs';
 
@@ -123,10 +124,6 @@ async function outputValidators(client) {
   return { tools, validators };
 }
 
-async function connect(home) {
-  return connectClient({ command: NSHPC_BINARY, args: nshpcArgs(home), env: childEnv(home) });
-}
-
 describe('job tools', () => {
   let home;
   let conn;
@@ -136,13 +133,12 @@ describe('job tools', () => {
 
   before(async () => {
     home = makeHome('jobs');
-    conn = await connect(home);
+    conn = await connectNshpc(home);
     client = conn.client;
     const found = await outputValidators(client);
     tools = found.tools;
     api = jobApi(client, found.validators);
-    const created = await client.callTool({ name: 'create_instance', arguments: { instance_id: ID, network: 'off' } });
-    assert.ok(!created.isError, textOf(created));
+    await createInstance(client, { instance_id: ID, network: 'off' });
   });
 
   after(async () => {
@@ -342,8 +338,7 @@ describe('job tools', () => {
 
   test('9. 200 concurrent jobs in one instance', async () => {
     const many = 'many';
-    const created = await client.callTool({ name: 'create_instance', arguments: { instance_id: many } });
-    assert.ok(!created.isError, textOf(created));
+    await createInstance(client, { instance_id: many });
     const N = 200;
     const IN_FLIGHT = 100; // below the server's cap of concurrent requests per session (mcp max_in_flight, 128)
     const submitOne = (i) =>
@@ -479,10 +474,9 @@ describe('jobs across server restarts', () => {
 
   before(async () => {
     home = makeHome('jobs-restart');
-    const c = await connect(home);
+    const c = await connectNshpc(home);
     conns.push(c);
-    const created = await c.client.callTool({ name: 'create_instance', arguments: { instance_id: RID } });
-    assert.ok(!created.isError, textOf(created));
+    await createInstance(c.client, { instance_id: RID });
     await c.close();
   });
 
@@ -490,7 +484,7 @@ describe('jobs across server restarts', () => {
     for (const c of conns) await c.close();
     // Cancel whatever is left running.
     try {
-      const c = await connect(home);
+      const c = await connectNshpc(home);
       const api = jobApi(c.client, {});
       for (const j of (await api.list(RID, { status: 'running', limit: 500 })).jobs) await api.cancel(RID, j.job_id);
       await c.close();
@@ -516,7 +510,7 @@ describe('jobs across server restarts', () => {
   });
 
   async function server() {
-    const c = await connect(home);
+    const c = await connectNshpc(home);
     conns.push(c);
     const { validators } = await outputValidators(c.client);
     return { conn: c, api: jobApi(c.client, validators) };

@@ -2,7 +2,6 @@
 // SDK clients over stdio, a raw line-oriented JSON-RPC child, JSON Schema checks.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -14,53 +13,13 @@ import addFormats from 'ajv-formats';
 const here = path.dirname(fileURLToPath(import.meta.url));
 const repo = path.resolve(here, '..', '..');
 
-export const NSHPC_BINARY = process.env.NSHPC_BINARY || path.join(repo, 'build', 'ns-hpc');
+import { NSHPC_BINARY, childEnv, nshpcArgs } from './home.mjs';
+
+export { NSHPC_BINARY, childEnv, makeHome, nshpcArgs, removeHome } from './home.mjs';
 export const NSHPC_FIXTURE =
   process.env.NSHPC_FIXTURE || path.join(repo, 'build', 'tests', 'nshpc_mcp_fixture');
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-
-// A fresh temporary home for one server: instances dir, context dir, config file.
-// `extraConfig` is appended to the config text (TOML).
-export function makeHome(prefix, extraConfig = '') {
-  const root = fs.mkdtempSync(path.join(os.tmpdir(), `nshpc-e2e-${prefix}-`));
-  // mkdtemp makes it 0700; as root the sandbox runs as namespace.sandbox_uid (65534), which must
-  // pass through it to reach the instance folders.
-  fs.chmodSync(root, 0o755);
-  const home = {
-    root,
-    instancesDir: path.join(root, 'instances'),
-    contextDir: path.join(root, 'context'),
-    xdg: path.join(root, 'xdg'),
-    config: path.join(root, 'config.toml'),
-  };
-  fs.mkdirSync(home.contextDir, { recursive: true });
-  fs.mkdirSync(home.xdg, { recursive: true });
-  fs.writeFileSync(
-    home.config,
-    `[namespace]\ninstances_dir = ${JSON.stringify(home.instancesDir)}\n` +
-      `[resource]\ncontext_dirs = [${JSON.stringify(home.contextDir)}]\n` +
-      extraConfig,
-  );
-  return home;
-}
-
-export function removeHome(home) {
-  if (home) fs.rmSync(home.root, { recursive: true, force: true });
-}
-
-// The minimal environment the servers get.
-export function childEnv(home) {
-  return {
-    PATH: process.env.PATH || '/usr/local/bin:/usr/bin:/bin',
-    HOME: home.root,
-    XDG_CONFIG_HOME: home.xdg,
-  };
-}
-
-export function nshpcArgs(home) {
-  return ['--config', home.config, 'run'];
-}
 
 // Collects a child's stderr (kept small) so failures can show it.
 function collectStderr(stream) {
@@ -104,6 +63,19 @@ export async function connectClient({ command, args, env, name = 'nshpc-e2e' }) 
       }
     },
   };
+}
+
+// An SDK client connected over stdio to `ns-hpc run` in `home` (see connectClient).
+export function connectNshpc(home, { name } = {}) {
+  return connectClient({ command: NSHPC_BINARY, args: nshpcArgs(home), env: childEnv(home), name });
+}
+
+// Creates the instance with create_instance (`args`: its arguments) and throws with the tool's
+// text when the call is an error.
+export async function createInstance(client, args) {
+  const created = await client.callTool({ name: 'create_instance', arguments: args });
+  if (created.isError) throw new Error(`create_instance ${JSON.stringify(args)} failed: ${textOf(created)}`);
+  return created;
 }
 
 export function ajv() {

@@ -14,13 +14,9 @@
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
-import path from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { fileURLToPath } from 'node:url';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const repo = path.resolve(here, '..', '..');
-const BINARY = process.env.NSHPC_BINARY || path.join(repo, 'build', 'ns-hpc');
+import { NSHPC_BINARY, childEnv, makeHttpHome, removeHome } from './home.mjs';
 const PROTOCOL_VERSION = '2025-11-25';
 
 function usage(message) {
@@ -53,39 +49,14 @@ function parseArgs(argv) {
   return opts;
 }
 
-// A temporary home: instances and context folders, XDG config dir, config file and state dir.
-// As root the sandboxes run as an unprivileged uid that must be able to traverse the folders.
-function makeHome() {
-  const root = fs.mkdtempSync(path.join(os.tmpdir(), 'nshpc-load-'));
-  fs.chmodSync(root, 0o755);
-  const home = {
-    root,
-    instancesDir: path.join(root, 'instances'),
-    contextDir: path.join(root, 'context'),
-    stateDir: path.join(root, 'state'),
-    xdg: path.join(root, 'xdg'),
-    config: path.join(root, 'config.toml'),
-  };
-  for (const dir of [home.instancesDir, home.contextDir, home.stateDir, home.xdg])
-    fs.mkdirSync(dir, { recursive: true, mode: 0o755 });
-  fs.writeFileSync(
-    home.config,
-    `[namespace]\ninstances_dir = ${JSON.stringify(home.instancesDir)}\n` +
-      `[resource]\ncontext_dirs = [${JSON.stringify(home.contextDir)}]\n` +
-      // Every session comes from this one client (one uid): lift the per-peer session cap.
-      `[server]\nstate_dir = ${JSON.stringify(home.stateDir)}\nmax_sessions_per_peer = 256\n`,
-  );
-  return home;
-}
-
 // Starts the server and resolves with {proc, url, token, stderr()} once it printed its URL and
 // token; rejects when it exits first or takes too long.
 function startServer(home) {
   const proc = spawn(
-    BINARY,
+    NSHPC_BINARY,
     ['--config', home.config, 'run', '--transport', 'streamable-http', '--host', '127.0.0.1', '--port', '0'],
     {
-      env: { PATH: process.env.PATH || '/usr/local/bin:/usr/bin:/bin', HOME: home.root, XDG_CONFIG_HOME: home.xdg },
+      env: childEnv(home),
       stdio: ['ignore', 'ignore', 'pipe'],
     },
   );
@@ -228,11 +199,12 @@ function peakRssKb(pid) {
 
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
-  if (!fs.existsSync(BINARY)) {
-    process.stderr.write(`load.mjs: ns-hpc binary not found: ${BINARY} (build it, or set NSHPC_BINARY)\n`);
+  if (!fs.existsSync(NSHPC_BINARY)) {
+    process.stderr.write(`load.mjs: ns-hpc binary not found: ${NSHPC_BINARY} (build it, or set NSHPC_BINARY)\n`);
     return 2;
   }
-  const home = makeHome();
+  // Every session comes from this one client (one uid): lift the per-peer session cap.
+  const home = makeHttpHome('load', '[server]\nmax_sessions_per_peer = 256\n');
   const server = startServer(home);
   let exitCode = 0;
   try {
@@ -307,7 +279,7 @@ async function main() {
       server.proc.kill('SIGKILL');
       await server.exited;
     }
-    fs.rmSync(home.root, { recursive: true, force: true });
+    removeHome(home);
   }
   return exitCode;
 }

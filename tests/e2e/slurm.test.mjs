@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import { NSHPC_BINARY, ajv, childEnv, compileSchema, connectClient, makeHome, nshpcArgs, removeHome, textOf } from './lib.mjs';
+import { ajv, compileSchema, connectNshpc, createInstance, makeHome, removeHome, textOf } from './lib.mjs';
 
 const ENABLED = process.env.NSHPC_SLURM_TESTS === '1';
 
@@ -15,14 +15,13 @@ describe('submit_job mode "slurm" against a real cluster', { skip: !ENABLED && '
 
   before(async () => {
     home = makeHome('slurm', '[jobs.slurm]\npoll_interval = 0.5\n[jobs.slurm.limit]\ncpus = { default = 1, max = 64 }\nmemory = { default = 300, max = 2048 }\n');
-    conn = await connectClient({ command: NSHPC_BINARY, args: nshpcArgs(home), env: childEnv(home) });
+    conn = await connectNshpc(home);
     const { tools } = await conn.client.listTools();
     const submit = tools.find((t) => t.name === 'submit_job');
     assert.deepEqual(submit.inputSchema.properties.mode.enum, ['local', 'slurm']);
     assert.ok(submit.inputSchema.properties.resources.properties.cpus, 'resources.cpus is offered');
     validate = compileSchema(ajv(), submit.outputSchema);
-    const created = await conn.client.callTool({ name: 'create_instance', arguments: { instance_id: 'hpc' } });
-    assert.ok(!created.isError, textOf(created));
+    await createInstance(conn.client, { instance_id: 'hpc' });
   });
 
   after(async () => {

@@ -11,13 +11,10 @@ import {
 } from '@modelcontextprotocol/sdk/types.js';
 
 import {
-  NSHPC_BINARY,
   ajv,
-  childEnv,
   compileSchema,
-  connectClient,
+  connectNshpc,
   makeHome,
-  nshpcArgs,
   removeHome,
   sleep,
   textOf,
@@ -62,7 +59,7 @@ describe('ns-hpc run over stdio (SDK client)', () => {
     home = makeHome('stdio');
     fs.writeFileSync(path.join(home.contextDir, CUSTOM_DOC), CUSTOM_TEXT);
     fs.writeFileSync(path.join(home.contextDir, 'not-a-doc.txt'), 'not matched by *.md\n');
-    conn = await connectClient({ command: NSHPC_BINARY, args: nshpcArgs(home), env: childEnv(home) });
+    conn = await connectNshpc(home);
     client = conn.client;
     client.setNotificationHandler(ResourceUpdatedNotificationSchema, (n) => {
       updated.push(n.params);

@@ -7,17 +7,15 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
 import {
-  NSHPC_BINARY,
   ajv,
-  childEnv,
   compileSchema,
-  connectClient,
+  connectNshpc,
+  createInstance,
+  hostProcessesWith,
   makeHome,
-  nshpcArgs,
   removeHome,
   sleep,
   textOf,
-  hostProcessesWith,
   until,
 } from './lib.mjs';
 
@@ -42,14 +40,13 @@ describe('terminal_execute', () => {
 
   before(async () => {
     home = makeHome('terminal');
-    conn = await connectClient({ command: NSHPC_BINARY, args: nshpcArgs(home), env: childEnv(home) });
+    conn = await connectNshpc(home);
     client = conn.client;
     const { tools } = await client.listTools();
     tool = tools.find((t) => t.name === TOOL);
     assert.ok(tool, `${TOOL} is listed (got ${tools.map((t) => t.name)})`);
     validateOutput = compileSchema(ajv(), tool.outputSchema);
-    const created = await client.callTool({ name: 'create_instance', arguments: { instance_id: ID, network: 'off' } });
-    assert.ok(!created.isError, textOf(created));
+    await createInstance(client, { instance_id: ID, network: 'off' });
   });
 
   after(async () => {

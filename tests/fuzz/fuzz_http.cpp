@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "fuzz_server.hpp"
 #include "mcp/server.hpp"
 #include "transport/http.hpp"
 
@@ -17,11 +18,7 @@ using mcp::json;
 namespace {
 
 mcp::Server& fuzz_server() {
-  static mcp::Server server = [] {
-    mcp::ServerOptions options;
-    options.page_size = 2;
-    return mcp::Server(mcp::ServerInfo{"fuzz-http", "", "0", ""}, options);
-  }();
+  static mcp::Server server = nshpc::fuzz::make_server("fuzz-http");
   static bool registered = [] {
     mcp::Tool tool;
     tool.name = "echo";
@@ -29,11 +26,7 @@ mcp::Server& fuzz_server() {
     tool.input_schema = {{"type", "object"},
                          {"properties", {{"s", {{"type", "string"}, {"maxLength", 64}}}}},
                          {"additionalProperties", false}};
-    tool.handler = [](const json& args, mcp::RequestContext& rc) {
-      rc.progress(1, 2);
-      rc.log(mcp::LogLevel::info, args);
-      return mcp::ToolResult::text(args.dump(), args);
-    };
+    tool.handler = nshpc::fuzz::echo;
     server.add_tool(std::move(tool));
     return true;
   }();

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "fuzz_server.hpp"
 #include "mcp/server.hpp"
 #include "transport/framing.hpp"
 
@@ -14,11 +15,7 @@ using mcp::json;
 namespace {
 
 mcp::Server& fuzz_server() {
-  static mcp::Server server = [] {
-    mcp::ServerOptions options;
-    options.page_size = 2;
-    return mcp::Server(mcp::ServerInfo{"fuzz", "", "0", ""}, options);
-  }();
+  static mcp::Server server = nshpc::fuzz::make_server("fuzz");
   static bool registered = [] {
     for (const char* name : {"a", "b", "c"}) {
       mcp::Tool tool;
@@ -33,11 +30,7 @@ mcp::Server& fuzz_server() {
                              {"l", {{"type", "array"}, {"items", {{"type", "string"}}}}}}},
                            {"required", {"s"}},
                            {"additionalProperties", false}};
-      tool.handler = [](const json& args, mcp::RequestContext& rc) {
-        rc.progress(1, 2);
-        rc.log(mcp::LogLevel::info, args);
-        return mcp::ToolResult::text(args.dump(), args);
-      };
+      tool.handler = nshpc::fuzz::echo;
       server.add_tool(std::move(tool));
     }
     mcp::Prompt prompt;

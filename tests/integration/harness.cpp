@@ -28,6 +28,22 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
   return out;
 }
 
+// Forks and runs `argv` with the environment `env`; the child's stdin, stdout and stderr become
+// `in`, `out` and `err` (-1: the test's own). The pid, or -1 when fork failed.
+pid_t spawn(std::vector<std::string> argv, std::vector<std::string> env, int in, int out, int err = -1) {
+  auto argv_c = c_strings(argv);
+  auto env_c = c_strings(env);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (in >= 0) ::dup2(in, 0);
+    if (out >= 0) ::dup2(out, 1);
+    if (err >= 0) ::dup2(err, 2);
+    ::execve(argv_c[0], argv_c.data(), env_c.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
 }  // namespace
 
 std::string binary() { return env_or("NSHPC_BINARY", NSHPC_BINARY); }
@@ -66,20 +82,9 @@ std::vector<std::string> Env::env_for(const std::vector<std::string>& extra) con
 
 Result Env::run(const std::vector<std::string>& args, const std::string& input, std::chrono::seconds timeout,
                 const std::vector<std::string>& extra_env) const {
-  auto argv = argv_for(args);
-  auto env = env_for(extra_env);
-  auto argv_c = c_strings(argv);
-  auto env_c = c_strings(env);
   int in[2], out[2], err[2];
   if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC)) return {};
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(in[0], 0);
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    ::execve(argv_c[0], argv_c.data(), env_c.data());
-    ::_exit(127);
-  }
+  pid_t pid = spawn(argv_for(args), env_for(extra_env), in[0], out[1], err[1]);
   ::close(in[0]);
   ::close(out[1]);
   ::close(err[1]);
@@ -120,18 +125,9 @@ Result Env::run(const std::vector<std::string>& args, const std::string& input, 
 }
 
 pid_t Env::start(const std::vector<std::string>& args) const {
-  auto argv = argv_for(args);
-  auto env = env_for({});
-  auto argv_c = c_strings(argv);
-  auto env_c = c_strings(env);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int null = ::open("/dev/null", O_RDWR);
-    ::dup2(null, 0);
-    ::dup2(null, 1);
-    ::execve(argv_c[0], argv_c.data(), env_c.data());
-    ::_exit(127);
-  }
+  const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  const pid_t pid = spawn(argv_for(args), env_for({}), null, null);
+  if (null >= 0) ::close(null);
   return pid;
 }
 
@@ -194,16 +190,7 @@ std::string read_text(const fs::path& file) {
 McpSession::McpSession(const Env& env) {
   int in[2], out[2];
   if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC)) throw std::runtime_error("pipe");
-  std::vector<std::string> argv_s = env.argv_for({"run"}), envp_s = env.env_for({});
-  auto argv = c_strings(argv_s);
-  auto envp = c_strings(envp_s);
-  pid_ = ::fork();
-  if (pid_ == 0) {
-    ::dup2(in[0], 0);
-    ::dup2(out[1], 1);
-    ::execve(argv[0], argv.data(), envp.data());
-    ::_exit(127);
-  }
+  pid_ = spawn(env.argv_for({"run"}), env.env_for({}), in[0], out[1]);
   ::close(in[0]);
   ::close(out[1]);
   to_ = in[1];

@@ -66,20 +66,6 @@ bool contains(const std::vector<pid_t>& v, pid_t pid) {
   return std::find(v.begin(), v.end(), pid) != v.end();
 }
 
-// A temporary folder, removed afterwards.
-struct TempDir {
-  stdfs::path path;
-  TempDir() {
-    std::string templ = (stdfs::temp_directory_path() / "nshpc-cgtest-XXXXXX").string();
-    if (!::mkdtemp(templ.data())) throw std::runtime_error("mkdtemp failed");
-    path = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    stdfs::remove_all(path, ec);
-  }
-};
-
 // Kills whatever is left in the group (also when an assertion failed), then destroys it, which
 // removes the folders.
 struct GroupGuard {

@@ -23,9 +23,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/loopback.hpp"
 #include "harness.hpp"
 
 using namespace nshpc::test;
+using nshpc::tests::closed_within;
+using nshpc::tests::read_some;
+using nshpc::tests::send_all;
 using namespace std::chrono_literals;
 using nlohmann::json;
 
@@ -68,57 +72,10 @@ struct Socket {
 };
 
 Socket connect_to(std::uint16_t port, int receive_buffer = 0) {
-  Socket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (receive_buffer > 0) ::setsockopt(s.fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(s.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) s.reset();
-  return s;
-}
-
-bool send_all(int fd, const std::string& bytes) {
-  std::size_t sent = 0;
-  while (sent < bytes.size()) {
-    const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) return false;
-    sent += static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-// Reads until `enough` says so, the peer closes, `limit` bytes arrived or `wait` passed.
-std::string read_some(int fd, std::chrono::milliseconds wait, const std::function<bool(const std::string&)>& enough,
-                      std::size_t limit = 1 << 20) {
-  std::string out;
-  const auto deadline = std::chrono::steady_clock::now() + wait;
-  char buf[16384];
-  while (!(enough && enough(out)) && out.size() < limit) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left <= 0ms) break;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
-    const ssize_t n = ::recv(fd, buf, std::min(sizeof buf, limit - out.size()), 0);
-    if (n <= 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  return out;
+  return Socket(nshpc::tests::connect_loopback(port, receive_buffer));
 }
 
 bool has_header_block(const std::string& s) { return s.find("\r\n\r\n") != std::string::npos; }
-
-// True once the server closed `fd` (EOF or reset), waiting until `deadline`.
-bool closed_by(int fd, std::chrono::steady_clock::time_point deadline) {
-  char buf[4096];
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left <= 0ms) return false;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
-    if (::recv(fd, buf, sizeof buf, 0) <= 0) return true;
-  }
-}
 
 std::string post_bytes(const json& message, const std::string& session = "", bool close = true) {
   const std::string body = message.dump();
@@ -356,7 +313,10 @@ TEST(HttpAttacks, HalfOpenConnectionsDoNotLockOutAClient) {
   // The header timeout (3 s here) ends every half-open connection.
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   std::size_t still_open = 0;
-  for (const Socket& s : attack) still_open += closed_by(s.fd, deadline) ? 0 : 1;
+  for (const Socket& s : attack) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    still_open += closed_within(s.fd, left) ? 0 : 1;
+  }
   EXPECT_EQ(still_open, 0u);
   expect_a_client_is_served(server, 20s);
   EXPECT_EQ(server.stop(), 0);

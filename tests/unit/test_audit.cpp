@@ -9,12 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include "audit/audit.hpp"
+#include "common/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 
 TEST(Audit, OneJsonObjectPerLineWithEventTimeActorAndFields) {
-  char tmpl[] = "/tmp/nshpc-audit-XXXXXX";
-  fs::path dir = ::mkdtemp(tmpl);
+  const nshpc::tests::TempDir tmp("nshpc-audit");
+  const fs::path& dir = tmp.path();
   nshpc::audit::append(dir / "audit.log", "instance.created", "cli:ada", {{"instance_id", "x"}});
   nshpc::audit::append(dir / "audit.log", "sandbox.exec", "cli:ada",
                        {{"command", {"sh", "-c", "echo \"hi\"\nthere"}}, {"exit_code", 0}});
@@ -29,29 +30,17 @@ TEST(Audit, OneJsonObjectPerLineWithEventTimeActorAndFields) {
   EXPECT_TRUE(events[0]["timestamp"].get<std::string>().ends_with("+00:00"));
   EXPECT_EQ(events[1]["command"][2], "echo \"hi\"\nthere");
   EXPECT_EQ(fs::status(dir / "audit.log").permissions() & fs::perms::others_read, fs::perms::none);
-  fs::remove_all(dir);
 }
 
 TEST(Audit, ConcurrentWritersNeverInterleave) {
-  char tmpl[] = "/tmp/nshpc-audit-XXXXXX";
-  fs::path dir = ::mkdtemp(tmpl);
+  const nshpc::tests::TempDir tmp("nshpc-audit");
+  const fs::path& dir = tmp.path();
   const fs::path log = dir / "audit.log";
   constexpr int kWriters = 8, kLines = 200;
   const std::string big(3000, 'x');  // lines well over PIPE_BUF
-  std::vector<pid_t> children;
-  for (int w = 0; w < kWriters; ++w) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      for (int i = 0; i < kLines; ++i) nshpc::audit::append(log, "e", "t", {{"w", w}, {"i", i}, {"pad", big}});
-      ::_exit(0);
-    }
-    children.push_back(pid);
-  }
-  for (pid_t pid : children) {
-    int status;
-    ::waitpid(pid, &status, 0);
-    ASSERT_EQ(status, 0);
-  }
+  ASSERT_NO_FATAL_FAILURE(nshpc::tests::run_in_children(kWriters, [&](int w) {
+    for (int i = 0; i < kLines; ++i) nshpc::audit::append(log, "e", "t", {{"w", w}, {"i", i}, {"pad", big}});
+  }));
   std::ifstream in(log);
   std::string line;
   int count = 0;
@@ -62,7 +51,6 @@ TEST(Audit, ConcurrentWritersNeverInterleave) {
     ++count;
   }
   EXPECT_EQ(count, kWriters * kLines);
-  fs::remove_all(dir);
 }
 
 TEST(Audit, InvalidUtf8AndHugeFieldsStillGiveOneValidLine) {

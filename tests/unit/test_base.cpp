@@ -14,30 +14,27 @@
 #include "base/text.hpp"
 #include "base/time.hpp"
 #include "base/users.hpp"
+#include "common/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 namespace timeutil = nshpc::timeutil;
 namespace text = nshpc::text;
 
-namespace {
-fs::path temp_dir() {
-  char tmpl[] = "/tmp/nshpc-unit-XXXXXX";
-  return fs::path(::mkdtemp(tmpl));
-}
-}  // namespace
+using nshpc::tests::TempDir;
 
 TEST(Fs, AtomicWriteReplacesWholeFileAndLeavesNoTemporaries) {
-  auto dir = temp_dir();
+  const TempDir tmp("nshpc-unit");
+  const fs::path& dir = tmp.path();
   nshpc::fs::atomic_write(dir / "f.json", "first");
   nshpc::fs::atomic_write(dir / "f.json", "second");
   EXPECT_EQ(nshpc::fs::read_file(dir / "f.json").value(), "second");
   EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
-  fs::remove_all(dir);
 }
 
 TEST(Fs, RemoveTreeNeverFollowsSymlinks) {
-  auto dir = temp_dir();
-  auto victim = temp_dir();
+  const TempDir tmp("nshpc-unit"), victim_tmp("nshpc-unit");
+  const fs::path& dir = tmp.path();
+  const fs::path& victim = victim_tmp.path();
   std::ofstream(victim / "keep.txt") << "precious";
   fs::create_directories(dir / "tree/sub");
   std::ofstream(dir / "tree/sub/file") << "x";
@@ -47,8 +44,6 @@ TEST(Fs, RemoveTreeNeverFollowsSymlinks) {
   nshpc::fs::remove_tree(dir / "tree");
   EXPECT_FALSE(fs::exists(dir / "tree"));
   EXPECT_TRUE(fs::exists(victim / "keep.txt"));
-  fs::remove_all(dir);
-  fs::remove_all(victim);
 }
 
 TEST(Fs, ExpandsHomeAndVariables) {

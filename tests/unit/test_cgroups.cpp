@@ -16,25 +16,13 @@
 #include <gtest/gtest.h>
 
 #include "base/error.hpp"
+#include "common/temp_dir.hpp"
 
 namespace {
 
 namespace sb = nshpc::sandbox;
 namespace stdfs = std::filesystem;
-
-// A temporary folder, removed afterwards.
-struct TempDir {
-  stdfs::path path;
-  TempDir() {
-    std::string templ = (stdfs::temp_directory_path() / "nshpc-cgtest-XXXXXX").string();
-    if (!::mkdtemp(templ.data())) throw std::runtime_error("mkdtemp failed");
-    path = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    stdfs::remove_all(path, ec);
-  }
-};
+using nshpc::tests::TempDir;
 
 }  // namespace
 
@@ -42,25 +30,25 @@ struct TempDir {
 
 TEST(Cgroups, RejectsBadNamesAndLimits) {
   std::vector<std::string> unenforced;
-  TempDir tmp;
+  TempDir tmp("nshpc-cgtest");
   for (const char* bad : {"", "/abs", "a/../b", "a//b", "a/", ".", ".."})
-    EXPECT_THROW(sb::Cgroup::create(bad, {}, unenforced, tmp.path), nshpc::UsageError) << bad;
+    EXPECT_THROW(sb::Cgroup::create(bad, {}, unenforced, tmp.path()), nshpc::UsageError) << bad;
   sb::CgroupLimits limits;
   limits.cpus = 0;
-  EXPECT_THROW(sb::Cgroup::create("x", limits, unenforced, tmp.path), nshpc::UsageError);
+  EXPECT_THROW(sb::Cgroup::create("x", limits, unenforced, tmp.path()), nshpc::UsageError);
   limits.cpus = -1.5;
-  EXPECT_THROW(sb::Cgroup::create("x", limits, unenforced, tmp.path), nshpc::UsageError);
+  EXPECT_THROW(sb::Cgroup::create("x", limits, unenforced, tmp.path()), nshpc::UsageError);
 }
 
 TEST(Cgroups, NothingEnforceableWithoutLimitsGivesEmptyGroup) {
-  TempDir tmp;  // no cgroup mounts below it
+  TempDir tmp("nshpc-cgtest");  // no cgroup mounts below it
   std::vector<std::string> unenforced;
-  auto cg = sb::Cgroup::create("job", {}, unenforced, tmp.path);
+  auto cg = sb::Cgroup::create("job", {}, unenforced, tmp.path());
   ASSERT_TRUE(cg);
   EXPECT_TRUE(cg->paths().empty());
   ASSERT_EQ(unenforced.size(), 1u);
   EXPECT_EQ(unenforced[0].rfind("kill: ", 0), 0u) << unenforced[0];
-  EXPECT_NE(unenforced[0].find(tmp.path.string()), std::string::npos) << unenforced[0];
+  EXPECT_NE(unenforced[0].find(tmp.path().string()), std::string::npos) << unenforced[0];
   EXPECT_TRUE(cg->procs_fds().empty());
   EXPECT_TRUE(cg->members().empty());
   EXPECT_TRUE(cg->empty());
@@ -73,14 +61,14 @@ TEST(Cgroups, NothingEnforceableWithoutLimitsGivesEmptyGroup) {
 }
 
 TEST(Cgroups, NothingEnforceableWithLimitsThrowsAndListsEachLimit) {
-  TempDir tmp;
+  TempDir tmp("nshpc-cgtest");
   std::vector<std::string> unenforced;
   sb::CgroupLimits limits;
   limits.cpus = 1.0;
   limits.memory_bytes = 64u << 20;
   limits.pids = 10;
   try {
-    sb::Cgroup::create("job", limits, unenforced, tmp.path);
+    sb::Cgroup::create("job", limits, unenforced, tmp.path());
     ADD_FAILURE() << "expected nshpc::Error";
   } catch (const nshpc::Error& e) {
     EXPECT_NE(std::string(e.what()).find("no cgroup could be created"), std::string::npos) << e.what();
@@ -90,19 +78,19 @@ TEST(Cgroups, NothingEnforceableWithLimitsThrowsAndListsEachLimit) {
   EXPECT_EQ(unenforced[1].rfind("cpu: ", 0), 0u) << unenforced[1];
   EXPECT_EQ(unenforced[2].rfind("pids: ", 0), 0u) << unenforced[2];
 
-  auto s = sb::probe_cgroups(tmp.path);
+  auto s = sb::probe_cgroups(tmp.path());
   EXPECT_FALSE(s.memory);
   EXPECT_FALSE(s.cpu);
   EXPECT_FALSE(s.pids);
   EXPECT_FALSE(s.kill);
-  EXPECT_NE(s.detail.find(tmp.path.string()), std::string::npos) << s.detail;
+  EXPECT_NE(s.detail.find(tmp.path().string()), std::string::npos) << s.detail;
 }
 
 TEST(Cgroups, AttachChecksPaths) {
-  TempDir tmp;
-  EXPECT_THROW(sb::Cgroup::attach({tmp.path}), nshpc::Error);  // not a cgroup file system
+  TempDir tmp("nshpc-cgtest");
+  EXPECT_THROW(sb::Cgroup::attach({tmp.path()}), nshpc::Error);  // not a cgroup file system
   try {
-    sb::Cgroup::attach({tmp.path / "missing"});
+    sb::Cgroup::attach({tmp.path() / "missing"});
     ADD_FAILURE() << "expected SysError";
   } catch (const nshpc::SysError& e) {
     EXPECT_EQ(e.code(), ENOENT);

@@ -15,6 +15,7 @@
 
 #include "config/config.hpp"
 #include "config/keys.hpp"
+#include "common/temp_dir.hpp"
 
 namespace stdfs = std::filesystem;
 namespace config = nshpc::config;
@@ -27,12 +28,7 @@ namespace {
 // a test adds variables), so nothing of the real user's configuration is read.
 class ConfigTest : public ::testing::Test {
  protected:
-  ConfigTest() {
-    char pattern[] = "/tmp/nshpc-config-XXXXXX";
-    root_ = stdfs::path(::mkdtemp(pattern));
-    vars_["HOME"] = home().string();
-  }
-  ~ConfigTest() override { stdfs::remove_all(root_); }
+  ConfigTest() { vars_["HOME"] = home().string(); }
 
   stdfs::path root() const { return root_; }
   stdfs::path home() const { return root_ / "home"; }
@@ -85,7 +81,8 @@ class ConfigTest : public ::testing::Test {
   std::string file() const { return (root_ / "c.toml").string(); }
 
  private:
-  stdfs::path root_;
+  nshpc::tests::TempDir tmp_{"nshpc-config"};
+  const stdfs::path root_ = tmp_.path();
   std::map<std::string, std::string> vars_;
 };
 
@@ -116,6 +113,22 @@ std::string dump(const Lines& lines) {
   std::string text = "lines:";
   for (const std::string& line : lines) text += "\n  " + line;
   return text;
+}
+
+// A line expected in a problem report: the whole line, or how it starts.
+struct Expected {
+  bool whole;
+  std::string text;
+};
+Expected line_is(std::string text) { return {true, std::move(text)}; }
+Expected line_starts(std::string text) { return {false, std::move(text)}; }
+
+// `found` has as many lines as `expected`, and each expected line is among them.
+void expect_problems(const Lines& found, const std::vector<Expected>& expected) {
+  EXPECT_EQ(found.size(), expected.size()) << dump(found);
+  for (const Expected& e : expected)
+    EXPECT_TRUE(e.whole ? has_line(found, e.text) : has_line_starting(found, e.text))
+        << (e.whole ? "no line " : "no line starting ") << e.text << "\n" << dump(found);
 }
 
 // ---- defaults ---------------------------------------------------------------------------------
@@ -495,18 +508,12 @@ max = 1
 [dav.extras.instances]
 path = "/srv"
 )");
-  EXPECT_EQ(found.size(), 4u) << dump(found);
-  EXPECT_TRUE(has_line_starting(found, file() + ":2:15: proxied_mcps.a__b: \"a__b\" is not a valid name; use "
-                                                "letters, digits, _ and -"))
-      << dump(found);
-  EXPECT_TRUE(has_line_starting(found, file() + ":4:15: proxied_mcps.-x: \"-x\" is not a valid name"))
-      << dump(found);
-  EXPECT_TRUE(has_line_starting(found, file() + ":6:19: jobs.slurm.limit.GPUs: \"GPUs\" is not a valid name; "
-                                                "use lowercase letters"))
-      << dump(found);
-  EXPECT_TRUE(has_line_starting(found, file() + ":9:13: dav.extras.instances: \"instances\" is not a valid "
-                                                "name"))
-      << dump(found);
+  expect_problems(found, {
+      line_starts(file() + ":2:15: proxied_mcps.a__b: \"a__b\" is not a valid name; use letters, digits, _ and -"),
+      line_starts(file() + ":4:15: proxied_mcps.-x: \"-x\" is not a valid name"),
+      line_starts(file() + ":6:19: jobs.slurm.limit.GPUs: \"GPUs\" is not a valid name; use lowercase letters"),
+      line_starts(file() + ":9:13: dav.extras.instances: \"instances\" is not a valid name"),
+  });
 }
 
 TEST_F(ConfigTest, BadEnvironmentEntriesAreErrors) {
@@ -514,20 +521,12 @@ TEST_F(ConfigTest, BadEnvironmentEntriesAreErrors) {
 env = { PATH = "/x", "MY VAR" = "y", OK = 3 }
 pass_env = ["LANG", "A-B"]
 )");
-  EXPECT_EQ(found.size(), 4u) << dump(found);
-  EXPECT_TRUE(
-      has_line(found, file() + ":2:9: namespace.env.PATH: PATH cannot be set here; use namespace.path"))
-      << dump(found);
-  EXPECT_TRUE(has_line_starting(found, file() + ":2:22: namespace.env.\"MY VAR\": \"MY VAR\" is not a valid "
-                                                "variable name"))
-      << dump(found);
-  EXPECT_TRUE(has_line(found, file() +
-                                  ":2:43: namespace.env.OK: expected a string (the variable's value), got "
-                                  "an integer"))
-      << dump(found);
-  EXPECT_TRUE(has_line_starting(found, file() + ":3:21: namespace.pass_env[1]: \"A-B\" is not a valid "
-                                                "variable name"))
-      << dump(found);
+  expect_problems(found, {
+      line_is(file() + ":2:9: namespace.env.PATH: PATH cannot be set here; use namespace.path"),
+      line_starts(file() + ":2:22: namespace.env.\"MY VAR\": \"MY VAR\" is not a valid variable name"),
+      line_is(file() + ":2:43: namespace.env.OK: expected a string (the variable's value), got an integer"),
+      line_starts(file() + ":3:21: namespace.pass_env[1]: \"A-B\" is not a valid variable name"),
+  });
 }
 
 TEST_F(ConfigTest, RequiredEntryFieldsAreErrors) {
@@ -538,16 +537,11 @@ command = ""
 [dav.extras.data]
 ro = false
 )");
-  EXPECT_EQ(found.size(), 3u) << dump(found);
-  EXPECT_TRUE(has_line(found, file() + ":1:1: proxied_mcps.git.command: missing; give the program to run (a "
-                                       "non-empty string)"))
-      << dump(found);
-  EXPECT_TRUE(has_line(found, file() + ":4:11: host_commands.h.command: must not be empty; give a shell "
-                                       "command"))
-      << dump(found);
-  EXPECT_TRUE(has_line(found, file() + ":5:1: dav.extras.data.path: missing; give the folder to serve (a "
-                                       "string)"))
-      << dump(found);
+  expect_problems(found, {
+      line_is(file() + ":1:1: proxied_mcps.git.command: missing; give the program to run (a non-empty string)"),
+      line_is(file() + ":4:11: host_commands.h.command: must not be empty; give a shell command"),
+      line_is(file() + ":5:1: dav.extras.data.path: missing; give the folder to serve (a string)"),
+  });
 }
 
 TEST_F(ConfigTest, AllProblemsAreReportedAtOnce) {

@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/loopback.hpp"
 #include "mcp/protocol.hpp"
 #include "mcp/server.hpp"
 #include "transport/http.hpp"
@@ -35,6 +36,7 @@
 
 namespace mcp = nshpc::mcp;
 namespace transport = nshpc::transport;
+namespace tests = nshpc::tests;
 using nlohmann::json;
 using namespace std::chrono_literals;
 using transport::HttpOptions;
@@ -987,18 +989,7 @@ class LiveServer {
   }
 
   // A connection to the server.
-  int connect_fd() const {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port_);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      ::close(fd);
-      return -1;
-    }
-    return fd;
-  }
+  int connect_fd() const { return tests::connect_loopback(port_); }
 
   // Sends `bytes` on a new connection and reads until the server closes it, `done` says the
   // output is enough, or `limit` passes.
@@ -1009,25 +1000,8 @@ class LiveServer {
       ADD_FAILURE() << "cannot connect to port " << port_;
       return {};
     }
-    std::size_t sent = 0;
-    while (sent < bytes.size()) {
-      const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0) break;
-      sent += static_cast<std::size_t>(n);
-    }
-    std::string out;
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    char buf[16384];
-    for (;;) {
-      if (done && done(out)) break;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left <= 0ms) break;
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
-      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) break;
-      out.append(buf, static_cast<std::size_t>(n));
-    }
+    tests::send_all(fd, bytes);  // what the server answers to the part it took is what counts
+    std::string out = tests::read_some(fd, limit, done);
     ::close(fd);
     return out;
   }
@@ -1130,18 +1104,9 @@ TEST(HttpLive, FullSessionFlow) {
     g.with("Mcp-Session-Id", sid);
     const int fd = live.connect_fd();
     ASSERT_GE(fd, 0);
-    const std::string bytes = g.bytes();
-    ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
-    std::string out;
-    char buf[4096];
-    const auto deadline = std::chrono::steady_clock::now() + 5s;
-    while (out.find("retry:") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 200) <= 0) continue;
-      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) break;
-      out.append(buf, static_cast<std::size_t>(n));
-    }
+    ASSERT_TRUE(tests::send_all(fd, g.bytes()));
+    const std::string out =
+        tests::read_some(fd, 5s, [](const std::string& seen) { return seen.find("retry:") != std::string::npos; });
     const auto replies = final_replies(out);
     ASSERT_EQ(replies.size(), 1u) << out;
     EXPECT_EQ(replies[0].status, 200);
@@ -1179,21 +1144,13 @@ TEST(HttpLive, KeepAliveAcrossRequestsOfOneSession) {
   ASSERT_GE(fd, 0);
   auto exchange_on = [&](Req r) {
     r.host = host;
-    const std::string bytes = r.bytes();
-    EXPECT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
-    std::string out;
-    char buf[16384];
-    const auto deadline = std::chrono::steady_clock::now() + 10s;
-    for (;;) {
-      auto replies = final_replies(out);
-      if (!replies.empty() && replies.back().complete) return replies.back();
-      if (std::chrono::steady_clock::now() > deadline) break;
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 200) <= 0) continue;
-      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) break;
-      out.append(buf, static_cast<std::size_t>(n));
-    }
+    EXPECT_TRUE(tests::send_all(fd, r.bytes()));
+    const auto complete = [](const std::string& seen) {
+      const auto replies = final_replies(seen);
+      return !replies.empty() && replies.back().complete;
+    };
+    const std::string out = tests::read_some(fd, 10s, complete);
+    if (complete(out)) return final_replies(out).back();
     ADD_FAILURE() << "no complete response: " << out;
     return Reply{};
   };
@@ -1212,6 +1169,28 @@ TEST(HttpLive, KeepAliveAcrossRequestsOfOneSession) {
   EXPECT_EQ(live.stop(), 0);
 }
 
+// What the server answered to `bytes` on a new connection (see LiveServer::talk) and how long it
+// took to close it.
+struct Timed {
+  std::string out;
+  std::chrono::steady_clock::duration took;
+};
+Timed timed_talk(const LiveServer& live, const std::string& bytes, std::chrono::milliseconds limit) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string out = live.talk(bytes, nullptr, limit);
+  return {std::move(out), std::chrono::steady_clock::now() - start};
+}
+
+// Half a header, then nothing: the server closes the connection without an answer once its
+// header timeout (300 ms here) passed, and before `before` (the test waits up to `wait`).
+void expect_half_header_cut_off(const LiveServer& live, std::chrono::milliseconds before,
+                                std::chrono::milliseconds wait) {
+  const Timed half = timed_talk(live, "POST /mcp HTTP/1.1\r\nHost: localhost\r\n", wait);
+  EXPECT_EQ(half.out, "");
+  EXPECT_GE(half.took, 250ms);
+  EXPECT_LT(half.took, before);
+}
+
 TEST(HttpLive, SlowOrIdleClientIsCutOffAfterTheReadTimeout) {
   auto server = make_server();
   HttpOptions options = default_options();
@@ -1220,28 +1199,20 @@ TEST(HttpLive, SlowOrIdleClientIsCutOffAfterTheReadTimeout) {
   LiveServer live(*server, options);
   ASSERT_NE(live.port(), 0);
   // Half a header, then nothing: the server closes the connection (no answer) after ~300 ms.
-  auto start = std::chrono::steady_clock::now();
-  std::string out = live.talk("POST /mcp HTTP/1.1\r\nHost: localhost\r\n", nullptr, 5s);
-  auto took = std::chrono::steady_clock::now() - start;
-  EXPECT_EQ(out, "");
-  EXPECT_GE(took, 250ms);
-  EXPECT_LT(took, 3s);
+  expect_half_header_cut_off(live, 3s, 5s);
   // A body that never completes.
-  start = std::chrono::steady_clock::now();
-  out = live.talk("POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer " + std::string(kToken) +
-                      "\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"jsonrpc\"",
-                  nullptr, 5s);
-  took = std::chrono::steady_clock::now() - start;
-  EXPECT_EQ(out, "");
-  EXPECT_LT(took, 3s);
+  const Timed body = timed_talk(live,
+                                "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer " + std::string(kToken) +
+                                    "\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"jsonrpc\"",
+                                5s);
+  EXPECT_EQ(body.out, "");
+  EXPECT_LT(body.took, 3s);
   // An idle keep-alive connection after a complete exchange.
-  start = std::chrono::steady_clock::now();
-  out = live.talk("GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n", nullptr, 5s);
-  took = std::chrono::steady_clock::now() - start;
-  const auto replies = final_replies(out);
-  ASSERT_EQ(replies.size(), 1u) << out;
+  const Timed idle = timed_talk(live, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n", 5s);
+  const auto replies = final_replies(idle.out);
+  ASSERT_EQ(replies.size(), 1u) << idle.out;
   EXPECT_EQ(replies[0].status, 200);
-  EXPECT_LT(took, 3s);
+  EXPECT_LT(idle.took, 3s);
   EXPECT_EQ(live.stop(), 0);
 }
 
@@ -1260,48 +1231,21 @@ struct Open {
   // Reads what is there until `until` says enough or `wait` passes.
   void read_for(std::chrono::milliseconds wait, const std::function<bool(const std::string&)>& until = nullptr,
                 std::size_t at_most = std::string::npos) {
-    const auto deadline = std::chrono::steady_clock::now() + wait;
-    char buf[16384];
-    while (fd >= 0 && !(until && until(seen)) && seen.size() < at_most) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left <= 0ms) break;
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
-      const ssize_t n = ::recv(fd, buf, std::min(sizeof buf, at_most - seen.size()), 0);
-      if (n <= 0) break;
-      seen.append(buf, static_cast<std::size_t>(n));
-    }
+    tests::read_into(fd, seen, wait, until, at_most);
   }
   // True once the server closed the connection (EOF or reset), waiting up to `wait`.
-  bool closed_within(std::chrono::milliseconds wait) {
-    const auto deadline = std::chrono::steady_clock::now() + wait;
-    char buf[4096];
-    for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left <= 0ms) return false;
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
-      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) return true;
-    }
-  }
+  bool closed_within(std::chrono::milliseconds wait) const { return tests::closed_within(fd, wait); }
 };
 
 Open open_with(const LiveServer& live, Req r, std::chrono::milliseconds wait = 300ms, int receive_buffer = 0) {
   Open o;
-  o.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (receive_buffer > 0) ::setsockopt(o.fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(live.port());
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(o.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  o.fd = tests::connect_loopback(live.port(), receive_buffer);
+  if (o.fd < 0) {
     ADD_FAILURE() << "cannot connect";
     return o;
   }
   r.host = "127.0.0.1:" + std::to_string(live.port());
-  const std::string bytes = r.bytes();
-  EXPECT_EQ(::send(o.fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+  EXPECT_TRUE(tests::send_all(o.fd, r.bytes()));
   if (wait > 0ms) o.read_for(wait, [](const std::string& s) { return s.find("\r\n\r\n") != std::string::npos; });
   return o;
 }
@@ -1402,15 +1346,11 @@ TEST(HttpLive, HeaderTimeoutIsSeparateFromTheReadTimeout) {
   LiveServer live(*server, options);
   ASSERT_NE(live.port(), 0);
   // Half a header, then nothing: closed after the header timeout, long before the read timeout.
-  auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(live.talk("POST /mcp HTTP/1.1\r\nHost: localhost\r\n", nullptr, 10s), "");
-  auto took = std::chrono::steady_clock::now() - start;
-  EXPECT_GE(took, 250ms);
-  EXPECT_LT(took, 5s);
+  expect_half_header_cut_off(live, 5s, 10s);
   // A header that trickles in a byte at a time is cut off just the same.
   const int fd = live.connect_fd();
   ASSERT_GE(fd, 0);
-  start = std::chrono::steady_clock::now();
+  const auto start = std::chrono::steady_clock::now();
   bool cut = false;
   for (char c : std::string("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy")) {
     if (::send(fd, &c, 1, MSG_NOSIGNAL) != 1) {
@@ -1426,7 +1366,7 @@ TEST(HttpLive, HeaderTimeoutIsSeparateFromTheReadTimeout) {
       }
     }
   }
-  took = std::chrono::steady_clock::now() - start;
+  const auto took = std::chrono::steady_clock::now() - start;
   ::close(fd);
   EXPECT_TRUE(cut) << "the trickling header was not cut off";
   EXPECT_LT(took, 5s);

@@ -209,118 +209,123 @@ std::unique_ptr<mcp::Server> make_server(const std::shared_ptr<Probe>& probe,
   auto server = std::make_unique<mcp::Server>(
       mcp::ServerInfo{"ns-hpc", "NS HPC", "1.2.3", "Use the tools."}, setup.options);
 
-  mcp::Tool echo;
-  echo.name = "echo";
-  echo.title = "Echo";
-  echo.description = "Repeats text";
-  echo.input_schema = {{"type", "object"},
+  server->add_tool({
+      .name = "echo",
+      .title = "Echo",
+      .description = "Repeats text",
+      .input_schema = {{"type", "object"},
                        {"properties",
                         {{"text", {{"type", "string"}, {"minLength", 1}}},
                          {"count", {{"type", "integer"}, {"minimum", 1}, {"maximum", 10}}},
                          {"mode", {{"type", "string"}, {"enum", {"plain", "loud"}}}}}},
                        {"required", {"text"}},
-                       {"additionalProperties", false}};
-  echo.annotations = json{{"readOnlyHint", true}};
-  echo.handler = [](const json& args, mcp::RequestContext&) {
-    std::string out;
-    for (int i = 0; i < args.value("count", 1); ++i) out += args["text"].get<std::string>();
-    return mcp::ToolResult::text(out, json{{"echo", out}});
-  };
-  server->add_tool(echo);
+                       {"additionalProperties", false}},
+      .annotations = json{{"readOnlyHint", true}},
+      .handler =
+          [](const json& args, mcp::RequestContext&) {
+            std::string out;
+            for (int i = 0; i < args.value("count", 1); ++i) out += args["text"].get<std::string>();
+            return mcp::ToolResult::text(out, json{{"echo", out}});
+          },
+  });
 
-  mcp::Tool slow;
-  slow.name = "slow";
-  slow.description = "Takes steps of 10 ms until cancelled";
-  slow.input_schema = {{"type", "object"},
-                       {"properties", {{"steps", {{"type", "integer"}, {"minimum", 0}}}}}};
-  slow.handler = [probe](const json& args, mcp::RequestContext& ctx) {
-    ++probe->started;
-    const int steps = args.value("steps", 100000);
-    int i = 0;
-    for (; i < steps; ++i) {
-      if (ctx.wait_cancelled_for(10ms)) {
-        ++probe->saw_cancel;
-        break;
-      }
-      ctx.progress(i + 1, steps, "step");
-    }
-    probe->steps_done = i;
-    ++probe->finished;
-    return mcp::ToolResult::text("done after " + std::to_string(i));
-  };
-  server->add_tool(slow);
+  server->add_tool({
+      .name = "slow",
+      .description = "Takes steps of 10 ms until cancelled",
+      .input_schema = {{"type", "object"},
+                       {"properties", {{"steps", {{"type", "integer"}, {"minimum", 0}}}}}},
+      .handler =
+          [probe](const json& args, mcp::RequestContext& ctx) {
+            ++probe->started;
+            const int steps = args.value("steps", 100000);
+            int i = 0;
+            for (; i < steps; ++i) {
+              if (ctx.wait_cancelled_for(10ms)) {
+                ++probe->saw_cancel;
+                break;
+              }
+              ctx.progress(i + 1, steps, "step");
+            }
+            probe->steps_done = i;
+            ++probe->finished;
+            return mcp::ToolResult::text("done after " + std::to_string(i));
+          },
+  });
 
-  mcp::Tool fail;
-  fail.name = "fail";
-  fail.description = "Throws";
-  fail.handler = [](const json&, mcp::RequestContext&) -> mcp::ToolResult {
-    throw std::runtime_error("disk on fire");
-  };
-  server->add_tool(fail);
+  server->add_tool({
+      .name = "fail",
+      .description = "Throws",
+      .handler = [](const json&, mcp::RequestContext&) -> mcp::ToolResult {
+        throw std::runtime_error("disk on fire");
+      },
+  });
 
-  mcp::Tool structured;
-  structured.name = "structured";
-  structured.description = "Returns structured output";
-  structured.output_schema =
-      json{{"type", "object"}, {"properties", {{"n", {{"type", "integer"}}}}}};
-  structured.handler = [](const json&, mcp::RequestContext&) {
-    return mcp::ToolResult::text("n is 42", json{{"n", 42}});
-  };
-  server->add_tool(structured);
+  server->add_tool({
+      .name = "structured",
+      .description = "Returns structured output",
+      .output_schema = json{{"type", "object"}, {"properties", {{"n", {{"type", "integer"}}}}}},
+      .handler =
+          [](const json&, mcp::RequestContext&) {
+            return mcp::ToolResult::text("n is 42", json{{"n", 42}});
+          },
+  });
 
-  mcp::Tool protocol_fail;
-  protocol_fail.name = "protocol_fail";
-  protocol_fail.description = "Throws a ProtocolError";
-  protocol_fail.handler = [](const json&, mcp::RequestContext&) -> mcp::ToolResult {
-    throw mcp::ProtocolError(mcp::kInvalidParams, "bad thing", json{{"field", "x"}});
-  };
-  server->add_tool(protocol_fail);
+  server->add_tool({
+      .name = "protocol_fail",
+      .description = "Throws a ProtocolError",
+      .handler = [](const json&, mcp::RequestContext&) -> mcp::ToolResult {
+        throw mcp::ProtocolError(mcp::kInvalidParams, "bad thing", json{{"field", "x"}});
+      },
+  });
 
-  mcp::Tool wrapped;
-  wrapped.name = "wrapped";
-  wrapped.description = "Accepts {input: {...}}";
-  wrapped.accept_input_wrapper = true;
-  wrapped.input_schema = {{"type", "object"},
-                          {"properties", {{"x", {{"type", "integer"}}}}},
-                          {"required", {"x"}},
-                          {"additionalProperties", false}};
-  wrapped.handler = [](const json& args, mcp::RequestContext&) {
-    return mcp::ToolResult::text(args.dump());
-  };
-  server->add_tool(wrapped);
+  server->add_tool({
+      .name = "wrapped",
+      .description = "Accepts {input: {...}}",
+      .input_schema = {{"type", "object"},
+                       {"properties", {{"x", {{"type", "integer"}}}}},
+                       {"required", {"x"}},
+                       {"additionalProperties", false}},
+      .accept_input_wrapper = true,
+      .handler = [](const json& args, mcp::RequestContext&) {
+        return mcp::ToolResult::text(args.dump());
+      },
+  });
 
-  mcp::Tool logger;
-  logger.name = "logger";
-  logger.description = "Logs at several levels";
-  logger.handler = [](const json&, mcp::RequestContext& ctx) {
-    ctx.log(mcp::LogLevel::debug, "d", "test");
-    ctx.log(mcp::LogLevel::info, "i", "test");
-    ctx.log(mcp::LogLevel::warning, json{{"w", 1}}, "test");
-    ctx.log(mcp::LogLevel::error, "e");
-    return mcp::ToolResult::text("logged");
-  };
-  server->add_tool(logger);
+  server->add_tool({
+      .name = "logger",
+      .description = "Logs at several levels",
+      .handler =
+          [](const json&, mcp::RequestContext& ctx) {
+            ctx.log(mcp::LogLevel::debug, "d", "test");
+            ctx.log(mcp::LogLevel::info, "i", "test");
+            ctx.log(mcp::LogLevel::warning, json{{"w", 1}}, "test");
+            ctx.log(mcp::LogLevel::error, "e");
+            return mcp::ToolResult::text("logged");
+          },
+  });
 
-  mcp::Tool odd;
-  odd.name = "progress_odd";
-  odd.description = "Reports non-increasing progress";
-  odd.handler = [](const json&, mcp::RequestContext& ctx) {
-    ctx.progress(1);
-    ctx.progress(1);
-    ctx.progress(0.5);
-    ctx.progress(2, 4, "half");
-    return mcp::ToolResult::text("ok");
-  };
-  server->add_tool(odd);
+  server->add_tool({
+      .name = "progress_odd",
+      .description = "Reports non-increasing progress",
+      .handler =
+          [](const json&, mcp::RequestContext& ctx) {
+            ctx.progress(1);
+            ctx.progress(1);
+            ctx.progress(0.5);
+            ctx.progress(2, 4, "half");
+            return mcp::ToolResult::text("ok");
+          },
+  });
 
-  mcp::Tool whoami;
-  whoami.name = "whoami";
-  whoami.description = "Context details";
-  whoami.handler = [](const json&, mcp::RequestContext& ctx) {
-    return mcp::ToolResult::text(ctx.client_name() + "|" + ctx.session_id() + "|" +
-                                 ctx.protocol_version());
-  };
-  server->add_tool(whoami);
+  server->add_tool({
+      .name = "whoami",
+      .description = "Context details",
+      .handler =
+          [](const json&, mcp::RequestContext& ctx) {
+            return mcp::ToolResult::text(ctx.client_name() + "|" + ctx.session_id() + "|" +
+                                         ctx.protocol_version());
+          },
+  });
 
   if (setup.prompts) {
     mcp::Prompt greet;
@@ -1088,10 +1093,10 @@ TEST_F(McpTest, AddingToolsAndPromptsLaterNotifies) {
   Client c(*server);
   c.initialize();
   Client fresh(*server, Mode::threads, "uninitialized");
-  mcp::Tool extra;
-  extra.name = "extra";
-  extra.handler = [](const json&, mcp::RequestContext&) { return mcp::ToolResult::text("x"); };
-  server->add_tool(extra);
+  server->add_tool({
+      .name = "extra",
+      .handler = [](const json&, mcp::RequestContext&) { return mcp::ToolResult::text("x"); },
+  });
   EXPECT_EQ(c.sink.notifications("notifications/tools/list_changed").size(), 1u);
   EXPECT_EQ(fresh.sink.size(), 0u);
   EXPECT_EQ(c.call("tools/list")["result"]["tools"].back()["name"], "extra");
@@ -1456,13 +1461,14 @@ TEST_F(McpTest, ReceiveNeverThrowsAndSendFailuresAreContained) {
 
 TEST_F(McpTest, CloseFromInsideAHandlerDoesNotDeadlock) {
   Client* client = nullptr;
-  mcp::Tool closer;
-  closer.name = "closer";
-  closer.handler = [&](const json&, mcp::RequestContext& ctx) {
-    client->session->close();
-    return mcp::ToolResult::text(ctx.cancelled() ? "cancelled" : "not cancelled");
-  };
-  server->add_tool(closer);
+  server->add_tool({
+      .name = "closer",
+      .handler =
+          [&](const json&, mcp::RequestContext& ctx) {
+            client->session->close();
+            return mcp::ToolResult::text(ctx.cancelled() ? "cancelled" : "not cancelled");
+          },
+  });
   Client c(*server);
   client = &c;
   c.initialize();

@@ -9,6 +9,7 @@
 
 #include "base/error.hpp"
 #include "jobs/slurm.hpp"
+#include "common/temp_dir.hpp"
 
 namespace {
 
@@ -20,18 +21,16 @@ using nshpc::jobs::SlurmClient;
 class SlurmClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/nshpc-slurm-unit-XXXXXX";
-    dir_ = ::mkdtemp(tmpl);
     cfg_.sbatch_command = {"sbatch", "--partition", "cpu", "--cpus-per-task={cpus}", "--mem={memory}M"};
   }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string script(const std::string& name, const std::string& body) {
     const fs::path p = dir_ / name;
     std::ofstream(p) << "#!/bin/sh\n" << body << "\n";
     ::chmod(p.c_str(), 0755);
     return p.string();
   }
-  fs::path dir_;
+  nshpc::tests::TempDir tmp_{"nshpc-slurm-unit"};
+  const fs::path dir_ = tmp_.path();
   nshpc::config::JobsSlurm cfg_ = nshpc::config::built_in().jobs.slurm;
 };
 

@@ -12,6 +12,7 @@
 
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "common/temp_dir.hpp"
 #include "store/store.hpp"
 
 namespace fs = std::filesystem;
@@ -25,13 +26,11 @@ namespace {
 class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/nshpc-store-XXXXXX";
-    root_ = fs::path(::mkdtemp(tmpl)) / "instances";
+    root_ = tmp_.path() / "instances";
     config_.ns.instances_dir = root_;
     config_.ns.sandbox_uid = static_cast<uint32_t>(::getuid());  // no chown in unit tests
     config_.ns.sandbox_gid = static_cast<uint32_t>(::getgid());
   }
-  void TearDown() override { fs::remove_all(root_.parent_path()); }
 
   store::Store make() { return store::Store(config_, guard_); }
   std::vector<nlohmann::json> audit_lines(const fs::path& file) {
@@ -52,6 +51,7 @@ class StoreTest : public ::testing::Test {
     std::ofstream(inst.base / ".ns_hpc_jobs" / "abc123def456.state") << nlohmann::json{{"status", status}}.dump();
   }
 
+  nshpc::tests::TempDir tmp_{"nshpc-store"};
   fs::path root_;
   config::Config config_ = config::built_in();
   store::RecordedJobsGuard guard_;
@@ -297,22 +297,11 @@ TEST_F(StoreTest, ConcurrentProcessesCreateDistinctAndContendedIdsSafely) {
 
 TEST_F(StoreTest, ConcurrentUpdatesNeverCorruptMetadata) {
   make().create("shared", {}, "t");
-  std::vector<pid_t> pids;
-  for (int p = 0; p < 6; ++p) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      auto s = make();
-      for (int i = 0; i < 20; ++i)
-        s.update("shared", {.description = "writer " + std::to_string(p) + " #" + std::to_string(i)}, "t");
-      ::_exit(0);
-    }
-    pids.push_back(pid);
-  }
-  for (pid_t pid : pids) {
-    int status;
-    ::waitpid(pid, &status, 0);
-    ASSERT_EQ(status, 0);
-  }
+  ASSERT_NO_FATAL_FAILURE(nshpc::tests::run_in_children(6, [&](int p) {
+    auto s = make();
+    for (int i = 0; i < 20; ++i)
+      s.update("shared", {.description = "writer " + std::to_string(p) + " #" + std::to_string(i)}, "t");
+  }));
   auto inst = make().get("shared");
   EXPECT_EQ(inst.meta.description().rfind("writer ", 0), 0u);
   EXPECT_EQ(audit_lines(root_ / "shared/audit.log").size(), 1u + 6 * 20);

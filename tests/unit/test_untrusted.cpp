@@ -20,30 +20,16 @@
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "base/safe_path.hpp"
+#include "common/temp_dir.hpp"
 #include "config/config.hpp"
 #include "sandbox/bwrap_argv.hpp"
 
 namespace stdfs = std::filesystem;
 using namespace nshpc;
 namespace nfs = nshpc::fs;
+using nshpc::tests::TempDir;
 
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/nshpc-untrusted-XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    stdfs::remove_all(path_, ec);
-  }
-  const stdfs::path& path() const { return path_; }
-
- private:
-  stdfs::path path_;
-};
 
 std::string read_fd(int fd) {
   std::string out;
@@ -56,7 +42,7 @@ std::string read_fd(int fd) {
 }  // namespace
 
 TEST(SafePath, ARegularFileOfTheExpectedOwnerIsRead) {
-  TempDir t;
+  TempDir t("nshpc-untrusted");
   std::ofstream(t.path() / "a.out") << "hello";
   UniqueFd dir = nfs::open_dir_path(t.path());
   nfs::Refusal refusal;
@@ -66,7 +52,7 @@ TEST(SafePath, ARegularFileOfTheExpectedOwnerIsRead) {
 }
 
 TEST(SafePath, LinksFifosHardLinksAndEscapesAreRefusedWithAReason) {
-  TempDir t;
+  TempDir t("nshpc-untrusted");
   const stdfs::path ws = t.path() / "ws";
   stdfs::create_directories(ws / "sub");
   std::ofstream(t.path() / "secret") << "secret";
@@ -96,7 +82,7 @@ TEST(SafePath, LinksFifosHardLinksAndEscapesAreRefusedWithAReason) {
 }
 
 TEST(SafePath, AFileOfAnotherOwnerIsRefused) {
-  TempDir t;
+  TempDir t("nshpc-untrusted");
   std::ofstream(t.path() / "f") << "x";
   UniqueFd dir = nfs::open_dir_path(t.path());
   nfs::Refusal refusal;
@@ -106,7 +92,7 @@ TEST(SafePath, AFileOfAnotherOwnerIsRefused) {
 }
 
 TEST(SafePath, ALinkSwappedInWhileOpeningNeverLeadsOutside) {
-  TempDir t;
+  TempDir t("nshpc-untrusted");
   const stdfs::path ws = t.path() / "ws";
   stdfs::create_directories(ws);
   std::ofstream(t.path() / "secret") << "SECRET";
@@ -137,7 +123,7 @@ TEST(SafePath, ALinkSwappedInWhileOpeningNeverLeadsOutside) {
 }
 
 TEST(SafePath, CreateBeneathRefusesALinkedParentAndReplacesAPlantedEntry) {
-  TempDir t;
+  TempDir t("nshpc-untrusted");
   const stdfs::path ws = t.path() / "ws", host = t.path() / "host";
   stdfs::create_directories(ws);
   stdfs::create_directories(host);
@@ -164,7 +150,7 @@ TEST(SafePath, CreateBeneathRefusesALinkedParentAndReplacesAPlantedEntry) {
 }
 
 TEST(TreeWalk, ADeepChainIsRemovedAndMeasuredWithFewDescriptors) {
-  TempDir t;
+  TempDir t("nshpc-untrusted");
   const stdfs::path top = t.path() / "deep";
   stdfs::create_directories(top);
   // 2,000 levels, made with relative mkdirs (the full path is far longer than PATH_MAX).
@@ -201,7 +187,7 @@ TEST(TreeWalk, ADeepChainIsRemovedAndMeasuredWithFewDescriptors) {
 }
 
 TEST(TreeWalk, UsageCountsBlocksNeverFollowsLinks) {
-  TempDir t;
+  TempDir t("nshpc-untrusted");
   stdfs::create_directories(t.path() / "ws" / "a");
   std::ofstream(t.path() / "ws" / "a" / "f") << std::string(100000, 'x');
   std::ofstream(t.path() / "big") << std::string(5000000, 'x');
@@ -234,25 +220,14 @@ TEST(AuditLine, ALongArgvMakesABoundedLineWithAMarkerAndTheHash) {
 }
 
 TEST(AuditLog, RotationUnderConcurrentWritersLosesAndDuplicatesNothing) {
-  TempDir t;
+  TempDir t("nshpc-untrusted");
   const stdfs::path log = t.path() / "audit.log";
   constexpr int kWriters = 6, kLines = 300;
   const audit::Rotation rotation{.max_bytes = 64 * 1024, .keep = 100};
-  std::vector<pid_t> children;
-  for (int w = 0; w < kWriters; ++w) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      for (int i = 0; i < kLines; ++i)
-        audit::append(log, "e", "t", {{"w", w}, {"i", i}, {"pad", std::string(300, 'p')}}, rotation);
-      ::_exit(0);
-    }
-    children.push_back(pid);
-  }
-  for (pid_t pid : children) {
-    int status;
-    ::waitpid(pid, &status, 0);
-    ASSERT_EQ(status, 0);
-  }
+  ASSERT_NO_FATAL_FAILURE(nshpc::tests::run_in_children(kWriters, [&](int w) {
+    for (int i = 0; i < kLines; ++i)
+      audit::append(log, "e", "t", {{"w", w}, {"i", i}, {"pad", std::string(300, 'p')}}, rotation);
+  }));
   std::set<std::pair<int, int>> seen;
   int files = 0;
   for (const auto& entry : stdfs::directory_iterator(t.path())) {
@@ -272,7 +247,7 @@ TEST(AuditLog, RotationUnderConcurrentWritersLosesAndDuplicatesNothing) {
 }
 
 TEST(AuditLog, OnlyKeepRotatedFilesStay) {
-  TempDir t;
+  TempDir t("nshpc-untrusted");
   const stdfs::path log = t.path() / "audit.log";
   for (int i = 0; i < 400; ++i) audit::append(log, "e", "t", {{"pad", std::string(500, 'p')}}, {.max_bytes = 8192, .keep = 2});
   EXPECT_TRUE(stdfs::exists(log));
