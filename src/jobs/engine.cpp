@@ -71,6 +71,25 @@ UniqueFd open_sandbox_init(const sandbox::StatusStream& status) {
   return pidfd;
 }
 
+// The job keeper of `status` while it is still starting or running the sandbox (it has not
+// reported the end): a pidfd, when the process of that pid holds the status file `path` open —
+// the keeper's pid alone is only a claim, and pids are reused.
+UniqueFd open_running_keeper(const sandbox::StatusStream& status, const std::string& path) {
+  const auto pid = status.keeper_pid();
+  struct stat file;
+  if (!pid || *pid <= 0 || status.ended() || ::stat(path.c_str(), &file) < 0) return {};
+  UniqueFd pidfd = open_pidfd(*pid);
+  if (!pidfd) return {};
+  std::error_code ec;
+  for (const auto& entry : stdfs::directory_iterator(fmt::format("/proc/{}/fd", *pid), ec)) {
+    struct stat open_file;
+    if (::stat(entry.path().c_str(), &open_file) == 0 && open_file.st_dev == file.st_dev &&
+        open_file.st_ino == file.st_ino)
+      return pidfd;
+  }
+  return {};
+}
+
 // When a job's sandbox ended: the job keeper's report, else (an earlier release, or a keeper
 // killed itself) when bwrap last wrote the status file, its exit code; nullopt when neither.
 std::optional<timeutil::Clock::time_point> ended_at(const sandbox::StatusStream& status, const std::string& path) {
@@ -741,7 +760,10 @@ void Engine::adopt(const store::Instance& inst, const std::string& job_id) {
     const bool submitter_alive =
         rec->owner_pid > 0 && rec->owner_start != 0 && start_time_of(rec->owner_pid) == rec->owner_start;
     if (submitter_alive && rec->owner_pid != ::getpid()) return;
-    if (rec->state == State::pending && !status.child_pid()) job->never_started = true;
+    // The submitter died after starting the job keeper: the keeper still starts the sandbox (or
+    // runs it), and reports its end; watch the keeper.
+    job->watch = open_running_keeper(status, rec->status_path);
+    if (!job->watch && rec->state == State::pending && !status.child_pid()) job->never_started = true;
   }
   if (!rec->cgroups.empty()) {
     std::vector<stdfs::path> paths(rec->cgroups.begin(), rec->cgroups.end());

@@ -47,7 +47,8 @@ void StatusStream::take_document(std::string_view doc) {
     pid_namespace_ = it->get<std::uint64_t>();
   if (auto it = json.find("exit-code"); it != json.end() && it->is_number_integer())
     exit_code_ = it->get<int>();
-  if (json.contains(kKeeperKey)) keeper_ = true;
+  if (auto it = json.find(kKeeperKey); it != json.end())
+    keeper_pid_ = it->is_number_integer() ? it->get<pid_t>() : 0;
   const auto epoch_ms = [&](std::string_view key) -> std::optional<TimePoint> {
     auto it = json.find(key);
     if (it == json.end() || !it->is_number_integer()) return std::nullopt;

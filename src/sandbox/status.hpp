@@ -36,7 +36,9 @@ class StatusStream {
   // against pid reuse (compare with /proc/<child_pid>/ns/pid).
   std::optional<std::uint64_t> pid_namespace() const { return pid_namespace_; }
   // A job keeper runs this sandbox (it enforces the wall-time limit and reports the end).
-  bool keeper() const { return keeper_; }
+  bool keeper() const { return keeper_pid_.has_value(); }
+  // The keeper's pid, as it wrote it (a claim: check it before trusting it).
+  std::optional<pid_t> keeper_pid() const { return keeper_pid_; }
   // When the keeper's wall-time limit was reached (the sandbox was then stopped).
   std::optional<TimePoint> deadline_reached() const { return deadline_reached_; }
   // When the keeper saw the last process of the sandbox end.
@@ -53,7 +55,7 @@ class StatusStream {
   std::optional<pid_t> child_pid_;
   std::optional<int> exit_code_;
   std::optional<std::uint64_t> pid_namespace_;
-  bool keeper_ = false;
+  std::optional<pid_t> keeper_pid_;
   std::optional<TimePoint> deadline_reached_;
   std::optional<TimePoint> ended_;
   bool malformed_ = false;

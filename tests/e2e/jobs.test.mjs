@@ -4,6 +4,7 @@
 // once, jobs that outlive the server (clean exit and kill -9), sharing the instance with
 // terminal_execute, and the audit log.
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -584,7 +585,7 @@ describe('jobs across server restarts', () => {
       } else if (seen.status === 'lost') {
         // Only when it provably never started: no sandbox recorded, no output.
         if (!neverStarted(home, RID, j.job_id) || seen.stdout_tail !== '')
-          problems.push(`${j.job_id} ${k}: lost although it started (stdout ${JSON.stringify(seen.stdout_tail)})`);
+          problems.push(`${j.job_id} ${k}: lost although it started (stdout ${JSON.stringify(seen.stdout_tail)}; ${seen.reason})`);
       } else {
         problems.push(`${j.job_id} ${k}: ${seen.status} ${seen.reason} (created ${seen.created_at})`);
       }
@@ -638,4 +639,50 @@ describe('jobs across server restarts', () => {
       }
     },
   );
+
+  test('11c. a job whose server died after starting its keeper is watched through the keeper, not lost', async () => {
+    // The server was killed after the job keeper started but before the sandbox wrote its pid:
+    // the keeper goes on and reports the end. A stand-in keeper (a shell holding the job's status
+    // file open, as the keeper does) plays that part, from a real record of a finished job.
+    const c = await server();
+    const done = await c.api.submit(RID, { command: 'true' });
+    await c.conn.close();
+    const jobsDir = path.join(home.instancesDir, RID, '.ns_hpc_jobs');
+    const rec = JSON.parse(fs.readFileSync(path.join(jobsDir, `${done.job_id}.state`), 'utf8'));
+    const id = 'cafe00' + Math.floor(Math.random() * 0xffffff).toString(16).padStart(6, '0');
+    const swap = (p) => p.replaceAll(done.job_id, id);
+    Object.assign(rec, {
+      job_id: id,
+      status: 'pending',
+      reason: '',
+      exit_code: null,
+      created_at: rec.created_at.replace(/^.{19}/, new Date().toISOString().slice(0, 19)),
+      started_at: '',
+      finished_at: '',
+      bwrap_pid: 0,
+      cgroups: [],
+      stdout_path: swap(rec.stdout_path),
+      stderr_path: swap(rec.stderr_path),
+      status_path: swap(rec.status_path),
+    });
+    const status = fs.openSync(rec.status_path, 'a', 0o600);
+    const keeper = spawn(
+      'sh',
+      ['-c', 'printf \'{"ns-hpc-keeper": %d}\\n\' $$ >&3; sleep 2; printf \'{"exit-code": 0}\\n{"ns-hpc-ended": %s000}\\n\' "$(date +%s)" >&3'],
+      { stdio: ['ignore', 'ignore', 'inherit', status] },
+    );
+    fs.closeSync(status);
+    const keeperEnded = new Promise((resolve) => keeper.on('exit', resolve));
+    await sleep(300);
+    fs.writeFileSync(path.join(jobsDir, `${id}.state`), JSON.stringify(rec, null, 2) + '\n');
+    const b = await server();
+    try {
+      const seen = await b.api.poll(RID, id, { timeout: 20 });
+      assert.equal(seen.status, 'completed', `${seen.status}: ${seen.reason}`);
+      assert.equal(seen.exit_code, 0);
+    } finally {
+      await keeperEnded;
+      await b.conn.close();
+    }
+  });
 });
