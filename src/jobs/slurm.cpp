@@ -53,7 +53,8 @@ std::string SlurmClient::run(const std::vector<std::string>& argv, const std::st
   try {
     ++invocations_;
     result = run_command(argv, input, kCommandTimeout);
-    log::debug("slurm: {} exited {}{}", fmt::join(argv, " "), result.exit_code, result.timed_out ? " (timed out)" : "");
+    if (log::enabled(log::Level::debug))
+      log::debug("slurm: {} exited {}{}", text::shell_join(argv), result.exit_code, result.timed_out ? " (timed out)" : "");
   } catch (const SysError& e) {
     throw SchedulerError(SchedulerError::Cause::not_started,
                          fmt::format("cannot run {}: {} (is Slurm installed on this machine, and is {} in PATH?)",

@@ -17,6 +17,7 @@
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
+#include "base/text.hpp"
 #include "sandbox/bwrap_argv.hpp"
 #include "sandbox/keeper.hpp"
 #include "sandbox/members.hpp"
@@ -342,7 +343,8 @@ class BwrapBackend final : public Backend {
     setup.die_with_parent = spec.die_with_caller;
     setup.join_cgroups = spec.join_cgroups;
 
-    log::debug("sandbox {}: starting {}", spec.target.instance_id, fmt::join(setup.argv, " "));
+    if (log::enabled(log::Level::debug))
+      log::debug("sandbox {}: starting {}", spec.target.instance_id, text::shell_join(setup.argv));
     Child child = spawn(setup);
     status.write.reset();
     return std::make_unique<BwrapProcess>(std::move(child), keeper, std::move(status.read), status_is_file);
