@@ -598,34 +598,44 @@ describe('jobs across server restarts', () => {
     await c.conn.close();
   });
 
+  // The record a server leaves when it is killed right after recording a job as pending, before
+  // the sandbox has started: made from a real record of a finished job, under a new id that
+  // starts with `prefix`.
+  async function pendingRecord(prefix) {
+    const c = await server();
+    const done = await c.api.submit(RID, { command: 'true' });
+    await c.conn.close();
+    const rec = JSON.parse(fs.readFileSync(path.join(recordsDir(), `${done.job_id}.state`), 'utf8'));
+    const id = prefix + Math.floor(Math.random() * 0xffffff).toString(16).padStart(6, '0');
+    const swap = (p) => p.replaceAll(done.job_id, id);
+    Object.assign(rec, {
+      job_id: id,
+      status: 'pending',
+      reason: '',
+      exit_code: null,
+      created_at: rec.created_at.replace(/^.{19}/, new Date().toISOString().slice(0, 19)),
+      started_at: '',
+      finished_at: '',
+      bwrap_pid: 0,
+      cgroups: [],
+      stdout_path: swap(rec.stdout_path),
+      stderr_path: swap(rec.stderr_path),
+      status_path: swap(rec.status_path),
+    });
+    return { id, rec };
+  }
+  const recordsDir = () => path.join(home.instancesDir, RID, '.ns_hpc_jobs');
+  const writeRecord = (id, rec) =>
+    fs.writeFileSync(path.join(recordsDir(), `${id}.state`), JSON.stringify(rec, null, 2) + '\n');
+
   test(
     '11b. a job whose server died before its sandbox started is final at the next look',
     {},
     async () => {
       // The state a server leaves when it is killed right after recording a job as pending,
       // before the sandbox starts: made from a real record of a finished job.
-      const c = await server();
-      const done = await c.api.submit(RID, { command: 'true' });
-      await c.conn.close();
-      const jobsDir = path.join(home.instancesDir, RID, '.ns_hpc_jobs');
-      const rec = JSON.parse(fs.readFileSync(path.join(jobsDir, `${done.job_id}.state`), 'utf8'));
-      const id = 'dead00' + Math.floor(Math.random() * 0xffffff).toString(16).padStart(6, '0');
-      const swap = (p) => p.replaceAll(done.job_id, id);
-      Object.assign(rec, {
-        job_id: id,
-        status: 'pending',
-        reason: '',
-        exit_code: null,
-        created_at: rec.created_at.replace(/^.{19}/, new Date().toISOString().slice(0, 19)),
-        started_at: '',
-        finished_at: '',
-        pid: 0,
-        cgroups: [],
-        stdout_path: swap(rec.stdout_path),
-        stderr_path: swap(rec.stderr_path),
-        status_path: swap(rec.status_path),
-      });
-      fs.writeFileSync(path.join(jobsDir, `${id}.state`), JSON.stringify(rec, null, 2) + '\n');
+      const { id, rec } = await pendingRecord('dead00');
+      writeRecord(id, rec);
       const b = await server();
       try {
         // Nothing can start it any more: poll_job and cancel_job must see that at once.
@@ -644,27 +654,7 @@ describe('jobs across server restarts', () => {
     // The server was killed after the job keeper started but before the sandbox wrote its pid:
     // the keeper goes on and reports the end. A stand-in keeper (a shell holding the job's status
     // file open, as the keeper does) plays that part, from a real record of a finished job.
-    const c = await server();
-    const done = await c.api.submit(RID, { command: 'true' });
-    await c.conn.close();
-    const jobsDir = path.join(home.instancesDir, RID, '.ns_hpc_jobs');
-    const rec = JSON.parse(fs.readFileSync(path.join(jobsDir, `${done.job_id}.state`), 'utf8'));
-    const id = 'cafe00' + Math.floor(Math.random() * 0xffffff).toString(16).padStart(6, '0');
-    const swap = (p) => p.replaceAll(done.job_id, id);
-    Object.assign(rec, {
-      job_id: id,
-      status: 'pending',
-      reason: '',
-      exit_code: null,
-      created_at: rec.created_at.replace(/^.{19}/, new Date().toISOString().slice(0, 19)),
-      started_at: '',
-      finished_at: '',
-      bwrap_pid: 0,
-      cgroups: [],
-      stdout_path: swap(rec.stdout_path),
-      stderr_path: swap(rec.stderr_path),
-      status_path: swap(rec.status_path),
-    });
+    const { id, rec } = await pendingRecord('cafe00');
     const status = fs.openSync(rec.status_path, 'a', 0o600);
     const keeper = spawn(
       'sh',
@@ -674,7 +664,7 @@ describe('jobs across server restarts', () => {
     fs.closeSync(status);
     const keeperEnded = new Promise((resolve) => keeper.on('exit', resolve));
     await sleep(300);
-    fs.writeFileSync(path.join(jobsDir, `${id}.state`), JSON.stringify(rec, null, 2) + '\n');
+    writeRecord(id, rec);
     const b = await server();
     try {
       const seen = await b.api.poll(RID, id, { timeout: 20 });
