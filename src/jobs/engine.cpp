@@ -254,8 +254,28 @@ Engine::~Engine() {
   ::close(wake_fd_);
 }
 
-Engine::Submitting::Submitting(Engine& engine, std::string key) : engine_(engine), key_(std::move(key)) {
+Engine::Submitting::Submitting(Engine& engine, const std::string& instance_id, const std::string& job_id)
+    : engine_(engine), key_(instance_id + "/" + job_id) {
   std::lock_guard lock(engine_.mutex_);
+  // Jobs that hold a place: watched (local), tracked (Slurm), or still being started here.
+  const std::string prefix = instance_id + "/";
+  std::size_t all = 0, here = 0;
+  auto count = [&](const std::string& key) {
+    ++all;
+    here += key.starts_with(prefix);
+  };
+  for (const auto& [key, job] : engine_.running_) count(key);
+  for (const auto& [key, job] : engine_.slurm_jobs_) count(key);
+  for (const auto& key : engine_.submitting_)
+    if (!engine_.running_.count(key) && !engine_.slurm_jobs_.count(key)) count(key);
+  if (static_cast<std::int64_t>(all) >= engine_.config_.jobs.max_running)
+    throw UsageError(fmt::format("{} jobs are running or queued, the most this server allows ([jobs] max_running); "
+                                 "wait for some to finish or cancel some",
+                                 all));
+  if (static_cast<std::int64_t>(here) >= engine_.config_.jobs.max_running_per_instance)
+    throw UsageError(fmt::format("{} jobs are running or queued in instance '{}', the most allowed "
+                                 "([jobs] max_running_per_instance); wait or cancel some",
+                                 here, instance_id));
   engine_.submitting_.insert(key_);
 }
 
@@ -311,24 +331,12 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   if (request.mode == Mode::slurm) return submit_slurm(request, actor);
   store::Instance inst = store_.get(request.instance_id);
   const auto limits = resolve_limits(request.limits, config_.jobs.local.limit, "[jobs.local.limit]");
-  {
-    std::lock_guard lock(mutex_);
-    std::size_t here = 0;
-    for (const auto& [key, job] : running_) here += job->record.instance_id == inst.id;
-    if (static_cast<std::int64_t>(running_.size() + slurm_jobs_.size()) >= config_.jobs.max_running)
-      throw UsageError(fmt::format("{} jobs are running, the most this server allows ([jobs] max_running); "
-                                   "wait for some to finish or cancel some",
-                                   running_.size()));
-    if (static_cast<std::int64_t>(here) >= config_.jobs.max_running_per_instance)
-      throw UsageError(fmt::format("{} jobs are running in instance '{}', the most allowed "
-                                   "([jobs] max_running_per_instance); wait or cancel some",
-                                   here, inst.id));
-  }
 
   auto job = std::make_shared<Running>();
   job->inst = inst;
   Record& rec = job->record;
   rec.id = new_job_id();
+  Submitting submitting(*this, inst.id, rec.id);
   rec.instance_id = inst.id;
   rec.argv = request.argv;
   rec.command = request.display.empty() ? text::shell_join(request.argv) : request.display;
@@ -339,7 +347,6 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   rec.stdout_path = (inst.workspace / output_relative(rec.id, "out")).string();
   rec.stderr_path = (inst.workspace / output_relative(rec.id, "err")).string();
   rec.status_path = (inst.base / "status" / (rec.id + ".status")).string();
-  Submitting submitting(*this, inst.id + "/" + rec.id);
   rec.owner_pid = ::getpid();
   rec.owner_start = start_time_of(rec.owner_pid);
   save(inst, rec);  // pending: on record before anything runs
@@ -841,15 +848,9 @@ Record Engine::submit_slurm(const SubmitRequest& request, std::string_view actor
   store::Instance inst = store_.get(request.instance_id);
   // Everything that can be refused is refused before anything is written or submitted.
   const auto resources = resolve_limits(request.limits, config_.jobs.slurm.limit, "[jobs.slurm.limit]");
-  {
-    std::lock_guard lock(mutex_);
-    if (static_cast<std::int64_t>(running_.size() + slurm_jobs_.size()) >= config_.jobs.max_running)
-      throw UsageError(fmt::format("{} jobs are tracked, the most this server allows ([jobs] max_running); "
-                                   "wait for some to finish or cancel some",
-                                   running_.size() + slurm_jobs_.size()));
-  }
   Record rec;
   rec.id = new_job_id();
+  Submitting submitting(*this, inst.id, rec.id);
   rec.instance_id = inst.id;
   rec.mode = Mode::slurm;
   rec.argv = request.argv;
@@ -869,7 +870,6 @@ Record Engine::submit_slurm(const SubmitRequest& request, std::string_view actor
                                          text::shell_join(batch_command(inst, rec.id, request.argv)));
 
   fs::make_dirs(jobs_dir(inst), 0700);
-  Submitting submitting(*this, inst.id + "/" + rec.id);
   rec.owner_pid = ::getpid();
   rec.owner_start = start_time_of(rec.owner_pid);
   create_output(store_, inst, config_, output_relative(rec.id, "out"));  // there (and readable) while the job waits

@@ -131,10 +131,13 @@ class Engine final : public store::JobsGuard {
  private:
   struct Running;
   struct SlurmJob;
-  // Marks a job as being started by this process (adopt() leaves it alone) while it lives.
+  // A job being started by this process: its place under [jobs] max_running and
+  // max_running_per_instance, checked and taken in one step (so parallel submits cannot pass the
+  // caps together), and a mark that adopt() leaves it alone. Both last while it lives. Throws
+  // UsageError when a cap is reached.
   class Submitting {
    public:
-    Submitting(Engine& engine, std::string key);
+    Submitting(Engine& engine, const std::string& instance_id, const std::string& job_id);
     ~Submitting();
     Submitting(const Submitting&) = delete;
     Submitting& operator=(const Submitting&) = delete;

@@ -214,3 +214,41 @@ TEST(JobsAsUser, LimitsThisHostCannotEnforceAreReportedNotIgnored) {
   ASSERT_FALSE(j["unenforced"].empty()) << r.out;
   EXPECT_NE(j["unenforced"].dump().find("memory"), std::string::npos) << r.out;
 }
+
+// Parallel submit_job calls through one server: the caps are checked and taken in one step, so
+// they hold however the calls interleave (each refusal names its cap). Slurm jobs count too.
+TEST(JobCaps, ParallelSubmitsCannotPassTheCapsTogether) {
+  Env env{"[jobs]\ncancel_grace = 1\nmax_running_per_instance = 2\nmax_running = 3\n"};
+  env.create("alpha");
+  env.create("beta");
+  McpSession server(env);
+  auto submit_all = [&](const std::string& instance, int n) {
+    std::vector<int> ids;
+    for (int i = 0; i < n; ++i)
+      ids.push_back(server.call("submit_job", {{"instance_id", instance}, {"command", "sleep 60"}, {"timeout", 0}}));
+    std::vector<std::string> started, refused;
+    for (int id : ids) {
+      json r = server.wait_for(id);
+      if (r["result"].value("isError", false))
+        refused.push_back(result_text(r));
+      else
+        started.push_back(r["result"]["structuredContent"].value("job_id", ""));
+    }
+    return std::make_pair(started, refused);
+  };
+  auto [alpha, alpha_refused] = submit_all("alpha", 8);
+  EXPECT_EQ(alpha.size(), 2u) << "jobs running in one instance beyond max_running_per_instance = 2";
+  ASSERT_EQ(alpha_refused.size(), 8u - alpha.size());
+  for (const auto& why : alpha_refused) EXPECT_NE(why.find("max_running_per_instance"), std::string::npos) << why;
+
+  auto [beta, beta_refused] = submit_all("beta", 4);
+  EXPECT_EQ(beta.size(), 1u) << "jobs running in the server beyond max_running = 3";
+  for (const auto& why : beta_refused) EXPECT_NE(why.find("([jobs] max_running)"), std::string::npos) << why;
+
+  // A place is given back when a job ends: cancel one, and the next submit is taken.
+  for (const auto& job : alpha) server.tool("cancel_job", {{"instance_id", "alpha"}, {"job_id", job}});
+  auto [again, again_refused] = submit_all("alpha", 1);
+  EXPECT_EQ(again.size(), 1u) << (again_refused.empty() ? "" : again_refused[0]);
+  for (const auto& job : again) server.tool("cancel_job", {{"instance_id", "alpha"}, {"job_id", job}});
+  for (const auto& job : beta) server.tool("cancel_job", {{"instance_id", "beta"}, {"job_id", job}});
+}
