@@ -86,21 +86,24 @@ std::optional<std::size_t> decode_cursor(std::string_view cursor) {
   return offset;
 }
 
-// One page of a list result: `items` from params.cursor on (at most `page_size` of them; 0: all)
-// as {key: [...]}, with nextCursor when more follow. A cursor that is not a string, or not one
-// this server gave out, is refused (-32602).
+// The offset params.cursor names (0 without one). A cursor that is not a string, or not one this
+// server gave out, is refused (-32602).
+std::size_t cursor_offset(const json& params) {
+  auto c = params.find("cursor");
+  if (c == params.end() || c->is_null()) return 0;
+  if (!c->is_string())
+    throw invalid_params(fmt::format("params.cursor: expected a string, got {}", detail::describe_type(*c)));
+  auto offset = decode_cursor(c->get_ref<const std::string&>());
+  if (!offset) throw invalid_params("invalid cursor");
+  return *offset;
+}
+
+// One page of a list result: `items` from `start` on (at most `page_size` of them; 0: all) as
+// {key: [...]}, with nextCursor when more follow.
 template <class Item, class ToJson>
-json page_of(const json& params, const std::vector<Item>& items, std::size_t page_size,
-             const char* key, ToJson&& to_json) {
-  std::size_t start = 0;
-  if (auto c = params.find("cursor"); c != params.end() && !c->is_null()) {
-    if (!c->is_string())
-      throw invalid_params(
-          fmt::format("params.cursor: expected a string, got {}", detail::describe_type(*c)));
-    auto offset = decode_cursor(c->get_ref<const std::string&>());
-    if (!offset) throw invalid_params("invalid cursor");
-    start = std::min(*offset, items.size());  // the list may have shrunk since
-  }
+json page_at(std::size_t start, const std::vector<Item>& items, std::size_t page_size, const char* key,
+             ToJson&& to_json) {
+  start = std::min(start, items.size());  // the list may have shrunk since
   const std::size_t end =
       (page_size == 0 || items.size() - start <= page_size) ? items.size() : start + page_size;
   json page = json::array();
@@ -108,6 +111,13 @@ json page_of(const json& params, const std::vector<Item>& items, std::size_t pag
   json result = {{key, std::move(page)}};
   if (end < items.size()) result["nextCursor"] = encode_cursor(end);
   return result;
+}
+
+// The page params.cursor asks for.
+template <class Item, class ToJson>
+json page_of(const json& params, const std::vector<Item>& items, std::size_t page_size, const char* key,
+             ToJson&& to_json) {
+  return page_at(cursor_offset(params), items, page_size, key, std::forward<ToJson>(to_json));
 }
 
 // The request ids a session received last: at most `capacity` (the oldest is forgotten first).
@@ -396,8 +406,8 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   json list_prompts(const json& params);
   Job get_prompt(const json& params);
   Job complete(const json& params);
-  json list_resources(const json& params);
-  json list_resource_templates(const json& params);
+  Job list_resources(const json& params);
+  Job list_resource_templates(const json& params);
   json subscribe(const json& params);
   json unsubscribe(const json& params);
   Job read_resource(const json& params);
@@ -754,8 +764,9 @@ json Session::State::initialize(const json& params) {
 
 const std::map<std::string, Session::State::Method, std::less<>>& Session::State::methods() {
   // Answers come from the I/O thread that read the request for methods that never block
-  // (lifecycle, settings, lists); methods that call a tool, prompt, completion or resource
-  // handler check their params there and run on the Executor.
+  // (lifecycle, settings, the tool and prompt lists); methods that call a tool, prompt,
+  // completion or resource handler (the resource lists too) check their params there and run
+  // on the Executor.
   using enum Lifecycle;
   // clang-format off
   static const std::map<std::string, Method, std::less<>> table = {
@@ -767,8 +778,8 @@ const std::map<std::string, Session::State::Method, std::less<>>& Session::State
       {"prompts/list",             {initialized,            on_io_thread(&State::list_prompts)}},
       {"prompts/get",              {initialized,            on_executor(&State::get_prompt)}},
       {"completion/complete",      {initialized,            on_executor(&State::complete)}},
-      {"resources/list",           {initialized,            on_io_thread(&State::list_resources)}},
-      {"resources/templates/list", {initialized,            on_io_thread(&State::list_resource_templates)}},
+      {"resources/list",           {initialized,            on_executor(&State::list_resources)}},
+      {"resources/templates/list", {initialized,            on_executor(&State::list_resource_templates)}},
       {"resources/subscribe",      {initialized,            on_io_thread(&State::subscribe)}},
       {"resources/unsubscribe",    {initialized,            on_io_thread(&State::unsubscribe)}},
       {"resources/read",           {initialized,            on_executor(&State::read_resource)}},
@@ -919,14 +930,20 @@ Session::State::Job Session::State::complete(const json& params) {
   };
 }
 
-json Session::State::list_resources(const json& params) {
-  return page_of(params, resources_for("resources/list")->list(), server.options().page_size,
-                 "resources", resource_json);
+// The resource lists come from the provider, which may read a store: on the Executor, never on
+// the I/O thread (the cursor is checked there).
+Session::State::Job Session::State::list_resources(const json& params) {
+  auto provider = resources_for("resources/list");
+  return [provider, start = cursor_offset(params), page_size = server.options().page_size](RequestContext&) {
+    return page_at(start, provider->list(), page_size, "resources", resource_json);
+  };
 }
 
-json Session::State::list_resource_templates(const json& params) {
-  return page_of(params, resources_for("resources/templates/list")->templates(),
-                 server.options().page_size, "resourceTemplates", template_json);
+Session::State::Job Session::State::list_resource_templates(const json& params) {
+  auto provider = resources_for("resources/templates/list");
+  return [provider, start = cursor_offset(params), page_size = server.options().page_size](RequestContext&) {
+    return page_at(start, provider->templates(), page_size, "resourceTemplates", template_json);
+  };
 }
 
 json Session::State::subscribe(const json& params) {

@@ -880,7 +880,7 @@ TEST_F(McpTest, EveryMethodOtherThanPingAndInitializeWaitsForInitialize) {
   EXPECT_TRUE(has(error_message(bad_params), "params: expected an object")) << bad_params;
 }
 
-TEST_F(McpTest, ListsAnswerAtOnceAndHandlerCallsGoToTheExecutor) {
+TEST_F(McpTest, ToolAndPromptListsAnswerAtOnceAndHandlerCallsGoToTheExecutor) {
   auto completing = make_server(probe);
   completing->set_completion([](const json&, const json& argument, const json&) {
     json values = json::array();
@@ -890,8 +890,10 @@ TEST_F(McpTest, ListsAnswerAtOnceAndHandlerCallsGoToTheExecutor) {
   Client c(*completing, Mode::manual);
   c.initialize();
   // Answered on the thread that read them, with nothing queued.
-  for (const char* method : {"ping", "tools/list", "prompts/list", "resources/list", "resources/templates/list"})
+  for (const char* method : {"ping", "tools/list", "prompts/list"})
     EXPECT_TRUE(c.call(method).contains("result")) << method;
+  // A bad cursor of a resource list is refused there too, before anything is queued.
+  EXPECT_EQ(error_code(c.call("resources/list", {{"cursor", "nope"}})), mcp::kInvalidParams);
   EXPECT_TRUE(c.call("logging/setLevel", {{"level", "debug"}}).contains("result"));
   EXPECT_TRUE(c.call("resources/subscribe", {{"uri", "mem://a"}}).contains("result"));
   EXPECT_TRUE(c.call("resources/unsubscribe", {{"uri", "mem://a"}}).contains("result"));
@@ -901,6 +903,9 @@ TEST_F(McpTest, ListsAnswerAtOnceAndHandlerCallsGoToTheExecutor) {
       c.send_request("tools/call", {{"name", "echo"}, {"arguments", {{"text", "x"}}}}),
       c.send_request("prompts/get", {{"name", "greet"}, {"arguments", {{"name", "Ada"}}}}),
       c.send_request("resources/read", {{"uri", "mem://a"}}),
+      // The resource lists come from a provider that may read a store: never on the I/O thread.
+      c.send_request("resources/list"),
+      c.send_request("resources/templates/list"),
       c.send_request("completion/complete",
                      {{"ref", {{"type", "ref/prompt"}, {"name", "greet"}}}, {"argument", {{"name", "name"}, {"value", "v"}}}}),
   };
