@@ -20,6 +20,18 @@ class UsageError : public Error {
   using Error::Error;
 };
 
+// Something the caller named does not exist (an instance, a job). The message says only that;
+// the layer that knows its audience (a tool, the CLI) adds where to look for what does exist.
+class NotFound : public UsageError {
+ public:
+  enum class Kind { instance, job };
+  NotFound(Kind kind, std::string message) : UsageError(std::move(message)), kind_(kind) {}
+  Kind kind() const noexcept { return kind_; }
+
+ private:
+  Kind kind_;
+};
+
 // A failed system call; keeps errno so callers can branch on it, through every layer: a layer
 // that adds what it was doing wraps the error (as crun's crun_error_wrap) instead of turning it
 // into text. what(): "<context>: ... <operation> <subject>: <strerror>".

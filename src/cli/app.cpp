@@ -156,6 +156,11 @@ int main(int argc, char** argv) {
     print_error(e.what());
     std::fprintf(stderr, "Run 'ns-hpc --help' (or 'ns-hpc COMMAND --help') for usage.\n");
     return 2;
+  } catch (const NotFound& e) {
+    print_error(fmt::format("{}; {}", e.what(),
+                            e.kind() == NotFound::Kind::instance ? "'ns-hpc instance list' lists the active ones"
+                                                                 : "'ns-hpc instance jobs ID' lists an instance's jobs"));
+    return 1;
   } catch (const UsageError& e) {
     print_error(e.what());
     return 1;

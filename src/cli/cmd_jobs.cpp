@@ -52,7 +52,12 @@ void print_view(const jobs::View& v, bool json) {
     print_json(jobs::view_json(v));
     return;
   }
-  std::puts(jobs::view_text(v).c_str());
+  std::string text = jobs::view_text(v);
+  const jobs::Record& r = v.record;
+  if (r.state == jobs::State::running || r.state == jobs::State::pending)
+    text += fmt::format(" 'ns-hpc instance status {} {} -t SECONDS' waits for it, 'ns-hpc instance cancel {} {}' {} it.",
+                        r.instance_id, r.id, r.instance_id, r.id, r.state == jobs::State::running ? "stops" : "removes");
+  std::puts(text.c_str());
 }
 
 // Waits up to --timeout for the job (the output tails as --tail asks); with --no-detach one

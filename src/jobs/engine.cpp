@@ -628,10 +628,10 @@ std::optional<Record> Engine::current_record(const store::Instance& inst, const 
 
 View Engine::view(const std::string& instance_id, const std::string& job_id, const TailOptions& tail) {
   if (!valid_job_id(job_id))
-    throw UsageError(fmt::format("'{}' is not a job id (job ids are 12 hex characters, see list_jobs)", job_id));
+    throw NotFound(NotFound::Kind::job, fmt::format("'{}' is not a job id (job ids are 12 hex characters)", job_id));
   store::Instance inst = store_.get(instance_id);
   const std::optional<Record> rec = current_record(inst, job_id);
-  if (!rec) throw UsageError(fmt::format("job '{}' not found in instance '{}'; see list_jobs", job_id, instance_id));
+  if (!rec) throw NotFound(NotFound::Kind::job, fmt::format("job '{}' not found in instance '{}'", job_id, instance_id));
   View v;
   v.record = *rec;
   if (auto job = find_running(instance_id, job_id)) {

@@ -137,8 +137,8 @@ std::string view_text(const View& v) {
     text += "\nLimits not enforced on this host:";
     for (const auto& u : r.unenforced) text += "\n- " + u;
   }
-  if (r.state == State::running) text += "\nStill running: poll_job waits for it, cancel_job stops it.";
-  if (r.state == State::pending) text += "\nWaiting in the scheduler's queue: poll_job waits for it, cancel_job removes it.";
+  if (r.state == State::running) text += "\nStill running.";
+  if (r.state == State::pending) text += "\nWaiting in the scheduler's queue.";
   return text;
 }
 

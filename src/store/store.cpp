@@ -137,8 +137,9 @@ void Store::give_to_sandbox_user(const stdfs::path& dir) const {
 }
 
 namespace {
-constexpr std::string_view kNotFound =
-    "instance '{}' not found; list the active ones with 'ns-hpc instance list' or the list_instances tool";
+NotFound instance_not_found(std::string_view id) {
+  return NotFound(NotFound::Kind::instance, fmt::format("instance '{}' not found", id));
+}
 }  // namespace
 
 Instance Store::load(std::string_view id, const stdfs::path& base) const {
@@ -148,7 +149,7 @@ Instance Store::load(std::string_view id, const stdfs::path& base) const {
   inst.workspace = base / "workspace";
   inst.output = output_root() / std::string(id);
   auto text = fs::read_file(inst.metadata_file());
-  if (!text) throw UsageError(fmt::format(fmt::runtime(kNotFound), id));
+  if (!text) throw instance_not_found(id);
   auto raw = nlohmann::json::parse(*text, nullptr, false);
   if (!raw.is_object())
     throw Error(fmt::format("instance '{}' has a corrupt metadata.json ({}); repair or delete it",
@@ -282,7 +283,7 @@ Instance Store::update(std::string_view id, const UpdateOptions& options, std::s
 }
 
 stdfs::path Store::removable_base(std::string_view id, std::string_view action) const {
-  if (!exists(id)) throw UsageError(fmt::format(fmt::runtime(kNotFound), id));
+  if (!exists(id)) throw instance_not_found(id);
   const stdfs::path base = root_ / std::string(id);
   if (std::size_t n = jobs_->active_jobs(base); n > 0)
     throw UsageError(fmt::format(

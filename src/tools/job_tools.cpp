@@ -87,7 +87,10 @@ jobs::TailOptions tail_of(const json& args) {
 }
 
 mcp::ToolResult result_of(const jobs::View& view) {
-  return mcp::ToolResult::text(jobs::view_text(view), jobs::view_json(view));
+  std::string text = jobs::view_text(view);
+  if (view.record.state == jobs::State::running) text += " poll_job waits for it, cancel_job stops it.";
+  if (view.record.state == jobs::State::pending) text += " poll_job waits for it, cancel_job removes it.";
+  return mcp::ToolResult::text(std::move(text), jobs::view_json(view));
 }
 
 // Waits for the job as the call asked: progress while waiting, stops waiting (not the job) when

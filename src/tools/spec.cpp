@@ -2,6 +2,7 @@
 // and reading arguments.
 #include <fmt/format.h>
 
+#include "base/error.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -24,7 +25,16 @@ void add_tool(mcp::Server& server, ToolSpec spec) {
   tool.output_schema = std::move(spec.output);
   tool.annotations = annotations(spec.hints);
   tool.accept_input_wrapper = true;
-  tool.handler = std::move(spec.handler);
+  // What is not found is said with the tool that lists what there is.
+  tool.handler = [handler = std::move(spec.handler)](const json& args, mcp::RequestContext& rc) {
+    try {
+      return handler(args, rc);
+    } catch (const NotFound& e) {
+      throw UsageError(fmt::format("{}; {}", e.what(),
+                                   e.kind() == NotFound::Kind::instance ? "list_instances lists the active ones"
+                                                                        : "list_jobs lists the instance's jobs"));
+    }
+  };
   server.add_tool(std::move(tool));
 }
 

@@ -252,3 +252,24 @@ TEST(JobCaps, ParallelSubmitsCannotPassTheCapsTogether) {
   for (const auto& job : again) server.tool("cancel_job", {{"instance_id", "alpha"}, {"job_id", job}});
   for (const auto& job : beta) server.tool("cancel_job", {{"instance_id", "beta"}, {"job_id", job}});
 }
+
+// What is not found is said by the module; where to look is said for each audience: the tool
+// that lists them to an agent, the command to a person.
+TEST(NotFound, EachAudienceIsToldWhereToLook) {
+  Env env{"[jobs]\ncancel_grace = 1\n"};
+  env.create("alpha");
+  const Result job = env.run({"instance", "status", "alpha", "0123456789ab"});
+  EXPECT_NE(job.err.find("job '0123456789ab' not found in instance 'alpha'; 'ns-hpc instance jobs ID'"),
+            std::string::npos)
+      << job.err;
+  const Result instance = env.run({"instance", "describe", "ghost"});
+  EXPECT_NE(instance.err.find("instance 'ghost' not found; 'ns-hpc instance list'"), std::string::npos) << instance.err;
+
+  McpSession server(env);
+  const std::string said =
+      result_text(server.call_and_wait("poll_job", {{"instance_id", "alpha"}, {"job_id", "0123456789ab"}}));
+  EXPECT_NE(said.find("not found in instance 'alpha'; list_jobs lists"), std::string::npos) << said;
+  EXPECT_EQ(said.find("ns-hpc"), std::string::npos) << said;
+  const std::string ghost = result_text(server.call_and_wait("describe_instance", {{"instance_id", "ghost"}}));
+  EXPECT_NE(ghost.find("instance 'ghost' not found; list_instances lists"), std::string::npos) << ghost;
+}
