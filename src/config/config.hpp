@@ -87,6 +87,8 @@ struct Namespace {
   std::map<std::string, std::string> env;
   std::vector<std::string> pass_env;
   std::int64_t tmp_size = 0;  // MiB
+  bool persistent = false;      // new instances are living instances (one long-lived sandbox)
+  std::int64_t idle_stop = 0;   // seconds without activity before a living instance stops; 0 = never
 };
 
 // terminal_execute: cpus, memory (MiB), pids, output (MiB).

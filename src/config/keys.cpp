@@ -185,6 +185,15 @@ Keys<Config> make_config_keys() {
               .help = "MiB of the sandbox's private `/tmp` and of its `/dev/shm`, each (every `--tmpfs` of "
                       "`bwrap_command` without a `--size` of its own, and a `/dev/shm` tmpfs in the `--dev` "
                       "it makes)."}),
+          value("persistent", &Namespace::persistent, boolean(), {
+              .defaults_to = "false",
+              .help = "New instances are living: one long-lived sandbox that every command and local job "
+                      "joins, so background processes, `/tmp` and loopback servers stay between commands "
+                      "(per instance: `persistent`). `false`: a fresh sandbox per command, as the original."}),
+          value("idle_stop", &Namespace::idle_stop, integer({0, 31536000, "seconds"}), {
+              .defaults_to = "900",
+              .help = "Seconds without a command, job or session before a living instance stops itself "
+                      "(files are kept; its processes end). `0`: never."}),
       }, check_mounts),
 
       table("jobs", &Config::jobs, {

@@ -267,6 +267,13 @@ class BwrapBackend final : public Backend {
 
   std::string_view name() const override { return "bwrap"; }
 
+  LivingStatus living_status(const Target&) override { throw Error("living instances: not built yet"); }
+  LivingStatus start_living(const Target&) override { throw Error("living instances: not built yet"); }
+  bool stop_living(const Target&, std::string_view, std::chrono::milliseconds) override {
+    throw Error("living instances: not built yet");
+  }
+  std::vector<LivingProcess> living_processes(const Target&) override { throw Error("living instances: not built yet"); }
+
   std::vector<std::string> describe(const RunSpec& spec) const override {
     if (!needs_keeper(spec)) return build_bwrap_argv(ns_, spec, fd_numbers(spec), argv_options());
     return keeper_argv(self_path(), keeper_options(spec));

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -28,6 +29,11 @@ struct Target {
   stdfs::path output;              // bound read-write at namespace.output_mount
   stdfs::path shared_output_root;  // bound read-only at shared_output_mount when enabled
   config::Network network = config::Network::host;
+  // A living instance: one long-lived sandbox per instance that every execution joins (started
+  // on first use; see LivingStatus). Its status file and locks live in `state_dir`, a host-only
+  // folder of the instance (<instance>/status) that the sandbox never sees.
+  bool persistent = false;
+  stdfs::path state_dir;
 };
 
 // Per-process limits applied with setrlimit before bwrap starts (inherited by the whole tree),
@@ -97,12 +103,46 @@ class Process {
   virtual void disown() = 0;
 };
 
+// The long-lived sandbox of a living instance, as found on record and in the kernel.
+struct LivingStatus {
+  using TimePoint = std::chrono::system_clock::time_point;
+  bool running = false;
+  std::optional<TimePoint> since;   // running since
+  std::size_t processes = 0;        // processes in the sandbox, its init included
+  std::uint64_t memory_bytes = 0;   // their resident memory
+  // How it ended last time ("idle for 900 s", "stopped", "its init died: ..."); empty when it
+  // is running or never ran.
+  std::string last_end;
+  std::optional<TimePoint> ended_at;
+};
+
+// One process of a living instance's sandbox (instance ps).
+struct LivingProcess {
+  pid_t pid = 0;              // host pid
+  pid_t ppid = 0;             // host pid of its parent
+  std::string command;        // its command line (the sandbox wrote it: untrusted text)
+  std::uint64_t rss_bytes = 0;
+  std::chrono::seconds age{0};  // how long it has run
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
   // Starts the command; returns once the sandbox exists (or throws Error saying why it can't).
+  // For a persistent target the command joins the instance's living sandbox, which is started
+  // first when it is not running.
   virtual std::unique_ptr<Process> start(const RunSpec& spec) = 0;
+
+  // Living instances (target.persistent). Each is safe across processes: a start, stop or join
+  // in one server or CLI process sees what another did.
+  virtual LivingStatus living_status(const Target& target) = 0;
+  // Starts the living sandbox unless it runs already; returns its status.
+  virtual LivingStatus start_living(const Target& target) = 0;
+  // Ends every process of the living sandbox (SIGTERM, then after `grace` SIGKILL to all);
+  // files stay. `why` goes on record ("stopped", "restarted", ...). False when it was not running.
+  virtual bool stop_living(const Target& target, std::string_view why, std::chrono::milliseconds grace) = 0;
+  virtual std::vector<LivingProcess> living_processes(const Target& target) = 0;
   // The program and arguments start() would execute, with placeholder descriptor numbers.
   virtual std::vector<std::string> describe(const RunSpec& spec) const = 0;
 };

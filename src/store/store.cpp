@@ -87,6 +87,11 @@ bool Metadata::archived() const {
 std::optional<config::Network> Metadata::network() const {
   return config::parse_network(string_field(raw, "network"));
 }
+std::optional<bool> Metadata::persistent() const {
+  auto it = raw.find("persistent");
+  if (it == raw.end() || !it->is_boolean()) return std::nullopt;
+  return it->get<bool>();
+}
 
 Clock::time_point Instance::last_activity() const {
   Clock::time_point newest{};
@@ -118,6 +123,7 @@ std::size_t RecordedJobsGuard::active_jobs(const stdfs::path& instance_base) {
 Store::Store(const config::Config& config, JobsGuard& jobs)
     : root_(config.ns.instances_dir),
       default_network_(config.ns.default_network),
+      default_persistent_(config.ns.persistent),
       rotation_{static_cast<std::uint64_t>(config.audit.max_size) * 1024 * 1024, static_cast<int>(config.audit.keep)},
       workspace_mount_(config.ns.workspace_mount),
       jobs_(&jobs) {
@@ -156,6 +162,7 @@ Instance Store::load(std::string_view id, const stdfs::path& base) const {
                             id, inst.metadata_file().string()));
   inst.meta.raw = std::move(raw);
   inst.network = inst.meta.network().value_or(default_network_);
+  inst.persistent = inst.meta.persistent().value_or(default_persistent_);
   return inst;
 }
 
@@ -247,11 +254,13 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
     meta.raw["hostname"] = host_name();
     if (!options.description.empty()) meta.raw["description"] = options.description;
     meta.raw["network"] = config::to_string(options.network.value_or(default_network_));
+    meta.raw["persistent"] = options.persistent.value_or(default_persistent_);
     write_metadata(staging / "metadata.json", meta);
     audit::append(staging / "audit.log", "instance.created", actor,
                   {{"instance_id", id},
                    {"description", options.description},
-                   {"network", meta.raw["network"]}});
+                   {"network", meta.raw["network"]},
+                   {"persistent", meta.raw["persistent"]}});
     check_sys(::rename(staging.c_str(), base.c_str()), "rename", base.string());
     fs::sync_dir(root_);
   } catch (...) {
@@ -275,6 +284,11 @@ Instance Store::update(std::string_view id, const UpdateOptions& options, std::s
     inst.meta.raw["network"] = config::to_string(*options.network);
     inst.network = *options.network;
     changes["network"] = config::to_string(*options.network);
+  }
+  if (options.persistent) {
+    inst.meta.raw["persistent"] = *options.persistent;
+    inst.persistent = *options.persistent;
+    changes["persistent"] = *options.persistent;
   }
   if (changes.empty()) return inst;
   write_metadata(inst.metadata_file(), inst.meta);
@@ -474,7 +488,8 @@ UniqueFd Store::open_workspace_file(const Instance& instance, const std::string&
 }
 
 sandbox::Target Store::sandbox_target(const Instance& instance) const {
-  return {instance.id, instance.workspace, instance.output, output_root(), instance.network};
+  return {instance.id, instance.workspace,  instance.output, output_root(),
+          instance.network, instance.persistent, instance.state_dir()};
 }
 
 void Store::audit(const Instance& instance, std::string_view event, std::string_view actor,

@@ -54,6 +54,7 @@ struct Metadata {
   bool archived() const;
   std::string archived_at() const;
   std::optional<config::Network> network() const;  // nullopt: not set (use the default)
+  std::optional<bool> persistent() const;           // nullopt: not set (use the default)
 };
 
 struct Instance {
@@ -63,9 +64,13 @@ struct Instance {
   stdfs::path output;     // <instances_dir>/output/<id>
   Metadata meta;
   config::Network network = config::Network::host;  // effective (metadata or default)
+  bool persistent = false;                           // effective: a living instance
+
 
   stdfs::path metadata_file() const { return base / "metadata.json"; }
   stdfs::path audit_log() const { return base / "audit.log"; }
+  // Host-only state of the instance's sandboxes: job status files, the living sandbox's record.
+  stdfs::path state_dir() const { return base / "status"; }
   // Last activity: the newest of audit.log's and metadata.json's modification times.
   std::chrono::system_clock::time_point last_activity() const;
 };
@@ -106,11 +111,13 @@ class RecordedJobsGuard final : public JobsGuard {
 struct CreateOptions {
   std::string description;
   std::optional<config::Network> network;
+  std::optional<bool> persistent;
 };
 
 struct UpdateOptions {
   std::optional<std::string> description;
   std::optional<config::Network> network;
+  std::optional<bool> persistent;
 };
 
 struct CleanCandidate {
@@ -219,6 +226,7 @@ class Store {
 
   stdfs::path root_;
   config::Network default_network_;
+  bool default_persistent_ = false;
   audit::Rotation rotation_;
   std::string workspace_mount_;
   std::optional<users::Identity> owner_;  // users::sandbox_owner
