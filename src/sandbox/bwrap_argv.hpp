@@ -18,6 +18,7 @@ struct FdNumbers {
   int workspace = -1;       // --bind-fd
   int output = -1;          // --bind-fd
   int shared_output = -1;   // --ro-bind-fd (-1: not bound)
+  int busy = -1;            // a living instance's busy file, for its keeper (not bwrap's)
   int script = -1;          // a shell command handed over on this descriptor (-1: in the argv)
 };
 

@@ -10,7 +10,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
+
+#include <nlohmann/json.hpp>
+#include <sys/file.h>
 
 #include <fmt/format.h>
 
@@ -19,6 +23,7 @@
 #include "base/log.hpp"
 #include "base/text.hpp"
 #include "sandbox/bwrap_argv.hpp"
+#include "sandbox/join.hpp"
 #include "sandbox/keeper.hpp"
 #include "sandbox/members.hpp"
 #include "sandbox/sandbox.hpp"
@@ -32,7 +37,7 @@ namespace {
 
 // Descriptor numbers inside the bwrap process.
 // The shell command's descriptor is high, out of the way of a script's own `exec 3>…`.
-constexpr FdNumbers kChildFds{.status = 3, .seccomp = 4, .workspace = 5, .output = 6, .shared_output = 7, .script = 62};
+constexpr FdNumbers kChildFds{.status = 3, .seccomp = 4, .workspace = 5, .output = 6, .shared_output = 7, .busy = 8, .script = 62};
 
 // A memfd holding a shell command, for the sandbox's shell to read (see shell_script_of).
 UniqueFd script_fd(const std::string& script) {
@@ -120,7 +125,7 @@ class BwrapProcess final : public Process {
     }
     // Under a keeper, bwrap's monitor is the init's parent. Should the keeper be killed, the
     // monitor and then the init come to us (the server is a subreaper): wait() reaps them.
-    if (keeper_ && init_pidfd_) {
+    if (keeper_ && init_pidfd_ && !status_.joined()) {
       const pid_t monitor = parent_of(init_pid_);
       if (monitor > 0 && monitor != child_.pid) {
         UniqueFd fd = open_pidfd(monitor);
@@ -259,6 +264,90 @@ class BwrapProcess final : public Process {
   ExitStatus result_;
 };
 
+// A command in a living sandbox (sandbox/join.hpp). Holds the instance's busy file shared while
+// it runs, so the sandbox is not stopped for idleness under it.
+class JoinedProcess final : public Process {
+ public:
+  JoinedProcess(Joined joined, UniqueFd busy) : joined_(std::move(joined)), busy_(std::move(busy)) {}
+  ~JoinedProcess() override {
+    try {
+      if (!waited_) {
+        kill();
+        wait();
+      }
+    } catch (...) {
+    }
+    joined_.release.reset();  // the command init now discards what background processes write
+    ::futimens(busy_.get(), nullptr);
+  }
+
+  pid_t pid() const override { return joined_.pid; }
+  pid_t sandbox_pid() const override { return joined_.pid; }
+  int pidfd() const override { return joined_.status.get(); }  // readable once the command has ended
+
+  ExitStatus wait() override {
+    if (waited_) return result_;
+    int raw = 0;
+    ssize_t n;
+    do {
+      n = ::read(joined_.status.get(), &raw, sizeof raw);
+    } while (n < 0 && errno == EINTR);
+    waited_ = true;
+    result_.started = true;
+    if (n == static_cast<ssize_t>(sizeof raw))
+      result_.exit_code = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+    else
+      result_.exit_code = 128 + SIGKILL;  // its tree was killed before it could report
+    return result_;
+  }
+
+  void kill() override {
+    try {
+      signal_pidfd(joined_.pidfd.get(), SIGKILL);  // the command init: its whole pid namespace goes
+    } catch (const std::exception&) {
+    }
+  }
+
+  // The command's tree keeps running (its background processes stay; the command init reaps it).
+  void disown() override {
+    wait();
+    joined_.release.reset();
+  }
+
+ private:
+  Joined joined_;
+  UniqueFd busy_;
+  bool waited_ = false;
+  ExitStatus result_;
+};
+
+std::uint64_t resident_bytes(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/statm", pid));
+  std::uint64_t size = 0, resident = 0;
+  if (!(in >> size >> resident)) return 0;
+  return resident * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// A process's command line, NULs as spaces, at most 512 characters (the sandbox wrote it).
+std::string command_line(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/cmdline", pid), std::ios::binary);
+  std::string line(512, '\0');
+  in.read(line.data(), static_cast<std::streamsize>(line.size()));
+  line.resize(static_cast<std::size_t>(in.gcount()));
+  while (!line.empty() && line.back() == '\0') line.pop_back();
+  for (char& c : line)
+    if (c == '\0' || static_cast<unsigned char>(c) < 0x20) c = ' ';
+  return text::sanitize_utf8(line);
+}
+
+std::chrono::seconds age_of(pid_t pid) {
+  struct stat st;
+  if (::stat(fmt::format("/proc/{}", pid).c_str(), &st) < 0) return std::chrono::seconds(0);
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const auto started = std::chrono::seconds(st.st_mtim.tv_sec);
+  return std::max(std::chrono::seconds(0), std::chrono::duration_cast<std::chrono::seconds>(now - started));
+}
+
 class BwrapBackend final : public Backend {
  public:
   explicit BwrapBackend(const config::Config& config) : ns_(config.ns) {
@@ -267,21 +356,265 @@ class BwrapBackend final : public Backend {
 
   std::string_view name() const override { return "bwrap"; }
 
-  LivingStatus living_status(const Target&) override { throw Error("living instances: not built yet"); }
-  LivingStatus start_living(const Target&) override { throw Error("living instances: not built yet"); }
-  bool stop_living(const Target&, std::string_view, std::chrono::milliseconds) override {
-    throw Error("living instances: not built yet");
-  }
-  std::vector<LivingProcess> living_processes(const Target&) override { throw Error("living instances: not built yet"); }
-
   std::vector<std::string> describe(const RunSpec& spec) const override {
     if (!needs_keeper(spec)) return build_bwrap_argv(ns_, spec, fd_numbers(spec), argv_options());
     return keeper_argv(self_path(), keeper_options(spec));
   }
 
+  std::unique_ptr<Process> start(const RunSpec& spec) override {
+    if (spec.target.persistent) return join_living(spec);
+    return start_fresh(spec);
+  }
+
+  LivingStatus living_status(const Target& target) override {
+    reap_detached();
+    Living found = find_living(target);
+    LivingStatus st;
+    if (found.running) {
+      st.running = true;
+      st.since = found.status.started();
+      for (const TreeMember& m : tree_members(*found.status.pid_namespace())) {
+        ++st.processes;
+        st.memory_bytes += resident_bytes(m.pid);
+      }
+      return st;
+    }
+    if (!found.status.keeper()) return st;  // never ran
+    st.ended_at = found.status.ended();
+    if (auto end = read_end(target)) {
+      st.last_end = end->first;
+      st.ended_at = end->second;
+    } else if (auto idle = found.status.idle_stopped()) {
+      st.last_end = fmt::format("stopped after {} s without activity (namespace.idle_stop)", ns_.idle_stop);
+      st.ended_at = idle;
+    } else {
+      st.last_end = "its sandbox ended outside ns-hpc (its main process exited or was killed); it starts again on next use";
+    }
+    return st;
+  }
+
+  LivingStatus start_living(const Target& target) override {
+    ensure_living(target);
+    return living_status(target);
+  }
+
+  bool stop_living(const Target& target, std::string_view why, std::chrono::milliseconds grace) override {
+    reap_detached();
+    fs::make_dirs(target.state_dir, 0700);
+    fs::FileLock lock(target.state_dir / kLivingLock);
+    Living found = find_living(target);
+    if (!found.running) return false;
+    write_end(target, why);
+    const std::uint64_t pid_ns = *found.status.pid_namespace();
+    const pid_t init = *found.status.child_pid();
+    // Everything but the init and the main command gets SIGTERM and the grace to end.
+    auto others = [&] {
+      std::vector<TreeMember> out;
+      for (const TreeMember& m : tree_members(pid_ns))
+        if (m.pid != init && !(m.pid_ns == pid_ns && m.ppid == init)) out.push_back(m);
+      return out;
+    };
+    for (const TreeMember& m : others()) {
+      UniqueFd fd = open_member(m.pid, m.pid_ns);
+      try {
+        if (fd) signal_pidfd(fd.get(), SIGTERM);
+      } catch (const std::exception&) {
+      }
+    }
+    const auto until = std::chrono::steady_clock::now() + grace;
+    while (std::chrono::steady_clock::now() < until) {
+      bool any = false;
+      for (const TreeMember& m : others()) any = any || m.pid_ns != pid_ns || m.ppid != 0;
+      if (!any) break;
+      ::usleep(20000);
+    }
+    signal_pidfd(found.init.get(), SIGKILL);  // its death takes every process of the sandbox
+    wait_pidfd(found.init.get(), std::chrono::seconds(5));
+    return true;
+  }
+
+  std::vector<LivingProcess> living_processes(const Target& target) override {
+    Living found = find_living(target);
+    std::vector<LivingProcess> out;
+    if (!found.running) return out;
+    for (const TreeMember& m : tree_members(*found.status.pid_namespace())) {
+      LivingProcess p;
+      p.pid = m.pid;
+      p.ppid = m.ppid;
+      p.command = command_line(m.pid);
+      p.rss_bytes = resident_bytes(m.pid);
+      p.age = age_of(m.pid);
+      out.push_back(std::move(p));
+    }
+    return out;
+  }
+
+ private:
+  // The files of a living instance in its state folder.
+  static constexpr const char* kLivingStatus = "sandbox.status";  // the keeper's and bwrap's documents
+  static constexpr const char* kLivingLock = "sandbox.lock";      // held while starting or stopping
+  static constexpr const char* kLivingBusy = "sandbox.busy";      // held shared and touched by users
+  static constexpr const char* kLivingEnd = "sandbox.end";        // why the server stopped it
+
+  struct Living {
+    StatusStream status;
+    UniqueFd init;  // pidfd of the sandbox's init while it runs
+    bool running = false;
+  };
+
+  static Living find_living(const Target& target) {
+    Living found;
+    UniqueFd fd(::open((target.state_dir / kLivingStatus).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!fd) return found;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd.get(), buf, sizeof buf)) > 0) found.status.feed(std::string_view(buf, static_cast<size_t>(n)));
+    if (found.status.ended() || !found.status.child_pid() || !found.status.pid_namespace()) return found;
+    found.init = open_member(*found.status.child_pid(), *found.status.pid_namespace());
+    found.running = static_cast<bool>(found.init);
+    return found;
+  }
+
+  static void write_end(const Target& target, std::string_view why) {
+    nlohmann::json end = {{"why", why}, {"at_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                       std::chrono::system_clock::now().time_since_epoch())
+                                                       .count()}};
+    fs::atomic_write(target.state_dir / kLivingEnd, end.dump() + "\n", 0600);
+  }
+
+  static std::optional<std::pair<std::string, LivingStatus::TimePoint>> read_end(const Target& target) {
+    std::ifstream in(target.state_dir / kLivingEnd);
+    if (!in) return std::nullopt;
+    auto end = nlohmann::json::parse(in, nullptr, false);
+    if (!end.is_object() || !end.contains("why") || !end["why"].is_string() || !end.contains("at_ms") ||
+        !end["at_ms"].is_number_integer())
+      return std::nullopt;
+    return std::make_pair(end["why"].get<std::string>(),
+                          LivingStatus::TimePoint(std::chrono::milliseconds(end["at_ms"].get<std::int64_t>())));
+  }
+
+  // The living sandbox of `target`, started when it does not run (under the instance's lock, so
+  // two processes never start two).
+  Living ensure_living(const Target& target) {
+    reap_detached();
+    if (Living found = find_living(target); found.running) return found;
+    fs::make_dirs(target.state_dir, 0700);
+    fs::FileLock lock(target.state_dir / kLivingLock);
+    if (Living found = find_living(target); found.running) return found;
+
+    UniqueFd status(::open((target.state_dir / kLivingStatus).c_str(),
+                           O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!status) throw SysError(errno, "create", (target.state_dir / kLivingStatus).string());
+    UniqueFd busy = open_busy(target);
+    ::unlink((target.state_dir / kLivingEnd).c_str());
+    RunSpec spec;
+    spec.target = target;
+    spec.target.persistent = false;
+    // The sandbox's main command only waits: everything else joins it.
+    spec.argv = {"sleep", "infinity"};
+    spec.die_with_caller = false;
+    spec.status_file = status.get();
+    spec.busy_file = busy.get();
+    spec.idle_stop = std::chrono::seconds(ns_.idle_stop);
+    spec.limits.wall_time_grace = std::chrono::seconds(5);
+    auto process = start_fresh(spec);
+    detach(*process);
+    log::info("instance {}: living sandbox started (init pid {})", target.instance_id, process->sandbox_pid());
+    Living found = find_living(target);
+    // bwrap reports the init before it has finished setting the sandbox up (its own user
+    // namespace comes last): ready once the init runs the main command.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (found.running && !runs_main_command(*found.status.child_pid()) && std::chrono::steady_clock::now() < until) {
+      ::usleep(500);
+      found = find_living(target);
+    }
+    if (!found.running || !runs_main_command(*found.status.child_pid()))
+      throw Error(fmt::format("the living sandbox of instance '{}' ended or did not come up as it started; run "
+                              "'ns-hpc doctor' and try again",
+                              target.instance_id));
+    return found;
+  }
+
+  // The init has started the main command ("sleep infinity"): its setup is done.
+  static bool runs_main_command(pid_t init) {
+    std::ifstream children(fmt::format("/proc/{}/task/{}/children", init, init));
+    pid_t child = 0;
+    if (!(children >> child)) return false;
+    std::ifstream comm(fmt::format("/proc/{}/comm", child));
+    std::string name;
+    return static_cast<bool>(comm >> name) && name == "sleep";
+  }
+
+  static UniqueFd open_busy(const Target& target) {
+    const stdfs::path path = target.state_dir / kLivingBusy;
+    UniqueFd busy(::open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!busy) throw SysError(errno, "open", path.string());
+    return busy;
+  }
+
+  // A command (or, behind a keeper, a job) in the living sandbox.
+  std::unique_ptr<Process> join_living(const RunSpec& spec) {
+    check_command(spec.argv, spec.cwd);
+    Living found = ensure_living(spec.target);
+    UniqueFd busy = open_busy(spec.target);
+    ::flock(busy.get(), LOCK_SH);
+    ::futimens(busy.get(), nullptr);
+    if (!spec.die_with_caller || spec.limits.wall_time) {
+      RunSpec job = spec;
+      job.target.persistent = false;
+      job.join_init = *found.status.child_pid();
+      job.join_pid_ns = *found.status.pid_namespace();
+      job.busy_file = busy.get();
+      return start_fresh(job);
+    }
+    SandboxNamespaces namespaces = open_sandbox_namespaces(*found.status.child_pid(), *found.status.pid_namespace());
+    UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
+    if (!null_fd) throw SysError(errno, "open", "/dev/null");
+    auto or_null = [&](int fd) { return fd >= 0 ? fd : null_fd.get(); };
+    JoinSetup setup;
+    setup.namespaces = &namespaces;
+    setup.argv = spec.argv;
+    setup.envp = build_sandbox_env(ns_, spec, host_env);
+    setup.cwd = spec.cwd.empty() ? ns_.workspace_mount : spec.cwd;
+    setup.fds = {{or_null(spec.stdio.in), 0}, {or_null(spec.stdio.out), 1}, {or_null(spec.stdio.err), 2}};
+    UniqueFd script;
+    if (auto command = shell_script_of(spec.argv)) {
+      script = script_fd(*command);
+      setup.fds.emplace_back(script.get(), kChildFds.script);
+      setup.argv = {spec.argv[0], "-c", fmt::format(". /dev/fd/{}", kChildFds.script)};
+    }
+    setup.join_cgroups = spec.join_cgroups;
+    setup.rlimits = rlimits(spec.limits);
+    setup.drop_to = drop_to_;
+    if (ns_.hardening && ns_.seccomp) setup.seccomp_bpf = seccomp_bpf();
+    setup.controlling_tty = spec.terminal;
+    setup.discard_after_release = spec.output_readers;
+    if (log::enabled(log::Level::debug))
+      log::debug("sandbox {}: joining the living sandbox (init pid {}) with {}", spec.target.instance_id,
+                 *found.status.child_pid(), text::shell_join(spec.argv));
+    return std::make_unique<JoinedProcess>(join_sandbox(setup), std::move(busy));
+  }
+
+  // A keeper that outlives this handle (a living sandbox's): reaped here later, or by whoever
+  // inherits it when this process ends.
+  void detach(Process& process) {
+    UniqueFd fd(::fcntl(process.pidfd(), F_DUPFD_CLOEXEC, 3));
+    process.disown();
+    std::lock_guard lock(mutex_);
+    if (fd) detached_.push_back(std::move(fd));
+  }
+
+  void reap_detached() {
+    std::lock_guard lock(mutex_);
+    std::erase_if(detached_, [](const UniqueFd& fd) {
+      siginfo_t info{};
+      return ::waitid(P_PIDFD, static_cast<id_t>(fd.get()), &info, WEXITED | WNOHANG) < 0 || info.si_pid != 0;
+    });
+  }
+
   // The order of a launch: bwrap's argv (behind a keeper when the sandbox must outlive its
   // caller or has a wall-time limit), the checks, the descriptors, then one spawn.
-  std::unique_ptr<Process> start(const RunSpec& spec) override {
+  std::unique_ptr<Process> start_fresh(const RunSpec& spec) {
     const bool keeper = needs_keeper(spec);
     const std::vector<std::string> argv =
         keeper ? keeper_argv(self_path(), keeper_options(spec)) : build_bwrap_argv(ns_, spec, fd_numbers(spec), argv_options());
@@ -338,6 +671,7 @@ class BwrapBackend final : public Backend {
                  {output.get(), kChildFds.output}};
     if (seccomp) setup.fds.emplace_back(seccomp.get(), kChildFds.seccomp);
     if (shared) setup.fds.emplace_back(shared.get(), kChildFds.shared_output);
+    if (spec.busy_file >= 0) setup.fds.emplace_back(spec.busy_file, kChildFds.busy);
     // A shell command travels on a descriptor, not in an argv that every local user can read.
     UniqueFd script;
     if (auto command = shell_script_of(spec.argv)) {
@@ -358,7 +692,9 @@ class BwrapBackend final : public Backend {
   }
 
  private:
-  static bool needs_keeper(const RunSpec& spec) { return !spec.die_with_caller || spec.limits.wall_time; }
+  static bool needs_keeper(const RunSpec& spec) {
+    return !spec.die_with_caller || spec.limits.wall_time || spec.join_init > 0;
+  }
 
   // bwrap under a keeper always dies with its parent, the keeper: the sandbox ends with its
   // main command or with the keeper, never orphaned.
@@ -369,6 +705,19 @@ class BwrapBackend final : public Backend {
     options.status_fd = kChildFds.status;
     options.time_limit = spec.limits.wall_time.value_or(std::chrono::milliseconds(0));
     options.grace = spec.limits.wall_time_grace;
+    if (spec.busy_file >= 0) options.busy_fd = kChildFds.busy;
+    options.idle_stop = spec.idle_stop;
+    if (spec.join_init > 0) {
+      // A job in a living instance: the keeper joins it and runs the command itself.
+      options.join_init = spec.join_init;
+      options.join_pid_ns = spec.join_pid_ns;
+      options.join_cwd = spec.cwd.empty() ? ns_.workspace_mount : spec.cwd;
+      if (ns_.hardening && ns_.seccomp) options.seccomp_fd = kChildFds.seccomp;
+      options.bwrap_argv = spec.argv;
+      if (shell_script_of(spec.argv))
+        options.bwrap_argv = {spec.argv[0], "-c", fmt::format(". /dev/fd/{}", kChildFds.script)};
+      return options;
+    }
     options.bwrap_argv = build_bwrap_argv(ns_, bwrap_spec, fd_numbers(spec), argv_options());
     return options;
   }
@@ -432,6 +781,7 @@ class BwrapBackend final : public Backend {
   mutable std::string bwrap_path_;
   mutable std::string self_path_;
   std::string seccomp_bpf_;
+  std::vector<UniqueFd> detached_;  // pidfds of living sandboxes' keepers started here
 };
 
 }  // namespace

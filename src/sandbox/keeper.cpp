@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <poll.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -12,6 +14,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <optional>
 
@@ -19,6 +22,7 @@
 
 #include "base/error.hpp"
 #include "base/fd.hpp"
+#include "sandbox/join.hpp"
 #include "sandbox/members.hpp"
 #include "sandbox/spawn.hpp"
 #include "sandbox/status.hpp"
@@ -37,6 +41,9 @@ constexpr int kIgnored[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGPIPE};
 
 // After SIGKILL to the sandbox init, how long bwrap gets to notice before it is killed too.
 constexpr auto kEscalation = std::chrono::seconds(2);
+
+// Where a shell command's script is (as for bwrap: FdNumbers::script).
+constexpr int kScriptFd = 62;
 
 std::int64_t epoch_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -82,8 +89,10 @@ class Keeper {
       std::fprintf(stderr, "ns-hpc keeper: status descriptor %d: %s\n", opt_.status_fd, std::strerror(errno));
       return 1;
     }
-    append(fmt::format("{{\"{}\": {}, \"time-limit-ms\": {}, \"grace-ms\": {}}}\n", kKeeperKey, ::getpid(),
-                       opt_.time_limit.count(), opt_.grace.count()));
+    append(fmt::format("{{\"{}\": {}, \"{}\": {}, \"time-limit-ms\": {}, \"grace-ms\": {}}}\n", kKeeperKey,
+                       ::getpid(), kStartedKey, epoch_ms(), opt_.time_limit.count(), opt_.grace.count()));
+    if (opt_.busy_fd >= 0 && opt_.idle_stop.count() == 0) ::flock(opt_.busy_fd, LOCK_SH);  // a job: in use
+    if (opt_.join_init > 0) return run_joined();
     if (!start_bwrap()) return 1;
     drop_descriptors();
     supervise(chld);
@@ -129,21 +138,107 @@ class Keeper {
 
   // bwrap has every descriptor it needs; the keeper keeps only the status file (and /dev/null
   // as stdio, so it holds none of the job's output or pipes open).
-  void drop_descriptors() {
-    const int keep = opt_.status_fd;
+  void drop_descriptors() { drop_descriptors_except({}); }
+
+  // Epoch time of the last sign of use: the busy file held (now) or touched.
+  std::int64_t last_use() {
+    if (::flock(opt_.busy_fd, LOCK_EX | LOCK_NB) < 0) return epoch_ms();  // held by a user
+    ::flock(opt_.busy_fd, LOCK_UN);
+    struct stat st;
+    if (::fstat(opt_.busy_fd, &st) < 0) return epoch_ms();
+    return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
+  }
+
+  // A job in a living instance: the command joins the sandbox; this keeper reports as bwrap
+  // would and enforces the time limit.
+  int run_joined() {
+    std::string bpf;
+    if (opt_.seccomp_fd >= 0) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::read(opt_.seccomp_fd, buf, sizeof buf)) > 0) bpf.append(buf, static_cast<size_t>(n));
+      ::close(opt_.seccomp_fd);
+    }
+    Joined joined;
+    try {
+      SandboxNamespaces ns = open_sandbox_namespaces(opt_.join_init, opt_.join_pid_ns);
+      JoinSetup setup;
+      setup.namespaces = &ns;
+      setup.argv = opt_.bwrap_argv;
+      for (char** e = environ; *e; ++e) setup.envp.emplace_back(*e);
+      setup.cwd = opt_.join_cwd;
+      setup.fds = {{0, 0}, {1, 1}, {2, 2}};
+      if (::fcntl(kScriptFd, F_GETFD) >= 0) setup.fds.emplace_back(kScriptFd, kScriptFd);
+      setup.seccomp_bpf = bpf;
+      joined = join_sandbox(setup);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ns-hpc: %s\n", e.what());
+      append(fmt::format("{{\"{}\": {}}}\n", kEndedKey, epoch_ms()));
+      return 1;
+    }
+    append(fmt::format("{{\"child-pid\": {}, \"pid-namespace\": {}, \"{}\": true}}\n", joined.pid, joined.pid_ns,
+                       kJoinedKey));
+    drop_descriptors_except({joined.pidfd.get(), joined.status.get(), joined.release.get()});
+    std::optional<Steady::time_point> deadline, hard_kill;
+    if (opt_.time_limit.count() > 0) deadline = Steady::now() + opt_.time_limit;
+    int code = 128 + SIGKILL;
+    for (;;) {
+      int wait_ms = -1;
+      const auto now = Steady::now();
+      if (deadline && now >= *deadline) {
+        deadline.reset();
+        append(fmt::format("{{\"{}\": {}}}\n", kDeadlineKey, epoch_ms()));
+        signal_members(joined.pid_ns, SIGTERM);
+        hard_kill = now + opt_.grace;
+      }
+      if (hard_kill && Steady::now() >= *hard_kill) {
+        hard_kill.reset();
+        signal_pidfd(joined.pidfd.get(), SIGKILL);
+      }
+      for (const auto& t : {deadline, hard_kill}) {
+        if (!t) continue;
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(*t - Steady::now()).count();
+        wait_ms = wait_ms < 0 ? static_cast<int>(std::max<long>(left, 0)) : std::min(wait_ms, static_cast<int>(std::max<long>(left, 0)));
+      }
+      pollfd p{joined.status.get(), POLLIN, 0};
+      if (::poll(&p, 1, wait_ms) <= 0) continue;
+      int raw = 0;
+      if (::read(joined.status.get(), &raw, sizeof raw) == static_cast<ssize_t>(sizeof raw))
+        code = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+      break;
+    }
+    append(fmt::format("{{\"exit-code\": {}}}\n", code));
+    // Nothing a job leaves in the background outlives it: its tree ends with it.
+    signal_pidfd(joined.pidfd.get(), SIGKILL);
+    wait_pidfd(joined.pidfd.get(), std::chrono::seconds(10));
+    append(fmt::format("{{\"{}\": {}}}\n", kEndedKey, epoch_ms()));
+    return code;
+  }
+
+  // Keeps the status file, the busy file and `also`; stdio becomes /dev/null.
+  void drop_descriptors_except(const std::vector<int>& also) {
+    std::vector<int> keep{opt_.status_fd};
+    if (opt_.busy_fd >= 0) keep.push_back(opt_.busy_fd);
+    keep.insert(keep.end(), also.begin(), also.end());
+    std::sort(keep.begin(), keep.end());
     int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
     if (null >= 0) {
       for (int fd = 0; fd <= 2; ++fd)
-        if (fd != keep && fd != null) ::dup2(null, fd);
-      if (null > 2 && null != keep) ::close(null);
+        if (!std::binary_search(keep.begin(), keep.end(), fd) && fd != null) ::dup2(null, fd);
+      if (null > 2 && !std::binary_search(keep.begin(), keep.end(), null)) ::close(null);
     }
-    if (keep > 3) ::syscall(SYS_close_range, 3U, static_cast<unsigned>(keep - 1), 0U);
-    ::syscall(SYS_close_range, static_cast<unsigned>(std::max(3, keep + 1)), ~0U, 0U);
+    unsigned from = 3;
+    for (int fd : keep) {
+      if (fd < 3) continue;
+      if (static_cast<unsigned>(fd) > from) ::syscall(SYS_close_range, from, static_cast<unsigned>(fd - 1), 0U);
+      from = static_cast<unsigned>(fd) + 1;
+    }
+    ::syscall(SYS_close_range, from, ~0U, 0U);
   }
 
   // Until bwrap and everything that came to us have been reaped.
   void supervise(const sigset_t& chld) {
-    std::optional<Steady::time_point> deadline, hard_kill, escalate;
+    std::optional<Steady::time_point> deadline, hard_kill, escalate, deadline_idle;
     if (opt_.time_limit.count() > 0) deadline = Steady::now() + opt_.time_limit;
     for (;;) {
       if (!reap()) return;  // no child left
@@ -161,6 +256,17 @@ class Keeper {
           reach_deadline();
           hard_kill = now + opt_.grace;
         }
+        if (opt_.idle_stop.count() > 0 && !hard_kill && !escalate) {
+          const std::int64_t idle_at = last_use() + opt_.idle_stop.count();
+          const std::int64_t left = idle_at - epoch_ms();
+          if (left <= 0) {
+            stop_for_idleness();
+            hard_kill = now + opt_.grace;
+          } else {
+            const auto at = now + std::chrono::milliseconds(left);
+            deadline_idle = at;
+          }
+        }
         if (hard_kill && now >= *hard_kill) {
           hard_kill.reset();
           if (!kill_init()) ::kill(bwrap_, SIGKILL);  // not set up yet: bwrap itself
@@ -170,8 +276,9 @@ class Keeper {
           escalate.reset();
           ::kill(bwrap_, SIGKILL);  // our child, not reaped yet: the pid is still bwrap's
         }
-        for (const auto& t : {deadline, hard_kill, escalate})
+        for (const auto& t : {deadline, hard_kill, escalate, deadline_idle})
           if (t && (!next || *t < *next)) next = t;
+        deadline_idle.reset();
       }
       timespec wait{};
       if (next) {
@@ -202,14 +309,7 @@ class Keeper {
   // The sandbox init and its pid namespace, from bwrap's first status document.
   void learn_sandbox() {
     if (init_ || pid_ns_) return;
-    StatusStream status;
-    char buf[4096];
-    off_t offset = 0;
-    ssize_t n;
-    while ((n = ::pread(opt_.status_fd, buf, sizeof buf, offset)) > 0) {
-      status.feed(std::string_view(buf, static_cast<size_t>(n)));
-      offset += n;
-    }
+    const StatusStream status = read_status();
     if (!status.child_pid() || !status.pid_namespace()) return;
     pid_ns_ = status.pid_namespace();
     init_ = open_member(*status.child_pid(), *pid_ns_);
@@ -236,6 +336,34 @@ class Keeper {
     }
     append(fmt::format("{{\"{}\": {}}}\n", kDeadlineKey, at));
     signal_members(*pid_ns_, SIGTERM);
+  }
+
+  // A living instance unused for idle_stop: SIGTERM to every process but the sandbox's init and
+  // main command (whose end would end the sandbox at once); the caller SIGKILLs the init after
+  // the grace.
+  void stop_for_idleness() {
+    append(fmt::format("{{\"{}\": {}}}\n", kIdleKey, epoch_ms()));
+    learn_sandbox();
+    if (!pid_ns_ || !init_) return;
+    StatusStream status = read_status();
+    const pid_t init = status.child_pid().value_or(0);
+    for (const TreeMember& m : tree_members(*pid_ns_)) {
+      if (m.pid == init || (m.pid_ns == *pid_ns_ && m.ppid == init)) continue;
+      UniqueFd fd = open_member(m.pid, m.pid_ns);
+      if (fd) ::syscall(SYS_pidfd_send_signal, fd.get(), SIGTERM, nullptr, 0);
+    }
+  }
+
+  StatusStream read_status() const {
+    StatusStream status;
+    char buf[4096];
+    off_t offset = 0;
+    ssize_t n;
+    while ((n = ::pread(opt_.status_fd, buf, sizeof buf, offset)) > 0) {
+      status.feed(std::string_view(buf, static_cast<size_t>(n)));
+      offset += n;
+    }
+    return status;
   }
 
   int exit_like_bwrap() {
@@ -274,8 +402,15 @@ std::vector<std::string> keeper_argv(const std::string& self, const KeeperOption
                                 "--time-limit-ms",
                                 std::to_string(options.time_limit.count()),
                                 "--grace-ms",
-                                std::to_string(options.grace.count()),
-                                "--"};
+                                std::to_string(options.grace.count())};
+  if (options.busy_fd >= 0) argv.insert(argv.end(), {"--busy-fd", std::to_string(options.busy_fd)});
+  if (options.idle_stop.count() > 0) argv.insert(argv.end(), {"--idle-stop-ms", std::to_string(options.idle_stop.count())});
+  if (options.join_init > 0) {
+    argv.insert(argv.end(), {"--join-init", std::to_string(options.join_init), "--join-pid-ns",
+                             std::to_string(options.join_pid_ns), "--join-cwd", options.join_cwd});
+    if (options.seccomp_fd >= 0) argv.insert(argv.end(), {"--seccomp-fd", std::to_string(options.seccomp_fd)});
+  }
+  argv.push_back("--");
   argv.insert(argv.end(), options.bwrap_argv.begin(), options.bwrap_argv.end());
   return argv;
 }
@@ -288,6 +423,10 @@ KeeperOptions parse_keeper_argv(const std::vector<std::string>& argv) {
   for (; i < argv.size() && argv[i] != "--"; i += 2) {
     const std::string& option = argv[i];
     if (i + 1 >= argv.size()) throw UsageError(fmt::format("{} needs a value", option));
+    if (option == "--join-cwd") {
+      options.join_cwd = argv[i + 1];
+      continue;
+    }
     const std::int64_t value = parse_count(argv[i + 1], option);
     if (option == "--status-fd")
       options.status_fd = static_cast<int>(value);
@@ -295,10 +434,20 @@ KeeperOptions parse_keeper_argv(const std::vector<std::string>& argv) {
       options.time_limit = std::chrono::milliseconds(value);
     else if (option == "--grace-ms")
       options.grace = std::chrono::milliseconds(value);
+    else if (option == "--busy-fd")
+      options.busy_fd = static_cast<int>(value);
+    else if (option == "--idle-stop-ms")
+      options.idle_stop = std::chrono::milliseconds(value);
+    else if (option == "--join-init")
+      options.join_init = static_cast<pid_t>(value);
+    else if (option == "--join-pid-ns")
+      options.join_pid_ns = static_cast<std::uint64_t>(value);
+    else if (option == "--seccomp-fd")
+      options.seccomp_fd = static_cast<int>(value);
     else
       throw UsageError(fmt::format("unknown option {}", option));
   }
-  if (i >= argv.size() || i + 1 >= argv.size()) throw UsageError("no bwrap command after --");
+  if (i >= argv.size() || i + 1 >= argv.size()) throw UsageError("no command after --");
   if (options.status_fd < 0) throw UsageError("--status-fd is required");
   options.bwrap_argv.assign(argv.begin() + static_cast<std::ptrdiff_t>(i) + 1, argv.end());
   return options;

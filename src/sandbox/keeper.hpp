@@ -16,7 +16,10 @@
 // --die-with-parent takes the sandbox with it.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +34,20 @@ struct KeeperOptions {
   std::chrono::milliseconds time_limit{0};  // wall-time limit; 0 = none
   std::chrono::milliseconds grace{0};       // from SIGTERM to SIGKILL at the limit
   std::vector<std::string> bwrap_argv;      // [0] is the program, executed as is
+  // A living instance's keeper: a lock file that every user of the instance holds shared, and
+  // touches; after `idle_stop` with neither, the keeper stops the sandbox (SIGTERM to every
+  // process, `grace`, SIGKILL) and says so ({"ns-hpc-idle": ms}). A job's keeper holds it shared
+  // while the job runs.
+  int busy_fd = -1;
+  std::chrono::milliseconds idle_stop{0};
+  // A job in a living instance: instead of bwrap, the keeper joins the sandbox whose init is
+  // `join_init` in pid namespace `join_pid_ns` (sandbox/join.hpp) and runs bwrap_argv there as
+  // the command (its working directory `join_cwd`, the seccomp program on `seccomp_fd`). Its
+  // status documents are bwrap's, for the command's own pid namespace.
+  pid_t join_init = 0;
+  std::uint64_t join_pid_ns = 0;
+  std::string join_cwd;
+  int seccomp_fd = -1;
 };
 
 // The keeper's argv for `self` (argv[0], the ns-hpc binary) and `options`.

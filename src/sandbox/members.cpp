@@ -8,7 +8,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
+
+#include <fcntl.h>
+#include <linux/nsfs.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include "base/pidfd.hpp"
 
@@ -68,6 +74,37 @@ pid_t parent_of(pid_t pid) {
   int ppid = 0;
   if (std::sscanf(paren + 1, " %c %d", &state, &ppid) != 2) return 0;
   return static_cast<pid_t>(ppid);
+}
+
+std::vector<TreeMember> tree_members(std::uint64_t pid_ns) {
+  std::vector<TreeMember> out;
+  std::map<std::uint64_t, bool> below;  // pid namespace -> its parent is pid_ns
+  std::unique_ptr<DIR, int (*)(DIR*)> proc(::opendir("/proc"), ::closedir);
+  if (!proc) return out;
+  while (dirent* e = ::readdir(proc.get())) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/ns/pid", static_cast<int>(pid));
+    UniqueFd ns(::open(path, O_RDONLY | O_CLOEXEC));
+    if (!ns) continue;
+    struct stat st;
+    if (::fstat(ns.get(), &st) < 0) continue;
+    bool member = st.st_ino == pid_ns;
+    if (!member) {
+      auto it = below.find(st.st_ino);
+      if (it == below.end()) {
+        bool is_below = false;
+        UniqueFd parent(::ioctl(ns.get(), NS_GET_PARENT));
+        struct stat pst;
+        if (parent && ::fstat(parent.get(), &pst) == 0) is_below = pst.st_ino == pid_ns;
+        it = below.emplace(st.st_ino, is_below).first;
+      }
+      member = it->second;
+    }
+    if (member) out.push_back({pid, parent_of(pid), static_cast<std::uint64_t>(st.st_ino)});
+  }
+  return out;
 }
 
 }  // namespace nshpc::sandbox

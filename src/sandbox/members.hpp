@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "base/fd.hpp"
 
@@ -23,5 +24,14 @@ std::size_t signal_members(std::uint64_t pid_ns, int sig);
 
 // The parent of `pid` (field 4 of /proc/<pid>/stat); 0 when it is gone.
 pid_t parent_of(pid_t pid);
+
+// A process of a living sandbox: in its pid namespace, or in a command's pid namespace directly
+// below it (sandbox/join.hpp).
+struct TreeMember {
+  pid_t pid = 0;
+  pid_t ppid = 0;
+  std::uint64_t pid_ns = 0;  // the process's own pid namespace
+};
+std::vector<TreeMember> tree_members(std::uint64_t pid_ns);
 
 }  // namespace nshpc::sandbox

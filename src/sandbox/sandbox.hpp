@@ -80,6 +80,16 @@ struct RunSpec {
   // Program and arguments put in front of bwrap (e.g. systemd-run --user --scope -p … --), as
   // [jobs.local] cgroups_command; empty for none.
   std::vector<std::string> command_prefix;
+  // Read ends of the stdout/stderr pipes: in a living instance, once the caller is done with
+  // the command, its background processes' further output there is read and discarded (they
+  // neither block on a full pipe nor die of SIGPIPE).
+  std::vector<int> output_readers;
+
+  // Set by the backend itself (a living instance's keeper, a job joining one).
+  int busy_file = -1;                   // borrowed: the living instance's busy file
+  std::chrono::seconds idle_stop{0};    // the keeper stops the sandbox after this without use
+  pid_t join_init = 0;                  // the keeper joins the living sandbox of this init...
+  std::uint64_t join_pid_ns = 0;        // ...in this pid namespace
 };
 
 struct ExitStatus {

@@ -45,6 +45,7 @@ void StatusStream::take_document(std::string_view doc) {
     child_pid_ = it->get<pid_t>();
   if (auto it = json.find("pid-namespace"); it != json.end() && it->is_number_unsigned())
     pid_namespace_ = it->get<std::uint64_t>();
+  if (auto it = json.find(kJoinedKey); it != json.end() && it->is_boolean()) joined_ = it->get<bool>();
   if (auto it = json.find("exit-code"); it != json.end() && it->is_number_integer())
     exit_code_ = it->get<int>();
   if (auto it = json.find(kKeeperKey); it != json.end())
@@ -56,6 +57,10 @@ void StatusStream::take_document(std::string_view doc) {
   };
   if (auto t = epoch_ms(kDeadlineKey)) deadline_reached_ = t;
   if (auto t = epoch_ms(kEndedKey)) ended_ = t;
+  if (auto t = epoch_ms(kIdleKey)) idle_stopped_ = t;
+  if (json.contains(kKeeperKey)) {
+    if (auto t = epoch_ms(kStartedKey)) started_ = t;
+  }
 }
 
 }  // namespace nshpc::sandbox

@@ -23,6 +23,13 @@ namespace nshpc::sandbox {
 inline constexpr std::string_view kKeeperKey = "ns-hpc-keeper";
 inline constexpr std::string_view kDeadlineKey = "ns-hpc-deadline";
 inline constexpr std::string_view kEndedKey = "ns-hpc-ended";
+// A living instance's keeper: {"ns-hpc-idle": <epoch ms>} when it stopped the sandbox for want of
+// activity; its first document also says when it started ("started-ms").
+inline constexpr std::string_view kIdleKey = "ns-hpc-idle";
+inline constexpr std::string_view kStartedKey = "started-ms";
+// In a job keeper's child-pid document: the command joined a living sandbox; child-pid is the
+// command's own init (never the living sandbox's).
+inline constexpr std::string_view kJoinedKey = "ns-hpc-joined";
 
 class StatusStream {
  public:
@@ -43,7 +50,12 @@ class StatusStream {
   std::optional<TimePoint> deadline_reached() const { return deadline_reached_; }
   // When the keeper saw the last process of the sandbox end.
   std::optional<TimePoint> ended() const { return ended_; }
+  // When the keeper started (its first document).
+  std::optional<TimePoint> started() const { return started_; }
+  // When a living instance's keeper stopped it for want of activity.
+  std::optional<TimePoint> idle_stopped() const { return idle_stopped_; }
   bool malformed() const { return malformed_; }
+  bool joined() const { return joined_; }
 
  private:
   void take_document(std::string_view doc);
@@ -58,7 +70,10 @@ class StatusStream {
   std::optional<pid_t> keeper_pid_;
   std::optional<TimePoint> deadline_reached_;
   std::optional<TimePoint> ended_;
+  std::optional<TimePoint> started_;
+  std::optional<TimePoint> idle_stopped_;
   bool malformed_ = false;
+  bool joined_ = false;
 };
 
 }  // namespace nshpc::sandbox

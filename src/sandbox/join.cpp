@@ -1,0 +1,580 @@
+#include "sandbox/join.hpp"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/nsfs.h>
+#include <linux/seccomp.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "base/pidfd.hpp"
+#include "sandbox/members.hpp"
+
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x00001000
+#endif
+
+namespace nshpc::sandbox {
+
+namespace {
+
+// Descriptor numbers in the chain, above the command's own (stdio and the script on 62).
+constexpr int kErrors = 63;   // close-on-exec: EOF once the command has been executed
+constexpr int kStatus = 64;   // the command init writes the command's wait status here
+constexpr int kRelease = 65;  // EOF: the caller is done (or gone)
+constexpr int kSocket = 66;   // the spawner sends the command init's pidfd here
+constexpr int kNamespaces = 67;  // 8 namespace descriptors: outer user, user, mnt, pid, net, ipc, uts, cgroup
+constexpr int kNamespaceCount = 8;
+constexpr int kDiscard = kNamespaces + kNamespaceCount;  // read ends to discard after release
+constexpr int kMaxDiscard = 4;
+constexpr int kStage = 100;  // staging area while descriptors are moved into place
+
+enum class Step : int { dumpable, cgroup, dup, close, rlimit, setgroups, setgid, setuid, setns_outer_user,
+                        setns_mnt, setns_pid, setns_net, setns_ipc, setns_uts, setns_cgroup, setns_user,
+                        fork, unshare_pid, capabilities, no_new_privs, seccomp, send, signals, setsid, ctty,
+                        chdir, exec };
+
+const char* step_name(Step s) {
+  switch (s) {
+    case Step::dumpable: return "prctl(PR_SET_DUMPABLE)";
+    case Step::cgroup: return "join the command's cgroup";
+    case Step::dup: return "move descriptors";
+    case Step::close: return "close_range";
+    case Step::rlimit: return "setrlimit";
+    case Step::setgroups: return "setgroups";
+    case Step::setgid: return "setresgid";
+    case Step::setuid: return "setresuid";
+    case Step::setns_outer_user: return "join the sandbox's outer user namespace";
+    case Step::setns_mnt: return "join the sandbox's mount namespace";
+    case Step::setns_pid: return "join the sandbox's pid namespace";
+    case Step::setns_net: return "join the sandbox's network namespace";
+    case Step::setns_ipc: return "join the sandbox's ipc namespace";
+    case Step::setns_uts: return "join the sandbox's uts namespace";
+    case Step::setns_cgroup: return "join the sandbox's cgroup namespace";
+    case Step::setns_user: return "join the sandbox's user namespace";
+    case Step::fork: return "fork";
+    case Step::unshare_pid: return "make the command's pid namespace";
+    case Step::capabilities: return "drop capabilities";
+    case Step::no_new_privs: return "prctl(PR_SET_NO_NEW_PRIVS)";
+    case Step::seccomp: return "load the seccomp filter";
+    case Step::send: return "hand over the command's pidfd";
+    case Step::signals: return "set up signals";
+    case Step::setsid: return "setsid";
+    case Step::ctty: return "set the controlling terminal";
+    case Step::chdir: return "change to the working directory";
+    case Step::exec: return "execute";
+  }
+  return "?";
+}
+
+struct Failure {
+  int step;
+  int err;
+};
+
+struct Prepared;
+[[noreturn]] void fail(const Prepared& p, Step step);
+
+// Writes the failed step and errno to the error pipe and ends this process.
+[[noreturn]] void fail_to(int error_fd, Step step) {
+  Failure f{static_cast<int>(step), errno};
+  ssize_t ignored = ::write(error_fd, &f, sizeof f);
+  (void)ignored;
+  ::_exit(127);
+}
+
+// fork(2) without the library's at-fork handlers (the caller is a forked child already).
+pid_t raw_fork(int* pidfd = nullptr) {
+  unsigned long flags = SIGCHLD;
+  if (pidfd) flags |= CLONE_PIDFD;
+  return static_cast<pid_t>(::syscall(SYS_clone, flags, nullptr, pidfd, nullptr, nullptr));
+}
+
+std::vector<char*> c_strings(const std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  out.reserve(strings.size() + 1);
+  for (const auto& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+// Everything the chain needs, prepared before the fork (no allocation after it).
+struct Prepared {
+  const JoinSetup* setup;
+  std::vector<char*> argv;
+  std::vector<char*> envp;
+  std::string path;  // PATH of envp
+  sock_fprog seccomp{};
+  std::vector<std::pair<int, int>> moves;  // (source here, target) for every descriptor kept
+  std::vector<int> staged;
+  std::vector<int> keep;                   // sorted target numbers
+  int discard_count = 0;
+  int error_fd = -1;  // where failures go: the parent's number until the move, then kErrors
+  bool join[kNamespaceCount] = {};  // false: the sandbox shares the caller's (e.g. the host's network)
+  // This process's command line (the kernel's arg area), which the command init, a copy of this
+  // process that the sandbox can see in ps, overwrites: the server's arguments are not its business.
+  char* args = nullptr;
+  std::size_t args_len = 0;
+};
+
+// The arg area of this process, from fields 48 and 49 of /proc/self/stat.
+std::pair<char*, std::size_t> own_arg_area() {
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen("/proc/self/stat", "re"), std::fclose);
+  if (!f) return {nullptr, 0};
+  char buf[2048];
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f.get());
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');
+  if (!p) return {nullptr, 0};
+  unsigned long long start = 0, end = 0;
+  int field = 2;
+  for (const char* c = p + 1; *c; ++c) {
+    if (*c != ' ') continue;
+    ++field;
+    if (field == 48) start = std::strtoull(c + 1, nullptr, 10);
+    if (field == 49) end = std::strtoull(c + 1, nullptr, 10);
+  }
+  if (start == 0 || end <= start) return {nullptr, 0};
+  return {reinterpret_cast<char*>(start), static_cast<std::size_t>(end - start)};
+}
+
+void fail(const Prepared& p, Step step) { fail_to(p.error_fd, step); }
+
+bool kept(const Prepared& p, int fd) { return std::binary_search(p.keep.begin(), p.keep.end(), fd); }
+
+// Moves every descriptor to its number (through a staging area, so no source is clobbered) and
+// closes all others.
+void place_descriptors(Prepared& p) {
+  for (std::size_t i = 0; i < p.moves.size(); ++i) {
+    p.staged[i] = ::fcntl(p.moves[i].first, F_DUPFD, kStage);
+    if (p.staged[i] < 0) fail(p, Step::dup);
+    if (p.moves[i].second == kErrors) p.error_fd = p.staged[i];  // out of the way of the targets
+  }
+  // The error pipe first, so failures below still reach the caller.
+  for (std::size_t i = 0; i < p.moves.size(); ++i) {
+    const int flags = p.moves[i].second == kErrors ? O_CLOEXEC : 0;
+    if (::dup3(p.staged[i], p.moves[i].second, flags) < 0) fail(p, Step::dup);
+  }
+  p.error_fd = kErrors;
+  int from = 3;
+  for (int fd : p.keep) {
+    if (fd < 3) continue;
+    if (fd > from && ::syscall(SYS_close_range, from, fd - 1, 0) < 0) fail(p, Step::close);
+    from = fd + 1;
+  }
+  if (::syscall(SYS_close_range, from, ~0U, 0) < 0) fail(p, Step::close);
+}
+
+void drop_capabilities(const Prepared& p) {
+  for (int cap = 0; cap <= 63; ++cap) {
+    if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) fail(p, Step::capabilities);
+  }
+  if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL) fail(p, Step::capabilities);
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (::syscall(SYS_capset, &header, data) < 0) fail(p, Step::capabilities);
+}
+
+// execvp without allocation: PATH searched in the sandbox's file system.
+[[noreturn]] void exec_command(const Prepared& p) {
+  const char* file = p.argv[0];
+  if (std::strchr(file, '/')) {
+    ::execve(file, p.argv.data(), p.envp.data());
+    fail(p, Step::exec);
+  }
+  char buf[4096];
+  const std::size_t flen = std::strlen(file);
+  int saved = ENOENT;
+  const char* dir = p.path.c_str();
+  for (;;) {
+    const char* end = std::strchr(dir, ':');
+    const std::size_t dlen = end ? static_cast<std::size_t>(end - dir) : std::strlen(dir);
+    if (dlen + 1 + flen + 1 <= sizeof buf) {
+      std::size_t n = 0;
+      if (dlen == 0) {
+        buf[n++] = '.';
+      } else {
+        std::memcpy(buf, dir, dlen);
+        n = dlen;
+      }
+      buf[n++] = '/';
+      std::memcpy(buf + n, file, flen + 1);
+      ::execve(buf, p.argv.data(), p.envp.data());
+      if (errno == EACCES) saved = EACCES;
+      else if (errno != ENOENT && errno != ENOTDIR) fail(p, Step::exec);
+    }
+    if (!end) break;
+    dir = end + 1;
+  }
+  errno = saved;
+  fail(p, Step::exec);
+}
+
+// The command: its own session, default signals, the working directory, execve.
+[[noreturn]] void command_main(const Prepared& p) {
+  // Only the command's own descriptors go with it (the error pipe closes on exec).
+  if (::syscall(SYS_close_range, kStatus, ~0U, 0) < 0) fail(p, Step::close);
+  if (::setsid() < 0) fail(p, Step::setsid);
+  if (p.setup->controlling_tty && ::ioctl(0, TIOCSCTTY, 0) < 0) fail(p, Step::ctty);
+  sigset_t none;
+  ::sigemptyset(&none);
+  for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);
+  if (::sigprocmask(SIG_SETMASK, &none, nullptr) < 0) fail(p, Step::signals);
+  if (!p.setup->cwd.empty() && ::chdir(p.setup->cwd.c_str()) < 0) fail(p, Step::chdir);
+  exec_command(p);
+}
+
+// pid 1 of the command's pid namespace: starts the command, reports its status, reaps every
+// process of the tree until none is left. Never returns.
+[[noreturn]] void command_init(const Prepared& p) {
+  ::close(kSocket);
+  static constexpr char kTitle[] = "ns-hpc-command-init";
+  if (p.args && p.args_len > sizeof kTitle) {
+    std::memset(p.args, 0, p.args_len);
+    std::memcpy(p.args, kTitle, sizeof kTitle);
+  }
+  ::prctl(PR_SET_NAME, "ns-hpc-init", 0, 0, 0);
+  if (p.seccomp.len > 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p.seccomp) < 0) fail(p, Step::seccomp);
+  sigset_t chld;
+  ::sigemptyset(&chld);
+  ::sigaddset(&chld, SIGCHLD);
+  if (::sigprocmask(SIG_BLOCK, &chld, nullptr) < 0) fail(p, Step::signals);
+  const int sigfd = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sigfd < 0) fail(p, Step::signals);
+
+  const pid_t command = raw_fork();
+  if (command < 0) fail(p, Step::fork);
+  if (command == 0) command_main(p);
+
+  // The command holds its stdio now; the init keeps none of it.
+  for (int fd : p.keep)
+    if (fd < kErrors) ::close(fd);
+  ::close(kErrors);
+
+  bool reported = false, released = false;
+  bool discard_open[kMaxDiscard];
+  for (int i = 0; i < kMaxDiscard; ++i) discard_open[i] = i < p.discard_count;
+  for (;;) {
+    pollfd fds[2 + kMaxDiscard];
+    int n = 0;
+    fds[n++] = {sigfd, POLLIN, 0};
+    if (!released) fds[n++] = {kRelease, POLLIN, 0};
+    int index[kMaxDiscard];
+    for (int i = 0; i < p.discard_count; ++i) {
+      index[i] = -1;
+      if (released && discard_open[i]) {
+        index[i] = n;
+        fds[n++] = {kDiscard + i, POLLIN, 0};
+      }
+    }
+    if (::poll(fds, static_cast<nfds_t>(n), -1) < 0 && errno != EINTR) ::_exit(1);
+
+    signalfd_siginfo info;
+    while (::read(sigfd, &info, sizeof info) > 0) {
+    }
+    for (;;) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid == command && !reported) {
+        reported = true;
+        ssize_t ignored = ::write(kStatus, &status, sizeof status);
+        (void)ignored;
+        ::close(kStatus);
+      }
+      if (pid > 0) continue;
+      if (pid < 0 && errno == EINTR) continue;
+      if (pid < 0) ::_exit(0);  // ECHILD: nothing of the tree is left
+      break;
+    }
+    if (!released && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+      char c;
+      if (::read(kRelease, &c, 1) <= 0) {
+        released = true;
+        ::close(kRelease);
+        // The caller went away before the command ended: that is a cancel.
+        if (!reported) ::kill(-1, SIGKILL);
+      }
+    }
+    for (int i = 0; i < p.discard_count; ++i) {
+      if (index[i] < 0 || !fds[index[i]].revents) continue;
+      char buf[4096];
+      const ssize_t got = ::read(kDiscard + i, buf, sizeof buf);
+      if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
+        ::close(kDiscard + i);
+        discard_open[i] = false;
+      }
+    }
+  }
+}
+
+// In the sandbox's pid namespace (not yet in it as a process: its children are): a pid
+// namespace for the command, no capabilities, no new privileges, then the command init.
+[[noreturn]] void spawner_main(const Prepared& p) {
+  if (::unshare(CLONE_NEWPID) < 0) fail(p, Step::unshare_pid);
+  drop_capabilities(p);
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
+  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
+  int pidfd = -1;
+  const pid_t init = raw_fork(&pidfd);
+  if (init < 0) fail(p, Step::fork);
+  if (init == 0) command_init(p);
+
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  cmsg->cmsg_level = SOL_SOCKET;
+  cmsg->cmsg_type = SCM_RIGHTS;
+  cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cmsg), &pidfd, sizeof(int));
+  if (::sendmsg(kSocket, &msg, MSG_NOSIGNAL) < 0) {
+    ::kill(init, SIGKILL);
+    fail(p, Step::send);
+  }
+  ::_exit(0);
+}
+
+// The joiner's side, host-side until it has joined every namespace.
+[[noreturn]] void joiner_main(Prepared& p) {
+  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
+  for (int fd : p.setup->join_cgroups) {
+    if (::write(fd, "0", 1) != 1) fail(p, Step::cgroup);
+  }
+  place_descriptors(p);
+  for (const auto& [resource, value] : p.setup->rlimits) {
+    struct rlimit rl{value, value};
+    if (::setrlimit(resource, &rl) < 0) fail(p, Step::rlimit);
+  }
+  if (p.setup->drop_to) {
+    const auto [uid, gid] = *p.setup->drop_to;
+    if (::setgroups(0, nullptr) < 0) fail(p, Step::setgroups);
+    if (::setresgid(gid, gid, gid) < 0) fail(p, Step::setgid);
+    if (::setresuid(uid, uid, uid) < 0) fail(p, Step::setuid);
+    if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
+  }
+  // The outer user namespace gives the capabilities to join the others (it owns them); the
+  // sandbox's own user namespace comes last.
+  constexpr std::array<std::pair<int, Step>, 8> order{{{CLONE_NEWUSER, Step::setns_outer_user},
+                                                        {CLONE_NEWUSER, Step::setns_user},
+                                                        {CLONE_NEWNS, Step::setns_mnt},
+                                                        {CLONE_NEWPID, Step::setns_pid},
+                                                        {CLONE_NEWNET, Step::setns_net},
+                                                        {CLONE_NEWIPC, Step::setns_ipc},
+                                                        {CLONE_NEWUTS, Step::setns_uts},
+                                                        {CLONE_NEWCGROUP, Step::setns_cgroup}}};
+  if (::setns(kNamespaces + 0, CLONE_NEWUSER) < 0) fail(p, Step::setns_outer_user);
+  for (int i = 2; i < kNamespaceCount; ++i) {
+    if (p.join[i] && ::setns(kNamespaces + i, order[static_cast<std::size_t>(i)].first) < 0)
+      fail(p, order[static_cast<std::size_t>(i)].second);
+  }
+  if (p.join[1] && ::setns(kNamespaces + 1, CLONE_NEWUSER) < 0) fail(p, Step::setns_user);
+  ::syscall(SYS_close_range, kNamespaces, kNamespaces + kNamespaceCount - 1, 0);
+
+  const pid_t spawner = raw_fork();
+  if (spawner < 0) fail(p, Step::fork);
+  if (spawner == 0) spawner_main(p);
+  int status = 0;
+  while (::waitpid(spawner, &status, 0) < 0 && errno == EINTR) {
+  }
+  ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 127);
+}
+
+// The namespace `name` of `pid`; invalid when it is this process's own (nothing to join).
+UniqueFd open_ns(pid_t pid, const char* name) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/ns/%s", static_cast<int>(pid), name);
+  UniqueFd fd(::open(path, O_RDONLY | O_CLOEXEC));
+  if (!fd) throw SysError(errno, "open", path);
+  char own[64];
+  std::snprintf(own, sizeof own, "/proc/self/ns/%s", name);
+  struct stat theirs, ours;
+  if (::fstat(fd.get(), &theirs) == 0 && ::stat(own, &ours) == 0 && theirs.st_ino == ours.st_ino) return {};
+  return fd;
+}
+
+UniqueFd receive_fd(int socket) {
+  char byte;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0) return {};
+  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  if (!cmsg || cmsg->cmsg_level != SOL_SOCKET || cmsg->cmsg_type != SCM_RIGHTS) return {};
+  int fd;
+  std::memcpy(&fd, CMSG_DATA(cmsg), sizeof fd);
+  return UniqueFd(fd);
+}
+
+// The host pid a pidfd refers to (its "Pid:" line in fdinfo); 0 when the process is gone.
+pid_t pid_of_pidfd(int pidfd) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/fdinfo/%d", pidfd);
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path, "re"), std::fclose);
+  if (!f) return 0;
+  char line[256];
+  while (std::fgets(line, sizeof line, f.get())) {
+    int pid = 0;
+    if (std::sscanf(line, "Pid: %d", &pid) == 1) return pid > 0 ? static_cast<pid_t>(pid) : 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+SandboxNamespaces open_sandbox_namespaces(pid_t init, std::uint64_t pid_ns) {
+  UniqueFd pidfd = open_member(init, pid_ns);
+  if (!pidfd) throw SysError(ESRCH, "find the sandbox's init", fmt::format("pid {}", init));
+  SandboxNamespaces ns;
+  ns.user = open_ns(init, "user");
+  ns.mnt = open_ns(init, "mnt");
+  ns.pid = open_ns(init, "pid");
+  ns.net = open_ns(init, "net");
+  ns.ipc = open_ns(init, "ipc");
+  ns.uts = open_ns(init, "uts");
+  ns.cgroup = open_ns(init, "cgroup");
+  // Still the same process (its pidfd not readable): the namespaces are its own.
+  if (wait_pidfd(pidfd.get(), std::chrono::milliseconds(0)))
+    throw SysError(ESRCH, "find the sandbox's init", fmt::format("pid {} ended", init));
+  struct stat st;
+  if (::fstat(ns.pid.get(), &st) < 0 || st.st_ino != pid_ns)
+    throw SysError(ESRCH, "find the sandbox's init", "its pid namespace changed");
+  // The owner of the sandbox's namespaces: bwrap's user namespace; the init's own is a child of
+  // it (--disable-userns) or the same.
+  ns.outer_user.reset(::ioctl(ns.pid.get(), NS_GET_USERNS));
+  if (!ns.outer_user) throw SysError(errno, "ioctl(NS_GET_USERNS)", "the sandbox's pid namespace");
+  ::fcntl(ns.outer_user.get(), F_SETFD, FD_CLOEXEC);
+  struct stat outer, inner;
+  if (::fstat(ns.outer_user.get(), &outer) == 0 && ::fstat(ns.user.get(), &inner) == 0 && outer.st_ino == inner.st_ino)
+    ns.user.reset();  // one user namespace: joined as the outer one
+  return ns;
+}
+
+Joined join_sandbox(const JoinSetup& setup) {
+  if (!setup.namespaces) throw Error("join_sandbox: no namespaces");
+  if (setup.argv.empty()) throw UsageError("no command given to run in the sandbox");
+  if (setup.discard_after_release.size() > static_cast<std::size_t>(kMaxDiscard))
+    throw Error("join_sandbox: too many descriptors to discard");
+  for (const auto& [from, to] : setup.fds)
+    if (to < 0 || to >= kErrors) throw Error(fmt::format("join_sandbox: descriptor number {} is reserved", to));
+
+  Prepared p;
+  p.setup = &setup;
+  p.argv = c_strings(setup.argv);
+  p.envp = c_strings(setup.envp);
+  std::tie(p.args, p.args_len) = own_arg_area();
+  p.path = "/usr/local/bin:/usr/bin:/bin";
+  for (const auto& var : setup.envp)
+    if (var.rfind("PATH=", 0) == 0) p.path = var.substr(5);
+  if (!setup.seccomp_bpf.empty()) {
+    p.seccomp.len = static_cast<unsigned short>(setup.seccomp_bpf.size() / sizeof(sock_filter));
+    p.seccomp.filter = reinterpret_cast<sock_filter*>(const_cast<char*>(setup.seccomp_bpf.data()));
+  }
+
+  Pipe errors = make_pipe();
+  Pipe status = make_pipe();
+  Pipe release = make_pipe();
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) throw SysError(errno, "socketpair");
+  UniqueFd ours(pair[0]), theirs(pair[1]);
+
+  p.moves = setup.fds;
+  const SandboxNamespaces& ns = *setup.namespaces;
+  const int ns_fds[kNamespaceCount] = {ns.outer_user.get(), ns.user.get(), ns.mnt.get(), ns.pid.get(),
+                                       ns.net.get(),        ns.ipc.get(),  ns.uts.get(), ns.cgroup.get()};
+  // (an invalid descriptor: a namespace the sandbox shares with this process, nothing to join)
+  p.moves.emplace_back(errors.write.get(), kErrors);
+  p.moves.emplace_back(status.write.get(), kStatus);
+  p.moves.emplace_back(release.read.get(), kRelease);
+  p.moves.emplace_back(theirs.get(), kSocket);
+  for (int i = 0; i < kNamespaceCount; ++i) {
+    if (ns_fds[i] < 0) continue;
+    p.moves.emplace_back(ns_fds[i], kNamespaces + i);
+    p.join[i] = true;
+  }
+  if (!p.join[0]) throw Error("join_sandbox: the sandbox has no user namespace of its own");
+  for (std::size_t i = 0; i < setup.discard_after_release.size(); ++i)
+    p.moves.emplace_back(setup.discard_after_release[i], kDiscard + static_cast<int>(i));
+  p.discard_count = static_cast<int>(setup.discard_after_release.size());
+  p.staged.assign(p.moves.size(), -1);
+  for (const auto& [from, to] : p.moves) p.keep.push_back(to);
+  std::sort(p.keep.begin(), p.keep.end());
+
+  const pid_t joiner = ::fork();
+  if (joiner < 0) throw SysError(errno, "fork");
+  if (joiner == 0) {
+    p.error_fd = errors.write.get();  // until place_descriptors() moves it to kErrors
+    joiner_main(p);
+  }
+  errors.write.reset();
+  status.write.reset();
+  release.read.reset();
+  theirs.reset();
+
+  Joined joined;
+  joined.pidfd = receive_fd(ours.get());
+  Failure failure{};
+  ssize_t n;
+  do {
+    n = ::read(errors.read.get(), &failure, sizeof failure);
+  } while (n < 0 && errno == EINTR);
+  int raw = 0;
+  while (::waitpid(joiner, &raw, 0) < 0 && errno == EINTR) {
+  }
+  if (n == static_cast<ssize_t>(sizeof failure)) {
+    if (joined.pidfd) signal_pidfd(joined.pidfd.get(), SIGKILL);
+    const Step step = static_cast<Step>(failure.step);
+    std::string what = step_name(step);
+    if (step == Step::exec) what += " " + setup.argv.front();
+    if (step == Step::chdir) what += " " + setup.cwd;
+    throw SysError(failure.err, what + " failed").wrapped("could not run the command in the instance's sandbox");
+  }
+  if (!joined.pidfd)
+    throw Error(fmt::format("could not run the command in the instance's sandbox: the joining process ended "
+                            "with status {} without a report",
+                            raw));
+  joined.pid = pid_of_pidfd(joined.pidfd.get());
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/ns/pid", static_cast<int>(joined.pid));
+  struct stat st;
+  if (joined.pid > 0 && ::stat(path, &st) == 0) joined.pid_ns = st.st_ino;
+  joined.status = std::move(status.read);
+  joined.release = std::move(release.write);
+  return joined;
+}
+
+}  // namespace nshpc::sandbox
