@@ -58,8 +58,18 @@ Env::Env(const std::string& extra_toml) {
 }
 
 Env::~Env() {
-  // Workspaces belong to the sandbox uid; root (or the owner) can remove them.
+  // Living instances outlive every ns-hpc process: their keepers (on record) go first, and
+  // with them their sandboxes.
   std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(instances(), ec)) {
+    const std::string record = read_text(entry.path() / "status" / "sandbox.status");
+    const auto at = record.find("\"ns-hpc-keeper\": ");
+    if (at == std::string::npos) continue;
+    const pid_t keeper = static_cast<pid_t>(std::atoi(record.c_str() + at + 17));
+    if (keeper > 1) ::kill(keeper, SIGKILL);
+  }
+  ec.clear();
+  // Workspaces belong to the sandbox uid; root (or the owner) can remove them.
   fs::remove_all(root_, ec);
   if (ec) std::system(("chmod -R u+rwX '" + root_.string() + "' 2>/dev/null; rm -rf '" + root_.string() + "'").c_str());
 }

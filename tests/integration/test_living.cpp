@@ -1,0 +1,86 @@
+// Living instances, as an agent and a user see them: one long-lived sandbox per instance that
+// every command and job joins. Runs as root and again as an unprivileged user.
+#include <signal.h>
+#include <unistd.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "harness.hpp"
+
+using namespace nshpc::test;
+
+namespace {
+
+class Living : public ::testing::Test {
+ protected:
+  Living() : env_("persistent = true\nidle_stop = 120\ndefault_network = \"off\"\n") {}
+  void SetUp() override { env_.create("alpha"); }
+  Result in_alpha(const std::string& command) { return env_.run({"bwrap", "alpha", "--", "/bin/sh", "-c", command}); }
+  Env env_;
+};
+
+}  // namespace
+
+// A server started in the background by one command answers the next one, over the instance's
+// own loopback (its network is off: no host address is involved), and /tmp is the same.
+TEST_F(Living, BackgroundProcessesTmpAndLoopbackStayBetweenCommands) {
+  Result start = in_alpha(
+      "echo kept > /tmp/marker; cd /tmp && python3 -m http.server 18080 --bind 127.0.0.1 >/dev/null 2>&1 & "
+      "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 18080))' "
+      "2>/dev/null && break; sleep 0.05; done; echo started");
+  ASSERT_EQ(start.exit_code, 0) << start.err;
+  EXPECT_NE(start.out.find("started"), std::string::npos);
+  Result next = in_alpha(
+      "cat /tmp/marker; python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:18080/marker\").read().decode())'");
+  EXPECT_EQ(next.exit_code, 0) << next.err;
+  EXPECT_EQ(next.out, "kept\nkept\n\n");
+  // Twice: the server survived answering (its log goes nowhere, its stdout was not a dead pipe).
+  Result again = in_alpha("python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:18080/marker\").status)'");
+  EXPECT_EQ(again.out, "200\n") << again.err;
+}
+
+// A command that times out has its whole tree killed (setsid'd and SIGTERM-ignoring processes
+// included); a background process of an earlier command is not touched.
+TEST_F(Living, ATimeoutKillsTheCommandsTreeAndNothingElse) {
+  Result bg = in_alpha("setsid sh -c 'exec sleep 4321.5' >/dev/null 2>&1 & echo ok");
+  ASSERT_EQ(bg.exit_code, 0) << bg.err;
+  ASSERT_TRUE(eventually([] { return processes_with("4321.5").size() == 1; }, std::chrono::seconds(5)));
+
+  McpSession server(env_);
+  nlohmann::json result = server.tool(
+      "terminal_execute",
+      {{"instance_id", "alpha"},
+       {"command", "setsid sh -c 'trap \"\" TERM; exec sleep 4322.5' & trap '' TERM; sleep 4322.6"},
+       {"timeout", 1}});
+  EXPECT_EQ(result["exit_code"], 124) << result.dump();
+  EXPECT_TRUE(eventually([] { return processes_with("4322.").empty(); }, std::chrono::seconds(5)))
+      << processes_with("4322.").size() << " survivors of the timed-out command";
+  EXPECT_EQ(processes_with("4321.5").size(), 1u) << "the earlier command's background process was killed";
+}
+
+// The sandbox stops itself after idle_stop without use (no server needed); files stay, and the
+// next command starts it again.
+TEST(LivingIdle, StopsItselfWhenUnusedAndStartsAgainOnNextUse) {
+  Env env("persistent = true\nidle_stop = 2\n");
+  env.create("idle");
+  Result first = env.run({"bwrap", "idle", "--", "/bin/sh", "-c", "echo data > f; sleep 3333.5 >/dev/null 2>&1 & echo ok"});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_TRUE(eventually([] { return processes_with("3333.5").size() == 1; }, std::chrono::seconds(5)));
+  EXPECT_TRUE(eventually([] { return processes_with("3333.5").empty(); }, std::chrono::seconds(15)))
+      << "still running after idle_stop";
+  EXPECT_NE(read_text(env.instances() / "idle/status/sandbox.status").find("ns-hpc-idle"), std::string::npos);
+  Result again = env.run({"bwrap", "idle", "--", "cat", "f"});
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(again.out, "data\n");
+}
+
+// A local job runs inside the living sandbox: it sees the instance's /tmp.
+TEST_F(Living, JobsRunInsideTheLivingSandbox) {
+  ASSERT_EQ(in_alpha("echo from-a-command > /tmp/shared").exit_code, 0);
+  McpSession server(env_);
+  nlohmann::json job = server.tool("submit_job", {{"instance_id", "alpha"}, {"command", "cat /tmp/shared"}, {"timeout", 30}});
+  EXPECT_EQ(job["status"], "completed") << job.dump();
+  EXPECT_NE(job.dump().find("from-a-command"), std::string::npos) << job.dump();
+}
