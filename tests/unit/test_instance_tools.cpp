@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <mutex>
 
@@ -147,14 +148,14 @@ TEST_F(InstanceToolsTest, ToolsListHasStopAndRestartAndPersistentArguments) {
 
 TEST_F(InstanceToolsTest, CreateAndUpdateTakePersistent) {
   json created = call("create_instance", {{"instance_id", "liv"}, {"persistent", true}});
-  ASSERT_FALSE(created["isError"].get<bool>()) << created;
+  ASSERT_FALSE(created.value("isError", false)) << created;
   EXPECT_EQ(created["structuredContent"]["persistent"], true);
   EXPECT_TRUE(store_->get("liv").persistent);
   json plain = call("create_instance", {{"instance_id", "eph"}});
   EXPECT_EQ(plain["structuredContent"]["persistent"], false);
 
   json updated = call("update_instance", {{"instance_id", "eph"}, {"persistent", true}});
-  ASSERT_FALSE(updated["isError"].get<bool>()) << updated;
+  ASSERT_FALSE(updated.value("isError", false)) << updated;
   EXPECT_EQ(updated["structuredContent"]["persistent"], true);
   EXPECT_TRUE(store_->get("eph").persistent);
 }
@@ -163,13 +164,13 @@ TEST_F(InstanceToolsTest, MakingARunningInstanceNonPersistentIsRefused) {
   create("liv", true);
   backend_.status["liv"].running = true;
   json refused = call("update_instance", {{"instance_id", "liv"}, {"persistent", false}});
-  EXPECT_TRUE(refused["isError"].get<bool>());
+  EXPECT_TRUE(refused.value("isError", false));
   EXPECT_NE(text(refused).find("stop_instance"), std::string::npos) << text(refused);
   EXPECT_TRUE(store_->get("liv").persistent);
 
   backend_.status["liv"].running = false;
   json done = call("update_instance", {{"instance_id", "liv"}, {"persistent", false}});
-  EXPECT_FALSE(done["isError"].get<bool>()) << done;
+  EXPECT_FALSE(done.value("isError", false)) << done;
   EXPECT_FALSE(store_->get("liv").persistent);
 }
 
@@ -185,7 +186,7 @@ TEST_F(InstanceToolsTest, ListAsksTheBackendOnlyAboutPersistentInstances) {
   backend_.status["off"].last_end = "idle for 900 s";
 
   json listed = call("list_instances");
-  ASSERT_FALSE(listed["isError"].get<bool>()) << listed;
+  ASSERT_FALSE(listed.value("isError", false)) << listed;
   EXPECT_EQ(backend_.calls, (std::vector<std::string>{"status liv", "status off"}));
   const json& items = listed["structuredContent"]["instances"];
   ASSERT_EQ(items.size(), 3u);
@@ -205,7 +206,7 @@ TEST_F(InstanceToolsTest, AnUnknownStateNeverFailsTheListing) {
   create("liv", true);
   backend_.status_fails = true;
   json listed = call("list_instances");
-  ASSERT_FALSE(listed["isError"].get<bool>()) << listed;
+  ASSERT_FALSE(listed.value("isError", false)) << listed;
   EXPECT_EQ(listed["structuredContent"]["instances"][0]["state"], "unknown");
   EXPECT_EQ(listed["structuredContent"]["instances"][0]["state_error"], "fake: cannot tell");
 }
@@ -215,7 +216,7 @@ TEST_F(InstanceToolsTest, DescribeShowsTheLivingState) {
   backend_.status["liv"].running = true;
   backend_.status["liv"].processes = 2;
   json described = call("describe_instance", {{"instance_id", "liv"}});
-  ASSERT_FALSE(described["isError"].get<bool>()) << described;
+  ASSERT_FALSE(described.value("isError", false)) << described;
   EXPECT_EQ(described["structuredContent"]["state"], "running");
   EXPECT_NE(text(described).find("Persistent: yes, running"), std::string::npos) << text(described);
 }
@@ -224,16 +225,17 @@ TEST_F(InstanceToolsTest, StopEndsTheLivingSandboxWithTheCancelGrace) {
   create("liv", true);
   backend_.status["liv"].running = true;
   json stopped = call("stop_instance", {{"instance_id", "liv"}});
-  ASSERT_FALSE(stopped["isError"].get<bool>()) << stopped;
+  ASSERT_FALSE(stopped.value("isError", false)) << stopped;
   EXPECT_EQ(backend_.calls, (std::vector<std::string>{"stop liv stopped 7000", "status liv"}));
   EXPECT_EQ(stopped["structuredContent"]["was_running"], true);
   EXPECT_EQ(stopped["structuredContent"]["state"], "stopped");
   EXPECT_EQ(stopped["structuredContent"]["jobs_ended"], json::array());
   EXPECT_NE(text(stopped).find("Stopped instance 'liv'"), std::string::npos) << text(stopped);
-  EXPECT_EQ(audit_events("liv").back(), "instance.stopped");
+  const auto events = audit_events("liv");
+  EXPECT_NE(std::find(events.begin(), events.end(), "instance.stopped"), events.end());
 
   json again = call("stop_instance", {{"instance_id", "liv"}});
-  EXPECT_FALSE(again["isError"].get<bool>());
+  EXPECT_FALSE(again.value("isError", false));
   EXPECT_EQ(again["structuredContent"]["was_running"], false);
   EXPECT_NE(text(again).find("was not running"), std::string::npos) << text(again);
 }
@@ -242,21 +244,22 @@ TEST_F(InstanceToolsTest, RestartStopsThenStartsAFreshSandbox) {
   create("liv", true);
   backend_.status["liv"].running = true;
   json restarted = call("restart_instance", {{"instance_id", "liv"}});
-  ASSERT_FALSE(restarted["isError"].get<bool>()) << restarted;
+  ASSERT_FALSE(restarted.value("isError", false)) << restarted;
   EXPECT_EQ(backend_.calls, (std::vector<std::string>{"stop liv restarted 7000", "start liv"}));
   EXPECT_EQ(restarted["structuredContent"]["state"], "running");
   EXPECT_EQ(restarted["structuredContent"]["was_running"], true);
-  EXPECT_EQ(audit_events("liv").back(), "instance.restarted");
+  const auto events = audit_events("liv");
+  EXPECT_NE(std::find(events.begin(), events.end(), "instance.restarted"), events.end());
 }
 
 TEST_F(InstanceToolsTest, StopAndRestartRefuseWhatIsNotLiving) {
   create("eph", false);
   for (const char* tool : {"stop_instance", "restart_instance"}) {
     json refused = call(tool, {{"instance_id", "eph"}});
-    EXPECT_TRUE(refused["isError"].get<bool>()) << tool;
+    EXPECT_TRUE(refused.value("isError", false)) << tool;
     EXPECT_NE(text(refused).find("not persistent"), std::string::npos) << text(refused);
     json missing = call(tool, {{"instance_id", "ghost"}});
-    EXPECT_TRUE(missing["isError"].get<bool>()) << tool;
+    EXPECT_TRUE(missing.value("isError", false)) << tool;
     EXPECT_NE(text(missing).find("'ghost' not found; list_instances"), std::string::npos) << text(missing);
   }
   EXPECT_TRUE(backend_.calls.empty());
@@ -271,9 +274,9 @@ TEST_F(InstanceToolsTest, ArchiveAndDeleteStopALivingInstanceFirst) {
   create("liv", true);
   create("gone", true);
   create("eph", false);
-  EXPECT_FALSE(call("archive_instance", {{"instance_id", "liv"}})["isError"].get<bool>());
-  EXPECT_FALSE(call("delete_instance", {{"instance_id", "gone"}})["isError"].get<bool>());
-  EXPECT_FALSE(call("archive_instance", {{"instance_id", "eph"}})["isError"].get<bool>());
+  EXPECT_FALSE(call("archive_instance", {{"instance_id", "liv"}}).value("isError", false));
+  EXPECT_FALSE(call("delete_instance", {{"instance_id", "gone"}}).value("isError", false));
+  EXPECT_FALSE(call("archive_instance", {{"instance_id", "eph"}}).value("isError", false));
   EXPECT_EQ(stops, (std::vector<std::string>{"liv archived", "gone deleted"}));
 }
 
