@@ -32,6 +32,10 @@ store::Store& Invocation::store() {
   if (!store_) {
     jobs_guard_ = std::make_unique<store::RecordedJobsGuard>();
     store_ = std::make_unique<store::Store>(config(), *jobs_guard_);
+    // Archive and delete stop a living instance's sandbox first (the backend made only then).
+    store_->set_living_stop([this](const sandbox::Target& target, std::string_view why) {
+      backend().stop_living(target, why, std::chrono::seconds(config().jobs.cancel_grace));
+    });
   }
   return *store_;
 }

@@ -1,4 +1,5 @@
-// ns-hpc instance create|list|list-archived|describe|update|archive|delete|enter, and clean.
+// ns-hpc instance create|list|list-archived|describe|update|start|stop|restart|ps|archive|delete|
+// enter, and clean.
 #include <unistd.h>
 
 #include <cstdio>
@@ -7,9 +8,11 @@
 
 #include "base/error.hpp"
 #include "base/log.hpp"
+#include "base/text.hpp"
 #include "base/users.hpp"
 #include "cli/app.hpp"
 #include "cli/output.hpp"
+#include "lifecycle/lifecycle.hpp"
 
 namespace nshpc::cli {
 
@@ -18,6 +21,105 @@ namespace {
 // --network host|off, of `instance create` and `instance update`.
 void add_network_option(CLI::App& cmd, std::optional<config::Network>& network, const std::string& help) {
   add_choice(cmd, "--network", network, named({config::Network::host, config::Network::off}), help);
+}
+
+// --persistent / --no-persistent, of `instance create` and `instance update`.
+void add_persistent_option(CLI::App& cmd, std::optional<bool>& persistent, const std::string& help) {
+  cmd.add_flag_function("--persistent,!--no-persistent", [&persistent](std::int64_t n) { persistent = n > 0; }, help);
+}
+
+// A persistent instance's living state as data (lifecycle::state_json), added to `out`; state
+// "unknown" (and a warning) when the backend cannot tell, so one instance never fails a listing.
+// Nothing is asked for an instance that is not persistent.
+void add_living_state(Invocation& inv, const store::Instance& inst, nlohmann::json& out) {
+  if (!inst.persistent) return;
+  try {
+    out.update(lifecycle::state_json(inv.backend().living_status(inv.store().sandbox_target(inst))));
+  } catch (const std::exception& e) {
+    log::warn("instance '{}': state unknown: {}", inst.id, e.what());
+    out["state"] = "unknown";
+    out["state_error"] = e.what();
+  }
+}
+
+// "running since 2026-06-12 10:31:02, 3 processes, 12.5 MiB" and the like, from add_living_state's fields.
+std::string living_line(const nlohmann::json& state) {
+  const std::string name = state.value("state", "");
+  if (name == "running")
+    return fmt::format("running since {}, {} process(es), {:.1f} MiB", short_time(state.value("running_since", "")),
+                       state.value("processes", std::size_t{0}), state.value("memory_bytes", std::uint64_t{0}) / 1048576.0);
+  if (name == "stopped") {
+    std::string line = "stopped";
+    if (state.contains("last_end"))
+      line += fmt::format(" ({} at {})", state["last_end"].get<std::string>(), short_time(state.value("ended_at", "")));
+    return line;
+  }
+  return "unknown (" + state.value("state_error", "") + ")";
+}
+
+// Text a sandbox wrote (a process's command line), safe to print on a terminal: valid UTF-8,
+// control characters (C0, DEL, C1) shown as '?'.
+std::string printable(std::string_view untrusted) {
+  std::string s = text::sanitize_utf8(untrusted);
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) {
+      out += '?';
+    } else if (c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(s[i + 1]) <= 0x9f) {
+      out += '?';
+      ++i;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+// "45s", "12m05s", "3h02m", "2d04h".
+std::string short_age(std::chrono::seconds age) {
+  const long long s = age.count();
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  if (s < 86400) return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
+  return fmt::format("{}d{:02}h", s / 86400, (s % 86400) / 3600);
+}
+
+// The instance `instance start|stop|restart|ps` act on: an existing, persistent one.
+store::Instance living_instance(Invocation& inv, const std::string& id, std::string_view action) {
+  store::Instance inst = inv.store().get(id);
+  if (!inst.persistent)
+    throw UsageError(fmt::format(
+        "instance '{}' is not persistent: each command runs in a fresh sandbox that ends with it, so there is "
+        "nothing to {} ('ns-hpc instance cancel {} JOB' ends a job; 'ns-hpc instance update {} --persistent' "
+        "makes it a living instance)",
+        inst.id, action, inst.id, inst.id));
+  return inst;
+}
+
+lifecycle::Lifecycle lifecycle_of(Invocation& inv) {
+  return {inv.config(), inv.store(), inv.backend(), &inv.jobs()};
+}
+
+// What a stop or restart did, for people.
+void print_ended(const lifecycle::Ended& ended) {
+  for (const auto& r : ended.jobs)
+    std::printf("Ended job %s (%s): %s\n", r.id.c_str(), text::truncate_utf8(r.command, 60).c_str(),
+                jobs::to_string(r.state).c_str());
+  for (const auto& problem : ended.problems) std::printf("Warning: job %s\n", problem.c_str());
+}
+
+nlohmann::json ended_json(const store::Instance& inst, const lifecycle::Ended& ended) {
+  nlohmann::json out = lifecycle::state_json(ended.status);
+  out["id"] = inst.id;
+  out["was_running"] = ended.was_running;
+  out["jobs_ended"] = nlohmann::json::array();
+  for (const auto& r : ended.jobs)
+    out["jobs_ended"].push_back({{"job_id", r.id}, {"command", r.command}, {"status", jobs::to_string(r.state)}});
+  if (!ended.problems.empty()) out["problems"] = ended.problems;
+  return out;
 }
 
 // An existing instance, even one whose metadata.json is corrupt (it can still be archived or
@@ -32,13 +134,15 @@ void warn_corrupt(const store::Listing& listing) {
     log::warn("instance '{}' skipped: {}", bad.id, bad.problem);
 }
 
-void describe_text(const store::Instance& inst) {
+void describe_text(const store::Instance& inst, const nlohmann::json& state) {
   std::printf("ID:            %s\n", inst.id.c_str());
   std::printf("Created at:    %s\n", inst.meta.created_at().empty() ? "unknown" : inst.meta.created_at().c_str());
   std::printf("Last activity: %s\n", short_time(inst.last_activity()).c_str());
   std::printf("Hostname:      %s\n", inst.meta.hostname().c_str());
   std::printf("Description:   %s\n", inst.meta.description().c_str());
   std::printf("Network:       %s\n", std::string(config::to_string(inst.network)).c_str());
+  std::printf("Persistent:    %s\n", inst.persistent ? "yes" : "no (a fresh sandbox per command)");
+  if (inst.persistent) std::printf("State:         %s\n", living_line(state).c_str());
   std::printf("Workspace:     %s\n", inst.workspace.c_str());
   std::printf("Output:        %s\n", inst.output.c_str());
 }
@@ -48,6 +152,7 @@ struct InstanceArgs {
   std::string description;
   std::optional<std::string> new_description;
   std::optional<config::Network> network;
+  std::optional<bool> persistent;
   bool json = false;
   bool force = false;
   bool archived = false;
@@ -62,11 +167,16 @@ void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
   add_network_option(*cmd, a->network,
                      "Network of its sandboxes: host (default; shares the host's loopback services and abstract "
                      "Unix sockets) or off");
+  add_persistent_option(*cmd, a->persistent,
+                        "A living instance: one long-lived sandbox that commands and jobs join, so background "
+                        "processes, /tmp and loopback servers stay between commands (default: [namespace] "
+                        "persistent)");
   cmd->add_flag("--json", a->json, "Print the new instance as JSON");
   cmd->callback([&inv, a] {
     store::CreateOptions options;
     options.description = a->description;
     options.network = a->network;
+    options.persistent = a->persistent;
     store::Instance inst = inv.store().create(a->id, options, users::cli_actor());
     if (a->json)
       print_json(instance_host_json(inst));
@@ -81,9 +191,13 @@ void add_list(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceA
   cmd->callback([&inv, a] {
     store::Listing listing = inv.store().list();
     warn_corrupt(listing);
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& inst : listing.instances) {
+      nlohmann::json item = instance_host_json(inst);
+      add_living_state(inv, inst, item);  // persistent instances only
+      out.push_back(std::move(item));
+    }
     if (a->json) {
-      nlohmann::json out = nlohmann::json::array();
-      for (const auto& inst : listing.instances) out.push_back(instance_host_json(inst));
       print_json(out);
       return;
     }
@@ -91,10 +205,14 @@ void add_list(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceA
       std::puts("No instances found.");
       return;
     }
-    std::vector<std::vector<std::string>> rows{{"ID", "CREATED", "LAST ACTIVITY", "NETWORK", "DESCRIPTION"}};
-    for (const auto& inst : listing.instances)
+    // STATE: "-" for an instance that is not persistent, else running/stopped (or unknown).
+    std::vector<std::vector<std::string>> rows{{"ID", "CREATED", "LAST ACTIVITY", "NETWORK", "STATE", "DESCRIPTION"}};
+    for (std::size_t i = 0; i < listing.instances.size(); ++i) {
+      const auto& inst = listing.instances[i];
       rows.push_back({inst.id, short_time(inst.meta.created_at()), short_time(inst.last_activity()),
-                      std::string(config::to_string(inst.network)), inst.meta.description()});
+                      std::string(config::to_string(inst.network)), out[i].value("state", "-"),
+                      inst.meta.description()});
+    }
     print_table(rows);
   });
 }
@@ -129,12 +247,13 @@ void add_describe(CLI::App& parent, Invocation& inv, const std::shared_ptr<Insta
   cmd->callback([&inv, a] {
     store::Instance inst = inv.store().get(a->id);
     const store::Store::DiskUse use = inv.store().disk_use(inst);
+    nlohmann::json out = instance_host_json(inst);
+    add_living_state(inv, inst, out);
     if (a->json) {
-      nlohmann::json out = instance_host_json(inst);
       out["disk_usage"] = {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes}, {"files", use.files}};
       print_json(out);
     } else {
-      describe_text(inst);
+      describe_text(inst, out);
       std::printf("Disk use:      %.1f MiB in the workspace, %.1f MiB in output, %llu files\n",
                   use.workspace_bytes / 1048576.0, use.output_bytes / 1048576.0,
                   static_cast<unsigned long long>(use.files));
@@ -146,14 +265,28 @@ void add_update(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
   auto* cmd = parent.add_subcommand("update", "Change an instance's description or network");
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->add_option("-d,--description", a->new_description, "New description");
-  add_network_option(*cmd, a->network, "host or off (applies to the next command)");
+  add_network_option(*cmd, a->network,
+                     "host or off (applies to the next command; in a running persistent instance after "
+                     "'instance restart')");
+  add_persistent_option(*cmd, a->persistent,
+                        "Make it a living instance, or (--no-persistent, once stopped) one with a fresh sandbox "
+                        "per command");
   cmd->add_flag("--json", a->json, "Print the updated instance as JSON");
   cmd->callback([&inv, a] {
     store::UpdateOptions options;
     options.description = a->new_description;
     options.network = a->network;
-    if (!options.description && !options.network)
-      throw UsageError("nothing to update; pass --description TEXT and/or --network host|off");
+    options.persistent = a->persistent;
+    if (!options.description && !options.network && !options.persistent)
+      throw UsageError(
+          "nothing to update; pass --description TEXT, --network host|off and/or --persistent|--no-persistent");
+    if (options.persistent == false) {
+      // A living sandbox left running would be out of reach of every command after this.
+      store::Instance current = inv.store().get(a->id);
+      if (current.persistent && inv.backend().living_status(inv.store().sandbox_target(current)).running)
+        throw UsageError(fmt::format("instance '{}' is running; stop it first ('ns-hpc instance stop {}')",
+                                     current.id, current.id));
+    }
     store::Instance inst = inv.store().update(a->id, options, users::cli_actor());
     if (a->json) {
       print_json(instance_host_json(inst));
@@ -162,6 +295,88 @@ void add_update(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
     std::printf("Updated instance '%s'.\n", inst.id.c_str());
     std::printf("Description: %s\n", inst.meta.description().c_str());
     std::printf("Network: %s\n", std::string(config::to_string(inst.network)).c_str());
+    std::printf("Persistent: %s\n", inst.persistent ? "yes" : "no");
+  });
+}
+
+void add_start(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
+  auto* cmd = parent.add_subcommand("start", "Start a persistent instance's sandbox now (else the first command does)");
+  cmd->add_option("id", a->id, "Instance id")->required();
+  cmd->add_flag("--json", a->json, "Print the state as JSON");
+  cmd->callback([&inv, a] {
+    store::Instance inst = living_instance(inv, a->id, "start");
+    const sandbox::LivingStatus status = lifecycle_of(inv).start(inst, users::cli_actor());
+    nlohmann::json out = lifecycle::state_json(status);
+    out["id"] = inst.id;
+    if (a->json)
+      print_json(out);
+    else
+      std::printf("Instance '%s': %s.\n", inst.id.c_str(), living_line(out).c_str());
+  });
+}
+
+void add_stop(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
+  auto* cmd = parent.add_subcommand(
+      "stop", "End every process of a persistent instance (its running jobs are cancelled first); files stay");
+  cmd->add_option("id", a->id, "Instance id")->required();
+  cmd->add_flag("--json", a->json, "Print what was done as JSON");
+  cmd->callback([&inv, a] {
+    store::Instance inst = living_instance(inv, a->id, "stop");
+    const lifecycle::Ended ended = lifecycle_of(inv).stop(inst, users::cli_actor());
+    if (a->json) {
+      print_json(ended_json(inst, ended));
+      return;
+    }
+    print_ended(ended);
+    if (ended.was_running)
+      std::printf("Stopped instance '%s'.\n", inst.id.c_str());
+    else
+      std::printf("Instance '%s' was not running.\n", inst.id.c_str());
+  });
+}
+
+void add_restart(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
+  auto* cmd = parent.add_subcommand(
+      "restart", "End every process of a persistent instance (running jobs first) and start a fresh sandbox");
+  cmd->add_option("id", a->id, "Instance id")->required();
+  cmd->add_flag("--json", a->json, "Print what was done as JSON");
+  cmd->callback([&inv, a] {
+    store::Instance inst = living_instance(inv, a->id, "restart");
+    const lifecycle::Ended ended = lifecycle_of(inv).restart(inst, users::cli_actor());
+    const nlohmann::json out = ended_json(inst, ended);
+    if (a->json) {
+      print_json(out);
+      return;
+    }
+    print_ended(ended);
+    std::printf("Restarted instance '%s': %s.\n", inst.id.c_str(), living_line(out).c_str());
+  });
+}
+
+void add_ps(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
+  auto* cmd = parent.add_subcommand("ps", "List the processes of a persistent instance's sandbox");
+  cmd->add_option("id", a->id, "Instance id")->required();
+  cmd->add_flag("--json", a->json, "Print a JSON array");
+  cmd->callback([&inv, a] {
+    store::Instance inst = living_instance(inv, a->id, "list");
+    const auto processes = inv.backend().living_processes(inv.store().sandbox_target(inst));
+    if (a->json) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& p : processes)
+        out.push_back({{"pid", p.pid}, {"ppid", p.ppid}, {"rss_bytes", p.rss_bytes},
+                       {"age_seconds", p.age.count()}, {"command", text::sanitize_utf8(p.command)}});
+      print_json(out);
+      return;
+    }
+    if (processes.empty()) {
+      std::printf("Instance '%s' is not running.\n", inst.id.c_str());
+      return;
+    }
+    std::vector<std::vector<std::string>> rows{{"PID", "PPID", "RSS", "AGE", "COMMAND"}};
+    for (const auto& p : processes)
+      rows.push_back({std::to_string(p.pid), std::to_string(p.ppid), fmt::format("{:.1f}M", p.rss_bytes / 1048576.0),
+                      short_age(p.age), printable(p.command)});
+    print_table(rows);
   });
 }
 
@@ -236,6 +451,10 @@ void add_instance_commands(CLI::App& app, Invocation& inv) {
   add_list_archived(*instance, inv, args);
   add_describe(*instance, inv, args);
   add_update(*instance, inv, args);
+  add_start(*instance, inv, args);
+  add_stop(*instance, inv, args);
+  add_restart(*instance, inv, args);
+  add_ps(*instance, inv, args);
   add_archive(*instance, inv, args);
   add_delete(*instance, inv, args);
   add_enter(*instance, inv, args);

@@ -15,6 +15,7 @@ nlohmann::json instance_host_json(const store::Instance& inst) {
           {"description", inst.meta.description()},
           {"hostname", inst.meta.hostname()},
           {"network", config::to_string(inst.network)},
+          {"persistent", inst.persistent},
           {"path", inst.base.string()},
           {"workspace", inst.workspace.string()},
           {"output", inst.output.string()},

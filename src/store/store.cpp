@@ -311,6 +311,7 @@ ArchivedInstance Store::archive(std::string_view id, std::string_view actor) {
   fs::FileLock lock(lock_file());
   const stdfs::path base = removable_base(id, "archive");
   stop_executions(id);
+  stop_living(id, base, "archived");
 
   const auto now = Clock::now();
   ArchivedInstance archived;
@@ -352,6 +353,7 @@ void Store::remove(std::string_view id, std::string_view actor) {
   fs::FileLock lock(lock_file());
   const stdfs::path base = removable_base(id, "delete");
   stop_executions(id);  // nothing of the instance may still run (and write) while its files go
+  stop_living(id, base, "deleted");
   // Rename first so the instance disappears at once, then remove the trees.
   const stdfs::path doomed = root_ / fmt::format(".deleting-{}-{}", id, random::hex(4));
   check_sys(::rename(base.c_str(), doomed.c_str()), "rename", base.string());
@@ -374,6 +376,22 @@ Store::Registration Store::register_execution(std::string_view id, std::function
   const std::uint64_t key = next_execution_++;
   executions_[key] = Execution{std::string(id), std::move(stop)};
   return Registration(*this, key);
+}
+
+void Store::stop_living(std::string_view id, const stdfs::path& base, std::string_view why) const {
+  if (!living_stop_) return;
+  Instance inst;
+  try {
+    inst = load(id, base);
+  } catch (const Error&) {
+    inst.id = std::string(id);
+    inst.base = base;
+    inst.workspace = base / "workspace";
+    inst.output = output_root() / std::string(id);
+    inst.network = default_network_;
+    inst.persistent = true;
+  }
+  if (inst.persistent) living_stop_(sandbox_target(inst), why);
 }
 
 void Store::stop_executions(std::string_view id) const {

@@ -135,6 +135,11 @@ class Store {
   const stdfs::path& root() const { return root_; }
   // Who answers "does this instance still have jobs?" (the job engine, once it exists).
   void set_jobs_guard(JobsGuard& jobs) { jobs_ = &jobs; }
+  // Who stops a living instance's sandbox (the sandbox backend): archive() and remove() call it
+  // for a persistent instance after the jobs check and before its files move, with `why`
+  // "archived" or "deleted". Unset: nothing is stopped (a process that starts no sandboxes).
+  using LivingStop = std::function<void(const sandbox::Target& target, std::string_view why)>;
+  void set_living_stop(LivingStop stop) { living_stop_ = std::move(stop); }
 
   Instance create(std::string id, const CreateOptions& options, std::string_view actor);
   Instance get(std::string_view id) const;  // UsageError when unknown, Error when corrupt
@@ -213,6 +218,9 @@ class Store {
   // The folder of an existing instance that has no live jobs (archive/delete), else UsageError.
   stdfs::path removable_base(std::string_view id, std::string_view action) const;
   void stop_executions(std::string_view id) const;
+  // Stops the instance's living sandbox (living_stop_) when it is persistent, or when its
+  // metadata cannot be read (then nothing is known, and a stop of what never ran is harmless).
+  void stop_living(std::string_view id, const stdfs::path& base, std::string_view why) const;
   // remove_tree, retried while something still writes there; false (and logged) when it stays.
   bool remove_doomed(const stdfs::path& tree) const;
 
@@ -231,6 +239,7 @@ class Store {
   std::string workspace_mount_;
   std::optional<users::Identity> owner_;  // users::sandbox_owner
   JobsGuard* jobs_;
+  LivingStop living_stop_;
 };
 
 }  // namespace nshpc::store

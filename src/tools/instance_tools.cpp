@@ -1,5 +1,5 @@
 // create_instance, list_instances, list_archived_instances, describe_instance, update_instance,
-// archive_instance, delete_instance.
+// stop_instance, restart_instance, archive_instance, delete_instance.
 #include <chrono>
 
 #include <fmt/format.h>
@@ -7,6 +7,7 @@
 #include "base/error.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
+#include "lifecycle/lifecycle.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -32,10 +33,30 @@ const json kInstanceSchema = output_object(
      {"created_at", {{"type", "string"}, {"description", "ISO 8601, UTC"}}},
      {"last_activity", {{"type", "string"}, {"description", "ISO 8601, UTC"}}},
      {"network", {{"type", "string"}, {"enum", {"host", "off"}}}},
+     {"persistent", {{"type", "boolean"}, {"description", "a living instance: one long-lived sandbox"}}},
      {"hostname", of_type("string")},
      {"workspace", {{"type", "string"}, {"description", "path of the persistent workspace inside the sandbox"}}},
-     {"output", {{"type", "string"}, {"description", "path of the persistent output folder inside the sandbox"}}}},
-    {"id", "created_at", "last_activity", "network", "workspace", "output"});
+     {"output", {{"type", "string"}, {"description", "path of the persistent output folder inside the sandbox"}}},
+     // The living state, of persistent instances only (list_instances, describe_instance).
+     {"state", {{"type", "string"}, {"enum", {"running", "stopped", "unknown"}}}},
+     {"running_since", {{"type", "string"}, {"description", "ISO 8601, UTC"}}},
+     {"processes", {{"type", "integer"}, {"description", "processes in its sandbox"}}},
+     {"memory_bytes", {{"type", "integer"}, {"description", "their resident memory"}}},
+     {"last_end", {{"type", "string"}, {"description", "why it stopped last time"}}},
+     {"ended_at", {{"type", "string"}, {"description", "ISO 8601, UTC"}}},
+     {"state_error", {{"type", "string"}, {"description", "why the state is unknown"}}}},
+    {"id", "created_at", "last_activity", "network", "persistent", "workspace", "output"});
+
+const json kPersistentArg = {
+    {"type", "boolean"},
+    {"description", "true: a living instance, one long-lived sandbox that commands and jobs join (background "
+                    "processes, /tmp and loopback servers stay). false: a fresh sandbox per command."}};
+
+// The jobs a stop or restart ended, for the result.
+const json kEndedJobsSchema = {
+    {"type", "array"},
+    {"items", output_object({{"job_id", of_type("string")}, {"command", of_type("string")}, {"status", of_type("string")}},
+                            {"job_id", "status"})}};
 
 std::optional<config::Network> arg_network(const json& args) {
   auto it = args.find("network");
@@ -43,11 +64,57 @@ std::optional<config::Network> arg_network(const json& args) {
   return config::parse_network(it->get<std::string>());
 }
 
-std::string describe_line(const store::Instance& inst) {
-  std::string line = fmt::format("{}  (network {}, last activity {})", inst.id, config::to_string(inst.network),
+std::optional<bool> arg_persistent(const json& args) {
+  auto it = args.find("persistent");
+  if (it == args.end() || !it->is_boolean()) return std::nullopt;
+  return it->get<bool>();
+}
+
+// `item`: the instance as agent_instance_json shows it, with its living state.
+std::string describe_line(const store::Instance& inst, const json& item) {
+  std::string line = fmt::format("{}  (network {}, {}, last activity {})", inst.id, config::to_string(inst.network),
+                                 inst.persistent ? "persistent: " + living_summary(item) : "not persistent",
                                  timeutil::iso_utc(inst.last_activity()).substr(0, 19) + "Z");
   if (!inst.meta.description().empty()) line += " — " + inst.meta.description();
   return line;
+}
+
+// " Ended 1 job(s) first: 1a2b3c4d5e6f (sleep 100, now cancelled)." or "", and the jobs as data.
+std::string ended_jobs_text(const lifecycle::Ended& ended, json& items) {
+  items = json::array();
+  std::string list;
+  for (const auto& r : ended.jobs) {
+    items.push_back({{"job_id", r.id}, {"command", r.command}, {"status", jobs::to_string(r.state)}});
+    list += fmt::format("{}{} ({}, now {})", list.empty() ? "" : ", ", r.id, text::truncate_utf8(r.command, 60),
+                        jobs::to_string(r.state));
+  }
+  std::string out = list.empty() ? "" : fmt::format(" Ended {} job(s) first: {}.", ended.jobs.size(), list);
+  for (const auto& problem : ended.problems) out += " Warning: job " + problem + ".";
+  return out;
+}
+
+// An idle_stop in words: "after 15 min without activity" / "never stops by itself".
+std::string idle_stop_words(const config::Config& cfg) {
+  const std::int64_t s = cfg.ns.idle_stop;
+  if (s <= 0) return "it never stops by itself";
+  return s % 60 == 0 ? fmt::format("it stops after {} min without activity", s / 60)
+                     : fmt::format("it stops after {} s without activity", s);
+}
+
+// The instance that stop_instance and restart_instance act on: an active, persistent one.
+store::Instance living_instance(const ToolContext& ctx, const json& args, std::string_view action) {
+  store::Instance inst = ctx.services.store.get(string_arg(args, "instance_id"));
+  if (!inst.persistent)
+    throw UsageError(fmt::format(
+        "instance '{}' is not persistent: each command runs in a fresh sandbox that ends with it, so there is "
+        "nothing running to {} (cancel_job ends a job; update_instance with persistent=true makes it a living "
+        "instance)",
+        inst.id, action));
+  return inst;
+}
+
+lifecycle::Lifecycle lifecycle_of(const ToolContext& ctx) {
+  return {ctx.services.config, ctx.services.store, ctx.services.backend, ctx.services.jobs};
 }
 
 void add_create(mcp::Server& server, const ToolContext& ctx) {
@@ -55,14 +122,19 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
       .name = "create_instance",
       .title = "Create a sandbox instance",
       .description =
-          "Create a new instance: a persistent Linux workspace whose commands run in a fresh, hardened "
-          "bubblewrap sandbox (no root, read-only system, private /tmp). Files in its workspace (/workspace, "
-          "also $HOME) and output folder (/output) persist between commands. Leave instance_id empty to get a "
-          "readable generated id such as 'calm-otter-3f2a'. Returns the new instance. Fails if the id is "
-          "taken or invalid.",
+          fmt::format(
+              "Create a new instance: a Linux workspace whose commands run in a hardened bubblewrap "
+              "sandbox (no root, read-only system, private /tmp). Files in its workspace (/workspace, also "
+              "$HOME) and output folder (/output) persist between commands. With persistent=true (default {}) "
+              "it is a living instance: one long-lived sandbox that every command and job joins, so background "
+              "processes, /tmp and loopback servers persist too; {}. Leave instance_id empty to get a "
+              "readable generated id such as 'calm-otter-3f2a'. Returns the new instance. Fails if the id is "
+              "taken or invalid.",
+              ctx.services.config.ns.persistent, idle_stop_words(ctx.services.config)),
       .input = input_object({{"instance_id", kInstanceIdArg},
                              {"description", {{"type", "string"}, {"description", "What the instance is for."}}},
-                             {"network", kNetworkArg}}),
+                             {"network", kNetworkArg},
+                             {"persistent", kPersistentArg}}),
       .output = kInstanceSchema,
       .hints = {.destructive = false, .idempotent = false},
       .handler =
@@ -70,13 +142,16 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
             store::CreateOptions options;
             options.description = string_arg(args, "description");
             options.network = arg_network(args);
+            options.persistent = arg_persistent(args);
             store::Instance inst = ctx.services.store.create(string_arg(args, "instance_id"), options, actor(rc));
             server.notify_resource_list_changed();
             return mcp::ToolResult::text(
-                fmt::format("Created instance '{}' (network {}). Its workspace is {} inside the sandbox and "
+                fmt::format("Created instance '{}' (network {}, {}). Its workspace is {} inside the sandbox and "
                             "persists between commands; results meant to be kept go to {}.",
-                            inst.id, config::to_string(inst.network), ctx.services.config.ns.workspace_mount,
-                            ctx.services.config.ns.output_mount),
+                            inst.id, config::to_string(inst.network),
+                            inst.persistent ? "persistent: its sandbox starts with the first command"
+                                            : "not persistent: a fresh sandbox per command",
+                            ctx.services.config.ns.workspace_mount, ctx.services.config.ns.output_mount),
                 agent_instance_json(ctx, inst));
           },
   });
@@ -87,8 +162,9 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
       .name = "list_instances",
       .title = "List instances",
       .description =
-          "List the active (not archived) instances, sorted by id, with their description, network mode and "
-          "last activity. Use it to find an instance to work in before creating a new one.",
+          "List the active (not archived) instances, sorted by id, with their description, network mode, "
+          "last activity, and whether each is persistent and then running. Use it to find an instance to work "
+          "in before creating a new one.",
       .input = input_object(json::object()),
       .output = output_object({{"instances", {{"type", "array"}, {"items", kInstanceSchema}}},
                                {"count", of_type("integer")}},
@@ -101,8 +177,10 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
             std::string text = listing.instances.empty() ? "No instances yet; create one with create_instance."
                                                          : fmt::format("{} instance(s):", listing.instances.size());
             for (const auto& inst : listing.instances) {
-              items.push_back(agent_instance_json(ctx, inst));
-              text += "\n- " + describe_line(inst);
+              json item = agent_instance_json(ctx, inst);
+              add_living_state(ctx, inst, item);  // persistent instances only: the others cost nothing
+              text += "\n- " + describe_line(inst, item);
+              items.push_back(std::move(item));
             }
             for (const auto& bad : listing.corrupt) text += fmt::format("\n(skipped '{}': {})", bad.id, bad.problem);
             return mcp::ToolResult::text(text, json{{"instances", items}, {"count", items.size()}});
@@ -159,7 +237,8 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
       .title = "Describe an instance",
       .description =
           "Show one instance: description, creation time, last activity, network mode, the sandbox paths of "
-          "its workspace and output folder, and their disk use.",
+          "its workspace and output folder, their disk use, and for a persistent instance whether its sandbox "
+          "runs (since when, processes, memory) or why it stopped.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
       .output = std::move(output),
       .hints = {.read_only = true},
@@ -170,14 +249,16 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
             const store::Store::DiskUse use = ctx.services.store.disk_use(inst);
             out["disk_usage"] = {
                 {"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes}, {"files", use.files}};
+            add_living_state(ctx, inst, out);
             std::string text = fmt::format(
-                "Instance '{}'\nDescription: {}\nCreated: {}\nLast activity: {}\nNetwork: {}\nWorkspace: {} "
-                "({:.1f} MiB)\nOutput: {} ({:.1f} MiB)\nFiles: {}",
+                "Instance '{}'\nDescription: {}\nCreated: {}\nLast activity: {}\nNetwork: {}\nPersistent: {}\n"
+                "Workspace: {} ({:.1f} MiB)\nOutput: {} ({:.1f} MiB)\nFiles: {}",
                 inst.id, inst.meta.description().empty() ? "(none)" : inst.meta.description(),
                 out["created_at"].get<std::string>(), out["last_activity"].get<std::string>(),
-                config::to_string(inst.network), out["workspace"].get<std::string>(),
-                use.workspace_bytes / 1048576.0, out["output"].get<std::string>(), use.output_bytes / 1048576.0,
-                use.files);
+                config::to_string(inst.network),
+                inst.persistent ? "yes, " + living_summary(out) : "no (a fresh sandbox per command)",
+                out["workspace"].get<std::string>(), use.workspace_bytes / 1048576.0,
+                out["output"].get<std::string>(), use.output_bytes / 1048576.0, use.files);
             return mcp::ToolResult::text(text, out);
           },
   });
@@ -188,11 +269,13 @@ void add_update(mcp::Server& server, const ToolContext& ctx) {
       .name = "update_instance",
       .title = "Update an instance",
       .description =
-          "Change an instance's description and/or network mode ('host' or 'off'; applies to the next "
-          "command). Returns the updated instance. Give at least one of description and network.",
+          "Change an instance's description, network mode ('host' or 'off'; applies to the next command, "
+          "in a running persistent instance after restart_instance) and/or persistent (making a running "
+          "instance non-persistent is refused: stop_instance first). Returns the updated instance.",
       .input = input_object({{"instance_id", kInstanceIdArg},
                              {"description", {{"type", "string"}, {"description", "New description."}}},
-                             {"network", kNetworkArg}},
+                             {"network", kNetworkArg},
+                             {"persistent", kPersistentArg}},
                             {"instance_id"}),
       .output = kInstanceSchema,
       .hints = {.destructive = false, .idempotent = true},
@@ -201,13 +284,100 @@ void add_update(mcp::Server& server, const ToolContext& ctx) {
             store::UpdateOptions options;
             if (args.contains("description")) options.description = string_arg(args, "description");
             options.network = arg_network(args);
-            if (!options.description && !options.network)
-              throw UsageError("nothing to update: give description and/or network");
-            store::Instance inst = ctx.services.store.update(string_arg(args, "instance_id"), options, actor(rc));
+            options.persistent = arg_persistent(args);
+            if (!options.description && !options.network && !options.persistent)
+              throw UsageError("nothing to update: give description, network and/or persistent");
+            const std::string id = string_arg(args, "instance_id");
+            if (options.persistent == false) {
+              // A living sandbox left running would be out of reach of every command after this.
+              store::Instance current = ctx.services.store.get(id);
+              if (current.persistent &&
+                  ctx.services.backend.living_status(ctx.services.store.sandbox_target(current)).running)
+                throw UsageError(fmt::format("instance '{}' is running; stop it first with stop_instance, then "
+                                             "set persistent=false", id));
+            }
+            store::Instance inst = ctx.services.store.update(id, options, actor(rc));
             server.notify_resource_updated(instance_uri(inst.id));
-            return mcp::ToolResult::text(fmt::format("Updated instance '{}': description \"{}\", network {}.",
-                                                     inst.id, inst.meta.description(), config::to_string(inst.network)),
-                                         agent_instance_json(ctx, inst));
+            return mcp::ToolResult::text(
+                fmt::format("Updated instance '{}': description \"{}\", network {}, {}.", inst.id,
+                            inst.meta.description(), config::to_string(inst.network),
+                            inst.persistent ? "persistent" : "not persistent"),
+                agent_instance_json(ctx, inst));
+          },
+  });
+}
+
+void add_stop(mcp::Server& server, const ToolContext& ctx) {
+  add_tool(server, {
+      .name = "stop_instance",
+      .title = "Stop a persistent instance",
+      .description =
+          "Stop a persistent instance's sandbox: its running jobs are cancelled first (named in the result), "
+          "then every process gets SIGTERM and, after a grace period, SIGKILL. Files are kept; the next "
+          "command starts it again. Only for persistent instances.",
+      .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
+      .output = output_object({{"instance_id", of_type("string")},
+                               {"was_running", of_type("boolean")},
+                               {"jobs_ended", kEndedJobsSchema},
+                               {"state", of_type("string")},
+                               {"last_end", of_type("string")}},
+                              {"instance_id", "was_running", "jobs_ended", "state"}),
+      .hints = {.destructive = true, .idempotent = true},
+      .handler =
+          [ctx, &server](const json& args, mcp::RequestContext& rc) {
+            store::Instance inst = living_instance(ctx, args, "stop");
+            lifecycle::Ended ended = lifecycle_of(ctx).stop(inst, actor(rc));
+            server.notify_resource_updated(instance_uri(inst.id));
+            json out = lifecycle::state_json(ended.status);
+            out["instance_id"] = inst.id;
+            out["was_running"] = ended.was_running;
+            json ended_items;
+            const std::string jobs_text = ended_jobs_text(ended, ended_items);
+            out["jobs_ended"] = std::move(ended_items);
+            return mcp::ToolResult::text(
+                fmt::format("{}{} Its files are kept; the next command starts it again.",
+                            ended.was_running ? fmt::format("Stopped instance '{}': every process ended.", inst.id)
+                                              : fmt::format("Instance '{}' was not running.", inst.id),
+                            jobs_text),
+                out);
+          },
+  });
+}
+
+void add_restart(mcp::Server& server, const ToolContext& ctx) {
+  add_tool(server, {
+      .name = "restart_instance",
+      .title = "Restart a persistent instance",
+      .description =
+          "Restart a persistent instance's sandbox: its running jobs are cancelled first (named in the "
+          "result), every process ends (SIGTERM, then SIGKILL), and a fresh sandbox starts with empty /tmp and "
+          "the instance's current network setting. Files are kept. Only for persistent instances.",
+      .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
+      .output = output_object({{"instance_id", of_type("string")},
+                               {"was_running", of_type("boolean")},
+                               {"jobs_ended", kEndedJobsSchema},
+                               {"state", of_type("string")},
+                               {"running_since", of_type("string")},
+                               {"processes", of_type("integer")},
+                               {"memory_bytes", of_type("integer")}},
+                              {"instance_id", "was_running", "jobs_ended", "state"}),
+      .hints = {.destructive = true, .idempotent = false},
+      .handler =
+          [ctx, &server](const json& args, mcp::RequestContext& rc) {
+            store::Instance inst = living_instance(ctx, args, "restart");
+            lifecycle::Ended ended = lifecycle_of(ctx).restart(inst, actor(rc));
+            server.notify_resource_updated(instance_uri(inst.id));
+            json out = lifecycle::state_json(ended.status);
+            out["instance_id"] = inst.id;
+            out["was_running"] = ended.was_running;
+            json ended_items;
+            const std::string jobs_text = ended_jobs_text(ended, ended_items);
+            out["jobs_ended"] = std::move(ended_items);
+            return mcp::ToolResult::text(
+                fmt::format("Restarted instance '{}'{}: a fresh sandbox is {}.{} Its files are kept.", inst.id,
+                            ended.was_running ? " (every process ended)" : " (it was not running)",
+                            living_summary(out), jobs_text),
+                out);
           },
   });
 }
@@ -219,7 +389,7 @@ void add_archive(mcp::Server& server, const ToolContext& ctx) {
       .description =
           "Archive an instance: it disappears from list_instances and accepts no more commands; its files "
           "stay on the host under the returned archive name, and the id can be used again. Refused while jobs "
-          "run in it.",
+          "run in it; a persistent instance's sandbox is stopped first.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
       .output = output_object({{"instance_id", of_type("string")},
                                {"archive_name", of_type("string")},
@@ -246,7 +416,8 @@ void add_delete(mcp::Server& server, const ToolContext& ctx) {
       .description =
           "Permanently delete an instance (instance_id) or an archived instance (archive_name, as listed by "
           "list_archived_instances), with its workspace and output. This cannot be undone; prefer "
-          "archive_instance when the files may be needed later. Refused while jobs run.",
+          "archive_instance when the files may be needed later. Refused while jobs run; a persistent instance's "
+          "sandbox is stopped first.",
       .input = input_object(
           {{"instance_id", kInstanceIdArg},
            {"archive_name", {{"type", "string"}, {"description", "Name of an archived instance (<id>__<timestamp>)."}}}}),
@@ -280,6 +451,8 @@ void add_instance_tools(mcp::Server& server, const ToolContext& ctx) {
   add_list_archived(server, ctx);
   add_describe(server, ctx);
   add_update(server, ctx);
+  add_stop(server, ctx);
+  add_restart(server, ctx);
   add_archive(server, ctx);
   add_delete(server, ctx);
 }

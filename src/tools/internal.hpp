@@ -67,6 +67,14 @@ std::string actor(const mcp::RequestContext& rc);
 mcp::json agent_instance_json(const ToolContext& ctx, const store::Instance& inst);
 std::string instance_uri(const std::string& id);  // resource://ns-hpc/instances/<id>
 
+// A persistent instance's living state (lifecycle::state_json), added to `out`; "unknown" with
+// state_error when the backend cannot tell (one instance never fails a listing). Returns the
+// status when there is one; nullopt for an instance that is not persistent (nothing is asked).
+std::optional<sandbox::LivingStatus> add_living_state(const ToolContext& ctx, const store::Instance& inst,
+                                                      mcp::json& out);
+// "running since 2026-06-12 10:31:02Z, 3 processes, 12.5 MiB" / "stopped (last: idle for 900 s)"
+std::string living_summary(const mcp::json& state);
+
 // The instance a call names, or [mcp] default_instance; UsageError when there is neither.
 std::string instance_arg(const ToolContext& ctx, const mcp::json& args);
 

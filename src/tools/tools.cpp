@@ -7,6 +7,7 @@
 #include "base/error.hpp"
 #include "base/log.hpp"
 #include "base/time.hpp"
+#include "lifecycle/lifecycle.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -60,9 +61,41 @@ mcp::json agent_instance_json(const ToolContext& ctx, const store::Instance& ins
           {"created_at", inst.meta.created_at()},
           {"last_activity", timeutil::iso_utc(inst.last_activity())},
           {"network", config::to_string(inst.network)},
+          {"persistent", inst.persistent},
           {"hostname", inst.meta.hostname()},
           {"workspace", ctx.services.config.ns.workspace_mount},
           {"output", ctx.services.config.ns.output_mount}};
+}
+
+std::optional<sandbox::LivingStatus> add_living_state(const ToolContext& ctx, const store::Instance& inst,
+                                                      mcp::json& out) {
+  if (!inst.persistent) return std::nullopt;
+  try {
+    sandbox::LivingStatus status = ctx.services.backend.living_status(ctx.services.store.sandbox_target(inst));
+    out.update(lifecycle::state_json(status));
+    return status;
+  } catch (const std::exception& e) {
+    log::warn("instance '{}': living state unknown: {}", inst.id, e.what());
+    out["state"] = "unknown";
+    out["state_error"] = e.what();
+    return std::nullopt;
+  }
+}
+
+std::string living_summary(const mcp::json& state) {
+  const std::string name = state.value("state", "");
+  if (name == "running") {
+    std::string text = "running";
+    if (state.contains("running_since"))
+      text += " since " + state["running_since"].get<std::string>().substr(0, 19) + "Z";
+    return text + fmt::format(", {} process(es), {:.1f} MiB", state.value("processes", std::size_t{0}),
+                              state.value("memory_bytes", std::uint64_t{0}) / 1048576.0);
+  }
+  if (name == "stopped") {
+    const std::string last = state.value("last_end", "");
+    return last.empty() ? "stopped" : "stopped (last: " + last + ")";
+  }
+  return "state unknown: " + state.value("state_error", "");
 }
 
 std::string instance_uri(const std::string& id) { return "resource://ns-hpc/instances/" + id; }
@@ -81,8 +114,9 @@ mcp::ServerInfo server_info() {
   info.version = NSHPC_VERSION;
   info.instructions =
       "ns-hpc manages persistent Linux sandbox 'instances' for you. Each instance has a workspace "
-      "(/workspace, also $HOME) and an output folder (/output) that persist; every command runs in a "
-      "fresh hardened sandbox (no root, read-only system folders, private /tmp, network 'host' or 'off'). "
+      "(/workspace, also $HOME) and an output folder (/output) that persist; commands run in a hardened "
+      "sandbox (no root, read-only system folders, private /tmp, network 'host' or 'off'): a fresh one per "
+      "command, or in a persistent instance one long-lived sandbox that keeps background processes. "
       "Start with list_instances, or create_instance for a new one. Guides are available as resources "
       "under resource://ns-hpc/context/ (start with ns-hpc.md); each instance is also a resource, "
       "resource://ns-hpc/instances/{id}.";

@@ -374,3 +374,33 @@ TEST(Cli, ModeRulesNameTheOptionAndWhatToDo) {
   Result jobs = env.run({"instance", "jobs", "x", "--status", "completed", "--json"});
   EXPECT_EQ(jobs.exit_code, 0) << jobs.err;
 }
+
+// The living-instance commands on what needs no living sandbox: the flag, the STATE column, and
+// the refusal for an instance that is not persistent (a running one is tested with the backend).
+TEST(Cli, PersistentFlagStateColumnAndRefusals) {
+  Env env;
+  Result created = env.run({"instance", "create", "eph", "--json"});
+  ASSERT_EQ(created.exit_code, 0) << created.err;
+  EXPECT_EQ(json::parse(created.out)["persistent"], false);
+  Result living = env.run({"instance", "create", "liv", "--persistent", "--json"});
+  ASSERT_EQ(living.exit_code, 0) << living.err;
+  EXPECT_EQ(json::parse(living.out)["persistent"], true);
+
+  Result list = env.run({"instance", "list"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_NE(list.out.find("STATE"), std::string::npos) << list.out;
+
+  for (const char* verb : {"start", "stop", "restart", "ps"}) {
+    Result refused = env.run({"instance", verb, "eph"});
+    EXPECT_EQ(refused.exit_code, 1) << verb;
+    EXPECT_NE(refused.err.find("is not persistent"), std::string::npos) << refused.err;
+    Result missing = env.run({"instance", verb, "ghost"});
+    EXPECT_EQ(missing.exit_code, 1) << verb;
+    EXPECT_NE(missing.err.find("'ghost' not found; 'ns-hpc instance list'"), std::string::npos) << missing.err;
+  }
+
+  Result updated = env.run({"instance", "update", "eph", "--persistent", "--json"});
+  ASSERT_EQ(updated.exit_code, 0) << updated.err;
+  EXPECT_EQ(json::parse(updated.out)["persistent"], true);
+  EXPECT_EQ(env.run({"instance", "update", "eph"}).exit_code, 1);  // nothing to update
+}

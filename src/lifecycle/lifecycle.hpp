@@ -1,0 +1,60 @@
+// A living instance's sandbox together with its jobs: start, stop and restart, each in one fixed
+// order for the MCP tools and the CLI alike, and its state as data. Nothing here knows MCP or the
+// command line: the callers say it for their audience (and refuse instances that are not
+// persistent, which have no sandbox to stop).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.hpp"
+#include "jobs/jobs.hpp"
+#include "sandbox/sandbox.hpp"
+#include "store/store.hpp"
+
+namespace nshpc::lifecycle {
+
+// What a stop or restart did.
+struct Ended {
+  bool was_running = false;          // the living sandbox was running before
+  std::vector<jobs::Record> jobs;    // the local jobs ended first, as each ended (newest first)
+  std::vector<std::string> problems; // jobs that could not be cancelled cleanly: "<job>: why"
+  sandbox::LivingStatus status;      // afterwards
+};
+
+class Lifecycle {
+ public:
+  // `jobs` may be null (a process without a job engine): then no jobs are ended first.
+  Lifecycle(const config::Config& config, store::Store& store, sandbox::Backend& backend, jobs::Engine* jobs)
+      : config_(config), store_(store), backend_(backend), jobs_(jobs) {}
+
+  // Starts the instance's living sandbox unless it runs. Audited as instance.started when it
+  // was not running.
+  sandbox::LivingStatus start(const store::Instance& inst, std::string_view actor);
+  // Ends the instance's pending and running local jobs through the job engine (each gets its
+  // final state, cancelled), then every process of its living sandbox: SIGTERM, then after
+  // [jobs] cancel_grace SIGKILL. Files stay. Audited as instance.stopped.
+  Ended stop(const store::Instance& inst, std::string_view actor);
+  // stop, then start again. Audited as instance.restarted.
+  Ended restart(const store::Instance& inst, std::string_view actor);
+
+  std::chrono::milliseconds grace() const;
+
+ private:
+  Ended end_all(const store::Instance& inst, std::string_view why, std::string_view actor);
+
+  const config::Config& config_;
+  store::Store& store_;
+  sandbox::Backend& backend_;
+  jobs::Engine* jobs_;
+};
+
+// The living state as data (for --json and structuredContent): state ("running" or "stopped"),
+// and running_since (ISO 8601 UTC), processes and memory_bytes when running, or last_end and
+// ended_at when it stopped before.
+nlohmann::json state_json(const sandbox::LivingStatus& status);
+
+}  // namespace nshpc::lifecycle

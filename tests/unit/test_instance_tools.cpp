@@ -1,0 +1,283 @@
+// The instance tools over a fake sandbox backend (no kernel, no living sandbox): what they ask
+// the backend, in which order, and what they publish. The living sandbox itself is tested with
+// the bwrap backend elsewhere.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "base/error.hpp"
+#include "common/temp_dir.hpp"
+#include "mcp/server.hpp"
+#include "store/store.hpp"
+#include "tools/tools.hpp"
+
+namespace {
+
+namespace sandbox = nshpc::sandbox;
+namespace store = nshpc::store;
+namespace tools = nshpc::tools;
+namespace mcp = nshpc::mcp;
+using nlohmann::json;
+
+// Answers the living_* calls from a table and records them; runs nothing.
+class FakeBackend final : public sandbox::Backend {
+ public:
+  std::map<std::string, sandbox::LivingStatus> status;  // by instance id; absent: never ran
+  std::vector<std::string> calls;                        // "status a", "stop a restarted 7000", ...
+  bool status_fails = false;
+
+  std::string_view name() const override { return "fake"; }
+  std::unique_ptr<sandbox::Process> start(const sandbox::RunSpec&) override { throw nshpc::Error("fake: no runs"); }
+  sandbox::LivingStatus living_status(const sandbox::Target& t) override {
+    record("status " + t.instance_id);
+    EXPECT_TRUE(t.persistent) << "living_status asked for a target that is not persistent: " << t.instance_id;
+    if (status_fails) throw nshpc::Error("fake: cannot tell");
+    return status[t.instance_id];
+  }
+  sandbox::LivingStatus start_living(const sandbox::Target& t) override {
+    record("start " + t.instance_id);
+    auto& s = status[t.instance_id];
+    s = {};
+    s.running = true;
+    s.since = std::chrono::system_clock::now();
+    s.processes = 1;
+    s.memory_bytes = 1 << 20;
+    return s;
+  }
+  bool stop_living(const sandbox::Target& t, std::string_view why, std::chrono::milliseconds grace) override {
+    record(fmt::format("stop {} {} {}", t.instance_id, why, grace.count()));
+    auto& s = status[t.instance_id];
+    const bool was = s.running;
+    s = {};
+    if (was) {
+      s.last_end = std::string(why);
+      s.ended_at = std::chrono::system_clock::now();
+    }
+    return was;
+  }
+  std::vector<sandbox::LivingProcess> living_processes(const sandbox::Target& t) override {
+    record("ps " + t.instance_id);
+    return {};
+  }
+  std::vector<std::string> describe(const sandbox::RunSpec&) const override { return {}; }
+
+ private:
+  void record(std::string call) {
+    std::lock_guard lock(mu_);
+    calls.push_back(std::move(call));
+  }
+  std::mutex mu_;
+};
+
+class InstanceToolsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_.ns.instances_dir = tmp_.path() / "instances";
+    config_.ns.sandbox_uid = static_cast<uint32_t>(::getuid());
+    config_.ns.sandbox_gid = static_cast<uint32_t>(::getgid());
+    config_.ns.idle_stop = 900;
+    config_.jobs.cancel_grace = 7;
+    store_ = std::make_unique<store::Store>(config_, guard_);
+    const tools::Services services{config_, *store_, backend_, nullptr};
+    server_ = std::make_unique<mcp::Server>(tools::server_info(), tools::server_options(config_, services));
+    tools::register_all(*server_, services);
+    session_ = std::make_unique<mcp::Session>(
+        *server_, "s1", [this](const json& m) { replies_.push_back(m); },
+        [](std::function<void()> work) { work(); });
+    rpc("initialize", {{"protocolVersion", "2025-11-25"},
+                       {"capabilities", json::object()},
+                       {"clientInfo", {{"name", "unit"}, {"version", "1"}}}});
+    session_->receive(json{{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}.dump());
+  }
+  void TearDown() override { session_.reset(); }
+
+  json rpc(const std::string& method, json params) {
+    const int id = next_id_++;
+    session_->receive(json{{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", std::move(params)}}.dump());
+    for (const auto& m : replies_)
+      if (m.contains("id") && m["id"] == id) return m;
+    ADD_FAILURE() << "no reply to " << method;
+    return json();
+  }
+  // The tool's result (isError, content, structuredContent).
+  json call(const std::string& tool, json args = json::object()) {
+    return rpc("tools/call", {{"name", tool}, {"arguments", std::move(args)}})["result"];
+  }
+  static std::string text(const json& result) { return result["content"][0]["text"].get<std::string>(); }
+  void create(const std::string& id, bool persistent) {
+    store::CreateOptions options;
+    options.persistent = persistent;
+    store_->create(id, options, "test");
+  }
+  std::vector<std::string> audit_events(const std::string& id) {
+    std::vector<std::string> events;
+    std::ifstream in(config_.ns.instances_dir / id / "audit.log");
+    for (std::string line; std::getline(in, line);) events.push_back(json::parse(line)["event"]);
+    return events;
+  }
+
+  nshpc::tests::TempDir tmp_;
+  nshpc::config::Config config_;
+  store::RecordedJobsGuard guard_;
+  FakeBackend backend_;
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<mcp::Server> server_;
+  std::unique_ptr<mcp::Session> session_;
+  std::vector<json> replies_;
+  int next_id_ = 1;
+};
+
+TEST_F(InstanceToolsTest, ToolsListHasStopAndRestartAndPersistentArguments) {
+  const json list = rpc("tools/list", json::object())["result"]["tools"];
+  std::map<std::string, json> by_name;
+  for (const auto& t : list) by_name[t["name"]] = t;
+  ASSERT_TRUE(by_name.count("stop_instance"));
+  ASSERT_TRUE(by_name.count("restart_instance"));
+  EXPECT_EQ(by_name["stop_instance"]["inputSchema"]["required"], json::array({"instance_id"}));
+  EXPECT_EQ(by_name["create_instance"]["inputSchema"]["properties"]["persistent"]["type"], "boolean");
+  EXPECT_EQ(by_name["update_instance"]["inputSchema"]["properties"]["persistent"]["type"], "boolean");
+  EXPECT_TRUE(by_name["describe_instance"]["outputSchema"]["properties"].contains("state"));
+  EXPECT_NE(by_name["create_instance"]["description"].get<std::string>().find("15 min"), std::string::npos);
+}
+
+TEST_F(InstanceToolsTest, CreateAndUpdateTakePersistent) {
+  json created = call("create_instance", {{"instance_id", "liv"}, {"persistent", true}});
+  ASSERT_FALSE(created.value("isError", false)) << created;
+  EXPECT_EQ(created["structuredContent"]["persistent"], true);
+  EXPECT_TRUE(store_->get("liv").persistent);
+  json plain = call("create_instance", {{"instance_id", "eph"}});
+  EXPECT_EQ(plain["structuredContent"]["persistent"], false);
+
+  json updated = call("update_instance", {{"instance_id", "eph"}, {"persistent", true}});
+  ASSERT_FALSE(updated.value("isError", false)) << updated;
+  EXPECT_EQ(updated["structuredContent"]["persistent"], true);
+  EXPECT_TRUE(store_->get("eph").persistent);
+}
+
+TEST_F(InstanceToolsTest, MakingARunningInstanceNonPersistentIsRefused) {
+  create("liv", true);
+  backend_.status["liv"].running = true;
+  json refused = call("update_instance", {{"instance_id", "liv"}, {"persistent", false}});
+  EXPECT_TRUE(refused.value("isError", false));
+  EXPECT_NE(text(refused).find("stop_instance"), std::string::npos) << text(refused);
+  EXPECT_TRUE(store_->get("liv").persistent);
+
+  backend_.status["liv"].running = false;
+  json done = call("update_instance", {{"instance_id", "liv"}, {"persistent", false}});
+  EXPECT_FALSE(done.value("isError", false)) << done;
+  EXPECT_FALSE(store_->get("liv").persistent);
+}
+
+TEST_F(InstanceToolsTest, ListAsksTheBackendOnlyAboutPersistentInstances) {
+  create("eph", false);
+  create("liv", true);
+  create("off", true);
+  auto& s = backend_.status["liv"];
+  s.running = true;
+  s.since = std::chrono::system_clock::now();
+  s.processes = 3;
+  s.memory_bytes = 5 << 20;
+  backend_.status["off"].last_end = "idle for 900 s";
+
+  json listed = call("list_instances");
+  ASSERT_FALSE(listed.value("isError", false)) << listed;
+  EXPECT_EQ(backend_.calls, (std::vector<std::string>{"status liv", "status off"}));
+  const json& items = listed["structuredContent"]["instances"];
+  ASSERT_EQ(items.size(), 3u);
+  EXPECT_EQ(items[0]["persistent"], false);
+  EXPECT_FALSE(items[0].contains("state"));
+  EXPECT_EQ(items[1]["state"], "running");
+  EXPECT_EQ(items[1]["processes"], 3);
+  EXPECT_EQ(items[1]["memory_bytes"], 5 << 20);
+  EXPECT_TRUE(items[1].contains("running_since"));
+  EXPECT_EQ(items[2]["state"], "stopped");
+  EXPECT_EQ(items[2]["last_end"], "idle for 900 s");
+  EXPECT_NE(text(listed).find("running since"), std::string::npos) << text(listed);
+  EXPECT_NE(text(listed).find("stopped (last: idle for 900 s)"), std::string::npos) << text(listed);
+}
+
+TEST_F(InstanceToolsTest, AnUnknownStateNeverFailsTheListing) {
+  create("liv", true);
+  backend_.status_fails = true;
+  json listed = call("list_instances");
+  ASSERT_FALSE(listed.value("isError", false)) << listed;
+  EXPECT_EQ(listed["structuredContent"]["instances"][0]["state"], "unknown");
+  EXPECT_EQ(listed["structuredContent"]["instances"][0]["state_error"], "fake: cannot tell");
+}
+
+TEST_F(InstanceToolsTest, DescribeShowsTheLivingState) {
+  create("liv", true);
+  backend_.status["liv"].running = true;
+  backend_.status["liv"].processes = 2;
+  json described = call("describe_instance", {{"instance_id", "liv"}});
+  ASSERT_FALSE(described.value("isError", false)) << described;
+  EXPECT_EQ(described["structuredContent"]["state"], "running");
+  EXPECT_NE(text(described).find("Persistent: yes, running"), std::string::npos) << text(described);
+}
+
+TEST_F(InstanceToolsTest, StopEndsTheLivingSandboxWithTheCancelGrace) {
+  create("liv", true);
+  backend_.status["liv"].running = true;
+  json stopped = call("stop_instance", {{"instance_id", "liv"}});
+  ASSERT_FALSE(stopped.value("isError", false)) << stopped;
+  EXPECT_EQ(backend_.calls, (std::vector<std::string>{"stop liv stopped 7000", "status liv"}));
+  EXPECT_EQ(stopped["structuredContent"]["was_running"], true);
+  EXPECT_EQ(stopped["structuredContent"]["state"], "stopped");
+  EXPECT_EQ(stopped["structuredContent"]["jobs_ended"], json::array());
+  EXPECT_NE(text(stopped).find("Stopped instance 'liv'"), std::string::npos) << text(stopped);
+  const auto events = audit_events("liv");
+  EXPECT_NE(std::find(events.begin(), events.end(), "instance.stopped"), events.end());
+
+  json again = call("stop_instance", {{"instance_id", "liv"}});
+  EXPECT_FALSE(again.value("isError", false));
+  EXPECT_EQ(again["structuredContent"]["was_running"], false);
+  EXPECT_NE(text(again).find("was not running"), std::string::npos) << text(again);
+}
+
+TEST_F(InstanceToolsTest, RestartStopsThenStartsAFreshSandbox) {
+  create("liv", true);
+  backend_.status["liv"].running = true;
+  json restarted = call("restart_instance", {{"instance_id", "liv"}});
+  ASSERT_FALSE(restarted.value("isError", false)) << restarted;
+  EXPECT_EQ(backend_.calls, (std::vector<std::string>{"stop liv restarted 7000", "start liv"}));
+  EXPECT_EQ(restarted["structuredContent"]["state"], "running");
+  EXPECT_EQ(restarted["structuredContent"]["was_running"], true);
+  const auto events = audit_events("liv");
+  EXPECT_NE(std::find(events.begin(), events.end(), "instance.restarted"), events.end());
+}
+
+TEST_F(InstanceToolsTest, StopAndRestartRefuseWhatIsNotLiving) {
+  create("eph", false);
+  for (const char* tool : {"stop_instance", "restart_instance"}) {
+    json refused = call(tool, {{"instance_id", "eph"}});
+    EXPECT_TRUE(refused.value("isError", false)) << tool;
+    EXPECT_NE(text(refused).find("not persistent"), std::string::npos) << text(refused);
+    json missing = call(tool, {{"instance_id", "ghost"}});
+    EXPECT_TRUE(missing.value("isError", false)) << tool;
+    EXPECT_NE(text(missing).find("'ghost' not found; list_instances"), std::string::npos) << text(missing);
+  }
+  EXPECT_TRUE(backend_.calls.empty());
+}
+
+TEST_F(InstanceToolsTest, ArchiveAndDeleteStopALivingInstanceFirst) {
+  std::vector<std::string> stops;
+  store_->set_living_stop([&](const sandbox::Target& t, std::string_view why) {
+    EXPECT_TRUE(std::filesystem::exists(t.workspace)) << "stopped after its files moved";
+    stops.push_back(t.instance_id + " " + std::string(why));
+  });
+  create("liv", true);
+  create("gone", true);
+  create("eph", false);
+  EXPECT_FALSE(call("archive_instance", {{"instance_id", "liv"}}).value("isError", false));
+  EXPECT_FALSE(call("delete_instance", {{"instance_id", "gone"}}).value("isError", false));
+  EXPECT_FALSE(call("archive_instance", {{"instance_id", "eph"}}).value("isError", false));
+  EXPECT_EQ(stops, (std::vector<std::string>{"liv archived", "gone deleted"}));
+}
+
+}  // namespace
