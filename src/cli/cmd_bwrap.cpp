@@ -66,6 +66,7 @@ void add_bwrap_command(CLI::App& app, Invocation& inv) {
     std::string id;
     std::vector<std::string> command;
     std::optional<std::string> stdout_file, stderr_file;
+    bool fresh = false;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand(
@@ -80,9 +81,13 @@ void add_bwrap_command(CLI::App& app, Invocation& inv) {
                   "Append the command's stdout to this file of the workspace (a path relative to it; never "
                   "through a link)");
   cmd->add_option("--stderr", a->stderr_file, "The same for stderr");
+  cmd->add_flag("--fresh", a->fresh,
+                "Run in a fresh sandbox even when the instance is persistent (a Slurm batch job on a compute node "
+                "never joins a living instance)");
   cmd->callback([&inv, a] {
     const std::vector<std::string>& command = command_to_run(inv, a->command, "ns-hpc bwrap ID -- CMD [ARGS...]");
     store::Instance inst = inv.store().get(a->id);
+    if (a->fresh) inst.persistent = false;
     if (a->stdout_file) redirect_to_workspace_file(inv, inst, *a->stdout_file, STDOUT_FILENO);
     if (a->stderr_file) redirect_to_workspace_file(inv, inst, *a->stderr_file, STDERR_FILENO);
     inv.exit_code = run_in_sandbox(inv, inst, command, "sandbox.exec");

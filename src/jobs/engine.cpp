@@ -835,6 +835,8 @@ std::vector<std::string> Engine::batch_command(const store::Instance& inst, cons
     }
   }
   cmd.push_back("bwrap");
+  // A batch job always runs in a fresh sandbox on its node, never in a living instance's.
+  cmd.push_back("--fresh");
   // The job's output files are opened by ns-hpc on the node beneath the workspace (never by a
   // path Slurm follows); Slurm's own --output/--error get only its own messages.
   cmd.insert(cmd.end(), {"--stdout", output_relative(job_id, "out"), "--stderr", output_relative(job_id, "err")});
