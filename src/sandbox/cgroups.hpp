@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -57,6 +58,10 @@ class Cgroup {
   // create(), so that whoever finishes a job whose submitter died mid-create removes them.
   static std::vector<std::filesystem::path> candidate_paths(const std::string& name,
                                                             const std::filesystem::path& mount_root = "/sys/fs/cgroup");
+  // Removes the empty groups "<folder>/<prefix>*" (groups kept for processes that outlived their
+  // command, once those have ended); returns how many went. Populated ones stay.
+  static std::size_t remove_empty(const std::string& folder, std::string_view prefix,
+                                  const std::filesystem::path& mount_root = "/sys/fs/cgroup");
 
   ~Cgroup();  // removes the (empty) groups; never kills
   Cgroup(const Cgroup&) = delete;

@@ -40,6 +40,9 @@ constexpr int kTimeoutExitCode = 124;
 constexpr int kOutputLimitExitCode = 1;
 constexpr std::chrono::milliseconds kPollSlice{50};        // cancellation is noticed within this
 constexpr std::chrono::milliseconds kDrainGrace{500};      // pipes still open after bwrap exited
+// In a living instance the pipes stay open while background processes hold them: what the
+// command wrote is there when it exits; a moment more catches their first lines.
+constexpr std::chrono::milliseconds kLivingDrainGrace{100};
 constexpr std::chrono::seconds kProgressInterval{1};
 
 // ---------------------------------------------------------------------------------------------
@@ -157,6 +160,7 @@ class Run {
     set_nonblocking(err.read.get());
     spec.stdio.out = out.write.get();
     spec.stdio.err = err.write.get();
+    spec.output_readers = {out.read.get(), err.read.get()};
 
     SigpipeBlock no_sigpipe;
     auto process = ctx_.services.backend.start(spec);
@@ -176,11 +180,19 @@ class Run {
     outcome_.status = process->wait();
     if (limits.cgroup) {
       outcome_.oom_killed = limits.cgroup->oom_killed();
-      try {
-        limits.cgroup->kill(2000);  // anything the command left behind
-        limits.cgroup->remove();
-      } catch (const std::exception&) {
-        // removed later by the cgroup's destructor, or left empty for the administrator
+      if (inst_.persistent) {
+        // In a living instance what the command started in the background keeps running, still
+        // bounded by the command's limits: its group stays until it is empty, and goes with a
+        // later command's sweep (or the instance's stop).
+        limits.cgroup->keep();
+        sandbox::Cgroup::remove_empty(inst_.id, "term-");
+      } else {
+        try {
+          limits.cgroup->kill(2000);  // anything the command left behind
+          limits.cgroup->remove();
+        } catch (const std::exception&) {
+          // removed later by the cgroup's destructor, or left empty for the administrator
+        }
       }
     }
     if (outcome_.ending == Ending::timed_out || outcome_.ending == Ending::finished) drain();
@@ -198,7 +210,7 @@ class Run {
       if (exited_at) {
         // bwrap is gone (and with it the sandbox's pid namespace); read what the pipes still hold.
         if (!out_fd_ && !err_fd_) return;
-        if (now - *exited_at >= kDrainGrace) return;
+        if (now - *exited_at >= (inst_.persistent ? kLivingDrainGrace : kDrainGrace)) return;
       } else {
         if (rc_.cancelled()) return stop(process, Ending::cancelled);
         if (now >= deadline) return stop(process, Ending::timed_out);

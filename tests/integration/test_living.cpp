@@ -84,3 +84,26 @@ TEST_F(Living, JobsRunInsideTheLivingSandbox) {
   EXPECT_EQ(job["status"], "completed") << job.dump();
   EXPECT_NE(job.dump().find("from-a-command"), std::string::npos) << job.dump();
 }
+
+// Through terminal_execute (with its per-command limits, a cgroup as root): a server started in
+// the background, its output not redirected, keeps running and answering after the call that
+// started it returned, and that call returns at once.
+TEST_F(Living, TerminalExecuteBackgroundServerKeepsAnswering) {
+  McpSession server(env_);
+  nlohmann::json start = server.tool(
+      "terminal_execute",
+      {{"instance_id", "alpha"},
+       {"command",
+        "cd /tmp && echo page > index.txt && python3 -m http.server 18081 --bind 127.0.0.1 & "
+        "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 18081))' "
+        "2>/dev/null && break; sleep 0.05; done; echo up"}});
+  EXPECT_EQ(start["exit_code"], 0) << start.dump();
+  EXPECT_LT(start["exec_duration_ms"].get<int>(), 5000) << start.dump();
+  for (int i = 0; i < 3; ++i) {
+    nlohmann::json get = server.tool(
+        "terminal_execute",
+        {{"instance_id", "alpha"},
+         {"args", {"python3", "-c", "import urllib.request as u; print(u.urlopen('http://127.0.0.1:18081/index.txt').read().decode(), end='')"}}});
+    EXPECT_EQ(get["stdout"], "page\n") << get.dump();
+  }
+}
