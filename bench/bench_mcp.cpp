@@ -208,10 +208,15 @@ int main(int argc, char** argv) {
       "--die-with-parent", "--share-net", "--bind-fd", "11", "/workspace", "--bind-fd", "12", "/output",
       "--seccomp", "10", "--chdir", "/workspace", "--", "true"};
 
+  // A living instance: every command joins its one long-lived sandbox.
+  server.tool("create_instance", {{"instance_id", "living"}, {"persistent", true}});
+  std::vector<double> living_ms, living_nocg_ms, first_ms;
+
   std::vector<double> floor_ms, terminal_ms, terminal_nocg_ms, submit_ms, submit_poll_ms;
   for (int i = 0; i < 10; ++i) {
     bare_bwrap_ms(bare, bpf_fd, ws, out, as_root);
     server.tool("terminal_execute", {{"instance_id", "bench"}, {"args", {"true"}}});
+    server.tool("terminal_execute", {{"instance_id", "living"}, {"args", {"true"}}});
   }
   for (int i = 0; i < runs; ++i) {
     floor_ms.push_back(bare_bwrap_ms(bare, bpf_fd, ws, out, as_root));
@@ -221,7 +226,21 @@ int main(int argc, char** argv) {
     t = Clock::now();
     nocg.tool("terminal_execute", {{"instance_id", "bench"}, {"args", {"true"}}});
     terminal_nocg_ms.push_back(ms_since(t));
+    t = Clock::now();
+    server.tool("terminal_execute", {{"instance_id", "living"}, {"args", {"true"}}});
+    living_ms.push_back(ms_since(t));
+    t = Clock::now();
+    nocg.tool("terminal_execute", {{"instance_id", "living"}, {"args", {"true"}}});
+    living_nocg_ms.push_back(ms_since(t));
   }
+  // The first command of a stopped living instance (its sandbox started on the way).
+  for (int i = 0; i < std::max(5, runs / 10); ++i) {
+    server.tool("stop_instance", {{"instance_id", "living"}});
+    auto t = Clock::now();
+    server.tool("terminal_execute", {{"instance_id", "living"}, {"args", {"true"}}});
+    first_ms.push_back(ms_since(t));
+  }
+  server.tool("stop_instance", {{"instance_id", "living"}});
   for (int i = 0; i < runs / 2; ++i) {
     auto t = Clock::now();
     server.tool("submit_job", {{"instance_id", "bench"}, {"command", "true"}, {"timeout", 30}});
@@ -248,6 +267,24 @@ int main(int argc, char** argv) {
   const double jobs_per_s = total / (ms_since(t) / 1000.0);
   const long rss = rss_kb(server.pid());
 
+  // Server memory with 100 living instances running, then with the same 100 stopped.
+  const fs::path config_many = root / "config-many.toml";
+  std::ofstream(config_many) << "[namespace]\ninstances_dir = \"" << (root / "many").string() << "\"\npersistent = true\n";
+  long rss_running = 0, rss_stopped = 0;
+  {
+    Server many(binary, config_many);
+    for (int i = 0; i < 100; ++i) {
+      const std::string id = "l" + std::to_string(i);
+      many.tool("create_instance", {{"instance_id", id}});
+      many.tool("terminal_execute", {{"instance_id", id}, {"args", {"true"}}});
+    }
+    many.tool("list_instances", json::object());
+    rss_running = rss_kb(many.pid());
+    for (int i = 0; i < 100; ++i) many.tool("stop_instance", {{"instance_id", "l" + std::to_string(i)}});
+    many.tool("list_instances", json::object());
+    rss_stopped = rss_kb(many.pid());
+  }
+
   Stats f = summarize(floor_ms), te = summarize(terminal_ms), tn = summarize(terminal_nocg_ms), sj = summarize(submit_ms), sp = summarize(submit_poll_ms);
   std::printf("\nns-hpc bench: MCP over stdio, %d runs (interleaved with the floor), %s\n\n", runs,
               as_root ? "as root (sandboxes as uid 65534)" : "as an unprivileged user");
@@ -255,12 +292,21 @@ int main(int argc, char** argv) {
   std::printf("  %-52s %10.2f %10.2f\n", "bare hardened bwrap ... true (floor)", f.median, f.p99);
   std::printf("  %-52s %10.2f %10.2f\n", "terminal_execute true (round trip)", te.median, te.p99);
   std::printf("  %-52s %10.2f %10.2f\n", "terminal_execute true, no cgroups (use_cgroups=false)", tn.median, tn.p99);
+  Stats lv = summarize(living_ms), ln = summarize(living_nocg_ms), fc = summarize(first_ms);
+  std::printf("  %-52s %10.2f %10.2f\n", "terminal_execute true, running living instance", lv.median, lv.p99);
+  std::printf("  %-52s %10.2f %10.2f\n", "  the same, no cgroups (use_cgroups=false)", ln.median, ln.p99);
+  std::printf("  %-52s %10.2f %10.2f\n", "first command of a stopped living instance", fc.median, fc.p99);
   std::printf("  %-52s %10.2f %10.2f\n", "submit_job true, waiting for it", sj.median, sj.p99);
   std::printf("  %-52s %10.2f %10.2f\n", "submit_job true + poll_job", sp.median, sp.p99);
   std::printf("\n  terminal_execute / floor: median %.2fx, p99 %.2fx   (target: <= 1.3x)\n", te.median / f.median,
               te.p99 / f.p99);
   std::printf("  without its cgroup:       median %.2fx, p99 %.2fx\n", tn.median / f.median, tn.p99 / f.p99);
+  std::printf("  living instance / floor:  median %.2fx, p99 %.2fx   (target: <= 0.5x)\n", lv.median / f.median,
+              lv.p99 / f.p99);
+  std::printf("  living, without cgroups:  median %.2fx, p99 %.2fx\n", ln.median / f.median, ln.p99 / f.p99);
   std::printf("  jobs per second (8 in flight, 2 cores): %.0f\n", jobs_per_s);
+  std::printf("  server RSS with 100 living instances running: %.1f MB, with them stopped: %.1f MB\n",
+              rss_running / 1024.0, rss_stopped / 1024.0);
   std::printf("  server RSS after 1,000 finished jobs: %.1f MB   (target: <= 15 MB)\n\n", rss / 1024.0);
   std::system(("rm -rf '" + root.string() + "'").c_str());
   return 0;

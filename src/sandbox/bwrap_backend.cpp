@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <mutex>
 
 #include <nlohmann/json.hpp>
@@ -23,6 +25,7 @@
 #include "base/log.hpp"
 #include "base/text.hpp"
 #include "sandbox/bwrap_argv.hpp"
+#include "sandbox/cgroups.hpp"
 #include "sandbox/join.hpp"
 #include "sandbox/keeper.hpp"
 #include "sandbox/members.hpp"
@@ -430,6 +433,8 @@ class BwrapBackend final : public Backend {
     }
     signal_pidfd(found.init.get(), SIGKILL);  // its death takes every process of the sandbox
     wait_pidfd(found.init.get(), std::chrono::seconds(5));
+    // The groups commands kept for what they left running are empty now.
+    eventually_remove_groups(target.instance_id);
     return true;
   }
 
@@ -555,19 +560,19 @@ class BwrapBackend final : public Backend {
   // A command (or, behind a keeper, a job) in the living sandbox.
   std::unique_ptr<Process> join_living(const RunSpec& spec) {
     check_command(spec.argv, spec.cwd);
-    Living found = ensure_living(spec.target);
+    std::shared_ptr<const Joinable> sandbox = joinable(spec.target);
     UniqueFd busy = open_busy(spec.target);
     ::flock(busy.get(), LOCK_SH);
     ::futimens(busy.get(), nullptr);
     if (!spec.die_with_caller || spec.limits.wall_time) {
       RunSpec job = spec;
       job.target.persistent = false;
-      job.join_init = *found.status.child_pid();
-      job.join_pid_ns = *found.status.pid_namespace();
+      job.join_init = sandbox->init;
+      job.join_pid_ns = sandbox->pid_ns;
       job.busy_file = busy.get();
       return start_fresh(job);
     }
-    SandboxNamespaces namespaces = open_sandbox_namespaces(*found.status.child_pid(), *found.status.pid_namespace());
+    const SandboxNamespaces& namespaces = sandbox->namespaces;
     UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
     if (!null_fd) throw SysError(errno, "open", "/dev/null");
     auto or_null = [&](int fd) { return fd >= 0 ? fd : null_fd.get(); };
@@ -591,8 +596,57 @@ class BwrapBackend final : public Backend {
     setup.discard_after_release = spec.output_readers;
     if (log::enabled(log::Level::debug))
       log::debug("sandbox {}: joining the living sandbox (init pid {}) with {}", spec.target.instance_id,
-                 *found.status.child_pid(), text::shell_join(spec.argv));
+                 sandbox->init, text::shell_join(spec.argv));
     return std::make_unique<JoinedProcess>(join_sandbox(setup), std::move(busy));
+  }
+
+  static void eventually_remove_groups(const std::string& instance_id) {
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      try {
+        Cgroup::remove_empty(instance_id, "term-");
+        if (Cgroup::candidate_paths(instance_id + "/x").empty()) return;
+        bool left = false;
+        for (const auto& path : Cgroup::candidate_paths(instance_id + "/x")) {
+          std::error_code ec;
+          for (const auto& e : stdfs::directory_iterator(path.parent_path(), ec))
+            left = left || e.path().filename().string().starts_with("term-");
+        }
+        if (!left) return;
+      } catch (const std::exception&) {
+        return;
+      }
+      ::usleep(20000);
+    }
+  }
+
+  // A running living sandbox, ready to join: its namespaces opened once and kept while its
+  // init lives (checked through its pidfd at every use).
+  struct Joinable {
+    pid_t init = 0;
+    std::uint64_t pid_ns = 0;
+    UniqueFd init_pidfd;
+    SandboxNamespaces namespaces;
+  };
+
+  std::shared_ptr<const Joinable> joinable(const Target& target) {
+    const std::string key = target.state_dir.string();
+    {
+      std::lock_guard lock(mutex_);
+      auto it = joinable_.find(key);
+      if (it != joinable_.end()) {
+        if (!wait_pidfd(it->second->init_pidfd.get(), std::chrono::milliseconds(0))) return it->second;
+        joinable_.erase(it);
+      }
+    }
+    Living found = ensure_living(target);
+    auto entry = std::make_shared<Joinable>();
+    entry->init = *found.status.child_pid();
+    entry->pid_ns = *found.status.pid_namespace();
+    entry->namespaces = open_sandbox_namespaces(entry->init, entry->pid_ns);
+    entry->init_pidfd = std::move(found.init);
+    std::lock_guard lock(mutex_);
+    joinable_[key] = entry;
+    return entry;
   }
 
   // A keeper that outlives this handle (a living sandbox's): reaped here later, or by whoever
@@ -782,6 +836,7 @@ class BwrapBackend final : public Backend {
   mutable std::string self_path_;
   std::string seccomp_bpf_;
   std::vector<UniqueFd> detached_;  // pidfds of living sandboxes' keepers started here
+  std::map<std::string, std::shared_ptr<const Joinable>> joinable_;  // by state folder
 };
 
 }  // namespace

@@ -496,7 +496,8 @@ Joined join_sandbox(const JoinSetup& setup) {
   p.setup = &setup;
   p.argv = c_strings(setup.argv);
   p.envp = c_strings(setup.envp);
-  std::tie(p.args, p.args_len) = own_arg_area();
+  static const std::pair<char*, std::size_t> arg_area = own_arg_area();  // fixed for the process's life
+  std::tie(p.args, p.args_len) = arg_area;
   p.path = "/usr/local/bin:/usr/bin:/bin";
   for (const auto& var : setup.envp)
     if (var.rfind("PATH=", 0) == 0) p.path = var.substr(5);

@@ -180,10 +180,10 @@ class Run {
     outcome_.status = process->wait();
     if (limits.cgroup) {
       outcome_.oom_killed = limits.cgroup->oom_killed();
-      if (inst_.persistent) {
+      if (inst_.persistent && !limits.cgroup->empty()) {
         // In a living instance what the command started in the background keeps running, still
-        // bounded by the command's limits: its group stays until it is empty, and goes with a
-        // later command's sweep (or the instance's stop).
+        // bounded by the command's limits: its group stays until it is empty, and goes with the
+        // next such command's sweep or the instance's stop.
         limits.cgroup->keep();
         sandbox::Cgroup::remove_empty(inst_.id, "term-");
       } else {
