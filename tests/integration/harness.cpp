@@ -170,11 +170,18 @@ int wait_child(pid_t pid, std::chrono::seconds timeout) {
 
 std::vector<pid_t> processes_with(const std::string& marker) {
   std::vector<pid_t> pids;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
     const std::string name = entry.path().filename();
     if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
-    std::ifstream in(entry.path() / "cmdline");
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // A process that ends while it is read gives ESRCH, which libstdc++ throws from underflow.
+    std::string cmdline;
+    try {
+      std::ifstream in(entry.path() / "cmdline");
+      cmdline.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    } catch (const std::exception&) {
+      continue;
+    }
     if (cmdline.find(marker) != std::string::npos) pids.push_back(std::stoi(name));
   }
   return pids;
