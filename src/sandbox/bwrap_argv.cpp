@@ -137,6 +137,7 @@ std::vector<std::string> build_bwrap_argv(const config::Namespace& ns, const Run
     if (base.has_proc) argv.insert(argv.end(), {"--ro-bind", "/proc/sys", "/proc/sys"});
   }
   if (spec.die_with_caller) argv.push_back("--die-with-parent");
+  if (spec.living_main) argv.push_back("--as-pid-1");
 
   if (spec.target.network == config::Network::off)
     argv.push_back("--unshare-net");

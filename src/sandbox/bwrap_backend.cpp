@@ -23,6 +23,7 @@
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
+#include "base/random.hpp"
 #include "base/text.hpp"
 #include "sandbox/bwrap_argv.hpp"
 #include "sandbox/cgroups.hpp"
@@ -271,7 +272,14 @@ class BwrapProcess final : public Process {
 // it runs, so the sandbox is not stopped for idleness under it.
 class JoinedProcess final : public Process {
  public:
-  JoinedProcess(Joined joined, UniqueFd busy) : joined_(std::move(joined)), busy_(std::move(busy)) {}
+  // `group`: flat (root), the command's cgroup, through which its tree is killed; `own_group`
+  // when the backend made it for this command (kept while what the command left runs).
+  JoinedProcess(Joined joined, UniqueFd busy, Cgroup* group, std::unique_ptr<Cgroup> own_group, std::string instance_id)
+      : joined_(std::move(joined)),
+        busy_(std::move(busy)),
+        group_(group),
+        own_group_(std::move(own_group)),
+        instance_id_(std::move(instance_id)) {}
   ~JoinedProcess() override {
     try {
       if (!waited_) {
@@ -282,6 +290,19 @@ class JoinedProcess final : public Process {
     }
     joined_.release.reset();  // the command init now discards what background processes write
     ::futimens(busy_.get(), nullptr);
+    if (own_group_) {
+      try {
+        // The command init ends at once unless background processes still write to the pipes.
+        wait_pidfd(joined_.pidfd.get(), std::chrono::milliseconds(50));
+        if (own_group_->empty()) {
+          own_group_->remove();
+        } else {
+          own_group_->keep();
+          Cgroup::remove_empty(instance_id_, "cmd-");
+        }
+      } catch (const std::exception&) {
+      }
+    }
   }
 
   pid_t pid() const override { return joined_.pid; }
@@ -306,7 +327,10 @@ class JoinedProcess final : public Process {
 
   void kill() override {
     try {
-      signal_pidfd(joined_.pidfd.get(), SIGKILL);  // the command init: its whole pid namespace goes
+      if (group_)
+        group_->kill(2000);  // the command's cgroup: every process it started
+      else
+        signal_pidfd(joined_.pidfd.get(), SIGKILL);  // the command init: its whole pid namespace goes
     } catch (const std::exception&) {
     }
   }
@@ -320,6 +344,9 @@ class JoinedProcess final : public Process {
  private:
   Joined joined_;
   UniqueFd busy_;
+  Cgroup* group_ = nullptr;
+  std::unique_ptr<Cgroup> own_group_;
+  std::string instance_id_;
   bool waited_ = false;
   ExitStatus result_;
 };
@@ -410,11 +437,11 @@ class BwrapBackend final : public Backend {
     write_end(target, why);
     const std::uint64_t pid_ns = *found.status.pid_namespace();
     const pid_t init = *found.status.child_pid();
-    // Everything but the init and the main command gets SIGTERM and the grace to end.
+    // Everything but the sandbox's main process gets SIGTERM and the grace to end.
     auto others = [&] {
       std::vector<TreeMember> out;
       for (const TreeMember& m : tree_members(pid_ns))
-        if (m.pid != init && !(m.pid_ns == pid_ns && m.ppid == init)) out.push_back(m);
+        if (!living_main_process(m, init)) out.push_back(m);
       return out;
     };
     for (const TreeMember& m : others()) {
@@ -427,8 +454,7 @@ class BwrapBackend final : public Backend {
     const auto until = std::chrono::steady_clock::now() + grace;
     while (std::chrono::steady_clock::now() < until) {
       bool any = false;
-      for (const TreeMember& m : others()) any = any || m.pid_ns != pid_ns || m.ppid != 0;
-      if (!any) break;
+      if (others().empty()) break;
       ::usleep(20000);
     }
     signal_pidfd(found.init.get(), SIGKILL);  // its death takes every process of the sandbox
@@ -515,8 +541,10 @@ class BwrapBackend final : public Backend {
     RunSpec spec;
     spec.target = target;
     spec.target.persistent = false;
-    // The sandbox's main command only waits: everything else joins it.
-    spec.argv = {"sleep", "infinity"};
+    // The sandbox's main process only waits and reaps, as pid 1 (nothing inside can kill it):
+    // everything else joins it.
+    spec.argv = {"/bin/bash", "-c", kLivingMain};
+    spec.living_main = true;
     spec.die_with_caller = false;
     spec.status_file = status.get();
     spec.busy_file = busy.get();
@@ -540,7 +568,7 @@ class BwrapBackend final : public Backend {
     return found;
   }
 
-  // The init has started the main command ("sleep infinity"): its setup is done.
+  // The main process runs its loop (its sleep has started): the sandbox's setup is done.
   static bool runs_main_command(pid_t init) {
     std::ifstream children(fmt::format("/proc/{}/task/{}/children", init, init));
     pid_t child = 0;
@@ -594,22 +622,57 @@ class BwrapBackend final : public Backend {
     if (ns_.hardening && ns_.seccomp) setup.seccomp_bpf = seccomp_bpf();
     setup.controlling_tty = spec.terminal;
     setup.discard_after_release = spec.output_readers;
+    // As root, the command's cgroup kills its tree, and it runs in the sandbox's own pid
+    // namespace: a later command's ps and kill reach what it left running. Elsewhere (a normal
+    // user without delegated cgroups) a pid namespace of its own does.
+    Cgroup* group = spec.cgroup;
+    std::unique_ptr<Cgroup> own_group;
+    UniqueFd kill_file;
+    if (drop_to_) {
+      if (!group) {
+        try {
+          std::vector<std::string> unenforced;
+          own_group = Cgroup::create(spec.target.instance_id + "/cmd-" + random::hex(6), {}, unenforced);
+          if (own_group && own_group->paths().empty()) own_group.reset();
+          if (own_group)
+            for (int fd : own_group->procs_fds()) setup.join_cgroups.push_back(fd);
+          group = own_group.get();
+        } catch (const std::exception& e) {
+          log::debug("sandbox {}: no cgroup for the command ({}); it gets a pid namespace of its own",
+                     spec.target.instance_id, e.what());
+        }
+      }
+      if (group) kill_file.reset(group->open_kill_file_fd());
+      if (!kill_file) {
+        group = nullptr;
+        if (own_group) {
+          setup.join_cgroups.clear();
+          own_group.reset();
+        }
+      }
+    }
+    setup.flat = static_cast<bool>(kill_file);
+    setup.kill_file = kill_file.get();
     if (log::enabled(log::Level::debug))
       log::debug("sandbox {}: joining the living sandbox (init pid {}) with {}", spec.target.instance_id,
                  sandbox->init, text::shell_join(spec.argv));
-    return std::make_unique<JoinedProcess>(join_sandbox(setup), std::move(busy));
+    Joined joined = join_sandbox(setup);
+    return std::make_unique<JoinedProcess>(std::move(joined), std::move(busy), group, std::move(own_group),
+                                           spec.target.instance_id);
   }
 
   static void eventually_remove_groups(const std::string& instance_id) {
     for (int attempt = 0; attempt < 50; ++attempt) {
       try {
         Cgroup::remove_empty(instance_id, "term-");
+        Cgroup::remove_empty(instance_id, "cmd-");
         if (Cgroup::candidate_paths(instance_id + "/x").empty()) return;
         bool left = false;
         for (const auto& path : Cgroup::candidate_paths(instance_id + "/x")) {
           std::error_code ec;
           for (const auto& e : stdfs::directory_iterator(path.parent_path(), ec))
-            left = left || e.path().filename().string().starts_with("term-");
+            left = left || e.path().filename().string().starts_with("term-") ||
+                   e.path().filename().string().starts_with("cmd-");
         }
         if (!left) return;
       } catch (const std::exception&) {

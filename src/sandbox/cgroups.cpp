@@ -646,6 +646,14 @@ std::vector<pid_t> Cgroup::members() const {
   return all;
 }
 
+int Cgroup::open_kill_file_fd() const {
+  for (const auto& p : paths_) {
+    const int fd = ::open((p / "cgroup.kill").c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) return fd;
+  }
+  return -1;
+}
+
 bool Cgroup::empty() const {
   for (const auto& p : paths_) {
     if (auto events = read_cgroup_file(p / "cgroup.events")) {  // v2: covers the subtree

@@ -71,6 +71,9 @@ class Cgroup {
   // Open O_WRONLY|O_CLOEXEC descriptors of every cgroup.procs, for RunSpec::join_cgroups.
   // Opened on the first call and owned by this object until remove() or destruction.
   std::vector<int> procs_fds();
+  // A descriptor of the group's cgroup.kill (v2) for writing "1", or invalid when no hierarchy
+  // of it has one.
+  int open_kill_file_fd() const;
   // Host pids of every member.
   std::vector<pid_t> members() const;
   bool empty() const;

@@ -49,6 +49,7 @@ constexpr int kNamespaces = 67;  // 8 namespace descriptors: outer user, user, m
 constexpr int kNamespaceCount = 8;
 constexpr int kDiscard = kNamespaces + kNamespaceCount;  // read ends to discard after release
 constexpr int kMaxDiscard = 4;
+constexpr int kKillFile = kDiscard + kMaxDiscard;  // flat: the command's cgroup.kill
 constexpr int kStage = 100;  // staging area while descriptors are moved into place
 
 enum class Step : int { dumpable, cgroup, dup, close, rlimit, setgroups, setgid, setuid, setns_outer_user,
@@ -256,6 +257,12 @@ void drop_capabilities(const Prepared& p) {
     std::memcpy(p.args, kTitle, sizeof kTitle);
   }
   ::prctl(PR_SET_NAME, "ns-hpc-init", 0, 0, 0);
+  if (p.setup->flat) {
+    // Not a pid namespace's init: no capabilities, no new privileges, like the spawner.
+    drop_capabilities(p);
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
+    if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
+  }
   if (p.seccomp.len > 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p.seccomp) < 0) fail(p, Step::seccomp);
   sigset_t chld;
   ::sigemptyset(&chld);
@@ -296,16 +303,17 @@ void drop_capabilities(const Prepared& p) {
     }
     for (;;) {
       int status = 0;
-      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      // Flat: only the command is ours (what it leaves is the sandbox init's to reap).
+      const pid_t pid = ::waitpid(p.setup->flat ? command : -1, &status, WNOHANG);
       if (pid == command && !reported) {
         reported = true;
         ssize_t ignored = ::write(kStatus, &status, sizeof status);
         (void)ignored;
         ::close(kStatus);
       }
-      if (pid > 0) continue;
+      if (pid > 0 && !p.setup->flat) continue;
       if (pid < 0 && errno == EINTR) continue;
-      if (pid < 0) ::_exit(0);  // ECHILD: nothing of the tree is left
+      if (pid < 0 && !p.setup->flat) ::_exit(0);  // ECHILD: nothing of the tree is left
       break;
     }
     if (!released && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {
@@ -314,33 +322,35 @@ void drop_capabilities(const Prepared& p) {
         released = true;
         ::close(kRelease);
         // The caller went away before the command ended: that is a cancel.
-        if (!reported) ::kill(-1, SIGKILL);
+        if (!reported) {
+          if (p.setup->flat) {
+            ssize_t ignored = ::write(kKillFile, "1", 1);
+            (void)ignored;
+          } else {
+            ::kill(-1, SIGKILL);
+          }
+        }
       }
     }
+    bool discarding = false;
     for (int i = 0; i < p.discard_count; ++i) {
-      if (index[i] < 0 || !fds[index[i]].revents) continue;
-      char buf[4096];
-      const ssize_t got = ::read(kDiscard + i, buf, sizeof buf);
-      if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
-        ::close(kDiscard + i);
-        discard_open[i] = false;
+      if (index[i] >= 0 && fds[index[i]].revents) {
+        char buf[4096];
+        const ssize_t got = ::read(kDiscard + i, buf, sizeof buf);
+        if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
+          ::close(kDiscard + i);
+          discard_open[i] = false;
+        }
       }
+      discarding = discarding || discard_open[i];
     }
+    // Flat: done once the command has ended, the caller is done and nobody writes the pipes.
+    if (p.setup->flat && reported && released && !discarding) ::_exit(0);
   }
 }
 
-// In the sandbox's pid namespace (not yet in it as a process: its children are): a pid
-// namespace for the command, no capabilities, no new privileges, then the command init.
-[[noreturn]] void spawner_main(const Prepared& p) {
-  if (::unshare(CLONE_NEWPID) < 0) fail(p, Step::unshare_pid);
-  drop_capabilities(p);
-  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
-  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
-  int pidfd = -1;
-  const pid_t init = raw_fork(&pidfd);
-  if (init < 0) fail(p, Step::fork);
-  if (init == 0) command_init(p);
-
+// Sends the command init's pidfd to the caller (over kSocket); kills the init when it cannot.
+void send_pidfd(const Prepared& p, int pidfd, pid_t init) {
   char byte = 0;
   iovec iov{&byte, 1};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
@@ -358,6 +368,25 @@ void drop_capabilities(const Prepared& p) {
     ::kill(init, SIGKILL);
     fail(p, Step::send);
   }
+}
+
+// In the sandbox's pid namespace (not yet in it as a process: its children are): a pid
+// namespace for the command, no capabilities, no new privileges, then the command init.
+// Flat: no pid namespace; the command init drops the privileges itself. Either way the spawner
+// exits at once, so the command init's parent becomes the sandbox's init, which reaps it.
+[[noreturn]] void spawner_main(const Prepared& p) {
+  if (!p.setup->flat) {
+    if (::unshare(CLONE_NEWPID) < 0) fail(p, Step::unshare_pid);
+    drop_capabilities(p);
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
+    if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
+  }
+  int pidfd = -1;
+  const pid_t init = raw_fork(&pidfd);
+  if (init < 0) fail(p, Step::fork);
+  if (init == 0) command_init(p);
+
+  send_pidfd(p, pidfd, init);
   ::_exit(0);
 }
 
@@ -531,6 +560,10 @@ Joined join_sandbox(const JoinSetup& setup) {
   for (std::size_t i = 0; i < setup.discard_after_release.size(); ++i)
     p.moves.emplace_back(setup.discard_after_release[i], kDiscard + static_cast<int>(i));
   p.discard_count = static_cast<int>(setup.discard_after_release.size());
+  if (setup.flat) {
+    if (setup.kill_file < 0) throw Error("join_sandbox: a flat join needs the command's cgroup.kill");
+    p.moves.emplace_back(setup.kill_file, kKillFile);
+  }
   p.staged.assign(p.moves.size(), -1);
   for (const auto& [from, to] : p.moves) p.keep.push_back(to);
   std::sort(p.keep.begin(), p.keep.end());
@@ -572,7 +605,8 @@ Joined join_sandbox(const JoinSetup& setup) {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/ns/pid", static_cast<int>(joined.pid));
   struct stat st;
-  if (joined.pid > 0 && ::stat(path, &st) == 0) joined.pid_ns = st.st_ino;
+  // Flat: the command has no pid namespace of its own (its init's is the whole sandbox's).
+  if (!setup.flat && joined.pid > 0 && ::stat(path, &st) == 0) joined.pid_ns = st.st_ino;
   joined.status = std::move(status.read);
   joined.release = std::move(release.write);
   return joined;

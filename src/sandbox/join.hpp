@@ -8,6 +8,8 @@
 //                         then joins the sandbox's outer user namespace (bwrap's, which owns its
 //                         other namespaces), its mount, pid, net, ipc, uts and cgroup namespaces,
 //                         and last the sandbox's own (inner) user namespace.
+//   (flat: the joiner starts the command init itself; there is no command pid namespace, and the
+//   command's cgroup is the tree: see JoinSetup::flat)
 //   spawner  (in the sandbox's pid namespace) makes a new pid namespace for this command, drops
 //                         every capability (bounding, ambient, permitted), sets no-new-privileges
 //                         and starts:
@@ -63,6 +65,12 @@ struct JoinSetup {
   // released the command (Joined::release), the command init reads and discards what
   // background processes still write there, so they never get EPIPE or block on a full pipe.
   std::vector<int> discard_after_release;
+  // Flat: no pid namespace of the command's own; the command runs in the sandbox's pid
+  // namespace (so `ps` and `kill` in a later command see it) and its tree is killed through its
+  // cgroup, whose cgroup.kill is `kill_file` (the command init writes it when the caller goes
+  // away before the command has ended). Only where this process can make such a group (root).
+  bool flat = false;
+  int kill_file = -1;
 };
 
 // A command started in a sandbox. Destroying it releases the command (see release()).

@@ -338,9 +338,8 @@ class Keeper {
     signal_members(*pid_ns_, SIGTERM);
   }
 
-  // A living instance unused for idle_stop: SIGTERM to every process but the sandbox's init and
-  // main command (whose end would end the sandbox at once); the caller SIGKILLs the init after
-  // the grace.
+  // A living instance unused for idle_stop: SIGTERM to every process but the sandbox's main
+  // process; the caller SIGKILLs it (and with it everything) after the grace.
   void stop_for_idleness() {
     append(fmt::format("{{\"{}\": {}}}\n", kIdleKey, epoch_ms()));
     learn_sandbox();
@@ -348,7 +347,7 @@ class Keeper {
     StatusStream status = read_status();
     const pid_t init = status.child_pid().value_or(0);
     for (const TreeMember& m : tree_members(*pid_ns_)) {
-      if (m.pid == init || (m.pid_ns == *pid_ns_ && m.ppid == init)) continue;
+      if (living_main_process(m, init)) continue;
       UniqueFd fd = open_member(m.pid, m.pid_ns);
       if (fd) ::syscall(SYS_pidfd_send_signal, fd.get(), SIGTERM, nullptr, 0);
     }

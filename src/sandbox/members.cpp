@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 
@@ -74,6 +75,19 @@ pid_t parent_of(pid_t pid) {
   int ppid = 0;
   if (std::sscanf(paren + 1, " %c %d", &state, &ppid) != 2) return 0;
   return static_cast<pid_t>(ppid);
+}
+
+bool living_main_process(const TreeMember& member, pid_t init) {
+  if (member.pid == init) return true;
+  if (member.ppid != init) return false;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/cmdline", static_cast<int>(member.pid));
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path, "re"), std::fclose);
+  if (!f) return false;
+  char buf[32] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f.get());
+  static constexpr char kIdler[] = "sleep\0" "86400";
+  return n == sizeof kIdler && std::memcmp(buf, kIdler, sizeof kIdler) == 0;
 }
 
 std::vector<TreeMember> tree_members(std::uint64_t pid_ns) {

@@ -34,4 +34,11 @@ struct TreeMember {
 };
 std::vector<TreeMember> tree_members(std::uint64_t pid_ns);
 
+// A living sandbox's own main process is pid 1 of its namespace (bwrap --as-pid-1): a bash that
+// ignores every signal sent from inside and reaps what is left to it, waiting in kLivingIdler.
+inline constexpr const char* kLivingMain =
+    "trap '' TERM INT HUP QUIT USR1 USR2; while :; do sleep 86400; done";
+// True for that main process and the sleep it waits in: what a stop must not wait for.
+bool living_main_process(const TreeMember& member, pid_t init);
+
 }  // namespace nshpc::sandbox

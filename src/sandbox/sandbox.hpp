@@ -22,6 +22,8 @@ namespace nshpc::sandbox {
 
 namespace stdfs = std::filesystem;
 
+class Cgroup;
+
 // The host folders of one instance that a sandbox binds, and its network mode.
 struct Target {
   std::string instance_id;
@@ -84,10 +86,14 @@ struct RunSpec {
   // the command, its background processes' further output there is read and discarded (they
   // neither block on a full pipe nor die of SIGPIPE).
   std::vector<int> output_readers;
+  // The cgroup the command joins (join_cgroups are its cgroup.procs), when the caller made one:
+  // in a living instance, as root, the command's tree is killed through it.
+  Cgroup* cgroup = nullptr;
 
   // Set by the backend itself (a living instance's keeper, a job joining one).
   int busy_file = -1;                   // borrowed: the living instance's busy file
   std::chrono::seconds idle_stop{0};    // the keeper stops the sandbox after this without use
+  bool living_main = false;             // the living sandbox's main process: pid 1 (--as-pid-1)
   pid_t join_init = 0;                  // the keeper joins the living sandbox of this init...
   std::uint64_t join_pid_ns = 0;        // ...in this pid namespace
 };

@@ -146,7 +146,10 @@ class Run {
     sandbox::AppliedLimits limits = sandbox::apply_limits(cfg.terminal.limits, inst_.id + "/term-" + jobs::new_job_id(),
                                                           cfg.jobs.local.use_cgroups);
     spec.limits = limits.rlimits;
-    if (limits.cgroup) spec.join_cgroups = limits.cgroup->procs_fds();
+    if (limits.cgroup) {
+      spec.join_cgroups = limits.cgroup->procs_fds();
+      spec.cgroup = limits.cgroup.get();
+    }
 
     Pipe in;
     if (!req_.stdin_text.empty()) {

@@ -107,3 +107,34 @@ TEST_F(Living, TerminalExecuteBackgroundServerKeepsAnswering) {
     EXPECT_EQ(get["stdout"], "page\n") << get.dump();
   }
 }
+
+// Nothing inside can end the living sandbox: its main process is pid 1 (signals from inside do
+// not reach it) and what it waits in is restarted; a background process of an earlier command
+// lives on through the attempt.
+TEST_F(Living, CommandsCannotKillTheSandboxItself) {
+  ASSERT_EQ(in_alpha("sleep 6161.5 >/dev/null 2>&1 & echo ok").exit_code, 0);
+  Result attack = in_alpha("kill -KILL 1; kill -TERM 1; pkill -KILL -x sleep; pkill -x bash; sleep 0.3; echo done");
+  EXPECT_NE(attack.out.find("done"), std::string::npos) << attack.err;
+  Result after = in_alpha("echo alive");
+  EXPECT_EQ(after.out, "alive\n") << after.err;
+  // pkill -KILL -x sleep also ended the earlier background sleep: that one was the agent's own.
+  EXPECT_TRUE(processes_with("6161.5").empty());
+  const std::string record = read_text(env_.instances() / "alpha/status/sandbox.status");
+  EXPECT_EQ(record.find("ns-hpc-ended"), std::string::npos) << "the sandbox ended: " << record;
+}
+
+// As root every command runs in the sandbox's own pid namespace (its tree is killed through its
+// cgroup): a later command sees an earlier one's background process in ps and can stop it.
+TEST_F(Living, AsRootALaterCommandCanPsAndKillAnEarlierOnesBackgroundProcess) {
+  if (::geteuid() != 0)
+    GTEST_SKIP() << "as a normal user without delegated cgroups each command has a pid namespace of its own "
+                    "(described in terminal_execute); the escape checks run as this user";
+  ASSERT_EQ(in_alpha("sleep 5151.5 >/dev/null 2>&1 & echo ok").exit_code, 0);
+  for (int i = 0; i < 5; ++i) {  // ps must work every time, whatever pid the command gets
+    Result ps = in_alpha("ps -eo pid,args | grep -c '[s]leep 5151.5'");
+    EXPECT_EQ(ps.out, "1\n") << ps.err;
+  }
+  Result kill = in_alpha("pkill -f '^sleep 5151.5' && echo killed");
+  EXPECT_EQ(kill.out, "killed\n") << kill.err;
+  EXPECT_TRUE(eventually([] { return processes_with("5151.5").empty(); }, std::chrono::seconds(5)));
+}
