@@ -423,6 +423,15 @@ class BwrapBackend final : public Backend {
     return st;
   }
 
+  bool commands_share_pids() const override {
+    if (!drop_to_) return false;
+    for (const stdfs::path& path : Cgroup::candidate_paths("probe")) {
+      std::error_code ec;
+      if (stdfs::exists(path.parent_path().parent_path() / "cgroup.kill", ec)) return true;
+    }
+    return false;
+  }
+
   LivingStatus start_living(const Target& target) override {
     ensure_living(target);
     return living_status(target);

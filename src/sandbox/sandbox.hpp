@@ -159,6 +159,9 @@ class Backend {
   // files stay. `why` goes on record ("stopped", "restarted", ...). False when it was not running.
   virtual bool stop_living(const Target& target, std::string_view why, std::chrono::milliseconds grace) = 0;
   virtual std::vector<LivingProcess> living_processes(const Target& target) = 0;
+  // Whether the commands of a living instance share one pid namespace (a later command can ps and
+  // kill what an earlier one left running): as root with cgroup v2. Otherwise each has its own.
+  virtual bool commands_share_pids() const = 0;
   // The program and arguments start() would execute, with placeholder descriptor numbers.
   virtual std::vector<std::string> describe(const RunSpec& spec) const = 0;
 };

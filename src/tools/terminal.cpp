@@ -372,7 +372,7 @@ mcp::ToolResult make_result(const config::Config& cfg, const Request& req, Outco
   return mcp::ToolResult::text(text.dump(), std::move(structured));
 }
 
-std::string tool_description(const config::Config& cfg) {
+std::string tool_description(const config::Config& cfg, bool share_pids) {
   const std::string& ws = cfg.ns.workspace_mount;
   const std::string& outdir = cfg.ns.output_mount;
   return fmt::format(
@@ -384,7 +384,7 @@ std::string tool_description(const config::Config& cfg) {
       "Commands run in a hardened sandbox (no root, read-only system folders, a private /tmp of limited "
       "size, limits on memory and processes). Files persist between calls: the workspace {ws} (also $HOME "
       "and the default working directory) and the output folder {out}. In a persistent instance background "
-      "processes, /tmp and loopback servers stay between calls too; otherwise each call is a fresh sandbox "
+      "processes, /tmp and loopback servers stay between calls too{pids}; otherwise each call is a fresh sandbox "
       "and anything still running when the command ends is killed. The current directory and environment "
       "variables never carry over: chain steps with && in one command or set working_directory (an "
       "absolute path).\n\n"
@@ -397,6 +397,7 @@ std::string tool_description(const config::Config& cfg) {
       "narrow big output with head, tail or grep or write it to a file. A non-zero exit code is a normal "
       "result, not a tool error. Output is decoded as UTF-8 (invalid bytes become U+FFFD): keep binary data "
       "in files. The network is the instance's setting ('host' or 'off', see update_instance).",
+      fmt::arg("pids", share_pids ? "" : " (a later call cannot ps or kill them; restart_instance ends them)"),
       fmt::arg("ws", ws), fmt::arg("out", outdir), fmt::arg("def", kDefaultTimeoutSeconds),
       fmt::arg("max", cfg.jobs.max_timeout), fmt::arg("limit", kOutputLimitBytes));
 }
@@ -408,7 +409,7 @@ void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "terminal_execute",
       .title = "Run a command in an instance",
-      .description = tool_description(cfg),
+      .description = tool_description(cfg, ctx.services.backend.commands_share_pids()),
       .input = instance_input(
           cfg, "The instance to run the command in (its id, as listed by list_instances).",
           {{"command",

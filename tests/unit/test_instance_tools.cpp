@@ -65,6 +65,7 @@ class FakeBackend final : public sandbox::Backend {
     record("ps " + t.instance_id);
     return {};
   }
+  bool commands_share_pids() const override { return true; }
   std::vector<std::string> describe(const sandbox::RunSpec&) const override { return {}; }
 
  private:
