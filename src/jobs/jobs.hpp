@@ -52,8 +52,12 @@ struct Record {
   std::map<std::string, std::int64_t> limits;       // effective
   std::vector<std::string> unenforced;              // limits this host could not enforce
   std::vector<std::string> cgroups;                 // cgroup folders (for kill after a restart)
-  std::string stdout_path, stderr_path, status_path;  // host paths
-  pid_t bwrap_pid = 0;              // bwrap (or the job keeper), our child; "pid" in older records
+  std::string stdout_path, stderr_path;  // host paths
+  // Local jobs: the sandbox backend that runs the job (its name()) and its handle on that
+  // execution, read only by the executor that wrote it (bwrap: {"status_path", "pid"}).
+  // Records of earlier releases kept these as "status_path" and "bwrap_pid" (or "pid").
+  std::string backend;
+  nlohmann::json handle = nlohmann::json::object();
   pid_t owner_pid = 0;             // the process that submitted it, and that process's start
   std::uint64_t owner_start = 0;   // time: a pending job whose submitter is gone never started
   bool cancel_requested = false;

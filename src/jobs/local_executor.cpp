@@ -35,6 +35,16 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// The handle of a local job: its sandbox's status file, and the pid of what was started (bwrap
+// or the job keeper; for the record only).
+constexpr const char* kStatusPath = "status_path";
+constexpr const char* kPid = "pid";
+
+std::string status_path(const Record& rec) {
+  auto it = rec.handle.find(kStatusPath);
+  return it != rec.handle.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 sandbox::StatusStream read_status(const std::string& path) {
   sandbox::StatusStream status;
   if (auto text = fs::read_file(path)) status.feed(*text);
@@ -140,7 +150,10 @@ LimitTable LocalExecutor::limits() const {
 }
 
 void LocalExecutor::prepare(const store::Instance& inst, Record& rec) {
-  rec.status_path = (inst.base / "status" / (rec.id + ".status")).string();
+  // The sandbox's status file (bwrap's JSON status and the job keeper's documents) is all the
+  // handle this backend's executions need to be found again after a restart.
+  rec.backend = std::string(backend_.name());
+  rec.handle = {{kStatusPath, (inst.base / "status" / (rec.id + ".status")).string()}};
 }
 
 std::vector<stdfs::path> LocalExecutor::folders(const store::Instance& inst) const { return {inst.base / "status"}; }
@@ -176,8 +189,8 @@ Record LocalExecutor::start(const store::Instance& inst, Record record, std::str
   job->stdout_fd = create_output(instances, inst, config_, output_relative(rec.id, "out"));
   job->stderr_fd = create_output(instances, inst, config_, output_relative(rec.id, "err"));
   const int out = job->stdout_fd.get(), err = job->stderr_fd.get();
-  UniqueFd status(::open(rec.status_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!status) throw SysError(errno, "create", rec.status_path);
+  UniqueFd status(::open(status_path(rec).c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!status) throw SysError(errno, "create", status_path(rec));
   spec.stdio = {-1, out, err};
   spec.status_file = status.get();
   spec.limits.file_size_bytes = applied.rlimits.file_size_bytes;
@@ -199,7 +212,7 @@ Record LocalExecutor::start(const store::Instance& inst, Record record, std::str
   }
   rec.state = State::running;
   rec.started_at = timeutil::iso_utc();
-  rec.bwrap_pid = job->process->pid();
+  rec.handle[kPid] = job->process->pid();
   jobs_.save(inst, rec);
   instances.audit(inst, "job.running", actor,
                   {{"job_id", rec.id}, {"command", rec.command}, {"mode", Mode::local}, {"limits", rec.limits},
@@ -254,7 +267,7 @@ void LocalExecutor::watch_loop() {
       // Re-attached, the watch is the sandbox init, which (started by an earlier release, with
       // no keeper) outlives the main command while background processes run: the job is over
       // as soon as the status file has the exit code.
-      if (!job->process && read_status(job->record.status_path).exit_code()) {
+      if (!job->process && read_status(status_path(job->record)).exit_code()) {
         finish(job);
         continue;
       }
@@ -279,7 +292,7 @@ void LocalExecutor::terminate_members(Running& job) {
   // bwrap's monitor and the job keeper, and SIGTERM to the monitor would end the sandbox at once
   // (--die-with-parent) instead of letting the command stop gracefully.
   std::optional<std::uint64_t> ns = job.pid_namespace;
-  if (!ns) ns = read_status(job.record.status_path).pid_namespace();
+  if (!ns) ns = read_status(status_path(job.record)).pid_namespace();
   if (ns)
     sandbox::signal_members(*ns, SIGTERM);
   else if (job.cgroup)
@@ -307,7 +320,7 @@ void LocalExecutor::finish(const std::shared_ptr<Running>& job) {
       log::warn("job {}: {}", rec.id, e.what());
     }
     for (int i = 0; i < 200; ++i) {
-      const sandbox::StatusStream status = read_status(rec.status_path);
+      const sandbox::StatusStream status = read_status(status_path(rec));
       code = status.exit_code();
       if (status.keeper() ? status.ended().has_value() : code.has_value()) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -315,8 +328,8 @@ void LocalExecutor::finish(const std::shared_ptr<Running>& job) {
   }
   rec.exit_code = code;
   // The real end: the keeper's report (or the status file's last write), not when we looked.
-  const sandbox::StatusStream status = read_status(rec.status_path);
-  auto finished = ended_at(status, rec.status_path).value_or(timeutil::Clock::now());
+  const sandbox::StatusStream status = read_status(status_path(rec));
+  auto finished = ended_at(status, status_path(rec)).value_or(timeutil::Clock::now());
   if (auto started = timeutil::parse_iso(rec.started_at); started && finished < *started) finished = *started;
   rec.finished_at = timeutil::iso_utc(finished);
   const bool timed_out = job->deadline_hit || status.deadline_reached().has_value();
@@ -434,7 +447,7 @@ void LocalExecutor::cancel(const store::Instance& inst, const std::string& job_i
 
 void LocalExecutor::adopt(const store::Instance& inst, const Record& record) {
   const Record* rec = &record;
-  const sandbox::StatusStream status = read_status(rec->status_path);
+  const sandbox::StatusStream status = read_status(status_path(*rec));
   auto job = std::make_shared<Running>();
   job->inst = inst;
   job->record = *rec;
@@ -446,7 +459,7 @@ void LocalExecutor::adopt(const store::Instance& inst, const Record& record) {
     if (submitter_alive(*rec) && rec->owner_pid != ::getpid()) return;
     // The submitter died after starting the job keeper: the keeper still starts the sandbox (or
     // runs it), and reports its end; watch the keeper.
-    job->watch = open_running_keeper(status, rec->status_path);
+    job->watch = open_running_keeper(status, status_path(*rec));
     if (!job->watch && rec->state == State::pending && !status.child_pid()) job->never_started = true;
   }
   if (!rec->cgroups.empty()) {
@@ -476,7 +489,7 @@ void LocalExecutor::adopt(const store::Instance& inst, const Record& record) {
 bool LocalExecutor::holds_instance(const Record& rec) {
   // A job whose sandbox is gone does not hold the instance (its record is finished on the next
   // look).
-  return rec.state == State::pending || open_sandbox_init(read_status(rec.status_path));
+  return rec.state == State::pending || open_sandbox_init(read_status(status_path(rec)));
 }
 
 }  // namespace nshpc::jobs

@@ -206,6 +206,18 @@ TEST_F(JobEngine, AJobRunsAndItsEndIsRecordedOnce) {
   EXPECT_EQ(engine().tracked(), 0u);
 }
 
+TEST_F(JobEngine, TheRecordKeepsTheBackendsNameAndAnOpaqueHandle) {
+  const auto rec = submit();
+  EXPECT_EQ(rec.backend, "fake");
+  EXPECT_TRUE(rec.handle.is_object());
+  std::ifstream in(state_file(rec.id));
+  const auto on_disk = nlohmann::json::parse(in);
+  EXPECT_EQ(on_disk["backend"], "fake");
+  EXPECT_EQ(on_disk["handle"], rec.handle);
+  EXPECT_FALSE(on_disk.contains("bwrap_pid"));
+  EXPECT_FALSE(on_disk.contains("status_path"));
+}
+
 TEST_F(JobEngine, CancelKillsARunningJobAndRecordsItCancelled) {
   const auto rec = submit("sleep 100");
   const auto after = engine().cancel("demo", rec.id, "test");
