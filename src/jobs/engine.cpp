@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -36,6 +37,8 @@ Executor& Engine::executor(Mode mode) { return *executors_[static_cast<int>(mode
 
 std::size_t Engine::tracked() const { return jobs_->held_count(); }
 
+void Engine::set_hooks(EngineHooks hooks) { jobs_->hooks = std::move(hooks); }
+
 Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   if (request.argv.empty() || (request.argv.size() == 3 && request.argv[0] == "/bin/sh" &&
                                request.argv[2].find_first_not_of(" \t\r\n") == std::string::npos))
@@ -48,21 +51,29 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
 
   Record rec;
   rec.id = new_job_id();
-  JobStore::Reservation place(*jobs_, inst.id, rec.id);
-  rec.instance_id = inst.id;
   rec.mode = request.mode;
   rec.argv = request.argv;
   rec.command = request.display.empty() ? text::shell_join(request.argv) : request.display;
-  rec.created_at = timeutil::iso_utc();
   rec.limits = limits;
-  rec.stdout_path = (inst.workspace / output_relative(rec.id, "out")).string();
-  rec.stderr_path = (inst.workspace / output_relative(rec.id, "err")).string();
   rec.owner_pid = ::getpid();
   rec.owner_start = start_time_of(rec.owner_pid);
-  ex.prepare(inst, rec);
-  fs::make_dirs(JobStore::dir(inst), 0700);
-  for (const auto& folder : ex.folders(inst)) fs::make_dirs(folder, 0700);
-  jobs_->save(inst, rec);  // pending: on record before anything runs
+  // The instance is found again, its place reserved and the pending record written while no
+  // archive or delete can run: one that comes after sees the job (on record, and held here) and
+  // refuses; one that came before leaves no instance to write into.
+  std::optional<JobStore::Reservation> place;
+  store_.while_present(request.instance_id, [&](const store::Instance& found) {
+    if (jobs_->hooks.instance_found) jobs_->hooks.instance_found(found.id);
+    inst = found;
+    place.emplace(*jobs_, inst.id, rec.id);
+    rec.instance_id = inst.id;
+    rec.created_at = timeutil::iso_utc();
+    rec.stdout_path = (inst.workspace / output_relative(rec.id, "out")).string();
+    rec.stderr_path = (inst.workspace / output_relative(rec.id, "err")).string();
+    ex.prepare(inst, rec);
+    fs::make_dirs(JobStore::dir(inst), 0700);
+    for (const auto& folder : ex.folders(inst)) fs::make_dirs(folder, 0700);
+    jobs_->save(inst, rec);  // pending: on record before anything runs
+  });
   return ex.start(inst, std::move(rec), actor);
 }
 
@@ -165,7 +176,10 @@ std::size_t Engine::active_jobs(const stdfs::path& instance_base) {
     if (!text) continue;
     auto rec = Record::from_json(nlohmann::json::parse(*text, nullptr, false));
     if (!rec || is_final(rec->state)) continue;
-    if (executor(rec->mode).holds_instance(*rec)) ++count;
+    // Held here (watched, or being submitted), or by what its executor finds on the host.
+    if (jobs_->held(rec->instance_id, rec->id) || jobs_->submitting(rec->instance_id, rec->id) ||
+        executor(rec->mode).holds_instance(*rec))
+      ++count;
   }
   return count;
 }

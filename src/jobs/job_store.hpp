@@ -30,6 +30,8 @@ class JobStore {
   JobStore& operator=(const JobStore&) = delete;
 
   store::Store& instances() const { return instances_; }
+  // Set before the first use (tests only).
+  EngineHooks hooks;
 
   static std::filesystem::path dir(const store::Instance& inst) { return inst.base / ".ns_hpc_jobs"; }
   static std::filesystem::path state_file(const store::Instance& inst, const std::string& job_id) {

@@ -98,6 +98,14 @@ struct TailOptions {
 class JobStore;
 class Executor;
 
+// Points where a test steps in to order threads deterministically; unset otherwise.
+struct EngineHooks {
+  // submit: the instance was found; nothing of the job is written yet.
+  std::function<void(const std::string& instance_id)> instance_found;
+  // A job another process left unfinished is about to be watched here.
+  std::function<void(const std::string& job_id)> adopting;
+};
+
 // The facade the tools and the CLI use: checks a request, writes the pending record through the
 // job store (jobs/job_store.hpp) and hands the job to the executor of its mode
 // (jobs/executor.hpp).
@@ -134,6 +142,9 @@ class Engine final : public store::JobsGuard {
   std::size_t active_jobs(const std::filesystem::path& instance_base) override;
 
   std::size_t tracked() const;
+
+  // Before the first use.
+  void set_hooks(EngineHooks hooks);
 
  private:
   Executor& executor(Mode mode);

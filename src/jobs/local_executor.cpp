@@ -447,6 +447,7 @@ void LocalExecutor::cancel(const store::Instance& inst, const std::string& job_i
 
 void LocalExecutor::adopt(const store::Instance& inst, const Record& record) {
   const Record* rec = &record;
+  if (jobs_.hooks.adopting) jobs_.hooks.adopting(rec->id);
   const sandbox::StatusStream status = read_status(status_path(*rec));
   auto job = std::make_shared<Running>();
   job->inst = inst;

@@ -2,7 +2,10 @@
 // ends when the test says so (its wait fd, an eventfd, becomes readable); its wait() can be held
 // at a gate to stand for a slow finish.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,10 +17,12 @@
 #include <mutex>
 #include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
 #include "base/fd.hpp"
+#include "base/time.hpp"
 #include "common/temp_dir.hpp"
 #include "jobs/jobs.hpp"
 #include "store/store.hpp"
@@ -63,6 +68,11 @@ struct FakeRun {
     }
     cv.notify_all();
   }
+  // Waits (bounded) until kill() was called.
+  bool wait_killed(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, timeout, [&] { return kills > 0; });
+  }
   // Waits (bounded) until wait() is entered.
   bool wait_entered(std::chrono::milliseconds timeout = 5s) {
     std::unique_lock lock(mu);
@@ -95,6 +105,7 @@ class FakeProcess final : public sandbox::Process {
       ++run_->kills;
       if (run_->in_wait || run_->waited) ++run_->kills_after_reap;
     }
+    run_->cv.notify_all();
     run_->end(128 + 9);
   }
   void disown() override { run_->disowned = true; }
@@ -233,6 +244,38 @@ TEST_F(JobEngine, TheCapsRefuseOneJobTooMany) {
   EXPECT_THROW(submit(), nshpc::UsageError);
   backend_.run(0)->end(0);
   wait(engine().list("demo").back().id);
+}
+
+TEST_F(JobEngine, AnArchiveIsRefusedWhileAJobRuns) {
+  const auto rec = submit();
+  EXPECT_THROW(store_->archive("demo", "test"), nshpc::UsageError);
+  backend_.run(0)->end(0);
+  EXPECT_EQ(wait(rec.id).record.state, jobs::State::completed);
+  store_->archive("demo", "test");
+  EXPECT_FALSE(fs::exists(base()));
+}
+
+// Found by the submit, then archived before its record was written: the archive must wait for
+// the pending record (and then refuse), never leave a job folder where the instance was.
+TEST_F(JobEngine, AnArchiveDuringASubmitWaitsForItAndIsRefused) {
+  std::future<void> archive;
+  std::atomic<bool> archived{false};
+  jobs::EngineHooks hooks;
+  hooks.instance_found = [&](const std::string&) {
+    if (archive.valid()) return;
+    archive = std::async(std::launch::async, [&] {
+      store_->archive("demo", "test");
+      archived = true;
+    });
+    // Unless the submit holds archives off, the archive runs to its end here.
+    archive.wait_for(500ms);
+  };
+  engine().set_hooks(hooks);
+  const auto rec = submit();
+  EXPECT_THROW(archive.get(), nshpc::UsageError);
+  EXPECT_FALSE(archived && fs::exists(base() / ".ns_hpc_jobs")) << "a job folder recreated after the archive";
+  EXPECT_FALSE(archived && fs::exists(base() / "status")) << "a status folder recreated after the archive";
+  EXPECT_EQ(rec.state, jobs::State::running);
 }
 
 }  // namespace
