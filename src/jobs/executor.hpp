@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -83,6 +84,7 @@ class LocalExecutor final : public Executor {
   sandbox::Backend& backend_;
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Running>> running_;  // key: instance/job
+  std::set<std::string> adopting_;                           // being adopted by one caller
   bool stopping_ = false;
   UniqueFd wake_fd_;
   std::thread watcher_;

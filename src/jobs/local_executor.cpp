@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -447,6 +448,21 @@ void LocalExecutor::cancel(const store::Instance& inst, const std::string& job_i
 
 void LocalExecutor::adopt(const store::Instance& inst, const Record& record) {
   const Record* rec = &record;
+  // One caller adopts a job; another that looks at the same time finds it watched, or being
+  // adopted, and leaves it alone.
+  const std::string key = inst.id + "/" + rec->id;
+  {
+    std::lock_guard lock(mutex_);
+    if (running_.count(key) || !adopting_.insert(key).second) return;
+  }
+  struct Claim {
+    LocalExecutor& executor;
+    const std::string& key;
+    ~Claim() {
+      std::lock_guard lock(executor.mutex_);
+      executor.adopting_.erase(key);
+    }
+  } claim{*this, key};
   if (jobs_.hooks.adopting) jobs_.hooks.adopting(rec->id);
   const sandbox::StatusStream status = read_status(status_path(*rec));
   auto job = std::make_shared<Running>();

@@ -278,4 +278,52 @@ TEST_F(JobEngine, AnArchiveDuringASubmitWaitsForItAndIsRefused) {
   EXPECT_EQ(rec.state, jobs::State::running);
 }
 
+// A job an earlier server left running, looked at by two callers at once: watched once.
+TEST_F(JobEngine, AJobLeftByAnotherProcessIsAdoptedOnceWhenTwoLookAtOnce) {
+  // Its sandbox init: a child of ours, named (with its pid namespace) in the job's status file.
+  const pid_t init = ::fork();
+  ASSERT_GE(init, 0);
+  if (init == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  struct stat ns;
+  ASSERT_EQ(::stat(fmt::format("/proc/{}/ns/pid", init).c_str(), &ns), 0);
+  const std::string id = "0123456789ab";
+  const fs::path status = base() / "status" / (id + ".status");
+  fs::create_directories(status.parent_path());
+  fs::create_directories(base() / ".ns_hpc_jobs");
+  std::ofstream(status) << nlohmann::json{{"child-pid", init}, {"pid-namespace", ns.st_ino}}.dump() << "\n";
+  const std::string now = nshpc::timeutil::iso_utc();
+  std::ofstream(state_file(id)) << nlohmann::json{{"job_id", id},
+                                                  {"instance_id", "demo"},
+                                                  {"command", "sleep 100"},
+                                                  {"mode", "local"},
+                                                  {"status", "running"},
+                                                  {"created_at", now},
+                                                  {"started_at", now},
+                                                  {"backend", "bwrap"},
+                                                  {"handle", {{"status_path", status.string()}}}}
+                                       .dump();
+  std::atomic<int> adoptions{0};
+  std::future<jobs::View> other;
+  jobs::EngineHooks hooks;
+  hooks.adopting = [&](const std::string&) {
+    if (adoptions++ > 0) return;
+    other = std::async(std::launch::async, [&] { return engine().view("demo", id, {0, 0}); });
+    other.wait_for(2s);  // the second look runs to its end unless the first one holds the job
+  };
+  engine().set_hooks(hooks);
+  EXPECT_EQ(engine().view("demo", id, {0, 0}).record.state, jobs::State::running);
+  EXPECT_EQ(other.get().record.state, jobs::State::running);
+  EXPECT_EQ(adoptions, 1);
+  EXPECT_EQ(engine().tracked(), 1u);
+  // It ends: the exit code on record, then the init goes.
+  std::ofstream(status, std::ios::app) << nlohmann::json{{"exit-code", 0}}.dump() << "\n";
+  ::kill(init, SIGKILL);
+  EXPECT_EQ(wait(id).record.state, jobs::State::completed);
+  EXPECT_EQ(audited("job.completed", id), 1u);
+  ::waitpid(init, nullptr, WNOHANG);
+}
+
 }  // namespace
