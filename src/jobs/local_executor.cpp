@@ -424,24 +424,35 @@ void LocalExecutor::tails(const store::Instance& inst, const Record& rec, const 
 void LocalExecutor::cancel(const store::Instance& inst, const std::string& job_id, std::string_view actor) {
   auto job = find(inst.id, job_id);
   if (!job) return;
-  {
+  // Every step that touches the job takes its lock and does nothing once it is finished: its
+  // finish (which holds the lock throughout) may have reaped the process and removed its groups.
+  auto while_running = [&](const std::function<void()>& step) {
     std::lock_guard guard(job->mu);
+    if (!job->finished) step();
+    return !job->finished;
+  };
+  const bool running = while_running([&] {
     job->record.cancel_requested = true;
     jobs_.save(inst, job->record);
-  }
+  });
+  if (!running) return;
   jobs_.instances().audit(inst, "job.cancel_requested", actor, {{"job_id", job_id}});
-  terminate_members(*job);
+  while_running([&] { terminate_members(*job); });
   auto ended = [&] { return !jobs_.held_locked(inst.id, job_id); };
   jobs_.wait_changed(Clock::now() + std::chrono::seconds(config_.jobs.cancel_grace), ended);
   if (jobs_.held(inst.id, job_id)) {
     // SIGKILL to the sandbox init takes its pid namespace; the keeper then reaps it and exits.
-    if (job->process) job->process->kill();
-    else signal_pidfd(job->watch.get(), SIGKILL);  // re-attached: the watch is the init
+    while_running([&] {
+      if (job->process) job->process->kill();
+      else signal_pidfd(job->watch.get(), SIGKILL);  // re-attached: the watch is the init
+    });
     jobs_.wait_changed(Clock::now() + std::chrono::seconds(2), ended);
   }
   if (jobs_.held(inst.id, job_id)) {
-    if (job->cgroup) job->cgroup->kill(2000);
-    signal_pidfd(job->watch.get(), SIGKILL);
+    while_running([&] {
+      if (job->cgroup) job->cgroup->kill(2000);
+      signal_pidfd(job->watch.get(), SIGKILL);
+    });
     jobs_.wait_changed(Clock::now() + std::chrono::seconds(10), ended);
   }
 }

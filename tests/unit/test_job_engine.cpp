@@ -326,4 +326,24 @@ TEST_F(JobEngine, AJobLeftByAnotherProcessIsAdoptedOnceWhenTwoLookAtOnce) {
   ::waitpid(init, nullptr, WNOHANG);
 }
 
+// A job that ends by itself while a cancel waits out its grace, its finish slow: the cancel must
+// not signal the process once its finish has begun (its pid may be reaped and reused by then).
+TEST_F(JobEngine, ACancelLeavesAJobBeingFinishedAlone) {
+  const auto rec = submit("sleep 100");
+  auto run = backend_.run(0);
+  run->set_gate(false);
+  auto cancel = std::async(std::launch::async, [&] { return engine().cancel("demo", rec.id, "test"); });
+  // The cancel has been asked for (then it waits out the grace of 1 s).
+  for (int i = 0; i < 500 && audited("job.cancel_requested", rec.id) == 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(audited("job.cancel_requested", rec.id), 1u);
+  run->end(0);
+  ASSERT_TRUE(run->wait_entered());  // its finish is under way, held in wait()
+  run->wait_killed(2500ms);          // past the grace: a kill now would be one too many
+  run->set_gate(true);
+  const auto after = cancel.get();
+  EXPECT_EQ(run->kills_after_reap, 0);
+  EXPECT_TRUE(jobs::is_final(after.state));
+  EXPECT_EQ(audited("job." + jobs::to_string(after.state), rec.id), 1u);
+}
+
 }  // namespace
