@@ -3,6 +3,7 @@
 // jobs another process left unfinished. The engine (jobs.hpp) picks the executor by the mode.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -88,6 +89,15 @@ class LocalExecutor final : public Executor {
   bool stopping_ = false;
   UniqueFd wake_fd_;
   std::thread watcher_;
+  // Finishes run on their own threads (a finish can wait for a sandbox to be reaped): the
+  // watcher goes on with the other jobs meanwhile. Joined when done, and at the end.
+  struct Finisher {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Finisher> finishers_;
+  void finish_in_background(const std::shared_ptr<Running>& job);
+  void join_finishers(bool all);
 };
 
 // Slurm jobs: sbatch runs `ns-hpc bwrap --fresh <instance> -- <command>` on a node; one status

@@ -114,7 +114,8 @@ struct LocalExecutor::Running {
   bool deadline_hit = false;
   bool never_started = false;  // its submitter died before the sandbox existed
   UniqueFd stdout_fd, stderr_fd;  // the output files as created (tails are read from these)
-  std::mutex mu;
+  bool finishing = false;  // handed to a finisher (guarded by the executor's mutex)
+  std::mutex mu;          // guards the job's state: its record and what signals it
   bool finished = false;
 };
 
@@ -132,6 +133,7 @@ LocalExecutor::~LocalExecutor() {
   }
   wake();
   if (watcher_.joinable()) watcher_.join();
+  join_finishers(true);
   // Running jobs keep running; their children are released (never killed).
   std::lock_guard lock(mutex_);
   for (auto& [key, job] : running_) {
@@ -241,8 +243,10 @@ void LocalExecutor::watch_loop() {
     {
       std::lock_guard lock(mutex_);
       if (stopping_) return;
-      for (auto& [key, job] : running_) jobs.push_back(job);
+      for (auto& [key, job] : running_)
+        if (!job->finishing) jobs.push_back(job);
     }
+    join_finishers(false);
     std::vector<pollfd> fds{{wake_fd_.get(), POLLIN, 0}};
     auto next = Clock::now() + std::chrono::seconds(1);
     for (const auto& job : jobs) {
@@ -262,18 +266,21 @@ void LocalExecutor::watch_loop() {
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       auto& job = jobs[i];
       if (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) {
-        finish(job);
+        finish_in_background(job);
         continue;
       }
       // Re-attached, the watch is the sandbox init, which (started by an earlier release, with
       // no keeper) outlives the main command while background processes run: the job is over
       // as soon as the status file has the exit code.
       if (!job->process && read_status(status_path(job->record)).exit_code()) {
-        finish(job);
+        finish_in_background(job);
         continue;
       }
       // The server's own time limit, only for sandboxes without a keeper (an earlier release's):
       // a keeper enforces the limit itself, even while no server runs.
+      if (!job->deadline && !job->hard_kill_at) continue;
+      std::lock_guard guard(job->mu);
+      if (job->finished) continue;
       if (job->deadline && !job->deadline_hit && now >= *job->deadline) {
         job->deadline_hit = true;
         terminate_members(*job);
@@ -286,6 +293,42 @@ void LocalExecutor::watch_loop() {
       }
     }
   }
+}
+
+void LocalExecutor::finish_in_background(const std::shared_ptr<Running>& job) {
+  {
+    std::lock_guard lock(mutex_);
+    if (job->finishing) return;
+    job->finishing = true;
+  }
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread thread([this, job, done] {
+    try {
+      finish(job);
+    } catch (const std::exception& e) {
+      log::error("job {}: finishing it failed: {}", job->record.id, e.what());
+    }
+    *done = true;
+    wake();  // the watcher joins this thread
+  });
+  std::lock_guard lock(mutex_);
+  finishers_.push_back({std::move(thread), std::move(done)});
+}
+
+void LocalExecutor::join_finishers(bool all) {
+  std::vector<Finisher> ending;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto it = finishers_.begin(); it != finishers_.end();) {
+      if (all || *it->done) {
+        ending.push_back(std::move(*it));
+        it = finishers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& f : ending) f.thread.join();
 }
 
 void LocalExecutor::terminate_members(Running& job) {

@@ -346,4 +346,17 @@ TEST_F(JobEngine, ACancelLeavesAJobBeingFinishedAlone) {
   EXPECT_EQ(audited("job." + jobs::to_string(after.state), rec.id), 1u);
 }
 
+// One job's finish is slow: the watcher goes on with the others.
+TEST_F(JobEngine, AnotherJobsEndIsRecordedWhileOneIsBeingFinished) {
+  const auto slow = submit();
+  const auto quick = submit();
+  backend_.run(0)->set_gate(false);
+  backend_.run(0)->end(0);
+  ASSERT_TRUE(backend_.run(0)->wait_entered());
+  backend_.run(1)->end(0);
+  EXPECT_EQ(wait(quick.id, 3s).record.state, jobs::State::completed);
+  backend_.run(0)->set_gate(true);
+  EXPECT_EQ(wait(slow.id).record.state, jobs::State::completed);
+}
+
 }  // namespace
