@@ -13,16 +13,13 @@
 #include <sys/types.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -55,8 +52,12 @@ struct Record {
   std::map<std::string, std::int64_t> limits;       // effective
   std::vector<std::string> unenforced;              // limits this host could not enforce
   std::vector<std::string> cgroups;                 // cgroup folders (for kill after a restart)
-  std::string stdout_path, stderr_path, status_path;  // host paths
-  pid_t bwrap_pid = 0;              // bwrap (or the job keeper), our child; "pid" in older records
+  std::string stdout_path, stderr_path;  // host paths
+  // Local jobs: the sandbox backend that runs the job (its name()) and its handle on that
+  // execution, read only by the executor that wrote it (bwrap: {"status_path", "pid"}).
+  // Records of earlier releases kept these as "status_path" and "bwrap_pid" (or "pid").
+  std::string backend;
+  nlohmann::json handle = nlohmann::json::object();
   pid_t owner_pid = 0;             // the process that submitted it, and that process's start
   std::uint64_t owner_start = 0;   // time: a pending job whose submitter is gone never started
   bool cancel_requested = false;
@@ -94,6 +95,20 @@ struct TailOptions {
   std::size_t bytes = 16 * 1024;
 };
 
+class JobStore;
+class Executor;
+
+// Points where a test steps in to order threads deterministically; unset otherwise.
+struct EngineHooks {
+  // submit: the instance was found; nothing of the job is written yet.
+  std::function<void(const std::string& instance_id)> instance_found;
+  // A job another process left unfinished is about to be watched here.
+  std::function<void(const std::string& job_id)> adopting;
+};
+
+// The facade the tools and the CLI use: checks a request, writes the pending record through the
+// job store (jobs/job_store.hpp) and hands the job to the executor of its mode
+// (jobs/executor.hpp).
 class Engine final : public store::JobsGuard {
  public:
   Engine(const config::Config& config, store::Store& store, sandbox::Backend& backend);
@@ -128,68 +143,22 @@ class Engine final : public store::JobsGuard {
 
   std::size_t tracked() const;
 
- private:
-  struct Running;
-  struct SlurmJob;
-  // A job being started by this process: its place under [jobs] max_running and
-  // max_running_per_instance, checked and taken in one step (so parallel submits cannot pass the
-  // caps together), and a mark that adopt() leaves it alone. Both last while it lives. Throws
-  // UsageError when a cap is reached.
-  class Submitting {
-   public:
-    Submitting(Engine& engine, const std::string& instance_id, const std::string& job_id);
-    ~Submitting();
-    Submitting(const Submitting&) = delete;
-    Submitting& operator=(const Submitting&) = delete;
+  // Before the first use.
+  void set_hooks(EngineHooks hooks);
 
-   private:
-    Engine& engine_;
-    std::string key_;
-  };
-  Record submit_slurm(const SubmitRequest& request, std::string_view actor);
-  Record cancel_slurm(const store::Instance& inst, const std::string& job_id, std::string_view actor);
-  void track_slurm(const store::Instance& inst, const Record& record);
-  std::shared_ptr<SlurmJob> find_slurm(const std::string& instance_id, const std::string& job_id);
-  void slurm_loop();
-  void poll_slurm();  // one scheduler query for every tracked job
-  void apply_slurm(SlurmJob& job, const SlurmStatus* status);
-  std::vector<std::string> batch_command(const store::Instance& inst, const std::string& job_id,
-                                         const std::vector<std::string>& argv) const;
-  void watch_loop();
-  static void terminate_members(Running& job);  // SIGTERM to every process of the job
-  // Watches a job left running by another process, or records how it ended.
+ private:
+  Executor& executor(Mode mode);
+  // Watches a job left unfinished by another process, or records how it ended.
   void adopt(const store::Instance& inst, const std::string& job_id);
-  void wake();
-  void finish(const std::shared_ptr<Running>& job, bool process_gone);
-  void start_watching(std::shared_ptr<Running> job);
-  std::optional<Record> load(const store::Instance& inst, const std::string& job_id) const;
-  void save(const store::Instance& inst, const Record& record) const;
-  std::shared_ptr<Running> find_running(const std::string& instance_id, const std::string& job_id);
   // The job's record as tracked here, else from disk; a job another process left unfinished is
   // watched here first (tracked or adopted) and its record read again. nullopt: no such job.
   std::optional<Record> current_record(const store::Instance& inst, const std::string& job_id);
-  std::map<std::string, std::int64_t> resolve_limits(const LimitRequest& request,
-                                                     const std::map<std::string, config::Limit>& table,
-                                                     std::string_view table_name) const;
 
   const config::Config& config_;
   store::Store& store_;
-  sandbox::Backend& backend_;
-
-  mutable std::mutex mutex_;
-  std::condition_variable changed_;
-  std::map<std::string, std::shared_ptr<Running>> running_;  // key: instance/job
-  std::set<std::string> submitting_;                         // jobs between record and watch
-  bool stopping_ = false;
-  int wake_fd_ = -1;
-  std::thread watcher_;
-
-  // Slurm jobs being watched: one query per poll interval covers them all.
-  SlurmClient slurm_;
-  std::map<std::string, std::shared_ptr<SlurmJob>> slurm_jobs_;  // key: instance/job
-  bool slurm_poll_now_ = false;
-  std::condition_variable slurm_wake_;
-  std::thread slurm_thread_;  // started with the first Slurm job
+  std::unique_ptr<JobStore> jobs_;
+  // One per mode, indexed by Mode.
+  std::unique_ptr<Executor> executors_[2];
 };
 
 // The view as data (for --json and structuredContent): job_id, instance_id, status, exit_code,

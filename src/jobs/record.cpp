@@ -38,7 +38,7 @@ bool valid_job_id(std::string_view id) {
 // Every member by its name; missing keys take the defaults of Record.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Record, id, instance_id, command, argv, mode, state, reason, exit_code,
                                                 created_at, started_at, finished_at, limits, unenforced, cgroups,
-                                                stdout_path, stderr_path, status_path, bwrap_pid, owner_pid,
+                                                stdout_path, stderr_path, backend, handle, owner_pid,
                                                 owner_start, cancel_requested, slurm_job_id, scheduler_state,
                                                 scheduler_reason, signal, scheduler_error)
 
@@ -46,8 +46,12 @@ namespace {
 
 // Members stored under another key, as since the first release: (member, key on disk).
 constexpr std::pair<const char*, const char*> kKeyOnDisk[] = {{"id", "job_id"}, {"state", "status"}};
-// Keys of records written before bwrap_pid had its name: (old key, member).
-constexpr std::pair<const char*, const char*> kOldKeys[] = {{"pid", "bwrap_pid"}};
+// The bwrap fields of earlier releases' records, now in the handle: (key on disk, key in the
+// handle). "pid" is the oldest name of "bwrap_pid".
+constexpr std::pair<const char*, const char*> kOldHandleKeys[] = {
+    {"status_path", "status_path"}, {"bwrap_pid", "pid"}, {"pid", "pid"}};
+// The backend every record without a "backend" key ran on.
+constexpr const char* kOldBackend = "bwrap";
 // Written for Slurm jobs only.
 constexpr const char* kSlurmOnly[] = {"slurm_job_id", "scheduler_state", "scheduler_reason", "signal",
                                       "scheduler_error"};
@@ -66,6 +70,10 @@ nlohmann::json Record::to_json() const {
   for (const auto& [member, key] : kKeyOnDisk) rename_key(j, member, key);
   if (mode != Mode::slurm)
     for (const char* key : kSlurmOnly) j.erase(key);
+  if (backend.empty() && handle.empty()) {
+    j.erase("backend");
+    j.erase("handle");
+  }
   return j;
 }
 
@@ -73,10 +81,26 @@ std::optional<Record> Record::from_json(const nlohmann::json& j) {
   if (!j.is_object()) return std::nullopt;
   nlohmann::json by_member = j;
   for (const auto& [member, key] : kKeyOnDisk) rename_key(by_member, key, member);
-  for (const auto& [old_key, member] : kOldKeys) rename_key(by_member, old_key, member);
+  if (!by_member.contains("handle")) {
+    // An earlier release's record: its bwrap fields become the handle (empty or zero ones are
+    // none: a Slurm job's, or a job that never started).
+    nlohmann::json handle = nlohmann::json::object();
+    for (const auto& [old_key, key] : kOldHandleKeys) {
+      auto it = by_member.find(old_key);
+      if (it == by_member.end()) continue;
+      const bool none = (it->is_string() && it->get_ref<const std::string&>().empty()) ||
+                        (it->is_number() && *it == 0) || it->is_null();
+      if (!none && !handle.contains(key)) handle[key] = *it;
+    }
+    if (!handle.empty()) {
+      by_member["handle"] = std::move(handle);
+      if (!by_member.contains("backend")) by_member["backend"] = kOldBackend;
+    }
+  }
+  for (const auto& [old_key, key] : kOldHandleKeys) by_member.erase(old_key);
   try {
     auto r = by_member.get<Record>();
-    if (!valid_job_id(r.id)) return std::nullopt;
+    if (!valid_job_id(r.id) || !r.handle.is_object()) return std::nullopt;
     return r;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;  // a field of the wrong type: treated as corrupt

@@ -176,6 +176,12 @@ Instance Store::get(std::string_view id) const {
   return load(id, root_ / std::string(id));
 }
 
+void Store::while_present(std::string_view id, const std::function<void(const Instance&)>& step) const {
+  ensure_layout();
+  fs::FileLock lock(lock_file());
+  step(get(id));
+}
+
 Listing Store::list() const {
   Listing listing;
   for (const auto& name : child_names(root_)) {

@@ -143,6 +143,10 @@ class Store {
 
   Instance create(std::string id, const CreateOptions& options, std::string_view actor);
   Instance get(std::string_view id) const;  // UsageError when unknown, Error when corrupt
+  // Runs `step` with the instance as it is now, while no archive or delete of it can begin or be
+  // half done (the store's lock is held): for what must be on record before either looks, such
+  // as a job's pending record. Throws as get() does.
+  void while_present(std::string_view id, const std::function<void(const Instance&)>& step) const;
   // True when an instance folder with a metadata.json exists (even a corrupt one).
   bool exists(std::string_view id) const;
   Listing list() const;

@@ -66,11 +66,19 @@ constexpr const char* kOldSlurm = R"({
   "unenforced": []
 })";
 
-// The old file with "pid" under the member's name, as it is written now.
+// The old file as it is written now: its bwrap fields ("pid", "status_path") in the handle of
+// backend "bwrap", or neither key when they were empty (a Slurm job).
 nlohmann::json as_written_now(const char* old) {
   nlohmann::json j = nlohmann::json::parse(old);
-  j["bwrap_pid"] = j["pid"];
+  nlohmann::json handle = nlohmann::json::object();
+  if (j["pid"] != 0) handle["pid"] = j["pid"];
+  if (j["status_path"] != "") handle["status_path"] = j["status_path"];
   j.erase("pid");
+  j.erase("status_path");
+  if (!handle.empty()) {
+    j["backend"] = "bwrap";
+    j["handle"] = handle;
+  }
   return j;
 }
 
@@ -82,7 +90,9 @@ TEST(JobRecord, AnOldLocalRecordLoadsAndSavesBackTheSame) {
   EXPECT_EQ(r->mode, Mode::local);
   EXPECT_EQ(r->state, State::completed);
   EXPECT_EQ(r->exit_code, 0);
-  EXPECT_EQ(r->bwrap_pid, 4343);  // read from "pid"
+  EXPECT_EQ(r->backend, "bwrap");
+  EXPECT_EQ(r->handle, (nlohmann::json{{"pid", 4343},  // read from "pid"
+                                       {"status_path", "/var/lib/ns-hpc/instances/demo/status/0123456789ab.status"}}));
   EXPECT_EQ(r->owner_start, 987654u);
   EXPECT_EQ(r->limits.at("memory"), 1024);
   EXPECT_EQ(r->argv, (std::vector<std::string>{"/bin/sh", "-c", "echo hi"}));
@@ -102,6 +112,58 @@ TEST(JobRecord, AnOldSlurmRecordLoadsAndSavesBackTheSame) {
   EXPECT_EQ(r->signal, 0);
   EXPECT_EQ(r->exit_code, 3);
   EXPECT_EQ(r->to_json(), as_written_now(kOldSlurm));
+  EXPECT_TRUE(r->backend.empty());
+  EXPECT_TRUE(r->handle.empty());
+}
+
+// Written by the release before records kept a backend and a handle (bwrap_pid under its name),
+// for a running job, byte for byte.
+constexpr const char* kCurrentLocal = R"({
+  "argv": ["/bin/sh", "-c", "sleep 100"],
+  "bwrap_pid": 5151,
+  "cancel_requested": false,
+  "cgroups": [],
+  "command": "sleep 100",
+  "created_at": "2025-01-02T03:04:05.000Z",
+  "exit_code": null,
+  "finished_at": "",
+  "instance_id": "demo",
+  "job_id": "00112233aabb",
+  "limits": {"cpus": 1, "memory": 512, "output": 100, "pids": 256, "time": 3600},
+  "mode": "local",
+  "owner_pid": 4242,
+  "owner_start": 987654,
+  "reason": "",
+  "started_at": "2025-01-02T03:04:05.100Z",
+  "status": "running",
+  "status_path": "/var/lib/ns-hpc/instances/demo/status/00112233aabb.status",
+  "stderr_path": "/var/lib/ns-hpc/instances/demo/workspace/.ns_hpc_output/00112233aabb.err",
+  "stdout_path": "/var/lib/ns-hpc/instances/demo/workspace/.ns_hpc_output/00112233aabb.out",
+  "unenforced": []
+})";
+
+TEST(JobRecord, ARecordOfTheCurrentReleaseLoadsWithItsBwrapFieldsAsTheHandle) {
+  auto r = Record::from_json(nlohmann::json::parse(kCurrentLocal));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->state, State::running);
+  EXPECT_EQ(r->backend, "bwrap");
+  EXPECT_EQ(r->handle, (nlohmann::json{{"pid", 5151},
+                                       {"status_path", "/var/lib/ns-hpc/instances/demo/status/00112233aabb.status"}}));
+  const auto j = r->to_json();
+  EXPECT_FALSE(j.contains("bwrap_pid"));
+  EXPECT_FALSE(j.contains("status_path"));
+  EXPECT_FALSE(j.contains("pid"));
+  EXPECT_EQ(Record::from_json(j)->to_json(), j);
+  // A pending job's record (no pid yet) keeps its status file.
+  auto pending = nlohmann::json::parse(kCurrentLocal);
+  pending["bwrap_pid"] = 0;
+  pending["status"] = "pending";
+  EXPECT_EQ(Record::from_json(pending)->handle,
+            (nlohmann::json{{"status_path", "/var/lib/ns-hpc/instances/demo/status/00112233aabb.status"}}));
+}
+
+TEST(JobRecord, AHandleThatIsNoObjectIsCorrupt) {
+  EXPECT_FALSE(Record::from_json({{"job_id", "00000000000a"}, {"backend", "bwrap"}, {"handle", 7}}));
 }
 
 TEST(JobRecord, MissingKeysTakeTheDefaultsAndNullIsNoValue) {
@@ -110,7 +172,8 @@ TEST(JobRecord, MissingKeysTakeTheDefaultsAndNullIsNoValue) {
   EXPECT_EQ(r->mode, Mode::local);
   EXPECT_EQ(r->state, State::pending);
   EXPECT_FALSE(r->exit_code);
-  EXPECT_EQ(r->bwrap_pid, 0);
+  EXPECT_TRUE(r->backend.empty());
+  EXPECT_TRUE(r->handle.empty());
   EXPECT_TRUE(r->argv.empty());
   const auto j = r->to_json();
   EXPECT_TRUE(j["exit_code"].is_null());
