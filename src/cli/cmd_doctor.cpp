@@ -59,6 +59,24 @@ int in_child(F body) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// Living sandboxes that no record names (an instance deleted or archived behind a running
+// sandbox's back) are ended here, as at every server start.
+Check check_living(Invocation& inv, const config::Config& cfg) {
+  Check c{"no stray living sandboxes", true, false};
+  try {
+    const std::vector<std::string> ended = inv.backend().end_stray_sandboxes(cfg.ns.instances_dir);
+    c.detail = ended.empty() ? "every running living sandbox belongs to an instance"
+                             : fmt::format("{}", fmt::join(ended, "; "));
+    c.detail += inv.backend().commands_share_pids()
+                    ? "; commands of a living instance share its pid namespace (cgroup v2 kill)"
+                    : "; each command of a living instance has a pid namespace of its own (no cgroup kill here)";
+  } catch (const std::exception& e) {
+    c.ok = false;
+    c.detail = e.what();
+  }
+  return c;
+}
+
 Check check_config(Invocation& inv, const config::Config*& cfg, std::optional<config::Config>& fallback) {
   Check c{"config is valid"};
   try {
@@ -341,6 +359,7 @@ void add_doctor_command(CLI::App& app, Invocation& inv) {
     }
     checks.push_back(check_instances_dir(*cfg));
     checks.push_back(check_cgroups());
+    checks.push_back(check_living(inv, *cfg));
     checks.push_back(check_slurm());
     if (checks.back().ok) checks.push_back(check_slurm_shared(*cfg));
 

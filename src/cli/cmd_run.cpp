@@ -74,6 +74,8 @@ int serve(Invocation& inv, Serve&& transport) {
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   jobs::Engine& engine = inv.jobs();
   engine.recover();  // jobs left running by an earlier server are watched again
+  // Nothing runs that no record names: living sandboxes of instances that are gone end here.
+  for (const std::string& line : inv.backend().end_stray_sandboxes(cfg.ns.instances_dir)) log::warn("{}", line);
   // Deletes an earlier run left unfinished, off the start-up path (a big tree must not delay the
   // first answer); joined when the server ends.
   std::jthread finish_deletions([&store = inv.store()] {
@@ -87,6 +89,8 @@ int serve(Invocation& inv, Serve&& transport) {
   const tools::Services services{cfg, inv.store(), inv.backend(), &engine};
   mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
   tools::register_all(server, services);
+  // A subscribed instance resource hears of its living sandbox starting and stopping.
+  tools::LivingStateWatch living_watch(server, services);
   return transport(server);
 }
 

@@ -594,6 +594,21 @@ void Server::notify_resource_updated(const std::string& uri) {
                        [&](const Session::State& s) { return s.subscriptions.count(uri) > 0; });
 }
 
+std::set<std::string> Server::subscribed_uris() const {
+  std::vector<std::shared_ptr<Session::State>> states;
+  {
+    std::lock_guard lock(registry_->mu);
+    for (auto& [session, weak] : registry_->sessions)
+      if (auto state = weak.lock()) states.push_back(std::move(state));
+  }
+  std::set<std::string> uris;
+  for (const auto& state : states) {
+    std::lock_guard lock(state->mu);
+    if (!state->closed) uris.insert(state->subscriptions.begin(), state->subscriptions.end());
+  }
+  return uris;
+}
+
 void Server::attach(Session* session) {
   std::lock_guard lock(registry_->mu);
   registry_->sessions[session] = session->state_;

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -175,6 +176,8 @@ class Server {
   // Broadcasts to every open session.
   void notify_resource_list_changed();
   void notify_resource_updated(const std::string& uri);  // only sessions subscribed to `uri`
+  // Every URI some open session subscribes to (for whoever watches resources for changes).
+  std::set<std::string> subscribed_uris() const;
 
   const ServerInfo& info() const { return info_; }
   const ServerOptions& options() const { return options_; }

@@ -423,6 +423,47 @@ class BwrapBackend final : public Backend {
     return st;
   }
 
+  std::vector<std::string> end_stray_sandboxes(const stdfs::path& instances_dir) override {
+    std::vector<std::string> ended;
+    const std::string root = instances_dir.lexically_normal().string();
+    std::error_code ec;
+    for (const auto& entry : stdfs::directory_iterator("/proc", ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.empty() || name[0] < '0' || name[0] > '9') continue;
+      const pid_t pid = static_cast<pid_t>(std::atoi(name.c_str()));
+      if (command_line(pid).find(std::string(kKeeperCommand) + " ") == std::string::npos) continue;
+      if (command_line(pid).find("--idle-stop-ms") == std::string::npos &&
+          command_line(pid).find("--busy-fd") == std::string::npos)
+        continue;
+      UniqueFd keeper = open_pidfd(pid);
+      if (!keeper) continue;
+      // Its status file (descriptor 3, the living sandbox's record) says whose it is.
+      std::error_code lec;
+      std::string status = stdfs::read_symlink(fmt::format("/proc/{}/fd/{}", pid, kChildFds.status), lec).string();
+      if (lec) continue;
+      constexpr std::string_view deleted = " (deleted)";
+      const bool gone = status.ends_with(deleted);
+      if (gone) status.resize(status.size() - deleted.size());
+      const stdfs::path file(status);
+      if (file.filename() != kLivingStatus || !status.starts_with(root + "/")) continue;  // not ours, or a job's
+      bool named = false;
+      if (!gone) {
+        Target target;
+        target.state_dir = file.parent_path();
+        Living found = find_living(target);
+        named = found.status.keeper_pid() == pid && stdfs::exists(file.parent_path().parent_path() / "metadata.json");
+      }
+      if (named) continue;
+      try {
+        signal_pidfd(keeper.get(), SIGKILL);  // bwrap dies with it, and the sandbox with bwrap
+      } catch (const std::exception&) {
+        continue;
+      }
+      ended.push_back(fmt::format("ended the living sandbox of keeper {} ({}): no instance names it", pid, status));
+    }
+    return ended;
+  }
+
   bool commands_share_pids() const override {
     if (!drop_to_) return false;
     for (const stdfs::path& path : Cgroup::candidate_paths("probe")) {

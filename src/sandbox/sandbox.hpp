@@ -162,6 +162,11 @@ class Backend {
   // Whether the commands of a living instance share one pid namespace (a later command can ps and
   // kill what an earlier one left running): as root with cgroup v2. Otherwise each has its own.
   virtual bool commands_share_pids() const = 0;
+  // Living sandboxes that no record names (their keeper writes a status file under
+  // `instances_dir` that is gone or names another keeper: the instance was deleted, archived or
+  // started again behind their back) are ended; returns one line for each. Found by the record
+  // their keeper holds open, never by uid.
+  virtual std::vector<std::string> end_stray_sandboxes(const stdfs::path& instances_dir) = 0;
   // The program and arguments start() would execute, with placeholder descriptor numbers.
   virtual std::vector<std::string> describe(const RunSpec& spec) const = 0;
 };

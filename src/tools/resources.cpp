@@ -4,6 +4,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <stop_token>
 #include <filesystem>
 #include <map>
 #include <utility>
@@ -141,5 +144,39 @@ class Resources final : public mcp::ResourceProvider {
 }  // namespace
 
 std::shared_ptr<mcp::ResourceProvider> make_resources(const ToolContext& ctx) { return std::make_shared<Resources>(ctx); }
+
+LivingStateWatch::LivingStateWatch(mcp::Server& server, Services services, std::chrono::milliseconds interval)
+    : server_(server), services_(services), interval_(interval), thread_([this](std::stop_token stop) { run(stop); }) {}
+
+LivingStateWatch::~LivingStateWatch() {
+  thread_.request_stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void LivingStateWatch::run(std::stop_token stop) {
+  const std::string prefix = instance_uri("");
+  std::mutex mu;
+  std::condition_variable_any cv;
+  while (!stop.stop_requested()) {
+    for (const std::string& uri : server_.subscribed_uris()) {
+      if (!uri.starts_with(prefix)) continue;
+      std::string state = "gone";
+      try {
+        const store::Instance inst = services_.store.get(uri.substr(prefix.size()));
+        if (!inst.persistent) continue;
+        const sandbox::LivingStatus st = services_.backend.living_status(services_.store.sandbox_target(inst));
+        state = st.running ? fmt::format("running {}", st.since ? st.since->time_since_epoch().count() : 0) : "stopped";
+      } catch (const std::exception&) {
+      }
+      auto [it, fresh] = last_.try_emplace(uri, state);
+      if (!fresh && it->second != state) {
+        it->second = state;
+        server_.notify_resource_updated(uri);
+      }
+    }
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, stop, interval_, [] { return false; });
+  }
+}
 
 }  // namespace nshpc::tools

@@ -2,6 +2,11 @@
 // below (store, sandbox, audit). The only module that knows both MCP and instances.
 #pragma once
 
+#include <chrono>
+#include <map>
+#include <string>
+#include <thread>
+
 #include "config/config.hpp"
 #include "jobs/jobs.hpp"
 #include "mcp/server.hpp"
@@ -26,5 +31,25 @@ mcp::ServerOptions server_options(const config::Config& config, Services service
 
 // Registers the instance tools, the context and instance resources, and the prompts.
 void register_all(mcp::Server& server, Services services);
+
+// While it exists, watches the living state of every persistent instance whose resource a
+// session subscribes to, and sends notifications/resources/updated when it changes (started on
+// first use, stopped for idleness or by another process). Checks every `interval`.
+class LivingStateWatch {
+ public:
+  LivingStateWatch(mcp::Server& server, Services services,
+                   std::chrono::milliseconds interval = std::chrono::seconds(2));
+  ~LivingStateWatch();
+  LivingStateWatch(const LivingStateWatch&) = delete;
+  LivingStateWatch& operator=(const LivingStateWatch&) = delete;
+
+ private:
+  void run(std::stop_token stop);
+  mcp::Server& server_;
+  Services services_;
+  std::chrono::milliseconds interval_;
+  std::map<std::string, std::string> last_;  // uri -> "running since ..." / "stopped"
+  std::jthread thread_;
+};
 
 }  // namespace nshpc::tools

@@ -66,6 +66,7 @@ class FakeBackend final : public sandbox::Backend {
     return {};
   }
   bool commands_share_pids() const override { return true; }
+  std::vector<std::string> end_stray_sandboxes(const std::filesystem::path&) override { return {}; }
   std::vector<std::string> describe(const sandbox::RunSpec&) const override { return {}; }
 
  private:

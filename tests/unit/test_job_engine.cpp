@@ -131,6 +131,7 @@ class FakeBackend final : public sandbox::Backend {
   bool stop_living(const sandbox::Target&, std::string_view, std::chrono::milliseconds) override { return false; }
   std::vector<sandbox::LivingProcess> living_processes(const sandbox::Target&) override { return {}; }
   bool commands_share_pids() const override { return false; }
+  std::vector<std::string> end_stray_sandboxes(const std::filesystem::path&) override { return {}; }
   std::vector<std::string> describe(const sandbox::RunSpec& spec) const override { return spec.argv; }
 
   std::shared_ptr<FakeRun> run(std::size_t i) {
