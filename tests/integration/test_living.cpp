@@ -160,3 +160,43 @@ TEST(LivingStray, ASandboxWhoseInstanceWasRemovedBehindItsBackIsEnded) {
       << "the stray sandbox still runs";
   EXPECT_EQ(processes_with("7172.5").size(), 1u) << "a sandbox that a record names was ended";
 }
+
+// restart_instance while a job runs: the job is ended properly (its final state on record, named
+// in the result), every process of the sandbox ends, and a fresh sandbox runs.
+TEST_F(Living, RestartEndsRunningJobsAndEveryProcess) {
+  ASSERT_EQ(in_alpha("sleep 8181.5 >/dev/null 2>&1 & echo ok").exit_code, 0);
+  McpSession server(env_);
+  nlohmann::json job =
+      server.tool("submit_job", {{"instance_id", "alpha"}, {"command", "sleep 8182.5"}, {"timeout", 0}});
+  const std::string job_id = job["job_id"];
+  ASSERT_TRUE(eventually([] { return processes_with("8182.5").size() == 1; }, std::chrono::seconds(10)));
+  nlohmann::json restarted = server.tool("restart_instance", {{"instance_id", "alpha"}});
+  EXPECT_EQ(restarted["was_running"], true) << restarted.dump();
+  ASSERT_EQ(restarted["jobs_ended"].size(), 1u) << restarted.dump();
+  EXPECT_EQ(restarted["jobs_ended"][0]["job_id"], job_id);
+  EXPECT_EQ(restarted["state"], "running") << restarted.dump();
+  EXPECT_TRUE(eventually([] { return processes_with("8181.5").empty() && processes_with("8182.5").empty(); },
+                         std::chrono::seconds(10)));
+  nlohmann::json polled = server.tool("poll_job", {{"instance_id", "alpha"}, {"job_id", job_id}, {"timeout", 0}});
+  EXPECT_EQ(polled["status"], "cancelled") << polled.dump();
+  nlohmann::json echo = server.tool("terminal_execute", {{"instance_id", "alpha"}, {"command", "echo fresh"}});
+  EXPECT_EQ(echo["stdout"], "fresh\n");
+}
+
+// A sandbox that died outside ns-hpc's control (its keeper killed) is seen as stopped, with why,
+// and starts again on the next command.
+TEST_F(Living, ASandboxThatDiedIsReportedAndStartsAgain) {
+  ASSERT_EQ(in_alpha("echo x > /tmp/gone").exit_code, 0);
+  const std::string record = read_text(env_.instances() / "alpha/status/sandbox.status");
+  const auto at = record.find("\"ns-hpc-keeper\": ");
+  ASSERT_NE(at, std::string::npos) << record;
+  ::kill(static_cast<pid_t>(std::atoi(record.c_str() + at + 17)), SIGKILL);
+  McpSession server(env_);
+  ASSERT_TRUE(eventually([&] { return server.tool("describe_instance", {{"instance_id", "alpha"}})["state"] == "stopped"; },
+                         std::chrono::seconds(10)));
+  nlohmann::json described = server.tool("describe_instance", {{"instance_id", "alpha"}});
+  EXPECT_NE(described.value("last_end", std::string()).find("outside ns-hpc"), std::string::npos) << described.dump();
+  nlohmann::json again = server.tool("terminal_execute", {{"instance_id", "alpha"}, {"command", "cat /tmp/gone 2>&1; echo back"}});
+  EXPECT_NE(again["stdout"].get<std::string>().find("back"), std::string::npos) << again.dump();
+  EXPECT_EQ(again["stdout"].get<std::string>().find("x\n"), std::string::npos) << "/tmp should be fresh";
+}
