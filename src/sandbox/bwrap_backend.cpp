@@ -583,8 +583,11 @@ class BwrapBackend final : public Backend {
     fs::FileLock lock(target.state_dir / kLivingLock);
     if (Living found = find_living(target); found.running) return found;
 
+    // A new file, never the old one truncated: the keeper of a sandbox that just stopped may
+    // still append its last document to the file it holds.
+    ::unlink((target.state_dir / kLivingStatus).c_str());
     UniqueFd status(::open((target.state_dir / kLivingStatus).c_str(),
-                           O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+                           O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!status) throw SysError(errno, "create", (target.state_dir / kLivingStatus).string());
     UniqueFd busy = open_busy(target);
     ::unlink((target.state_dir / kLivingEnd).c_str());

@@ -31,6 +31,7 @@
 #include "base/error.hpp"
 #include "base/pidfd.hpp"
 #include "sandbox/members.hpp"
+#include "sandbox/spawn.hpp"
 
 #ifndef CLONE_PIDFD
 #define CLONE_PIDFD 0x00001000
@@ -111,14 +112,6 @@ pid_t raw_fork(int* pidfd = nullptr) {
   unsigned long flags = SIGCHLD;
   if (pidfd) flags |= CLONE_PIDFD;
   return static_cast<pid_t>(::syscall(SYS_clone, flags, nullptr, pidfd, nullptr, nullptr));
-}
-
-std::vector<char*> c_strings(const std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  out.reserve(strings.size() + 1);
-  for (const auto& s : strings) out.push_back(const_cast<char*>(s.c_str()));
-  out.push_back(nullptr);
-  return out;
 }
 
 // Everything the chain needs, prepared before the fork (no allocation after it).
@@ -349,16 +342,26 @@ void drop_capabilities(const Prepared& p) {
   }
 }
 
-// Sends the command init's pidfd to the caller (over kSocket); kills the init when it cannot.
-void send_pidfd(const Prepared& p, int pidfd, pid_t init) {
+// One byte and room for one descriptor (SCM_RIGHTS), for sendmsg/recvmsg on the chain's socket.
+struct FdMessage {
   char byte = 0;
   iovec iov{&byte, 1};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
   msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  FdMessage() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+};
+
+// Sends the command init's pidfd to the caller (over kSocket); kills the init when it cannot.
+void send_pidfd(const Prepared& p, int pidfd, pid_t init) {
+  FdMessage m;
+  msghdr& msg = m.msg;
   cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
   cmsg->cmsg_level = SOL_SOCKET;
   cmsg->cmsg_type = SCM_RIGHTS;
@@ -449,14 +452,8 @@ UniqueFd open_ns(pid_t pid, const char* name) {
 }
 
 UniqueFd receive_fd(int socket) {
-  char byte;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  FdMessage m;
+  msghdr& msg = m.msg;
   ssize_t n;
   do {
     n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);

@@ -55,14 +55,6 @@ struct Failure {
   ::_exit(127);
 }
 
-std::vector<char*> c_strings(const std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  out.reserve(strings.size() + 1);
-  for (const auto& s : strings) out.push_back(const_cast<char*>(s.c_str()));
-  out.push_back(nullptr);
-  return out;
-}
-
 // The child's side: only async-signal-safe calls from here to execve.
 [[noreturn]] void child_main(const ChildSetup& setup, char* const* argv, char* const* envp,
                              int* staged, int highest_target, int error_fd, pid_t parent) {
@@ -120,6 +112,14 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
 }
 
 }  // namespace
+
+std::vector<char*> c_strings(const std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  out.reserve(strings.size() + 1);
+  for (const auto& s : strings) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
 
 Child spawn(const ChildSetup& setup) {
   std::vector<char*> argv = c_strings(setup.argv);

@@ -34,6 +34,9 @@ struct Child {
   UniqueFd pidfd;  // pidfd_open(pid): signals go to this process even if the pid is reused
 };
 
+// argv/envp for execve: pointers into `strings`, null-terminated (made before a fork).
+std::vector<char*> c_strings(const std::vector<std::string>& strings);
+
 // Forks and execs. Throws Error naming the step that failed in the child (e.g. "setresuid(65534)").
 Child spawn(const ChildSetup& setup);
 

@@ -307,6 +307,18 @@ void add_update(mcp::Server& server, const ToolContext& ctx) {
   });
 }
 
+// The result of stop_instance and restart_instance: the living state, whether it ran, the jobs
+// ended (also as a sentence for the text).
+std::pair<json, std::string> ended_result(const store::Instance& inst, const lifecycle::Ended& ended) {
+  json out = lifecycle::state_json(ended.status);
+  out["instance_id"] = inst.id;
+  out["was_running"] = ended.was_running;
+  json items;
+  std::string jobs_text = ended_jobs_text(ended, items);
+  out["jobs_ended"] = std::move(items);
+  return {std::move(out), std::move(jobs_text)};
+}
+
 void add_stop(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "stop_instance",
@@ -328,12 +340,7 @@ void add_stop(mcp::Server& server, const ToolContext& ctx) {
             store::Instance inst = living_instance(ctx, args, "stop");
             lifecycle::Ended ended = lifecycle_of(ctx).stop(inst, actor(rc));
             server.notify_resource_updated(instance_uri(inst.id));
-            json out = lifecycle::state_json(ended.status);
-            out["instance_id"] = inst.id;
-            out["was_running"] = ended.was_running;
-            json ended_items;
-            const std::string jobs_text = ended_jobs_text(ended, ended_items);
-            out["jobs_ended"] = std::move(ended_items);
+            auto [out, jobs_text] = ended_result(inst, ended);
             return mcp::ToolResult::text(
                 fmt::format("{}{} Its files are kept; the next command starts it again.",
                             ended.was_running ? fmt::format("Stopped instance '{}': every process ended.", inst.id)
@@ -367,12 +374,7 @@ void add_restart(mcp::Server& server, const ToolContext& ctx) {
             store::Instance inst = living_instance(ctx, args, "restart");
             lifecycle::Ended ended = lifecycle_of(ctx).restart(inst, actor(rc));
             server.notify_resource_updated(instance_uri(inst.id));
-            json out = lifecycle::state_json(ended.status);
-            out["instance_id"] = inst.id;
-            out["was_running"] = ended.was_running;
-            json ended_items;
-            const std::string jobs_text = ended_jobs_text(ended, ended_items);
-            out["jobs_ended"] = std::move(ended_items);
+            auto [out, jobs_text] = ended_result(inst, ended);
             return mcp::ToolResult::text(
                 fmt::format("Restarted instance '{}'{}: a fresh sandbox is {}.{} Its files are kept.", inst.id,
                             ended.was_running ? " (every process ended)" : " (it was not running)",
