@@ -200,3 +200,17 @@ TEST_F(Living, ASandboxThatDiedIsReportedAndStartsAgain) {
   EXPECT_NE(again["stdout"].get<std::string>().find("back"), std::string::npos) << again.dump();
   EXPECT_EQ(again["stdout"].get<std::string>().find("x\n"), std::string::npos) << "/tmp should be fresh";
 }
+
+// A restart right after a command (the old keeper still finishing) always brings the sandbox up,
+// from the command line too; ps lists its processes.
+TEST_F(Living, RestartRightAfterACommandComesUpEveryTime) {
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_EQ(in_alpha("sleep 9191.5 >/dev/null 2>&1 & echo ok").exit_code, 0);
+    Result restart = env_.run({"instance", "restart", "alpha"});
+    EXPECT_EQ(restart.exit_code, 0) << restart.out << restart.err;
+    EXPECT_TRUE(eventually([] { return processes_with("9191.5").empty(); }, std::chrono::seconds(5)));
+  }
+  Result ps = env_.run({"instance", "ps", "alpha"});
+  EXPECT_EQ(ps.exit_code, 0) << ps.err;
+  EXPECT_NE(ps.out.find("sleep 86400"), std::string::npos) << ps.out;
+}
