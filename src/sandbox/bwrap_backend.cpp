@@ -380,7 +380,7 @@ std::chrono::seconds age_of(pid_t pid) {
 
 class BwrapBackend final : public Backend {
  public:
-  explicit BwrapBackend(const config::Config& config) : ns_(config.ns) {
+  explicit BwrapBackend(const config::Config& config) : ns_(config.ns), use_cgroups_(config.jobs.local.use_cgroups) {
     drop_to_ = users::sandbox_owner(ns_.sandbox_uid, ns_.sandbox_gid);
   }
 
@@ -465,7 +465,7 @@ class BwrapBackend final : public Backend {
   }
 
   bool commands_share_pids() const override {
-    if (!drop_to_) return false;
+    if (!drop_to_ || !use_cgroups_) return false;
     for (const stdfs::path& path : Cgroup::candidate_paths("probe")) {
       std::error_code ec;
       if (stdfs::exists(path.parent_path().parent_path() / "cgroup.kill", ec)) return true;
@@ -681,7 +681,7 @@ class BwrapBackend final : public Backend {
     Cgroup* group = spec.cgroup;
     std::unique_ptr<Cgroup> own_group;
     UniqueFd kill_file;
-    if (drop_to_) {
+    if (drop_to_ && use_cgroups_) {
       if (!group) {
         try {
           std::vector<std::string> unenforced;
@@ -946,6 +946,7 @@ class BwrapBackend final : public Backend {
   }
 
   config::Namespace ns_;
+  bool use_cgroups_ = true;  // [jobs.local] use_cgroups: off, commands of living instances get pid namespaces
   std::optional<users::Identity> drop_to_;
   mutable std::mutex mutex_;
   mutable std::string bwrap_path_;
