@@ -431,10 +431,9 @@ class BwrapBackend final : public Backend {
       const std::string name = entry.path().filename().string();
       if (name.empty() || name[0] < '0' || name[0] > '9') continue;
       const pid_t pid = static_cast<pid_t>(std::atoi(name.c_str()));
-      if (command_line(pid).find(std::string(kKeeperCommand) + " ") == std::string::npos) continue;
-      if (command_line(pid).find("--idle-stop-ms") == std::string::npos &&
-          command_line(pid).find("--busy-fd") == std::string::npos)
-        continue;
+      const std::string argv = command_line(pid);
+      if (argv.find(std::string(kKeeperCommand) + " ") == std::string::npos) continue;
+      if (argv.find("--idle-stop-ms") == std::string::npos && argv.find("--busy-fd") == std::string::npos) continue;
       UniqueFd keeper = open_pidfd(pid);
       if (!keeper) continue;
       // Its status file (descriptor 3, the living sandbox's record) says whose it is.
@@ -714,20 +713,11 @@ class BwrapBackend final : public Backend {
                                            spec.target.instance_id);
   }
 
+  // Removes the groups the instance's commands kept, waiting a little for their last members.
   static void eventually_remove_groups(const std::string& instance_id) {
     for (int attempt = 0; attempt < 50; ++attempt) {
       try {
-        Cgroup::remove_empty(instance_id, "term-");
-        Cgroup::remove_empty(instance_id, "cmd-");
-        if (Cgroup::candidate_paths(instance_id + "/x").empty()) return;
-        bool left = false;
-        for (const auto& path : Cgroup::candidate_paths(instance_id + "/x")) {
-          std::error_code ec;
-          for (const auto& e : stdfs::directory_iterator(path.parent_path(), ec))
-            left = left || e.path().filename().string().starts_with("term-") ||
-                   e.path().filename().string().starts_with("cmd-");
-        }
-        if (!left) return;
+        if (Cgroup::remove_empty(instance_id, "term-") + Cgroup::remove_empty(instance_id, "cmd-") == 0) return;
       } catch (const std::exception&) {
         return;
       }

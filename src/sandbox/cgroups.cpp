@@ -447,16 +447,16 @@ std::vector<stdfs::path> Cgroup::candidate_paths(const std::string& name, const 
 }
 
 std::size_t Cgroup::remove_empty(const std::string& folder, std::string_view prefix, const stdfs::path& mount_root) {
-  std::size_t removed = 0;
+  std::size_t left = 0;
   for (const stdfs::path& dir : candidate_paths(folder, mount_root)) {
     std::error_code ec;
     for (const auto& entry : stdfs::directory_iterator(dir, ec)) {
       const std::string name = entry.path().filename().string();
       if (!name.starts_with(prefix) || !entry.is_directory(ec)) continue;
-      if (::rmdir(entry.path().c_str()) == 0) ++removed;  // EBUSY while it has members
+      if (::rmdir(entry.path().c_str()) < 0) ++left;  // EBUSY while it has members
     }
   }
-  return removed;
+  return left;
 }
 
 std::unique_ptr<Cgroup> Cgroup::create(const std::string& name, const CgroupLimits& limits,

@@ -59,7 +59,7 @@ class Cgroup {
   static std::vector<std::filesystem::path> candidate_paths(const std::string& name,
                                                             const std::filesystem::path& mount_root = "/sys/fs/cgroup");
   // Removes the empty groups "<folder>/<prefix>*" (groups kept for processes that outlived their
-  // command, once those have ended); returns how many went. Populated ones stay.
+  // command, once those have ended); returns how many are left (populated ones stay).
   static std::size_t remove_empty(const std::string& folder, std::string_view prefix,
                                   const std::filesystem::path& mount_root = "/sys/fs/cgroup");
 
