@@ -156,8 +156,6 @@ std::pair<char*, std::size_t> own_arg_area() {
 
 void fail(const Prepared& p, Step step) { fail_to(p.error_fd, step); }
 
-bool kept(const Prepared& p, int fd) { return std::binary_search(p.keep.begin(), p.keep.end(), fd); }
-
 // Moves every descriptor to its number (through a staging area, so no source is clobbered) and
 // closes all others.
 void place_descriptors(Prepared& p) {
@@ -240,39 +238,41 @@ void drop_capabilities(const Prepared& p) {
   exec_command(p);
 }
 
-// pid 1 of the command's pid namespace: starts the command, reports its status, reaps every
-// process of the tree until none is left. Never returns.
-[[noreturn]] void command_init(const Prepared& p) {
-  ::close(kSocket);
-  static constexpr char kTitle[] = "ns-hpc-command-init";
-  if (p.args && p.args_len > sizeof kTitle) {
-    std::memset(p.args, 0, p.args_len);
-    std::memcpy(p.args, kTitle, sizeof kTitle);
-  }
-  ::prctl(PR_SET_NAME, "ns-hpc-init", 0, 0, 0);
-  if (p.setup->flat) {
-    // Not a pid namespace's init: no capabilities, no new privileges, like the spawner.
-    drop_capabilities(p);
-    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
-    if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
-  }
-  if (p.seccomp.len > 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p.seccomp) < 0) fail(p, Step::seccomp);
+// Starts the command as a child of this process, with SIGCHLD routed to `sigfd`. Flat, the
+// command's own process drops the privileges first (the joiner, its parent, has the sandbox user
+// namespace's capabilities); nested, the command init already has.
+pid_t start_command(const Prepared& p, int& sigfd) {
   sigset_t chld;
   ::sigemptyset(&chld);
   ::sigaddset(&chld, SIGCHLD);
   if (::sigprocmask(SIG_BLOCK, &chld, nullptr) < 0) fail(p, Step::signals);
-  const int sigfd = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  sigfd = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
   if (sigfd < 0) fail(p, Step::signals);
 
   const pid_t command = raw_fork();
   if (command < 0) fail(p, Step::fork);
-  if (command == 0) command_main(p);
-
-  // The command holds its stdio now; the init keeps none of it.
+  if (command == 0) {
+    if (p.setup->flat) {
+      drop_capabilities(p);
+      if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
+      if (p.seccomp.len > 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p.seccomp) < 0) fail(p, Step::seccomp);
+    }
+    command_main(p);
+  }
+  // The command holds its stdio now; the watcher keeps none of it.
   for (int fd : p.keep)
     if (fd < kErrors) ::close(fd);
   ::close(kErrors);
+  return command;
+}
 
+// Waits for the command and reports its wait status on kStatus; the caller going away before
+// that (kRelease closed) is a cancel. Once released, reads and discards what background
+// processes still write to the output pipes. Nested (pid 1 of the command's pid namespace): also
+// reaps every process of the tree and ends with the last of them. Flat (the joiner, outside the
+// sandbox's pid namespace): ends once the command has ended, the caller is done and nobody writes
+// the pipes; what the command left running is the sandbox init's to reap.
+[[noreturn]] void watch_command(const Prepared& p, pid_t command, int sigfd) {
   bool reported = false, released = false;
   bool discard_open[kMaxDiscard];
   for (int i = 0; i < kMaxDiscard; ++i) discard_open[i] = i < p.discard_count;
@@ -296,7 +296,6 @@ void drop_capabilities(const Prepared& p) {
     }
     for (;;) {
       int status = 0;
-      // Flat: only the command is ours (what it leaves is the sandbox init's to reap).
       const pid_t pid = ::waitpid(p.setup->flat ? command : -1, &status, WNOHANG);
       if (pid == command && !reported) {
         reported = true;
@@ -337,9 +336,24 @@ void drop_capabilities(const Prepared& p) {
       }
       discarding = discarding || discard_open[i];
     }
-    // Flat: done once the command has ended, the caller is done and nobody writes the pipes.
     if (p.setup->flat && reported && released && !discarding) ::_exit(0);
   }
+}
+
+// pid 1 of the command's pid namespace (nested): loads the seccomp filter, starts the command,
+// reports its status, reaps every process of the tree until none is left. Never returns.
+[[noreturn]] void command_init(const Prepared& p) {
+  ::close(kSocket);
+  static constexpr char kTitle[] = "ns-hpc-command-init";
+  if (p.args && p.args_len > sizeof kTitle) {
+    std::memset(p.args, 0, p.args_len);
+    std::memcpy(p.args, kTitle, sizeof kTitle);
+  }
+  ::prctl(PR_SET_NAME, "ns-hpc-init", 0, 0, 0);
+  if (p.seccomp.len > 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p.seccomp) < 0) fail(p, Step::seccomp);
+  int sigfd = -1;
+  const pid_t command = start_command(p, sigfd);
+  watch_command(p, command, sigfd);
 }
 
 // One byte and room for one descriptor (SCM_RIGHTS), for sendmsg/recvmsg on the chain's socket.
@@ -373,17 +387,15 @@ void send_pidfd(const Prepared& p, int pidfd, pid_t init) {
   }
 }
 
-// In the sandbox's pid namespace (not yet in it as a process: its children are): a pid
-// namespace for the command, no capabilities, no new privileges, then the command init.
-// Flat: no pid namespace; the command init drops the privileges itself. Either way the spawner
-// exits at once, so the command init's parent becomes the sandbox's init, which reaps it.
+// Nested: in the sandbox's pid namespace (not yet in it as a process: its children are) makes a
+// pid namespace for the command, drops every capability, sets no-new-privileges, starts the
+// command init and exits at once, so the command init's parent becomes the sandbox's init, which
+// reaps it.
 [[noreturn]] void spawner_main(const Prepared& p) {
-  if (!p.setup->flat) {
-    if (::unshare(CLONE_NEWPID) < 0) fail(p, Step::unshare_pid);
-    drop_capabilities(p);
-    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
-    if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
-  }
+  if (::unshare(CLONE_NEWPID) < 0) fail(p, Step::unshare_pid);
+  drop_capabilities(p);
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
+  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
   int pidfd = -1;
   const pid_t init = raw_fork(&pidfd);
   if (init < 0) fail(p, Step::fork);
@@ -429,6 +441,15 @@ void send_pidfd(const Prepared& p, int pidfd, pid_t init) {
   if (p.join[1] && ::setns(kNamespaces + 1, CLONE_NEWUSER) < 0) fail(p, Step::setns_user);
   ::syscall(SYS_close_range, kNamespaces, kNamespaces + kNamespaceCount - 1, 0);
 
+  if (p.setup->flat) {
+    // Flat: this process is the command's watcher. It stays outside the sandbox's pid namespace
+    // (nothing inside can see or signal it), and keeps no capability once the command runs.
+    int sigfd = -1;
+    const pid_t command = start_command(p, sigfd);
+    drop_capabilities(p);
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) ::_exit(127);
+    watch_command(p, command, sigfd);
+  }
   const pid_t spawner = raw_fork();
   if (spawner < 0) fail(p, Step::fork);
   if (spawner == 0) spawner_main(p);
@@ -486,13 +507,18 @@ SandboxNamespaces open_sandbox_namespaces(pid_t init, std::uint64_t pid_ns) {
   UniqueFd pidfd = open_member(init, pid_ns);
   if (!pidfd) throw SysError(ESRCH, "find the sandbox's init", fmt::format("pid {}", init));
   SandboxNamespaces ns;
-  ns.user = open_ns(init, "user");
-  ns.mnt = open_ns(init, "mnt");
-  ns.pid = open_ns(init, "pid");
-  ns.net = open_ns(init, "net");
-  ns.ipc = open_ns(init, "ipc");
-  ns.uts = open_ns(init, "uts");
-  ns.cgroup = open_ns(init, "cgroup");
+  try {
+    ns.user = open_ns(init, "user");
+    ns.mnt = open_ns(init, "mnt");
+    ns.pid = open_ns(init, "pid");
+    ns.net = open_ns(init, "net");
+    ns.ipc = open_ns(init, "ipc");
+    ns.uts = open_ns(init, "uts");
+    ns.cgroup = open_ns(init, "cgroup");
+  } catch (const SysError&) {
+    // An init that has just ended (a zombie still) has no namespaces left to open.
+    if (!wait_pidfd(pidfd.get(), std::chrono::milliseconds(0))) throw;
+  }
   // Still the same process (its pidfd not readable): the namespaces are its own.
   if (wait_pidfd(pidfd.get(), std::chrono::milliseconds(0)))
     throw SysError(ESRCH, "find the sandbox's init", fmt::format("pid {} ended", init));
@@ -547,7 +573,7 @@ Joined join_sandbox(const JoinSetup& setup) {
   p.moves.emplace_back(errors.write.get(), kErrors);
   p.moves.emplace_back(status.write.get(), kStatus);
   p.moves.emplace_back(release.read.get(), kRelease);
-  p.moves.emplace_back(theirs.get(), kSocket);
+  if (!setup.flat) p.moves.emplace_back(theirs.get(), kSocket);
   for (int i = 0; i < kNamespaceCount; ++i) {
     if (ns_fds[i] < 0) continue;
     p.moves.emplace_back(ns_fds[i], kNamespaces + i);
@@ -577,14 +603,29 @@ Joined join_sandbox(const JoinSetup& setup) {
   theirs.reset();
 
   Joined joined;
-  joined.pidfd = receive_fd(ours.get());
+  if (setup.flat) {
+    // The joiner itself watches the command: our child, reaped by whoever holds the handle.
+    int error = 0;
+    joined.pidfd = open_pidfd(joiner, &error);
+    if (!joined.pidfd) {
+      ::kill(joiner, SIGKILL);
+      ::waitpid(joiner, nullptr, 0);
+      throw SysError(error, "pidfd_open", "the joining process");
+    }
+    joined.our_child = true;
+  } else {
+    joined.pidfd = receive_fd(ours.get());
+  }
   Failure failure{};
   ssize_t n;
   do {
     n = ::read(errors.read.get(), &failure, sizeof failure);
   } while (n < 0 && errno == EINTR);
   int raw = 0;
-  while (::waitpid(joiner, &raw, 0) < 0 && errno == EINTR) {
+  if (!setup.flat || n == static_cast<ssize_t>(sizeof failure)) {
+    if (setup.flat) signal_pidfd(joined.pidfd.get(), SIGKILL);  // it would wait for the release
+    while (::waitpid(joiner, &raw, 0) < 0 && errno == EINTR) {
+    }
   }
   if (n == static_cast<ssize_t>(sizeof failure)) {
     if (joined.pidfd) signal_pidfd(joined.pidfd.get(), SIGKILL);
@@ -598,7 +639,7 @@ Joined join_sandbox(const JoinSetup& setup) {
     throw Error(fmt::format("could not run the command in the instance's sandbox: the joining process ended "
                             "with status {} without a report",
                             raw));
-  joined.pid = pid_of_pidfd(joined.pidfd.get());
+  joined.pid = setup.flat ? joiner : pid_of_pidfd(joined.pidfd.get());
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/ns/pid", static_cast<int>(joined.pid));
   struct stat st;
