@@ -196,11 +196,14 @@ AttachedRun run_attached(sandbox::Backend& backend, sandbox::RunSpec spec) {
   StopSignals signals({SIGWINCH});
   auto process = backend.start(spec);
   pty.slave.reset();  // only the sandbox holds it now
+  // A command joining a living sandbox has a terminal of the sandbox's own instead (made like
+  // this one): that is the one to relay.
+  const int master = process->terminal() >= 0 ? process->terminal() : pty.master.get();
   int stop_signal;
   {
     std::optional<RawMode> raw;
     if (caller->on[STDIN_FILENO]) raw.emplace(STDIN_FILENO);
-    stop_signal = relay(*caller, pty.master.get(), process->pidfd(), signals);
+    stop_signal = relay(*caller, master, process->pidfd(), signals);
   }
   return ended(*process, stop_signal);
 }

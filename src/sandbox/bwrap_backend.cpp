@@ -315,6 +315,7 @@ class JoinedProcess final : public Process {
   pid_t pid() const override { return joined_.pid; }
   pid_t sandbox_pid() const override { return joined_.pid; }
   int pidfd() const override { return joined_.status.get(); }  // readable once the command has ended
+  int terminal() const override { return joined_.terminal.get(); }
 
   ExitStatus wait() override {
     if (waited_) return result_;
@@ -681,6 +682,7 @@ class BwrapBackend final : public Backend {
     setup.drop_to = drop_to_;
     if (ns_.hardening && ns_.seccomp) setup.seccomp_bpf = seccomp_bpf();
     setup.controlling_tty = spec.terminal;
+    setup.own_terminal = spec.terminal;
     setup.discard_after_release = spec.output_readers;
     // As root, the command's cgroup kills its tree, and it runs in the sandbox's own pid
     // namespace: a later command's ps and kill reach what it left running. Elsewhere (a normal

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,7 +46,7 @@ namespace {
 constexpr int kErrors = 63;   // close-on-exec: EOF once the command has been executed
 constexpr int kStatus = 64;   // the command init writes the command's wait status here
 constexpr int kRelease = 65;  // EOF: the caller is done (or gone)
-constexpr int kSocket = 66;   // the spawner sends the command init's pidfd here
+constexpr int kSocket = 66;   // the terminal's master, then (nested) the command init's pidfd go here
 constexpr int kNamespaces = 67;  // 8 namespace descriptors: outer user, user, mnt, pid, net, ipc, uts, cgroup
 constexpr int kNamespaceCount = 8;
 constexpr int kDiscard = kNamespaces + kNamespaceCount;  // read ends to discard after release
@@ -56,7 +57,7 @@ constexpr int kStage = 100;  // staging area while descriptors are moved into pl
 enum class Step : int { dumpable, cgroup, dup, close, rlimit, setgroups, setgid, setuid, setns_outer_user,
                         setns_mnt, setns_pid, setns_net, setns_ipc, setns_uts, setns_cgroup, setns_user,
                         fork, unshare_pid, capabilities, no_new_privs, seccomp, send, signals, setsid, ctty,
-                        chdir, exec };
+                        chdir, exec, terminal };
 
 const char* step_name(Step s) {
   switch (s) {
@@ -87,6 +88,7 @@ const char* step_name(Step s) {
     case Step::ctty: return "set the controlling terminal";
     case Step::chdir: return "change to the working directory";
     case Step::exec: return "execute";
+    case Step::terminal: return "open a terminal in the sandbox (/dev/ptmx)";
   }
   return "?";
 }
@@ -372,19 +374,42 @@ struct FdMessage {
   FdMessage& operator=(const FdMessage&) = delete;
 };
 
-// Sends the command init's pidfd to the caller (over kSocket); kills the init when it cannot.
-void send_pidfd(const Prepared& p, int pidfd, pid_t init) {
+// Sends a descriptor to the caller over kSocket; false when it cannot.
+bool send_fd(int fd) {
   FdMessage m;
   msghdr& msg = m.msg;
   cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
   cmsg->cmsg_level = SOL_SOCKET;
   cmsg->cmsg_type = SCM_RIGHTS;
   cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cmsg), &pidfd, sizeof(int));
-  if (::sendmsg(kSocket, &msg, MSG_NOSIGNAL) < 0) {
-    ::kill(init, SIGKILL);
-    fail(p, Step::send);
-  }
+  std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+  return ::sendmsg(kSocket, &msg, MSG_NOSIGNAL) >= 0;
+}
+
+// The command's terminal, from the sandbox's own devpts: a terminal the caller made has no name
+// in the sandbox's /dev (`tty` would say "not a tty", programs that look up their terminal by
+// name fail). Opened with the sandbox's own access (after the uid drop and the joins), and
+// checked to be a terminal master; what lies at /dev/ptmx is the sandbox's to replace, and
+// anything else there is refused. The master goes to the caller; the slave becomes the
+// command's stdin, stdout and stderr.
+void open_terminal(const Prepared& p) {
+  const int master = ::open("/dev/ptmx", O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+  if (master < 0) fail(p, Step::terminal);
+  unsigned number = 0;
+  int unlock = 0;
+  if (::ioctl(master, TIOCGPTN, &number) < 0 || ::ioctl(master, TIOCSPTLCK, &unlock) < 0) fail(p, Step::terminal);
+  const int slave = ::ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY);
+  if (slave < 0) fail(p, Step::terminal);
+  // It starts as the terminal it replaces (stdin): its settings and window size.
+  termios attrs{};
+  if (::tcgetattr(0, &attrs) == 0) ::tcsetattr(slave, TCSANOW, &attrs);
+  winsize size{};
+  if (::ioctl(0, TIOCGWINSZ, &size) == 0) ::ioctl(master, TIOCSWINSZ, &size);
+  for (int fd = 0; fd < 3; ++fd)
+    if (::dup2(slave, fd) < 0) fail(p, Step::dup);
+  ::close(slave);
+  if (!send_fd(master)) fail(p, Step::send);
+  ::close(master);
 }
 
 // Nested: in the sandbox's pid namespace (not yet in it as a process: its children are) makes a
@@ -401,7 +426,10 @@ void send_pidfd(const Prepared& p, int pidfd, pid_t init) {
   if (init < 0) fail(p, Step::fork);
   if (init == 0) command_init(p);
 
-  send_pidfd(p, pidfd, init);
+  if (!send_fd(pidfd)) {
+    ::kill(init, SIGKILL);
+    fail(p, Step::send);
+  }
   ::_exit(0);
 }
 
@@ -440,6 +468,7 @@ void send_pidfd(const Prepared& p, int pidfd, pid_t init) {
   }
   if (p.join[1] && ::setns(kNamespaces + 1, CLONE_NEWUSER) < 0) fail(p, Step::setns_user);
   ::syscall(SYS_close_range, kNamespaces, kNamespaces + kNamespaceCount - 1, 0);
+  if (p.setup->own_terminal) open_terminal(p);
 
   if (p.setup->flat) {
     // Flat: this process is the command's watcher. It stays outside the sandbox's pid namespace
@@ -573,7 +602,7 @@ Joined join_sandbox(const JoinSetup& setup) {
   p.moves.emplace_back(errors.write.get(), kErrors);
   p.moves.emplace_back(status.write.get(), kStatus);
   p.moves.emplace_back(release.read.get(), kRelease);
-  if (!setup.flat) p.moves.emplace_back(theirs.get(), kSocket);
+  if (!setup.flat || setup.own_terminal) p.moves.emplace_back(theirs.get(), kSocket);
   for (int i = 0; i < kNamespaceCount; ++i) {
     if (ns_fds[i] < 0) continue;
     p.moves.emplace_back(ns_fds[i], kNamespaces + i);
@@ -613,9 +642,9 @@ Joined join_sandbox(const JoinSetup& setup) {
       throw SysError(error, "pidfd_open", "the joining process");
     }
     joined.our_child = true;
-  } else {
-    joined.pidfd = receive_fd(ours.get());
   }
+  if (setup.own_terminal) joined.terminal = receive_fd(ours.get());
+  if (!setup.flat) joined.pidfd = receive_fd(ours.get());
   Failure failure{};
   ssize_t n;
   do {

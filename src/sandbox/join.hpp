@@ -63,6 +63,9 @@ struct JoinSetup {
   std::optional<users::Identity> drop_to;    // as root: the sandbox's host uid/gid
   std::string seccomp_bpf;                   // struct sock_filter[]; empty: none
   bool controlling_tty = false;              // stdin is a terminal to become the controlling tty
+  // The command gets a terminal of the sandbox's own devpts as stdin, stdout, stderr and
+  // controlling tty (its master: Joined::terminal); fds 0-2 above are replaced.
+  bool own_terminal = false;
   // Read ends of the command's output pipes: once the caller has read what it wanted and
   // released the command (Joined::release), the command init reads and discards what
   // background processes still write there, so they never get EPIPE or block on a full pipe.
@@ -86,6 +89,7 @@ struct Joined {
   // Closing it releases the command: until then, the caller going away counts as a cancel (the
   // command init kills the tree when this closes before the command has ended).
   UniqueFd release;
+  UniqueFd terminal;  // own_terminal: the master of the command's terminal (non-blocking)
   // Flat: `pidfd` is this process's child (the joiner), to be reaped once it has ended; it ends
   // after the release, when no background process writes to the output pipes any more.
   bool our_child = false;
