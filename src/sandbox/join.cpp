@@ -4,6 +4,9 @@
 #include <grp.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
+#include <linux/magic.h>
+#include <linux/mount.h>
+#include <linux/openat2.h>
 #include <linux/nsfs.h>
 #include <linux/seccomp.h>
 #include <poll.h>
@@ -15,6 +18,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -57,7 +61,7 @@ constexpr int kStage = 100;  // staging area while descriptors are moved into pl
 enum class Step : int { dumpable, cgroup, dup, close, rlimit, setgroups, setgid, setuid, setns_outer_user,
                         setns_mnt, setns_pid, setns_net, setns_ipc, setns_uts, setns_cgroup, setns_user,
                         fork, unshare_pid, capabilities, no_new_privs, seccomp, send, signals, setsid, ctty,
-                        chdir, exec, terminal };
+                        chdir, exec, terminal, proc };
 
 const char* step_name(Step s) {
   switch (s) {
@@ -89,6 +93,7 @@ const char* step_name(Step s) {
     case Step::chdir: return "change to the working directory";
     case Step::exec: return "execute";
     case Step::terminal: return "open a terminal in the sandbox (/dev/ptmx)";
+    case Step::proc: return "mount the command's own /proc";
   }
   return "?";
 }
@@ -342,6 +347,52 @@ pid_t start_command(const Prepared& p, int& sigfd) {
   }
 }
 
+// Nested: a /proc of the command's own pid namespace in place of the sandbox's (in the command's
+// copy of the mount namespace), so that ps, pgrep and kill inside see the pids the command
+// itself uses; without it, procps stops with "lookup self" and pkill would aim at the sandbox's
+// numbering. Covered as bwrap covers a sandbox's: sys, sysrq-trigger, irq and bus read-only.
+// The mount point is found from the sandbox's root without following any link, and must be a
+// proc mount already (what the sandbox made there is never mounted over).
+void mount_own_proc(const Prepared& p) {
+  const int root = ::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) fail(p, Step::proc);
+  open_how how{};
+  how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  const int target = static_cast<int>(::syscall(SYS_openat2, root, "proc", &how, sizeof how));
+  struct statfs fs;
+  if (target < 0 || ::fstatfs(target, &fs) < 0) fail(p, Step::proc);
+  if (fs.f_type != PROC_SUPER_MAGIC) {
+    errno = EXDEV;
+    fail(p, Step::proc);
+  }
+  const int context = static_cast<int>(::syscall(SYS_fsopen, "proc", FSOPEN_CLOEXEC));
+  if (context < 0 || ::syscall(SYS_fsconfig, context, FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0) fail(p, Step::proc);
+  constexpr unsigned kLocked = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+  const int proc = static_cast<int>(::syscall(SYS_fsmount, context, FSMOUNT_CLOEXEC, kLocked));
+  if (proc < 0) fail(p, Step::proc);
+  if (::syscall(SYS_move_mount, proc, "", target, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
+    fail(p, Step::proc);
+  for (const char* cover : {"sys", "sysrq-trigger", "irq", "bus"}) {
+    const int tree =
+        static_cast<int>(::syscall(SYS_open_tree, proc, cover, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW));
+    if (tree < 0) {
+      if (errno == ENOENT) continue;  // not on this kernel
+      fail(p, Step::proc);
+    }
+    mount_attr attr{};
+    attr.attr_set = MOUNT_ATTR_RDONLY | kLocked;
+    if (::syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0 ||
+        ::syscall(SYS_move_mount, tree, "", proc, cover, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+      fail(p, Step::proc);
+    ::close(tree);
+  }
+  ::close(proc);
+  ::close(context);
+  ::close(target);
+  ::close(root);
+}
+
 // pid 1 of the command's pid namespace (nested): loads the seccomp filter, starts the command,
 // reports its status, reaps every process of the tree until none is left. Never returns.
 [[noreturn]] void command_init(const Prepared& p) {
@@ -352,6 +403,13 @@ pid_t start_command(const Prepared& p, int& sigfd) {
     std::memcpy(p.args, kTitle, sizeof kTitle);
   }
   ::prctl(PR_SET_NAME, "ns-hpc-init", 0, 0, 0);
+  mount_own_proc(p);
+  // Now the sandbox's own user namespace, and nothing of any capability kept.
+  if (p.join[1] && ::setns(kNamespaces + 1, CLONE_NEWUSER) < 0) fail(p, Step::setns_user);
+  ::close(kNamespaces + 1);
+  drop_capabilities(p);
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
+  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
   if (p.seccomp.len > 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p.seccomp) < 0) fail(p, Step::seccomp);
   int sigfd = -1;
   const pid_t command = start_command(p, sigfd);
@@ -413,14 +471,13 @@ void open_terminal(const Prepared& p) {
 }
 
 // Nested: in the sandbox's pid namespace (not yet in it as a process: its children are) makes a
-// pid namespace for the command, drops every capability, sets no-new-privileges, starts the
+// pid namespace and a mount namespace (a copy of the sandbox's) for the command, starts the
 // command init and exits at once, so the command init's parent becomes the sandbox's init, which
 // reaps it.
 [[noreturn]] void spawner_main(const Prepared& p) {
-  if (::unshare(CLONE_NEWPID) < 0) fail(p, Step::unshare_pid);
-  drop_capabilities(p);
-  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
-  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
+  // Still in the sandbox's outer user namespace, which owns its mount namespace: the copy made
+  // here has the same owner, so the command init may mount a /proc of its own in it.
+  if (::unshare(CLONE_NEWPID | CLONE_NEWNS) < 0) fail(p, Step::unshare_pid);
   int pidfd = -1;
   const pid_t init = raw_fork(&pidfd);
   if (init < 0) fail(p, Step::fork);
@@ -466,8 +523,15 @@ void open_terminal(const Prepared& p) {
     if (p.join[i] && ::setns(kNamespaces + i, order[static_cast<std::size_t>(i)].first) < 0)
       fail(p, order[static_cast<std::size_t>(i)].second);
   }
-  if (p.join[1] && ::setns(kNamespaces + 1, CLONE_NEWUSER) < 0) fail(p, Step::setns_user);
-  ::syscall(SYS_close_range, kNamespaces, kNamespaces + kNamespaceCount - 1, 0);
+  // Flat: the sandbox's own user namespace now. Nested: the command init joins it, once it has
+  // mounted the command's /proc (which takes the outer one's capabilities).
+  if (p.setup->flat && p.join[1] && ::setns(kNamespaces + 1, CLONE_NEWUSER) < 0) fail(p, Step::setns_user);
+  if (p.setup->flat || !p.join[1]) {
+    ::syscall(SYS_close_range, kNamespaces, kNamespaces + kNamespaceCount - 1, 0);
+  } else {
+    ::close(kNamespaces);
+    ::syscall(SYS_close_range, kNamespaces + 2, kNamespaces + kNamespaceCount - 1, 0);
+  }
   if (p.setup->own_terminal) open_terminal(p);
 
   if (p.setup->flat) {
