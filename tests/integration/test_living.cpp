@@ -148,7 +148,8 @@ TEST_F(Living, AsRootALaterCommandCanPsAndKillAnEarlierOnesBackgroundProcess) {
 // normal user each command has a pid namespace and a /proc of its own).
 TEST_F(Living, PsPgrepAndKillWorkInsideEveryCommand) {
   Result r = in_alpha(
-      "sleep 6161.5 >/dev/null 2>&1 & ps -eo pid,args >/tmp/ps.txt || echo ps-failed; "
+      "sleep 6161.5 >/dev/null 2>&1 & until pgrep -f '^sleep 6161.5' >/dev/null; do :; done; "
+      "ps -eo pid,args >/tmp/ps.txt || echo ps-failed; "
       "grep -c '[s]leep 6161.5' /tmp/ps.txt; kill $(pgrep -f '^sleep 6161.5') && wait && echo killed");
   EXPECT_EQ(r.out, "1\nkilled\n") << r.err;
   EXPECT_TRUE(eventually([] { return processes_with("6161.5").empty(); }, std::chrono::seconds(5)));
