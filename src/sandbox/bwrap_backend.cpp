@@ -132,7 +132,7 @@ class BwrapProcess final : public Process {
     // monitor and then the init come to us (the server is a subreaper): wait() reaps them.
     if (keeper_ && init_pidfd_ && !status_.joined()) {
       const pid_t monitor = parent_of(init_pid_);
-      if (monitor > 0 && monitor != child_.pid) {
+      if (monitor > 0 && monitor != child_.pid()) {
         UniqueFd fd = open_pidfd(monitor);
         if (fd && parent_of(init_pid_) == monitor) monitor_pidfd_ = std::move(fd);  // still its parent: the same process
       }
@@ -147,9 +147,9 @@ class BwrapProcess final : public Process {
     }
   }
 
-  pid_t pid() const override { return child_.pid; }
+  pid_t pid() const override { return child_.pid(); }
   pid_t sandbox_pid() const override { return init_pid_; }
-  int pidfd() const override { return child_.pidfd.get(); }
+  int pidfd() const override { return child_.pidfd(); }
 
   void kill() override {
     if (reaped_) return;
@@ -158,10 +158,13 @@ class BwrapProcess final : public Process {
     // A keeper then sees bwrap end, reaps everything and reports: killing it as well would
     // hand its children to us half-way. Without an init to kill, it goes too.
     if (keeper_ && init_pidfd_) return;
-    signal_pidfd(child_.pidfd.get(), SIGKILL);
+    signal_pidfd(child_.pidfd(), SIGKILL);
   }
 
-  void disown() override { reaped_ = true; }
+  void disown() override {
+    child_.release();  // its keeper outlives this handle
+    reaped_ = true;
+  }
 
   // A group the backend made for this execution alone: emptied and removed once it has ended.
   void own_group(std::unique_ptr<Cgroup> group) { group_ = std::move(group); }
@@ -169,10 +172,7 @@ class BwrapProcess final : public Process {
   ExitStatus wait() override {
     if (reaped_) return result_;
     read_status(/*until_child_pid=*/false);  // a pipe: to its end, when bwrap has exited
-    int raw = 0;
-    while (::waitpid(child_.pid, &raw, 0) < 0) {
-      if (errno != EINTR) throw SysError(errno, "waitpid", keeper_ ? "the job keeper" : "bwrap");
-    }
+    const int raw = child_.wait(keeper_ ? "the job keeper" : "bwrap");
     reaped_ = true;
     read_status(/*until_child_pid=*/false);  // a file: everything written until the end
     result_ = interpret(raw);
@@ -183,7 +183,7 @@ class BwrapProcess final : public Process {
         group_->kill(2000);
         group_->remove();
       } catch (const std::exception& e) {
-        log::debug("cgroup of bwrap pid {} left: {}", child_.pid, e.what());
+        log::debug("cgroup of bwrap pid {} left: {}", child_.pid(), e.what());
       }
     }
     return result_;
@@ -242,7 +242,7 @@ class BwrapProcess final : public Process {
   }
 
   bool process_alive() const {
-    pollfd p{child_.pidfd.get(), POLLIN, 0};
+    pollfd p{child_.pidfd(), POLLIN, 0};
     return ::poll(&p, 1, 0) == 0;  // a pidfd becomes readable when the process exits
   }
 
