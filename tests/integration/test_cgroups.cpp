@@ -629,3 +629,58 @@ TEST(Cgroups, LimitsMissingFromTheOnlyHierarchyAreListedNotThrown) {
         << u;
   }
 }
+
+// An instance's folder: limits written on it bound the groups made below it (a fork loop in a
+// leaf with no limit of its own stops at the folder's pids), usage() reads them back with what
+// is used, a limit taken out is taken off, and the folder goes once nothing is below it.
+TEST(Cgroups, AFolderBoundsTheGroupsBelowItAndTakesLimitsOff) {
+  REQUIRE(pids);
+  SubreaperScope reaper;
+  const std::string folder = unique_name("instance");
+  std::vector<std::string> unenforced;
+  sb::CgroupLimits limits;
+  limits.pids = 20;
+  sb::Cgroup::limit_folder(folder, limits, unenforced);
+  ASSERT_TRUE(unenforced.empty()) << unenforced.front();
+  GroupGuard leaf(sb::Cgroup::create(folder + "/leaf", {}, unenforced));
+  ASSERT_TRUE(unenforced.empty()) << unenforced.front();
+  auto usage = sb::Cgroup::usage(folder);
+  ASSERT_TRUE(usage);
+  EXPECT_EQ(usage->pids_max, 20u);
+  EXPECT_EQ(usage->pids, 0u);
+
+  Child c;
+  start_in_group(c, leaf->procs_fds(), [](int report) {
+    int forked = 0;
+    for (int i = 0; i < 100; ++i) {
+      pid_t p = ::fork();
+      if (p == 0) {
+        for (;;) ::pause();
+      }
+      if (p < 0) break;
+      ++forked;
+    }
+    if (::write(report, &forked, sizeof forked) != sizeof forked) return 1;
+    for (;;) ::pause();
+  });
+  int forked = -1;
+  ASSERT_TRUE(c.read_exact(&forked, sizeof forked, 2500));
+  EXPECT_GE(forked, 1);
+  EXPECT_LE(forked, 19) << "the leaf has no limit: only the folder's 20 can stop it";
+  usage = sb::Cgroup::usage(folder);
+  ASSERT_TRUE(usage);
+  EXPECT_EQ(usage->pids, static_cast<std::uint64_t>(forked) + 1);
+  EXPECT_TRUE(leaf->kill(2000));
+  EXPECT_TRUE(c.wait(2000));
+
+  sb::Cgroup::limit_folder(folder, {}, unenforced);  // the limit left the configuration
+  usage = sb::Cgroup::usage(folder);
+  ASSERT_TRUE(usage);
+  EXPECT_FALSE(usage->pids_max) << *usage->pids_max;
+
+  EXPECT_FALSE(sb::Cgroup::remove_folder(folder)) << "removed with a group below it";
+  leaf.cg->remove();
+  EXPECT_TRUE(sb::Cgroup::remove_folder(folder));
+  EXPECT_FALSE(sb::Cgroup::usage(folder));
+  for (const auto& p : sb::Cgroup::candidate_paths(folder)) EXPECT_FALSE(stdfs::exists(p)) << p;
+}
