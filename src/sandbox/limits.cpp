@@ -62,14 +62,19 @@ std::vector<std::string> instance_limits_unenforced(const std::map<std::string, 
       {"cpus", cg.cpus.has_value()}, {"memory", cg.memory_bytes.has_value()}, {"pids", cg.pids.has_value()}};
   if (!cg.cpus && !cg.memory_bytes && !cg.pids) return out;
   if (!use_cgroups) {
+    std::vector<std::string> names;
     for (const auto& [name, set] : asked)
-      if (set) out.push_back(fmt::format("{}: {}", name, kNoCgroups));
+      if (set) names.emplace_back(name);
+    out.push_back(fmt::format("{}: {}", fmt::join(names, ", "), kNoCgroups));
     return out;
   }
   const CgroupSupport support = probe_cgroups();
-  const std::pair<const char*, bool> works[] = {{"cpus", support.cpu}, {"memory", support.memory}, {"pids", support.pids}};
+  const bool works[] = {support.cpu, support.memory, support.pids};
+  std::vector<std::string> not_here;
   for (std::size_t i = 0; i < std::size(asked); ++i)
-    if (asked[i].second && !works[i].second) out.push_back(fmt::format("{}: {}", asked[i].first, support.detail));
+    if (asked[i].second && !works[i]) not_here.emplace_back(asked[i].first);
+  // One line for all of them: the probe's detail is the same reason for each.
+  if (!not_here.empty()) out.push_back(fmt::format("{}: {}", fmt::join(not_here, ", "), support.detail));
   return out;
 }
 

@@ -49,7 +49,7 @@ std::vector<std::string> apply_instance_limits(const std::map<std::string, std::
 // An instance's limits as configured, whether they are enforced, and what it uses now.
 struct InstanceLimits {
   std::map<std::string, std::int64_t> configured;  // cpus, memory (MiB), pids; only those set
-  std::vector<std::string> unenforced;             // "memory: why", for configured limits only
+  std::vector<std::string> unenforced;             // "memory, pids: why", for configured limits only
   std::optional<CgroupUsage> usage;                // while the instance's group exists
 };
 // Read-only for the instance (nothing made under its name): whether the limits can be enforced
