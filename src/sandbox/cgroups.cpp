@@ -560,7 +560,10 @@ void Cgroup::limit_folder(const std::string& name, const CgroupLimits& limits, s
       if (problems.count(c)) continue;
       try {
         if (c == "memory" && limits.memory_bytes) {
-          if (!h.v2) write_unlimited(h, folder, c);  // a raise must not stay above memsw's old value
+          // v1 refuses a memory limit above the memory+swap one: a raise lifts memsw first (the
+          // memory limit itself stays in force meanwhile; write_memory sets memsw again).
+          if (!h.v2 && file_exists(folder / "memory.memsw.limit_in_bytes"))
+            write_cgroup_file(folder / "memory.memsw.limit_in_bytes", "-1");
           write_memory(h, folder, *limits.memory_bytes, notes);
         } else if (c == "cpu" && limits.cpus) {
           write_cpu(h, folder, *limits.cpus);
