@@ -422,7 +422,28 @@ void write_memory(const Hierarchy& h, const stdfs::path& group, std::uint64_t by
   }
 }
 
+// The cores a v1 group's quota gives (nullopt: no quota, "-1").
+std::optional<double> v1_cpus(const stdfs::path& group) {
+  const auto quota = parse_u64(read_cgroup_file(group / "cpu.cfs_quota_us").value_or(""));
+  const auto period = parse_u64(read_cgroup_file(group / "cpu.cfs_period_us").value_or(""));
+  if (!quota || !period || *period == 0) return std::nullopt;
+  return static_cast<double>(*quota) / static_cast<double>(*period);
+}
+
+// v1 refuses a group a CPU quota above that of its nearest ancestor with one (EINVAL), where
+// v2 takes the smaller of the two itself. So on v1 a group gets at most what is above it: an
+// execution's own cpus below an instance's, the same bound as on v2.
+double v1_cpu_ceiling(const Hierarchy& h, const stdfs::path& group, double cpus) {
+  const std::string mount = normal(h.mount);
+  for (stdfs::path dir = stdfs::path(normal(group)).parent_path(); is_under(dir.string(), mount) && dir.string() != mount;
+       dir = dir.parent_path()) {
+    if (auto above = v1_cpus(dir)) return std::min(cpus, *above);
+  }
+  return cpus;
+}
+
 void write_cpu(const Hierarchy& h, const stdfs::path& group, double cpus) {
+  if (!h.v2) cpus = v1_cpu_ceiling(h, group, cpus);
   const double wanted = std::round(cpus * static_cast<double>(kCpuPeriodUs));
   const long long quota = wanted >= static_cast<double>(kCpuMaxQuotaUs)
                               ? kCpuMaxQuotaUs
@@ -566,6 +587,16 @@ void Cgroup::limit_folder(const std::string& name, const CgroupLimits& limits, s
             write_cgroup_file(folder / "memory.memsw.limit_in_bytes", "-1");
           write_memory(h, folder, *limits.memory_bytes, notes);
         } else if (c == "cpu" && limits.cpus) {
+          if (!h.v2) {
+            // v1: no group below may keep more than the folder gets (see v1_cpu_ceiling); they
+            // come down first, so that the folder's own quota is accepted.
+            std::error_code ec;
+            for (const auto& entry : stdfs::directory_iterator(folder, ec)) {
+              std::error_code ec2;
+              if (entry.symlink_status(ec2).type() != stdfs::file_type::directory) continue;
+              if (auto has = v1_cpus(entry.path()); has && *has > *limits.cpus) write_cpu(h, entry.path(), *limits.cpus);
+            }
+          }
           write_cpu(h, folder, *limits.cpus);
         } else if (c == "pids" && limits.pids) {
           write_cgroup_file(folder / "pids.max", std::to_string(*limits.pids));

@@ -684,3 +684,56 @@ TEST(Cgroups, AFolderBoundsTheGroupsBelowItAndTakesLimitsOff) {
   EXPECT_FALSE(sb::Cgroup::usage(folder));
   for (const auto& p : sb::Cgroup::candidate_paths(folder)) EXPECT_FALSE(stdfs::exists(p)) << p;
 }
+
+// cpus nest too: a group below a folder gets at most the folder's cores (v1 would refuse more with
+// EINVAL; v2 takes the smaller itself), and lowering the folder below a group's own lowers the
+// group first on v1, so the folder's limit is always accepted.
+TEST(Cgroups, AFoldersCpusBoundTheGroupsBelowIt) {
+  REQUIRE(cpu);
+  const std::string folder = unique_name("cpus");
+  std::vector<std::string> unenforced;
+  sb::CgroupLimits one;
+  one.cpus = 1;
+  sb::Cgroup::limit_folder(folder, one, unenforced);
+  ASSERT_TRUE(unenforced.empty()) << unenforced.front();
+  sb::CgroupLimits two;
+  two.cpus = 2;
+  GroupGuard leaf(sb::Cgroup::create(folder + "/leaf", two, unenforced));
+  EXPECT_TRUE(unenforced.empty()) << unenforced.front();
+  auto cores = [](const stdfs::path& group) -> std::optional<double> {
+    for (const auto& [quota_file, period_file] : {std::pair{"cpu.cfs_quota_us", "cpu.cfs_period_us"}}) {
+      if (!stdfs::exists(group / quota_file)) continue;
+      const double quota = std::stod(slurp(group / quota_file)), period = std::stod(slurp(group / period_file));
+      if (quota > 0) return quota / period;
+      return std::nullopt;
+    }
+    if (!stdfs::exists(group / "cpu.max")) return std::nullopt;
+    std::istringstream in(slurp(group / "cpu.max"));
+    std::string quota;
+    double period = 0;
+    in >> quota >> period;
+    if (quota == "max") return std::nullopt;
+    return std::stod(quota) / period;
+  };
+  // v2 keeps what was asked (the kernel takes the smaller itself); v1 gets the folder's.
+  auto leaf_cores = [&]() -> std::pair<std::optional<double>, bool> {
+    for (const auto& p : leaf->paths())
+      if (auto c = cores(p)) return {c, stdfs::exists(p / "cpu.cfs_quota_us")};
+    return {std::nullopt, false};
+  };
+  auto [before, v1] = leaf_cores();
+  ASSERT_TRUE(before);
+  EXPECT_DOUBLE_EQ(*before, v1 ? 1.0 : 2.0);
+
+  sb::CgroupLimits half;
+  half.cpus = 0.5;
+  sb::Cgroup::limit_folder(folder, half, unenforced);
+  EXPECT_TRUE(unenforced.empty()) << unenforced.front();
+  auto usage = sb::Cgroup::usage(folder);
+  ASSERT_TRUE(usage);
+  ASSERT_TRUE(usage->cpus_max);
+  EXPECT_DOUBLE_EQ(*usage->cpus_max, 0.5);
+  if (v1) EXPECT_DOUBLE_EQ(*leaf_cores().first, 0.5) << "the group below was not lowered first";
+  leaf.cg->remove();
+  EXPECT_TRUE(sb::Cgroup::remove_folder(folder));
+}
