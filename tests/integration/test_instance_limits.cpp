@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -53,6 +54,22 @@ const char* kForkLoop =
     "    n += 1\n"
     "print(n)'";
 
+// Removes an instance's groups when a test ends, also when it failed half-way (declared before
+// the Env, so it goes after the Env has ended the instance's living sandbox).
+struct GroupsGone {
+  std::string id;
+  ~GroupsGone() {
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      try {
+        if (sb::Cgroup::remove_empty(id, "") == 0 && sb::Cgroup::remove_folder(id)) return;
+      } catch (const std::exception&) {
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+};
+
 json describe(const Env& env, const std::string& id) {
   Result r = env.run({"instance", "describe", id, "--json"});
   json j = json::parse(r.out, nullptr, false);
@@ -74,6 +91,7 @@ bool groups_exist(const std::string& id) {
 TEST(InstanceLimits, MemoryHogIsKilledOnlyInTheLimitedInstance) {
   REQUIRE_CGROUP(memory);
   const std::string small = unique_id("small"), free = unique_id("free");
+  GroupsGone small_groups{small}, free_groups{free};
   Env limited("limits = { memory = 64 }\n");
   limited.create(small);
   Env unlimited;
@@ -105,6 +123,7 @@ TEST(InstanceLimits, MemoryHogIsKilledOnlyInTheLimitedInstance) {
 TEST(InstanceLimits, PidsAreBoundedForTheInstanceAcrossCommands) {
   REQUIRE_CGROUP(pids);
   const std::string id = unique_id("pids");
+  GroupsGone groups{id};
   Env env("persistent = true\nidle_stop = 120\ndefault_network = \"off\"\nlimits = { pids = 40 }\n");
   env.create(id);
   McpSession server(env);
@@ -152,6 +171,7 @@ TEST(InstanceLimits, PidsAreBoundedForTheInstanceAcrossCommands) {
 TEST(InstanceLimits, AJobKeepsItsOwnLimitBelowTheInstances) {
   REQUIRE_CGROUP(memory);
   const std::string id = unique_id("job");
+  GroupsGone groups{id};
   Env env("limits = { memory = 256 }\n");
   env.create(id);
   auto job = [&](std::vector<std::string> limit) {
