@@ -604,8 +604,10 @@ void Cgroup::limit_folder(const std::string& name, const CgroupLimits& limits, s
           write_unlimited(h, folder, c);
         }
       } catch (const Error& e) {
-        if (asked.at(c)) problems[c] = e.what();
-        else log::warn("cgroup {}: the {} limit could not be taken off: {}", name, c, e.what());
+        if (asked.at(c))
+          problems[c] = e.what();
+        else  // e.g. a group of that name another user's server made (EACCES): not ours to change
+          log::debug("cgroup {}: the {} limit could not be taken off: {}", name, c, e.what());
       }
     }
   }
