@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,23 +13,13 @@
 #include "base/error.hpp"
 #include "base/fd.hpp"
 #include "base/pidfd.hpp"
-
-extern char** environ;
+#include "base/spawn.hpp"
 
 namespace nshpc {
 
 namespace {
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
-
-// posix_spawn file actions, released on every path.
-struct FileActions {
-  posix_spawn_file_actions_t actions;
-  FileActions() { posix_spawn_file_actions_init(&actions); }
-  ~FileActions() { posix_spawn_file_actions_destroy(&actions); }
-  FileActions(const FileActions&) = delete;
-  FileActions& operator=(const FileActions&) = delete;
-};
 
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::seconds kReapBound{5};  // how long a SIGKILLed program may take to go
@@ -78,19 +67,19 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::strin
   auto [out_read, out_write] = make_pipe();
   auto [err_read, err_write] = make_pipe();
 
-  FileActions fa;
-  posix_spawn_file_actions_adddup2(&fa.actions, in_read.get(), 0);
-  posix_spawn_file_actions_adddup2(&fa.actions, out_write.get(), 1);
-  posix_spawn_file_actions_adddup2(&fa.actions, err_write.get(), 2);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = argv[0].find('/') == std::string::npos
-                     ? ::posix_spawnp(&pid, argv[0].c_str(), &fa.actions, nullptr, args.data(), environ)
-                     : ::posix_spawn(&pid, argv[0].c_str(), &fa.actions, nullptr, args.data(), environ);
-  if (rc != 0) throw SysError(rc, "run", argv[0]);
-  const UniqueFd pidfd = open_pidfd(pid);
+  SpawnSpec spec;
+  spec.program = argv[0];  // looked up in PATH when it has no slash
+  spec.argv = argv;
+  spec.fds = {{in_read.get(), 0}, {out_write.get(), 1}, {err_write.get(), 2}};
+  SpawnedChild child;
+  try {
+    child = spawn(spec);
+  } catch (const SysError& e) {
+    throw e.wrapped(fmt::format("run {}", argv[0]));  // ENOENT: not installed or not in PATH
+  }
+  // Reaped below, by reap(), on every path that gets there; an exception before that kills it.
+  const pid_t pid = child.pid();
+  const int pidfd = child.pidfd();
   in_read.reset();
   out_write.reset();
   err_write.reset();
@@ -116,7 +105,8 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::strin
     if (ready < 0 && errno != EINTR) {
       const int err = errno;
       bool killed = false;
-      reap(pid, pidfd.get(), Clock::now(), argv[0], killed);
+      child.release();
+      reap(pid, pidfd, Clock::now(), argv[0], killed);
       throw SysError(err, "poll", fmt::format("the output of {} (it was killed)", argv[0]));
     }
     for (int i = 0; i < n; ++i) {
@@ -138,7 +128,8 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::strin
       }
     }
   }
-  const int status = reap(pid, pidfd.get(), deadline, argv[0], result.timed_out);
+  child.release();
+  const int status = reap(pid, pidfd, deadline, argv[0], result.timed_out);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
 }

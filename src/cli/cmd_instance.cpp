@@ -249,6 +249,7 @@ void add_describe(CLI::App& parent, Invocation& inv, const std::shared_ptr<Insta
     const store::Store::DiskUse use = inv.store().disk_use(inst);
     nlohmann::json out = instance_host_json(inst);
     add_living_state(inv, inst, out);
+    out["limits"] = lifecycle::limits_json(inv.config(), inst.id);
     if (a->json) {
       out["disk_usage"] = {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes}, {"files", use.files}};
       print_json(out);
@@ -257,6 +258,7 @@ void add_describe(CLI::App& parent, Invocation& inv, const std::shared_ptr<Insta
       std::printf("Disk use:      %.1f MiB in the workspace, %.1f MiB in output, %llu files\n",
                   use.workspace_bytes / 1048576.0, use.output_bytes / 1048576.0,
                   static_cast<unsigned long long>(use.files));
+      std::printf("Limits:        %s\n", lifecycle::limits_line(out["limits"]).c_str());
     }
   });
 }

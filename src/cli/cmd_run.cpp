@@ -17,6 +17,7 @@
 #include "base/log.hpp"
 #include "base/random.hpp"
 #include "cli/app.hpp"
+#include "sandbox/limits.hpp"
 #include "tools/tools.hpp"
 #include "transport/http.hpp"
 #include "transport/stdio.hpp"
@@ -76,6 +77,9 @@ int serve(Invocation& inv, Serve&& transport) {
   engine.recover();  // jobs left running by an earlier server are watched again
   // Nothing runs that no record names: living sandboxes of instances that are gone end here.
   for (const std::string& line : inv.backend().end_stray_sandboxes(cfg.ns.instances_dir)) log::warn("{}", line);
+  // Said once here: an instance's limits this host cannot enforce (describe_instance lists them too).
+  for (const std::string& why : sandbox::instance_limits_unenforced(cfg.ns.limits, cfg.jobs.local.use_cgroups))
+    log::warn("[namespace] limits: {} (not enforced for any instance)", why);
   // Deletes an earlier run left unfinished, off the start-up path (a big tree must not delay the
   // first answer); joined when the server ends.
   std::jthread finish_deletions([&store = inv.store()] {

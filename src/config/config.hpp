@@ -89,6 +89,9 @@ struct Namespace {
   std::int64_t tmp_size = 0;  // MiB
   bool persistent = false;      // new instances are living instances (one long-lived sandbox)
   std::int64_t idle_stop = 0;   // seconds without activity before a living instance stops; 0 = never
+  // [namespace] limits: cpus, memory (MiB), pids of a whole instance (every execution of it
+  // together); absent or 0 = no limit. sandbox/limits.hpp says how they nest.
+  std::map<std::string, std::int64_t> limits;
 };
 
 // terminal_execute: cpus, memory (MiB), pids, output (MiB).

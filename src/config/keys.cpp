@@ -114,6 +114,23 @@ std::vector<Key<Limit>> limit_fields() {
 
 std::int64_t minimum(std::string_view local_limit) { return *local_limit_minimum(local_limit); }
 
+// An instance limit: 0 (no limit), or from the limit's local minimum up to `max`. Below the
+// minimum is refused rather than rounded: a sandbox cannot even start under it.
+Type<std::int64_t> zero_or_local_limit(std::string_view name, std::int64_t max, std::string_view meaning) {
+  const std::int64_t min = minimum(name);
+  const Type<std::int64_t> any = integer({0, max, meaning});
+  std::string expected = fmt::format("an integer ({}, 0 = no limit, else {}..{})", meaning, min, max);
+  return {expected, [any, min, name, expected](const Field& field, LoadState& state) -> std::optional<std::int64_t> {
+            auto value = any.read(field, state);
+            if (value && *value > 0 && *value < min) {
+              state.error(field, fmt::format("{} is below the minimum of {} for {}; use 0 for no limit, or {} or more",
+                                             *value, min, name, min));
+              return std::nullopt;
+            }
+            return value;
+          }};
+}
+
 // ---- the table ------------------------------------------------------------------------------
 
 constexpr IntRule kGrace{0, 600, "seconds"};
@@ -194,6 +211,23 @@ Keys<Config> make_config_keys() {
               .defaults_to = "900",
               .help = "Seconds without a command, job or session before a living instance stops itself "
                       "(files are kept; its processes end). `0`: never."}),
+          table<Namespace>("limits", {
+              map_value("cpus", &Namespace::limits, zero_or_local_limit("cpus", 1024, "cores"), {
+                  .defaults_to = "0",
+                  .help = "Cores of a whole instance: all its commands, local jobs and living sandbox together "
+                          "(a cgroup per instance; each command or job also keeps its own limits, so it gets "
+                          "the smaller of its own and what the instance has left). `0`: no limit. Enforced "
+                          "only where ns-hpc can write cgroups (root, or a delegated subtree, with `[jobs.local] "
+                          "use_cgroups`); elsewhere `describe_instance` lists them as unenforced."}),
+              map_value("memory", &Namespace::limits, zero_or_local_limit("memory", 16777216, "MiB"), {
+                  .defaults_to = "0",
+                  .help = "Memory of a whole instance (MiB; swap not allowed beyond it): past it the kernel's "
+                          "OOM killer ends a process of the instance. `0`: no limit."}),
+              map_value("pids", &Namespace::limits, zero_or_local_limit("pids", 4194304, "processes"), {
+                  .defaults_to = "0",
+                  .help = "Processes and threads of a whole instance, its living sandbox's own included. `0`: "
+                          "no limit."}),
+          }),
       }, check_mounts),
 
       table("jobs", &Config::jobs, {

@@ -7,6 +7,7 @@
 #include "base/error.hpp"
 #include "base/log.hpp"
 #include "base/time.hpp"
+#include "sandbox/limits.hpp"
 
 namespace nshpc::lifecycle {
 
@@ -92,6 +93,42 @@ nlohmann::json state_json(const sandbox::LivingStatus& status) {
     if (status.ended_at) out["ended_at"] = timeutil::iso_utc(*status.ended_at);
   }
   return out;
+}
+
+nlohmann::json limits_json(const config::Config& config, const std::string& instance_id) {
+  const sandbox::InstanceLimits limits =
+      sandbox::instance_limits(config.ns.limits, instance_id, config.jobs.local.use_cgroups);
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, value] : limits.configured) out[name == "memory" ? "memory_mib" : name] = value;
+  out["enforced"] = !limits.configured.empty() && limits.unenforced.empty();
+  if (!limits.unenforced.empty()) out["unenforced"] = limits.unenforced;
+  if (limits.usage) {
+    nlohmann::json usage = nlohmann::json::object();
+    if (limits.usage->memory_bytes) usage["memory_bytes"] = *limits.usage->memory_bytes;
+    if (limits.usage->pids) usage["pids"] = *limits.usage->pids;
+    if (limits.usage->cpu_usec) usage["cpu_usec"] = *limits.usage->cpu_usec;
+    out["usage"] = std::move(usage);
+  }
+  return out;
+}
+
+std::string limits_line(const nlohmann::json& limits) {
+  std::vector<std::string> set;
+  if (limits.contains("cpus")) set.push_back(fmt::format("{} cpus", limits["cpus"].get<std::int64_t>()));
+  if (limits.contains("memory_mib")) set.push_back(fmt::format("{} MiB memory", limits["memory_mib"].get<std::int64_t>()));
+  if (limits.contains("pids")) set.push_back(fmt::format("{} processes", limits["pids"].get<std::int64_t>()));
+  std::string line = set.empty() ? std::string("none ([namespace] limits)") : fmt::format("{}", fmt::join(set, ", "));
+  if (limits.contains("unenforced"))
+    line += fmt::format(" — NOT enforced: {}", fmt::join(limits["unenforced"].get<std::vector<std::string>>(), "; "));
+  if (limits.contains("usage")) {
+    const nlohmann::json& u = limits["usage"];
+    std::vector<std::string> used;
+    if (u.contains("memory_bytes")) used.push_back(fmt::format("{:.1f} MiB", u["memory_bytes"].get<double>() / 1048576.0));
+    if (u.contains("pids")) used.push_back(fmt::format("{} processes", u["pids"].get<std::uint64_t>()));
+    if (u.contains("cpu_usec")) used.push_back(fmt::format("{:.1f} s CPU", u["cpu_usec"].get<double>() / 1e6));
+    if (!used.empty()) line += fmt::format("; using {}", fmt::join(used, ", "));
+  }
+  return line;
 }
 
 }  // namespace nshpc::lifecycle

@@ -57,4 +57,11 @@ class Lifecycle {
 // ended_at when it stopped before.
 nlohmann::json state_json(const sandbox::LivingStatus& status);
 
+// The instance's [namespace] limits as data (describe_instance, `instance describe`): those set
+// (cpus, memory_mib, pids), "enforced", "unenforced" (why not, per limit) and, while the
+// instance's cgroup exists, "usage" (memory_bytes, pids, cpu_usec of everything it runs).
+nlohmann::json limits_json(const config::Config& config, const std::string& instance_id);
+// The same in one line for people.
+std::string limits_line(const nlohmann::json& limits);
+
 }  // namespace nshpc::lifecycle

@@ -29,6 +29,7 @@
 #include "sandbox/cgroups.hpp"
 #include "sandbox/join.hpp"
 #include "sandbox/keeper.hpp"
+#include "sandbox/limits.hpp"
 #include "sandbox/members.hpp"
 #include "sandbox/sandbox.hpp"
 #include "sandbox/seccomp.hpp"
@@ -131,7 +132,7 @@ class BwrapProcess final : public Process {
     // monitor and then the init come to us (the server is a subreaper): wait() reaps them.
     if (keeper_ && init_pidfd_ && !status_.joined()) {
       const pid_t monitor = parent_of(init_pid_);
-      if (monitor > 0 && monitor != child_.pid) {
+      if (monitor > 0 && monitor != child_.pid()) {
         UniqueFd fd = open_pidfd(monitor);
         if (fd && parent_of(init_pid_) == monitor) monitor_pidfd_ = std::move(fd);  // still its parent: the same process
       }
@@ -146,9 +147,9 @@ class BwrapProcess final : public Process {
     }
   }
 
-  pid_t pid() const override { return child_.pid; }
+  pid_t pid() const override { return child_.pid(); }
   pid_t sandbox_pid() const override { return init_pid_; }
-  int pidfd() const override { return child_.pidfd.get(); }
+  int pidfd() const override { return child_.pidfd(); }
 
   void kill() override {
     if (reaped_) return;
@@ -157,23 +158,34 @@ class BwrapProcess final : public Process {
     // A keeper then sees bwrap end, reaps everything and reports: killing it as well would
     // hand its children to us half-way. Without an init to kill, it goes too.
     if (keeper_ && init_pidfd_) return;
-    signal_pidfd(child_.pidfd.get(), SIGKILL);
+    signal_pidfd(child_.pidfd(), SIGKILL);
   }
 
-  void disown() override { reaped_ = true; }
+  void disown() override {
+    child_.release();  // its keeper outlives this handle
+    reaped_ = true;
+  }
+
+  // A group the backend made for this execution alone: emptied and removed once it has ended.
+  void own_group(std::unique_ptr<Cgroup> group) { group_ = std::move(group); }
 
   ExitStatus wait() override {
     if (reaped_) return result_;
     read_status(/*until_child_pid=*/false);  // a pipe: to its end, when bwrap has exited
-    int raw = 0;
-    while (::waitpid(child_.pid, &raw, 0) < 0) {
-      if (errno != EINTR) throw SysError(errno, "waitpid", keeper_ ? "the job keeper" : "bwrap");
-    }
+    const int raw = child_.wait(keeper_ ? "the job keeper" : "bwrap");
     reaped_ = true;
     read_status(/*until_child_pid=*/false);  // a file: everything written until the end
     result_ = interpret(raw);
     result_.timed_out = status_.deadline_reached().has_value();
     reap_leftovers();
+    if (group_) {
+      try {
+        group_->kill(2000);
+        group_->remove();
+      } catch (const std::exception& e) {
+        log::debug("cgroup of bwrap pid {} left: {}", child_.pid(), e.what());
+      }
+    }
     return result_;
   }
 
@@ -230,7 +242,7 @@ class BwrapProcess final : public Process {
   }
 
   bool process_alive() const {
-    pollfd p{child_.pidfd.get(), POLLIN, 0};
+    pollfd p{child_.pidfd(), POLLIN, 0};
     return ::poll(&p, 1, 0) == 0;  // a pidfd becomes readable when the process exits
   }
 
@@ -264,6 +276,7 @@ class BwrapProcess final : public Process {
   pid_t init_pid_ = 0;
   UniqueFd init_pidfd_;
   UniqueFd monitor_pidfd_;  // bwrap's monitor under a keeper
+  std::unique_ptr<Cgroup> group_;
   bool reaped_ = false;
   ExitStatus result_;
 };
@@ -401,6 +414,7 @@ class BwrapBackend final : public Backend {
   }
 
   std::unique_ptr<Process> start(const RunSpec& spec) override {
+    limit_instance(spec.target.instance_id);  // before the execution's group gets a process
     if (spec.target.persistent) return join_living(spec);
     return start_fresh(spec);
   }
@@ -491,7 +505,10 @@ class BwrapBackend final : public Backend {
     fs::make_dirs(target.state_dir, 0700);
     fs::FileLock lock(target.state_dir / kLivingLock);
     Living found = find_living(target);
-    if (!found.running) return false;
+    if (!found.running) {
+      eventually_remove_groups(target.instance_id, /*attempts=*/1);  // left by an idle stop
+      return false;
+    }
     write_end(target, why);
     const std::uint64_t pid_ns = *found.status.pid_namespace();
     const pid_t init = *found.status.child_pid();
@@ -543,6 +560,7 @@ class BwrapBackend final : public Backend {
   static constexpr const char* kLivingLock = "sandbox.lock";      // held while starting or stopping
   static constexpr const char* kLivingBusy = "sandbox.busy";      // held shared and touched by users
   static constexpr const char* kLivingEnd = "sandbox.end";        // why the server stopped it
+  static constexpr const char* kLivingGroup = "sandbox";          // its cgroup, below the instance's
 
   struct Living {
     StatusStream status;
@@ -610,7 +628,10 @@ class BwrapBackend final : public Backend {
     spec.busy_file = busy.get();
     spec.idle_stop = std::chrono::seconds(ns_.idle_stop);
     spec.limits.wall_time_grace = std::chrono::seconds(5);
+    std::unique_ptr<Cgroup> group = living_group(target.instance_id);
+    if (group) spec.join_cgroups = group->procs_fds();
     auto process = start_fresh(spec);
+    if (group) group->keep();  // the sandbox outlives this call (and the server): stop_living removes it
     detach(*process);
     log::info("instance {}: living sandbox started (init pid {})", target.instance_id, process->sandbox_pid());
     Living found = find_living(target);
@@ -723,16 +744,54 @@ class BwrapBackend final : public Backend {
                                            spec.target.instance_id, leftovers_);
   }
 
-  // Removes the groups the instance's commands kept, waiting a little for their last members.
-  static void eventually_remove_groups(const std::string& instance_id) {
-    for (int attempt = 0; attempt < 50; ++attempt) {
+  // Removes the groups the instance's commands kept and the living sandbox's, then the
+  // instance's own folder, waiting a little for their last members.
+  static void eventually_remove_groups(const std::string& instance_id, int attempts = 50) {
+    for (int attempt = 0; attempt < attempts; ++attempt) {
       try {
-        if (Cgroup::remove_empty(instance_id, "term-") + Cgroup::remove_empty(instance_id, "cmd-") == 0) return;
+        if (Cgroup::remove_empty(instance_id, "term-") + Cgroup::remove_empty(instance_id, "cmd-") +
+                    Cgroup::remove_empty(instance_id, kLivingGroup) ==
+                0) {
+          Cgroup::remove_folder(instance_id);  // stays while a job's group is below it
+          return;
+        }
       } catch (const std::exception&) {
         return;
       }
-      ::usleep(20000);
+      if (attempt + 1 < attempts) ::usleep(20000);
     }
+  }
+
+  bool instance_limited() const {
+    const CgroupLimits limits = cgroup_limits(ns_.limits);
+    return use_cgroups_ && (limits.cpus || limits.memory_bytes || limits.pids);
+  }
+
+  // [namespace] limits on the instance's group, re-written before each of its executions (so a
+  // changed configuration reaches a running instance with its next command).
+  void limit_instance(const std::string& instance_id) const {
+    if (!use_cgroups_ || instance_id.empty()) return;
+    try {
+      for (const std::string& why : apply_instance_limits(ns_.limits, instance_id, use_cgroups_))
+        log::debug("instance {}: [namespace] limits not enforced: {}", instance_id, why);
+    } catch (const std::exception& e) {
+      log::debug("instance {}: [namespace] limits not applied: {}", instance_id, e.what());
+    }
+  }
+
+  // The group of a living sandbox's own processes (keeper, bwrap, its main process): a leaf
+  // below the instance's folder, which holds no process itself. Null without cgroups.
+  std::unique_ptr<Cgroup> living_group(const std::string& instance_id) const {
+    if (!use_cgroups_) return nullptr;
+    limit_instance(instance_id);
+    try {
+      std::vector<std::string> unenforced;
+      auto group = Cgroup::create(instance_id + "/" + kLivingGroup, {}, unenforced);
+      if (!group->paths().empty()) return group;
+    } catch (const std::exception& e) {
+      log::debug("instance {}: the living sandbox gets no cgroup of its own: {}", instance_id, e.what());
+    }
+    return nullptr;
   }
 
   // A running living sandbox, ready to join: its namespaces opened once and kept while its
@@ -854,12 +913,26 @@ class BwrapBackend final : public Backend {
     setup.controlling_tty = spec.terminal;
     setup.die_with_parent = spec.die_with_caller;
     setup.join_cgroups = spec.join_cgroups;
+    // Under [namespace] limits, a command that brings no group (`ns-hpc bwrap`) gets one below
+    // the instance's, so that the instance's limits hold for it as well.
+    std::unique_ptr<Cgroup> group;
+    if (spec.join_cgroups.empty() && spec.die_with_caller && instance_limited()) {
+      try {
+        std::vector<std::string> unenforced;
+        group = Cgroup::create(spec.target.instance_id + "/cmd-" + random::hex(6), {}, unenforced);
+        if (!group->paths().empty()) setup.join_cgroups = group->procs_fds();
+      } catch (const std::exception& e) {
+        log::debug("sandbox {}: no cgroup for the command ({})", spec.target.instance_id, e.what());
+      }
+    }
 
     if (log::enabled(log::Level::debug))
       log::debug("sandbox {}: starting {}", spec.target.instance_id, text::shell_join(setup.argv));
     Child child = spawn(setup);
     status.write.reset();
-    return std::make_unique<BwrapProcess>(std::move(child), keeper, std::move(status.read), status_is_file);
+    auto process = std::make_unique<BwrapProcess>(std::move(child), keeper, std::move(status.read), status_is_file);
+    if (group && !group->paths().empty()) process->own_group(std::move(group));
+    return process;
   }
 
  private:

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <string_view>
@@ -274,6 +275,39 @@ Discovery discover(const stdfs::path& mount_root) {
   return d;
 }
 
+// Which hierarchy provides each controller (a controller lives in exactly one: v1 first, else
+// v2), or why none can.
+void assign_providers(const Discovery& d, std::map<std::string, size_t>& provider,
+                      std::map<std::string, std::string>& problems) {
+  const Hierarchy* v2 = nullptr;
+  for (const auto& h : d.hierarchies)
+    if (h.v2) v2 = &h;
+  for (const char* c : kControllers) {
+    for (size_t i = 0; i < d.hierarchies.size() && !provider.count(c) && !problems.count(c); ++i) {
+      const Hierarchy& h = d.hierarchies[i];
+      if (!h.v2 && h.controllers.count(c)) {
+        if (h.own.empty())
+          problems[c] = h.problem;
+        else
+          provider[c] = i;
+      }
+    }
+    if (provider.count(c) || problems.count(c)) continue;
+    for (size_t i = 0; i < d.hierarchies.size(); ++i)
+      if (d.hierarchies[i].v2 && !d.hierarchies[i].own.empty() && d.hierarchies[i].controllers.count(c))
+        provider[c] = i;
+    if (provider.count(c)) continue;
+    if (d.hierarchies.empty())
+      problems[c] = fmt::format("no cgroup hierarchy is mounted under {}", d.root);
+    else if (v2 && !v2->own.empty())
+      problems[c] = fmt::format("no {0} controller (no v1 {0} hierarchy under {1}, not in {2})", c,
+                                d.root, (v2->own / "cgroup.controllers").string());
+    else
+      problems[c] = fmt::format("no {0} controller (no v1 {0} hierarchy or usable cgroup2 under {1})",
+                                c, d.root);
+  }
+}
+
 // ---- group creation -----------------------------------------------------------------------
 
 void check_name(const std::string& name) {
@@ -324,7 +358,7 @@ void enable_controllers(const stdfs::path& dir, std::set<std::string>& wanted,
 std::optional<stdfs::path> make_group(const Hierarchy& h, const std::string& name,
                                       std::set<std::string> enable,
                                       std::map<std::string, std::string>& enable_failures,
-                                      std::string& failure) {
+                                      std::string& failure, bool keep_existing = false) {
   std::vector<std::string> parts{std::string(kTop)};
   for (std::string_view p : text::split(name, '/')) parts.emplace_back(p);
   for (int attempt = 0;; ++attempt) {
@@ -336,7 +370,7 @@ std::optional<stdfs::path> make_group(const Hierarchy& h, const std::string& nam
       const bool leaf = i + 1 == parts.size();
       if (::mkdir(next.c_str(), 0755) < 0) {
         int err = errno;
-        if (err == EEXIST && !leaf) {
+        if (err == EEXIST && (!leaf || keep_existing)) {
           dir = next;
           continue;
         }
@@ -388,7 +422,28 @@ void write_memory(const Hierarchy& h, const stdfs::path& group, std::uint64_t by
   }
 }
 
+// The cores a v1 group's quota gives (nullopt: no quota, "-1").
+std::optional<double> v1_cpus(const stdfs::path& group) {
+  const auto quota = parse_u64(read_cgroup_file(group / "cpu.cfs_quota_us").value_or(""));
+  const auto period = parse_u64(read_cgroup_file(group / "cpu.cfs_period_us").value_or(""));
+  if (!quota || !period || *period == 0) return std::nullopt;
+  return static_cast<double>(*quota) / static_cast<double>(*period);
+}
+
+// v1 refuses a group a CPU quota above that of its nearest ancestor with one (EINVAL), where
+// v2 takes the smaller of the two itself. So on v1 a group gets at most what is above it: an
+// execution's own cpus below an instance's, the same bound as on v2.
+double v1_cpu_ceiling(const Hierarchy& h, const stdfs::path& group, double cpus) {
+  const std::string mount = normal(h.mount);
+  for (stdfs::path dir = stdfs::path(normal(group)).parent_path(); is_under(dir.string(), mount) && dir.string() != mount;
+       dir = dir.parent_path()) {
+    if (auto above = v1_cpus(dir)) return std::min(cpus, *above);
+  }
+  return cpus;
+}
+
 void write_cpu(const Hierarchy& h, const stdfs::path& group, double cpus) {
+  if (!h.v2) cpus = v1_cpu_ceiling(h, group, cpus);
   const double wanted = std::round(cpus * static_cast<double>(kCpuPeriodUs));
   const long long quota = wanted >= static_cast<double>(kCpuMaxQuotaUs)
                               ? kCpuMaxQuotaUs
@@ -399,6 +454,35 @@ void write_cpu(const Hierarchy& h, const stdfs::path& group, double cpus) {
   } else {
     write_cgroup_file(group / "cpu.max", fmt::format("{} {}", quota, kCpuPeriodUs));
   }
+}
+
+// Takes the limit of controller `c` off `group` (a folder whose limit left the configuration).
+void write_unlimited(const Hierarchy& h, const stdfs::path& group, std::string_view c) {
+  if (c == "memory") {
+    if (!h.v2) {
+      // memsw first: v1 refuses a memory limit above the memory+swap one.
+      if (file_exists(group / "memory.memsw.limit_in_bytes")) write_cgroup_file(group / "memory.memsw.limit_in_bytes", "-1");
+      write_cgroup_file(group / "memory.limit_in_bytes", "-1");
+    } else {
+      write_cgroup_file(group / "memory.max", "max");
+      if (file_exists(group / "memory.swap.max")) write_cgroup_file(group / "memory.swap.max", "max");
+    }
+  } else if (c == "cpu") {
+    if (!h.v2)
+      write_cgroup_file(group / "cpu.cfs_quota_us", "-1");
+    else
+      write_cgroup_file(group / "cpu.max", fmt::format("max {}", kCpuPeriodUs));
+  } else if (c == "pids") {
+    write_cgroup_file(group / "pids.max", "max");
+  }
+}
+
+// A limit as a cgroup file shows it: nullopt for "max" (v2) or v1's huge "no limit" number.
+std::optional<std::uint64_t> limit_value(const std::optional<std::string>& text) {
+  if (!text) return std::nullopt;
+  auto v = parse_u64(*text);
+  if (!v || *v >= (std::uint64_t{1} << 62)) return std::nullopt;
+  return v;
 }
 
 // Sends `sig` to every process listed under `paths` (never to this process). A pidfd is taken
@@ -459,6 +543,134 @@ std::size_t Cgroup::remove_empty(const std::string& folder, std::string_view pre
   return left;
 }
 
+void Cgroup::limit_folder(const std::string& name, const CgroupLimits& limits, std::vector<std::string>& unenforced,
+                          const stdfs::path& mount_root) {
+  check_name(name);
+  if (limits.cpus && !(std::isfinite(*limits.cpus) && *limits.cpus > 0))
+    throw UsageError(fmt::format("invalid cpu limit {}; give a positive number of cores", *limits.cpus));
+  const std::map<std::string, bool> asked{{"memory", limits.memory_bytes.has_value()},
+                                          {"cpu", limits.cpus.has_value()},
+                                          {"pids", limits.pids.has_value()}};
+  const bool any_asked = limits.memory_bytes || limits.cpus || limits.pids;
+  const Discovery d = discover(mount_root);
+  std::map<std::string, std::string> problems;
+  std::map<std::string, size_t> provider;
+  assign_providers(d, provider, problems);
+  std::vector<std::string> notes;
+  for (size_t i = 0; i < d.hierarchies.size(); ++i) {
+    const Hierarchy& h = d.hierarchies[i];
+    std::set<std::string> roles;
+    for (const auto& [c, idx] : provider)
+      if (idx == i) roles.insert(c);
+    if (roles.empty() || h.own.empty()) continue;
+    stdfs::path folder = h.own / kTop;
+    for (std::string_view part : text::split(name, '/')) folder /= part;
+    if (!file_exists(folder / "cgroup.procs")) {
+      if (!any_asked) continue;  // nothing to take off a folder that is not there
+      std::map<std::string, std::string> enable_failures;
+      std::string failure;
+      if (!make_group(h, name, h.v2 ? roles : std::set<std::string>{}, enable_failures, failure,
+                      /*keep_existing=*/true)) {
+        for (const auto& c : roles) problems[c] = failure;
+        continue;
+      }
+      for (const auto& [c, why] : enable_failures) problems[c] = why;
+      log::debug("cgroup {}: created the folder {}", name, folder.string());
+    }
+    for (const auto& c : roles) {
+      if (problems.count(c)) continue;
+      try {
+        if (c == "memory" && limits.memory_bytes) {
+          // v1 refuses a memory limit above the memory+swap one: a raise lifts memsw first (the
+          // memory limit itself stays in force meanwhile; write_memory sets memsw again).
+          if (!h.v2 && file_exists(folder / "memory.memsw.limit_in_bytes"))
+            write_cgroup_file(folder / "memory.memsw.limit_in_bytes", "-1");
+          write_memory(h, folder, *limits.memory_bytes, notes);
+        } else if (c == "cpu" && limits.cpus) {
+          if (!h.v2) {
+            // v1: no group below may keep more than the folder gets (see v1_cpu_ceiling); they
+            // come down first, so that the folder's own quota is accepted.
+            std::error_code ec;
+            for (const auto& entry : stdfs::directory_iterator(folder, ec)) {
+              std::error_code ec2;
+              if (entry.symlink_status(ec2).type() != stdfs::file_type::directory) continue;
+              if (auto has = v1_cpus(entry.path()); has && *has > *limits.cpus) write_cpu(h, entry.path(), *limits.cpus);
+            }
+          }
+          write_cpu(h, folder, *limits.cpus);
+        } else if (c == "pids" && limits.pids) {
+          write_cgroup_file(folder / "pids.max", std::to_string(*limits.pids));
+        } else {
+          write_unlimited(h, folder, c);
+        }
+      } catch (const Error& e) {
+        if (asked.at(c))
+          problems[c] = e.what();
+        else  // e.g. a group of that name another user's server made (EACCES): not ours to change
+          log::debug("cgroup {}: the {} limit could not be taken off: {}", name, c, e.what());
+      }
+    }
+  }
+  for (const char* c : kControllers)
+    if (asked.at(c) && problems.count(c)) unenforced.push_back(fmt::format("{}: {}", c, problems[c]));
+  for (auto& n : notes) unenforced.push_back(std::move(n));
+}
+
+std::optional<CgroupUsage> Cgroup::usage(const std::string& name, const stdfs::path& mount_root) {
+  std::optional<CgroupUsage> out;
+  for (const stdfs::path& p : candidate_paths(name, mount_root)) {
+    if (!file_exists(p / "cgroup.procs")) continue;
+    if (!out) out.emplace();
+    CgroupUsage& u = *out;
+    auto first = [&p](std::initializer_list<const char*> files) -> std::optional<std::string> {
+      for (const char* f : files)
+        if (auto text = read_cgroup_file(p / f)) return text;
+      return std::nullopt;
+    };
+    auto set = [](auto& field, auto v) {
+      if (!field && v) field = v;
+    };
+    auto ratio = [](std::optional<std::uint64_t> quota, std::optional<std::uint64_t> period) -> std::optional<double> {
+      if (!quota || !period || *period == 0) return std::nullopt;  // "max"/"-1": no limit
+      return static_cast<double>(*quota) / static_cast<double>(*period);
+    };
+    try {
+      if (auto t = first({"memory.current", "memory.usage_in_bytes"})) set(u.memory_bytes, parse_u64(*t));
+      if (auto t = first({"pids.current"})) set(u.pids, parse_u64(*t));
+      if (auto t = read_cgroup_file(p / "cpu.stat")) set(u.cpu_usec, keyed_value(*t, "usage_usec"));
+      if (auto t = read_cgroup_file(p / "cpuacct.usage"))
+        if (auto ns = parse_u64(*t)) set(u.cpu_usec, std::optional<std::uint64_t>(*ns / 1000));
+      set(u.memory_max_bytes, limit_value(first({"memory.max", "memory.limit_in_bytes"})));
+      set(u.pids_max, limit_value(first({"pids.max"})));
+      if (auto t = read_cgroup_file(p / "cpu.max")) {  // "<quota|max> <period>"
+        auto parts = text::split(text::trim(*t), ' ');
+        if (parts.size() == 2) set(u.cpus_max, ratio(parse_u64(parts[0]), parse_u64(parts[1])));
+      } else if (auto q = read_cgroup_file(p / "cpu.cfs_quota_us")) {
+        set(u.cpus_max, ratio(parse_u64(*q), parse_u64(read_cgroup_file(p / "cpu.cfs_period_us").value_or(""))));
+      }
+    } catch (const Error& e) {
+      log::debug("cgroup {}: usage not readable: {}", name, e.what());
+    }
+  }
+  return out;
+}
+
+bool Cgroup::remove_folder(const std::string& name, const stdfs::path& mount_root) {
+  bool gone = true;
+  for (const stdfs::path& folder : candidate_paths(name, mount_root)) {
+    if (::rmdir(folder.c_str()) < 0 && errno != ENOENT) {
+      gone = false;  // a group below it (EBUSY) is somebody's: left alone
+      continue;
+    }
+    // The folders between it and "ns-hpc", then "ns-hpc" itself, while they are empty.
+    for (stdfs::path dir = folder.parent_path(); dir.has_relative_path(); dir = dir.parent_path()) {
+      const bool top = dir.filename() == kTop;
+      if (::rmdir(dir.c_str()) < 0 || top) break;
+    }
+  }
+  return gone;
+}
+
 std::unique_ptr<Cgroup> Cgroup::create(const std::string& name, const CgroupLimits& limits,
                                        std::vector<std::string>& unenforced, const stdfs::path& mount_root,
                                        std::vector<std::string>* unenforced_controllers) {
@@ -473,36 +685,9 @@ std::unique_ptr<Cgroup> Cgroup::create(const std::string& name, const CgroupLimi
   bool any_asked = false;
   for (const auto& [c, a] : asked) any_asked = any_asked || a;
 
-  // Which hierarchy provides each controller (a controller lives in exactly one).
   std::map<std::string, std::string> problems;  // controller -> why it is not enforced
   std::map<std::string, size_t> provider;       // controller -> index in d.hierarchies
-  const Hierarchy* v2 = nullptr;
-  for (const auto& h : d.hierarchies)
-    if (h.v2) v2 = &h;
-  for (const char* c : kControllers) {
-    for (size_t i = 0; i < d.hierarchies.size() && !provider.count(c) && !problems.count(c); ++i) {
-      const Hierarchy& h = d.hierarchies[i];
-      if (!h.v2 && h.controllers.count(c)) {
-        if (h.own.empty())
-          problems[c] = h.problem;
-        else
-          provider[c] = i;
-      }
-    }
-    if (provider.count(c) || problems.count(c)) continue;
-    for (size_t i = 0; i < d.hierarchies.size(); ++i)
-      if (d.hierarchies[i].v2 && !d.hierarchies[i].own.empty() && d.hierarchies[i].controllers.count(c))
-        provider[c] = i;
-    if (provider.count(c)) continue;
-    if (d.hierarchies.empty())
-      problems[c] = fmt::format("no cgroup hierarchy is mounted under {}", d.root);
-    else if (v2 && !v2->own.empty())
-      problems[c] = fmt::format("no {0} controller (no v1 {0} hierarchy under {1}, not in {2})", c,
-                                d.root, (v2->own / "cgroup.controllers").string());
-    else
-      problems[c] = fmt::format("no {0} controller (no v1 {0} hierarchy or usable cgroup2 under {1})",
-                                c, d.root);
-  }
+  assign_providers(d, provider, problems);
 
   std::unique_ptr<Cgroup> cg(new Cgroup());  // removes what was made if anything below throws
   std::vector<std::string> failures;         // why groups could not be made

@@ -2,6 +2,16 @@
 // directly in the cgroup file systems (no systemd). Works with cgroup v1 controllers (memory,
 // cpu, pids), the v2 hierarchy (unified, or mounted at /sys/fs/cgroup), or a hybrid of both, as
 // far as this process may write them (root, or a delegated subtree).
+//
+// How limits nest (decided here, once): in each hierarchy
+//   <this process's group>/ns-hpc/                 the server's executions
+//     <instance>/                                  [namespace] limits: the whole instance
+//       sandbox/                                   a living sandbox's keeper, bwrap and main process
+//       term-<id>/  cmd-<id>/  <job id>/           one execution each, with its own limits
+// An instance's folder never holds a process itself (cgroup v2 allows none in a group that hands
+// controllers down), so everything of the instance is in a leaf below it, and the kernel bounds
+// each leaf by its own limit and by what the instance has left: a command or job gets the
+// smaller of the two, and all of them together never more than the instance's.
 #pragma once
 
 #include <sys/types.h>
@@ -22,6 +32,17 @@ struct CgroupLimits {
   std::optional<double> cpus;               // e.g. 1.5 cores: CFS quota/period (v1) or cpu.max (v2)
   std::optional<std::uint64_t> memory_bytes;  // hard limit; swap included where the kernel allows
   std::optional<std::uint64_t> pids;          // max processes/threads
+};
+
+// What a group and everything below it use now (each where the host reports it).
+struct CgroupUsage {
+  std::optional<std::uint64_t> memory_bytes;  // memory.current (v2), memory.usage_in_bytes (v1)
+  std::optional<std::uint64_t> pids;          // pids.current
+  std::optional<std::uint64_t> cpu_usec;      // CPU time used: cpu.stat usage_usec (v2), cpuacct.usage (v1)
+  // The limits written on the group itself (nullopt: none, or not readable).
+  std::optional<std::uint64_t> memory_max_bytes;
+  std::optional<std::uint64_t> pids_max;
+  std::optional<double> cpus_max;
 };
 
 // What this host lets this process enforce, found by really creating and removing a test group.
@@ -62,6 +83,23 @@ class Cgroup {
   // command, once those have ended); returns how many are left (populated ones stay).
   static std::size_t remove_empty(const std::string& folder, std::string_view prefix,
                                   const std::filesystem::path& mount_root = "/sys/fs/cgroup");
+
+  // The folder "<base>/ns-hpc/<name>" (an instance's) carrying `limits` for every group below
+  // it. Made when missing and some limit is given, else left alone; never replaced or emptied
+  // (unlike create()). The controllers are handed down to its children, and a limit not given
+  // is set back to unlimited, so a limit taken out of the configuration goes at the next call.
+  // Limits this host cannot enforce are listed in `unenforced` as by create(); throws UsageError
+  // for a bad name or cpus, never for a missing cgroup file system.
+  static void limit_folder(const std::string& name, const CgroupLimits& limits,
+                           std::vector<std::string>& unenforced,
+                           const std::filesystem::path& mount_root = "/sys/fs/cgroup");
+  // What the groups "<base>/ns-hpc/<name>" (and everything below) use now; nullopt when no
+  // hierarchy has that group.
+  static std::optional<CgroupUsage> usage(const std::string& name,
+                                          const std::filesystem::path& mount_root = "/sys/fs/cgroup");
+  // Removes the folder "<base>/ns-hpc/<name>" once no group is left below it (remove_empty() or
+  // their owners remove those), then "ns-hpc" when empty. True when it is gone.
+  static bool remove_folder(const std::string& name, const std::filesystem::path& mount_root = "/sys/fs/cgroup");
 
   ~Cgroup();  // removes the (empty) groups; never kills
   Cgroup(const Cgroup&) = delete;

@@ -22,9 +22,10 @@
 
 #include "base/error.hpp"
 #include "base/fd.hpp"
+#include "base/pidfd.hpp"
+#include "base/spawn.hpp"
 #include "sandbox/join.hpp"
 #include "sandbox/members.hpp"
-#include "sandbox/spawn.hpp"
 #include "sandbox/status.hpp"
 
 extern char** environ;
@@ -93,7 +94,7 @@ class Keeper {
                        ::getpid(), kStartedKey, epoch_ms(), opt_.time_limit.count(), opt_.grace.count()));
     if (opt_.busy_fd >= 0 && opt_.idle_stop.count() == 0) ::flock(opt_.busy_fd, LOCK_SH);  // a job: in use
     if (opt_.join_init > 0) return run_joined();
-    if (!start_bwrap()) return 1;
+    if (!start_bwrap()) return 127;
     drop_descriptors();
     supervise(chld);
     if (deadline_untold_) append(fmt::format("{{\"{}\": {}}}\n", kDeadlineKey, *deadline_untold_));
@@ -115,23 +116,20 @@ class Keeper {
     }
   }
 
+  // bwrap gets every descriptor the keeper was given (by number, as the server arranged them), the
+  // keeper's environment, and default signal handling again.
   bool start_bwrap() {
-    std::vector<char*> argv;
-    for (auto& s : opt_.bwrap_argv) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    bwrap_ = ::fork();
-    if (bwrap_ < 0) {
-      std::fprintf(stderr, "ns-hpc keeper: fork: %s\n", std::strerror(errno));
+    SpawnSpec spec;
+    spec.program = opt_.bwrap_argv.front();
+    spec.argv = opt_.bwrap_argv;
+    spec.close_other_fds = false;
+    try {
+      bwrap_ = spawn(spec).release();  // reaped by reap(), with everything else that comes to us
+    } catch (const SysError& e) {
+      std::fprintf(stderr, "ns-hpc keeper: cannot start %s: %s\n", spec.program.c_str(), e.what());
+      // As when bwrap itself could not start: the record ends, and so does the keeper, with 127.
+      append(fmt::format("{{\"{}\": {}}}\n", kEndedKey, epoch_ms()));
       return false;
-    }
-    if (bwrap_ == 0) {
-      sigset_t none;
-      ::sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      for (int sig : kIgnored) ::signal(sig, SIG_DFL);
-      ::execve(argv[0], argv.data(), environ);
-      std::fprintf(stderr, "ns-hpc keeper: cannot execute %s: %s\n", argv[0], std::strerror(errno));
-      ::_exit(127);
     }
     return true;
   }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "base/log.hpp"
 
 namespace nshpc::sandbox {
 
@@ -14,16 +15,23 @@ std::optional<std::int64_t> positive(const std::map<std::string, std::int64_t>& 
   return it->second;
 }
 
+constexpr const char* kNoCgroups = "[jobs.local] use_cgroups is false";
+
 }  // namespace
+
+CgroupLimits cgroup_limits(const std::map<std::string, std::int64_t>& limits) {
+  CgroupLimits cg;
+  if (auto v = positive(limits, "cpus")) cg.cpus = static_cast<double>(*v);
+  if (auto v = positive(limits, "memory")) cg.memory_bytes = static_cast<std::uint64_t>(*v) * 1024 * 1024;
+  if (auto v = positive(limits, "pids")) cg.pids = static_cast<std::uint64_t>(*v);
+  return cg;
+}
 
 AppliedLimits apply_limits(const std::map<std::string, std::int64_t>& limits, const std::string& cgroup_name,
                            bool use_cgroups,
                            const std::function<void(const std::vector<std::filesystem::path>&)>& before_create) {
   AppliedLimits applied;
-  CgroupLimits cg;
-  if (auto v = positive(limits, "cpus")) cg.cpus = static_cast<double>(*v);
-  if (auto v = positive(limits, "memory")) cg.memory_bytes = static_cast<std::uint64_t>(*v) * 1024 * 1024;
-  if (auto v = positive(limits, "pids")) cg.pids = static_cast<std::uint64_t>(*v);
+  const CgroupLimits cg = cgroup_limits(limits);
   if (auto v = positive(limits, "output")) applied.rlimits.file_size_bytes = static_cast<std::uint64_t>(*v) * 1024 * 1024;
   if (use_cgroups) {
     try {
@@ -33,9 +41,57 @@ AppliedLimits apply_limits(const std::map<std::string, std::int64_t>& limits, co
       if (applied.unenforced.empty()) applied.unenforced.push_back(fmt::format("cpus, memory, pids: {}", e.what()));
     }
   } else if (cg.cpus || cg.memory_bytes || cg.pids) {
-    applied.unenforced.push_back("cpus, memory, pids: [jobs.local] use_cgroups is false");
+    applied.unenforced.push_back(fmt::format("cpus, memory, pids: {}", kNoCgroups));
   }
   return applied;
+}
+
+std::vector<std::string> apply_instance_limits(const std::map<std::string, std::int64_t>& limits,
+                                               const std::string& instance_id, bool use_cgroups) {
+  std::vector<std::string> unenforced;
+  if (!use_cgroups) return unenforced;
+  Cgroup::limit_folder(instance_id, cgroup_limits(limits), unenforced);
+  return unenforced;
+}
+
+std::vector<std::string> instance_limits_unenforced(const std::map<std::string, std::int64_t>& limits,
+                                                    bool use_cgroups) {
+  const CgroupLimits cg = cgroup_limits(limits);
+  std::vector<std::string> out;
+  const std::pair<const char*, bool> asked[] = {
+      {"cpus", cg.cpus.has_value()}, {"memory", cg.memory_bytes.has_value()}, {"pids", cg.pids.has_value()}};
+  if (!cg.cpus && !cg.memory_bytes && !cg.pids) return out;
+  if (!use_cgroups) {
+    std::vector<std::string> names;
+    for (const auto& [name, set] : asked)
+      if (set) names.emplace_back(name);
+    out.push_back(fmt::format("{}: {}", fmt::join(names, ", "), kNoCgroups));
+    return out;
+  }
+  const CgroupSupport support = probe_cgroups();
+  const bool works[] = {support.cpu, support.memory, support.pids};
+  std::vector<std::string> not_here;
+  for (std::size_t i = 0; i < std::size(asked); ++i)
+    if (asked[i].second && !works[i]) not_here.emplace_back(asked[i].first);
+  // One line for all of them: the probe's detail is the same reason for each.
+  if (!not_here.empty()) out.push_back(fmt::format("{}: {}", fmt::join(not_here, ", "), support.detail));
+  return out;
+}
+
+InstanceLimits instance_limits(const std::map<std::string, std::int64_t>& limits, const std::string& instance_id,
+                               bool use_cgroups) {
+  InstanceLimits out;
+  for (const char* name : {"cpus", "memory", "pids"})
+    if (auto v = positive(limits, name)) out.configured[name] = *v;
+  out.unenforced = instance_limits_unenforced(limits, use_cgroups);
+  if (use_cgroups) {
+    try {
+      out.usage = Cgroup::usage(instance_id);
+    } catch (const Error& e) {
+      log::debug("instance {}: no cgroup usage: {}", instance_id, e.what());
+    }
+  }
+  return out;
 }
 
 }  // namespace nshpc::sandbox

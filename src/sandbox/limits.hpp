@@ -1,6 +1,13 @@
-// Named limits of one execution (the [jobs.local.limit] / [terminal.limits] vocabulary) turned
-// into what enforces them: a cgroup for cpus, memory and pids, RLIMIT_FSIZE for output. The time
-// limit belongs to whoever watches the execution (the job keeper, terminal_execute's timeout).
+// Named limits of one execution (the [jobs.local.limit] / [terminal.limits] vocabulary) and of a
+// whole instance ([namespace] limits) turned into what enforces them: a cgroup for cpus, memory
+// and pids, RLIMIT_FSIZE for output. The time limit belongs to whoever watches the execution
+// (the job keeper, terminal_execute's timeout).
+//
+// Nesting (cgroups.hpp has the layout): the instance's folder group carries [namespace] limits,
+// each execution's group below it carries the execution's own, so a command or job gets the
+// smaller of its own limit and what the instance has left. Without cgroups (a normal user
+// without a delegated subtree, or [jobs.local] use_cgroups = false) the instance's limits are
+// not enforced: instance_limits() says so, and the server warns once at start.
 #pragma once
 
 #include <cstdint>
@@ -29,5 +36,30 @@ struct AppliedLimits {
 AppliedLimits apply_limits(const std::map<std::string, std::int64_t>& limits, const std::string& cgroup_name,
                            bool use_cgroups,
                            const std::function<void(const std::vector<std::filesystem::path>&)>& before_create = {});
+
+// cpus, memory (MiB) and pids of `limits` that are set (> 0), as a cgroup takes them.
+CgroupLimits cgroup_limits(const std::map<std::string, std::int64_t>& limits);
+
+// Writes [namespace] `limits` on the folder group of `instance_id` (made when missing), before
+// an execution of the instance starts below it; a limit no longer configured is taken off.
+// Returns the limits this host cannot enforce. Nothing happens without `use_cgroups`.
+std::vector<std::string> apply_instance_limits(const std::map<std::string, std::int64_t>& limits,
+                                               const std::string& instance_id, bool use_cgroups);
+
+// An instance's limits as configured, whether they are enforced, and what it uses now.
+struct InstanceLimits {
+  std::map<std::string, std::int64_t> configured;  // cpus, memory (MiB), pids; only those set
+  std::vector<std::string> unenforced;             // "memory, pids: why", for configured limits only
+  std::optional<CgroupUsage> usage;                // while the instance's group exists
+};
+// Read-only for the instance (nothing made under its name): whether the limits can be enforced
+// is found with probe_cgroups() (a test group made and removed).
+InstanceLimits instance_limits(const std::map<std::string, std::int64_t>& limits, const std::string& instance_id,
+                               bool use_cgroups);
+
+// Why [namespace] `limits` cannot be enforced by this process (empty: they can, or none is set);
+// for the server's start-up warning.
+std::vector<std::string> instance_limits_unenforced(const std::map<std::string, std::int64_t>& limits,
+                                                    bool use_cgroups);
 
 }  // namespace nshpc::sandbox

@@ -1,6 +1,5 @@
-// Starting a child process with exact control of its descriptors, limits and identity.
-// Everything the child does between fork and exec is an async-signal-safe system call, so this
-// is safe in a multi-threaded server.
+// Starting bwrap (or the job keeper in its place) with exact control of its descriptors, limits
+// and identity: the sandbox's terms for base/spawn.hpp, the one process starter.
 #pragma once
 
 #include <sys/resource.h>
@@ -13,6 +12,7 @@
 
 #include "base/fd.hpp"
 #include "base/pidfd.hpp"
+#include "base/spawn.hpp"
 #include "base/users.hpp"
 
 namespace nshpc::sandbox {
@@ -29,15 +29,11 @@ struct ChildSetup {
   bool die_with_parent = true;   // PR_SET_PDEATHSIG(SIGKILL), set after the identity change
 };
 
-struct Child {
-  pid_t pid = -1;
-  UniqueFd pidfd;  // pidfd_open(pid): signals go to this process even if the pid is reused
-};
+using Child = SpawnedChild;
+using nshpc::c_strings;
 
-// argv/envp for execve: pointers into `strings`, null-terminated (made before a fork).
-std::vector<char*> c_strings(const std::vector<std::string>& strings);
-
-// Forks and execs. Throws Error naming the step that failed in the child (e.g. "setresuid(65534)").
+// Forks and execs, in "/". Throws SysError naming the step that failed in the child (e.g.
+// "could not start the sandbox: setresuid(65534) failed: ...").
 Child spawn(const ChildSetup& setup);
 
 }  // namespace nshpc::sandbox

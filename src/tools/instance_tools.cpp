@@ -232,13 +232,28 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
       {"description", "bytes on disk (allocated blocks) of the workspace and output folder, and their file count"},
       {"properties",
        {{"workspace_bytes", of_type("integer")}, {"output_bytes", of_type("integer")}, {"files", of_type("integer")}}}};
+  output["properties"]["limits"] = {
+      {"type", "object"},
+      {"description",
+       "the limits of the whole instance (all its commands and jobs together; each also has its own) and what it "
+       "uses now"},
+      {"properties",
+       {{"cpus", of_type("integer")},
+        {"memory_mib", of_type("integer")},
+        {"pids", of_type("integer")},
+        {"enforced", {{"type", "boolean"}, {"description", "every limit set is enforced"}}},
+        {"unenforced", {{"type", "array"}, {"items", of_type("string")}, {"description", "limits this host cannot enforce, and why"}}},
+        {"usage",
+         {{"type", "object"},
+          {"properties",
+           {{"memory_bytes", of_type("integer")}, {"pids", of_type("integer")}, {"cpu_usec", of_type("integer")}}}}}}}};
   add_tool(server, {
       .name = "describe_instance",
       .title = "Describe an instance",
       .description =
           "Show one instance: description, creation time, last activity, network mode, the sandbox paths of "
-          "its workspace and output folder, their disk use, and for a persistent instance whether its sandbox "
-          "runs (since when, processes, memory) or why it stopped.",
+          "its workspace and output folder, their disk use, the limits of the whole instance with what it uses now, "
+          "and for a persistent instance whether its sandbox runs (since when, processes, memory) or why it stopped.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
       .output = std::move(output),
       .hints = {.read_only = true},
@@ -250,15 +265,17 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
             out["disk_usage"] = {
                 {"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes}, {"files", use.files}};
             add_living_state(ctx, inst, out);
+            out["limits"] = lifecycle::limits_json(ctx.services.config, inst.id);
             std::string text = fmt::format(
                 "Instance '{}'\nDescription: {}\nCreated: {}\nLast activity: {}\nNetwork: {}\nPersistent: {}\n"
-                "Workspace: {} ({:.1f} MiB)\nOutput: {} ({:.1f} MiB)\nFiles: {}",
+                "Workspace: {} ({:.1f} MiB)\nOutput: {} ({:.1f} MiB)\nFiles: {}\nLimits: {}",
                 inst.id, inst.meta.description().empty() ? "(none)" : inst.meta.description(),
                 out["created_at"].get<std::string>(), out["last_activity"].get<std::string>(),
                 config::to_string(inst.network),
                 inst.persistent ? "yes, " + living_summary(out) : "no (a fresh sandbox per command)",
                 out["workspace"].get<std::string>(), use.workspace_bytes / 1048576.0,
-                out["output"].get<std::string>(), use.output_bytes / 1048576.0, use.files);
+                out["output"].get<std::string>(), use.output_bytes / 1048576.0, use.files,
+                lifecycle::limits_line(out["limits"]));
             return mcp::ToolResult::text(text, out);
           },
   });

@@ -629,3 +629,111 @@ TEST(Cgroups, LimitsMissingFromTheOnlyHierarchyAreListedNotThrown) {
         << u;
   }
 }
+
+// An instance's folder: limits written on it bound the groups made below it (a fork loop in a
+// leaf with no limit of its own stops at the folder's pids), usage() reads them back with what
+// is used, a limit taken out is taken off, and the folder goes once nothing is below it.
+TEST(Cgroups, AFolderBoundsTheGroupsBelowItAndTakesLimitsOff) {
+  REQUIRE(pids);
+  SubreaperScope reaper;
+  const std::string folder = unique_name("instance");
+  std::vector<std::string> unenforced;
+  sb::CgroupLimits limits;
+  limits.pids = 20;
+  sb::Cgroup::limit_folder(folder, limits, unenforced);
+  ASSERT_TRUE(unenforced.empty()) << unenforced.front();
+  GroupGuard leaf(sb::Cgroup::create(folder + "/leaf", {}, unenforced));
+  ASSERT_TRUE(unenforced.empty()) << unenforced.front();
+  auto usage = sb::Cgroup::usage(folder);
+  ASSERT_TRUE(usage);
+  EXPECT_EQ(usage->pids_max, 20u);
+  EXPECT_EQ(usage->pids, 0u);
+
+  Child c;
+  start_in_group(c, leaf->procs_fds(), [](int report) {
+    int forked = 0;
+    for (int i = 0; i < 100; ++i) {
+      pid_t p = ::fork();
+      if (p == 0) {
+        for (;;) ::pause();
+      }
+      if (p < 0) break;
+      ++forked;
+    }
+    if (::write(report, &forked, sizeof forked) != sizeof forked) return 1;
+    for (;;) ::pause();
+  });
+  int forked = -1;
+  ASSERT_TRUE(c.read_exact(&forked, sizeof forked, 2500));
+  EXPECT_GE(forked, 1);
+  EXPECT_LE(forked, 19) << "the leaf has no limit: only the folder's 20 can stop it";
+  usage = sb::Cgroup::usage(folder);
+  ASSERT_TRUE(usage);
+  EXPECT_EQ(usage->pids, static_cast<std::uint64_t>(forked) + 1);
+  EXPECT_TRUE(leaf->kill(2000));
+  EXPECT_TRUE(c.wait(2000));
+
+  sb::Cgroup::limit_folder(folder, {}, unenforced);  // the limit left the configuration
+  usage = sb::Cgroup::usage(folder);
+  ASSERT_TRUE(usage);
+  EXPECT_FALSE(usage->pids_max) << *usage->pids_max;
+
+  EXPECT_FALSE(sb::Cgroup::remove_folder(folder)) << "removed with a group below it";
+  leaf.cg->remove();
+  EXPECT_TRUE(sb::Cgroup::remove_folder(folder));
+  EXPECT_FALSE(sb::Cgroup::usage(folder));
+  for (const auto& p : sb::Cgroup::candidate_paths(folder)) EXPECT_FALSE(stdfs::exists(p)) << p;
+}
+
+// cpus nest too: a group below a folder gets at most the folder's cores (v1 would refuse more with
+// EINVAL; v2 takes the smaller itself), and lowering the folder below a group's own lowers the
+// group first on v1, so the folder's limit is always accepted.
+TEST(Cgroups, AFoldersCpusBoundTheGroupsBelowIt) {
+  REQUIRE(cpu);
+  const std::string folder = unique_name("cpus");
+  std::vector<std::string> unenforced;
+  sb::CgroupLimits one;
+  one.cpus = 1;
+  sb::Cgroup::limit_folder(folder, one, unenforced);
+  ASSERT_TRUE(unenforced.empty()) << unenforced.front();
+  sb::CgroupLimits two;
+  two.cpus = 2;
+  GroupGuard leaf(sb::Cgroup::create(folder + "/leaf", two, unenforced));
+  EXPECT_TRUE(unenforced.empty()) << unenforced.front();
+  auto cores = [](const stdfs::path& group) -> std::optional<double> {
+    for (const auto& [quota_file, period_file] : {std::pair{"cpu.cfs_quota_us", "cpu.cfs_period_us"}}) {
+      if (!stdfs::exists(group / quota_file)) continue;
+      const double quota = std::stod(slurp(group / quota_file)), period = std::stod(slurp(group / period_file));
+      if (quota > 0) return quota / period;
+      return std::nullopt;
+    }
+    if (!stdfs::exists(group / "cpu.max")) return std::nullopt;
+    std::istringstream in(slurp(group / "cpu.max"));
+    std::string quota;
+    double period = 0;
+    in >> quota >> period;
+    if (quota == "max") return std::nullopt;
+    return std::stod(quota) / period;
+  };
+  // v2 keeps what was asked (the kernel takes the smaller itself); v1 gets the folder's.
+  auto leaf_cores = [&]() -> std::pair<std::optional<double>, bool> {
+    for (const auto& p : leaf->paths())
+      if (auto c = cores(p)) return {c, stdfs::exists(p / "cpu.cfs_quota_us")};
+    return {std::nullopt, false};
+  };
+  auto [before, v1] = leaf_cores();
+  ASSERT_TRUE(before);
+  EXPECT_DOUBLE_EQ(*before, v1 ? 1.0 : 2.0);
+
+  sb::CgroupLimits half;
+  half.cpus = 0.5;
+  sb::Cgroup::limit_folder(folder, half, unenforced);
+  EXPECT_TRUE(unenforced.empty()) << unenforced.front();
+  auto usage = sb::Cgroup::usage(folder);
+  ASSERT_TRUE(usage);
+  ASSERT_TRUE(usage->cpus_max);
+  EXPECT_DOUBLE_EQ(*usage->cpus_max, 0.5);
+  if (v1) EXPECT_DOUBLE_EQ(*leaf_cores().first, 0.5) << "the group below was not lowered first";
+  leaf.cg->remove();
+  EXPECT_TRUE(sb::Cgroup::remove_folder(folder));
+}

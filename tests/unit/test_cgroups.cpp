@@ -17,6 +17,7 @@
 
 #include "base/error.hpp"
 #include "common/temp_dir.hpp"
+#include "sandbox/limits.hpp"
 
 namespace {
 
@@ -98,4 +99,24 @@ TEST(Cgroups, AttachChecksPaths) {
   auto none = sb::Cgroup::attach({});
   EXPECT_TRUE(none->paths().empty());
   EXPECT_TRUE(none->empty());
+}
+
+// [namespace] limits: only cpus, memory (MiB) and pids that are set reach a cgroup; without
+// use_cgroups every limit set is reported unenforced, in one line, and nothing is probed or read.
+TEST(InstanceLimits, OnlyLimitsThatAreSetCountAndWithoutCgroupsTheyAreUnenforced) {
+  const std::map<std::string, std::int64_t> limits{{"cpus", 2}, {"memory", 64}, {"pids", 0}, {"output", 5}};
+  const sb::CgroupLimits cg = sb::cgroup_limits(limits);
+  EXPECT_EQ(cg.cpus, 2.0);
+  EXPECT_EQ(cg.memory_bytes, 64u << 20);
+  EXPECT_FALSE(cg.pids);
+
+  EXPECT_TRUE(sb::instance_limits_unenforced({{"cpus", 0}, {"memory", 0}}, false).empty());
+  EXPECT_EQ(sb::instance_limits_unenforced(limits, false),
+            std::vector<std::string>{"cpus, memory: [jobs.local] use_cgroups is false"});
+  const sb::InstanceLimits shown = sb::instance_limits(limits, "alpha", false);
+  EXPECT_EQ(shown.configured, (std::map<std::string, std::int64_t>{{"cpus", 2}, {"memory", 64}}));
+  EXPECT_EQ(shown.unenforced.size(), 1u);
+  EXPECT_FALSE(shown.usage);
+  // Nothing to apply without cgroups, and nothing made.
+  EXPECT_TRUE(sb::apply_instance_limits(limits, "alpha", false).empty());
 }

@@ -837,6 +837,27 @@ TEST_F(ConfigTest, TerminalLimitsKeepTheirDefaultsMinimumsAndMaximums) {
             Lines{file() + ":2:8: terminal.limits.cpus: 1025 is out of range; use an integer (cores, 1..1024)"});
 }
 
+// [namespace] limits: absent or 0 is no limit; a value is at least the local minimum (a sandbox
+// cannot start below it); names are the cgroup limits only.
+TEST_F(ConfigTest, NamespaceLimitsAreOffByDefaultAndCheckedLikeLocalLimits) {
+  const auto defaults = load_text("");
+  EXPECT_EQ(defaults.config.ns.limits, (std::map<std::string, std::int64_t>{{"cpus", 0}, {"memory", 0}, {"pids", 0}}));
+  const auto loaded = load_text("[namespace]\nlimits = { memory = 64, pids = 0, output = 5 }\n");
+  EXPECT_EQ(loaded.config.ns.limits.at("memory"), 64);
+  EXPECT_EQ(loaded.config.ns.limits.at("pids"), 0);
+  EXPECT_EQ(loaded.config.ns.limits.at("cpus"), 0);
+  EXPECT_EQ(loaded.config.ns.limits.count("output"), 0u);
+  EXPECT_EQ(loaded.warnings, Lines{file() + ":2:35: unknown key 'namespace.limits.output' ignored"});
+  EXPECT_EQ(problems_of("[namespace.limits]\nmemory = 8\n"),
+            Lines{file() + ":2:10: namespace.limits.memory: 8 is below the minimum of 16 for memory; use 0 for no "
+                           "limit, or 16 or more"});
+  EXPECT_EQ(problems_of("[namespace.limits]\npids = -1\ncpus = 1025\n"),
+            (Lines{file() + ":3:8: namespace.limits.cpus: 1025 is out of range; use an integer (cores, 0..1024)",
+                   file() + ":2:8: namespace.limits.pids: -1 is out of range; use an integer (processes, 0..4194304)"}));
+  const auto least = load_text("[namespace.limits]\ncpus = 1\nmemory = 16\npids = 8\n");
+  EXPECT_EQ(least.config.ns.limits, (std::map<std::string, std::int64_t>{{"cpus", 1}, {"memory", 16}, {"pids", 8}}));
+}
+
 TEST_F(ConfigTest, AMountEqualToADefaultMountIsAnErrorAtTheGivenOne) {
   EXPECT_EQ(problems_of("[namespace]\nworkspace_mount = \"/output\"\n"),
             Lines{file() + ":2:19: namespace.workspace_mount: \"/output\" is also namespace.output_mount; the "
