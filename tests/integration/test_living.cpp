@@ -148,7 +148,7 @@ TEST_F(Living, AsRootALaterCommandCanPsAndKillAnEarlierOnesBackgroundProcess) {
 // normal user each command has a pid namespace and a /proc of its own).
 TEST_F(Living, PsPgrepAndKillWorkInsideEveryCommand) {
   Result r = in_alpha(
-      "sleep 6161.5 >/dev/null 2>&1 & until pgrep -f '^sleep 6161.5' >/dev/null; do :; done; "
+      "sleep 6161.5 >/dev/null 2>&1 & for i in $(seq 200); do pgrep -f '^sleep 6161.5' >/dev/null && break; sleep 0.02; done; "
       "ps -eo pid,args >/tmp/ps.txt || echo ps-failed; "
       "grep -c '[s]leep 6161.5' /tmp/ps.txt; kill $(pgrep -f '^sleep 6161.5') && wait && echo killed");
   EXPECT_EQ(r.out, "1\nkilled\n") << r.err;
