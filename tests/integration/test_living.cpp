@@ -115,15 +115,17 @@ TEST_F(Living, CommandsCannotKillTheSandboxItself) {
   ASSERT_EQ(in_alpha("sleep 6161.5 >/dev/null 2>&1 & echo ok").exit_code, 0);
   Result init = in_alpha("kill -KILL 1; kill -TERM 1; echo done");
   EXPECT_EQ(init.out, "done\n") << init.err;
-  // Whatever these reach (as a normal user a command's pid numbers are its own namespace's, so
-  // pkill may even hit the command itself), the sandbox stays.
+  // Whatever these reach (as a normal user a command sees only its own processes), the sandbox
+  // stays.
   in_alpha("pkill -KILL -x sleep; pkill -x bash; sleep 0.3");
   Result after = in_alpha("echo alive");
   EXPECT_EQ(after.out, "alive\n") << after.err;
   const std::string record = read_text(env_.instances() / "alpha/status/sandbox.status");
   EXPECT_EQ(record.find("ns-hpc-ended"), std::string::npos) << "the sandbox ended: " << record;
   // As root commands share the sandbox's pids: pkill -KILL -x sleep ended the agent's own sleep.
-  if (::geteuid() == 0) EXPECT_TRUE(eventually([] { return processes_with("6161.5").empty(); }, std::chrono::seconds(5)));
+  if (::geteuid() == 0) {
+    EXPECT_TRUE(eventually([] { return processes_with("6161.5").empty(); }, std::chrono::seconds(5)));
+  }
 }
 
 // As root every command runs in the sandbox's own pid namespace (its tree is killed through its
@@ -148,11 +150,11 @@ TEST_F(Living, AsRootALaterCommandCanPsAndKillAnEarlierOnesBackgroundProcess) {
 // normal user each command has a pid namespace and a /proc of its own).
 TEST_F(Living, PsPgrepAndKillWorkInsideEveryCommand) {
   Result r = in_alpha(
-      "sleep 6161.5 >/dev/null 2>&1 & for i in $(seq 200); do pgrep -f '^sleep 6161.5' >/dev/null && break; sleep 0.02; done; "
+      "sleep 7171.5 >/dev/null 2>&1 & for i in $(seq 200); do pgrep -f '^sleep 7171.5' >/dev/null && break; sleep 0.02; done; "
       "ps -eo pid,args >/tmp/ps.txt || echo ps-failed; "
-      "grep -c '[s]leep 6161.5' /tmp/ps.txt; kill $(pgrep -f '^sleep 6161.5') && wait && echo killed");
+      "grep -c '[s]leep 7171.5' /tmp/ps.txt; kill $(pgrep -f '^sleep 7171.5') && wait && echo killed");
   EXPECT_EQ(r.out, "1\nkilled\n") << r.err;
-  EXPECT_TRUE(eventually([] { return processes_with("6161.5").empty(); }, std::chrono::seconds(5)));
+  EXPECT_TRUE(eventually([] { return processes_with("7171.5").empty(); }, std::chrono::seconds(5)));
   // Its /proc/sys stays read-only, and nothing there can be unmounted to look below.
   Result sys = in_alpha("echo 1 > /proc/sys/vm/drop_caches || echo refused; umount /proc 2>/dev/null || echo kept");
   EXPECT_EQ(sys.out, "refused\nkept\n") << sys.err;
@@ -162,15 +164,15 @@ TEST(LivingStray, ASandboxWhoseInstanceWasRemovedBehindItsBackIsEnded) {
   Env env("persistent = true\nidle_stop = 0\n");
   env.create("lost");
   env.create("kept");
-  ASSERT_EQ(env.run({"bwrap", "lost", "--", "/bin/sh", "-c", "sleep 7171.5 >/dev/null 2>&1 & echo ok"}).exit_code, 0);
+  ASSERT_EQ(env.run({"bwrap", "lost", "--", "/bin/sh", "-c", "sleep 6161.5 >/dev/null 2>&1 & echo ok"}).exit_code, 0);
   ASSERT_EQ(env.run({"bwrap", "kept", "--", "/bin/sh", "-c", "sleep 7172.5 >/dev/null 2>&1 & echo ok"}).exit_code, 0);
-  ASSERT_TRUE(eventually([] { return processes_with("7171.5").size() == 1; }, std::chrono::seconds(5)));
+  ASSERT_TRUE(eventually([] { return processes_with("6161.5").size() == 1; }, std::chrono::seconds(5)));
   std::error_code ec;
   fs::remove_all(env.instances() / "lost", ec);
   ASSERT_FALSE(fs::exists(env.instances() / "lost"));
   Result doctor = env.run({"doctor"});
   EXPECT_NE(doctor.out.find("no instance names it"), std::string::npos) << doctor.out << doctor.err;
-  EXPECT_TRUE(eventually([] { return processes_with("7171.5").empty(); }, std::chrono::seconds(5)))
+  EXPECT_TRUE(eventually([] { return processes_with("6161.5").empty(); }, std::chrono::seconds(5)))
       << "the stray sandbox still runs";
   EXPECT_EQ(processes_with("7172.5").size(), 1u) << "a sandbox that a record names was ended";
 }
