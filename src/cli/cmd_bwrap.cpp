@@ -14,8 +14,8 @@ namespace nshpc::cli {
 
 namespace {
 
-sandbox::RunSpec make_run_spec(Invocation& inv, const store::Instance& inst, std::vector<std::string> command) {
-  sandbox::RunSpec spec;
+sandbox::ExecSpec make_exec_spec(Invocation& inv, const store::Instance& inst, std::vector<std::string> command) {
+  sandbox::ExecSpec spec;
   spec.target = inv.store().sandbox_target(inst);
   spec.argv = std::move(command);
   return spec;
@@ -56,7 +56,7 @@ void redirect_to_workspace_file(Invocation& inv, const store::Instance& inst, co
 int run_in_sandbox(Invocation& inv, const store::Instance& inst, const std::vector<std::string>& command,
                    std::string_view event) {
   const auto started = std::chrono::steady_clock::now();
-  AttachedRun run = run_attached(inv.backend(), make_run_spec(inv, inst, command));
+  AttachedRun run = run_attached(inv.backend(), make_exec_spec(inv, inst, command));
   return finish_sandbox_run(inv, inst, command, event, run.status, std::chrono::steady_clock::now() - started,
                             run.stop_signal);
 }

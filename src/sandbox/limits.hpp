@@ -1,6 +1,6 @@
 // Named limits of one execution (the [jobs.local.limit] / [terminal.limits] vocabulary) turned
 // into what enforces them: a cgroup for cpus, memory and pids, RLIMIT_FSIZE for output. The time
-// limit belongs to whoever watches the execution (the job keeper, terminal_execute's timeout).
+// limit belongs to whoever watches the execution (the job keeper, the captured-run pump's timeout).
 #pragma once
 
 #include <cstdint>
