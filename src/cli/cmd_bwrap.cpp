@@ -30,7 +30,7 @@ sandbox::ExecSpec make_exec_spec(Invocation& inv, const store::Instance& inst, s
 // Audits a finished sandbox run and turns it into the exit code to return.
 int finish_sandbox_run(Invocation& inv, const store::Instance& inst, const std::vector<std::string>& command,
                        std::string_view event, const sandbox::ExitStatus& status,
-                       std::chrono::steady_clock::duration elapsed, int stop_signal) {
+                       std::chrono::steady_clock::duration elapsed, int stop_signal, bool timed_out = false) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
   nlohmann::json fields = {{"instance_id", inst.id},
                            {"command", command},
@@ -40,6 +40,7 @@ int finish_sandbox_run(Invocation& inv, const store::Instance& inst, const std::
                            {"started", status.started}};
   if (!status.error.empty()) fields["error"] = status.error;
   if (stop_signal) fields["stopped_by_signal"] = stop_signal;
+  if (timed_out) fields["timed_out"] = true;
   inv.store().audit(inst, event, users::cli_actor(), std::move(fields));
   if (stop_signal) return 128 + stop_signal;
   if (!status.started) {
@@ -76,9 +77,10 @@ int run_with_timeout(Invocation& inv, const store::Instance& inst, const std::ve
   };
   const auto started = std::chrono::steady_clock::now();
   const sandbox::CaptureResult run = sandbox::capture(inv.backend(), std::move(spec), options);
+  const bool timed_out = run.ending == sandbox::Ending::timed_out;
   const int code = finish_sandbox_run(inv, inst, command, "sandbox.exec", run.status,
-                                      std::chrono::steady_clock::now() - started, stop_signal);
-  if (run.ending != sandbox::Ending::timed_out) return code;
+                                      std::chrono::steady_clock::now() - started, stop_signal, timed_out);
+  if (!timed_out) return code;
   std::fprintf(stderr, "ns-hpc: the command timed out after %.3g s; its sandbox was killed\n",
                std::chrono::duration<double>(timeout).count());
   return kTimeoutExitCode;

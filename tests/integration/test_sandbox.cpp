@@ -234,6 +234,8 @@ TEST_P(Sandbox, TimeoutKillsTheWholeTreeAndExits124) {
   EXPECT_LT(took, std::chrono::seconds(20));
   EXPECT_TRUE(eventually([&] { return processes_with(kMarker).empty(); }, std::chrono::seconds(5)))
       << processes_with(kMarker).size() << " survivors";
+  auto log = read_text(env_.instances() / "alpha/audit.log");
+  EXPECT_NE(log.find("\"timed_out\":true"), std::string::npos) << log;
   if (GetParam()) {
     // The living sandbox itself runs on: the next command joins it.
     Result next = in_alpha({"/bin/echo", "still-here"});
