@@ -49,4 +49,20 @@ bool reap_if_child(int pidfd) {
   return true;
 }
 
+void Leftovers::add(UniqueFd pidfd) {
+  if (!pidfd) return;
+  std::lock_guard lock(mutex_);
+  children_.push_back(std::move(pidfd));
+}
+
+void Leftovers::reap_ended() {
+  std::lock_guard lock(mutex_);
+  std::erase_if(children_, [](const UniqueFd& pidfd) {
+    siginfo_t info{};
+    // Gone from the list once reaped, or when it is not (or no longer) ours to reap (ECHILD).
+    return ::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd.get()), &info, WEXITED | WNOHANG) < 0 ||
+           info.si_pid != 0;
+  });
+}
+
 }  // namespace nshpc

@@ -5,6 +5,8 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <mutex>
+#include <vector>
 
 #include "base/fd.hpp"
 
@@ -24,5 +26,18 @@ bool wait_pidfd(int pidfd, std::chrono::milliseconds timeout);
 // Reaps the process of `pidfd` if it is our child, blocking until it has exited; returns false
 // when it is not our child (or was reaped already). Send it SIGKILL first when it must not linger.
 bool reap_if_child(int pidfd);
+
+// Children that outlived the handle that started them (a keeper started for a living sandbox, a
+// command's watcher still discarding what background processes write): each is reaped once it
+// has ended, on a later reap_ended(); nothing here ever waits.
+class Leftovers {
+ public:
+  void add(UniqueFd pidfd);
+  void reap_ended();
+
+ private:
+  std::mutex mutex_;
+  std::vector<UniqueFd> children_;
+};
 
 }  // namespace nshpc

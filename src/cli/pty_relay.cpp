@@ -196,11 +196,14 @@ AttachedRun run_attached(sandbox::Backend& backend, sandbox::ExecSpec spec) {
   StopSignals signals({SIGWINCH});
   auto execution = sandbox::execute(backend, std::move(spec));
   pty.slave.reset();  // only the sandbox holds it now
+  // A command joining a living sandbox has a terminal of the sandbox's own instead (made like
+  // this one): that is the one to relay.
+  const int master = execution->terminal() >= 0 ? execution->terminal() : pty.master.get();
   int stop_signal;
   {
     std::optional<RawMode> raw;
     if (caller->on[STDIN_FILENO]) raw.emplace(STDIN_FILENO);
-    stop_signal = relay(*caller, pty.master.get(), execution->wait_fd(), signals);
+    stop_signal = relay(*caller, master, execution->wait_fd(), signals);
   }
   return ended(*execution, stop_signal);
 }

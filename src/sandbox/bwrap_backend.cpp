@@ -274,8 +274,10 @@ class JoinedProcess final : public Process {
  public:
   // `group`: flat (root), the command's cgroup, through which its tree is killed; `own_group`
   // when the backend made it for this command (kept while what the command left runs).
-  JoinedProcess(Joined joined, UniqueFd busy, Cgroup* group, std::unique_ptr<Cgroup> own_group, std::string instance_id)
-      : joined_(std::move(joined)),
+  JoinedProcess(Joined joined, UniqueFd busy, Cgroup* group, std::unique_ptr<Cgroup> own_group, std::string instance_id,
+                Leftovers& leftovers)
+      : leftovers_(leftovers),
+        joined_(std::move(joined)),
         busy_(std::move(busy)),
         group_(group),
         own_group_(std::move(own_group)),
@@ -303,11 +305,17 @@ class JoinedProcess final : public Process {
       } catch (const std::exception&) {
       }
     }
+    // Flat: the joiner is our child; it ends once nothing writes to the output pipes any more.
+    if (joined_.our_child) {
+      leftovers_.add(std::move(joined_.pidfd));
+      leftovers_.reap_ended();
+    }
   }
 
   pid_t pid() const override { return joined_.pid; }
   pid_t sandbox_pid() const override { return joined_.pid; }
   int pidfd() const override { return joined_.status.get(); }  // readable once the command has ended
+  int terminal() const override { return joined_.terminal.get(); }
 
   ExitStatus wait() override {
     if (waited_) return result_;
@@ -342,6 +350,7 @@ class JoinedProcess final : public Process {
   }
 
  private:
+  Leftovers& leftovers_;
   Joined joined_;
   UniqueFd busy_;
   Cgroup* group_ = nullptr;
@@ -398,7 +407,7 @@ class BwrapBackend final : public Backend {
   }
 
   LivingStatus living_status(const Target& target) override {
-    reap_detached();
+    leftovers_.reap_ended();
     Living found = find_living(target);
     LivingStatus st;
     if (found.running) {
@@ -479,7 +488,7 @@ class BwrapBackend final : public Backend {
   }
 
   bool stop_living(const Target& target, std::string_view why, std::chrono::milliseconds grace) override {
-    reap_detached();
+    leftovers_.reap_ended();
     fs::make_dirs(target.state_dir, 0700);
     fs::FileLock lock(target.state_dir / kLivingLock);
     Living found = find_living(target);
@@ -503,7 +512,6 @@ class BwrapBackend final : public Backend {
     }
     const auto until = std::chrono::steady_clock::now() + grace;
     while (std::chrono::steady_clock::now() < until) {
-      bool any = false;
       if (others().empty()) break;
       ::usleep(20000);
     }
@@ -577,7 +585,7 @@ class BwrapBackend final : public Backend {
   // The living sandbox of `target`, started when it does not run (under the instance's lock, so
   // two processes never start two).
   Living ensure_living(const Target& target) {
-    reap_detached();
+    leftovers_.reap_ended();
     if (Living found = find_living(target); found.running) return found;
     fs::make_dirs(target.state_dir, 0700);
     fs::FileLock lock(target.state_dir / kLivingLock);
@@ -641,6 +649,7 @@ class BwrapBackend final : public Backend {
   // A command (or, behind a keeper, a job) in the living sandbox.
   std::unique_ptr<Process> join_living(const RunSpec& spec) {
     check_command(spec.argv, spec.cwd);
+    leftovers_.reap_ended();
     std::shared_ptr<const Joinable> sandbox = joinable(spec.target);
     UniqueFd busy = open_busy(spec.target);
     ::flock(busy.get(), LOCK_SH);
@@ -674,6 +683,7 @@ class BwrapBackend final : public Backend {
     setup.drop_to = drop_to_;
     if (ns_.hardening && ns_.seccomp) setup.seccomp_bpf = seccomp_bpf();
     setup.controlling_tty = spec.terminal;
+    setup.own_terminal = spec.terminal;
     setup.discard_after_release = spec.output_readers;
     // As root, the command's cgroup kills its tree, and it runs in the sandbox's own pid
     // namespace: a later command's ps and kill reach what it left running. Elsewhere (a normal
@@ -711,7 +721,7 @@ class BwrapBackend final : public Backend {
                  sandbox->init, text::shell_join(spec.argv));
     Joined joined = join_sandbox(setup);
     return std::make_unique<JoinedProcess>(std::move(joined), std::move(busy), group, std::move(own_group),
-                                           spec.target.instance_id);
+                                           spec.target.instance_id, leftovers_);
   }
 
   // Removes the groups the instance's commands kept, waiting a little for their last members.
@@ -745,12 +755,22 @@ class BwrapBackend final : public Backend {
         joinable_.erase(it);
       }
     }
-    Living found = ensure_living(target);
     auto entry = std::make_shared<Joinable>();
-    entry->init = *found.status.child_pid();
-    entry->pid_ns = *found.status.pid_namespace();
-    entry->namespaces = open_sandbox_namespaces(entry->init, entry->pid_ns);
-    entry->init_pidfd = std::move(found.init);
+    for (int attempt = 0;; ++attempt) {
+      Living found = ensure_living(target);
+      entry->init = *found.status.child_pid();
+      entry->pid_ns = *found.status.pid_namespace();
+      try {
+        entry->namespaces = open_sandbox_namespaces(entry->init, entry->pid_ns);
+      } catch (const SysError& e) {
+        // It ended just now (stopped by another process, or it died): once more, which starts
+        // it again.
+        if (e.code() != ESRCH || attempt > 0) throw;
+        continue;
+      }
+      entry->init_pidfd = std::move(found.init);
+      break;
+    }
     std::lock_guard lock(mutex_);
     joinable_[key] = entry;
     return entry;
@@ -761,16 +781,7 @@ class BwrapBackend final : public Backend {
   void detach(Process& process) {
     UniqueFd fd(::fcntl(process.pidfd(), F_DUPFD_CLOEXEC, 3));
     process.disown();
-    std::lock_guard lock(mutex_);
-    if (fd) detached_.push_back(std::move(fd));
-  }
-
-  void reap_detached() {
-    std::lock_guard lock(mutex_);
-    std::erase_if(detached_, [](const UniqueFd& fd) {
-      siginfo_t info{};
-      return ::waitid(P_PIDFD, static_cast<id_t>(fd.get()), &info, WEXITED | WNOHANG) < 0 || info.si_pid != 0;
-    });
+    leftovers_.add(std::move(fd));
   }
 
   // The order of a launch: bwrap's argv (behind a keeper when the sandbox must outlive its
@@ -943,7 +954,7 @@ class BwrapBackend final : public Backend {
   mutable std::string bwrap_path_;
   mutable std::string self_path_;
   std::string seccomp_bpf_;
-  std::vector<UniqueFd> detached_;  // pidfds of living sandboxes' keepers started here
+  Leftovers leftovers_;  // living sandboxes' keepers and commands' watchers started here, reaped once ended
   std::map<std::string, std::shared_ptr<const Joinable>> joinable_;  // by state folder
 };
 

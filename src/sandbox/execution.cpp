@@ -195,6 +195,7 @@ class SandboxExecution final : public Execution {
   int output_fd(int stream) const override { return stream == 1 ? out_.get() : stream == 2 ? err_.get() : -1; }
   bool enforces_time_limit() const override { return keeper_; }
   Seen seen() const override { return seen_; }
+  int terminal() const override { return process_ ? process_->terminal() : -1; }
 
  private:
   friend std::unique_ptr<Execution> sandbox::execute(Backend& backend, ExecSpec spec);

@@ -117,6 +117,10 @@ class Execution {
   virtual bool enforces_time_limit() const { return true; }
   // What attach() found (running for a started execution).
   virtual Seen seen() const { return Seen::running; }
+  // The master of the command's terminal when the backend made one inside the sandbox (a
+  // command joining a living sandbox with `terminal`): the one to relay in place of the
+  // terminal passed. -1: none.
+  virtual int terminal() const { return -1; }
 };
 
 // Starts `spec` on `backend`; returns once the sandbox exists. Throws OutputFileError when an

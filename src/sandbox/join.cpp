@@ -4,6 +4,9 @@
 #include <grp.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
+#include <linux/magic.h>
+#include <linux/mount.h>
+#include <linux/openat2.h>
 #include <linux/nsfs.h>
 #include <linux/seccomp.h>
 #include <poll.h>
@@ -15,7 +18,9 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,7 +50,7 @@ namespace {
 constexpr int kErrors = 63;   // close-on-exec: EOF once the command has been executed
 constexpr int kStatus = 64;   // the command init writes the command's wait status here
 constexpr int kRelease = 65;  // EOF: the caller is done (or gone)
-constexpr int kSocket = 66;   // the spawner sends the command init's pidfd here
+constexpr int kSocket = 66;   // the terminal's master, then (nested) the command init's pidfd go here
 constexpr int kNamespaces = 67;  // 8 namespace descriptors: outer user, user, mnt, pid, net, ipc, uts, cgroup
 constexpr int kNamespaceCount = 8;
 constexpr int kDiscard = kNamespaces + kNamespaceCount;  // read ends to discard after release
@@ -56,7 +61,7 @@ constexpr int kStage = 100;  // staging area while descriptors are moved into pl
 enum class Step : int { dumpable, cgroup, dup, close, rlimit, setgroups, setgid, setuid, setns_outer_user,
                         setns_mnt, setns_pid, setns_net, setns_ipc, setns_uts, setns_cgroup, setns_user,
                         fork, unshare_pid, capabilities, no_new_privs, seccomp, send, signals, setsid, ctty,
-                        chdir, exec };
+                        chdir, exec, terminal, proc };
 
 const char* step_name(Step s) {
   switch (s) {
@@ -87,6 +92,8 @@ const char* step_name(Step s) {
     case Step::ctty: return "set the controlling terminal";
     case Step::chdir: return "change to the working directory";
     case Step::exec: return "execute";
+    case Step::terminal: return "open a terminal in the sandbox (/dev/ptmx)";
+    case Step::proc: return "mount the command's own /proc";
   }
   return "?";
 }
@@ -155,8 +162,6 @@ std::pair<char*, std::size_t> own_arg_area() {
 }
 
 void fail(const Prepared& p, Step step) { fail_to(p.error_fd, step); }
-
-bool kept(const Prepared& p, int fd) { return std::binary_search(p.keep.begin(), p.keep.end(), fd); }
 
 // Moves every descriptor to its number (through a staging area, so no source is clobbered) and
 // closes all others.
@@ -240,39 +245,41 @@ void drop_capabilities(const Prepared& p) {
   exec_command(p);
 }
 
-// pid 1 of the command's pid namespace: starts the command, reports its status, reaps every
-// process of the tree until none is left. Never returns.
-[[noreturn]] void command_init(const Prepared& p) {
-  ::close(kSocket);
-  static constexpr char kTitle[] = "ns-hpc-command-init";
-  if (p.args && p.args_len > sizeof kTitle) {
-    std::memset(p.args, 0, p.args_len);
-    std::memcpy(p.args, kTitle, sizeof kTitle);
-  }
-  ::prctl(PR_SET_NAME, "ns-hpc-init", 0, 0, 0);
-  if (p.setup->flat) {
-    // Not a pid namespace's init: no capabilities, no new privileges, like the spawner.
-    drop_capabilities(p);
-    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
-    if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
-  }
-  if (p.seccomp.len > 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p.seccomp) < 0) fail(p, Step::seccomp);
+// Starts the command as a child of this process, with SIGCHLD routed to `sigfd`. Flat, the
+// command's own process drops the privileges first (the joiner, its parent, has the sandbox user
+// namespace's capabilities); nested, the command init already has.
+pid_t start_command(const Prepared& p, int& sigfd) {
   sigset_t chld;
   ::sigemptyset(&chld);
   ::sigaddset(&chld, SIGCHLD);
   if (::sigprocmask(SIG_BLOCK, &chld, nullptr) < 0) fail(p, Step::signals);
-  const int sigfd = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  sigfd = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
   if (sigfd < 0) fail(p, Step::signals);
 
   const pid_t command = raw_fork();
   if (command < 0) fail(p, Step::fork);
-  if (command == 0) command_main(p);
-
-  // The command holds its stdio now; the init keeps none of it.
+  if (command == 0) {
+    if (p.setup->flat) {
+      drop_capabilities(p);
+      if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
+      if (p.seccomp.len > 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p.seccomp) < 0) fail(p, Step::seccomp);
+    }
+    command_main(p);
+  }
+  // The command holds its stdio now; the watcher keeps none of it.
   for (int fd : p.keep)
     if (fd < kErrors) ::close(fd);
   ::close(kErrors);
+  return command;
+}
 
+// Waits for the command and reports its wait status on kStatus; the caller going away before
+// that (kRelease closed) is a cancel. Once released, reads and discards what background
+// processes still write to the output pipes. Nested (pid 1 of the command's pid namespace): also
+// reaps every process of the tree and ends with the last of them. Flat (the joiner, outside the
+// sandbox's pid namespace): ends once the command has ended, the caller is done and nobody writes
+// the pipes; what the command left running is the sandbox init's to reap.
+[[noreturn]] void watch_command(const Prepared& p, pid_t command, int sigfd) {
   bool reported = false, released = false;
   bool discard_open[kMaxDiscard];
   for (int i = 0; i < kMaxDiscard; ++i) discard_open[i] = i < p.discard_count;
@@ -296,7 +303,6 @@ void drop_capabilities(const Prepared& p) {
     }
     for (;;) {
       int status = 0;
-      // Flat: only the command is ours (what it leaves is the sandbox init's to reap).
       const pid_t pid = ::waitpid(p.setup->flat ? command : -1, &status, WNOHANG);
       if (pid == command && !reported) {
         reported = true;
@@ -337,9 +343,77 @@ void drop_capabilities(const Prepared& p) {
       }
       discarding = discarding || discard_open[i];
     }
-    // Flat: done once the command has ended, the caller is done and nobody writes the pipes.
     if (p.setup->flat && reported && released && !discarding) ::_exit(0);
   }
+}
+
+// Nested: a /proc of the command's own pid namespace in place of the sandbox's (in the command's
+// copy of the mount namespace), so that ps, pgrep and kill inside see the pids the command
+// itself uses; without it, procps stops with "lookup self" and pkill would aim at the sandbox's
+// numbering. Covered as bwrap covers a sandbox's: sys, sysrq-trigger, irq and bus read-only.
+// The mount point is found from the sandbox's root without following any link, and must be a
+// proc mount already (what the sandbox made there is never mounted over).
+void mount_own_proc(const Prepared& p) {
+  const int root = ::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) fail(p, Step::proc);
+  open_how how{};
+  how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  const int target = static_cast<int>(::syscall(SYS_openat2, root, "proc", &how, sizeof how));
+  struct statfs fs;
+  if (target < 0 || ::fstatfs(target, &fs) < 0) fail(p, Step::proc);
+  if (fs.f_type != PROC_SUPER_MAGIC) {
+    errno = EXDEV;
+    fail(p, Step::proc);
+  }
+  const int context = static_cast<int>(::syscall(SYS_fsopen, "proc", FSOPEN_CLOEXEC));
+  if (context < 0 || ::syscall(SYS_fsconfig, context, FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0) fail(p, Step::proc);
+  constexpr unsigned kLocked = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+  const int proc = static_cast<int>(::syscall(SYS_fsmount, context, FSMOUNT_CLOEXEC, kLocked));
+  if (proc < 0) fail(p, Step::proc);
+  if (::syscall(SYS_move_mount, proc, "", target, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
+    fail(p, Step::proc);
+  for (const char* cover : {"sys", "sysrq-trigger", "irq", "bus"}) {
+    const int tree =
+        static_cast<int>(::syscall(SYS_open_tree, proc, cover, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW));
+    if (tree < 0) {
+      if (errno == ENOENT) continue;  // not on this kernel
+      fail(p, Step::proc);
+    }
+    mount_attr attr{};
+    attr.attr_set = MOUNT_ATTR_RDONLY | kLocked;
+    if (::syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0 ||
+        ::syscall(SYS_move_mount, tree, "", proc, cover, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+      fail(p, Step::proc);
+    ::close(tree);
+  }
+  ::close(proc);
+  ::close(context);
+  ::close(target);
+  ::close(root);
+}
+
+// pid 1 of the command's pid namespace (nested): loads the seccomp filter, starts the command,
+// reports its status, reaps every process of the tree until none is left. Never returns.
+[[noreturn]] void command_init(const Prepared& p) {
+  ::close(kSocket);
+  static constexpr char kTitle[] = "ns-hpc-command-init";
+  if (p.args && p.args_len > sizeof kTitle) {
+    std::memset(p.args, 0, p.args_len);
+    std::memcpy(p.args, kTitle, sizeof kTitle);
+  }
+  ::prctl(PR_SET_NAME, "ns-hpc-init", 0, 0, 0);
+  mount_own_proc(p);
+  // Now the sandbox's own user namespace, and nothing of any capability kept.
+  if (p.join[1] && ::setns(kNamespaces + 1, CLONE_NEWUSER) < 0) fail(p, Step::setns_user);
+  ::close(kNamespaces + 1);
+  drop_capabilities(p);
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
+  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
+  if (p.seccomp.len > 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p.seccomp) < 0) fail(p, Step::seccomp);
+  int sigfd = -1;
+  const pid_t command = start_command(p, sigfd);
+  watch_command(p, command, sigfd);
 }
 
 // One byte and room for one descriptor (SCM_RIGHTS), for sendmsg/recvmsg on the chain's socket.
@@ -358,38 +432,61 @@ struct FdMessage {
   FdMessage& operator=(const FdMessage&) = delete;
 };
 
-// Sends the command init's pidfd to the caller (over kSocket); kills the init when it cannot.
-void send_pidfd(const Prepared& p, int pidfd, pid_t init) {
+// Sends a descriptor to the caller over kSocket; false when it cannot.
+bool send_fd(int fd) {
   FdMessage m;
   msghdr& msg = m.msg;
   cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
   cmsg->cmsg_level = SOL_SOCKET;
   cmsg->cmsg_type = SCM_RIGHTS;
   cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cmsg), &pidfd, sizeof(int));
-  if (::sendmsg(kSocket, &msg, MSG_NOSIGNAL) < 0) {
-    ::kill(init, SIGKILL);
-    fail(p, Step::send);
-  }
+  std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+  return ::sendmsg(kSocket, &msg, MSG_NOSIGNAL) >= 0;
 }
 
-// In the sandbox's pid namespace (not yet in it as a process: its children are): a pid
-// namespace for the command, no capabilities, no new privileges, then the command init.
-// Flat: no pid namespace; the command init drops the privileges itself. Either way the spawner
-// exits at once, so the command init's parent becomes the sandbox's init, which reaps it.
+// The command's terminal, from the sandbox's own devpts: a terminal the caller made has no name
+// in the sandbox's /dev (`tty` would say "not a tty", programs that look up their terminal by
+// name fail). Opened with the sandbox's own access (after the uid drop and the joins), and
+// checked to be a terminal master; what lies at /dev/ptmx is the sandbox's to replace, and
+// anything else there is refused. The master goes to the caller; the slave becomes the
+// command's stdin, stdout and stderr.
+void open_terminal(const Prepared& p) {
+  const int master = ::open("/dev/ptmx", O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+  if (master < 0) fail(p, Step::terminal);
+  unsigned number = 0;
+  int unlock = 0;
+  if (::ioctl(master, TIOCGPTN, &number) < 0 || ::ioctl(master, TIOCSPTLCK, &unlock) < 0) fail(p, Step::terminal);
+  const int slave = ::ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY);
+  if (slave < 0) fail(p, Step::terminal);
+  // It starts as the terminal it replaces (stdin): its settings and window size.
+  termios attrs{};
+  if (::tcgetattr(0, &attrs) == 0) ::tcsetattr(slave, TCSANOW, &attrs);
+  winsize size{};
+  if (::ioctl(0, TIOCGWINSZ, &size) == 0) ::ioctl(master, TIOCSWINSZ, &size);
+  for (int fd = 0; fd < 3; ++fd)
+    if (::dup2(slave, fd) < 0) fail(p, Step::dup);
+  ::close(slave);
+  if (!send_fd(master)) fail(p, Step::send);
+  ::close(master);
+}
+
+// Nested: in the sandbox's pid namespace (not yet in it as a process: its children are) makes a
+// pid namespace and a mount namespace (a copy of the sandbox's) for the command, starts the
+// command init and exits at once, so the command init's parent becomes the sandbox's init, which
+// reaps it.
 [[noreturn]] void spawner_main(const Prepared& p) {
-  if (!p.setup->flat) {
-    if (::unshare(CLONE_NEWPID) < 0) fail(p, Step::unshare_pid);
-    drop_capabilities(p);
-    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
-    if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
-  }
+  // Still in the sandbox's outer user namespace, which owns its mount namespace: the copy made
+  // here has the same owner, so the command init may mount a /proc of its own in it.
+  if (::unshare(CLONE_NEWPID | CLONE_NEWNS) < 0) fail(p, Step::unshare_pid);
   int pidfd = -1;
   const pid_t init = raw_fork(&pidfd);
   if (init < 0) fail(p, Step::fork);
   if (init == 0) command_init(p);
 
-  send_pidfd(p, pidfd, init);
+  if (!send_fd(pidfd)) {
+    ::kill(init, SIGKILL);
+    fail(p, Step::send);
+  }
   ::_exit(0);
 }
 
@@ -426,9 +523,26 @@ void send_pidfd(const Prepared& p, int pidfd, pid_t init) {
     if (p.join[i] && ::setns(kNamespaces + i, order[static_cast<std::size_t>(i)].first) < 0)
       fail(p, order[static_cast<std::size_t>(i)].second);
   }
-  if (p.join[1] && ::setns(kNamespaces + 1, CLONE_NEWUSER) < 0) fail(p, Step::setns_user);
-  ::syscall(SYS_close_range, kNamespaces, kNamespaces + kNamespaceCount - 1, 0);
+  // Flat: the sandbox's own user namespace now. Nested: the command init joins it, once it has
+  // mounted the command's /proc (which takes the outer one's capabilities).
+  if (p.setup->flat && p.join[1] && ::setns(kNamespaces + 1, CLONE_NEWUSER) < 0) fail(p, Step::setns_user);
+  if (p.setup->flat || !p.join[1]) {
+    ::syscall(SYS_close_range, kNamespaces, kNamespaces + kNamespaceCount - 1, 0);
+  } else {
+    ::close(kNamespaces);
+    ::syscall(SYS_close_range, kNamespaces + 2, kNamespaces + kNamespaceCount - 1, 0);
+  }
+  if (p.setup->own_terminal) open_terminal(p);
 
+  if (p.setup->flat) {
+    // Flat: this process is the command's watcher. It stays outside the sandbox's pid namespace
+    // (nothing inside can see or signal it), and keeps no capability once the command runs.
+    int sigfd = -1;
+    const pid_t command = start_command(p, sigfd);
+    drop_capabilities(p);
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) ::_exit(127);
+    watch_command(p, command, sigfd);
+  }
   const pid_t spawner = raw_fork();
   if (spawner < 0) fail(p, Step::fork);
   if (spawner == 0) spawner_main(p);
@@ -486,13 +600,18 @@ SandboxNamespaces open_sandbox_namespaces(pid_t init, std::uint64_t pid_ns) {
   UniqueFd pidfd = open_member(init, pid_ns);
   if (!pidfd) throw SysError(ESRCH, "find the sandbox's init", fmt::format("pid {}", init));
   SandboxNamespaces ns;
-  ns.user = open_ns(init, "user");
-  ns.mnt = open_ns(init, "mnt");
-  ns.pid = open_ns(init, "pid");
-  ns.net = open_ns(init, "net");
-  ns.ipc = open_ns(init, "ipc");
-  ns.uts = open_ns(init, "uts");
-  ns.cgroup = open_ns(init, "cgroup");
+  try {
+    ns.user = open_ns(init, "user");
+    ns.mnt = open_ns(init, "mnt");
+    ns.pid = open_ns(init, "pid");
+    ns.net = open_ns(init, "net");
+    ns.ipc = open_ns(init, "ipc");
+    ns.uts = open_ns(init, "uts");
+    ns.cgroup = open_ns(init, "cgroup");
+  } catch (const SysError&) {
+    // An init that has just ended (a zombie still) has no namespaces left to open.
+    if (!wait_pidfd(pidfd.get(), std::chrono::milliseconds(0))) throw;
+  }
   // Still the same process (its pidfd not readable): the namespaces are its own.
   if (wait_pidfd(pidfd.get(), std::chrono::milliseconds(0)))
     throw SysError(ESRCH, "find the sandbox's init", fmt::format("pid {} ended", init));
@@ -547,7 +666,7 @@ Joined join_sandbox(const JoinSetup& setup) {
   p.moves.emplace_back(errors.write.get(), kErrors);
   p.moves.emplace_back(status.write.get(), kStatus);
   p.moves.emplace_back(release.read.get(), kRelease);
-  p.moves.emplace_back(theirs.get(), kSocket);
+  if (!setup.flat || setup.own_terminal) p.moves.emplace_back(theirs.get(), kSocket);
   for (int i = 0; i < kNamespaceCount; ++i) {
     if (ns_fds[i] < 0) continue;
     p.moves.emplace_back(ns_fds[i], kNamespaces + i);
@@ -577,14 +696,29 @@ Joined join_sandbox(const JoinSetup& setup) {
   theirs.reset();
 
   Joined joined;
-  joined.pidfd = receive_fd(ours.get());
+  if (setup.flat) {
+    // The joiner itself watches the command: our child, reaped by whoever holds the handle.
+    int error = 0;
+    joined.pidfd = open_pidfd(joiner, &error);
+    if (!joined.pidfd) {
+      ::kill(joiner, SIGKILL);
+      ::waitpid(joiner, nullptr, 0);
+      throw SysError(error, "pidfd_open", "the joining process");
+    }
+    joined.our_child = true;
+  }
+  if (setup.own_terminal) joined.terminal = receive_fd(ours.get());
+  if (!setup.flat) joined.pidfd = receive_fd(ours.get());
   Failure failure{};
   ssize_t n;
   do {
     n = ::read(errors.read.get(), &failure, sizeof failure);
   } while (n < 0 && errno == EINTR);
   int raw = 0;
-  while (::waitpid(joiner, &raw, 0) < 0 && errno == EINTR) {
+  if (!setup.flat || n == static_cast<ssize_t>(sizeof failure)) {
+    if (setup.flat) signal_pidfd(joined.pidfd.get(), SIGKILL);  // it would wait for the release
+    while (::waitpid(joiner, &raw, 0) < 0 && errno == EINTR) {
+    }
   }
   if (n == static_cast<ssize_t>(sizeof failure)) {
     if (joined.pidfd) signal_pidfd(joined.pidfd.get(), SIGKILL);
@@ -598,7 +732,7 @@ Joined join_sandbox(const JoinSetup& setup) {
     throw Error(fmt::format("could not run the command in the instance's sandbox: the joining process ended "
                             "with status {} without a report",
                             raw));
-  joined.pid = pid_of_pidfd(joined.pidfd.get());
+  joined.pid = setup.flat ? joiner : pid_of_pidfd(joined.pidfd.get());
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/ns/pid", static_cast<int>(joined.pid));
   struct stat st;

@@ -8,8 +8,10 @@
 //                         then joins the sandbox's outer user namespace (bwrap's, which owns its
 //                         other namespaces), its mount, pid, net, ipc, uts and cgroup namespaces,
 //                         and last the sandbox's own (inner) user namespace.
-//   (flat: the joiner starts the command init itself; there is no command pid namespace, and the
-//   command's cgroup is the tree: see JoinSetup::flat)
+//   (flat: there is no command pid namespace and no command init; the command's cgroup is its
+//   tree (see JoinSetup::flat). The joiner starts the command in the sandbox's pid namespace and
+//   watches it from outside, where nothing in the sandbox can see or signal it: two processes
+//   per command instead of four.)
 //   spawner  (in the sandbox's pid namespace) makes a new pid namespace for this command, drops
 //                         every capability (bounding, ambient, permitted), sets no-new-privileges
 //                         and starts:
@@ -61,6 +63,9 @@ struct JoinSetup {
   std::optional<users::Identity> drop_to;    // as root: the sandbox's host uid/gid
   std::string seccomp_bpf;                   // struct sock_filter[]; empty: none
   bool controlling_tty = false;              // stdin is a terminal to become the controlling tty
+  // The command gets a terminal of the sandbox's own devpts as stdin, stdout, stderr and
+  // controlling tty (its master: Joined::terminal); fds 0-2 above are replaced.
+  bool own_terminal = false;
   // Read ends of the command's output pipes: once the caller has read what it wanted and
   // released the command (Joined::release), the command init reads and discards what
   // background processes still write there, so they never get EPIPE or block on a full pipe.
@@ -75,7 +80,7 @@ struct JoinSetup {
 
 // A command started in a sandbox. Destroying it releases the command (see release()).
 struct Joined {
-  pid_t pid = 0;             // host pid of the command init
+  pid_t pid = 0;             // host pid of the command init (flat: of the joiner watching the command)
   std::uint64_t pid_ns = 0;  // the command's own pid namespace (its tree, and only it)
   UniqueFd pidfd;            // of the command init: SIGKILL through it ends the whole tree
   // Readable when the command has ended: 4 bytes (its wait status) or EOF (the command init
@@ -84,7 +89,12 @@ struct Joined {
   // Closing it releases the command: until then, the caller going away counts as a cancel (the
   // command init kills the tree when this closes before the command has ended).
   UniqueFd release;
+  UniqueFd terminal;  // own_terminal: the master of the command's terminal (non-blocking)
+  // Flat: `pidfd` is this process's child (the joiner), to be reaped once it has ended; it ends
+  // after the release, when no background process writes to the output pipes any more.
+  bool our_child = false;
 };
+
 
 // Starts the command; returns once it has been executed (or throws SysError naming the step and
 // the errno, e.g. "execute python4: No such file or directory").

@@ -121,6 +121,10 @@ class Process {
   // Lets the sandbox run on when this handle is destroyed (a job outliving its server; with
   // die_with_caller off). The process is then reaped by whoever inherits it.
   virtual void disown() = 0;
+  // The master of the command's terminal when the backend made it inside the sandbox (a command
+  // joining a living sandbox with `terminal`: a terminal the caller made has no name in the
+  // sandbox's /dev); the caller relays this one in place of the terminal it passed. -1: none.
+  virtual int terminal() const { return -1; }
 };
 
 // The long-lived sandbox of a living instance, as found on record and in the kernel.

@@ -144,6 +144,19 @@ TEST_F(Living, AsRootALaterCommandCanPsAndKillAnEarlierOnesBackgroundProcess) {
 
 // Nothing runs that no record names: a living sandbox whose instance was removed behind its back
 // is ended by doctor (and by every server start), found through the record its keeper holds.
+// ps, pgrep and kill inside a command see the pids the command itself uses, in either mode (as a
+// normal user each command has a pid namespace and a /proc of its own).
+TEST_F(Living, PsPgrepAndKillWorkInsideEveryCommand) {
+  Result r = in_alpha(
+      "sleep 6161.5 >/dev/null 2>&1 & ps -eo pid,args >/tmp/ps.txt || echo ps-failed; "
+      "grep -c '[s]leep 6161.5' /tmp/ps.txt; kill $(pgrep -f '^sleep 6161.5') && wait && echo killed");
+  EXPECT_EQ(r.out, "1\nkilled\n") << r.err;
+  EXPECT_TRUE(eventually([] { return processes_with("6161.5").empty(); }, std::chrono::seconds(5)));
+  // Its /proc/sys stays read-only, and nothing there can be unmounted to look below.
+  Result sys = in_alpha("echo 1 > /proc/sys/vm/drop_caches || echo refused; umount /proc 2>/dev/null || echo kept");
+  EXPECT_EQ(sys.out, "refused\nkept\n") << sys.err;
+}
+
 TEST(LivingStray, ASandboxWhoseInstanceWasRemovedBehindItsBackIsEnded) {
   Env env("persistent = true\nidle_stop = 0\n");
   env.create("lost");

@@ -281,14 +281,11 @@ TEST_P(Sandbox, EnterGivesAnInteractiveBashWithARealTerminal) {
   }
   ::close(master);
   EXPECT_EQ(wait_child(pid, std::chrono::seconds(20)), 5) << screen;
-  // bwrap shows the terminal as /dev/console; either way `tty` names a terminal device. A command
-  // joining a living sandbox gets the terminal too (below), but its device has no name in the
-  // sandbox's own /dev yet: `tty` says "not a tty" there (a known gap, issue 12).
-  if (!GetParam()) {
-    EXPECT_TRUE(screen.find("/dev/console") != std::string::npos || screen.find("/dev/pts/") != std::string::npos)
-        << screen;
-    EXPECT_EQ(screen.find("not a tty"), std::string::npos) << screen;
-  }
+  // bwrap shows the terminal as /dev/console; a command joining a living sandbox gets one of the
+  // sandbox's own /dev/pts. Either way `tty` names a terminal device.
+  EXPECT_TRUE(screen.find("/dev/console") != std::string::npos || screen.find("/dev/pts/") != std::string::npos)
+      << screen;
+  EXPECT_EQ(screen.find("not a tty"), std::string::npos) << screen;
   EXPECT_NE(screen.find("STDIN-IS-TTY"), std::string::npos) << screen;
   EXPECT_NE(screen.find("monitor        \ton"), std::string::npos) << screen;  // job control
   EXPECT_NE(screen.find("42-done"), std::string::npos) << screen;
