@@ -232,7 +232,9 @@ class SandboxExecution final : public Execution {
     try {
       if (!outlives_ && persistent_ && !cgroup_->empty()) {
         cgroup_->keep();
-        Cgroup::remove_empty(cgroup_folder_, cgroup_prefix_);
+        // Only groups of the same kind ("term-*"): never an empty group of something else that
+        // is being set up (a job's, before its sandbox joins it).
+        if (!cgroup_prefix_.empty()) Cgroup::remove_empty(cgroup_folder_, cgroup_prefix_);
       } else {
         cgroup_->kill(2000);
         cgroup_->remove();
@@ -252,7 +254,8 @@ class SandboxExecution final : public Execution {
   bool keeper_ = true;
   bool outlives_ = false;
   bool persistent_ = false;
-  std::string cgroup_folder_, cgroup_prefix_;  // "<instance>", "term-": the sweep of kept groups
+  // "<instance>", "term-" (from a cgroup name "<instance>/term-<id>"): the sweep of kept groups.
+  std::string cgroup_folder_, cgroup_prefix_;
   UniqueFd out_, err_;
   nlohmann::json handle_ = nlohmann::json::object();
   std::vector<std::string> unenforced_;
@@ -332,7 +335,7 @@ std::unique_ptr<Execution> execute(Backend& backend, ExecSpec spec) {
   if (auto slash = spec.cgroup_name.rfind('/'); slash != std::string::npos) {
     exec->cgroup_folder_ = spec.cgroup_name.substr(0, slash);
     const std::string leaf = spec.cgroup_name.substr(slash + 1);
-    exec->cgroup_prefix_ = leaf.substr(0, leaf.find('-') + 1);
+    if (const auto dash = leaf.find('-'); dash != std::string::npos) exec->cgroup_prefix_ = leaf.substr(0, dash + 1);
   }
   publish();  // exactly the groups in use
 

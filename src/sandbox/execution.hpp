@@ -47,7 +47,10 @@ struct ExecSpec {
   std::map<std::string, std::int64_t> limits;
   std::chrono::milliseconds time_grace{0};
   bool use_cgroups = true;   // [jobs.local] use_cgroups
-  std::string cgroup_name;   // "<instance>/<name>"; empty: no cgroup of its own
+  // "<instance>/<name>"; empty: no cgroup of its own. A command of a living instance that leaves
+  // processes running keeps its group; with a name "<instance>/<kind>-<id>" the empty groups of
+  // earlier commands of that kind are swept then.
+  std::string cgroup_name;
   // Keeps running when the caller (the server) goes, under a job keeper; attach() finds it
   // again from its handle. Otherwise it dies with the caller.
   bool outlives_caller = false;
@@ -93,7 +96,9 @@ class Execution {
   // of a command that left processes running in a living instance). Once; later calls repeat.
   virtual ExitStatus wait() = 0;
   // Sends `sig` to every process of the command's tree (never to the keeper or bwrap's monitor:
-  // SIGTERM there would end the sandbox at once instead of letting the command stop).
+  // SIGTERM there would end the sandbox at once instead of letting the command stop). Reaches
+  // what it can name safely: the pid namespace on record (an outliving execution), else the
+  // members of its cgroup; nothing otherwise (kill_tree() always reaches the tree).
   virtual void signal(int sig) = 0;
   // SIGKILL to the whole tree, setsid'd and signal-ignoring processes included. `everything`:
   // also the keeper and every process of its cgroups (the last resort). Idempotent.
