@@ -18,7 +18,9 @@
 namespace nshpc::sandbox {
 
 // Where one output stream goes: appended to CaptureResult::out/err (counted against the cap),
-// or written through to a descriptor (borrowed; counted too).
+// or written through to a descriptor (borrowed; counted too). A descriptor whose reader stops
+// reading holds the pump, and with it the timeout, while a write to it blocks; one whose reader
+// is gone (EPIPE) gets nothing more, and the command runs on.
 struct Sink {
   int fd = -1;  // -1: keep in the result's string
   static Sink keep() { return {}; }
