@@ -1,5 +1,7 @@
 // ns-hpc bwrap <id> -- cmd...: one command in the instance's sandbox, exit code passed through.
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include <fmt/format.h>
 
@@ -9,13 +11,17 @@
 #include "base/users.hpp"
 #include "cli/app.hpp"
 #include "cli/pty_relay.hpp"
+#include "cli/signals.hpp"
+#include "sandbox/capture.hpp"
 
 namespace nshpc::cli {
 
 namespace {
 
-sandbox::RunSpec make_run_spec(Invocation& inv, const store::Instance& inst, std::vector<std::string> command) {
-  sandbox::RunSpec spec;
+constexpr int kTimeoutExitCode = 124;  // timeout(1)'s
+
+sandbox::ExecSpec make_exec_spec(Invocation& inv, const store::Instance& inst, std::vector<std::string> command) {
+  sandbox::ExecSpec spec;
   spec.target = inv.store().sandbox_target(inst);
   spec.argv = std::move(command);
   return spec;
@@ -24,7 +30,7 @@ sandbox::RunSpec make_run_spec(Invocation& inv, const store::Instance& inst, std
 // Audits a finished sandbox run and turns it into the exit code to return.
 int finish_sandbox_run(Invocation& inv, const store::Instance& inst, const std::vector<std::string>& command,
                        std::string_view event, const sandbox::ExitStatus& status,
-                       std::chrono::steady_clock::duration elapsed, int stop_signal) {
+                       std::chrono::steady_clock::duration elapsed, int stop_signal, bool timed_out = false) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
   nlohmann::json fields = {{"instance_id", inst.id},
                            {"command", command},
@@ -34,6 +40,7 @@ int finish_sandbox_run(Invocation& inv, const store::Instance& inst, const std::
                            {"started", status.started}};
   if (!status.error.empty()) fields["error"] = status.error;
   if (stop_signal) fields["stopped_by_signal"] = stop_signal;
+  if (timed_out) fields["timed_out"] = true;
   inv.store().audit(inst, event, users::cli_actor(), std::move(fields));
   if (stop_signal) return 128 + stop_signal;
   if (!status.started) {
@@ -51,12 +58,40 @@ void redirect_to_workspace_file(Invocation& inv, const store::Instance& inst, co
   if (::dup2(fd.get(), target) < 0) throw SysError(errno, "dup2", relative);
 }
 
+// With a time limit: the command runs through the sandbox's captured-run pump, its output written
+// through to ours as it comes; stdin is ours unless it is a terminal (which a sandbox is never
+// handed). At the limit its whole tree is killed and the exit code is 124, as timeout(1)'s.
+int run_with_timeout(Invocation& inv, const store::Instance& inst, const std::vector<std::string>& command,
+                     std::chrono::milliseconds timeout) {
+  sandbox::ExecSpec spec = make_exec_spec(inv, inst, command);
+  if (!::isatty(STDIN_FILENO)) spec.stdio.in = STDIN_FILENO;
+  sandbox::CaptureOptions options;
+  options.timeout = timeout;
+  options.out = sandbox::Sink::write_to(STDOUT_FILENO);
+  options.err = sandbox::Sink::write_to(STDERR_FILENO);
+  StopSignals signals;  // SIGINT/SIGTERM/SIGHUP/SIGQUIT end the run (its tree killed) instead of ns-hpc
+  int stop_signal = 0;
+  options.cancelled = [&] {
+    if (!stop_signal) stop_signal = signals.take();
+    return stop_signal != 0;
+  };
+  const auto started = std::chrono::steady_clock::now();
+  const sandbox::CaptureResult run = sandbox::capture(inv.backend(), std::move(spec), options);
+  const bool timed_out = run.ending == sandbox::Ending::timed_out;
+  const int code = finish_sandbox_run(inv, inst, command, "sandbox.exec", run.status,
+                                      std::chrono::steady_clock::now() - started, stop_signal, timed_out);
+  if (!timed_out) return code;
+  std::fprintf(stderr, "ns-hpc: the command timed out after %.3g s; its sandbox was killed\n",
+               std::chrono::duration<double>(timeout).count());
+  return kTimeoutExitCode;
+}
+
 }  // namespace
 
 int run_in_sandbox(Invocation& inv, const store::Instance& inst, const std::vector<std::string>& command,
                    std::string_view event) {
   const auto started = std::chrono::steady_clock::now();
-  AttachedRun run = run_attached(inv.backend(), make_run_spec(inv, inst, command));
+  AttachedRun run = run_attached(inv.backend(), make_exec_spec(inv, inst, command));
   return finish_sandbox_run(inv, inst, command, event, run.status, std::chrono::steady_clock::now() - started,
                             run.stop_signal);
 }
@@ -67,6 +102,7 @@ void add_bwrap_command(CLI::App& app, Invocation& inv) {
     std::vector<std::string> command;
     std::optional<std::string> stdout_file, stderr_file;
     bool fresh = false;
+    std::optional<double> timeout;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand(
@@ -74,7 +110,9 @@ void add_bwrap_command(CLI::App& app, Invocation& inv) {
       "Run one command in an instance's sandbox: ns-hpc bwrap ID -- CMD [ARGS...]\n"
       "The exit code is the command's (128+N when signal N killed it). Ctrl-C, SIGTERM or\n"
       "SIGHUP kill the whole sandbox. On a terminal the command gets a private one, relayed to\n"
-      "yours, so nothing it does to it (stty, line discipline) stays behind.");
+      "yours, so nothing it does to it (stty, line discipline) stays behind.\n"
+      "With --timeout SECONDS the command's whole tree is killed at the limit and the exit code\n"
+      "is 124 (as timeout(1)); its output is then relayed through pipes (no terminal).");
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->add_option("command", a->command, "The command and its arguments (after --)");
   cmd->add_option("--stdout", a->stdout_file,
@@ -84,12 +122,22 @@ void add_bwrap_command(CLI::App& app, Invocation& inv) {
   cmd->add_flag("--fresh", a->fresh,
                 "Run in a fresh sandbox even when the instance is persistent (a Slurm batch job on a compute node "
                 "never joins a living instance)");
+  cmd->add_option("--timeout", a->timeout,
+                  "Kill the command and everything it started after this many seconds (a fraction is fine); "
+                  "exit code 124 then. Stdout and stderr are relayed through pipes, stdin is passed on unless "
+                  "it is a terminal")
+      ->check(CLI::PositiveNumber);
   cmd->callback([&inv, a] {
     const std::vector<std::string>& command = command_to_run(inv, a->command, "ns-hpc bwrap ID -- CMD [ARGS...]");
     store::Instance inst = inv.store().get(a->id);
     if (a->fresh) inst.persistent = false;
     if (a->stdout_file) redirect_to_workspace_file(inv, inst, *a->stdout_file, STDOUT_FILENO);
     if (a->stderr_file) redirect_to_workspace_file(inv, inst, *a->stderr_file, STDERR_FILENO);
+    if (a->timeout) {
+      const auto limit = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(*a->timeout));
+      inv.exit_code = run_with_timeout(inv, inst, command, std::max(limit, std::chrono::milliseconds(1)));
+      return;
+    }
     inv.exit_code = run_in_sandbox(inv, inst, command, "sandbox.exec");
   });
 }

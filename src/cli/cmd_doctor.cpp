@@ -30,6 +30,7 @@
 #include "base/users.hpp"
 #include "cli/app.hpp"
 #include "cli/output.hpp"
+#include "sandbox/capture.hpp"
 #include "sandbox/cgroups.hpp"
 #include "sandbox/seccomp.hpp"
 
@@ -178,6 +179,9 @@ Check check_sandbox_user(const config::Config& cfg) {
   return c;
 }
 
+constexpr std::chrono::seconds kSmokeTimeout{30};
+constexpr std::size_t kSmokeOutputCap = 4096;
+
 Check check_smoke(Invocation& inv, const config::Config& cfg) {
   Check c{"sandbox smoke run (configured bwrap_command)"};
   stdfs::path tmp;
@@ -195,7 +199,7 @@ Check check_smoke(Invocation& inv, const config::Config& cfg) {
       if (auto owner = users::sandbox_owner(cfg.ns.sandbox_uid, cfg.ns.sandbox_gid))
         check_sys(::chown(p.c_str(), owner->uid, owner->gid), "chown", p.string());
     }
-    sandbox::RunSpec spec;
+    sandbox::ExecSpec spec;
     spec.target.instance_id = "doctor";
     spec.target.workspace = tmp / "workspace";
     spec.target.output = tmp / "output";
@@ -204,15 +208,14 @@ Check check_smoke(Invocation& inv, const config::Config& cfg) {
     spec.argv = {"/bin/sh", "-c",
                  "echo ok > \"$HOME/smoke\" && echo ok > \"" + cfg.ns.output_mount + "/smoke\" && "
                  "grep -q '^CapEff:[[:space:]]*0*$' /proc/self/status && exit 7"};
-    Pipe err = make_pipe();
-    spec.stdio.err = err.write.get();
-    auto process = inv.backend().start(spec);
-    err.write.reset();
-    std::string messages;
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(err.read.get(), buf, sizeof buf)) > 0) messages.append(buf, static_cast<size_t>(n));
-    sandbox::ExitStatus st = process->wait();
+    // A sandbox that hangs (a stuck mount, a bwrap waiting on something) fails the check instead
+    // of hanging doctor; what it says is kept, up to a page.
+    sandbox::CaptureOptions options;
+    options.timeout = kSmokeTimeout;
+    options.output_cap = kSmokeOutputCap;
+    const sandbox::CaptureResult run = sandbox::capture(inv.backend(), std::move(spec), options);
+    const sandbox::ExitStatus& st = run.status;
+    const std::string messages = run.out + run.err;
     // Written by the sandbox: read beneath the folder, never through a link or from a FIFO.
     auto sandbox_wrote = [](const stdfs::path& dir) {
       UniqueFd folder = fs::open_dir_path(dir);
@@ -225,9 +228,11 @@ Check check_smoke(Invocation& inv, const config::Config& cfg) {
     if (c.ok) {
       c.detail = "ran a command with no capabilities; workspace and output writable";
     } else {
-      c.detail = st.started ? fmt::format("command exited {}{}", st.exit_code,
-                                          wrote ? "" : "; workspace/output not writable")
-                            : st.error;
+      c.detail = run.ending == sandbox::Ending::timed_out
+                     ? fmt::format("the smoke run did not end within {} s; it was killed", kSmokeTimeout.count())
+                 : st.started ? fmt::format("command exited {}{}", st.exit_code,
+                                            wrote ? "" : "; workspace/output not writable")
+                              : st.error;
       if (!messages.empty()) c.detail += fmt::format(": {}", text::trim(messages));
       c.fix = "check namespace.bwrap_command and namespace.sandbox_uid; try: ns-hpc bwrap ID -- true";
     }

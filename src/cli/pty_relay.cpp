@@ -173,20 +173,20 @@ int relay(const CallerTerminal& caller, int master, int pidfd, StopSignals& sign
   }
 }
 
-AttachedRun ended(sandbox::Process& process, int stop_signal) {
-  if (stop_signal) process.kill();
-  return {process.wait(), stop_signal};
+AttachedRun ended(sandbox::Execution& execution, int stop_signal) {
+  if (stop_signal) execution.kill_tree();
+  return {execution.wait(), stop_signal};
 }
 
 }  // namespace
 
-AttachedRun run_attached(sandbox::Backend& backend, sandbox::RunSpec spec) {
+AttachedRun run_attached(sandbox::Backend& backend, sandbox::ExecSpec spec) {
   const std::optional<CallerTerminal> caller = caller_terminal();
   if (!caller) {  // pipes and files are handed over as they are
     spec.stdio = {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO};
     StopSignals signals;  // SIGINT/SIGTERM/SIGHUP/SIGQUIT now arrive on a descriptor
-    auto process = backend.start(spec);
-    return ended(*process, signals.wait_for_exit_or_signal(process->pidfd()));
+    auto execution = sandbox::execute(backend, std::move(spec));
+    return ended(*execution, signals.wait_for_exit_or_signal(execution->wait_fd()));
   }
 
   Pty pty = open_pty(*caller);
@@ -194,18 +194,18 @@ AttachedRun run_attached(sandbox::Backend& backend, sandbox::RunSpec spec) {
   spec.stdio = {in_place(STDIN_FILENO), in_place(STDOUT_FILENO), in_place(STDERR_FILENO)};
   spec.terminal = caller->on[STDIN_FILENO];
   StopSignals signals({SIGWINCH});
-  auto process = backend.start(spec);
+  auto execution = sandbox::execute(backend, std::move(spec));
   pty.slave.reset();  // only the sandbox holds it now
   // A command joining a living sandbox has a terminal of the sandbox's own instead (made like
   // this one): that is the one to relay.
-  const int master = process->terminal() >= 0 ? process->terminal() : pty.master.get();
+  const int master = execution->terminal() >= 0 ? execution->terminal() : pty.master.get();
   int stop_signal;
   {
     std::optional<RawMode> raw;
     if (caller->on[STDIN_FILENO]) raw.emplace(STDIN_FILENO);
-    stop_signal = relay(*caller, master, process->pidfd(), signals);
+    stop_signal = relay(*caller, master, execution->wait_fd(), signals);
   }
-  return ended(*process, stop_signal);
+  return ended(*execution, stop_signal);
 }
 
 }  // namespace nshpc::cli

@@ -75,7 +75,6 @@ class LocalExecutor final : public Executor {
   struct Running;
   void watch_loop();
   void wake();
-  static void terminate_members(Running& job);  // SIGTERM to every process of the job
   void finish(const std::shared_ptr<Running>& job);
   void start_watching(std::shared_ptr<Running> job);
   std::shared_ptr<Running> find(const std::string& instance_id, const std::string& job_id);

@@ -51,10 +51,11 @@ struct Record {
   std::string created_at, started_at, finished_at;  // ISO 8601 UTC
   std::map<std::string, std::int64_t> limits;       // effective
   std::vector<std::string> unenforced;              // limits this host could not enforce
-  std::vector<std::string> cgroups;                 // cgroup folders (for kill after a restart)
+  // The previous release's cgroup folders of a local job (now in its handle); read, never written.
+  std::vector<std::string> cgroups;
   std::string stdout_path, stderr_path;  // host paths
   // Local jobs: the sandbox backend that runs the job (its name()) and its handle on that
-  // execution, read only by the executor that wrote it (bwrap: {"status_path", "pid"}).
+  // execution (sandbox::Execution::handle(), opaque here; given back to sandbox::attach()).
   // Records of earlier releases kept these as "status_path" and "bwrap_pid" (or "pid").
   std::string backend;
   nlohmann::json handle = nlohmann::json::object();

@@ -26,6 +26,13 @@ std::string output_relative(const std::string& job_id, std::string_view ext) {
   return fmt::format("{}/{}.{}", kOutputDir, job_id, ext);
 }
 
+std::optional<UsageError> output_refusal(const config::Config& cfg, const std::string& relative, int code) {
+  if (code != ELOOP && code != ENOTDIR && code != EXDEV) return std::nullopt;
+  return UsageError(fmt::format("cannot create the job's output file {}/{}: {}/{} is not a plain folder (a "
+                                "symbolic link or a file was put there); remove it and submit again",
+                                cfg.ns.workspace_mount, relative, cfg.ns.workspace_mount, kOutputDir));
+}
+
 // Everything under the workspace is written by the sandbox: the file is created beneath the
 // workspace descriptor without following links (a planted .ns_hpc_output symlink is refused).
 UniqueFd create_output(const store::Store& store, const store::Instance& inst, const config::Config& cfg,
@@ -33,10 +40,7 @@ UniqueFd create_output(const store::Store& store, const store::Instance& inst, c
   try {
     return store.open_workspace_file(inst, relative, store::Store::WorkspaceOpen::create);
   } catch (const SysError& e) {
-    if (e.code() == ELOOP || e.code() == ENOTDIR || e.code() == EXDEV)
-      throw UsageError(fmt::format("cannot create the job's output file {}/{}: {}/{} is not a plain folder (a "
-                                   "symbolic link or a file was put there); remove it and submit again",
-                                   cfg.ns.workspace_mount, relative, cfg.ns.workspace_mount, kOutputDir));
+    if (auto refusal = output_refusal(cfg, relative, e.code())) throw *refusal;
     throw;
   }
 }

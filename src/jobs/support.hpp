@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 
+#include "base/error.hpp"
 #include "base/fd.hpp"
 #include "config/config.hpp"
 #include "jobs/jobs.hpp"
@@ -29,6 +31,10 @@ std::map<std::string, std::int64_t> resolve_limits(const LimitRequest& request, 
 
 // A job's output file, relative to its instance's workspace (every job writes there).
 std::string output_relative(const std::string& job_id, std::string_view ext);
+
+// Creating a job's output file `relative` failed with errno `code`: when that means a link or a
+// file was put where the output folder should be, the error that says so (and what to do).
+std::optional<UsageError> output_refusal(const config::Config& cfg, const std::string& relative, int code);
 
 // Everything under the workspace is written by the sandbox: the file is created beneath the
 // workspace descriptor without following links (a planted .ns_hpc_output symlink is refused).

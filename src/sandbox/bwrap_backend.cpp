@@ -407,6 +407,7 @@ class BwrapBackend final : public Backend {
   }
 
   std::string_view name() const override { return "bwrap"; }
+  std::optional<users::Identity> runs_as() const override { return drop_to_; }
 
   std::vector<std::string> describe(const RunSpec& spec) const override {
     if (!needs_keeper(spec)) return build_bwrap_argv(ns_, spec, fd_numbers(spec), argv_options());
@@ -1035,7 +1036,5 @@ class BwrapBackend final : public Backend {
 std::unique_ptr<Backend> make_bwrap_backend(const config::Config& config) {
   return std::make_unique<BwrapBackend>(config);
 }
-
-ExitStatus run(Backend& backend, const RunSpec& spec) { return backend.start(spec)->wait(); }
 
 }  // namespace nshpc::sandbox

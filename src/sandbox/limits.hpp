@@ -1,7 +1,7 @@
 // Named limits of one execution (the [jobs.local.limit] / [terminal.limits] vocabulary) and of a
 // whole instance ([namespace] limits) turned into what enforces them: a cgroup for cpus, memory
 // and pids, RLIMIT_FSIZE for output. The time limit belongs to whoever watches the execution
-// (the job keeper, terminal_execute's timeout).
+// (the job keeper, the captured-run pump's timeout).
 //
 // Nesting (cgroups.hpp has the layout): the instance's folder group carries [namespace] limits,
 // each execution's group below it carries the execution's own, so a command or job gets the

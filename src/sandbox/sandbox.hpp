@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/users.hpp"
 #include "config/config.hpp"
 
 namespace nshpc::sandbox {
@@ -103,6 +104,9 @@ struct ExitStatus {
   int exit_code = -1;    // the command's exit code; 128+N when signal N killed it
   std::string error;     // when !started: why the command did not run
   bool timed_out = false;  // Limits::wall_time was reached and the sandbox stopped
+  bool oom_killed = false;  // the memory limit's OOM killer fired in its cgroup
+  // When it ended, as its keeper (or bwrap's last write) recorded it; unset when unknown.
+  std::optional<std::chrono::system_clock::time_point> ended_at;
 };
 
 // A running sandbox. Destroying a Process that is still running kills its whole tree.
@@ -149,6 +153,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // Who a sandbox runs as on the host (and owns the files made for it); nullopt: as the caller.
+  virtual std::optional<users::Identity> runs_as() const { return std::nullopt; }
   // Starts the command; returns once the sandbox exists (or throws Error saying why it can't).
   // For a persistent target the command joins the instance's living sandbox, which is started
   // first when it is not running.
@@ -176,8 +182,5 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_bwrap_backend(const config::Config& config);
-
-// Runs `spec` to completion (convenience over start + wait).
-ExitStatus run(Backend& backend, const RunSpec& spec);
 
 }  // namespace nshpc::sandbox

@@ -164,7 +164,7 @@ class Store {
   // Removes what earlier deletes left behind (.deleting-* trees); returns how many it finished.
   std::size_t finish_deletions() const;
 
-  // A running execution of an instance (terminal_execute, ...) is registered while it runs, with
+  // A running execution of an instance (a terminal command, ...) is registered while it runs, with
   // what stops it: remove() and archive() stop it before the files go.
   class Registration {
    public:

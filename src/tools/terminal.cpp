@@ -1,14 +1,7 @@
 // terminal_execute: one command in an instance's sandbox, run synchronously, its output returned.
 // The contract is mcp-virtual-computer's terminal_execute (Kilntainers' sandbox_exec): the same
 // arguments, validation messages and result object, except that a timeout keeps the partial output.
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <time.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <chrono>
 #include <cstdint>
@@ -19,11 +12,9 @@
 #include <fmt/format.h>
 
 #include "base/error.hpp"
-#include "base/fd.hpp"
-#include "base/process.hpp"
 #include "base/text.hpp"
 #include "jobs/jobs.hpp"
-#include "sandbox/limits.hpp"
+#include "sandbox/capture.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -31,7 +22,6 @@ namespace nshpc::tools {
 namespace {
 
 using mcp::json;
-using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kMaxStdinBytes = 2 * 1024 * 1024;     // stdin's UTF-8 size; exactly 2 MiB is allowed
 constexpr std::size_t kOutputLimitBytes = 2 * 1024 * 1024;  // stdout + stderr combined
@@ -39,10 +29,6 @@ constexpr std::int64_t kDefaultTimeoutSeconds = 120;
 constexpr int kTimeoutExitCode = 124;
 constexpr int kOutputLimitExitCode = 1;
 constexpr std::chrono::milliseconds kPollSlice{50};        // cancellation is noticed within this
-constexpr std::chrono::milliseconds kDrainGrace{500};      // pipes still open after bwrap exited
-// In a living instance the pipes stay open while background processes hold them: what the
-// command wrote is there when it exits; a moment more catches their first lines.
-constexpr std::chrono::milliseconds kLivingDrainGrace{100};
 constexpr std::chrono::seconds kProgressInterval{1};
 
 // ---------------------------------------------------------------------------------------------
@@ -109,219 +95,38 @@ Request parse_request(const json& args, const config::Config& cfg, const ToolCon
 }
 
 // ---------------------------------------------------------------------------------------------
-// Running
+// Running: the request as an exec description, through the sandbox's captured-run pump.
 
-enum class Ending { finished, timed_out, output_limit, cancelled };
+sandbox::CaptureResult execute(const ToolContext& ctx, const store::Instance& inst, const Request& req,
+                               mcp::RequestContext& rc) {
+  const config::Config& cfg = ctx.services.config;
+  sandbox::ExecSpec spec;
+  spec.target = ctx.services.store.sandbox_target(inst);
+  spec.argv = req.argv;
+  spec.cwd = req.working_directory;  // empty: the workspace
+  // [terminal.limits]: the same enforcement as a job's (cgroups for cpus/memory/pids, a file
+  // size limit for output), in a group of its own that goes with the command.
+  spec.limits = cfg.terminal.limits;
+  spec.use_cgroups = cfg.jobs.local.use_cgroups;
+  spec.cgroup_name = inst.id + "/term-" + jobs::new_job_id();
 
-struct Outcome {
-  Ending ending = Ending::finished;
-  sandbox::ExitStatus status;
-  std::string out;
-  std::string err;
-  std::chrono::milliseconds duration{0};
-  bool oom_killed = false;
-};
-
-void set_nonblocking(int fd) {
-  int flags = ::fcntl(fd, F_GETFL);
-  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) throw SysError(errno, "fcntl(O_NONBLOCK)");
+  sandbox::CaptureOptions options;
+  options.input = req.stdin_text;
+  options.output_cap = kOutputLimitBytes;
+  options.timeout = std::chrono::seconds(req.timeout);
+  options.cancelled = [&rc] { return rc.cancelled(); };
+  options.progress = [&rc, &req](std::chrono::milliseconds elapsed) {
+    rc.progress(std::chrono::duration<double>(elapsed).count(), static_cast<double>(req.timeout), "running");
+  };
+  options.progress_interval = kProgressInterval;
+  options.slice = kPollSlice;
+  // A delete or archive of the instance stops this command first.
+  options.started = [&ctx, &inst](sandbox::Execution& execution) {
+    return std::make_shared<store::Store::Registration>(
+        ctx.services.store.register_execution(inst.id, [&execution] { execution.kill_tree(); }));
+  };
+  return sandbox::capture(ctx.services.backend, std::move(spec), options);
 }
-
-// One command in a fresh sandbox: stdin written, stdout/stderr read, all in one poll loop with
-// the bwrap pidfd, the timeout deadline and cancellation.
-class Run {
- public:
-  Run(const ToolContext& ctx, const store::Instance& inst, const Request& req, mcp::RequestContext& rc)
-      : ctx_(ctx), inst_(inst), req_(req), rc_(rc) {}
-
-  Outcome execute() {
-    sandbox::RunSpec spec;
-    spec.target = ctx_.services.store.sandbox_target(inst_);
-    spec.argv = req_.argv;
-    spec.cwd = req_.working_directory;  // empty: the workspace
-    spec.die_with_caller = true;
-    // [terminal.limits]: the same enforcement as a job's (cgroups for cpus/memory/pids, a file
-    // size limit for output), in a group of its own that goes with the command.
-    const config::Config& cfg = ctx_.services.config;
-    sandbox::AppliedLimits limits = sandbox::apply_limits(cfg.terminal.limits, inst_.id + "/term-" + jobs::new_job_id(),
-                                                          cfg.jobs.local.use_cgroups);
-    spec.limits = limits.rlimits;
-    if (limits.cgroup) {
-      spec.join_cgroups = limits.cgroup->procs_fds();
-      spec.cgroup = limits.cgroup.get();
-    }
-
-    Pipe in;
-    if (!req_.stdin_text.empty()) {
-      in = make_pipe();
-      set_nonblocking(in.write.get());
-      spec.stdio.in = in.read.get();
-    }
-    Pipe out = make_pipe();
-    Pipe err = make_pipe();
-    set_nonblocking(out.read.get());
-    set_nonblocking(err.read.get());
-    spec.stdio.out = out.write.get();
-    spec.stdio.err = err.write.get();
-    spec.output_readers = {out.read.get(), err.read.get()};
-
-    SigpipeBlock no_sigpipe;
-    auto process = ctx_.services.backend.start(spec);
-    // A delete or archive of the instance stops this command first.
-    store::Store::Registration running =
-        ctx_.services.store.register_execution(inst_.id, [p = process.get()] { p->kill(); });
-    // Only the sandbox holds the other ends now: EOF on stdout/stderr when it is gone.
-    in.read.reset();
-    out.write.reset();
-    err.write.reset();
-    stdin_fd_ = std::move(in.write);
-    out_fd_ = std::move(out.read);
-    err_fd_ = std::move(err.read);
-
-    const auto started = Clock::now();
-    loop(*process, started);
-    outcome_.status = process->wait();
-    if (limits.cgroup) {
-      outcome_.oom_killed = limits.cgroup->oom_killed();
-      if (inst_.persistent && !limits.cgroup->empty()) {
-        // In a living instance what the command started in the background keeps running, still
-        // bounded by the command's limits: its group stays until it is empty, and goes with the
-        // next such command's sweep or the instance's stop.
-        limits.cgroup->keep();
-        sandbox::Cgroup::remove_empty(inst_.id, "term-");
-      } else {
-        try {
-          limits.cgroup->kill(2000);  // anything the command left behind
-          limits.cgroup->remove();
-        } catch (const std::exception&) {
-          // removed later by the cgroup's destructor, or left empty for the administrator
-        }
-      }
-    }
-    if (outcome_.ending == Ending::timed_out || outcome_.ending == Ending::finished) drain();
-    outcome_.duration = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
-    return std::move(outcome_);
-  }
-
- private:
-  void loop(sandbox::Process& process, Clock::time_point started) {
-    const auto deadline = started + std::chrono::seconds(req_.timeout);
-    auto next_progress = started + kProgressInterval;
-    std::optional<Clock::time_point> exited_at;
-    while (true) {
-      const auto now = Clock::now();
-      if (exited_at) {
-        // bwrap is gone (and with it the sandbox's pid namespace); read what the pipes still hold.
-        if (!out_fd_ && !err_fd_) return;
-        if (now - *exited_at >= (inst_.persistent ? kLivingDrainGrace : kDrainGrace)) return;
-      } else {
-        if (rc_.cancelled()) return stop(process, Ending::cancelled);
-        if (now >= deadline) return stop(process, Ending::timed_out);
-        if (now >= next_progress) {
-          const double elapsed = std::chrono::duration<double>(now - started).count();
-          rc_.progress(elapsed, static_cast<double>(req_.timeout), "running");
-          while (next_progress <= now) next_progress += kProgressInterval;
-        }
-      }
-
-      pollfd fds[4];
-      int n = 0;
-      int i_out = -1, i_err = -1, i_in = -1, i_pid = -1;
-      if (out_fd_) fds[i_out = n++] = {out_fd_.get(), POLLIN, 0};
-      if (err_fd_) fds[i_err = n++] = {err_fd_.get(), POLLIN, 0};
-      if (stdin_fd_) fds[i_in = n++] = {stdin_fd_.get(), POLLOUT, 0};
-      if (!exited_at) fds[i_pid = n++] = {process.pidfd(), POLLIN, 0};
-      auto wait = kPollSlice;
-      if (!exited_at) {
-        wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
-        wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(next_progress - now));
-      }
-      const int ready = ::poll(fds, static_cast<nfds_t>(n), static_cast<int>(std::max<std::int64_t>(wait.count(), 0)));
-      if (ready < 0) {
-        if (errno == EINTR) continue;
-        throw SysError(errno, "poll");
-      }
-      if (ready == 0) continue;
-
-      if (i_out >= 0 && fds[i_out].revents) read_from(out_fd_, outcome_.out);
-      if (i_err >= 0 && fds[i_err].revents) read_from(err_fd_, outcome_.err);
-      if (limit_hit_) return stop(process, Ending::output_limit);
-      if (i_in >= 0 && fds[i_in].revents) write_stdin();
-      if (i_pid >= 0 && fds[i_pid].revents) {
-        exited_at = Clock::now();
-        stdin_fd_.reset();
-      }
-    }
-  }
-
-  void stop(sandbox::Process& process, Ending why) {
-    process.kill();
-    outcome_.ending = why;
-    stdin_fd_.reset();
-  }
-
-  // Reads what `fd` has now (until EAGAIN, EOF or the output limit); closes it at EOF.
-  void read_from(UniqueFd& fd, std::string& into) {
-    char buf[65536];
-    while (fd && !limit_hit_) {
-      const ssize_t n = ::read(fd.get(), buf, sizeof buf);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        fd.reset();  // a broken pipe: treat as EOF
-        return;
-      }
-      if (n == 0) {
-        fd.reset();
-        return;
-      }
-      const std::size_t got = static_cast<std::size_t>(n);
-      const std::size_t room = kOutputLimitBytes - total_;
-      if (got > room) {
-        into.append(buf, room);
-        total_ = kOutputLimitBytes;
-        limit_hit_ = true;
-        return;
-      }
-      into.append(buf, got);
-      total_ += got;
-    }
-  }
-
-  // After the sandbox is gone: what is left in the pipes (bounded by the output limit).
-  void drain() {
-    if (out_fd_) read_from(out_fd_, outcome_.out);
-    if (err_fd_) read_from(err_fd_, outcome_.err);
-    if (limit_hit_ && outcome_.ending == Ending::finished) outcome_.ending = Ending::output_limit;
-  }
-
-  void write_stdin() {
-    while (stdin_fd_ && written_ < req_.stdin_text.size()) {
-      const ssize_t n =
-          ::write(stdin_fd_.get(), req_.stdin_text.data() + written_, req_.stdin_text.size() - written_);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        stdin_fd_.reset();  // EPIPE: the command does not read its stdin (any more)
-        return;
-      }
-      written_ += static_cast<std::size_t>(n);
-    }
-    stdin_fd_.reset();  // all written: EOF for the command
-  }
-
-  const ToolContext& ctx_;
-  const store::Instance& inst_;
-  const Request& req_;
-  mcp::RequestContext& rc_;
-  UniqueFd stdin_fd_;
-  UniqueFd out_fd_;
-  UniqueFd err_fd_;
-  std::size_t written_ = 0;
-  std::size_t total_ = 0;  // stdout + stderr bytes kept
-  bool limit_hit_ = false;
-  Outcome outcome_;
-};
 
 // Appends a note to stderr on its own line.
 void append_note(std::string& err, const std::string& note) {
@@ -329,29 +134,29 @@ void append_note(std::string& err, const std::string& note) {
   err += note;
 }
 
-mcp::ToolResult make_result(const config::Config& cfg, const Request& req, Outcome o) {
+mcp::ToolResult make_result(const config::Config& cfg, const Request& req, sandbox::CaptureResult o) {
   int exit_code = o.status.exit_code;
   switch (o.ending) {
-    case Ending::finished: break;
-    case Ending::cancelled: return mcp::ToolResult::error("cancelled");
-    case Ending::timed_out:
+    case sandbox::Ending::finished: break;
+    case sandbox::Ending::cancelled: return mcp::ToolResult::error("cancelled");
+    case sandbox::Ending::timed_out:
       exit_code = kTimeoutExitCode;
       append_note(o.err, fmt::format("[ns-hpc: command timed out after {} s; the sandbox was killed]", req.timeout));
       break;
-    case Ending::output_limit:
+    case sandbox::Ending::output_limit:
       exit_code = kOutputLimitExitCode;
       append_note(o.err, fmt::format("[ns-hpc: output limit exceeded ({} bytes of stdout+stderr); the command "
                                      "was killed. Re-run with head, tail or grep, or write the output to a file.]",
                                      kOutputLimitBytes));
       break;
   }
-  if (o.oom_killed) {
+  if (o.status.oom_killed) {
     auto it = cfg.terminal.limits.find("memory");
     append_note(o.err, fmt::format("[ns-hpc: out of memory: the command was killed at its memory limit of {} MiB "
                                    "([terminal.limits] memory); use less memory or run it as a job with more]",
                                    it == cfg.terminal.limits.end() ? 0 : it->second));
   }
-  if (o.ending == Ending::finished && !o.status.started) {
+  if (o.ending == sandbox::Ending::finished && !o.status.started) {
     // bwrap could not set up the sandbox or execute the command; its own message is on stderr
     // (e.g. "bwrap: Can't chdir to /x: No such file or directory", "bwrap: execvp prog: ...").
     std::string said = text::sanitize_utf8(o.err);
@@ -441,8 +246,7 @@ void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
           [ctx](const json& args, mcp::RequestContext& rc) {
             const Request req = parse_request(args, ctx.services.config, ctx);
             const store::Instance inst = ctx.services.store.get(req.instance_id);
-            Run run(ctx, inst, req, rc);
-            return make_result(ctx.services.config, req, run.execute());
+            return make_result(ctx.services.config, req, execute(ctx, inst, req, rc));
           },
   });
 }

@@ -215,6 +215,45 @@ TEST_P(Sandbox, SigkillOfTheCliStillTakesTheTree) {
       << processes_with(kMarker).size() << " survivors";
 }
 
+// `bwrap --timeout`: at the limit the whole tree goes, setsid'd and SIGTERM-ignoring processes
+// included (in a living instance too, where nothing else of the sandbox is touched), the output
+// printed so far is passed through, and the exit code is 124 as timeout(1)'s.
+TEST_P(Sandbox, TimeoutKillsTheWholeTreeAndExits124) {
+  const std::string kMarker = "43219.";
+  std::vector<std::string> args = stubborn_tree(43219);
+  args[2] = "--timeout";
+  args.insert(args.begin() + 3, {"1.5", "--"});
+  args[args.size() - 1] = "echo before-the-limit; " + args.back();
+  const auto started = std::chrono::steady_clock::now();
+  Result r = env_.run(args);
+  const auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_EQ(r.exit_code, 124) << r.err;
+  EXPECT_EQ(r.out, "before-the-limit\n");
+  EXPECT_NE(r.err.find("timed out after 1.5 s"), std::string::npos) << r.err;
+  EXPECT_GE(took, std::chrono::milliseconds(1500));
+  EXPECT_LT(took, std::chrono::seconds(20));
+  EXPECT_TRUE(eventually([&] { return processes_with(kMarker).empty(); }, std::chrono::seconds(5)))
+      << processes_with(kMarker).size() << " survivors";
+  auto log = read_text(env_.instances() / "alpha/audit.log");
+  EXPECT_NE(log.find("\"timed_out\":true"), std::string::npos) << log;
+  if (GetParam()) {
+    // The living sandbox itself runs on: the next command joins it.
+    Result next = in_alpha({"/bin/echo", "still-here"});
+    EXPECT_EQ(next.exit_code, 0) << next.err;
+    EXPECT_EQ(next.out, "still-here\n");
+  }
+}
+
+TEST_P(Sandbox, TimeoutPassesStdinOutputAndTheExitCodeOfACommandThatEndsInTime) {
+  Result r = env_.run({"bwrap", "alpha", "--timeout", "30", "--", "/bin/sh", "-c", "tr a-z A-Z; echo err >&2; exit 5"},
+                      "hello\n");
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  EXPECT_EQ(r.out, "HELLO\n");
+  EXPECT_EQ(r.err, "err\n");
+  Result bad = env_.run({"bwrap", "alpha", "--timeout", "0", "--", "true"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+}
+
 TEST_P(Sandbox, EnterGivesAnInteractiveBashWithARealTerminal) {
   auto argv = env_.argv_for({"instance", "enter", "alpha"});
   auto envp = env_.env_for({"TERM=xterm"});

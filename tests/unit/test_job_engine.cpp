@@ -305,7 +305,10 @@ TEST_F(JobEngine, AJobLeftByAnotherProcessIsAdoptedOnceWhenTwoLookAtOnce) {
                                                   {"created_at", now},
                                                   {"started_at", now},
                                                   {"backend", "bwrap"},
-                                                  {"handle", {{"status_path", status.string()}}}}
+                                                  // As the previous release wrote them: the cgroups
+                                                  // beside the handle (these are gone already).
+                                                  {"cgroups", {"/sys/fs/cgroup/ns-hpc/demo/" + id}},
+                                                  {"handle", {{"status_path", status.string()}, {"pid", 1}}}}
                                        .dump();
   std::atomic<int> adoptions{0};
   std::future<jobs::View> other;
