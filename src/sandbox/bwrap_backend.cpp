@@ -781,9 +781,12 @@ class BwrapBackend final : public Backend {
   }
 
   // The group of a living sandbox's own processes (keeper, bwrap, its main process): a leaf
-  // below the instance's folder, which holds no process itself. Null without cgroups.
+  // below the instance's folder, which holds no process itself. Only under [namespace] limits:
+  // those few processes need no group otherwise (the commands and jobs have theirs), and moving
+  // a process into a cgroup v1 group waits for an RCU grace period (measured here: up to ~9 ms
+  // on an idle host), which every start would pay. Null without cgroups.
   std::unique_ptr<Cgroup> living_group(const std::string& instance_id) const {
-    if (!use_cgroups_) return nullptr;
+    if (!instance_limited()) return nullptr;
     limit_instance(instance_id);
     try {
       std::vector<std::string> unenforced;
