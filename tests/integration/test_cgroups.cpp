@@ -252,8 +252,12 @@ TEST(Cgroups, ProbeReportsTheControllersThisMachineHas) {
   EXPECT_EQ(s.cpu, mounted("cpu")) << s.detail;
   EXPECT_EQ(s.pids, mounted("pids")) << s.detail;
   for (const auto& [c, usable] : {std::pair{"memory", s.memory}, std::pair{"cpu", s.cpu}, std::pair{"pids", s.pids}})
-    if (usable) EXPECT_NE(s.detail.find(c), std::string::npos) << c << " missing from: " << s.detail;
-  if (!v2controllers.empty()) EXPECT_NE(s.detail.find("v2 ("), std::string::npos) << s.detail;
+    if (usable) {
+      EXPECT_NE(s.detail.find(c), std::string::npos) << c << " missing from: " << s.detail;
+    }
+  if (!v2controllers.empty()) {
+    EXPECT_NE(s.detail.find("v2 ("), std::string::npos) << s.detail;
+  }
 
   // The probe group is gone again.
   std::vector<std::string> unenforced;
@@ -733,7 +737,9 @@ TEST(Cgroups, AFoldersCpusBoundTheGroupsBelowIt) {
   ASSERT_TRUE(usage);
   ASSERT_TRUE(usage->cpus_max);
   EXPECT_DOUBLE_EQ(*usage->cpus_max, 0.5);
-  if (v1) EXPECT_DOUBLE_EQ(*leaf_cores().first, 0.5) << "the group below was not lowered first";
+  if (v1) {
+    EXPECT_DOUBLE_EQ(*leaf_cores().first, 0.5) << "the group below was not lowered first";
+  }
   leaf.cg->remove();
   EXPECT_TRUE(sb::Cgroup::remove_folder(folder));
 }
