@@ -474,7 +474,10 @@ class BwrapBackend final : public Backend {
         Target target;
         target.state_dir = file.parent_path();
         Living found = find_living(target);
-        named = found.status.keeper_pid() == pid && stdfs::exists(file.parent_path().parent_path() / "metadata.json");
+        // A keeper that has not written its first document yet is starting (in another process,
+        // at this moment), not a stray.
+        named = !found.status.keeper_pid() ||
+                (found.status.keeper_pid() == pid && stdfs::exists(file.parent_path().parent_path() / "metadata.json"));
       }
       if (named) continue;
       try {
