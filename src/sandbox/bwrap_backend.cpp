@@ -581,6 +581,9 @@ class BwrapBackend final : public Backend {
     while ((n = ::read(fd.get(), buf, sizeof buf)) > 0) found.status.feed(std::string_view(buf, static_cast<size_t>(n)));
     if (found.status.ended() || !found.status.child_pid() || !found.status.pid_namespace()) return found;
     found.init = open_member(*found.status.child_pid(), *found.status.pid_namespace());
+    // An init that has ended is a zombie until bwrap reaps it, and the keeper writes the end
+    // after that: a sandbox just stopped (a restart's first half) is not running any more.
+    if (found.init && wait_pidfd(found.init.get(), std::chrono::milliseconds(0))) found.init.reset();
     found.running = static_cast<bool>(found.init);
     return found;
   }
