@@ -743,6 +743,18 @@ class BwrapBackend final : public Backend {
     }
     setup.flat = static_cast<bool>(kill_file);
     setup.kill_file = kill_file.get();
+    if (setup.flat) {
+      // The joiner is made in the group's v2 part, and joins the v1 parts through `tasks`.
+      try {
+        if (const int v2 = group->v2_dir_fd(); v2 >= 0) {
+          setup.cgroup_dir = v2;
+          setup.join_cgroups = group->v1_procs_fds();
+        }
+      } catch (const std::exception& e) {
+        log::debug("sandbox {}: the command joins its cgroup through cgroup.procs: {}", spec.target.instance_id,
+                   e.what());
+      }
+    }
     if (log::enabled(log::Level::debug))
       log::debug("sandbox {}: joining the living sandbox (init pid {}) with {}", spec.target.instance_id,
                  sandbox->init, text::shell_join(spec.argv));

@@ -800,20 +800,46 @@ Cgroup::~Cgroup() {
     log::warn("cgroup left behind: {}", e.what());
   }
   for (int fd : fds_) ::close(fd);
+  if (v2_dir_ >= 0) ::close(v2_dir_);
 }
 
 std::vector<int> Cgroup::procs_fds() {
   if (fds_.empty() && !paths_.empty()) {
     std::vector<UniqueFd> opened;
+    int v2 = -1;
     for (const auto& p : paths_) {
-      const stdfs::path file = p / "cgroup.procs";
+      // v1 has `tasks`; v2 has none (cgroup.threads only in threaded groups).
+      stdfs::path file = p / "tasks";
       UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CLOEXEC));
+      if (!fd && errno == ENOENT) {
+        file = p / "cgroup.procs";
+        fd.reset(::open(file.c_str(), O_WRONLY | O_CLOEXEC));
+        struct statfs sf {};
+        if (fd && ::fstatfs(fd.get(), &sf) == 0 && sf.f_type == CGROUP2_SUPER_MAGIC) v2 = static_cast<int>(opened.size());
+      }
       if (!fd) throw SysError(errno, "open", file.string());
       opened.push_back(std::move(fd));
     }
     for (auto& fd : opened) fds_.push_back(fd.release());
+    v2_index_ = v2;
   }
   return fds_;
+}
+
+std::vector<int> Cgroup::v1_procs_fds() {
+  std::vector<int> out = procs_fds();
+  if (v2_index_ >= 0) out.erase(out.begin() + v2_index_);
+  return out;
+}
+
+int Cgroup::v2_dir_fd() {
+  procs_fds();
+  if (v2_dir_ < 0 && v2_index_ >= 0) {
+    const stdfs::path& p = paths_[static_cast<std::size_t>(v2_index_)];
+    v2_dir_ = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (v2_dir_ < 0) throw SysError(errno, "open", p.string());
+  }
+  return v2_dir_;
 }
 
 std::vector<pid_t> Cgroup::members() const {
@@ -910,6 +936,9 @@ std::optional<std::uint64_t> Cgroup::memory_peak() const {
 void Cgroup::remove() {
   for (int fd : fds_) ::close(fd);
   fds_.clear();
+  v2_index_ = -1;
+  if (v2_dir_ >= 0) ::close(v2_dir_);
+  v2_dir_ = -1;
   if (removed_) return;
   std::optional<SysError> first_error;
   for (size_t i = 0; i < paths_.size(); ++i) {

@@ -106,9 +106,18 @@ class Cgroup {
   Cgroup& operator=(const Cgroup&) = delete;
 
   const std::vector<std::filesystem::path>& paths() const { return paths_; }
-  // Open O_WRONLY|O_CLOEXEC descriptors of every cgroup.procs, for RunSpec::join_cgroups.
+  // Open O_WRONLY|O_CLOEXEC descriptors, one per hierarchy, that a freshly forked (so
+  // single-threaded) child writes "0" to, to join the group (RunSpec::join_cgroups): `tasks` in
+  // v1 (moving one's own thread takes no global lock there; moving a whole process through
+  // cgroup.procs waits for an RCU grace period, up to ~10 ms here) and cgroup.procs in v2.
   // Opened on the first call and owned by this object until remove() or destruction.
   std::vector<int> procs_fds();
+  // The same without the v2 group, which a child joins as it is made instead, through
+  // clone3(CLONE_INTO_CGROUP, v2_dir_fd()) (no lock, no grace period).
+  std::vector<int> v1_procs_fds();
+  // The v2 group's folder, opened O_RDONLY|O_DIRECTORY (owned, as procs_fds()); -1 when the
+  // group has no v2 part.
+  int v2_dir_fd();
   // A descriptor of the group's cgroup.kill (v2) for writing "1", or invalid when no hierarchy
   // of it has one.
   int open_kill_file_fd() const;
@@ -137,7 +146,9 @@ class Cgroup {
   // Per path: the "ns-hpc" folder above it; remove() also rmdirs the folders between the leaf
   // and this one (inclusive) when they are empty. Empty = remove only the leaf.
   std::vector<std::filesystem::path> tops_;
-  std::vector<int> fds_;  // owned
+  std::vector<int> fds_;  // owned, one per path
+  int v2_index_ = -1;     // which of fds_ is the v2 group's (set by procs_fds())
+  int v2_dir_ = -1;       // owned
   bool removed_ = false;
 };
 

@@ -7,6 +7,7 @@
 #include <linux/magic.h>
 #include <linux/mount.h>
 #include <linux/openat2.h>
+#include <linux/sched.h>
 #include <linux/nsfs.h>
 #include <linux/seccomp.h>
 #include <poll.h>
@@ -119,6 +120,19 @@ pid_t raw_fork(int* pidfd = nullptr) {
   unsigned long flags = SIGCHLD;
   if (pidfd) flags |= CLONE_PIDFD;
   return static_cast<pid_t>(::syscall(SYS_clone, flags, nullptr, pidfd, nullptr, nullptr));
+}
+
+// fork(2) into the cgroup v2 folder `cgroup_dir` (clone3 with CLONE_INTO_CGROUP): the child is
+// a member from its first instruction, and nothing waits for the global lock (and the RCU grace
+// period) that moving a process through cgroup.procs takes. Made by the server itself (the
+// permission is the caller's), without the library's at-fork handlers: the child makes only
+// async-signal-safe calls and never allocates.
+pid_t raw_fork_into(int cgroup_dir) {
+  clone_args args{};
+  args.flags = CLONE_INTO_CGROUP;
+  args.exit_signal = SIGCHLD;
+  args.cgroup = static_cast<std::uint64_t>(cgroup_dir);
+  return static_cast<pid_t>(::syscall(SYS_clone3, &args, sizeof args));
 }
 
 // Everything the chain needs, prepared before the fork (no allocation after it).
@@ -684,8 +698,8 @@ Joined join_sandbox(const JoinSetup& setup) {
   for (const auto& [from, to] : p.moves) p.keep.push_back(to);
   std::sort(p.keep.begin(), p.keep.end());
 
-  const pid_t joiner = ::fork();
-  if (joiner < 0) throw SysError(errno, "fork");
+  const pid_t joiner = setup.cgroup_dir >= 0 ? raw_fork_into(setup.cgroup_dir) : ::fork();
+  if (joiner < 0) throw SysError(errno, setup.cgroup_dir >= 0 ? "clone3 into the command's cgroup" : "fork");
   if (joiner == 0) {
     p.error_fd = errors.write.get();  // until place_descriptors() moves it to kErrors
     joiner_main(p);

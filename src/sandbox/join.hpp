@@ -58,7 +58,11 @@ struct JoinSetup {
   std::vector<std::string> envp;
   std::string cwd;                           // sandbox path
   std::vector<std::pair<int, int>> fds;      // (descriptor here, number in the command): stdio, script
-  std::vector<int> join_cgroups;             // cgroup.procs descriptors
+  std::vector<int> join_cgroups;             // Cgroup::procs_fds(): the joiner writes "0" to each
+  // A cgroup v2 folder (Cgroup::v2_dir_fd()) the joiner, and so the command, is made in
+  // (clone3's CLONE_INTO_CGROUP) instead of joining it through a join_cgroups descriptor; -1:
+  // none.
+  int cgroup_dir = -1;
   std::vector<std::pair<int, rlim_t>> rlimits;
   std::optional<users::Identity> drop_to;    // as root: the sandbox's host uid/gid
   std::string seccomp_bpf;                   // struct sock_filter[]; empty: none
