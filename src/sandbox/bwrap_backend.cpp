@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 
@@ -409,6 +410,8 @@ class BwrapBackend final : public Backend {
   std::string_view name() const override { return "bwrap"; }
   std::optional<users::Identity> runs_as() const override { return drop_to_; }
 
+  CgroupPool* spare_groups() override { return &spare_groups_; }
+
   std::vector<std::string> describe(const RunSpec& spec) const override {
     if (!needs_keeper(spec)) return build_bwrap_argv(ns_, spec, fd_numbers(spec), argv_options());
     return keeper_argv(self_path(), keeper_options(spec));
@@ -790,6 +793,12 @@ class BwrapBackend final : public Backend {
   // changed configuration reaches a running instance with its next command).
   void limit_instance(const std::string& instance_id) const {
     if (!use_cgroups_ || instance_id.empty()) return;
+    if (!instance_limited()) {
+      // Nothing to write but "unlimited" (a limit configured before may still be on the
+      // folder): once per instance in this process. A folder made again meanwhile has none.
+      std::lock_guard lock(limited_mutex_);
+      if (!unlimited_.insert(instance_id).second) return;
+    }
     try {
       for (const std::string& why : apply_instance_limits(ns_.limits, instance_id, use_cgroups_))
         log::debug("instance {}: [namespace] limits not enforced: {}", instance_id, why);
@@ -1050,6 +1059,9 @@ class BwrapBackend final : public Backend {
   std::string seccomp_bpf_;
   Leftovers leftovers_;  // living sandboxes' keepers and commands' watchers started here, reaped once ended
   std::map<std::string, std::shared_ptr<const Joinable>> joinable_;  // by state folder
+  mutable std::mutex limited_mutex_;
+  mutable std::set<std::string> unlimited_;  // instances whose folder limit_instance() took limits off
+  CgroupPool spare_groups_;                  // the groups of finished commands of living instances
 };
 
 }  // namespace

@@ -867,12 +867,11 @@ int Cgroup::open_kill_file_fd() const {
 
 bool Cgroup::empty() const {
   for (const auto& p : paths_) {
-    if (auto events = read_cgroup_file(p / "cgroup.events")) {  // v2: covers the subtree
-      if (auto populated = keyed_value(*events, "populated")) {
-        if (*populated != 0) return false;
-        continue;
-      }
+    if (auto events = read_cgroup_file(p / "cgroup.events")) {  // v2: covers the subtree and every part
+      if (auto populated = keyed_value(*events, "populated")) return *populated == 0;
     }
+  }
+  for (const auto& p : paths_) {
     std::vector<stdfs::path> dirs;
     collect_dirs(p, dirs);
     for (const auto& dir : dirs)
@@ -886,6 +885,7 @@ void Cgroup::signal_all(int sig) {
 }
 
 bool Cgroup::kill(int timeout_ms) {
+  killed_ = true;
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::milliseconds(std::max(0, timeout_ms));
   auto delay = std::chrono::milliseconds(1);
@@ -913,15 +913,23 @@ bool Cgroup::kill(int timeout_ms) {
   }
 }
 
-bool Cgroup::oom_killed() const {
-  for (const auto& p : paths_) {
+namespace {
+
+std::uint64_t oom_kills(const std::vector<stdfs::path>& paths) {
+  for (const auto& p : paths) {
     auto text = read_cgroup_file(p / "memory.oom_control");  // v1
     if (!text) text = read_cgroup_file(p / "memory.events");  // v2
     if (!text) continue;
-    if (auto n = keyed_value(*text, "oom_kill"); n && *n > 0) return true;
+    if (auto n = keyed_value(*text, "oom_kill")) return *n;
   }
-  return false;
+  return 0;
 }
+
+}  // namespace
+
+bool Cgroup::oom_killed() const { return oom_kills(paths_) > oom_kills_before_; }
+
+void Cgroup::reuse() { oom_kills_before_ = oom_kills(paths_); }
 
 std::optional<std::uint64_t> Cgroup::memory_peak() const {
   for (const auto& p : paths_) {
@@ -961,6 +969,83 @@ void Cgroup::remove() {
   }
   if (first_error) throw *first_error;
   removed_ = true;
+}
+
+// ---- CgroupPool ---------------------------------------------------------------------------
+
+CgroupPool::~CgroupPool() {
+  for (auto& e : entries_) {
+    // Empty ones go (the destructor removes them); ones with members stay for the sweep that
+    // removes an instance's kept groups.
+    try {
+      if (!e.spare.group->empty()) e.spare.group->keep();
+    } catch (const std::exception&) {
+      e.spare.group->keep();
+    }
+  }
+}
+
+std::string CgroupPool::key(const std::string& folder, std::string_view kind, const CgroupLimits& limits) {
+  auto text = [](const auto& v) { return v ? fmt::format("{}", *v) : std::string("-"); };
+  return fmt::format("{}/{}|{}|{}|{}", folder, kind, text(limits.cpus), text(limits.memory_bytes), text(limits.pids));
+}
+
+std::optional<CgroupPool::Spare> CgroupPool::take(const std::string& key) {
+  std::lock_guard lock(mutex_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->key != key) {
+      ++it;
+      continue;
+    }
+    Cgroup& g = *it->spare.group;
+    if (g.paths().empty() || !file_exists(g.paths().front() / "cgroup.procs")) {
+      // Removed behind our back (the instance stopped or went): nothing of it to keep.
+      g.keep();
+      it = entries_.erase(it);
+      continue;
+    }
+    bool empty = false;
+    try {
+      empty = g.empty();
+    } catch (const std::exception&) {
+    }
+    if (!empty) {
+      ++it;
+      continue;
+    }
+    Spare spare = std::move(it->spare);
+    entries_.erase(it);
+    spare.group->reuse();
+    return spare;
+  }
+  return std::nullopt;
+}
+
+void CgroupPool::give(const std::string& key, Spare spare) {
+  if (spare.group->killed()) {
+    spare.group->keep();  // the sweep of an instance's empty groups removes it
+    return;
+  }
+  std::vector<Entry> evicted;
+  {
+    std::lock_guard lock(mutex_);
+    entries_.push_back({key, std::move(spare)});
+    while (entries_.size() > kMaxSpare) {
+      evicted.push_back(std::move(entries_.front()));
+      entries_.erase(entries_.begin());
+    }
+  }
+  for (auto& e : evicted) {
+    try {
+      if (e.spare.group->empty())
+        e.spare.group->remove();
+      else
+        e.spare.group->keep();  // the sweep of kept groups removes it once its processes end
+    } catch (const std::exception& ex) {
+      e.spare.group->keep();
+      log::debug("cgroup pool: {}", ex.what());
+    }
+  }
 }
 
 // ---- probe --------------------------------------------------------------------------------

@@ -18,7 +18,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -123,14 +125,22 @@ class Cgroup {
   int open_kill_file_fd() const;
   // Host pids of every member.
   std::vector<pid_t> members() const;
+  // No member left (with a v2 part: its "populated", which covers everything placed in the
+  // group, as every process is placed in all its parts at once).
   bool empty() const;
   // Sends `sig` to every member (SIGTERM before the kill, for a graceful stop).
   void signal_all(int sig);
   // Kills every member, including ones forking meanwhile; returns when the group is empty or
   // after `timeout_ms`. cgroup.kill where available, else repeated SIGKILL to cgroup.procs.
   bool kill(int timeout_ms = 5000);
-  // True when the memory limit's OOM killer fired in this group.
+  // Whether kill() ran: such a group is not used again (CgroupPool). The kernel here kills every
+  // process made into a v2 group through clone3(CLONE_INTO_CGROUP) once its cgroup.kill has been
+  // written (the kill count it compares is the parent's group's, not the target's).
+  bool killed() const { return killed_; }
+  // True when the memory limit's OOM killer fired in this group (since reuse(), when used again).
   bool oom_killed() const;
+  // Starts the group over for another execution (CgroupPool): what oom_killed() counts from.
+  void reuse();
   // Peak memory in bytes when the kernel reports it.
   std::optional<std::uint64_t> memory_peak() const;
   // Removes the groups now (they must be empty); idempotent. A group with members throws
@@ -150,6 +160,43 @@ class Cgroup {
   int v2_index_ = -1;     // which of fds_ is the v2 group's (set by procs_fds())
   int v2_dir_ = -1;       // owned
   bool removed_ = false;
+  bool killed_ = false;
+  std::uint64_t oom_kills_before_ = 0;  // reuse(): the count oom_killed() compares with
+};
+
+// Groups of finished commands kept for the next ones, so a command in a living instance does not
+// pay for making (a mkdir and the limits' writes per hierarchy) and removing its group. Keyed by
+// what a group is for (the instance's folder, the kind of execution, the limits); a group comes
+// back only once empty, and one that was removed meanwhile (the instance stopped, in any
+// process) is dropped. At most kMaxSpare are kept; the rest are removed when given back.
+// Thread-safe.
+class CgroupPool {
+ public:
+  struct Spare {
+    std::unique_ptr<Cgroup> group;
+    std::vector<std::string> unenforced;  // as create() reported it
+  };
+  static constexpr std::size_t kMaxSpare = 32;
+
+  CgroupPool() = default;
+  ~CgroupPool();
+  CgroupPool(const CgroupPool&) = delete;
+  CgroupPool& operator=(const CgroupPool&) = delete;
+
+  static std::string key(const std::string& folder, std::string_view kind, const CgroupLimits& limits);
+  // An empty group given back under `key`, ready for another execution; nullopt when none.
+  std::optional<Spare> take(const std::string& key);
+  // Keeps `spare` for a later take(): possibly with members still (processes a command left
+  // running; the process watching it, about to end), which it must have lost by then.
+  void give(const std::string& key, Spare spare);
+
+ private:
+  struct Entry {
+    std::string key;
+    Spare spare;
+  };
+  std::mutex mutex_;
+  std::vector<Entry> entries_;  // oldest first
 };
 
 }  // namespace nshpc::sandbox

@@ -166,6 +166,7 @@ class SandboxExecution final : public Execution {
 
   void kill_tree(bool everything) override {
     if (waited_ || released_) return;
+    killed_ = true;
     try {
       // The sandbox init first: its death takes the whole pid namespace (a keeper then reaps
       // everything and reports).
@@ -229,6 +230,11 @@ class SandboxExecution final : public Execution {
   // by its limits) until they end; it goes with a later command's sweep of empty groups or the
   // instance's stop. Otherwise the group goes now, with anything left in it.
   void settle_cgroup() {
+    if (pool_ && !killed_ && !cgroup_->paths().empty()) {
+      // For the instance's next command, once what this one left running has ended.
+      pool_->give(pool_key_, {std::move(cgroup_), unenforced_});
+      return;
+    }
     try {
       if (!outlives_ && persistent_ && !cgroup_->empty()) {
         cgroup_->keep();
@@ -256,6 +262,9 @@ class SandboxExecution final : public Execution {
   bool persistent_ = false;
   // "<instance>", "term-" (from a cgroup name "<instance>/term-<id>"): the sweep of kept groups.
   std::string cgroup_folder_, cgroup_prefix_;
+  CgroupPool* pool_ = nullptr;  // where the group goes at the end (a command of a living instance)
+  bool killed_ = false;         // kill_tree() ran: its group is not used again (Cgroup::killed())
+  std::string pool_key_;
   UniqueFd out_, err_;
   nlohmann::json handle_ = nlohmann::json::object();
   std::vector<std::string> unenforced_;
@@ -319,23 +328,36 @@ std::unique_ptr<Execution> execute(Backend& backend, ExecSpec spec) {
   // paths go on record first: if this process dies while creating them, whoever attaches later
   // removes them.
   const bool cgroups = spec.use_cgroups && !spec.cgroup_name.empty();
-  AppliedLimits applied = apply_limits(spec.limits, spec.cgroup_name, cgroups, [&](const auto& paths) {
-    if (paths.empty()) return;
-    auto& list = exec->handle_[kCgroups] = nlohmann::json::array();
-    for (const auto& p : paths) list.push_back(p.string());
-    publish();
-  });
+  if (auto slash = spec.cgroup_name.rfind('/'); slash != std::string::npos) {
+    exec->cgroup_folder_ = spec.cgroup_name.substr(0, slash);
+    const std::string leaf = spec.cgroup_name.substr(slash + 1);
+    if (const auto dash = leaf.find('-'); dash != std::string::npos) exec->cgroup_prefix_ = leaf.substr(0, dash + 1);
+  }
+  // A command of a living instance takes the group of an earlier one when there is one.
+  if (cgroups && spec.target.persistent && !spec.outlives_caller && !exec->cgroup_prefix_.empty()) {
+    exec->pool_ = backend.spare_groups();
+    if (exec->pool_)
+      exec->pool_key_ = CgroupPool::key(exec->cgroup_folder_, exec->cgroup_prefix_, cgroup_limits(spec.limits));
+  }
+  AppliedLimits applied;
+  if (auto spare = exec->pool_ ? exec->pool_->take(exec->pool_key_) : std::nullopt) {
+    applied.cgroup = std::move(spare->group);
+    applied.unenforced = std::move(spare->unenforced);
+    applied.rlimits = rlimits_of(spec.limits);
+  } else {
+    applied = apply_limits(spec.limits, spec.cgroup_name, cgroups, [&](const auto& paths) {
+      if (paths.empty()) return;
+      auto& list = exec->handle_[kCgroups] = nlohmann::json::array();
+      for (const auto& p : paths) list.push_back(p.string());
+      publish();
+    });
+  }
   exec->cgroup_ = std::move(applied.cgroup);
   exec->unenforced_ = applied.unenforced;
   exec->handle_.erase(kCgroups);
   if (exec->cgroup_ && !exec->cgroup_->paths().empty()) {
     auto& list = exec->handle_[kCgroups] = nlohmann::json::array();
     for (const auto& p : exec->cgroup_->paths()) list.push_back(p.string());
-  }
-  if (auto slash = spec.cgroup_name.rfind('/'); slash != std::string::npos) {
-    exec->cgroup_folder_ = spec.cgroup_name.substr(0, slash);
-    const std::string leaf = spec.cgroup_name.substr(slash + 1);
-    if (const auto dash = leaf.find('-'); dash != std::string::npos) exec->cgroup_prefix_ = leaf.substr(0, dash + 1);
   }
   publish();  // exactly the groups in use
 

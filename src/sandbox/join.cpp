@@ -517,9 +517,11 @@ void open_terminal(const Prepared& p) {
   }
   if (p.setup->drop_to) {
     const auto [uid, gid] = *p.setup->drop_to;
-    if (::setgroups(0, nullptr) < 0) fail(p, Step::setgroups);
-    if (::setresgid(gid, gid, gid) < 0) fail(p, Step::setgid);
-    if (::setresuid(uid, uid, uid) < 0) fail(p, Step::setuid);
+    // The system calls themselves: the library's wrappers change every thread of the process
+    // it believes it has, and after a raw clone (raw_fork_into) it still believes the server's.
+    if (::syscall(SYS_setgroups, 0, nullptr) < 0) fail(p, Step::setgroups);
+    if (::syscall(SYS_setresgid, gid, gid, gid) < 0) fail(p, Step::setgid);
+    if (::syscall(SYS_setresuid, uid, uid, uid) < 0) fail(p, Step::setuid);
     if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
   }
   // The outer user namespace gives the capabilities to join the others (it owns them); the

@@ -27,12 +27,18 @@ CgroupLimits cgroup_limits(const std::map<std::string, std::int64_t>& limits) {
   return cg;
 }
 
+Limits rlimits_of(const std::map<std::string, std::int64_t>& limits) {
+  Limits out;
+  if (auto v = positive(limits, "output")) out.file_size_bytes = static_cast<std::uint64_t>(*v) * 1024 * 1024;
+  return out;
+}
+
 AppliedLimits apply_limits(const std::map<std::string, std::int64_t>& limits, const std::string& cgroup_name,
                            bool use_cgroups,
                            const std::function<void(const std::vector<std::filesystem::path>&)>& before_create) {
   AppliedLimits applied;
   const CgroupLimits cg = cgroup_limits(limits);
-  if (auto v = positive(limits, "output")) applied.rlimits.file_size_bytes = static_cast<std::uint64_t>(*v) * 1024 * 1024;
+  applied.rlimits = rlimits_of(limits);
   if (use_cgroups) {
     try {
       if (before_create) before_create(Cgroup::candidate_paths(cgroup_name));

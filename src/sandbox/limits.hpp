@@ -37,6 +37,10 @@ AppliedLimits apply_limits(const std::map<std::string, std::int64_t>& limits, co
                            bool use_cgroups,
                            const std::function<void(const std::vector<std::filesystem::path>&)>& before_create = {});
 
+// The rlimit part of `limits` (output, in MiB) alone: for an execution whose group was made
+// earlier (CgroupPool).
+Limits rlimits_of(const std::map<std::string, std::int64_t>& limits);
+
 // cpus, memory (MiB) and pids of `limits` that are set (> 0), as a cgroup takes them.
 CgroupLimits cgroup_limits(const std::map<std::string, std::int64_t>& limits);
 

@@ -24,6 +24,7 @@ namespace nshpc::sandbox {
 namespace stdfs = std::filesystem;
 
 class Cgroup;
+class CgroupPool;
 
 // The host folders of one instance that a sandbox binds, and its network mode.
 struct Target {
@@ -179,6 +180,8 @@ class Backend {
   virtual std::vector<std::string> end_stray_sandboxes(const stdfs::path& instances_dir) = 0;
   // The program and arguments start() would execute, with placeholder descriptor numbers.
   virtual std::vector<std::string> describe(const RunSpec& spec) const = 0;
+  // Where the groups of finished commands in living instances wait for the next ones; null: none.
+  virtual CgroupPool* spare_groups() { return nullptr; }
 };
 
 std::unique_ptr<Backend> make_bwrap_backend(const config::Config& config);

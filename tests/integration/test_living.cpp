@@ -230,3 +230,35 @@ TEST_F(Living, RestartRightAfterACommandComesUpEveryTime) {
   EXPECT_EQ(ps.exit_code, 0) << ps.err;
   EXPECT_NE(ps.out.find("sleep 86400"), std::string::npos) << ps.out;
 }
+
+// A command's group (as root) is used again by a later command of the instance only once empty:
+// a command that times out kills its own tree and not what an earlier one in the same session
+// left running, and an earlier command's out-of-memory kill is not reported for the next one.
+TEST(LivingGroups, ALaterCommandNeverSharesAGroupWithWhatAnEarlierOneLeftRunning) {
+  Env env("persistent = true\nidle_stop = 120\ndefault_network = \"off\"\n[terminal.limits]\nmemory = 64\n");
+  env.create("alpha");
+  McpSession server(env);
+  auto run = [&](const std::string& command, int timeout = 30) {
+    return server.tool("terminal_execute", {{"instance_id", "alpha"}, {"command", command}, {"timeout", timeout}});
+  };
+  nlohmann::json first = run("sleep 4324.5 >/dev/null 2>&1 & echo ok");
+  ASSERT_EQ(first["exit_code"], 0) << first.dump();
+  ASSERT_TRUE(eventually([] { return processes_with("4324.5").size() == 1; }, std::chrono::seconds(5)));
+  for (int i = 0; i < 3; ++i) {
+    nlohmann::json quick = run("true");
+    ASSERT_EQ(quick["exit_code"], 0) << quick.dump();
+  }
+  nlohmann::json timed_out = run("sleep 4325.5 & sleep 4325.6", 1);
+  EXPECT_EQ(timed_out["exit_code"], 124) << timed_out.dump();
+  EXPECT_TRUE(eventually([] { return processes_with("4325.").empty(); }, std::chrono::seconds(5)));
+  EXPECT_EQ(processes_with("4324.5").size(), 1u) << "an earlier command's background process was killed";
+
+  if (::geteuid() != 0) GTEST_SKIP() << "the memory limit needs writable cgroups (root here)";
+  nlohmann::json hog = run("awk 'BEGIN { s = \"x\"; for (i = 0; i < 28; i++) s = s s; print length(s) }'");
+  EXPECT_NE(hog.dump().find("out of memory"), std::string::npos) << hog.dump();
+  for (int i = 0; i < 3; ++i) {
+    nlohmann::json after = run("echo fine");
+    EXPECT_EQ(after["exit_code"], 0) << after.dump();
+    EXPECT_EQ(after.dump().find("out of memory"), std::string::npos) << after.dump();
+  }
+}
