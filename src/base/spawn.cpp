@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/sched.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
@@ -112,10 +113,12 @@ struct Prepared {
     if (::setrlimit(resource, &rl) < 0) fail(err_fd, Step::rlimit);
   }
   if (spec.drop_to) {
+    // The system calls themselves: the library's wrappers change every thread of the process
+    // it believes it has, and after clone3 it still believes the parent's.
     const auto [uid, gid] = *spec.drop_to;
-    if (::setgroups(0, nullptr) < 0) fail(err_fd, Step::setgroups);
-    if (::setresgid(gid, gid, gid) < 0) fail(err_fd, Step::setgid);
-    if (::setresuid(uid, uid, uid) < 0) fail(err_fd, Step::setuid);
+    if (::syscall(SYS_setgroups, 0, nullptr) < 0) fail(err_fd, Step::setgroups);
+    if (::syscall(SYS_setresgid, gid, gid, gid) < 0) fail(err_fd, Step::setgid);
+    if (::syscall(SYS_setresuid, uid, uid, uid) < 0) fail(err_fd, Step::setuid);
   }
   // After the identity change, which would clear it.
   if (spec.die_with_parent != 0) {
@@ -201,8 +204,18 @@ SpawnedChild spawn(const SpawnSpec& spec) {
   Pipe errors = make_pipe();
   const Prepared prepared{spec,           program.c_str(), argv.data(), spec.envp ? own_env.data() : environ,
                           staged.data(),  highest_target,  errors.write.get(), ::getpid()};
-  const pid_t pid = ::fork();
-  if (pid < 0) throw SysError(errno, "fork", spec.argv.front());
+  pid_t pid;
+  if (spec.cgroup_dir >= 0) {
+    // fork(2) semantics (no CLONE_VM): the child goes on on a copy of this stack.
+    clone_args args{};
+    args.flags = CLONE_INTO_CGROUP;
+    args.exit_signal = SIGCHLD;
+    args.cgroup = static_cast<std::uint64_t>(spec.cgroup_dir);
+    pid = static_cast<pid_t>(::syscall(SYS_clone3, &args, sizeof args));
+  } else {
+    pid = ::fork();
+  }
+  if (pid < 0) throw SysError(errno, spec.cgroup_dir >= 0 ? "clone3 into a cgroup" : "fork", spec.argv.front());
   if (pid == 0) child_main(prepared);
 
   errors.write.reset();

@@ -30,6 +30,10 @@ struct SpawnSpec {
   std::vector<std::pair<int, int>> fds;
   bool close_other_fds = true;
   std::vector<int> join_cgroups;                 // cgroup.procs descriptors: the child writes "0" to each first
+  // A cgroup v2 folder (opened O_RDONLY|O_DIRECTORY) the child is made in, by clone3 with
+  // CLONE_INTO_CGROUP: no global lock and no RCU grace period, which moving a process through
+  // cgroup.procs waits for. -1: none.
+  int cgroup_dir = -1;
   std::vector<std::pair<int, rlim_t>> rlimits;   // (RLIMIT_*, value) set as soft and hard limit
   std::optional<users::Identity> drop_to;        // setgroups(0) + setresgid + setresuid
   bool new_session = false;                      // setsid()

@@ -639,7 +639,10 @@ class BwrapBackend final : public Backend {
     spec.idle_stop = std::chrono::seconds(ns_.idle_stop);
     spec.limits.wall_time_grace = std::chrono::seconds(5);
     std::unique_ptr<Cgroup> group = living_group(target.instance_id);
-    if (group) spec.join_cgroups = group->procs_fds();
+    if (group) {
+      spec.join_cgroups = group->procs_fds();
+      spec.cgroup = group.get();
+    }
     auto process = start_fresh(spec);
     if (group) group->keep();  // the sandbox outlives this call (and the server): stop_living removes it
     detach(*process);
@@ -956,6 +959,17 @@ class BwrapBackend final : public Backend {
         log::debug("sandbox {}: no cgroup for the command ({})", spec.target.instance_id, e.what());
       }
     }
+    // The group's v2 part is joined as the child is made (SpawnSpec::cgroup_dir).
+    if (Cgroup* in = group ? group.get() : spec.cgroup; in && !setup.join_cgroups.empty()) {
+      try {
+        if (const int v2 = in->v2_dir_fd(); v2 >= 0) {
+          setup.cgroup_dir = v2;
+          setup.join_cgroups = in->v1_procs_fds();
+        }
+      } catch (const std::exception& e) {
+        log::debug("sandbox {}: the sandbox joins its cgroup through cgroup.procs: {}", spec.target.instance_id, e.what());
+      }
+    }
 
     if (log::enabled(log::Level::debug))
       log::debug("sandbox {}: starting {}", spec.target.instance_id, text::shell_join(setup.argv));
@@ -1061,7 +1075,7 @@ class BwrapBackend final : public Backend {
   std::map<std::string, std::shared_ptr<const Joinable>> joinable_;  // by state folder
   mutable std::mutex limited_mutex_;
   mutable std::set<std::string> unlimited_;  // instances whose folder limit_instance() took limits off
-  CgroupPool spare_groups_;                  // the groups of finished commands of living instances
+  CgroupPool spare_groups_;                  // the groups of finished commands
 };
 
 }  // namespace

@@ -164,8 +164,7 @@ class Cgroup {
   std::uint64_t oom_kills_before_ = 0;  // reuse(): the count oom_killed() compares with
 };
 
-// Groups of finished commands kept for the next ones, so a command in a living instance does not
-// pay for making (a mkdir and the limits' writes per hierarchy) and removing its group. Keyed by
+// Groups of finished commands kept for the next ones, so a command does not pay for making (a mkdir and the limits' writes per hierarchy) and removing its group. Keyed by
 // what a group is for (the instance's folder, the kind of execution, the limits); a group comes
 // back only once empty, and one that was removed meanwhile (the instance stopped, in any
 // process) is dropped. At most kMaxSpare are kept; the rest are removed when given back.

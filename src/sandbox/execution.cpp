@@ -230,10 +230,15 @@ class SandboxExecution final : public Execution {
   // by its limits) until they end; it goes with a later command's sweep of empty groups or the
   // instance's stop. Otherwise the group goes now, with anything left in it.
   void settle_cgroup() {
-    if (pool_ && !killed_ && !cgroup_->paths().empty()) {
-      // For the instance's next command, once what this one left running has ended.
-      pool_->give(pool_key_, {std::move(cgroup_), unenforced_});
-      return;
+    try {
+      // For the instance's next command: in a living instance once what this one left running
+      // has ended; otherwise its sandbox is gone, and with it everything of the command.
+      if (pool_ && !killed_ && !cgroup_->paths().empty() && (persistent_ || cgroup_->empty())) {
+        pool_->give(pool_key_, {std::move(cgroup_), unenforced_});
+        return;
+      }
+    } catch (const std::exception& e) {
+      log::debug("sandbox {}: {}", instance_id_, e.what());
     }
     try {
       if (!outlives_ && persistent_ && !cgroup_->empty()) {
@@ -333,8 +338,8 @@ std::unique_ptr<Execution> execute(Backend& backend, ExecSpec spec) {
     const std::string leaf = spec.cgroup_name.substr(slash + 1);
     if (const auto dash = leaf.find('-'); dash != std::string::npos) exec->cgroup_prefix_ = leaf.substr(0, dash + 1);
   }
-  // A command of a living instance takes the group of an earlier one when there is one.
-  if (cgroups && spec.target.persistent && !spec.outlives_caller && !exec->cgroup_prefix_.empty()) {
+  // A command takes the group an earlier one of the instance left, when there is one.
+  if (cgroups && !spec.outlives_caller && !exec->cgroup_prefix_.empty()) {
     exec->pool_ = backend.spare_groups();
     if (exec->pool_)
       exec->pool_key_ = CgroupPool::key(exec->cgroup_folder_, exec->cgroup_prefix_, cgroup_limits(spec.limits));

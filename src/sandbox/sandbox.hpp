@@ -180,7 +180,7 @@ class Backend {
   virtual std::vector<std::string> end_stray_sandboxes(const stdfs::path& instances_dir) = 0;
   // The program and arguments start() would execute, with placeholder descriptor numbers.
   virtual std::vector<std::string> describe(const RunSpec& spec) const = 0;
-  // Where the groups of finished commands in living instances wait for the next ones; null: none.
+  // Where the groups of finished commands wait for the next ones of their instance; null: none.
   virtual CgroupPool* spare_groups() { return nullptr; }
 };
 

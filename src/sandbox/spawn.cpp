@@ -13,6 +13,7 @@ Child spawn(const ChildSetup& setup) {
   spec.envp = setup.envp;
   spec.fds = setup.fds;
   spec.join_cgroups = setup.join_cgroups;
+  spec.cgroup_dir = setup.cgroup_dir;
   spec.rlimits = setup.rlimits;
   spec.drop_to = setup.drop_to;
   spec.controlling_tty = setup.controlling_tty;

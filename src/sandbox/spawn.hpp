@@ -23,6 +23,7 @@ struct ChildSetup {
   std::vector<std::string> envp;         // the complete environment
   std::vector<std::pair<int, int>> fds;  // (descriptor here, number in the child); all others closed
   std::vector<int> join_cgroups;         // cgroup.procs descriptors: the child writes "0" to each first
+  int cgroup_dir = -1;                   // a cgroup v2 folder the child is made in (SpawnSpec::cgroup_dir)
   std::vector<std::pair<int, rlim_t>> rlimits;  // (RLIMIT_*, value) set as soft and hard limit
   std::optional<users::Identity> drop_to;  // setgroups(0) + setresgid + setresuid
   bool controlling_tty = false;  // setsid() and make the child's stdin its controlling terminal

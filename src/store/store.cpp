@@ -397,7 +397,8 @@ void Store::stop_living(std::string_view id, const stdfs::path& base, std::strin
     inst.network = default_network_;
     inst.persistent = true;
   }
-  if (inst.persistent) living_stop_(sandbox_target(inst), why);
+  // Not only a living sandbox's: whatever groups the instance's commands left go too.
+  living_stop_(sandbox_target(inst), why);
 }
 
 void Store::stop_executions(std::string_view id) const {

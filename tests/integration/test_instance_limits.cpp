@@ -105,16 +105,35 @@ TEST(InstanceLimits, MemoryHogIsKilledOnlyInTheLimitedInstance) {
   EXPECT_EQ(killed.exit_code, 137) << killed.out << killed.err;
   EXPECT_EQ(killed.out.find("done"), std::string::npos);
 
-  McpSession server(limited);
-  json r = server.tool("terminal_execute", {{"instance_id", small}, {"command", hog(150)}});
-  EXPECT_EQ(r["exit_code"], 137) << r.dump();
-  EXPECT_EQ(r["stdout"], "") << r.dump();
+  {
+    McpSession server(limited);
+    json r = server.tool("terminal_execute", {{"instance_id", small}, {"command", hog(150)}});
+    EXPECT_EQ(r["exit_code"], 137) << r.dump();
+    EXPECT_EQ(r["stdout"], "") << r.dump();
+  }
 
   json d = describe(limited, small);
   EXPECT_EQ(d["limits"]["memory_mib"], 64) << d.dump();
   EXPECT_EQ(d["limits"]["enforced"], true) << d.dump();
-  // A fresh-sandbox instance's group goes with its last execution.
+  // A fresh-sandbox instance's command group waits for its next command while the server runs
+  // (CgroupPool), and goes with the server.
   EXPECT_TRUE(eventually([&] { return !groups_exist(small); }, std::chrono::seconds(5)));
+}
+
+// Deleting an instance whose commands each get a fresh sandbox removes the groups kept for its
+// next command, while the server that kept them runs on.
+TEST(InstanceLimits, DeletingAnInstanceRemovesItsKeptGroups) {
+  REQUIRE_CGROUP(memory);
+  const std::string id = unique_id("gone");
+  GroupsGone groups{id};
+  Env env("limits = { memory = 256 }\n");
+  env.create(id);
+  McpSession server(env);
+  json r = server.tool("terminal_execute", {{"instance_id", id}, {"command", "echo hi"}});
+  EXPECT_EQ(r["exit_code"], 0) << r.dump();
+  EXPECT_TRUE(groups_exist(id));
+  server.tool("delete_instance", {{"instance_id", id}});
+  EXPECT_TRUE(eventually([&] { return !groups_exist(id); }, std::chrono::seconds(5)));
 }
 
 // Two commands of a living instance share its pids limit: background processes one command left
