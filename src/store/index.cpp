@@ -194,6 +194,7 @@ Index::Db& Index::db() {
         continue;
       }
       db_ = std::move(db);
+      opened_.store(true, std::memory_order_release);
       return *db_;
     }
   } catch (const std::exception& e) {
@@ -262,6 +263,13 @@ IndexPage Index::page(const ListQuery& query) {
   std::unique_lock lock(mutex_);
   Db& d = db();
   sync(d);
+  // Activity noted before the index was open (or since the last batch) counts for this page.
+  std::map<std::string, std::int64_t> batch;
+  {
+    std::lock_guard pending(pending_mutex_);
+    batch.swap(pending_);
+  }
+  if (!batch.empty()) write_activity_locked(d, batch);
   IndexPage page;
   const std::string filter = lower_ascii(query.filter);
   const char* where = "(?1 = '' OR instr(lower(id), ?1) > 0 OR instr(lower(description), ?1) > 0)";
@@ -325,7 +333,10 @@ void Index::note_activity(const std::string& id, std::int64_t when_ns) {
   std::lock_guard lock(pending_mutex_);
   auto& slot = pending_[id];
   slot = std::max(slot, when_ns);
-  if (!flusher_.joinable()) flusher_ = std::jthread([this](std::stop_token stop) { run_flusher(stop); });
+  // A process that lists (a server) writes batches from a thread of its own; a one-shot command
+  // keeps its few notes for its exit (the destructor), and starts no thread.
+  if (opened_.load(std::memory_order_acquire) && !flusher_.joinable())
+    flusher_ = std::jthread([this](std::stop_token stop) { run_flusher(stop); });
 }
 
 void Index::run_flusher(std::stop_token stop) {
@@ -357,7 +368,10 @@ void Index::flush() {
 void Index::write_activity(std::map<std::string, std::int64_t> batch) {
   std::unique_lock lock(mutex_);
   if (!db_ && !stdfs::exists(file_)) return;  // built with fresh times at the first listing
-  Db& d = db();
+  write_activity_locked(db(), batch);
+}
+
+void Index::write_activity_locked(Db& d, const std::map<std::string, std::int64_t>& batch) {
   Transaction tx(d);
   Stmt st(d.handle, "UPDATE instances SET activity = max(activity, ?2) WHERE id = ?1");
   for (const auto& [id, when] : batch) {

@@ -16,6 +16,7 @@
 // so commands never wait for the index.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -104,6 +105,7 @@ class Index {
   void upsert(Db& db, const IndexEntry& entry);
   void erase(Db& db, const std::string& id);
   void write_activity(std::map<std::string, std::int64_t> batch);
+  void write_activity_locked(Db& db, const std::map<std::string, std::int64_t>& batch);  // mutex_ held
   void run_flusher(std::stop_token stop);
 
   stdfs::path file_;
@@ -115,6 +117,7 @@ class Index {
   mutable std::mutex mutex_;  // the connection
   std::unique_ptr<Db> db_;
   bool failed_ = false;  // opening failed once: do not retry on every call
+  std::atomic<bool> opened_{false};  // db_ is set (read without mutex_ by note_activity)
 
   std::mutex pending_mutex_;
   std::condition_variable_any pending_cv_;
