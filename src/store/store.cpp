@@ -560,13 +560,13 @@ void Store::remove(std::string_view id, std::string_view actor) {
   // Rename first so the instance disappears at once, then remove the trees.
   const stdfs::path doomed = root_ / fmt::format(".deleting-{}-{}", id, random::hex(4));
   check_sys(::rename(base.c_str(), doomed.c_str()), "rename", base.string());
-  index_changed(std::string(id), root_before);
   const stdfs::path output = output_root() / std::string(id);
   const stdfs::path doomed_output = output_root() / fmt::format(".deleting-{}-{}", id, random::hex(4));
   bool had_output = ::rename(output.c_str(), doomed_output.c_str()) == 0;
   audit::append(root_ / ".audit.log", "instance.deleted", actor, {{"instance_id", std::string(id)}}, rotation_);
   remove_doomed(doomed);
   if (had_output) remove_doomed(doomed_output);
+  index_changed(std::string(id), root_before);  // after the doomed tree is gone: the folder's last change
 }
 
 Store::Registration::~Registration() {
