@@ -1,15 +1,21 @@
 #include "store/index.hpp"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
 #include <set>
 
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "base/fd.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
 
@@ -131,10 +137,59 @@ Index::~Index() {
     flusher_.join();
   }
   try {
-    flush();
+    if (opened_.load()) {
+      flush();
+    } else {
+      // A one-shot command (`ns-hpc bwrap`, ...): one append to the journal beside the index,
+      // which the next listing folds in; opening SQLite would cost every command milliseconds.
+      std::map<std::string, std::int64_t> batch;
+      {
+        std::lock_guard lock(pending_mutex_);
+        batch.swap(pending_);
+      }
+      if (!batch.empty() && stdfs::exists(file_)) append_journal(batch);
+    }
   } catch (const std::exception& e) {
     log::debug("instance index: activity not written at exit: {}", e.what());
   }
+}
+
+stdfs::path Index::journal_file() const { return file_.string() + ".activity"; }
+
+void Index::append_journal(const std::map<std::string, std::int64_t>& batch) const {
+  std::string lines;
+  for (const auto& [id, when] : batch) lines += fmt::format("{} {}\n", when, id);
+  UniqueFd fd(::open(journal_file().c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd) throw SysError(errno, "open", journal_file().string());
+  check_sys(::flock(fd.get(), LOCK_EX), "lock", journal_file().string());  // the reader empties it under this lock
+  check_sys(::write(fd.get(), lines.data(), lines.size()), "write", journal_file().string());
+}
+
+// What one-shot commands appended since the last listing; the journal is emptied.
+std::map<std::string, std::int64_t> Index::take_journal() const {
+  std::map<std::string, std::int64_t> batch;
+  UniqueFd fd(::open(journal_file().c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return batch;
+  if (::flock(fd.get(), LOCK_EX) < 0) return batch;
+  std::string text;
+  char buf[65536];
+  for (ssize_t n; (n = ::read(fd.get(), buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+  if (::ftruncate(fd.get(), 0) < 0) log::debug("instance index: {} not emptied: {}", journal_file().string(), std::strerror(errno));
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) break;
+    const std::string_view line(text.data() + start, end - start);
+    start = end + 1;
+    const std::size_t space = line.find(' ');
+    if (space == std::string_view::npos) continue;
+    std::int64_t when = 0;
+    auto [ptr, ec] = std::from_chars(line.data(), line.data() + space, when);
+    if (ec != std::errc() || ptr != line.data() + space) continue;
+    auto& slot = batch[std::string(line.substr(space + 1))];
+    slot = std::max(slot, when);
+  }
+  return batch;
 }
 
 stdfs::path Index::default_file(const stdfs::path& state_dir, const stdfs::path& root) {
@@ -264,10 +319,11 @@ IndexPage Index::page(const ListQuery& query) {
   Db& d = db();
   sync(d);
   // Activity noted before the index was open (or since the last batch) counts for this page.
-  std::map<std::string, std::int64_t> batch;
+  std::map<std::string, std::int64_t> batch = take_journal();
   {
     std::lock_guard pending(pending_mutex_);
-    batch.swap(pending_);
+    for (const auto& [id, when] : pending_) batch[id] = std::max(batch[id], when);
+    pending_.clear();
   }
   if (!batch.empty()) write_activity_locked(d, batch);
   IndexPage page;

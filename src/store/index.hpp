@@ -12,8 +12,9 @@
 //     reconciles names (added, gone) and re-reads the rows whose folder changed;
 //   - a missing, unreadable or foreign-version database is rebuilt from the tree;
 //   - SQLite (WAL, a busy timeout) keeps it consistent across a crash and across processes.
-// Activity (last_activity) is noted in memory and written in batches by a background thread,
-// so commands never wait for the index.
+// Activity (last_activity) is noted in memory and written in batches by a background thread of a
+// process that lists (a server), so commands never wait for the index; a one-shot command appends
+// its few notes at exit to a small journal beside the database, which the next listing folds in.
 #pragma once
 
 #include <atomic>
@@ -107,6 +108,11 @@ class Index {
   void write_activity(std::map<std::string, std::int64_t> batch);
   void write_activity_locked(Db& db, const std::map<std::string, std::int64_t>& batch);  // mutex_ held
   void run_flusher(std::stop_token stop);
+  // One-shot commands' activity: appended at their exit to <file>.activity (under flock), folded
+  // into the index by the next listing.
+  stdfs::path journal_file() const;
+  void append_journal(const std::map<std::string, std::int64_t>& batch) const;
+  std::map<std::string, std::int64_t> take_journal() const;
 
   stdfs::path file_;
   stdfs::path root_;

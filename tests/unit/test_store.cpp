@@ -476,3 +476,18 @@ TEST(Text, ClosestFindsLikelyTyposOnly) {
   EXPECT_EQ(nshpc::text::closest("write", names), std::nullopt);
   EXPECT_EQ(nshpc::text::closest("list_instances", names), std::nullopt);  // itself is no near miss
 }
+
+TEST_F(StoreTest, AOneShotCommandsActivityReachesTheIndexThroughItsJournal) {
+  auto lister = make();
+  for (const char* id : {"a", "b", "c"}) lister.create(id, {}, "test");
+  ASSERT_EQ(page_ids(lister.list_page({})).front(), "c");  // the newest
+  const fs::path journal = store::Index::default_file(config_.server.state_dir, root_).string() + ".activity";
+  {
+    auto command = make();  // never lists: no SQLite, no thread; one append at its end
+    command.audit(command.get("a"), "sandbox.exec", "test");
+    EXPECT_FALSE(fs::exists(journal));
+  }
+  EXPECT_GT(fs::file_size(journal), 0u);
+  EXPECT_EQ(page_ids(lister.list_page({})).front(), "a");
+  EXPECT_EQ(fs::file_size(journal), 0u);  // folded in
+}
