@@ -85,7 +85,7 @@ describe('terminal_execute', () => {
     for (const p of ['instance_id', 'command', 'args', 'stdin', 'working_directory', 'timeout'])
       assert.ok(tool.inputSchema.properties[p], `input property ${p}`);
     assert.equal(tool.inputSchema.properties.timeout.type, 'integer');
-    assert.deepEqual([...tool.outputSchema.required].sort(), ['exec_duration_ms', 'exit_code', 'instance_id', 'stderr', 'stdout']);
+    assert.deepEqual([...tool.outputSchema.required].sort(), ['exec_duration_ms', 'exit_code', 'instance_id', 'network', 'stderr', 'stdout']);
     assert.equal(tool.annotations.readOnlyHint, false);
     assert.equal(tool.annotations.destructiveHint, true);
     assert.equal(tool.annotations.openWorldHint, true);
