@@ -3,6 +3,8 @@
 //   - terminal_execute {args:["true"]} round trip through `ns-hpc run` (one server, many calls)
 //   - submit_job `true` (waiting for completion) and submit_job + poll_job round trips
 //   - jobs per second with 8 submissions in flight, and the server's RSS after 1,000 jobs
+//   - listing a store of 10,000 instances: a page of list_instances, resources/list (also alone:
+//     `nshpc_bench_mcp --listing [BINARY]`)
 // Figures only; no assertions.
 #include <fcntl.h>
 #include <grp.h>
@@ -177,9 +179,74 @@ long rss_kb(pid_t pid) {
 
 }  // namespace
 
+// Listing a store of 10,000 instances (issue 13): list_instances pages and resources/list's first
+// page, through one server. The store is written directly, as ns-hpc lays it out. `binary` may be
+// an older ns-hpc (without paging: its whole listing is measured) for a before/after figure.
+void bench_listing(const std::string& binary, const fs::path& root) {
+  constexpr int kInstances = 10000;
+  const fs::path dir = root / "store10k";
+  fs::create_directories(dir / "output");
+  for (int i = 0; i < kInstances; ++i) {
+    char id[16];
+    std::snprintf(id, sizeof id, "i%05d", i);
+    fs::create_directories(dir / id / "workspace");
+    fs::create_directory(dir / "output" / id);
+    std::ofstream(dir / id / "metadata.json")
+        << json{{"id", id}, {"created_at", "2026-11-01T00:00:00+00:00"}, {"workspace", (dir / id / "workspace").string()},
+                {"hostname", "bench"}, {"description", std::string("analysis run ") + id}, {"network", "off"},
+                {"persistent", false}}.dump(2);
+    std::ofstream(dir / id / "audit.log") << "{\"event\":\"instance.created\"}\n";
+  }
+  const fs::path config = root / "config-10k.toml";
+  std::ofstream(config) << "[namespace]\ninstances_dir = \"" << dir.string() << "\"\n[server]\nstate_dir = \""
+                        << (root / "state").string() << "\"\n";
+  Server server(binary, config);
+  const json page_args = {{"limit", 50}};
+  auto list = [&](const json& args) {
+    json r = server.call("tools/call", {{"name", "list_instances"}, {"arguments", args}});
+    if (!r.contains("result") || r["result"].value("isError", false))  // a server without paging
+      r = server.call("tools/call", {{"name", "list_instances"}, {"arguments", json::object()}});
+    return r;
+  };
+  auto t = Clock::now();
+  const std::size_t bytes = list(page_args).dump().size();
+  const double first = ms_since(t);
+  std::vector<double> page_ms, filter_ms, deep_ms, resources_ms;
+  for (int i = 0; i < 20; ++i) {
+    t = Clock::now();
+    list(page_args);
+    page_ms.push_back(ms_since(t));
+    t = Clock::now();
+    list({{"limit", 50}, {"filter", "run i042"}});
+    filter_ms.push_back(ms_since(t));
+    t = Clock::now();
+    list({{"limit", 50}, {"offset", 5000}, {"sort", "id"}});
+    deep_ms.push_back(ms_since(t));
+    t = Clock::now();
+    server.call("resources/list", json::object());
+    resources_ms.push_back(ms_since(t));
+  }
+  Stats p = summarize(page_ms), f = summarize(filter_ms), d = summarize(deep_ms), r = summarize(resources_ms);
+  std::printf("\nns-hpc bench: listing a store of %d instances (%s)\n\n", kInstances, binary.c_str());
+  std::printf("  %-52s %10s %10s\n", "", "median ms", "p99 ms");
+  std::printf("  %-52s %10.2f %10s\n", "first list_instances (index built from the tree)", first, "");
+  std::printf("  %-52s %10.2f %10.2f   (target: <= 50 ms)\n", "list_instances, a page of 50", p.median, p.p99);
+  std::printf("  %-52s %10.2f %10.2f\n", "  filtered by text", f.median, f.p99);
+  std::printf("  %-52s %10.2f %10.2f\n", "  by id from offset 5,000", d.median, d.p99);
+  std::printf("  %-52s %10.2f %10.2f\n", "resources/list, first page", r.median, r.p99);
+  std::printf("  size of one list_instances answer: %zu bytes\n\n", bytes);
+}
+
 int main(int argc, char** argv) {
-  const int runs = argc > 1 ? std::atoi(argv[1]) : 200;
   const std::string binary = NSHPC_BINARY;
+  if (argc > 1 && std::string(argv[1]) == "--listing") {  // only the listing figures
+    char tmpl[] = "/tmp/nshpc-bench-list-XXXXXX";
+    const fs::path root = ::mkdtemp(tmpl);
+    bench_listing(argc > 2 ? argv[2] : binary, root);
+    std::system(("rm -rf '" + root.string() + "'").c_str());
+    return 0;
+  }
+  const int runs = argc > 1 ? std::atoi(argv[1]) : 200;
   char tmpl[] = "/tmp/nshpc-bench-mcp-XXXXXX";
   const fs::path root = ::mkdtemp(tmpl);
   ::chmod(root.c_str(), 0755);
@@ -308,6 +375,7 @@ int main(int argc, char** argv) {
   std::printf("  server RSS with 100 living instances running: %.1f MB, with them stopped: %.1f MB\n",
               rss_running / 1024.0, rss_stopped / 1024.0);
   std::printf("  server RSS after 1,000 finished jobs: %.1f MB   (target: <= 15 MB)\n\n", rss / 1024.0);
+  bench_listing(binary, root);
   std::system(("rm -rf '" + root.string() + "'").c_str());
   return 0;
 }

@@ -22,14 +22,24 @@ class UsageError : public Error {
 
 // Something the caller named does not exist (an instance, a job). The message says only that;
 // the layer that knows its audience (a tool, the CLI) adds where to look for what does exist.
+// Facts the finder knows, for that layer's advice: a close name that does exist (a likely typo),
+// and for an instance an archive of that id (its name and when it was archived).
 class NotFound : public UsageError {
  public:
-  enum class Kind { instance, job };
-  NotFound(Kind kind, std::string message) : UsageError(std::move(message)), kind_(kind) {}
+  enum class Kind { instance, job, archive };
+  struct Facts {
+    std::string near_miss;     // "" when none is close
+    std::string archive_name;  // "" when the id was never archived
+    std::string archived_at;   // ISO 8601, when known
+  };
+  NotFound(Kind kind, std::string message, Facts facts = {})
+      : UsageError(std::move(message)), kind_(kind), facts_(std::move(facts)) {}
   Kind kind() const noexcept { return kind_; }
+  const Facts& facts() const noexcept { return facts_; }
 
  private:
   Kind kind_;
+  Facts facts_;
 };
 
 // A failed system call; keeps errno so callers can branch on it, through every layer: a layer

@@ -1,5 +1,7 @@
 #include "base/text.hpp"
 
+#include <algorithm>
+
 namespace nshpc::text {
 
 std::string shell_quote(std::string_view arg) {
@@ -120,6 +122,38 @@ std::string truncate_utf8(std::string_view s, size_t max_bytes) {
   size_t cut = max_bytes;
   while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
   return std::string(s.substr(0, cut)) + "…";
+}
+
+}  // namespace nshpc::text
+
+namespace nshpc::text {
+
+std::optional<std::string> closest(std::string_view word, const std::vector<std::string>& candidates) {
+  const std::size_t allowed = std::min<std::size_t>(3, std::max<std::size_t>(1, word.size() / 3));
+  std::optional<std::string> best;
+  std::size_t best_distance = allowed + 1;
+  std::vector<std::size_t> row;
+  for (const std::string& c : candidates) {
+    if (c == word) continue;
+    const std::size_t gap = c.size() > word.size() ? c.size() - word.size() : word.size() - c.size();
+    if (gap >= best_distance) continue;
+    row.resize(c.size() + 1);
+    for (std::size_t j = 0; j <= c.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= word.size(); ++i) {
+      std::size_t diagonal = row[0];
+      row[0] = i;
+      for (std::size_t j = 1; j <= c.size(); ++j) {
+        const std::size_t above = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (word[i - 1] == c[j - 1] ? 0 : 1)});
+        diagonal = above;
+      }
+    }
+    if (row[c.size()] < best_distance) {
+      best_distance = row[c.size()];
+      best = c;
+    }
+  }
+  return best;
 }
 
 }  // namespace nshpc::text

@@ -32,4 +32,8 @@ std::string sanitize_utf8(std::string_view s);
 // Cuts `s` to at most `max_bytes` on a UTF-8 boundary, appending "…" when cut.
 std::string truncate_utf8(std::string_view s, size_t max_bytes);
 
+// The candidate closest to `word` by edit distance (Levenshtein) when it is close enough to be a
+// likely typo (at most a third of the word's length, and at most 3 edits); nullopt otherwise.
+std::optional<std::string> closest(std::string_view word, const std::vector<std::string>& candidates);
+
 }  // namespace nshpc::text

@@ -161,9 +161,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "Run 'ns-hpc --help' (or 'ns-hpc COMMAND --help') for usage.\n");
     return 2;
   } catch (const NotFound& e) {
-    print_error(fmt::format("{}; {}", e.what(),
-                            e.kind() == NotFound::Kind::instance ? "'ns-hpc instance list' lists the active ones"
-                                                                 : "'ns-hpc instance jobs ID' lists an instance's jobs"));
+    print_error(fmt::format("{}; {}", e.what(), not_found_advice(e)));
     return 1;
   } catch (const UsageError& e) {
     print_error(e.what());
@@ -177,6 +175,19 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
   return inv.exit_code;
+}
+
+std::string not_found_advice(const NotFound& e) {
+  const NotFound::Facts& f = e.facts();
+  if (e.kind() == NotFound::Kind::instance && !f.archive_name.empty())
+    return fmt::format("'ns-hpc instance restore {}' brings it back", f.archive_name);
+  std::string advice = f.near_miss.empty() ? "" : fmt::format("did you mean '{}'? ", f.near_miss);
+  switch (e.kind()) {
+    case NotFound::Kind::instance: return advice + "'ns-hpc instance list' lists the active ones";
+    case NotFound::Kind::job: return advice + "'ns-hpc instance jobs ID' lists an instance's jobs";
+    case NotFound::Kind::archive: return advice + "'ns-hpc instance list-archived' lists the archives";
+  }
+  return advice;
 }
 
 }  // namespace nshpc::cli

@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "base/error.hpp"
 #include "config/config.hpp"
 #include "jobs/jobs.hpp"
 #include "sandbox/sandbox.hpp"
@@ -93,5 +94,7 @@ int run_in_sandbox(Invocation& inv, const store::Instance& inst, const std::vect
 bool confirm(const std::string& question);
 
 int main(int argc, char** argv);
+// What a person does about something not found, naming commands (the CLI side of the tools' advice).
+std::string not_found_advice(const NotFound& e);
 
 }  // namespace nshpc::cli

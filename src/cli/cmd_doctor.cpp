@@ -299,6 +299,30 @@ Check check_slurm() {
   return c;
 }
 
+// The controller answers: squeue asked for the caller's own jobs (a read that needs slurmctld and
+// nothing else). Without it, submit_job in mode "slurm" fails.
+Check check_slurm_controller(const config::Config& cfg) {
+  Check c{"Slurm controller answers"};
+  c.required = false;
+  std::vector<std::string> argv = cfg.jobs.slurm.squeue_command;
+  if (argv.empty()) argv = {"squeue"};
+  argv.insert(argv.end(), {"--noheader", "--format=%i", "--me"});
+  try {
+    const CommandResult r = run_command(argv, {}, std::chrono::seconds(20));
+    c.ok = r.exit_code == 0 && !r.timed_out;
+    std::string said(text::trim(r.err));
+    c.detail = c.ok ? fmt::format("{} answered", argv.front())
+                    : r.timed_out ? fmt::format("{} did not answer within 20 s", argv.front())
+                                  : fmt::format("{} failed: {}", argv.front(), said.substr(0, 300));
+  } catch (const std::exception& e) {
+    c.ok = false;
+    c.detail = e.what();
+  }
+  if (!c.ok)
+    c.fix = "start slurmctld (and munge), or check SlurmctldHost in slurm.conf; Slurm jobs fail until it answers";
+  return c;
+}
+
 // Batch jobs run `ns-hpc bwrap` on a compute node: the node must see this binary and the
 // instances folder at the same paths. A network filesystem is a good sign; a local one works
 // only when the cluster is this machine.
@@ -366,7 +390,10 @@ void add_doctor_command(CLI::App& app, Invocation& inv) {
     checks.push_back(check_cgroups());
     checks.push_back(check_living(inv, *cfg));
     checks.push_back(check_slurm());
-    if (checks.back().ok) checks.push_back(check_slurm_shared(*cfg));
+    if (checks.back().ok) {
+      checks.push_back(check_slurm_controller(*cfg));
+      checks.push_back(check_slurm_shared(*cfg));
+    }
 
     bool ok = true;
     for (const auto& c : checks) ok = ok && (c.ok || !c.required);

@@ -125,8 +125,7 @@ nlohmann::json ended_json(const store::Instance& inst, const lifecycle::Ended& e
 // An existing instance, even one whose metadata.json is corrupt (it can still be archived or
 // deleted); UsageError otherwise.
 void require_instance(Invocation& inv, const std::string& id) {
-  if (!inv.store().exists(id))
-    throw UsageError(fmt::format("instance '{}' not found; see 'ns-hpc instance list'", id));
+  if (!inv.store().exists(id)) (void)inv.store().get(id);  // NotFound, with an archive or a near miss
 }
 
 void warn_corrupt(const store::Listing& listing) {
@@ -156,6 +155,7 @@ struct InstanceArgs {
   bool json = false;
   bool force = false;
   bool archived = false;
+  std::string new_id;
 };
 
 void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
@@ -178,10 +178,19 @@ void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
     options.network = a->network;
     options.persistent = a->persistent;
     store::Instance inst = inv.store().create(a->id, options, users::cli_actor());
-    if (a->json)
-      print_json(instance_host_json(inst));
-    else
-      std::printf("Created instance '%s' at %s\n", inst.id.c_str(), inst.base.c_str());
+    const auto archive = a->id.empty() ? std::nullopt : inv.store().latest_archive(inst.id);
+    if (a->json) {
+      nlohmann::json out = instance_host_json(inst);
+      if (archive) out["archive_of_same_id"] = archived_json(*archive);
+      print_json(out);
+      return;
+    }
+    std::printf("Created instance '%s' at %s\n", inst.id.c_str(), inst.base.c_str());
+    if (archive)
+      std::printf("Note: an archive of '%s' exists (%s, archived %s); this is a new, empty instance. "
+                  "'ns-hpc instance restore %s --as ID' brings the archive back under another id.\n",
+                  inst.id.c_str(), archive->name.c_str(), short_time(archive->meta.archived_at()).c_str(),
+                  archive->name.c_str());
   });
 }
 
@@ -403,6 +412,24 @@ void add_archive(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instan
   });
 }
 
+void add_restore(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
+  auto* cmd = parent.add_subcommand(
+      "restore", "Bring an archived instance back (to its old id, or ID-restored when that is taken)");
+  cmd->add_option("archive", a->id, "Archive name from list-archived (<id>__<timestamp>), or an id (its newest archive)")
+      ->required();
+  cmd->add_option("--as", a->new_id, "The id it gets (default: its old id)");
+  cmd->add_flag("--json", a->json, "Print the restored instance as JSON");
+  cmd->callback([&inv, a] {
+    store::Instance inst = inv.store().restore(a->id, a->new_id, users::cli_actor());
+    if (a->json) {
+      print_json(instance_host_json(inst));
+      return;
+    }
+    std::printf("Restored '%s' as instance '%s' at %s\n", inst.meta.raw.value("restored_from", a->id).c_str(),
+                inst.id.c_str(), inst.base.c_str());
+  });
+}
+
 void add_delete(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
   auto* cmd = parent.add_subcommand(
       "delete", "Delete an instance and its workspace and output for good (purge)");
@@ -458,6 +485,7 @@ void add_instance_commands(CLI::App& app, Invocation& inv) {
   add_restart(*instance, inv, args);
   add_ps(*instance, inv, args);
   add_archive(*instance, inv, args);
+  add_restore(*instance, inv, args);
   add_delete(*instance, inv, args);
   add_enter(*instance, inv, args);
   add_job_commands(*instance, inv);

@@ -386,7 +386,8 @@ Keys<Config> make_config_keys() {
           value("state_dir", &Server::state_dir, folder(), {
               .defaults_to = R"("${HOME}/.local/state/ns-hpc")",
               .as_root = fmt::format("{:?}", kRootStateDir),
-              .help = "Holds the generated token, `http-token` (0600)."}),
+              .help = "A local folder (not on NFS) for the generated token, `http-token` (0600), and the "
+                      "instance listing index, `index/<hash>.sqlite` (rebuilt from the instances when missing)."}),
           value("allowed_hosts", &Server::allowed_hosts, strings(), {
               .defaults_to = "[]",
               .help = "Host header names accepted besides `localhost`, `127.0.0.1`, `[::1]` and the listen "

@@ -860,7 +860,14 @@ Session::State::Job Session::State::call_tool(const json& params) {
   const std::string name = required_string(params, "name");
   json arguments = optional_object(params, "arguments");
   auto tool = registry().find_tool(name);
-  if (!tool) throw invalid_params(fmt::format("unknown tool '{}'", name));
+  if (!tool) {
+    // The tools that exist, and the one meant when the name is a near miss.
+    std::vector<std::string> names;
+    for (const auto& t : registry().all_tools()) names.push_back(t->name);
+    const auto near = text::closest(name, names);
+    throw invalid_params(fmt::format("unknown tool '{}'; {}the tools are: {}", text::truncate_utf8(name, 80),
+                                     near ? fmt::format("did you mean '{}'? ", *near) : "", fmt::join(names, ", ")));
+  }
   if (tool->accept_input_wrapper && arguments.size() == 1 && arguments.contains("input") &&
       arguments["input"].is_object() && !schema_has_property(tool->input_schema, "input")) {
     json inner = std::move(arguments["input"]);
@@ -947,10 +954,25 @@ Session::State::Job Session::State::complete(const json& params) {
 
 // The resource lists come from the provider, which may read a store: on the Executor, never on
 // the I/O thread (the cursor is checked there).
+std::vector<Resource> ResourceProvider::list_range(std::size_t start, std::size_t count, std::size_t& total) {
+  std::vector<Resource> all = list();
+  total = all.size();
+  start = std::min(start, all.size());  // the list may have shrunk since
+  const std::size_t end = (count == 0 || all.size() - start <= count) ? all.size() : start + count;
+  return {std::make_move_iterator(all.begin() + static_cast<std::ptrdiff_t>(start)),
+          std::make_move_iterator(all.begin() + static_cast<std::ptrdiff_t>(end))};
+}
+
 Session::State::Job Session::State::list_resources(const json& params) {
   auto provider = resources_for("resources/list");
   return [provider, start = cursor_offset(params), page_size = server.options().page_size](RequestContext&) {
-    return page_at(start, provider->list(), page_size, "resources", resource_json);
+    std::size_t total = 0;
+    std::vector<Resource> items = provider->list_range(start, page_size, total);
+    json page = json::array();
+    for (const auto& item : items) page.push_back(resource_json(item));
+    json result = {{"resources", std::move(page)}};
+    if (start + items.size() < total && !items.empty()) result["nextCursor"] = encode_cursor(start + items.size());
+    return result;
   };
 }
 

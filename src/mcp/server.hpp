@@ -104,6 +104,10 @@ class ResourceProvider {
  public:
   virtual ~ResourceProvider() = default;
   virtual std::vector<Resource> list() = 0;
+  // One page of resources/list: at most `count` (0: all) from position `start` on, with how many
+  // there are in all in `total`. The default cuts list(); a provider with many resources answers
+  // from an index instead.
+  virtual std::vector<Resource> list_range(std::size_t start, std::size_t count, std::size_t& total);
   virtual std::vector<ResourceTemplate> templates() = 0;
   // nullopt: no such resource (-32002 with data.uri).
   virtual std::optional<std::vector<ResourceContents>> read(const std::string& uri) = 0;

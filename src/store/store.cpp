@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <thread>
 
@@ -17,6 +18,7 @@
 #include "base/log.hpp"
 #include "base/random.hpp"
 #include "base/safe_path.hpp"
+#include "base/text.hpp"
 #include "base/time.hpp"
 
 namespace nshpc::store {
@@ -128,6 +130,42 @@ Store::Store(const config::Config& config, JobsGuard& jobs)
       workspace_mount_(config.ns.workspace_mount),
       jobs_(&jobs) {
   owner_ = users::sandbox_owner(config.ns.sandbox_uid, config.ns.sandbox_gid);
+  index_ = std::make_unique<Index>(
+      Index::default_file(config.server.state_dir, root_), root_,
+      [this](const std::string& id) { return index_entry(id); }, [this] { return instance_names(); });
+}
+
+Store::~Store() = default;
+
+std::vector<std::string> Store::instance_names() const {
+  std::vector<std::string> out;
+  for (auto& name : child_names(root_))
+    if (!name.empty() && name[0] != '.' && name != "output") out.push_back(std::move(name));
+  return out;
+}
+
+std::optional<IndexEntry> Store::index_entry(const std::string& id) const {
+  const stdfs::path base = root_ / id;
+  IndexEntry entry;
+  entry.id = id;
+  // The folder's time first: a metadata.json replaced while it is read makes the next look differ.
+  entry.dir_mtime_ns = Index::mtime_ns(base).value_or(0);
+  if (!exists_nofollow(base / "metadata.json")) return std::nullopt;
+  try {
+    const Instance inst = load(id, base);
+    entry.description = inst.meta.description();
+    entry.activity_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            inst.last_activity().time_since_epoch()).count();
+  } catch (const NotFound&) {
+    return std::nullopt;
+  } catch (const Error& e) {
+    entry.problem = e.what();
+  }
+  return entry;
+}
+
+void Store::index_changed(const std::string& id, std::optional<std::int64_t> root_mtime_before) const {
+  index_->changed(id, root_mtime_before);
 }
 
 void Store::ensure_layout() const {
@@ -142,11 +180,22 @@ void Store::give_to_sandbox_user(const stdfs::path& dir) const {
     throw SysError(errno, "chown", dir.string());
 }
 
-namespace {
-NotFound instance_not_found(std::string_view id) {
-  return NotFound(NotFound::Kind::instance, fmt::format("instance '{}' not found", id));
+NotFound Store::instance_not_found(std::string_view id) const {
+  NotFound::Facts facts;
+  try {
+    if (auto archived = latest_archive(id)) {
+      facts.archive_name = archived->name;
+      facts.archived_at = archived->meta.archived_at();
+      std::string when = facts.archived_at.empty() ? "" : " on " + facts.archived_at.substr(0, 10);
+      return NotFound(NotFound::Kind::instance,
+                      fmt::format("instance '{}' was archived as {}{}", id, archived->name, when), std::move(facts));
+    }
+    if (auto near = near_miss(id)) facts.near_miss = *near;
+  } catch (const std::exception& e) {
+    log::debug("looking for an archive or a near miss of '{}': {}", id, e.what());
+  }
+  return NotFound(NotFound::Kind::instance, fmt::format("instance '{}' not found", id), std::move(facts));
 }
-}  // namespace
 
 Instance Store::load(std::string_view id, const stdfs::path& base) const {
   Instance inst;
@@ -215,9 +264,153 @@ std::vector<ArchivedInstance> Store::list_archived() const {
   return out;
 }
 
+Page Store::list_page(const ListQuery& query) const {
+  Page page;
+  try {
+    IndexPage found = index_->page(query);
+    page.total = found.total;
+    for (const std::string& id : found.ids) {
+      try {
+        page.instances.push_back(load(id, root_ / id));
+      } catch (const NotFound&) {
+        if (page.total > 0) --page.total;  // gone since the index looked
+      } catch (const Error& e) {
+        page.corrupt.push_back({id, root_ / id, e.what()});
+      }
+    }
+    for (const IndexEntry& bad : found.corrupt) page.corrupt.push_back({bad.id, root_ / bad.id, bad.problem});
+    return page;
+  } catch (const Error& e) {
+    log::warn("{}", e.what());
+  }
+  // The walk: every metadata.json read.
+  page.indexed = false;
+  Listing all = list();
+  std::string needle = query.filter;
+  std::transform(needle.begin(), needle.end(), needle.begin(), [](unsigned char c) { return std::tolower(c); });
+  auto matches = [&](const std::string& id, const std::string& description) {
+    if (needle.empty()) return true;
+    for (std::string hay : {id, description}) {
+      std::transform(hay.begin(), hay.end(), hay.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (hay.find(needle) != std::string::npos) return true;
+    }
+    return false;
+  };
+  std::vector<std::pair<Clock::time_point, Instance>> kept;
+  for (auto& inst : all.instances)
+    if (matches(inst.id, inst.meta.description())) kept.emplace_back(inst.last_activity(), std::move(inst));
+  if (query.sort == SortBy::last_activity)
+    std::stable_sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  page.total = kept.size();
+  for (std::size_t i = query.offset; i < kept.size() && (query.limit == 0 || i < query.offset + query.limit); ++i)
+    page.instances.push_back(std::move(kept[i].second));
+  for (auto& bad : all.corrupt)
+    if (matches(bad.id, "")) page.corrupt.push_back(std::move(bad));
+  return page;
+}
+
+std::optional<ArchivedInstance> Store::latest_archive(std::string_view id) const {
+  const std::string prefix = std::string(id) + "__";
+  std::optional<std::string> newest;
+  for (const auto& name : child_names(archive_root()))
+    if (name.starts_with(prefix) && name.find("__", prefix.size()) == std::string::npos && (!newest || name > *newest))
+      newest = name;
+  if (!newest) return std::nullopt;
+  ArchivedInstance a;
+  a.name = *newest;
+  a.id = std::string(id);
+  a.base = archive_root() / *newest;
+  if (auto text = fs::read_file(a.base / "metadata.json")) {
+    auto raw = nlohmann::json::parse(*text, nullptr, false);
+    if (raw.is_object()) a.meta.raw = std::move(raw);
+  }
+  return a;
+}
+
+std::optional<std::string> Store::near_miss(std::string_view id) const {
+  return text::closest(id, instance_names());
+}
+
+Instance Store::restore(std::string_view archive, std::string_view new_id, std::string_view actor) {
+  ensure_layout();
+  fs::FileLock lock(lock_file());
+  const auto root_before = Index::mtime_ns(root_);
+  // Which archive.
+  std::string name(archive);
+  if (name.find("__") == std::string::npos) {
+    validate_id(name);
+    auto newest = latest_archive(name);
+    if (!newest)
+      throw NotFound(NotFound::Kind::archive, fmt::format("instance '{}' has no archive", name),
+                     {.near_miss = text::closest(name, [&] {
+                        std::vector<std::string> names;
+                        for (const auto& a : list_archived()) names.push_back(a.id);
+                        return names;
+                      }()).value_or("")});
+    name = newest->name;
+  }
+  if (name.find('/') != std::string::npos)
+    throw UsageError(fmt::format("'{}' is not an archive name; archive names look like <id>__<timestamp>", name));
+  const std::string old_id = name.substr(0, name.rfind("__"));
+  validate_id(old_id);
+  const stdfs::path from = archive_root() / name;
+  if (!exists_nofollow(from)) {
+    std::vector<std::string> names;
+    for (const auto& a : list_archived()) names.push_back(a.name);
+    throw NotFound(NotFound::Kind::archive, fmt::format("archive '{}' not found", name),
+                   {.near_miss = text::closest(name, names).value_or("")});
+  }
+  // Which id.
+  std::string id(new_id);
+  if (!id.empty()) {
+    validate_id(id);
+    if (exists_nofollow(root_ / id))
+      throw UsageError(fmt::format("instance '{}' already exists; choose another id for the restored archive", id));
+  } else {
+    id = old_id;
+    for (int n = 1; exists_nofollow(root_ / id) || exists_nofollow(output_root() / id); ++n)
+      id = n == 1 ? old_id + "-restored" : fmt::format("{}-restored-{}", old_id, n);
+    if (id.size() > 63) throw UsageError(fmt::format("'{}' is taken; give the restored instance a new id", old_id));
+  }
+  const stdfs::path base = root_ / id;
+  const stdfs::path output = output_root() / id;
+  if (exists_nofollow(output) && !stdfs::is_empty(output))
+    throw UsageError(fmt::format(
+        "the output folder {} already exists and is not empty; move it away or choose another id", output.string()));
+
+  // The metadata first (in the archive, where a failure changes nothing), then the renames.
+  Metadata meta;
+  if (auto text = fs::read_file(from / "metadata.json")) {
+    auto raw = nlohmann::json::parse(*text, nullptr, false);
+    if (raw.is_object()) meta.raw = std::move(raw);
+  }
+  meta.raw["id"] = id;
+  meta.raw["workspace"] = (base / "workspace").string();
+  meta.raw.erase("archived");
+  meta.raw.erase("archived_at");
+  meta.raw["restored_at"] = timeutil::iso_utc();
+  meta.raw["restored_from"] = name;
+  write_metadata(from / "metadata.json", meta);
+  if (exists_nofollow(output)) ::rmdir(output.c_str());
+  check_sys(::rename(from.c_str(), base.c_str()), "rename", base.string());
+  const stdfs::path archived_output = output_root() / name;
+  if (exists_nofollow(archived_output)) {
+    check_sys(::rename(archived_output.c_str(), output.c_str()), "rename", output.string());
+  } else {
+    check_sys(::mkdir(output.c_str(), 0700), "mkdir", output.string());
+    give_to_sandbox_user(output);
+  }
+  fs::sync_dir(root_);
+  Instance inst = load(id, base);
+  audit(inst, "instance.restored", actor, {{"instance_id", id}, {"archive", name}});
+  index_changed(id, root_before);
+  return inst;
+}
+
 Instance Store::create(std::string id, const CreateOptions& options, std::string_view actor) {
   ensure_layout();
   fs::FileLock lock(lock_file());
+  const auto root_before = Index::mtime_ns(root_);
   if (id.empty()) {
     do id = generate_id();
     while (exists_nofollow(root_ / id));
@@ -274,6 +467,7 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
     if (output_made) ::rmdir(output.c_str());
     throw;
   }
+  index_changed(id, root_before);
   return load(id, base);
 }
 
@@ -299,6 +493,7 @@ Instance Store::update(std::string_view id, const UpdateOptions& options, std::s
   if (changes.empty()) return inst;
   write_metadata(inst.metadata_file(), inst.meta);
   audit(inst, "instance.updated", actor, {{"instance_id", inst.id}, {"changes", changes}});
+  index_changed(inst.id, Index::mtime_ns(root_));
   return inst;
 }
 
@@ -307,14 +502,14 @@ stdfs::path Store::removable_base(std::string_view id, std::string_view action) 
   const stdfs::path base = root_ / std::string(id);
   if (std::size_t n = jobs_->active_jobs(base); n > 0)
     throw UsageError(fmt::format(
-        "cannot {} instance '{}': {} job(s) still running; cancel them first (ns-hpc instance jobs {})",
-        action, id, n, id));
+        "cannot {} instance '{}': {} job(s) still running; cancel them first", action, id, n));
   return base;
 }
 
 ArchivedInstance Store::archive(std::string_view id, std::string_view actor) {
   ensure_layout();
   fs::FileLock lock(lock_file());
+  const auto root_before = Index::mtime_ns(root_);
   const stdfs::path base = removable_base(id, "archive");
   stop_executions(id);
   stop_living(id, base, "archived");
@@ -351,12 +546,14 @@ ArchivedInstance Store::archive(std::string_view id, std::string_view actor) {
     check_sys(::rename(output.c_str(), moved.c_str()), "rename", moved.string());
   }
   fs::sync_dir(root_);
+  index_changed(std::string(id), root_before);
   return archived;
 }
 
 void Store::remove(std::string_view id, std::string_view actor) {
   ensure_layout();
   fs::FileLock lock(lock_file());
+  const auto root_before = Index::mtime_ns(root_);
   const stdfs::path base = removable_base(id, "delete");
   stop_executions(id);  // nothing of the instance may still run (and write) while its files go
   stop_living(id, base, "deleted");
@@ -369,6 +566,7 @@ void Store::remove(std::string_view id, std::string_view actor) {
   audit::append(root_ / ".audit.log", "instance.deleted", actor, {{"instance_id", std::string(id)}}, rotation_);
   remove_doomed(doomed);
   if (had_output) remove_doomed(doomed_output);
+  index_changed(std::string(id), root_before);  // after the doomed tree is gone: the folder's last change
 }
 
 Store::Registration::~Registration() {
@@ -451,12 +649,16 @@ void Store::remove_archived(std::string_view name, std::string_view actor) {
   auto sep = name.rfind("__");
   if (sep == std::string_view::npos || name.find('/') != std::string_view::npos)
     throw UsageError(fmt::format(
-        "'{}' is not an archive name; archive names look like <id>__<timestamp> (see 'ns-hpc instance list-archived')",
-        name));
+        "'{}' is not an archive name; archive names look like <id>__<timestamp>", name));
   validate_id(name.substr(0, sep));
   const stdfs::path base = archive_root() / std::string(name);
   if (!exists_nofollow(base))
-    throw UsageError(fmt::format("archive '{}' not found; see 'ns-hpc instance list-archived'", name));
+  {
+    std::vector<std::string> names;
+    for (const auto& a : list_archived()) names.push_back(a.name);
+    throw NotFound(NotFound::Kind::archive, fmt::format("archive '{}' not found", name),
+                   {.near_miss = text::closest(name, names).value_or("")});
+  }
   audit::append(root_ / ".audit.log", "instance.archive_deleted", actor, {{"archive", std::string(name)}}, rotation_);
   fs::remove_tree(base);
   fs::remove_tree(output_root() / std::string(name));
@@ -520,6 +722,9 @@ sandbox::Target Store::sandbox_target(const Instance& instance) const {
 void Store::audit(const Instance& instance, std::string_view event, std::string_view actor,
                   nlohmann::json fields) const {
   audit::append(instance.audit_log(), event, actor, std::move(fields), rotation_);
+  // Every audited event is activity: noted for the index, written with the next batch.
+  index_->note_activity(instance.id, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         Clock::now().time_since_epoch()).count());
 }
 
 void Store::audit_store(std::string_view event, std::string_view actor, nlohmann::json fields) const {

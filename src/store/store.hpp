@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -29,11 +30,13 @@
 #include <nlohmann/json.hpp>
 
 #include "audit/audit.hpp"
+#include "base/error.hpp"
 #include "base/fd.hpp"
 #include "base/safe_path.hpp"
 #include "base/users.hpp"
 #include "config/config.hpp"
 #include "sandbox/sandbox.hpp"
+#include "store/index.hpp"
 
 namespace nshpc::store {
 
@@ -94,6 +97,15 @@ struct Listing {
   std::vector<CorruptInstance> corrupt;
 };
 
+// One page of a listing (Store::list_page): the instances of the page, in order, and how many
+// match in all.
+struct Page {
+  std::vector<Instance> instances;
+  std::size_t total = 0;                // usable instances matching the query
+  std::vector<CorruptInstance> corrupt;  // every unusable one matching the query
+  bool indexed = true;                   // false: the index could not be used, the tree was walked
+};
+
 // The jobs layer answers whether an instance still has live jobs (archive/delete refuse then).
 class JobsGuard {
  public:
@@ -131,6 +143,9 @@ class Store {
   // `owner_uid/gid`: when set, the workspace and output folders are chowned to them (the server
   // runs as root and bwrap runs as this unprivileged uid).
   Store(const config::Config& config, JobsGuard& jobs);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
 
   const stdfs::path& root() const { return root_; }
   // Who answers "does this instance still have jobs?" (the job engine, once it exists).
@@ -150,7 +165,18 @@ class Store {
   // True when an instance folder with a metadata.json exists (even a corrupt one).
   bool exists(std::string_view id) const;
   Listing list() const;
+  // A page of the active instances matching `query`, from the listing index (store/index.hpp);
+  // when the index cannot be used, from a walk of the tree (the same answer, slower).
+  Page list_page(const ListQuery& query) const;
   std::vector<ArchivedInstance> list_archived() const;
+  // The newest archive of `id` (archived under that id), if any.
+  std::optional<ArchivedInstance> latest_archive(std::string_view id) const;
+  // The active instance id closest to `id` (a likely typo), if one is close.
+  std::optional<std::string> near_miss(std::string_view id) const;
+  // Brings an archive back as an active instance: `archive` is an archive name (<id>__<ts>) or an
+  // id (its newest archive). It becomes `new_id` when given (UsageError when taken), else its old
+  // id, or when that is taken now "<id>-restored", "<id>-restored-2", ...
+  Instance restore(std::string_view archive, std::string_view new_id, std::string_view actor);
   Instance update(std::string_view id, const UpdateOptions& options, std::string_view actor);
   ArchivedInstance archive(std::string_view id, std::string_view actor);
   // Purges an instance: refused while it has jobs; stops the executions registered for it, then
@@ -217,6 +243,10 @@ class Store {
   stdfs::path output_root() const { return root_ / "output"; }
   stdfs::path archive_root() const { return root_ / ".archived"; }
   void ensure_layout() const;
+  NotFound instance_not_found(std::string_view id) const;  // with the archive and near miss, when any
+  std::optional<IndexEntry> index_entry(const std::string& id) const;  // the index's Reader
+  std::vector<std::string> instance_names() const;                     // the index's Lister
+  void index_changed(const std::string& id, std::optional<std::int64_t> root_mtime_before) const;
   Instance load(std::string_view id, const stdfs::path& base) const;
   void give_to_sandbox_user(const stdfs::path& dir) const;
   // The folder of an existing instance that has no live jobs (archive/delete), else UsageError.
@@ -244,6 +274,7 @@ class Store {
   std::optional<users::Identity> owner_;  // users::sandbox_owner
   JobsGuard* jobs_;
   LivingStop living_stop_;
+  std::unique_ptr<Index> index_;  // the listing index, opened at the first listing
 };
 
 }  // namespace nshpc::store

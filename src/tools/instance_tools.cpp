@@ -1,5 +1,6 @@
 // create_instance, list_instances, list_archived_instances, describe_instance, update_instance,
-// stop_instance, restart_instance, archive_instance, delete_instance.
+// stop_instance, restart_instance, archive_instance, restore_instance, delete_instance.
+#include <algorithm>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -44,7 +45,9 @@ const json kInstanceSchema = output_object(
      {"memory_bytes", {{"type", "integer"}, {"description", "their resident memory"}}},
      {"last_end", {{"type", "string"}, {"description", "why it stopped last time"}}},
      {"ended_at", {{"type", "string"}, {"description", "ISO 8601, UTC"}}},
-     {"state_error", {{"type", "string"}, {"description", "why the state is unknown"}}}},
+     {"state_error", {{"type", "string"}, {"description", "why the state is unknown"}}},
+     {"archive_of_same_id", {{"type", "string"}, {"description", "create_instance: an archive of this id exists"}}},
+     {"restored_from", {{"type", "string"}, {"description", "restore_instance: the archive it came from"}}}},
     {"id", "created_at", "last_activity", "network", "persistent", "workspace", "output"});
 
 const json kPersistentArg = {
@@ -143,18 +146,35 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
             options.description = string_arg(args, "description");
             options.network = arg_network(args);
             options.persistent = arg_persistent(args);
-            store::Instance inst = ctx.services.store.create(string_arg(args, "instance_id"), options, actor(rc));
+            const std::string asked = string_arg(args, "instance_id");
+            store::Instance inst = ctx.services.store.create(asked, options, actor(rc));
             server.notify_resource_list_changed();
-            return mcp::ToolResult::text(
-                fmt::format("Created instance '{}' (network {}, {}). Its workspace is {} inside the sandbox and "
-                            "persists between commands; results meant to be kept go to {}.",
-                            inst.id, config::to_string(inst.network),
-                            inst.persistent ? "persistent: its sandbox starts with the first command"
-                                            : "not persistent: a fresh sandbox per command",
-                            ctx.services.config.ns.workspace_mount, ctx.services.config.ns.output_mount),
-                agent_instance_json(ctx, inst));
+            std::string text = fmt::format(
+                "Created instance '{}' (network {}, {}). Its workspace is {} inside the sandbox and "
+                "persists between commands; results meant to be kept go to {}.",
+                inst.id, config::to_string(inst.network),
+                inst.persistent ? "persistent: its sandbox starts with the first command"
+                                : "not persistent: a fresh sandbox per command",
+                ctx.services.config.ns.workspace_mount, ctx.services.config.ns.output_mount);
+            json out = agent_instance_json(ctx, inst);
+            if (auto archive = asked.empty() ? std::nullopt : ctx.services.store.latest_archive(inst.id)) {
+              text += fmt::format(
+                  " Note: an archive of '{}' exists ({}, archived {}); this is a new, empty instance. "
+                  "restore_instance with archive_name '{}' and a new instance_id brings the archive back.",
+                  inst.id, archive->name, archive->meta.archived_at().substr(0, 10), archive->name);
+              out["archive_of_same_id"] = archive->name;
+            }
+            return mcp::ToolResult::text(text, std::move(out));
           },
   });
+}
+
+constexpr std::int64_t kDefaultPageSize = 50;
+constexpr std::int64_t kMaxPageSize = 500;
+
+std::int64_t int_arg(const json& args, const char* name, std::int64_t fallback) {
+  auto it = args.find(name);
+  return it != args.end() && it->is_number_integer() ? it->get<std::int64_t>() : fallback;
 }
 
 void add_list(mcp::Server& server, const ToolContext& ctx) {
@@ -162,28 +182,85 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
       .name = "list_instances",
       .title = "List instances",
       .description =
-          "List the active (not archived) instances, sorted by id, with their description, network mode, "
-          "last activity, and whether each is persistent and then running. Use it to find an instance to work "
-          "in before creating a new one.",
-      .input = input_object(json::object()),
-      .output = output_object({{"instances", {{"type", "array"}, {"items", kInstanceSchema}}},
-                               {"count", of_type("integer")}},
-                              {"instances", "count"}),
+          "List the active (not archived) instances, a page at a time, most recently active first (or by id), "
+          "with description, network mode, last activity and, for a persistent instance, whether it runs. "
+          "`filter` keeps those whose id or description contains the text. Use it to find an instance to work "
+          "in before creating a new one; pass next_cursor back as `cursor` for the next page.",
+      .input = input_object(
+          {{"filter", {{"type", "string"}, {"description", "Text the id or description contains (case-insensitive)."}}},
+           {"sort",
+            {{"type", "string"},
+             {"enum", {"last_activity", "id"}},
+             {"description", "'last_activity' (default): most recently active first; 'id': alphabetical."}}},
+           {"limit",
+            {{"type", "integer"},
+             {"minimum", 1},
+             {"maximum", kMaxPageSize},
+             {"description", fmt::format("Instances per page (default {}).", kDefaultPageSize)}}},
+           {"offset", {{"type", "integer"}, {"minimum", 0}, {"description", "Instances to skip (default 0)."}}},
+           {"cursor", {{"type", "string"}, {"description", "next_cursor of the previous page (instead of offset)."}}}}),
+      .output = output_object(
+          {{"instances", {{"type", "array"}, {"items", kInstanceSchema}}},
+           {"count", {{"type", "integer"}, {"description", "instances on this page"}}},
+           {"total", {{"type", "integer"}, {"description", "instances matching the filter"}}},
+           {"offset", {{"type", "integer"}, {"description", "position of this page's first instance"}}},
+           {"next_cursor", {{"type", "string"}, {"description", "pass as cursor for the next page; absent on the last"}}},
+           {"skipped", {{"type", "array"}, {"items", of_type("string")}, {"description", "ids with an unusable metadata.json"}}}},
+          {"instances", "count", "total", "offset"}),
       .hints = {.read_only = true},
       .handler =
-          [ctx](const json&, mcp::RequestContext&) {
-            store::Listing listing = ctx.services.store.list();
+          [ctx](const json& args, mcp::RequestContext&) {
+            store::ListQuery query;
+            query.filter = string_arg(args, "filter");
+            query.sort = string_arg(args, "sort") == "id" ? store::SortBy::id : store::SortBy::last_activity;
+            query.limit = static_cast<std::size_t>(std::clamp<std::int64_t>(int_arg(args, "limit", kDefaultPageSize), 1, kMaxPageSize));
+            query.offset = static_cast<std::size_t>(std::max<std::int64_t>(0, int_arg(args, "offset", 0)));
+            if (const std::string cursor = string_arg(args, "cursor"); !cursor.empty()) {
+              std::size_t used = 0;
+              try {
+                query.offset = std::stoull(cursor, &used);
+              } catch (const std::exception&) {
+                used = 0;
+              }
+              if (used != cursor.size() || cursor[0] == '-')
+                throw UsageError(fmt::format("cursor '{}' is not one list_instances gave; pass its next_cursor as it is",
+                                             text::truncate_utf8(cursor, 40)));
+            }
+            store::Page page = ctx.services.store.list_page(query);
             json items = json::array();
-            std::string text = listing.instances.empty() ? "No instances yet; create one with create_instance."
-                                                         : fmt::format("{} instance(s):", listing.instances.size());
-            for (const auto& inst : listing.instances) {
+            std::string text;
+            if (page.total == 0) {
+              text = query.filter.empty() ? "No instances yet; create one with create_instance."
+                                          : fmt::format("No instance matches '{}'.", query.filter);
+            } else if (page.instances.empty()) {
+              text = fmt::format("No instances from position {} on ({} in all).", query.offset, page.total);
+            } else {
+              text = fmt::format("{} instance(s){}{}, {} to {}:", page.total,
+                                 query.filter.empty() ? "" : fmt::format(" matching '{}'", query.filter),
+                                 query.sort == store::SortBy::id ? " by id" : ", most recently active first",
+                                 query.offset + 1, query.offset + page.instances.size());
+            }
+            for (const auto& inst : page.instances) {
               json item = agent_instance_json(ctx, inst);
               add_living_state(ctx, inst, item);  // persistent instances only: the others cost nothing
               text += "\n- " + describe_line(inst, item);
               items.push_back(std::move(item));
             }
-            for (const auto& bad : listing.corrupt) text += fmt::format("\n(skipped '{}': {})", bad.id, bad.problem);
-            return mcp::ToolResult::text(text, json{{"instances", items}, {"count", items.size()}});
+            json out = {{"instances", items}, {"count", items.size()}, {"total", page.total}, {"offset", query.offset}};
+            const std::size_t next = query.offset + page.instances.size();
+            if (!page.instances.empty() && next < page.total) {
+              out["next_cursor"] = std::to_string(next);
+              text += fmt::format("\n{} more: call list_instances with cursor \"{}\".", page.total - next, next);
+            }
+            if (!page.corrupt.empty()) {
+              json skipped = json::array();
+              for (const auto& bad : page.corrupt) {
+                skipped.push_back(bad.id);
+                text += fmt::format("\n(skipped '{}': {})", bad.id, bad.problem);
+              }
+              out["skipped"] = std::move(skipped);
+            }
+            return mcp::ToolResult::text(text, std::move(out));
           },
   });
 }
@@ -200,7 +277,7 @@ void add_list_archived(mcp::Server& server, const ToolContext& ctx) {
       .title = "List archived instances",
       .description =
           "List archived instances with the archive name (<id>__<timestamp>) and when they were archived. "
-          "Archived instances keep their files on the host but accept no commands.",
+          "Archived instances keep their files on the host but accept no commands until restore_instance brings them back.",
       .input = input_object(json::object()),
       .output = output_object({{"archives", {{"type", "array"}, {"items", archive}}}, {"count", of_type("integer")}},
                               {"archives", "count"}),
@@ -407,8 +484,8 @@ void add_archive(mcp::Server& server, const ToolContext& ctx) {
       .title = "Archive an instance",
       .description =
           "Archive an instance: it disappears from list_instances and accepts no more commands; its files "
-          "stay on the host under the returned archive name, and the id can be used again. Refused while jobs "
-          "run in it; a persistent instance's sandbox is stopped first.",
+          "stay on the host under the returned archive name, and the id can be used again. restore_instance "
+          "brings it back. Refused while jobs run in it; a persistent instance's sandbox is stopped first.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
       .output = output_object({{"instance_id", of_type("string")},
                                {"archive_name", of_type("string")},
@@ -422,8 +499,37 @@ void add_archive(mcp::Server& server, const ToolContext& ctx) {
             server.notify_resource_list_changed();
             server.notify_resource_updated(instance_uri(id));
             return mcp::ToolResult::text(
-                fmt::format("Archived instance '{}' as {}.", id, archived.name),
+                fmt::format("Archived instance '{}' as {}; restore_instance brings it back.", id, archived.name),
                 json{{"instance_id", id}, {"archive_name", archived.name}, {"archived_at", archived.meta.archived_at()}});
+          },
+  });
+}
+
+void add_restore(mcp::Server& server, const ToolContext& ctx) {
+  add_tool(server, {
+      .name = "restore_instance",
+      .title = "Restore an archived instance",
+      .description =
+          "Bring an archived instance back with its files: archive_name as list_archived_instances gives it "
+          "(<id>__<timestamp>), or just the old id for its newest archive. It gets its old id, or instance_id "
+          "when given; when the old id is taken it becomes '<id>-restored'. Returns the instance.",
+      .input = input_object(
+          {{"archive_name",
+            {{"type", "string"}, {"description", "The archive (<id>__<timestamp>), or an id for its newest archive."}}},
+           {"instance_id", kInstanceIdArg}},
+          {"archive_name"}),
+      .output = kInstanceSchema,
+      .hints = {.destructive = false, .idempotent = false},
+      .handler =
+          [ctx, &server](const json& args, mcp::RequestContext& rc) {
+            store::Instance inst = ctx.services.store.restore(string_arg(args, "archive_name"),
+                                                              string_arg(args, "instance_id"), actor(rc));
+            server.notify_resource_list_changed();
+            json out = agent_instance_json(ctx, inst);
+            const std::string from = inst.meta.raw.value("restored_from", "");
+            out["restored_from"] = from;
+            return mcp::ToolResult::text(
+                fmt::format("Restored {} as instance '{}' with its workspace and output.", from, inst.id), out);
           },
   });
 }
@@ -473,6 +579,7 @@ void add_instance_tools(mcp::Server& server, const ToolContext& ctx) {
   add_stop(server, ctx);
   add_restart(server, ctx);
   add_archive(server, ctx);
+  add_restore(server, ctx);
   add_delete(server, ctx);
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "base/error.hpp"
 #include "mcp/server.hpp"
 #include "tools/tools.hpp"
 
@@ -40,6 +41,9 @@ struct ToolSpec {
   ToolHandler handler;
 };
 void add_tool(mcp::Server& server, ToolSpec spec);
+// What an agent does about something not found, naming tools: "restore_instance brings it back
+// (archive_name 'x__...')", "did you mean 'x'? list_instances lists the active ones".
+std::string not_found_advice(const NotFound& e);
 
 // ---------------------------------------------------------------------------------------------
 // Schema fragments.

@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "base/fs.hpp"
+#include "base/text.hpp"
 #include "jobs/jobs.hpp"
 #include "tools/internal.hpp"
 
@@ -73,6 +75,20 @@ json resources_arg(const config::Config& cfg) {
                           "server's setting."}};
 }
 
+// Slurm is offered where its submit program is configured and installed: sbatch_command's program
+// on PATH (the controller answering is for `ns-hpc doctor` to check, not for every tools/list).
+bool slurm_configured(const config::Config& cfg) {
+  return !cfg.jobs.slurm.sbatch_command.empty() && fs::find_program(cfg.jobs.slurm.sbatch_command.front());
+}
+
+json mode_arg(const config::Config& cfg) {
+  if (!slurm_configured(cfg))
+    return {{"type", "string"}, {"enum", {"local"}}, {"description", "Where to run: 'local' (this node; no Slurm here)."}};
+  return {{"type", "string"},
+          {"enum", {"local", "slurm"}},
+          {"description", "Where to run: 'local' (this node, default) or 'slurm' (the cluster)."}};
+}
+
 json timeout_arg(const config::Config& cfg, const std::string& what, std::int64_t fallback) {
   return {{"type", "integer"},
           {"minimum", 0},
@@ -123,6 +139,19 @@ std::string job_line(const jobs::Record& r) {
                      r.exit_code ? fmt::format(" ({})", *r.exit_code) : "", where, r.command.substr(0, 80));
 }
 
+// A Slurm submit that fails says what Slurm said, in words an agent can act on.
+jobs::Record submit_or_say_why(const ToolContext& ctx, const jobs::SubmitRequest& req, const std::string& who) {
+  try {
+    return ctx.services.jobs->submit(req, who);
+  } catch (const jobs::SchedulerError& e) {
+    if (req.mode != jobs::Mode::slurm) throw;
+    throw UsageError(fmt::format(
+        "the Slurm cluster did not take the job: {}. Its controller may not be answering; run the job with mode "
+        "\"local\" meanwhile, and ask the server's operator to run `ns-hpc doctor`, which checks Slurm",
+        text::truncate_utf8(e.what(), 400)));
+  }
+}
+
 void add_submit(mcp::Server& server, const ToolContext& ctx) {
   const config::Config& cfg = ctx.services.config;
   add_tool(server, {
@@ -145,9 +174,7 @@ void add_submit(mcp::Server& server, const ToolContext& ctx) {
            {"tail", kTailArg},
            {"limits", limits_arg(cfg)},
            {"resources", resources_arg(cfg)},
-           {"mode", {{"type", "string"},
-                     {"enum", {"local", "slurm"}},
-                     {"description", "Where to run: 'local' (this node, default) or 'slurm' (the cluster)."}}}},
+           {"mode", mode_arg(cfg)}},
           {"command"}),
       .output = job_schema(),
       .hints = {.destructive = true, .open_world = true},
@@ -170,7 +197,7 @@ void add_submit(mcp::Server& server, const ToolContext& ctx) {
               throw UsageError("`resources` are for mode \"slurm\"; local jobs take `limits`");
             if (auto it = args.find(req.mode == jobs::Mode::slurm ? "resources" : "limits"); it != args.end())
               for (const auto& [name, value] : it->items()) req.limits.values[name] = value.get<std::int64_t>();
-            jobs::Record rec = ctx.services.jobs->submit(req, actor(rc));
+            jobs::Record rec = submit_or_say_why(ctx, req, actor(rc));
             return wait_for(ctx, rec.instance_id, rec.id, args.value("timeout", 30), args, rc);
           },
   });

@@ -45,23 +45,56 @@ struct Document {
   std::int64_t size = 0;
 };
 
+// What each built-in guide is for, as the resource's description (the agent picks by it).
+std::string guide_description(const std::string& name) {
+  static const std::map<std::string, std::string, std::less<>> kGuides = {
+      {"ns-hpc.md", "Start here: instances, their workspace and output, which tool does what, network modes."},
+      {"jobs.md", "terminal_execute or a job: when to wait and when to submit, polling, limits, cancelling, Slurm mode."},
+      {"sandbox.md", "Inside the sandbox: which files persist, your identity and limits, good habits."},
+      {"slurm.md", "Slurm basics for cluster jobs: compute nodes, resources, why a job is pending."},
+  };
+  auto it = kGuides.find(name);
+  return it != kGuides.end() ? it->second : "Built-in guide to using ns-hpc: " + name;
+}
+
 class Resources final : public mcp::ResourceProvider {
  public:
   explicit Resources(ToolContext ctx) : ctx_(std::move(ctx)) {}
 
   std::vector<mcp::Resource> list() override {
+    std::size_t total = 0;
+    return list_range(0, 0, total);
+  }
+
+  // The documents, then the instances by id: one page of them from the store's index.
+  std::vector<mcp::Resource> list_range(std::size_t start, std::size_t count, std::size_t& total) override {
     std::vector<mcp::Resource> out;
-    for (const auto& [name, doc] : documents()) {
+    const auto docs = documents();
+    std::size_t position = 0;
+    for (const auto& [name, doc] : docs) {
+      if (position++ < start || (count != 0 && out.size() >= count)) continue;
       out.push_back({std::string(kContextPrefix) + name, name, title_of(name),
-                     doc.file ? "Context document from " + doc.file->parent_path().string()
-                              : "Built-in guide to using ns-hpc",
+                     doc.file ? "Context document from " + doc.file->parent_path().string() : guide_description(name),
                      mime_for(name), doc.size});
     }
-    for (const auto& inst : ctx_.services.store.list().instances) {
+    store::ListQuery query;
+    query.sort = store::SortBy::id;
+    query.offset = start > docs.size() ? start - docs.size() : 0;
+    query.limit = count == 0 ? 0 : count - out.size();
+    store::Page page;
+    if (count == 0 || query.limit > 0) {
+      page = ctx_.services.store.list_page(query);
+    } else {
+      query.limit = 1;  // only the total is needed
+      page = ctx_.services.store.list_page(query);
+      page.instances.clear();
+    }
+    for (const auto& inst : page.instances) {
       out.push_back({instance_uri(inst.id), "instance " + inst.id, "Instance " + inst.id,
                      inst.meta.description().empty() ? "An ns-hpc instance" : inst.meta.description(),
                      "application/json", std::nullopt});
     }
+    total = docs.size() + page.total;
     return out;
   }
 

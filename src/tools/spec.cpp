@@ -25,17 +25,28 @@ void add_tool(mcp::Server& server, ToolSpec spec) {
   tool.output_schema = std::move(spec.output);
   tool.annotations = annotations(spec.hints);
   tool.accept_input_wrapper = true;
-  // What is not found is said with the tool that lists what there is.
+  // What is not found is said with the tool that brings it back or lists what there is.
   tool.handler = [handler = std::move(spec.handler)](const json& args, mcp::RequestContext& rc) {
     try {
       return handler(args, rc);
     } catch (const NotFound& e) {
-      throw UsageError(fmt::format("{}; {}", e.what(),
-                                   e.kind() == NotFound::Kind::instance ? "list_instances lists the active ones"
-                                                                        : "list_jobs lists the instance's jobs"));
+      throw UsageError(fmt::format("{}; {}", e.what(), not_found_advice(e)));
     }
   };
   server.add_tool(std::move(tool));
+}
+
+std::string not_found_advice(const NotFound& e) {
+  const NotFound::Facts& f = e.facts();
+  if (e.kind() == NotFound::Kind::instance && !f.archive_name.empty())
+    return fmt::format("restore_instance brings it back (archive_name '{}')", f.archive_name);
+  std::string advice = f.near_miss.empty() ? "" : fmt::format("did you mean '{}'? ", f.near_miss);
+  switch (e.kind()) {
+    case NotFound::Kind::instance: return advice + "list_instances lists the active ones";
+    case NotFound::Kind::job: return advice + "list_jobs lists the instance's jobs";
+    case NotFound::Kind::archive: return advice + "list_archived_instances lists the archives";
+  }
+  return advice;
 }
 
 json of_type(const char* type) { return {{"type", type}}; }

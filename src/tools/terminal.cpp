@@ -28,6 +28,7 @@ constexpr std::size_t kOutputLimitBytes = 2 * 1024 * 1024;  // stdout + stderr c
 constexpr std::int64_t kDefaultTimeoutSeconds = 120;
 constexpr int kTimeoutExitCode = 124;
 constexpr int kOutputLimitExitCode = 1;
+constexpr int kNotRunExitCode = 127;  // as a shell's "command not found"
 constexpr std::chrono::milliseconds kPollSlice{50};        // cancellation is noticed within this
 constexpr std::chrono::seconds kProgressInterval{1};
 
@@ -134,7 +135,8 @@ void append_note(std::string& err, const std::string& note) {
   err += note;
 }
 
-mcp::ToolResult make_result(const config::Config& cfg, const Request& req, sandbox::CaptureResult o) {
+mcp::ToolResult make_result(const config::Config& cfg, const Request& req, const store::Instance& inst,
+                            sandbox::CaptureResult o) {
   int exit_code = o.status.exit_code;
   switch (o.ending) {
     case sandbox::Ending::finished: break;
@@ -159,21 +161,27 @@ mcp::ToolResult make_result(const config::Config& cfg, const Request& req, sandb
   if (o.ending == sandbox::Ending::finished && !o.status.started) {
     // bwrap could not set up the sandbox or execute the command; its own message is on stderr
     // (e.g. "bwrap: Can't chdir to /x: No such file or directory", "bwrap: execvp prog: ...").
+    // With a message that is the command's failure, as a shell reports one: exit 127, the message
+    // in stderr, whether it came as `args` or as a `command` (bash says "command not found").
     std::string said = text::sanitize_utf8(o.err);
     while (!said.empty() && (said.back() == '\n' || said.back() == ' ')) said.pop_back();
-    if (!said.empty()) return mcp::ToolResult::error("the command could not be run in the sandbox: " + said);
-    return mcp::ToolResult::error(o.status.error.empty() ? "the sandbox did not start" : o.status.error);
+    if (said.empty())
+      return mcp::ToolResult::error(o.status.error.empty() ? "the sandbox did not start" : o.status.error);
+    exit_code = kNotRunExitCode;
   }
   const std::string out = text::sanitize_utf8(o.out);
   const std::string err = text::sanitize_utf8(o.err);
   const std::int64_t ms = o.duration.count();
   // The text keeps the original's key order; structuredContent adds the instance.
-  nlohmann::ordered_json text = {{"stdout", out}, {"stderr", err}, {"exit_code", exit_code}, {"exec_duration_ms", ms}};
+  const std::string network(config::to_string(inst.network));
+  nlohmann::ordered_json text = {
+      {"stdout", out}, {"stderr", err}, {"exit_code", exit_code}, {"exec_duration_ms", ms}, {"network", network}};
   json structured = {{"stdout", out},
                      {"stderr", err},
                      {"exit_code", exit_code},
                      {"exec_duration_ms", ms},
-                     {"instance_id", req.instance_id}};
+                     {"instance_id", req.instance_id},
+                     {"network", network}};
   return mcp::ToolResult::text(text.dump(), std::move(structured));
 }
 
@@ -201,7 +209,8 @@ std::string tool_description(const config::Config& cfg, bool share_pids) {
       "that prints more is killed (exit_code 1, the first bytes kept, a note at the end of stderr), so "
       "narrow big output with head, tail or grep or write it to a file. A non-zero exit code is a normal "
       "result, not a tool error. Output is decoded as UTF-8 (invalid bytes become U+FFFD): keep binary data "
-      "in files. The network is the instance's setting ('host' or 'off', see update_instance).",
+      "in files. The result's network is the instance's mode: 'off' has only its own loopback (no internet, "
+      "no name lookups), 'host' shares the host's network; update_instance changes it.",
       fmt::arg("pids", share_pids ? "" : " (a later call cannot ps or kill them; restart_instance ends them)"),
       fmt::arg("ws", ws), fmt::arg("out", outdir), fmt::arg("def", kDefaultTimeoutSeconds),
       fmt::arg("max", cfg.jobs.max_timeout), fmt::arg("limit", kOutputLimitBytes));
@@ -239,14 +248,15 @@ void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
                                {"stderr", of_type("string")},
                                {"exit_code", of_type("integer")},
                                {"exec_duration_ms", of_type("integer")},
-                               {"instance_id", of_type("string")}},
-                              {"stdout", "stderr", "exit_code", "exec_duration_ms", "instance_id"}),
+                               {"instance_id", of_type("string")},
+                               {"network", {{"type", "string"}, {"description", "the instance's network mode"}}}},
+                              {"stdout", "stderr", "exit_code", "exec_duration_ms", "instance_id", "network"}),
       .hints = {.destructive = true, .idempotent = false, .open_world = true},
       .handler =
           [ctx](const json& args, mcp::RequestContext& rc) {
             const Request req = parse_request(args, ctx.services.config, ctx);
             const store::Instance inst = ctx.services.store.get(req.instance_id);
-            return make_result(ctx.services.config, req, execute(ctx, inst, req, rc));
+            return make_result(ctx.services.config, req, inst, execute(ctx, inst, req, rc));
           },
   });
 }

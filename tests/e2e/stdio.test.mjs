@@ -27,9 +27,10 @@ const TOOL_NAMES = [
   'describe_instance',
   'update_instance',
   'archive_instance',
+  'restore_instance',
   'delete_instance',
 ];
-const BUILTIN_DOCS = ['ns-hpc.md', 'sandbox.md', 'slurm.md'];
+const BUILTIN_DOCS = ['ns-hpc.md', 'jobs.md', 'sandbox.md', 'slurm.md'];
 const CONTEXT = 'resource://ns-hpc/context/';
 const INSTANCE = 'resource://ns-hpc/instances/';
 const CUSTOM_DOC = 'e2e-custom-notes.md';

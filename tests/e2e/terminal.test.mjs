@@ -85,7 +85,7 @@ describe('terminal_execute', () => {
     for (const p of ['instance_id', 'command', 'args', 'stdin', 'working_directory', 'timeout'])
       assert.ok(tool.inputSchema.properties[p], `input property ${p}`);
     assert.equal(tool.inputSchema.properties.timeout.type, 'integer');
-    assert.deepEqual([...tool.outputSchema.required].sort(), ['exec_duration_ms', 'exit_code', 'instance_id', 'stderr', 'stdout']);
+    assert.deepEqual([...tool.outputSchema.required].sort(), ['exec_duration_ms', 'exit_code', 'instance_id', 'network', 'stderr', 'stdout']);
     assert.equal(tool.annotations.readOnlyHint, false);
     assert.equal(tool.annotations.destructiveHint, true);
     assert.equal(tool.annotations.openWorldHint, true);
@@ -149,14 +149,14 @@ describe('terminal_execute', () => {
     assert.equal(tmp.out.stdout, '/tmp\n');
     const dflt = await run({ command: 'pwd', working_directory: '' });
     assert.equal(dflt.out.stdout, '/workspace\n');
-    // A folder that does not exist: the sandbox cannot start, a tool error saying so.
-    await refused(
-      { command: 'pwd', working_directory: '/workspace/no/such/dir' },
-      /^the command could not be run in the sandbox: bwrap: .*\/workspace\/no\/such\/dir/,
-    );
-    // args naming a program that does not exist: the same kind of tool error.
-    await refused({ args: ['no-such-program-x', 'a'] }, /no-such-program-x/);
-    // Through the shell it is a normal result: exit 127.
+    // A folder that does not exist: the command cannot be run, exit 127 with the sandbox's message.
+    const nodir = await run({ command: 'pwd', working_directory: '/workspace/no/such/dir' });
+    assert.equal(nodir.out.exit_code, 127);
+    assert.match(nodir.out.stderr, /\/workspace\/no\/such\/dir/);
+    // A program that does not exist: exit 127 with the message in stderr, as args and through the shell.
+    const direct = await run({ args: ['no-such-program-x', 'a'] });
+    assert.equal(direct.out.exit_code, 127);
+    assert.match(direct.out.stderr, /no-such-program-x/);
     const sh = await run({ command: 'no-such-program-x' });
     assert.equal(sh.out.exit_code, 127);
     assert.match(sh.out.stderr, /not found/);

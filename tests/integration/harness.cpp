@@ -69,6 +69,17 @@ Env::~Env() {
     if (keeper > 1) ::kill(keeper, SIGKILL);
   }
   ec.clear();
+  // The listing index this store left in the state folder outside root_ (as root
+  // /var/lib/ns-hpc/index): the one whose database names our instances folder.
+  for (const auto& entry : fs::directory_iterator("/var/lib/ns-hpc/index", ec)) {
+    const std::string db = entry.path().string();
+    if (entry.path().extension() != ".sqlite") continue;
+    if (read_text(db).find(instances().string()) == std::string::npos &&
+        read_text(db + "-wal").find(instances().string()) == std::string::npos)
+      continue;
+    for (const char* suffix : {"", "-wal", "-shm", ".activity"}) ::unlink((db + suffix).c_str());
+  }
+  ec.clear();
   // Workspaces belong to the sandbox uid; root (or the owner) can remove them.
   fs::remove_all(root_, ec);
   if (ec) std::system(("chmod -R u+rwX '" + root_.string() + "' 2>/dev/null; rm -rf '" + root_.string() + "'").c_str());

@@ -81,6 +81,7 @@ class InstanceToolsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     config_.ns.instances_dir = tmp_.path() / "instances";
+    config_.server.state_dir = tmp_.path() / "state";
     config_.ns.sandbox_uid = static_cast<uint32_t>(::getuid());
     config_.ns.sandbox_gid = static_cast<uint32_t>(::getgid());
     config_.ns.idle_stop = 900;
@@ -187,7 +188,7 @@ TEST_F(InstanceToolsTest, ListAsksTheBackendOnlyAboutPersistentInstances) {
   s.memory_bytes = 5 << 20;
   backend_.status["off"].last_end = "idle for 900 s";
 
-  json listed = call("list_instances");
+  json listed = call("list_instances", {{"sort", "id"}});
   ASSERT_FALSE(listed.value("isError", false)) << listed;
   EXPECT_EQ(backend_.calls, (std::vector<std::string>{"status liv", "status off"}));
   const json& items = listed["structuredContent"]["instances"];

@@ -152,6 +152,7 @@ class JobEngine : public ::testing::Test {
  protected:
   void SetUp() override {
     config_.ns.instances_dir = tmp_.path() / "instances";
+    config_.server.state_dir = tmp_.path() / "state";
     config_.ns.sandbox_uid = static_cast<uint32_t>(::getuid());  // no chown in unit tests
     config_.ns.sandbox_gid = static_cast<uint32_t>(::getgid());
     config_.jobs.local.use_cgroups = false;

@@ -1025,7 +1025,10 @@ TEST_F(McpTest, ToolCallSuccessAndErrors) {
 
   auto unknown = c.tool("nope");
   EXPECT_EQ(error_code(unknown), mcp::kInvalidParams);
-  EXPECT_EQ(error_message(unknown), "unknown tool 'nope'");
+  EXPECT_TRUE(has(error_message(unknown), "unknown tool 'nope'; the tools are: ")) << error_message(unknown);
+  EXPECT_TRUE(has(error_message(unknown), "echo")) << error_message(unknown);
+  auto near = c.tool("ecko");
+  EXPECT_TRUE(has(error_message(near), "unknown tool 'ecko'; did you mean 'echo'?")) << error_message(near);
   auto no_name = c.call("tools/call", {{"arguments", json::object()}});
   EXPECT_EQ(error_message(no_name), "params.name: missing");
   auto num_name = c.call("tools/call", {{"name", 3}});

@@ -14,6 +14,10 @@
 #include "base/fs.hpp"
 #include "common/temp_dir.hpp"
 #include "store/store.hpp"
+#include "base/text.hpp"
+
+#include <fmt/format.h>
+#include <thread>
 
 namespace fs = std::filesystem;
 using nshpc::Error;
@@ -30,6 +34,7 @@ class StoreTest : public ::testing::Test {
     config_.ns.instances_dir = root_;
     config_.ns.sandbox_uid = static_cast<uint32_t>(::getuid());  // no chown in unit tests
     config_.ns.sandbox_gid = static_cast<uint32_t>(::getgid());
+    config_.server.state_dir = tmp_.path() / "state";  // the listing index, outside instances_dir
   }
 
   store::Store make() { return store::Store(config_, guard_); }
@@ -305,4 +310,184 @@ TEST_F(StoreTest, ConcurrentUpdatesNeverCorruptMetadata) {
   auto inst = make().get("shared");
   EXPECT_EQ(inst.meta.description().rfind("writer ", 0), 0u);
   EXPECT_EQ(audit_lines(root_ / "shared/audit.log").size(), 1u + 6 * 20);
+}
+
+// ---- The listing index ----------------------------------------------------------------------
+
+namespace {
+
+std::vector<std::string> page_ids(const store::Page& page) {
+  std::vector<std::string> ids;
+  for (const auto& inst : page.instances) ids.push_back(inst.id);
+  return ids;
+}
+
+}  // namespace
+
+TEST_F(StoreTest, ListPagePagesFiltersAndSortsFromTheIndex) {
+  auto s = make();
+  for (int i = 0; i < 30; ++i)
+    s.create(fmt::format("inst{:02}", i), {.description = i % 10 == 3 ? "Protein folding" : "other"}, "test");
+  store::ListQuery q;
+  q.sort = store::SortBy::id;
+  q.limit = 10;
+  q.offset = 10;
+  store::Page page = s.list_page(q);
+  EXPECT_TRUE(page.indexed);
+  EXPECT_EQ(page.total, 30u);
+  ASSERT_EQ(page.instances.size(), 10u);
+  EXPECT_EQ(page.instances.front().id, "inst10");
+  EXPECT_EQ(page.instances.back().id, "inst19");
+  EXPECT_TRUE(fs::exists(store::Index::default_file(config_.server.state_dir, root_)));
+  EXPECT_FALSE(fs::exists(root_ / "index"));
+
+  q = {};
+  q.filter = "PROTEIN";
+  page = s.list_page(q);
+  EXPECT_EQ(page.total, 3u);
+  q.filter = "inst2";
+  EXPECT_EQ(s.list_page(q).total, 10u);
+}
+
+TEST_F(StoreTest, ListPageSortsByActivityNotedInBatches) {
+  auto s = make();
+  for (const char* id : {"a", "b", "c"}) s.create(id, {}, "test");
+  store::ListQuery q;  // by last activity, newest first
+  ASSERT_EQ(s.list_page(q).total, 3u);
+  s.audit(s.get("a"), "test.touch", "test");  // noted, not written yet
+  // Another process (a second store on the same tree) sees it once the batch is written.
+  auto other = make();
+  EXPECT_TRUE([&] {
+    for (int i = 0; i < 100; ++i) {
+      if (page_ids(other.list_page(q)).front() == "a") return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }()) << "the activity never reached the index";
+}
+
+TEST_F(StoreTest, IndexFollowsOtherWritersAndHandMadeChanges) {
+  auto s = make();
+  s.create("one", {}, "test");
+  ASSERT_EQ(s.list_page({}).total, 1u);
+  auto other = make();  // another process: its changes reach the same index
+  other.create("two", {}, "test");
+  other.archive("one", "test");
+  EXPECT_EQ(page_ids(s.list_page({.sort = store::SortBy::id})), std::vector<std::string>{"two"});
+  // By hand, as an older release would: the folder's time gives it away.
+  fs::create_directories(root_ / "three");
+  std::ofstream(root_ / "three/metadata.json") << R"({"id":"three","description":"hand made"})";
+  fs::create_directories(root_ / "broken");
+  std::ofstream(root_ / "broken/metadata.json") << "{not json";
+  store::Page page = s.list_page({.filter = "hand", .sort = store::SortBy::id});
+  EXPECT_EQ(page_ids(page), std::vector<std::string>{"three"});
+  page = s.list_page({.sort = store::SortBy::id});
+  EXPECT_EQ(page_ids(page), (std::vector<std::string>{"three", "two"}));
+  ASSERT_EQ(page.corrupt.size(), 1u);
+  EXPECT_EQ(page.corrupt[0].id, "broken");
+}
+
+TEST_F(StoreTest, ADamagedOrMissingIndexIsRebuiltFromTheTree) {
+  auto s = make();
+  s.create("kept", {}, "test");
+  ASSERT_EQ(s.list_page({}).total, 1u);
+  const fs::path db = store::Index::default_file(config_.server.state_dir, root_);
+  {
+    auto fresh = make();  // a new process meets a damaged file
+    std::ofstream(db, std::ios::binary | std::ios::trunc) << "garbage, not SQLite";
+    fs::remove(db.string() + "-wal");
+    fs::remove(db.string() + "-shm");
+    EXPECT_EQ(page_ids(fresh.list_page({})), std::vector<std::string>{"kept"});
+  }
+  fs::remove(db);
+  fs::remove(db.string() + "-wal");
+  fs::remove(db.string() + "-shm");
+  auto later = make();
+  later.create("new", {}, "test");  // no index yet: nothing to keep, the listing builds it
+  EXPECT_EQ(page_ids(later.list_page({.sort = store::SortBy::id})), (std::vector<std::string>{"kept", "new"}));
+}
+
+TEST_F(StoreTest, WithoutAUsableStateFolderTheListingWalksTheTree) {
+  config_.server.state_dir = "/proc/nshpc-no-such-state";
+  auto s = make();
+  s.create("walked", {.description = "x"}, "test");
+  store::Page page = s.list_page({.filter = "walk"});
+  EXPECT_FALSE(page.indexed);
+  EXPECT_EQ(page_ids(page), std::vector<std::string>{"walked"});
+}
+
+// ---- Archives that come back, near misses ---------------------------------------------------
+
+TEST_F(StoreTest, AnArchivedIdIsReportedWithItsArchiveAndComesBack) {
+  auto s = make();
+  auto inst = s.create("lab", {.description = "keep me"}, "test");
+  std::ofstream(inst.workspace / "data.txt") << "data";
+  store::ArchivedInstance archived = s.archive("lab", "test");
+  try {
+    s.get("lab");
+    FAIL() << "an archived id was found";
+  } catch (const nshpc::NotFound& e) {
+    EXPECT_EQ(e.facts().archive_name, archived.name);
+    EXPECT_NE(std::string(e.what()).find("was archived as " + archived.name + " on "), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("ns-hpc"), std::string::npos) << "the store names a front end: " << e.what();
+  }
+  ASSERT_TRUE(s.latest_archive("lab"));
+  EXPECT_EQ(s.latest_archive("lab")->name, archived.name);
+
+  s.create("lab", {}, "test");  // the id is free again; the archive comes back beside it
+  store::Instance back = s.restore(archived.name, "", "test");
+  EXPECT_EQ(back.id, "lab-restored");
+  EXPECT_EQ(back.meta.description(), "keep me");
+  EXPECT_FALSE(back.meta.archived());
+  EXPECT_EQ(back.meta.raw["restored_from"], archived.name);
+  EXPECT_TRUE(fs::exists(root_ / "lab-restored/workspace/data.txt"));
+  EXPECT_TRUE(fs::is_directory(root_ / "output/lab-restored"));
+  EXPECT_FALSE(fs::exists(root_ / ".archived" / archived.name));
+  EXPECT_NE(usage_error([&] { s.restore(archived.name, "", "test"); }).find("not found"), std::string::npos);
+  EXPECT_NE(usage_error([&] { s.restore("nothing", "", "test"); }).find("has no archive"), std::string::npos);
+  s.archive("lab-restored", "test");
+  EXPECT_NE(usage_error([&] { s.restore("lab-restored", "lab", "test"); }).find("already exists"), std::string::npos);
+  EXPECT_EQ(s.restore("lab-restored", "lab3", "test").id, "lab3");
+}
+
+TEST_F(StoreTest, AnUnknownIdNamesTheNearMiss) {
+  auto s = make();
+  s.create("protein-analysis", {}, "test");
+  try {
+    s.get("protein-analysys");
+    FAIL();
+  } catch (const nshpc::NotFound& e) {
+    EXPECT_EQ(e.facts().near_miss, "protein-analysis");
+    EXPECT_EQ(std::string(e.what()), "instance 'protein-analysys' not found");
+  }
+  try {
+    s.get("zebra");
+    FAIL();
+  } catch (const nshpc::NotFound& e) {
+    EXPECT_EQ(e.facts().near_miss, "");
+  }
+}
+
+TEST(Text, ClosestFindsLikelyTyposOnly) {
+  const std::vector<std::string> names{"list_instances", "terminal_execute", "read_file"};
+  EXPECT_EQ(nshpc::text::closest("list_instance", names), "list_instances");
+  EXPECT_EQ(nshpc::text::closest("terminal_exec", names), "terminal_execute");
+  EXPECT_EQ(nshpc::text::closest("raed_file", names), "read_file");
+  EXPECT_EQ(nshpc::text::closest("write", names), std::nullopt);
+  EXPECT_EQ(nshpc::text::closest("list_instances", names), std::nullopt);  // itself is no near miss
+}
+
+TEST_F(StoreTest, AOneShotCommandsActivityReachesTheIndexThroughItsJournal) {
+  auto lister = make();
+  for (const char* id : {"a", "b", "c"}) lister.create(id, {}, "test");
+  ASSERT_EQ(page_ids(lister.list_page({})).front(), "c");  // the newest
+  const fs::path journal = store::Index::default_file(config_.server.state_dir, root_).string() + ".activity";
+  {
+    auto command = make();  // never lists: no SQLite, no thread; one append at its end
+    command.audit(command.get("a"), "sandbox.exec", "test");
+    EXPECT_FALSE(fs::exists(journal));
+  }
+  EXPECT_GT(fs::file_size(journal), 0u);
+  EXPECT_EQ(page_ids(lister.list_page({})).front(), "a");
+  EXPECT_EQ(fs::file_size(journal), 0u);  // folded in
 }
