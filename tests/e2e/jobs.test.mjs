@@ -28,7 +28,7 @@ import {
 
 const ID = 'jobs';
 const JOB_TOOLS = ['submit_job', 'poll_job', 'list_jobs', 'cancel_job'];
-const FINAL = ['completed', 'failed', 'cancelled', 'timed_out', 'lost'];
+const FINAL = ['completed', 'failed', 'cancelled', 'timed_out', 'lost', 'out_of_memory', 'output_limit'];
 const IS_ROOT = typeof process.geteuid === 'function' && process.geteuid() === 0;
 
 
@@ -288,7 +288,7 @@ describe('job tools', () => {
         timeout: 60,
         limits: { memory: 64, time: 60 },
       });
-      assert.equal(hog.status, 'failed', JSON.stringify(hog));
+      assert.equal(hog.status, 'out_of_memory', JSON.stringify(hog));
       assert.match(hog.reason, /out of memory/);
     }
 
@@ -403,7 +403,7 @@ describe('job tools', () => {
     assert.equal(seq.stderr_tail, '1\n2\n3');
     assert.equal((await api.poll(ID, seq.job_id, { tail: 2 })).stdout_tail, '99\n100');
     assert.equal((await api.poll(ID, seq.job_id, { tail: 1 })).stdout_tail, '100');
-    assert.equal((await api.poll(ID, seq.job_id, { tail: 0 })).stdout_tail, '');
+    assert.equal((await api.poll(ID, seq.job_id, { tail: 0 })).stdout_tail, undefined, 'an empty tail is left out');
     assert.equal((await api.poll(ID, seq.job_id, { tail: 1000 })).stdout_tail.split('\n').length, 100);
     const noNewline = await api.submit(ID, { command: 'printf "a\\nb\\nc"', tail: 2 });
     assert.equal(noNewline.stdout_tail, 'b\nc');
