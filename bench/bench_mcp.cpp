@@ -275,6 +275,9 @@ int main(int argc, char** argv) {
       "--die-with-parent", "--share-net", "--bind-fd", "11", "/workspace", "--bind-fd", "12", "/output",
       "--seccomp", "10", "--chdir", "/workspace", "--", "true"};
 
+  // What the model reads on every turn: the tools/list result (one page holds them all).
+  const std::size_t tools_list_bytes = server.call("tools/list", json::object())["result"].dump().size();
+
   // A living instance: every command joins its one long-lived sandbox.
   server.tool("create_instance", {{"instance_id", "living"}, {"persistent", true}});
   std::vector<double> living_ms, living_nocg_ms, first_ms;
@@ -374,7 +377,8 @@ int main(int argc, char** argv) {
   std::printf("  jobs per second (8 in flight, 2 cores): %.0f\n", jobs_per_s);
   std::printf("  server RSS with 100 living instances running: %.1f MB, with them stopped: %.1f MB\n",
               rss_running / 1024.0, rss_stopped / 1024.0);
-  std::printf("  server RSS after 1,000 finished jobs: %.1f MB   (target: <= 15 MB)\n\n", rss / 1024.0);
+  std::printf("  server RSS after 1,000 finished jobs: %.1f MB   (target: <= 15 MB)\n", rss / 1024.0);
+  std::printf("  tools/list result: %zu bytes\n\n", tools_list_bytes);
   bench_listing(binary, root);
   std::system(("rm -rf '" + root.string() + "'").c_str());
   return 0;

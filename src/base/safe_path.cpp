@@ -2,7 +2,14 @@
 
 #include <linux/openat2.h>
 #include <sys/syscall.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include <cerrno>
 
@@ -112,6 +119,36 @@ UniqueFd create_beneath(int dir_fd, std::string_view relative, mode_t mode,
   if (owner && ::geteuid() == 0 && ::fchown(fd.get(), owner->first, owner->second) < 0)
     throw SysError(errno, "chown", shown_or(shown, relative));
   return fd;
+}
+
+void prune_beneath(int dir_fd, std::string_view relative, std::string_view prefix, std::string_view suffix,
+                   std::size_t keep) {
+  UniqueFd folder;
+  try {
+    folder = open_beneath(dir_fd, relative, O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, relative);
+  } catch (const SysError& e) {
+    if (e.code() == ENOENT) return;
+    throw;
+  }
+  // fdopendir owns the descriptor it is given: a duplicate, so `folder` stays ours.
+  UniqueFd listing(::fcntl(folder.get(), F_DUPFD_CLOEXEC, 0));
+  if (!listing) throw SysError(errno, "dup", relative);
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::fdopendir(listing.get()), &::closedir);
+  if (!dir) throw SysError(errno, "fdopendir", relative);
+  listing.release();
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(dir.get())) {
+    std::string_view name = entry->d_name;
+    if (name.size() >= prefix.size() + suffix.size() && name.substr(0, prefix.size()) == prefix &&
+        name.substr(name.size() - suffix.size()) == suffix)
+      names.emplace_back(name);
+  }
+  dir.reset();
+  if (names.size() <= keep) return;
+  std::sort(names.begin(), names.end());
+  for (std::size_t i = 0; i + keep < names.size(); ++i)
+    if (::unlinkat(folder.get(), names[i].c_str(), 0) < 0 && errno != ENOENT && errno != EISDIR && errno != EPERM)
+      throw SysError(errno, "unlink", std::string(relative) + "/" + names[i]);
 }
 
 }  // namespace nshpc::fs

@@ -66,4 +66,10 @@ UniqueFd open_untrusted_file(int dir_fd, std::string_view relative, const Expect
 UniqueFd create_beneath(int dir_fd, std::string_view relative, mode_t mode,
                         std::optional<std::pair<uid_t, gid_t>> owner, std::string_view shown = {});
 
+// Removes the entries of the folder `relative` beneath `dir_fd` whose names start with `prefix`
+// and end with `suffix`, all but the last `keep` in name order. Never follows a link (a link is removed as a link);
+// a folder of that name is left alone. A missing folder is nothing to do; other failures throw.
+void prune_beneath(int dir_fd, std::string_view relative, std::string_view prefix, std::string_view suffix,
+                   std::size_t keep);
+
 }  // namespace nshpc::fs

@@ -117,6 +117,42 @@ std::string sanitize_utf8(std::string_view s) {
   return out;
 }
 
+std::size_t utf8_prefix_bytes(std::string_view s, std::size_t chars) {
+  std::size_t i = 0;
+  for (std::size_t n = 0; n < chars && i < s.size(); ++n) {
+    const std::size_t len = sequence_length(bytes(s) + i, s.size() - i);
+    i += len == 0 ? 1 : len;
+  }
+  return i;
+}
+
+MiddleCut cut_middle(std::string_view s, std::size_t max_chars, const std::function<std::string(std::size_t cut)>& marker) {
+  const std::size_t total = utf8_length(s);
+  if (total <= max_chars) return {std::string(s), 0};
+  // The marker's length depends on the number it names; one with the largest possible number
+  // bounds it.
+  const std::size_t marker_chars = utf8_length(marker(total)) + 2;  // + the line breaks around it
+  const std::size_t keep = max_chars > marker_chars ? max_chars - marker_chars : 0;
+  const std::size_t head_chars = keep * 2 / 5;
+  const std::size_t tail_chars = keep - head_chars;
+  std::size_t head_end = utf8_prefix_bytes(s, head_chars);
+  std::size_t tail_start = utf8_prefix_bytes(s, total - tail_chars);
+  // Whole lines where a line break is within the last (first) fifth of the kept part.
+  if (auto nl = s.rfind('\n', head_end == 0 ? 0 : head_end - 1);
+      nl != std::string_view::npos && head_end - (nl + 1) <= head_end / 5 && nl + 1 <= head_end)
+    head_end = nl + 1;
+  if (auto nl = s.find('\n', tail_start);
+      nl != std::string_view::npos && nl + 1 - tail_start <= (s.size() - tail_start) / 5)
+    tail_start = nl + 1;
+  const std::size_t cut = total - utf8_length(s.substr(0, head_end)) - utf8_length(s.substr(tail_start));
+  std::string out(s.substr(0, head_end));
+  if (!out.empty() && out.back() != '\n') out += '\n';
+  out += marker(cut);
+  out += '\n';
+  out.append(s.substr(tail_start));
+  return {std::move(out), cut};
+}
+
 std::string truncate_utf8(std::string_view s, size_t max_bytes) {
   if (s.size() <= max_bytes) return std::string(s);
   size_t cut = max_bytes;

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,6 +29,19 @@ std::size_t utf8_length(std::string_view s);
 
 // `s` with every ill-formed byte replaced by U+FFFD (so it can be put in JSON).
 std::string sanitize_utf8(std::string_view s);
+
+// Byte length of the first `chars` code points of `s` (each ill-formed byte counts as one).
+std::size_t utf8_prefix_bytes(std::string_view s, std::size_t chars);
+
+// `s` cut in the middle to at most `max_chars` code points: its head (about 2/5) and its tail
+// (the rest), with `marker(cut)` between them on a line of its own, where `cut` is how many code
+// points were left out; the marker counts towards `max_chars` (it must be shorter). `s` itself
+// when it is short enough. Head and tail end and start at a line break where one is near.
+struct MiddleCut {
+  std::string text;
+  std::size_t cut_chars = 0;  // 0: nothing was cut
+};
+MiddleCut cut_middle(std::string_view s, std::size_t max_chars, const std::function<std::string(std::size_t cut)>& marker);
 
 // Cuts `s` to at most `max_bytes` on a UTF-8 boundary, appending "…" when cut.
 std::string truncate_utf8(std::string_view s, size_t max_bytes);

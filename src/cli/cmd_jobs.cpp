@@ -88,7 +88,7 @@ void add_job_commands(CLI::App& instance, Invocation& inv) {
   auto* run = instance.add_subcommand(
       "run",
       "Run a command as a job: ns-hpc instance run ID [options] -- CMD [ARGS...]\n"
-      "One word after -- is a shell command (/bin/sh -c); several are run exactly as given.\n"
+      "One word after -- is a shell command ([terminal] shell -c, default /bin/bash); several are run exactly as given.\n"
       "Waits up to --timeout seconds; a job still running then keeps running unless --no-detach.\n"
       "With --slurm it is submitted to the cluster with sbatch (-r cpus=2 -r memory=1024).");
   run->add_option("id", a->id, "Instance id")->required();
@@ -115,7 +115,7 @@ void add_job_commands(CLI::App& instance, Invocation& inv) {
     jobs::SubmitRequest req;
     req.instance_id = a->id;
     if (command.size() == 1) {
-      req.argv = {"/bin/sh", "-c", command.front()};
+      req.argv = {inv.config().terminal.shell, "-c", command.front()};
       req.display = command.front();
     } else {
       req.argv = command;

@@ -97,6 +97,7 @@ struct Namespace {
 // terminal_execute: cpus, memory (MiB), pids, output (MiB).
 struct Terminal {
   std::map<std::string, std::int64_t> limits;
+  std::string shell;  // runs every shell command (terminal_execute, jobs): shell -c COMMAND
 };
 
 struct Audit {
@@ -141,6 +142,7 @@ struct Mcp {
   std::int64_t max_message_bytes = 0;
   std::int64_t page_size = 0;
   std::string default_instance;  // "" = a tool call must name one
+  std::int64_t max_result_chars = 0;  // characters of a tool result (output cut in the middle beyond)
 };
 
 // The HTTP transports (ns-hpc run --transport streamable-http|sse); command-line flags override.

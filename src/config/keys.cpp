@@ -317,6 +317,10 @@ Keys<Config> make_config_keys() {
       }),
 
       table("terminal", &Config::terminal, {
+          value("shell", &Terminal::shell, text({"an absolute path of a shell in the sandbox", true}), {
+              .defaults_to = R"("/bin/bash")",
+              .help = "The shell that runs a `command` of `terminal_execute` and of `submit_job` (and a one-word "
+                      "`instance run` command): `<shell> -c COMMAND`."}),
           table<Terminal>("limits", {
               map_value("cpus", &Terminal::limits, integer({minimum("cpus"), 1024, "cores"}), {
                   .defaults_to = "2",
@@ -366,6 +370,12 @@ Keys<Config> make_config_keys() {
               .defaults_to = R"("")",
               .help = "Instance that `terminal_execute` and the job tools use when a call names none (then "
                       "`instance_id` is optional in their schemas); `\"\"`: none."}),
+          value("max_result_chars", &Mcp::max_result_chars, integer({1000, 10000000, "characters"}), {
+              .defaults_to = "30000",
+              .help = "Most characters of output a tool result carries (`terminal_execute`, the job tools; "
+                      "every other result is bounded the same way): longer output keeps its head and tail "
+                      "with a marker saying how much was cut, and the whole of a cut `terminal_execute` "
+                      "output is kept in `/workspace/.ns_hpc_output/term-*` (the last 5 per instance)."}),
       }),
 
       table("server", &Config::server, {

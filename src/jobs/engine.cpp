@@ -22,6 +22,10 @@ namespace nshpc::jobs {
 namespace stdfs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+namespace {
+constexpr std::size_t kMaxStdinBytes = 2 * 1024 * 1024;  // as terminal_execute's
+}  // namespace
+
 Engine::Engine(const config::Config& config, store::Store& store, sandbox::Backend& backend)
     : config_(config), store_(store), jobs_(std::make_unique<JobStore>(config, store)) {
   executors_[static_cast<int>(Mode::local)] = std::make_unique<LocalExecutor>(config, *jobs_, backend);
@@ -40,10 +44,18 @@ std::size_t Engine::tracked() const { return jobs_->held_count(); }
 void Engine::set_hooks(EngineHooks hooks) { jobs_->hooks = std::move(hooks); }
 
 Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
-  if (request.argv.empty() || (request.argv.size() == 3 && request.argv[0] == "/bin/sh" &&
+  if (request.argv.empty() || (request.argv.size() == 3 && request.argv[1] == "-c" &&
                                request.argv[2].find_first_not_of(" \t\r\n") == std::string::npos))
     throw UsageError("the command is empty; give the shell command to run");
-  sandbox::check_command(request.argv);
+  sandbox::check_command(request.argv, request.cwd);
+  if (!request.cwd.empty() && request.cwd.front() != '/')
+    throw UsageError("working_directory must be an absolute path, got: " + request.cwd);
+  if (request.stdin_text.size() > kMaxStdinBytes)
+    throw UsageError(fmt::format("stdin is {} bytes, over the 2 MiB limit; put the data in a file of the workspace and "
+                                 "read it from there", request.stdin_text.size()));
+  if (request.mode == Mode::slurm && (!request.cwd.empty() || !request.env.empty() || !request.stdin_text.empty()))
+    throw UsageError("working_directory, env and stdin are for local jobs; in a Slurm job put them in the command "
+                     "(cd DIR && NAME=value CMD < FILE)");
   Executor& ex = executor(request.mode);
   store::Instance inst = store_.get(request.instance_id);
   // Everything that can be refused is refused before anything is written.
@@ -53,6 +65,9 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
   rec.id = new_job_id();
   rec.mode = request.mode;
   rec.argv = request.argv;
+  rec.cwd = request.cwd;
+  rec.env = request.env;
+  rec.stdin_text = request.stdin_text;
   rec.command = request.display.empty() ? text::shell_join(request.argv) : request.display;
   rec.limits = limits;
   rec.owner_pid = ::getpid();

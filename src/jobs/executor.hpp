@@ -3,6 +3,8 @@
 // jobs another process left unfinished. The engine (jobs.hpp) picks the executor by the mode.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -55,6 +57,20 @@ class Executor {
 };
 
 // Local jobs: a sandbox of the backend under a job keeper, watched on one thread.
+// While it exists, the calling thread runs on `cpus` (a job limit) of its cores, when that is
+// fewer than it may use and cgroups enforce the quota, so a sandbox forked meanwhile sees as
+// many cores as it may use (nproc, sched_getaffinity). Restores the thread's affinity.
+class ScopedAffinity {
+ public:
+  ScopedAffinity(const std::map<std::string, std::int64_t>& limits, const std::string& job_id, bool use_cgroups);
+  ~ScopedAffinity();
+  ScopedAffinity(const ScopedAffinity&) = delete;
+  ScopedAffinity& operator=(const ScopedAffinity&) = delete;
+
+ private:
+  std::optional<cpu_set_t> saved_;
+};
+
 class LocalExecutor final : public Executor {
  public:
   LocalExecutor(const config::Config& config, JobStore& jobs, sandbox::Backend& backend);
@@ -77,6 +93,7 @@ class LocalExecutor final : public Executor {
   void wake();
   void finish(const std::shared_ptr<Running>& job);
   void start_watching(std::shared_ptr<Running> job);
+  std::string output_limit_reached(const std::shared_ptr<Running>& job, std::int64_t limit_mib);
   std::shared_ptr<Running> find(const std::string& instance_id, const std::string& job_id);
 
   const config::Config& config_;

@@ -44,6 +44,9 @@ struct Record {
   std::string instance_id;
   std::string command;      // shell command (/bin/sh -c), or the argv joined for display
   std::vector<std::string> argv;  // the exact argv run in the sandbox
+  std::string cwd;                // sandbox path it starts in; empty: the workspace
+  std::vector<std::pair<std::string, std::string>> env;  // extra variables it was given
+  std::string stdin_text;         // its stdin (not kept on record: only the start needs it)
   Mode mode = Mode::local;
   State state = State::pending;
   std::string reason;       // why it ended as it did: "out of memory", "time limit (60 s)", ...
@@ -64,8 +67,9 @@ struct Record {
   bool cancel_requested = false;
   // Slurm jobs (Mode::slurm; these keys only in their records): the scheduler's id, its state
   // and reason as it said them (e.g. PENDING / Resources, shown as they are; `state` is what
-  // they map to), the signal that ended the job, and the last failure to ask the scheduler
-  // (cleared by the next success).
+  // they map to), and the last failure to ask the scheduler (cleared by the next success).
+  // `signal`: the signal that ended the job (both modes; a local job's when its exit code says
+  // one, 128+N).
   std::string slurm_job_id;
   std::string scheduler_state, scheduler_reason;
   std::optional<int> signal;
@@ -85,8 +89,11 @@ struct View {
 
 struct SubmitRequest {
   std::string instance_id;
-  std::vector<std::string> argv;  // e.g. {"/bin/sh", "-c", command}
+  std::vector<std::string> argv;  // e.g. {"/bin/bash", "-c", command} ([terminal] shell)
   std::string display;            // the command as shown in lists
+  std::string cwd;                // absolute sandbox path; empty: the workspace (local jobs)
+  std::vector<std::pair<std::string, std::string>> env;  // extra variables (local jobs)
+  std::string stdin_text;         // given on stdin (local jobs); empty: none
   LimitRequest limits;            // local jobs: [jobs.local.limit]; Slurm jobs: [jobs.slurm.limit]
   Mode mode = Mode::local;
 };

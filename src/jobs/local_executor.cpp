@@ -4,7 +4,11 @@
 // execution is made of (status files, pid namespaces, keepers, cgroups) is the sandbox's.
 #include <poll.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +17,8 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <string.h>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -39,6 +45,98 @@ struct LocalExecutor::Running {
   std::mutex mu;          // guards the job's state: its record and what signals it
   bool finished = false;
 };
+
+namespace {
+
+// NS_HPC_JOB_ID and one NS_HPC_LIMIT_<NAME> per limit, its unit in the name where it has one;
+// OMP_NUM_THREADS = cpus (what nproc and OpenMP take as the cores to use) unless the job set it.
+std::vector<std::pair<std::string, std::string>> limit_variables(const Record& rec) {
+  static constexpr std::pair<const char*, const char*> kNames[] = {
+      {"cpus", "NS_HPC_LIMIT_CPUS"},        {"memory", "NS_HPC_LIMIT_MEMORY_MIB"}, {"pids", "NS_HPC_LIMIT_PIDS"},
+      {"time", "NS_HPC_LIMIT_TIME_S"},      {"output", "NS_HPC_LIMIT_OUTPUT_MIB"}};
+  std::vector<std::pair<std::string, std::string>> vars{{"NS_HPC_JOB_ID", rec.id}};
+  for (const auto& [limit, variable] : kNames)
+    if (auto it = rec.limits.find(limit); it != rec.limits.end()) vars.emplace_back(variable, std::to_string(it->second));
+  auto cpus = rec.limits.find("cpus");
+  const bool set_by_job = std::any_of(rec.env.begin(), rec.env.end(), [](const auto& v) { return v.first == "OMP_NUM_THREADS"; });
+  if (cpus != rec.limits.end() && !set_by_job) vars.emplace_back("OMP_NUM_THREADS", std::to_string(cpus->second));
+  return vars;
+}
+
+// A sealed memory file holding `text`, positioned at its start.
+UniqueFd stdin_memfd(const std::string& text) {
+  UniqueFd fd(::memfd_create("ns-hpc-job-stdin", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) throw SysError(errno, "memfd_create", "the job's stdin");
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    const ssize_t n = ::write(fd.get(), rest.data(), rest.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw SysError(errno, "write", "the job's stdin");
+    }
+    rest.remove_prefix(static_cast<std::size_t>(n));
+  }
+  ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+  if (::lseek(fd.get(), 0, SEEK_SET) < 0) throw SysError(errno, "lseek", "the job's stdin");
+  return fd;
+}
+
+}  // namespace
+
+// While it exists, this thread runs on `cpus` of the cores it may use (chosen from the job id,
+// so jobs spread over the cores), when cpus is fewer than those cores and cgroups enforce the
+// quota; restored afterwards. Processes forked meanwhile keep it.
+ScopedAffinity::ScopedAffinity(const std::map<std::string, std::int64_t>& limits, const std::string& job_id,
+                               bool use_cgroups) {
+  auto cpus = limits.find("cpus");
+  if (!use_cgroups || cpus == limits.end() || cpus->second <= 0) return;
+  cpu_set_t current;
+  CPU_ZERO(&current);
+  if (::sched_getaffinity(0, sizeof current, &current) < 0) return;
+  std::vector<int> usable;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &current)) usable.push_back(c);
+  const auto want = static_cast<std::size_t>(cpus->second);
+  if (want >= usable.size()) return;
+  const std::size_t first = std::hash<std::string>{}(job_id) % usable.size();
+  cpu_set_t chosen;
+  CPU_ZERO(&chosen);
+  for (std::size_t i = 0; i < want; ++i) CPU_SET(usable[(first + i) % usable.size()], &chosen);
+  if (::sched_setaffinity(0, sizeof chosen, &chosen) < 0) {
+    log::debug("job {}: CPU affinity not set: {}", job_id, std::strerror(errno));
+    return;
+  }
+  saved_ = current;
+}
+
+ScopedAffinity::~ScopedAffinity() {
+  if (saved_) ::sched_setaffinity(0, sizeof *saved_, &*saved_);
+}
+
+// The name of a job output file that reached the output limit ("stdout", "stderr"), or "".
+std::string LocalExecutor::output_limit_reached(const std::shared_ptr<Running>& job, std::int64_t limit_mib) {
+  if (limit_mib <= 0) return {};
+  const auto limit = static_cast<off_t>(limit_mib) * 1024 * 1024;
+  const Record& rec = job->record;
+  const store::Store& instances = jobs_.instances();
+  for (const auto& [fd_number, name, path] : {std::tuple{1, "stdout", &rec.stdout_path}, std::tuple{2, "stderr", &rec.stderr_path}}) {
+    int fd = job->execution ? job->execution->output_fd(fd_number) : -1;
+    UniqueFd opened;
+    if (fd < 0) {
+      const std::string ws = job->inst.workspace.string() + "/";
+      if (path->rfind(ws, 0) != 0) continue;
+      try {
+        opened = instances.open_workspace_file(job->inst, path->substr(ws.size()), store::Store::WorkspaceOpen::read);
+      } catch (const std::exception&) {
+        continue;  // not readable: its size says nothing
+      }
+      fd = opened.get();
+    }
+    struct stat st;
+    if (fd >= 0 && ::fstat(fd, &st) == 0 && st.st_size >= limit) return name;
+  }
+  return {};
+}
 
 LocalExecutor::LocalExecutor(const config::Config& config, JobStore& jobs, sandbox::Backend& backend)
     : config_(config), jobs_(jobs), backend_(backend) {
@@ -89,6 +187,19 @@ Record LocalExecutor::start(const store::Instance& inst, Record record, std::str
   sandbox::ExecSpec spec;
   spec.target = instances.sandbox_target(inst);
   spec.argv = rec.argv;
+  spec.cwd = rec.cwd;
+  // What the job asked for, then its limits as variables it can read (NS_HPC_LIMIT_*).
+  spec.env = rec.env;
+  for (auto& variable : limit_variables(rec)) spec.env.push_back(std::move(variable));
+  // stdin: the request's text from a sealed memory file (never a path the sandbox can reach).
+  UniqueFd input;
+  if (!rec.stdin_text.empty()) {
+    input = stdin_memfd(rec.stdin_text);
+    spec.stdio.in = input.get();
+  }
+  // cpus as CPU affinity where that is honest (jobs/affinity: a quota of N cores on a host with
+  // more): inherited from this thread by the sandbox it forks.
+  ScopedAffinity affinity(rec.limits, rec.id, config_.jobs.local.use_cgroups);
   spec.stdout_file = output_relative(rec.id, "out");
   spec.stderr_file = output_relative(rec.id, "err");
   // Limits: cgroups for cpus/memory/pids, rlimit for output; the wall-time limit belongs to the
@@ -246,23 +357,35 @@ void LocalExecutor::finish(const std::shared_ptr<Running>& job) {
   rec.finished_at = timeutil::iso_utc(finished);
   const bool timed_out = job->deadline_hit || st.timed_out;
   const auto& limits = rec.limits;
+  auto limit = [&limits](const char* name) { return limits.count(name) ? limits.at(name) : 0; };
+  // The signal that ended it: the exit code of a signalled command (or of a shell whose command
+  // was), 128+N.
+  if (code && *code > 128 && *code <= 128 + 64) rec.signal = *code - 128;
+  const std::string by_signal =
+      rec.signal ? fmt::format(" (signal {}, SIG{})", *rec.signal, ::sigabbrev_np(*rec.signal) ? ::sigabbrev_np(*rec.signal) : "?")
+                 : std::string();
+  const std::string full_output = output_limit_reached(job, limit("output"));
   if (st.oom_killed) {
-    rec.state = State::failed;
-    rec.reason = fmt::format("out of memory: killed at its memory limit of {} MiB", limits.count("memory") ? limits.at("memory") : 0);
+    rec.state = State::out_of_memory;
+    rec.reason = fmt::format("out of memory: killed at its memory limit of {} MiB", limit("memory"));
   } else if (rec.cancel_requested) {
     rec.state = State::cancelled;
-    rec.reason = "cancelled";
+    rec.reason = "cancelled" + by_signal;
   } else if (timed_out) {
     rec.state = State::timed_out;
-    rec.reason = fmt::format("time limit of {} s reached; the job was killed", limits.count("time") ? limits.at("time") : 0);
+    rec.reason = fmt::format("time limit of {} s reached; the job was killed{}", limit("time"), by_signal);
+  } else if ((code && *code == 128 + SIGXFSZ) || !full_output.empty()) {
+    rec.state = State::output_limit;
+    rec.reason = fmt::format("output limit: {} reached the {} MiB limit; what came after was lost",
+                             full_output.empty() ? std::string("a file") : full_output, limit("output"));
   } else if (code && *code == 0) {
     rec.state = State::completed;
     rec.reason.clear();
   } else if (code) {
     rec.state = State::failed;
-    rec.reason = *code == 128 + SIGXFSZ
-                     ? fmt::format("output limit: a file reached the {} MiB limit", limits.count("output") ? limits.at("output") : 0)
-                     : fmt::format("exit code {}", *code);
+    rec.reason = rec.signal ? fmt::format("killed by signal {} (SIG{})", *rec.signal,
+                                          ::sigabbrev_np(*rec.signal) ? ::sigabbrev_np(*rec.signal) : "?")
+                            : fmt::format("exit code {}", *code);
   } else if (!error.empty()) {
     rec.state = State::failed;
     rec.reason = error;

@@ -36,7 +36,7 @@ bool valid_job_id(std::string_view id) {
 }
 
 // Every member by its name; missing keys take the defaults of Record.
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Record, id, instance_id, command, argv, mode, state, reason, exit_code,
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Record, id, instance_id, command, argv, cwd, env, mode, state, reason, exit_code,
                                                 created_at, started_at, finished_at, limits, unenforced, cgroups,
                                                 stdout_path, stderr_path, backend, handle, owner_pid,
                                                 owner_start, cancel_requested, slurm_job_id, scheduler_state,
@@ -53,8 +53,7 @@ constexpr std::pair<const char*, const char*> kOldHandleKeys[] = {
 // The backend every record without a "backend" key ran on.
 constexpr const char* kOldBackend = "bwrap";
 // Written for Slurm jobs only.
-constexpr const char* kSlurmOnly[] = {"slurm_job_id", "scheduler_state", "scheduler_reason", "signal",
-                                      "scheduler_error"};
+constexpr const char* kSlurmOnly[] = {"slurm_job_id", "scheduler_state", "scheduler_reason", "scheduler_error"};
 
 void rename_key(nlohmann::json& j, const char* from, const char* to) {
   auto it = j.find(from);
@@ -70,6 +69,9 @@ nlohmann::json Record::to_json() const {
   for (const auto& [member, key] : kKeyOnDisk) rename_key(j, member, key);
   if (mode != Mode::slurm)
     for (const char* key : kSlurmOnly) j.erase(key);
+  if (!signal) j.erase("signal");
+  if (cwd.empty()) j.erase("cwd");
+  if (env.empty()) j.erase("env");
   if (backend.empty() && handle.empty()) {
     j.erase("backend");
     j.erase("handle");
@@ -107,33 +109,47 @@ std::optional<Record> Record::from_json(const nlohmann::json& j) {
   }
 }
 
+namespace {
+
+// Puts `value` unless it is an empty string: a result carries what is known, not blanks.
+void put_text(nlohmann::json& j, const char* key, const std::string& value) {
+  if (!value.empty()) j[key] = value;
+}
+
+}  // namespace
+
 nlohmann::json record_summary_json(const Record& r) {
-  return {{"job_id", r.id},
-          {"instance_id", r.instance_id},
-          {"status", to_string(r.state)},
-          {"exit_code", r.exit_code ? nlohmann::json(*r.exit_code) : nlohmann::json(nullptr)},
-          {"reason", r.reason},
-          {"command", r.command},
-          {"mode", r.mode},
-          {"slurm_job_id", r.mode == Mode::slurm ? nlohmann::json(r.slurm_job_id) : nlohmann::json(nullptr)},
-          {"scheduler_state", r.mode == Mode::slurm ? nlohmann::json(r.scheduler_state) : nlohmann::json(nullptr)},
-          {"scheduler_reason", r.mode == Mode::slurm ? nlohmann::json(r.scheduler_reason) : nlohmann::json(nullptr)},
-          {"created_at", r.created_at},
-          {"finished_at", r.finished_at}};
+  nlohmann::json j = {{"job_id", r.id},
+                      {"instance_id", r.instance_id},
+                      {"status", to_string(r.state)},
+                      {"exit_code", r.exit_code ? nlohmann::json(*r.exit_code) : nlohmann::json(nullptr)},
+                      {"command", r.command},
+                      {"mode", r.mode}};
+  put_text(j, "reason", r.reason);
+  if (r.signal && *r.signal != 0) j["signal"] = *r.signal;
+  if (r.mode == Mode::slurm) {
+    // A Slurm job's scheduler fields, known or not yet (null: the scheduler has not said).
+    auto known = [](const std::string& v) { return v.empty() ? nlohmann::json(nullptr) : nlohmann::json(v); };
+    j["slurm_job_id"] = known(r.slurm_job_id);
+    j["scheduler_state"] = known(r.scheduler_state);
+    j["scheduler_reason"] = known(r.scheduler_reason);
+  }
+  put_text(j, "created_at", r.created_at);
+  put_text(j, "finished_at", r.finished_at);
+  return j;
 }
 
 nlohmann::json view_json(const View& v) {
   nlohmann::json j = record_summary_json(v.record);
-  j["started_at"] = v.record.started_at;
+  put_text(j, "started_at", v.record.started_at);
   j["duration_s"] = v.duration_s;
   j["stdout_path"] = v.stdout_sandbox_path;
   j["stderr_path"] = v.stderr_sandbox_path;
-  j["stdout_tail"] = v.stdout_tail;
-  j["stderr_tail"] = v.stderr_tail;
+  put_text(j, "stdout_tail", v.stdout_tail);
+  put_text(j, "stderr_tail", v.stderr_tail);
   j["limits"] = v.record.limits;
-  j["unenforced"] = v.record.unenforced;
-  j["signal"] = v.record.signal ? nlohmann::json(*v.record.signal) : nlohmann::json(nullptr);
-  j["scheduler_error"] = v.record.mode == Mode::slurm ? nlohmann::json(v.record.scheduler_error) : nlohmann::json(nullptr);
+  if (!v.record.unenforced.empty()) j["unenforced"] = v.record.unenforced;
+  if (v.record.mode == Mode::slurm) put_text(j, "scheduler_error", v.record.scheduler_error);
   return j;
 }
 

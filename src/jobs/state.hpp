@@ -13,8 +13,12 @@ namespace nshpc::jobs {
 // Where a job runs: this machine (sandboxes under the server) or the Slurm cluster.
 enum class Mode { local, slurm };
 
-// out_of_memory, node_fail and preempted come from Slurm (local jobs report OOM as failed).
-enum class State { pending, running, completed, failed, cancelled, timed_out, lost, out_of_memory, node_fail, preempted };
+// One vocabulary for both modes: out_of_memory (killed at its memory limit) and output_limit (a
+// file, stdout/stderr included, reached the output limit) for local jobs too; node_fail and
+// preempted come only from Slurm.
+enum class State {
+  pending, running, completed, failed, cancelled, timed_out, lost, out_of_memory, node_fail, preempted, output_limit
+};
 
 // The first pair is what an unknown name reads as: an unknown mode runs locally, an unknown
 // state is lost.
@@ -28,7 +32,8 @@ NLOHMANN_JSON_SERIALIZE_ENUM(State, {{State::lost, "lost"},
                                      {State::timed_out, "timed_out"},
                                      {State::out_of_memory, "out_of_memory"},
                                      {State::node_fail, "node_fail"},
-                                     {State::preempted, "preempted"}})
+                                     {State::preempted, "preempted"},
+                                     {State::output_limit, "output_limit"}})
 
 std::string to_string(State state);
 std::string to_string(Mode mode);

@@ -51,15 +51,19 @@ std::string not_found_advice(const NotFound& e);
 mcp::json of_type(const char* type);  // {"type": type}
 // The arguments object: these properties, no others; "required" left out when empty.
 mcp::json input_object(mcp::json properties, std::vector<std::string> required = {});
-// The arguments of a tool working in one instance: instance_id (described as `what`, with the
-// [mcp] default_instance when there is one and then not required) and `properties`.
-mcp::json instance_input(const config::Config& cfg, const std::string& what, mcp::json properties,
-                         std::vector<std::string> required = {});
+// The arguments of a tool working in one instance: instance_id (described the same in every
+// tool, with the [mcp] default_instance when there is one and then not required) and `properties`.
+mcp::json instance_input(const config::Config& cfg, mcp::json properties, std::vector<std::string> required = {});
 // A result object (structuredContent or an item of it): these properties, these required.
 mcp::json output_object(mcp::json properties, std::vector<std::string> required);
 
 // ---------------------------------------------------------------------------------------------
 // Arguments. The input schema has been checked before a handler runs, so these only read.
+
+// command, args, stdin, working_directory, env: described once, for terminal_execute and submit_job.
+mcp::json command_properties(const config::Config& cfg);
+// env {"NAME": "value"} as pairs; UsageError naming a bad name or value.
+std::vector<std::pair<std::string, std::string>> env_arg(const mcp::json& args);
 
 // A string argument; "" when absent (or not a string).
 std::string string_arg(const mcp::json& args, const char* name);
@@ -81,6 +85,31 @@ std::string living_summary(const mcp::json& state);
 
 // The instance a call names, or [mcp] default_instance; UsageError when there is neither.
 std::string instance_arg(const ToolContext& ctx, const mcp::json& args);
+
+// ---------------------------------------------------------------------------------------------
+// Result size ([mcp] max_result_chars; tools/results.cpp).
+
+// Characters of output one result may carry: max_result_chars less room for its summary.
+std::size_t output_budget(const config::Config& cfg);
+// Shares `budget` between texts of `a` and `b` characters: each gets what it needs up to half,
+// what one leaves goes to the other.
+std::pair<std::size_t, std::size_t> split_budget(std::size_t a, std::size_t b, std::size_t budget);
+
+// A command's stdout and stderr sized for a result: each cut in the middle with a marker saying
+// how much was cut and where the whole is; the whole (`raw_*`, as the command wrote it) kept in
+// /workspace/.ns_hpc_output/term-<time>-<id>.out|.err, only when cut, the last few kept.
+struct BoundedOutput {
+  std::string out, err;
+  std::string out_file, err_file;  // sandbox paths of the whole output; empty when not cut
+  std::size_t out_cut = 0, err_cut = 0;
+  std::string note;  // why the whole output could not be kept, if so
+};
+BoundedOutput bound_output(const ToolContext& ctx, const store::Instance& inst, const std::string& out,
+                           const std::string& err, const std::string& raw_out, const std::string& raw_err);
+
+// Every text content of `result` cut in the middle to `max_chars` characters (a last bound for
+// every tool; the tools size their own results first).
+void bound_texts(mcp::ToolResult& result, std::size_t max_chars);
 
 void add_instance_tools(mcp::Server& server, const ToolContext& ctx);
 void add_prompts(mcp::Server& server, const ToolContext& ctx);

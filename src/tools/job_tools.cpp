@@ -13,18 +13,18 @@ namespace {
 
 using mcp::json;
 
-const json kJobIdArg = {{"type", "string"}, {"description", "Job id (12 hex characters) from submit_job or list_jobs."}};
+const json kJobIdArg = {{"type", "string"}, {"description", "Job id (from submit_job or list_jobs)."}};
 const json kTailArg = {{"type", "integer"},
                        {"minimum", 0},
                        {"maximum", 1000},
-                       {"description", "How many last lines of stdout and stderr to return (default 50; at most 16 KiB each)."}};
+                       {"description", "Last lines of stdout and stderr to return (default 50)."}};
 
-const json kStates = {"pending",   "running", "completed",     "failed",    "cancelled",
-                       "timed_out", "lost",    "out_of_memory", "node_fail", "preempted"};
+// One vocabulary for both modes (jobs/state.hpp).
+const json kStates = {"pending",   "running", "completed",     "failed",    "cancelled",   "timed_out",
+                      "lost",      "out_of_memory", "output_limit", "node_fail", "preempted"};
 
 const json kDetachArg = {{"type", "boolean"},
-                        {"description", "Keep the job running when the wait runs out (default true)."}};
-constexpr const char* kInstanceWhat = "The instance to work in.";
+                        {"description", "false: cancel the job if still running when the wait ends (default true)."}};
 
 json job_schema() {
   const json str = of_type("string");
@@ -32,33 +32,46 @@ json job_schema() {
   const json nullable_str = {{"type", {"string", "null"}}};
   return output_object(
       {{"job_id", str}, {"instance_id", str}, {"status", {{"type", "string"}, {"enum", kStates}}},
-       {"exit_code", nullable_int}, {"reason", str}, {"command", str}, {"mode", str},
-       {"duration_s", of_type("number")}, {"created_at", str}, {"started_at", str}, {"finished_at", str},
-       {"stdout_path", str}, {"stderr_path", str}, {"stdout_tail", str}, {"stderr_tail", str},
-       {"limits", of_type("object")}, {"unenforced", {{"type", "array"}, {"items", str}}},
-       {"slurm_job_id", nullable_str}, {"scheduler_state", nullable_str}, {"scheduler_reason", nullable_str},
-       {"scheduler_error", nullable_str}, {"signal", nullable_int}},
-      {"job_id", "instance_id", "status", "exit_code", "command", "stdout_tail", "stderr_tail", "stdout_path",
-       "stderr_path"});
+       {"exit_code", nullable_int}, {"signal", of_type("integer")}, {"reason", str}, {"command", str},
+       {"mode", str}, {"duration_s", of_type("number")}, {"created_at", str}, {"started_at", str},
+       {"finished_at", str}, {"stdout_path", str}, {"stderr_path", str}, {"stdout_tail", str},
+       {"stderr_tail", str}, {"limits", {{"type", "object"}, {"additionalProperties", of_type("integer")}}},
+       {"unenforced", {{"type", "array"}, {"items", str}}}, {"slurm_job_id", nullable_str},
+       {"scheduler_state", nullable_str}, {"scheduler_reason", nullable_str}, {"scheduler_error", str}},
+      {"job_id", "instance_id", "status", "exit_code", "command", "stdout_path", "stderr_path"});
+}
+
+// An item of list_jobs.
+json job_summary_schema() {
+  const json str = of_type("string");
+  const json nullable_str = {{"type", {"string", "null"}}};
+  return output_object({{"job_id", str}, {"instance_id", str}, {"status", {{"type", "string"}, {"enum", kStates}}},
+                        {"exit_code", {{"type", {"integer", "null"}}}}, {"signal", of_type("integer")},
+                        {"reason", str}, {"command", str}, {"mode", str}, {"created_at", str},
+                        {"finished_at", str}, {"slurm_job_id", nullable_str}, {"scheduler_state", nullable_str},
+                        {"scheduler_reason", nullable_str}},
+                       {"job_id", "status", "exit_code", "command"});
 }
 
 json limits_arg(const config::Config& cfg) {
   json props = json::object();
-  const std::map<std::string, std::string> meaning = {{"cpus", "CPU cores"},
-                                                      {"memory", "memory in MiB"},
-                                                      {"pids", "processes and threads"},
-                                                      {"time", "wall-clock seconds; then the job is killed (timed_out)"},
-                                                      {"output", "MiB: the largest file the job may write, stdout/stderr included"}};
+  // What each limit means, in its unit; its minimum is the least that still bounds the job.
+  const std::map<std::string, std::pair<std::string, std::int64_t>> meaning = {
+      {"cpus", {"CPU cores (a cgroup quota)", 1}},
+      {"memory", {"memory in MiB; over it the job is killed (out_of_memory)", 16}},
+      {"pids", {"processes and threads at once", 8}},
+      {"time", {"wall-clock seconds; then the job is killed (timed_out)", 1}},
+      {"output", {"MiB a file may reach, stdout/stderr included; beyond it writes fail (output_limit)", 1}}};
   for (const auto& [name, limit] : cfg.jobs.local.limit) {
     auto m = meaning.find(name);
     props[name] = {{"type", "integer"},
-                   {"minimum", 0},
+                   {"minimum", m == meaning.end() ? 0 : m->second.second},
                    {"maximum", limit.max},
-                   {"description", fmt::format("{} (default {}, at most {})", m == meaning.end() ? name : m->second,
-                                               limit.default_value, limit.max)}};
+                   {"description", fmt::format("{}; default {}", m == meaning.end() ? name : m->second.first,
+                                               limit.default_value)}};
   }
   return {{"type", "object"}, {"properties", props}, {"additionalProperties", false},
-          {"description", "Resource limits for this job; each defaults to the server's setting."}};
+          {"description", "Local job limits (the job sees them as NS_HPC_LIMIT_* variables)."}};
 }
 
 json resources_arg(const config::Config& cfg) {
@@ -67,12 +80,11 @@ json resources_arg(const config::Config& cfg) {
     props[name] = {{"type", "integer"},
                    {"minimum", 0},
                    {"maximum", limit.max},
-                   {"description", fmt::format("{}{} (default {}, at most {})", name, name == "memory" ? " in MiB" : "",
-                                               limit.default_value, limit.max)}};
+                   {"description", fmt::format("{}{}; default {}", name, name == "memory" ? " in MiB" : "",
+                                               limit.default_value)}};
   }
   return {{"type", "object"}, {"properties", props}, {"additionalProperties", false},
-          {"description", "Slurm resources for mode \"slurm\" (filled into the sbatch command); each defaults to the "
-                          "server's setting."}};
+          {"description", "Slurm resources (mode \"slurm\"), filled into the sbatch command."}};
 }
 
 // Slurm is offered where its submit program is configured and installed: sbatch_command's program
@@ -83,22 +95,25 @@ bool slurm_configured(const config::Config& cfg) {
 
 json mode_arg(const config::Config& cfg) {
   if (!slurm_configured(cfg))
-    return {{"type", "string"}, {"enum", {"local"}}, {"description", "Where to run: 'local' (this node; no Slurm here)."}};
+    return {{"type", "string"}, {"enum", {"local"}}, {"description", "local (this node; no Slurm here)."}};
   return {{"type", "string"},
           {"enum", {"local", "slurm"}},
-          {"description", "Where to run: 'local' (this node, default) or 'slurm' (the cluster)."}};
+          {"description", "local (this node, default) or slurm (the cluster, through sbatch)."}};
 }
 
-json timeout_arg(const config::Config& cfg, const std::string& what, std::int64_t fallback) {
+json timeout_arg(const config::Config& cfg, std::int64_t fallback) {
   return {{"type", "integer"},
           {"minimum", 0},
           {"maximum", cfg.jobs.max_timeout},
-          {"description", fmt::format("{} (seconds, 0..{}, default {}).", what, cfg.jobs.max_timeout, fallback)}};
+          {"description", fmt::format("Seconds to wait for the job to end (default {}).", fallback)}};
 }
 
-jobs::TailOptions tail_of(const json& args) {
+// The tails fit [mcp] max_result_chars: each at most half of the output budget (bytes bound
+// characters).
+jobs::TailOptions tail_of(const ToolContext& ctx, const json& args) {
   jobs::TailOptions t;
   t.lines = static_cast<std::size_t>(args.value("tail", 50));
+  t.bytes = std::min(t.bytes, output_budget(ctx.services.config) / 2);
   return t;
 }
 
@@ -117,13 +132,13 @@ mcp::ToolResult wait_for(const ToolContext& ctx, const std::string& instance, co
   jobs::Engine& engine = *ctx.services.jobs;
   bool interrupted = false;
   jobs::View v = engine.wait(
-      instance, job, std::chrono::seconds(timeout_s), tail_of(args),
+      instance, job, std::chrono::seconds(timeout_s), tail_of(ctx, args),
       [&] { return interrupted = rc.cancelled(); },
       [&](double elapsed) { rc.progress(elapsed, static_cast<double>(timeout_s), "waiting for the job"); });
   const bool ran_out = !interrupted && !jobs::is_final(v.record.state) && timeout_s > 0;
   if (ran_out && !args.value("detach", true)) {
     engine.cancel(instance, job, actor(rc));
-    v = engine.view(instance, job, tail_of(args));
+    v = engine.view(instance, job, tail_of(ctx, args));
   }
   return result_of(v);
 }
@@ -154,37 +169,45 @@ jobs::Record submit_or_say_why(const ToolContext& ctx, const jobs::SubmitRequest
 
 void add_submit(mcp::Server& server, const ToolContext& ctx) {
   const config::Config& cfg = ctx.services.config;
+  json props = command_properties(cfg);
+  props["timeout"] = timeout_arg(cfg, 30);
+  props["detach"] = kDetachArg;
+  props["tail"] = kTailArg;
+  props["limits"] = limits_arg(cfg);
+  props["resources"] = resources_arg(cfg);
+  props["mode"] = mode_arg(cfg);
   add_tool(server, {
       .name = "submit_job",
       .title = "Run a command as a job",
       .description =
-          "Run a shell command (/bin/sh -c) as an asynchronous job in an instance's sandbox: on this node with "
-          "resource `limits` (mode \"local\", the default), or on the Slurm cluster through sbatch with "
-          "`resources` such as cpus and memory (mode \"slurm\"; it may wait in the queue as pending, with the "
-          "scheduler's reason). Waits up to `timeout` seconds and returns the job's status with the last lines "
-          "of its stdout and stderr; a job still running then keeps running (detach=true, the default) — check "
-          "it with poll_job, stop it with cancel_job. With detach=false a job still running when the wait runs "
-          "out is cancelled. Output files are kept in /workspace/.ns_hpc_output/. Use terminal_execute instead "
-          "for quick commands whose output you need at once.",
-      .input = instance_input(
-          cfg, kInstanceWhat,
-          {{"command", {{"type", "string"}, {"description", "Shell command to run."}}},
-           {"timeout", timeout_arg(cfg, "How long to wait for the job before returning", 30)},
-           {"detach", kDetachArg},
-           {"tail", kTailArg},
-           {"limits", limits_arg(cfg)},
-           {"resources", resources_arg(cfg)},
-           {"mode", mode_arg(cfg)}},
-          {"command"}),
+          "Start a command as a background job in an instance's sandbox, with `limits` (local) or Slurm "
+          "`resources` (mode slurm; it may wait as pending). Waits up to `timeout` s, then returns status, exit "
+          "code and output tails; a job still running keeps running (poll_job, cancel_job). The whole output is "
+          "in the files the result names.",
+      .input = instance_input(cfg, std::move(props)),
       .output = job_schema(),
       .hints = {.destructive = true, .open_world = true},
       .handler =
           [ctx](const json& args, mcp::RequestContext& rc) {
+            const config::Config& cfg = ctx.services.config;
             jobs::SubmitRequest req;
             req.instance_id = instance_arg(ctx, args);
             const std::string command = string_arg(args, "command");
-            req.argv = {"/bin/sh", "-c", command};
+            std::vector<std::string> argv;
+            if (auto it = args.find("args"); it != args.end() && it->is_array())
+              for (const auto& a : *it) {
+                if (!a.is_string()) throw UsageError("args must be a list of strings.");
+                argv.push_back(a.get<std::string>());
+              }
+            if (!command.empty() && !argv.empty())
+              throw UsageError("Give either `command` (a shell command) or `args` (an exact argv), not both.");
+            if (command.empty() && argv.empty())
+              throw UsageError("Give `command` (a shell command) or `args` (an exact argv).");
+            req.argv = command.empty() ? argv : std::vector<std::string>{cfg.terminal.shell, "-c", command};
             req.display = command;
+            req.cwd = string_arg(args, "working_directory");
+            req.env = env_arg(args);
+            req.stdin_text = string_arg(args, "stdin");
             const std::string mode = args.value("mode", "local");
             if (auto parsed = jobs::parse_mode(mode))
               req.mode = *parsed;
@@ -208,12 +231,11 @@ void add_poll(mcp::Server& server, const ToolContext& ctx) {
       .name = "poll_job",
       .title = "Check or wait for a job",
       .description =
-          "Return a job's status, exit code and the last lines of its output, waiting up to `timeout` seconds "
-          "(default 0: just look) for it to finish. With detach=false, a job still running when a real wait "
-          "(timeout > 0) runs out is cancelled; timeout 0 never cancels.",
-      .input = instance_input(ctx.services.config, kInstanceWhat,
+          "A job's status, exit code and output tails; waits up to `timeout` s for its end (0: just look, "
+          "never cancels).",
+      .input = instance_input(ctx.services.config,
                               {{"job_id", kJobIdArg},
-                               {"timeout", timeout_arg(ctx.services.config, "How long to wait for the job to finish", 0)},
+                               {"timeout", timeout_arg(ctx.services.config, 0)},
                                {"detach", kDetachArg},
                                {"tail", kTailArg}},
                               {"job_id"}),
@@ -228,20 +250,19 @@ void add_poll(mcp::Server& server, const ToolContext& ctx) {
 }
 
 void add_list(mcp::Server& server, const ToolContext& ctx) {
-  json input = instance_input(ctx.services.config, kInstanceWhat,
-                              {{"status", {{"type", "string"}, {"enum", kStates}}},
-                               {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 500}}},
-                               {"offset", {{"type", "integer"}, {"minimum", 0}}}});
+  json input = instance_input(
+      ctx.services.config,
+      {{"status", {{"type", "string"}, {"enum", kStates}, {"description", "Only jobs in this status."}}},
+       {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 500}, {"description", "Jobs per page (default 15)."}}},
+       {"offset", {{"type", "integer"}, {"minimum", 0}, {"description", "Jobs to skip (next_offset of the last page)."}}}});
   // Published as it always was: an empty "required" when instance_id may be left out.
   if (!input.contains("required")) input["required"] = json::array();
   add_tool(server, {
       .name = "list_jobs",
       .title = "List jobs",
-      .description =
-          "List an instance's jobs, newest first, with status, exit code and command. Filter by status; page "
-          "with limit (default 15, at most 500) and offset (from next_offset).",
+      .description = "An instance's jobs, newest first: status, exit code, command.",
       .input = std::move(input),
-      .output = output_object({{"jobs", {{"type", "array"}, {"items", of_type("object")}}},
+      .output = output_object({{"jobs", {{"type", "array"}, {"items", job_summary_schema()}}},
                                {"total", of_type("integer")},
                                {"next_offset", {{"type", {"integer", "null"}}}}},
                               {"jobs", "total", "next_offset"}),
@@ -250,20 +271,38 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
           [ctx](const json& args, mcp::RequestContext&) {
             std::optional<jobs::State> filter;
             if (auto it = args.find("status"); it != args.end()) filter = jobs::parse_state(it->get<std::string>());
-            auto all = ctx.services.jobs->list(instance_arg(ctx, args), filter);
+            const std::string instance = instance_arg(ctx, args);
+            auto all = ctx.services.jobs->list(instance, filter);
             const std::size_t offset = args.value("offset", 0);
             const std::size_t limit = args.value("limit", 15);
             json items = json::array();
-            std::string text = all.empty() ? "No jobs." : fmt::format("{} job(s), newest first:", all.size());
-            for (std::size_t i = offset; i < all.size() && i < offset + limit; ++i) {
-              items.push_back(jobs::record_summary_json(all[i]));
-              text += "\n- " + job_line(all[i]);
+            std::string text;
+            if (all.empty() && filter) {
+              const std::size_t others = ctx.services.jobs->list(instance).size();
+              text = fmt::format("No {} jobs ({} in other states).", jobs::to_string(*filter), others);
+            } else if (all.empty()) {
+              text = "No jobs.";
+            } else {
+              text = fmt::format("{} {}job(s), newest first:", all.size(), filter ? jobs::to_string(*filter) + " " : "");
             }
-            const bool more = offset + limit < all.size();
-            if (more) text += fmt::format("\n(more: offset {})", offset + limit);
+            // A page holds what fits in [mcp] max_result_chars, in the text and in the items alike.
+            const std::size_t budget = output_budget(ctx.services.config) / 2;
+            std::size_t used = 0, end = offset;
+            for (std::size_t i = offset; i < all.size() && i < offset + limit; ++i) {
+              json item = jobs::record_summary_json(all[i]);
+              const std::string line = "\n- " + job_line(all[i]);
+              const std::size_t size = item.dump().size() + line.size();
+              if (i > offset && used + size > budget) break;
+              used += size;
+              items.push_back(std::move(item));
+              text += line;
+              end = i + 1;
+            }
+            const bool more = end < all.size();
+            if (more) text += fmt::format("\n(more: offset {})", end);
             return mcp::ToolResult::text(text, json{{"jobs", items},
                                                     {"total", all.size()},
-                                                    {"next_offset", more ? json(offset + limit) : json(nullptr)}});
+                                                    {"next_offset", more ? json(end) : json(nullptr)}});
           },
   });
 }
@@ -273,10 +312,9 @@ void add_cancel(mcp::Server& server, const ToolContext& ctx) {
       .name = "cancel_job",
       .title = "Cancel a job",
       .description =
-          "Stop a job: SIGTERM to all its processes, then after a grace period SIGKILL to the whole process "
-          "tree (Slurm jobs: scancel). Returns the final status and the last lines of its output. A finished "
-          "job is left as it is.",
-      .input = instance_input(ctx.services.config, kInstanceWhat, {{"job_id", kJobIdArg}, {"tail", kTailArg}}, {"job_id"}),
+          "Stop a job and every process it started (SIGTERM, then SIGKILL; Slurm: scancel); returns its final "
+          "status. A finished job is left as it is.",
+      .input = instance_input(ctx.services.config, {{"job_id", kJobIdArg}, {"tail", kTailArg}}, {"job_id"}),
       .output = job_schema(),
       .hints = {.destructive = true, .idempotent = true},
       .handler =
@@ -284,7 +322,7 @@ void add_cancel(mcp::Server& server, const ToolContext& ctx) {
             const std::string instance = instance_arg(ctx, args);
             const std::string job = string_arg(args, "job_id");
             ctx.services.jobs->cancel(instance, job, actor(rc));
-            return result_of(ctx.services.jobs->view(instance, job, tail_of(args)));
+            return result_of(ctx.services.jobs->view(instance, job, tail_of(ctx, args)));
           },
   });
 }

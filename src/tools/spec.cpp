@@ -57,17 +57,57 @@ json input_object(json properties, std::vector<std::string> required) {
   return schema;
 }
 
-json instance_input(const config::Config& cfg, const std::string& what, json properties,
+json instance_input(const config::Config& cfg, json properties,
                     std::vector<std::string> required) {
+  // Described the same in every tool (the tool's own description says what it does there).
   const std::string& fallback = cfg.mcp.default_instance;
-  properties["instance_id"] = {{"type", "string"},
-                               {"description", fallback.empty() ? what : fmt::format("{} Default: '{}'.", what, fallback)}};
+  properties["instance_id"] = {
+      {"type", "string"},
+      {"description", fallback.empty() ? std::string("Instance id (see list_instances).")
+                                       : fmt::format("Instance id (see list_instances). Default: '{}'.", fallback)}};
   if (fallback.empty()) required.insert(required.begin(), "instance_id");
   return input_object(std::move(properties), std::move(required));
 }
 
 json output_object(json properties, std::vector<std::string> required) {
   return {{"type", "object"}, {"properties", std::move(properties)}, {"required", std::move(required)}};
+}
+
+json command_properties(const config::Config& cfg) {
+  const json str = of_type("string");
+  return {
+      {"command",
+       {{"type", "string"},
+        {"description", fmt::format("Shell command, run by {} -c. Give command or args.", cfg.terminal.shell)}}},
+      {"args",
+       {{"type", "array"}, {"items", str}, {"description", "Program and its arguments, run exactly (no shell)."}}},
+      {"stdin", {{"type", "string"}, {"description", "Text given to the command's stdin (at most 2 MiB)."}}},
+      {"working_directory",
+       {{"type", "string"},
+        {"description", fmt::format("Absolute path to start in (default {}).", cfg.ns.workspace_mount)}}},
+      {"env",
+       {{"type", "object"},
+        {"additionalProperties", str},
+        {"description", "Extra environment variables: {\"NAME\": \"value\"}."}}},
+  };
+}
+
+std::vector<std::pair<std::string, std::string>> env_arg(const json& args) {
+  std::vector<std::pair<std::string, std::string>> env;
+  auto it = args.find("env");
+  if (it == args.end() || it->is_null()) return env;
+  if (!it->is_object()) throw UsageError("env must be an object of NAME: \"value\" strings.");
+  for (const auto& [name, value] : it->items()) {
+    const bool valid_name =
+        !name.empty() && !(name[0] >= '0' && name[0] <= '9') &&
+        name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
+    if (!valid_name)
+      throw UsageError(fmt::format("env: '{}' is not a variable name (letters, digits and _, not starting with a digit).",
+                                   name));
+    if (!value.is_string()) throw UsageError(fmt::format("env: the value of {} must be a string.", name));
+    env.emplace_back(name, value.get<std::string>());
+  }
+  return env;
 }
 
 std::string string_arg(const json& args, const char* name) {

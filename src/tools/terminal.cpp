@@ -40,6 +40,7 @@ struct Request {
   std::vector<std::string> argv;
   std::string stdin_text;  // empty: no stdin (EOF at once)
   std::string working_directory;
+  std::vector<std::pair<std::string, std::string>> env;
   std::int64_t timeout = kDefaultTimeoutSeconds;
 };
 
@@ -57,6 +58,7 @@ Request parse_request(const json& args, const config::Config& cfg, const ToolCon
   }
   req.stdin_text = string_arg(args, "stdin");
   req.working_directory = string_arg(args, "working_directory");
+  req.env = env_arg(args);
   if (auto it = args.find("timeout"); it != args.end() && !it->is_null()) {
     if (it->is_number_unsigned()) {
       const auto v = it->get<std::uint64_t>();
@@ -91,7 +93,7 @@ Request parse_request(const json& args, const config::Config& cfg, const ToolCon
         "stdin content exceeds the 2 MiB limit ({} bytes). Split into smaller chunks or use a different "
         "approach.",
         req.stdin_text.size()));
-  req.argv = command.empty() ? std::move(argv) : std::vector<std::string>{"/bin/bash", "-c", command};
+  req.argv = command.empty() ? std::move(argv) : std::vector<std::string>{cfg.terminal.shell, "-c", command};
   return req;
 }
 
@@ -105,6 +107,7 @@ sandbox::CaptureResult execute(const ToolContext& ctx, const store::Instance& in
   spec.target = ctx.services.store.sandbox_target(inst);
   spec.argv = req.argv;
   spec.cwd = req.working_directory;  // empty: the workspace
+  spec.env = req.env;
   // [terminal.limits]: the same enforcement as a job's (cgroups for cpus/memory/pids, a file
   // size limit for output), in a group of its own that goes with the command.
   spec.limits = cfg.terminal.limits;
@@ -135,8 +138,9 @@ void append_note(std::string& err, const std::string& note) {
   err += note;
 }
 
-mcp::ToolResult make_result(const config::Config& cfg, const Request& req, const store::Instance& inst,
+mcp::ToolResult make_result(const ToolContext& ctx, const store::Instance& inst, const Request& req,
                             sandbox::CaptureResult o) {
+  const config::Config& cfg = ctx.services.config;
   int exit_code = o.status.exit_code;
   switch (o.ending) {
     case sandbox::Ending::finished: break;
@@ -169,51 +173,54 @@ mcp::ToolResult make_result(const config::Config& cfg, const Request& req, const
       return mcp::ToolResult::error(o.status.error.empty() ? "the sandbox did not start" : o.status.error);
     exit_code = kNotRunExitCode;
   }
-  const std::string out = text::sanitize_utf8(o.out);
-  const std::string err = text::sanitize_utf8(o.err);
+  // At most [mcp] max_result_chars of output; the whole of a cut output stays in a file.
+  BoundedOutput b = bound_output(ctx, inst, text::sanitize_utf8(o.out), text::sanitize_utf8(o.err), o.out, o.err);
+  if (!b.note.empty()) append_note(b.err, b.note);
   const std::int64_t ms = o.duration.count();
-  // The text keeps the original's key order; structuredContent adds the instance.
-  const std::string network(config::to_string(inst.network));
-  nlohmann::ordered_json text = {
-      {"stdout", out}, {"stderr", err}, {"exit_code", exit_code}, {"exec_duration_ms", ms}, {"network", network}};
-  json structured = {{"stdout", out},
-                     {"stderr", err},
+  json structured = {{"stdout", b.out},
+                     {"stderr", b.err},
                      {"exit_code", exit_code},
                      {"exec_duration_ms", ms},
                      {"instance_id", req.instance_id},
-                     {"network", network}};
-  return mcp::ToolResult::text(text.dump(), std::move(structured));
+                     {"network", std::string(config::to_string(inst.network))}};
+  if (!b.out_file.empty()) structured["stdout_file"] = b.out_file;
+  if (!b.err_file.empty()) structured["stderr_file"] = b.err_file;
+  // The text: a readable summary and the output, never a second serialisation of it.
+  std::string text = fmt::format("exit code {} ({} ms, network {})", exit_code, ms, config::to_string(inst.network));
+  auto stream = [&text](const char* name, const std::string& data, const std::string& file) {
+    if (data.empty()) return;
+    text += fmt::format("\n--- {}{} ---\n", name, file.empty() ? "" : " (cut; whole: " + file + ")");
+    text += data;
+  };
+  stream("stdout", b.out, b.out_file);
+  stream("stderr", b.err, b.err_file);
+  if (b.out.empty() && b.err.empty()) text += ", no output";
+  return mcp::ToolResult::text(std::move(text), std::move(structured));
 }
 
 std::string tool_description(const config::Config& cfg, bool share_pids) {
-  const std::string& ws = cfg.ns.workspace_mount;
-  const std::string& outdir = cfg.ns.output_mount;
   return fmt::format(
-      "Execute a command in an instance's Linux sandbox and return its output as JSON: {{stdout, stderr, "
-      "exit_code, exec_duration_ms}}. instance_id names the instance (find one with list_instances or make "
-      "one with create_instance). Give either `command`, a string run by /bin/bash -c (pipes, redirection, "
-      "&& and globs work), or `args`, a list executed directly without a shell (every argument passed "
-      "exactly as given).\n\n"
-      "Commands run in a hardened sandbox (no root, read-only system folders, a private /tmp of limited "
-      "size, limits on memory and processes). Files persist between calls: the workspace {ws} (also $HOME "
-      "and the default working directory) and the output folder {out}. In a persistent instance background "
-      "processes, /tmp and loopback servers stay between calls too{pids}; otherwise each call is a fresh sandbox "
-      "and anything still running when the command ends is killed. The current directory and environment "
-      "variables never carry over: chain steps with && in one command or set working_directory (an "
-      "absolute path).\n\n"
-      "To write files or pass data without shell escaping, use the stdin parameter (e.g. "
-      "command=\"cat > file.txt\" with the content in stdin; at most 2 MiB).\n\n"
-      "Commands time out after {def} seconds by default (set timeout for long-running operations, at most "
-      "{max}). On timeout the command and everything it started are killed and exit_code is 124; the output printed so far is kept and "
-      "stderr ends with a note. stdout and stderr together may hold at most {limit} bytes (2 MiB): a command "
-      "that prints more is killed (exit_code 1, the first bytes kept, a note at the end of stderr), so "
-      "narrow big output with head, tail or grep or write it to a file. A non-zero exit code is a normal "
-      "result, not a tool error. Output is decoded as UTF-8 (invalid bytes become U+FFFD): keep binary data "
-      "in files. The result's network is the instance's mode: 'off' has only its own loopback (no internet, "
-      "no name lookups), 'host' shares the host's network; update_instance changes it.",
-      fmt::arg("pids", share_pids ? "" : " (a later call cannot ps or kill them; restart_instance ends them)"),
-      fmt::arg("ws", ws), fmt::arg("out", outdir), fmt::arg("def", kDefaultTimeoutSeconds),
-      fmt::arg("max", cfg.jobs.max_timeout), fmt::arg("limit", kOutputLimitBytes));
+      "Run a command in an instance's sandbox now; returns exit_code, stdout, stderr. {ws} ($HOME, the default "
+      "directory) and {out} persist; the directory and variables do not carry over between calls. A persistent "
+      "instance keeps background processes and /tmp between calls{pids}; otherwise each call is a fresh sandbox. "
+      "On timeout everything it started is killed: exit 124, output so far kept. Over {limit} MiB of "
+      "stdout+stderr kills it (exit 1). A result carries at most {chars} characters of output (head and tail; "
+      "the whole in the file it names). A non-zero exit code is a result, not an error. For long work use "
+      "submit_job. network is the instance's mode: 'off' has only its own loopback (no internet, no name "
+      "lookups), 'host' shares the host's network; update_instance changes it.",
+      fmt::arg("pids", share_pids ? "" : " (not visible to ps/kill of later calls)"),
+      fmt::arg("ws", cfg.ns.workspace_mount), fmt::arg("out", cfg.ns.output_mount),
+      fmt::arg("limit", kOutputLimitBytes / (1024 * 1024)), fmt::arg("chars", cfg.mcp.max_result_chars));
+}
+
+json input_properties(const config::Config& cfg) {
+  json props = command_properties(cfg);
+  props["timeout"] = {{"type", "integer"},
+                      {"minimum", 1},
+                      {"maximum", cfg.jobs.max_timeout},
+                      {"description", fmt::format("Seconds the command may run (default {}); then it is killed.",
+                                                  kDefaultTimeoutSeconds)}};
+  return props;
 }
 
 }  // namespace
@@ -224,39 +231,22 @@ void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
       .name = "terminal_execute",
       .title = "Run a command in an instance",
       .description = tool_description(cfg, ctx.services.backend.commands_share_pids()),
-      .input = instance_input(
-          cfg, "The instance to run the command in (its id, as listed by list_instances).",
-          {{"command",
-            {{"type", "string"},
-             {"description", "Shell command string (mutually exclusive with args). Run by /bin/bash -c."}}},
-           {"args",
-            {{"type", "array"},
-             {"items", of_type("string")},
-             {"description",
-              "List of arguments for direct execution (mutually exclusive with command). The first is the "
-              "program."}}},
-           {"stdin", {{"type", "string"}, {"description", "Content to pipe to stdin (at most 2 MiB)."}}},
-           {"working_directory",
-            {{"type", "string"},
-             {"description", fmt::format("Working directory for the command (must be absolute). Default: {}.",
-                                         cfg.ns.workspace_mount)}}},
-           {"timeout",
-            {{"type", "integer"},
-             {"description", fmt::format("Timeout in seconds (default {}, at most {}).", kDefaultTimeoutSeconds,
-                                         cfg.jobs.max_timeout)}}}}),
+      .input = instance_input(cfg, input_properties(cfg)),
       .output = output_object({{"stdout", of_type("string")},
                                {"stderr", of_type("string")},
                                {"exit_code", of_type("integer")},
                                {"exec_duration_ms", of_type("integer")},
                                {"instance_id", of_type("string")},
-                               {"network", {{"type", "string"}, {"description", "the instance's network mode"}}}},
+                               {"network", {{"type", "string"}, {"description", "the instance's network mode"}}},
+                               {"stdout_file", of_type("string")},
+                               {"stderr_file", of_type("string")}},
                               {"stdout", "stderr", "exit_code", "exec_duration_ms", "instance_id", "network"}),
       .hints = {.destructive = true, .idempotent = false, .open_world = true},
       .handler =
           [ctx](const json& args, mcp::RequestContext& rc) {
             const Request req = parse_request(args, ctx.services.config, ctx);
             const store::Instance inst = ctx.services.store.get(req.instance_id);
-            return make_result(ctx.services.config, req, inst, execute(ctx, inst, req, rc));
+            return make_result(ctx, inst, req, execute(ctx, inst, req, rc));
           },
   });
 }

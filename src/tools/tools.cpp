@@ -128,6 +128,8 @@ mcp::ServerOptions server_options(const config::Config& config, Services service
   ToolContext ctx{services};
   options.on_tool_call = [ctx](const std::string& tool, const mcp::json& args, mcp::ToolResult& result,
                                std::chrono::milliseconds duration, mcp::RequestContext& rc) {
+    // The last bound of every result's text; the tools size theirs first.
+    bound_texts(result, static_cast<std::size_t>(ctx.services.config.mcp.max_result_chars));
     audit_tool_call(ctx, tool, args, result, duration, rc);
   };
   options.page_size = static_cast<std::size_t>(config.mcp.page_size);

@@ -62,12 +62,12 @@ describe('terminal_execute', () => {
     assert.ok(out, 'structuredContent present');
     assert.equal(validateOutput(out), null, `structuredContent matches the outputSchema`);
     assert.equal(out.instance_id, instance);
-    // The text is the original's compact JSON object (no instance_id), equal to the structured one.
+    // The text is a readable summary with the output (never a second JSON copy of structuredContent).
     assert.equal(result.content.length, 1);
     const text = result.content[0].text;
-    assert.ok(!text.includes('\n{') && text.startsWith('{"stdout":'), `compact JSON in the original key order: ${text.slice(0, 80)}`);
-    const { instance_id: _unused, ...rest } = out;
-    assert.deepEqual(JSON.parse(text), rest);
+    assert.ok(text.startsWith(`exit code ${out.exit_code} (`), `a readable summary: ${text.slice(0, 80)}`);
+    if (out.stdout) assert.ok(text.includes(`--- stdout`) && text.includes(out.stdout), 'the stdout is in the text');
+    if (out.stderr) assert.ok(text.includes(`--- stderr`) && text.includes(out.stderr), 'the stderr is in the text');
     return { result, out };
   }
 
@@ -89,7 +89,7 @@ describe('terminal_execute', () => {
     assert.equal(tool.annotations.readOnlyHint, false);
     assert.equal(tool.annotations.destructiveHint, true);
     assert.equal(tool.annotations.openWorldHint, true);
-    for (const phrase of [/fresh/, /\/workspace/, /\/output/, /stdin/, /cat > file\.txt/, /124/, /2 MiB/])
+    for (const phrase of [/fresh/, /\/workspace/, /\/output/, /124/, /2 MiB/, /30000 characters/])
       assert.match(tool.description, phrase);
   });
 
@@ -178,24 +178,29 @@ describe('terminal_execute', () => {
     assert.equal(quiet.out.stderr, '[ns-hpc: command timed out after 1 s; the sandbox was killed]');
   });
 
-  test('output limit: killed, exit 1, the first 2 MiB kept', async () => {
+  // The whole (cut) output of a result: the file it names, read on the host.
+  const wholeSize = (file) => fs.statSync(path.join(home.instancesDir, ID, 'workspace', file.slice('/workspace/'.length))).size;
+
+  test('output limit: killed, exit 1, the first 2 MiB kept in a file; the result carries 30000 characters', async () => {
     const { out } = await run({ command: 'yes | head -c 3000000; echo not-reached' });
     assert.equal(out.exit_code, 1);
-    assert.equal(out.stdout.length, MIB2);
+    assert.ok(out.stdout.length <= 30000, `cut to [mcp] max_result_chars: ${out.stdout.length}`);
     assert.ok(out.stdout.startsWith('y\ny\ny\n'));
+    assert.match(out.stdout, /characters cut here; the whole output is in \/workspace\/\.ns_hpc_output\/term-/);
+    assert.equal(wholeSize(out.stdout_file), MIB2);
     assert.ok(!out.stdout.includes('not-reached'));
     assert.equal(out.stderr, OUTPUT_LIMIT_NOTE);
     // Combined: stdout and stderr together.
     const both = await run({ command: 'head -c 1500000 /dev/zero | tr "\\0" a; head -c 1500000 /dev/zero | tr "\\0" b >&2' });
     assert.equal(both.out.exit_code, 1);
     assert.ok(both.out.stderr.endsWith('\n' + OUTPUT_LIMIT_NOTE));
-    const errKept = both.out.stderr.length - OUTPUT_LIMIT_NOTE.length - 1;
-    assert.equal(both.out.stdout.length + errKept, MIB2, 'stdout + stderr kept = the limit');
-    assert.match(both.out.stdout, /^a+$/);
+    const errKept = wholeSize(both.out.stderr_file) - OUTPUT_LIMIT_NOTE.length - 1;
+    assert.equal(wholeSize(both.out.stdout_file) + errKept, MIB2, 'stdout + stderr kept = the limit');
+    assert.match(both.out.stdout, /^a+\n\[ns-hpc: [0-9,]+ characters cut here; [^\]]*\]\na+$/);
     // Exactly 2 MiB is allowed.
     const exact = await run({ command: 'yes | head -c 2097152' });
     assert.equal(exact.out.exit_code, 0);
-    assert.equal(exact.out.stdout.length, MIB2);
+    assert.equal(wholeSize(exact.out.stdout_file), MIB2);
     assert.equal(exact.out.stderr, '');
   });
 
@@ -208,10 +213,11 @@ describe('terminal_execute', () => {
     await refused({}, /^Must provide either 'command' or 'args'\.$/);
     await refused({ command: '', args: [] }, /^Must provide either 'command' or 'args'\.$/);
     await refused({ command: 'touch ran.txt', working_directory: 'workspace' }, /^working_directory must be an absolute path, got: workspace$/);
-    await refused({ command: 'touch ran.txt', timeout: 0 }, /^timeout must be at least 1 second\.$/);
-    await refused({ command: 'touch ran.txt', timeout: -5 }, /^timeout must be at least 1 second\.$/);
-    await refused({ command: 'touch ran.txt', timeout: 3601 }, /at most 3600 seconds/);
-    await refused({ command: 'touch ran.txt', timeout: 1e20 }, /at most 3600 seconds/);
+    // The bounds are the schema's (minimum 1, maximum [jobs] max_timeout), as the server enforces.
+    await refused({ command: 'touch ran.txt', timeout: 0 }, /timeout.*>= 1/);
+    await refused({ command: 'touch ran.txt', timeout: -5 }, /timeout.*>= 1/);
+    await refused({ command: 'touch ran.txt', timeout: 3601 }, /timeout.*3600/);
+    await refused({ command: 'touch ran.txt', timeout: 1e20 }, /timeout.*3600/);
     await refused(
       { command: 'touch ran.txt', stdin: 'x'.repeat(MIB2 + 1) },
       /^stdin content exceeds the 2 MiB limit \(2097153 bytes\)\. Split into smaller chunks or use a different approach\.$/,
@@ -301,7 +307,7 @@ describe('terminal_execute', () => {
     assert.ok(records.length > 10, `terminal_execute records: ${records.length}`);
     assert.ok(records.some((r) => r.exit_code === 42 && r.is_error === false), 'exit 42 audited');
     assert.ok(records.some((r) => r.exit_code === 124), 'the timeout audited');
-    assert.ok(records.some((r) => r.is_error === true && /at least 1 second/.test(r.error)), 'a refusal audited');
+    assert.ok(records.some((r) => r.is_error === true && /timeout.*>= 1/.test(r.error)), 'a refusal audited');
     assert.ok(records.every((r) => typeof r.duration_ms === 'number'));
   });
 });

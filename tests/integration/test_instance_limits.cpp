@@ -203,7 +203,7 @@ TEST(InstanceLimits, AJobKeepsItsOwnLimitBelowTheInstances) {
     return j;
   };
   json small = job({"-l", "memory=64"});
-  EXPECT_EQ(small["status"], "failed") << small.dump();
+  EXPECT_EQ(small["status"], "out_of_memory") << small.dump();
   EXPECT_NE(small.value("reason", "").find("out of memory"), std::string::npos) << small.dump();
   json fits = job({});
   EXPECT_EQ(fits["status"], "completed") << fits.dump();

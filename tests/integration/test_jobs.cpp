@@ -103,7 +103,7 @@ TEST_F(Jobs, WallTimeLimitTimesOut) {
 
 TEST_F(Jobs, OutputLimitStopsTheJob) {
   json j = run({"-l", "output=1"}, {"head -c 3000000 /dev/zero"});
-  EXPECT_EQ(j["status"], "failed");
+  EXPECT_EQ(j["status"], "output_limit");
   EXPECT_NE(j["reason"].get<std::string>().find("output limit"), std::string::npos) << j.dump();
 }
 
@@ -166,7 +166,7 @@ TEST_F(Jobs, MemoryHogIsKilledAtItsLimitAndReportedAsOutOfMemory) {
   if (!is_root()) GTEST_SKIP() << "memory limits need writable cgroups (root here)";
   json j = run({"-l", "memory=64", "--timeout", "30"},
                {"perl -e '@a=(); while(1){push @a, q(x) x (1<<20)}'"});
-  EXPECT_EQ(j["status"], "failed") << j.dump();
+  EXPECT_EQ(j["status"], "out_of_memory") << j.dump();
   EXPECT_NE(j["reason"].get<std::string>().find("out of memory"), std::string::npos) << j.dump();
 }
 

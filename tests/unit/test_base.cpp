@@ -96,6 +96,28 @@ TEST(Text, Utf8LengthAndFirstInvalidByte) {
   EXPECT_EQ(utf8_length("a\xFF\xFE"), 3u);
 }
 
+TEST(Text, CutMiddleKeepsHeadAndTailWithinTheCharacterBudget) {
+  using namespace nshpc::text;
+  auto marker = [](std::size_t n) { return "[cut " + std::to_string(n) + "]"; };
+  EXPECT_EQ(cut_middle("short", 10, marker).text, "short");
+  EXPECT_EQ(cut_middle("short", 10, marker).cut_chars, 0u);
+  std::string lines;
+  for (int i = 0; i < 1000; ++i) lines += std::to_string(i) + "\n";
+  const MiddleCut c = cut_middle(lines, 200, marker);
+  EXPECT_LE(utf8_length(c.text), 200u);
+  EXPECT_EQ(c.text.rfind("0\n1\n2\n", 0), 0u);
+  EXPECT_EQ(c.text.substr(c.text.size() - 4), "999\n");
+  EXPECT_NE(c.text.find("\n[cut " + std::to_string(c.cut_chars) + "]\n"), std::string::npos) << c.text;
+  EXPECT_EQ(utf8_length(lines), utf8_length(c.text) - utf8_length("[cut " + std::to_string(c.cut_chars) + "]\n") + c.cut_chars);
+  // Characters, not bytes: 500 two-byte characters cut to 100 characters (more than 100 bytes).
+  std::string accents;
+  for (int i = 0; i < 500; ++i) accents += "\xC3\xA9";
+  const MiddleCut a = cut_middle(accents, 100, marker);
+  EXPECT_LE(utf8_length(a.text), 100u);
+  EXPECT_GT(a.text.size(), 100u);
+  EXPECT_FALSE(find_invalid_utf8(a.text));
+}
+
 TEST(Random, HexIsFreshEachTimeAndBelowStaysInRange) {
   const std::string a = nshpc::random::hex(16), b = nshpc::random::hex(16);
   EXPECT_EQ(a.size(), 32u);

@@ -28,14 +28,16 @@ TEST(ToolSpec, InputObjectIsClosedAndOmitsAnEmptyRequired) {
 
 TEST(ToolSpec, InstanceInputRequiresInstanceIdOnlyWithoutADefault) {
   nshpc::config::Config cfg;
-  const json without = tools::instance_input(cfg, "Where.", {{"job_id", tools::of_type("string")}}, {"job_id"});
+  const json without = tools::instance_input(cfg, {{"job_id", tools::of_type("string")}}, {"job_id"});
   EXPECT_EQ(without["required"], json::array({"instance_id", "job_id"}));
-  EXPECT_EQ(without["properties"]["instance_id"], (json{{"type", "string"}, {"description", "Where."}}));
+  // Described the same in every tool.
+  EXPECT_EQ(without["properties"]["instance_id"],
+            (json{{"type", "string"}, {"description", "Instance id (see list_instances)."}}));
 
   cfg.mcp.default_instance = "dflt";
-  const json with = tools::instance_input(cfg, "Where.", json::object());
+  const json with = tools::instance_input(cfg, json::object());
   EXPECT_FALSE(with.contains("required"));
-  EXPECT_EQ(with["properties"]["instance_id"]["description"], "Where. Default: 'dflt'.");
+  EXPECT_EQ(with["properties"]["instance_id"]["description"], "Instance id (see list_instances). Default: 'dflt'.");
 }
 
 TEST(ToolSpec, OutputObjectIsOpenWithItsRequired) {
