@@ -206,8 +206,7 @@ std::string tool_description(const config::Config& cfg, bool share_pids) {
       "On timeout everything it started is killed: exit 124, output so far kept. Over {limit} MiB of "
       "stdout+stderr kills it (exit 1). A result carries at most {chars} characters of output (head and tail; "
       "the whole in the file it names). A non-zero exit code is a result, not an error. For long work use "
-      "submit_job. network is the instance's mode: 'off' has only its own loopback (no internet, no name "
-      "lookups), 'host' shares the host's network; update_instance changes it.",
+      "submit_job. network: 'off' has only its own loopback (no internet, no DNS), 'host' shares the host's.",
       fmt::arg("pids", share_pids ? "" : " (not visible to ps/kill of later calls)"),
       fmt::arg("ws", cfg.ns.workspace_mount), fmt::arg("out", cfg.ns.output_mount),
       fmt::arg("limit", kOutputLimitBytes / (1024 * 1024)), fmt::arg("chars", cfg.mcp.max_result_chars));

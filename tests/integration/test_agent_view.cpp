@@ -211,7 +211,7 @@ TEST(AgentView, TerminalResultsCarryTheNetworkAndAMissingProgramIs127) {
   for (const auto& t : tools["result"]["tools"])
     if (t["name"] == "terminal_execute") description = t["description"];
   EXPECT_TRUE(has(description, "'off' has only its own loopback")) << description;
-  EXPECT_TRUE(has(description, "'host' shares the host's network")) << description;
+  EXPECT_TRUE(has(description, "'host' shares the host's")) << description;
 
   json by_args = server.tool("terminal_execute", {{"instance_id", "offline"}, {"args", {"nosuchprog"}}});
   EXPECT_EQ(by_args["exit_code"], 127) << by_args.dump();

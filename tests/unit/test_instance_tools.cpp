@@ -268,6 +268,8 @@ TEST_F(InstanceToolsTest, StopAndRestartRefuseWhatIsNotLiving) {
   EXPECT_TRUE(backend_.calls.empty());
 }
 
+// Every instance's sandbox side is ended before its files move: a living sandbox, and the groups
+// an ephemeral instance's commands left.
 TEST_F(InstanceToolsTest, ArchiveAndDeleteStopALivingInstanceFirst) {
   std::vector<std::string> stops;
   store_->set_living_stop([&](const sandbox::Target& t, std::string_view why) {
@@ -280,7 +282,7 @@ TEST_F(InstanceToolsTest, ArchiveAndDeleteStopALivingInstanceFirst) {
   EXPECT_FALSE(call("archive_instance", {{"instance_id", "liv"}}).value("isError", false));
   EXPECT_FALSE(call("delete_instance", {{"instance_id", "gone"}}).value("isError", false));
   EXPECT_FALSE(call("archive_instance", {{"instance_id", "eph"}}).value("isError", false));
-  EXPECT_EQ(stops, (std::vector<std::string>{"liv archived", "gone deleted"}));
+  EXPECT_EQ(stops, (std::vector<std::string>{"liv archived", "gone deleted", "eph archived"}));
 }
 
 }  // namespace
