@@ -592,7 +592,7 @@ describe('jobs across server restarts', () => {
         if (seen.stdout_tail !== k || seen.exit_code !== 0) problems.push(`${j.job_id} ${k}: completed with ${JSON.stringify(seen.stdout_tail)}`);
       } else if (seen.status === 'lost') {
         // Only when it provably never started: no sandbox recorded, no output.
-        if (!neverStarted(home, RID, j.job_id) || seen.stdout_tail !== '')
+        if (!neverStarted(home, RID, j.job_id) || (seen.stdout_tail ?? '') !== '')
           problems.push(`${j.job_id} ${k}: lost although it started (stdout ${JSON.stringify(seen.stdout_tail)}; ${seen.reason})`);
       } else {
         problems.push(`${j.job_id} ${k}: ${seen.status} ${seen.reason} (created ${seen.created_at})`);
