@@ -113,11 +113,19 @@ void Engine::adopt(const store::Instance& inst, const std::string& job_id) {
 }
 
 View Engine::view(const std::string& instance_id, const std::string& job_id, const TailOptions& tail) {
-  if (!valid_job_id(job_id))
-    throw NotFound(NotFound::Kind::job, fmt::format("'{}' is not a job id (job ids are 12 hex characters)", job_id));
   store::Instance inst = store_.get(instance_id);
+  // A job id of the instance a typo away, for the caller's "did you mean".
+  const auto near = [&] {
+    NotFound::Facts facts;
+    facts.near_miss = text::closest(job_id, jobs_->job_ids(inst)).value_or("");
+    return facts;
+  };
+  if (!valid_job_id(job_id))
+    throw NotFound(NotFound::Kind::job, fmt::format("'{}' is not a job id (job ids are 12 hex characters)", job_id),
+                   near());
   const std::optional<Record> rec = current_record(inst, job_id);
-  if (!rec) throw NotFound(NotFound::Kind::job, fmt::format("job '{}' not found in instance '{}'", job_id, instance_id));
+  if (!rec)
+    throw NotFound(NotFound::Kind::job, fmt::format("job '{}' not found in instance '{}'", job_id, instance_id), near());
   View v;
   v.record = *rec;
   executor(rec->mode).tails(inst, *rec, tail, v);

@@ -272,4 +272,15 @@ TEST(NotFound, EachAudienceIsToldWhereToLook) {
   EXPECT_EQ(said.find("ns-hpc"), std::string::npos) << said;
   const std::string ghost = result_text(server.call_and_wait("describe_instance", {{"instance_id", "ghost"}}));
   EXPECT_NE(ghost.find("instance 'ghost' not found; list_instances lists"), std::string::npos) << ghost;
+
+  // A job id one character off an existing one is a likely typo.
+  const nlohmann::json job_done = server.tool("submit_job", {{"instance_id", "alpha"}, {"command", "true"}, {"timeout", 10}});
+  const std::string id = job_done.value("job_id", std::string());
+  ASSERT_EQ(id.size(), 12u) << job_done.dump();
+  std::string typo = id;
+  typo[5] = typo[5] == 'a' ? 'b' : 'a';
+  const std::string near = result_text(server.call_and_wait("poll_job", {{"instance_id", "alpha"}, {"job_id", typo}}));
+  EXPECT_NE(near.find("did you mean '" + id + "'?"), std::string::npos) << near;
+  const Result by_cli = env.run({"instance", "status", "alpha", typo.substr(0, 11)});
+  EXPECT_NE(by_cli.err.find("did you mean '" + id + "'?"), std::string::npos) << by_cli.err;
 }
