@@ -267,7 +267,7 @@ class SandboxExecution final : public Execution {
   bool persistent_ = false;
   // "<instance>", "term-" (from a cgroup name "<instance>/term-<id>"): the sweep of kept groups.
   std::string cgroup_folder_, cgroup_prefix_;
-  CgroupPool* pool_ = nullptr;  // where the group goes at the end (a command of a living instance)
+  CgroupPool* pool_ = nullptr;  // where the group goes at the end (a command, not a job)
   bool killed_ = false;         // kill_tree() ran: its group is not used again (Cgroup::killed())
   std::string pool_key_;
   UniqueFd out_, err_;
