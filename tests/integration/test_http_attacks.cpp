@@ -231,9 +231,11 @@ void raise_own_fd_limit() {
 // Item 5: sessions whose clients never read the ~4 MB answers of terminal_execute (2 MB printed,
 // sent as text and as structuredContent). Before: 2 × 32 such calls took the server from 33 MiB
 // to 5.6 GiB, and 4 GiB stayed. Now what is held per session and in all is capped, the rest of
-// the work is refused, and the memory goes back once the sessions end.
+// the work is refused, and the memory goes back once the sessions end. Results are cut to
+// [mcp] max_result_chars (30,000 by default), so this raises it to its maximum: the answers are
+// as large as an operator can make them, and the caps must still hold.
 TEST(HttpAttacks, UnreadLargeResponsesDoNotGrowTheServer) {
-  Env env(server_config());
+  Env env(server_config() + "[mcp]\nmax_result_chars = 10000000\n");
   env.create("mem");
   Server server(env);
   ASSERT_TRUE(server.ready());
