@@ -128,11 +128,6 @@ void require_instance(Invocation& inv, const std::string& id) {
   if (!inv.store().exists(id)) (void)inv.store().get(id);  // NotFound, with an archive or a near miss
 }
 
-void warn_corrupt(const store::Listing& listing) {
-  for (const auto& bad : listing.corrupt)
-    log::warn("instance '{}' skipped: {}", bad.id, bad.problem);
-}
-
 void describe_text(const store::Instance& inst, const nlohmann::json& state) {
   std::printf("ID:            %s\n", inst.id.c_str());
   std::printf("Created at:    %s\n", inst.meta.created_at().empty() ? "unknown" : inst.meta.created_at().c_str());
@@ -196,12 +191,22 @@ void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
 
 void add_list(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
   auto* cmd = parent.add_subcommand("list", "List active instances");
+  auto query = std::make_shared<store::ListQuery>();
+  query->sort = store::SortBy::id;
+  query->limit = 0;
+  cmd->add_option("--filter", query->filter, "Only instances whose id or description contains TEXT (any case)");
+  auto sort = std::make_shared<std::string>("id");
+  cmd->add_option("--sort", *sort, "id (default) or activity (most recently active first)")
+      ->check(CLI::IsMember({"id", "activity"}));
+  cmd->add_option("--limit", query->limit, "At most N instances (default: all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--offset", query->offset, "Skip the first N")->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", a->json, "Print a JSON array");
-  cmd->callback([&inv, a] {
-    store::Listing listing = inv.store().list();
-    warn_corrupt(listing);
+  cmd->callback([&inv, a, query, sort] {
+    query->sort = *sort == "activity" ? store::SortBy::last_activity : store::SortBy::id;
+    store::Page page = inv.store().list_page(*query);
+    for (const auto& bad : page.corrupt) log::warn("instance '{}' skipped: {}", bad.id, bad.problem);
     nlohmann::json out = nlohmann::json::array();
-    for (const auto& inst : listing.instances) {
+    for (const auto& inst : page.instances) {
       nlohmann::json item = instance_host_json(inst);
       add_living_state(inv, inst, item);  // persistent instances only
       out.push_back(std::move(item));
@@ -210,19 +215,24 @@ void add_list(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceA
       print_json(out);
       return;
     }
-    if (listing.instances.empty()) {
-      std::puts("No instances found.");
+    if (page.instances.empty()) {
+      if (page.total > 0)
+        std::printf("No instances from position %zu on (%zu in all).\n", query->offset, page.total);
+      else
+        std::puts(query->filter.empty() ? "No instances found." : "No instance matches.");
       return;
     }
     // STATE: "-" for an instance that is not persistent, else running/stopped (or unknown).
     std::vector<std::vector<std::string>> rows{{"ID", "CREATED", "LAST ACTIVITY", "NETWORK", "STATE", "DESCRIPTION"}};
-    for (std::size_t i = 0; i < listing.instances.size(); ++i) {
-      const auto& inst = listing.instances[i];
+    for (std::size_t i = 0; i < page.instances.size(); ++i) {
+      const auto& inst = page.instances[i];
       rows.push_back({inst.id, short_time(inst.meta.created_at()), short_time(inst.last_activity()),
                       std::string(config::to_string(inst.network)), out[i].value("state", "-"),
                       inst.meta.description()});
     }
     print_table(rows);
+    const std::size_t next = query->offset + page.instances.size();
+    if (next < page.total) std::printf("%zu more: --offset %zu\n", page.total - next, next);
   });
 }
 

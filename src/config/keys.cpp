@@ -372,10 +372,11 @@ Keys<Config> make_config_keys() {
                       "`instance_id` is optional in their schemas); `\"\"`: none."}),
           value("max_result_chars", &Mcp::max_result_chars, integer({1000, 10000000, "characters"}), {
               .defaults_to = "30000",
-              .help = "Most characters of output a tool result carries (`terminal_execute`, the job tools; "
-                      "every other result is bounded the same way): longer output keeps its head and tail "
-                      "with a marker saying how much was cut, and the whole of a cut `terminal_execute` "
-                      "output is kept in `/workspace/.ns_hpc_output/term-*` (the last 5 per instance)."}),
+              .help = "Most characters a tool result carries (`terminal_execute` and the job tools cut their "
+                      "output to fit, listings end their page; with `result_type = \"both\"` the text and "
+                      "`structuredContent` share it): longer output keeps its head and tail with a marker "
+                      "saying how much was cut, and the whole of a cut `terminal_execute` output is kept in "
+                      "`/workspace/.ns_hpc_output/term-*` (the last 5 per instance)."}),
       }),
 
       table("server", &Config::server, {

@@ -17,43 +17,42 @@ namespace {
 
 using mcp::json;
 
-const json kInstanceIdArg = {
-    {"type", "string"},
-    {"description", "Instance id: 1-63 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit."}};
+const json kInstanceIdArg = instance_id_arg();
 
 const json kNetworkArg = {{"type", "string"},
                           {"enum", {"host", "off"}},
-                          {"description", "'host': the sandbox shares the host's network namespace: the internet where the "
-                                          "host has it, but also every service on the host's loopback and its "
-                                          "abstract Unix sockets (X11, D-Bus). 'off': no network at all, only its "
-                                          "own loopback."}};
+                          {"description", "'off': only its own loopback. 'host': the host's network, its loopback "
+                                          "services included (the weakest)."}};
+
+// ISO 8601, UTC.
+const json kTime = {{"type", "string"}, {"format", "date-time"}};
 
 const json kInstanceSchema = output_object(
     {{"id", of_type("string")},
      {"description", of_type("string")},
-     {"created_at", {{"type", "string"}, {"description", "ISO 8601, UTC"}}},
-     {"last_activity", {{"type", "string"}, {"description", "ISO 8601, UTC"}}},
+     {"created_at", kTime},
+     {"last_activity", kTime},
      {"network", {{"type", "string"}, {"enum", {"host", "off"}}}},
-     {"persistent", {{"type", "boolean"}, {"description", "a living instance: one long-lived sandbox"}}},
+     {"persistent", of_type("boolean")},
      {"hostname", of_type("string")},
-     {"workspace", {{"type", "string"}, {"description", "path of the persistent workspace inside the sandbox"}}},
-     {"output", {{"type", "string"}, {"description", "path of the persistent output folder inside the sandbox"}}},
+     {"workspace", of_type("string")},  // sandbox paths
+     {"output", of_type("string")},
      // The living state, of persistent instances only (list_instances, describe_instance).
      {"state", {{"type", "string"}, {"enum", {"running", "stopped", "unknown"}}}},
-     {"running_since", {{"type", "string"}, {"description", "ISO 8601, UTC"}}},
-     {"processes", {{"type", "integer"}, {"description", "processes in its sandbox"}}},
-     {"memory_bytes", {{"type", "integer"}, {"description", "their resident memory"}}},
-     {"last_end", {{"type", "string"}, {"description", "why it stopped last time"}}},
-     {"ended_at", {{"type", "string"}, {"description", "ISO 8601, UTC"}}},
-     {"state_error", {{"type", "string"}, {"description", "why the state is unknown"}}},
-     {"archive_of_same_id", {{"type", "string"}, {"description", "create_instance: an archive of this id exists"}}},
-     {"restored_from", {{"type", "string"}, {"description", "restore_instance: the archive it came from"}}}},
+     {"running_since", kTime},
+     {"processes", of_type("integer")},
+     {"memory_bytes", of_type("integer")},
+     {"last_end", of_type("string")},  // why it stopped last time
+     {"ended_at", kTime},
+     {"state_error", of_type("string")},  // why the state is unknown
+     {"archive_of_same_id", of_type("string")},  // create_instance: an archive of this id exists
+     {"restored_from", of_type("string")}},      // restore_instance: the archive it came from
     {"id", "created_at", "last_activity", "network", "persistent", "workspace", "output"});
 
 const json kPersistentArg = {
     {"type", "boolean"},
-    {"description", "true: a living instance, one long-lived sandbox that commands and jobs join (background "
-                    "processes, /tmp and loopback servers stay). false: a fresh sandbox per command."}};
+    {"description", "true: one long-lived sandbox that commands and jobs join (background processes and /tmp "
+                    "stay); false: a fresh sandbox per command."}};
 
 // The jobs a stop or restart ended, for the result.
 const json kEndedJobsSchema = {
@@ -126,15 +125,14 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
       .title = "Create a sandbox instance",
       .description =
           fmt::format(
-              "Create a new instance: a Linux workspace whose commands run in a hardened bubblewrap "
-              "sandbox (no root, read-only system, private /tmp). Files in its workspace (/workspace, also "
-              "$HOME) and output folder (/output) persist between commands. With persistent=true (default {}) "
-              "it is a living instance: one long-lived sandbox that every command and job joins, so background "
-              "processes, /tmp and loopback servers persist too; {}. Leave instance_id empty to get a "
-              "readable generated id such as 'calm-otter-3f2a'. Returns the new instance. Fails if the id is "
-              "taken or invalid.",
+              "Create an instance: a Linux computer whose commands run in a hardened sandbox (read-only "
+              "system, no root). /workspace ($HOME) and /output persist between commands; with persistent "
+              "(default {}) background processes and /tmp do too ({}). Returns the instance.",
               ctx.services.config.ns.persistent, idle_stop_words(ctx.services.config)),
-      .input = input_object({{"instance_id", kInstanceIdArg},
+      .input = input_object({{"instance_id",
+                              {{"type", "string"},
+                               {"description", "Id: 1-63 of A-Z a-z 0-9 _ . - (first a letter or digit); "
+                                               "none: a generated one."}}},
                              {"description", {{"type", "string"}, {"description", "What the instance is for."}}},
                              {"network", kNetworkArg},
                              {"persistent", kPersistentArg}}),
@@ -182,10 +180,8 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
       .name = "list_instances",
       .title = "List instances",
       .description =
-          "List the active (not archived) instances, a page at a time, most recently active first (or by id), "
-          "with description, network mode, last activity and, for a persistent instance, whether it runs. "
-          "`filter` keeps those whose id or description contains the text. Use it to find an instance to work "
-          "in before creating a new one; pass next_cursor back as `cursor` for the next page.",
+          "List active instances, a page at a time, most recently active first: description, network, last "
+          "activity and whether a persistent one runs. Look here before creating one.",
       .input = input_object(
           {{"filter", {{"type", "string"}, {"description", "Text the id or description contains (case-insensitive)."}}},
            {"sort",
@@ -198,14 +194,14 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
              {"maximum", kMaxPageSize},
              {"description", fmt::format("Instances per page (default {}).", kDefaultPageSize)}}},
            {"offset", {{"type", "integer"}, {"minimum", 0}, {"description", "Instances to skip (default 0)."}}},
-           {"cursor", {{"type", "string"}, {"description", "next_cursor of the previous page (instead of offset)."}}}}),
+           {"cursor", {{"type", "string"}, {"description", "next_cursor of the previous page."}}}}),
       .output = output_object(
           {{"instances", {{"type", "array"}, {"items", kInstanceSchema}}},
-           {"count", {{"type", "integer"}, {"description", "instances on this page"}}},
-           {"total", {{"type", "integer"}, {"description", "instances matching the filter"}}},
-           {"offset", {{"type", "integer"}, {"description", "position of this page's first instance"}}},
-           {"next_cursor", {{"type", "string"}, {"description", "pass as cursor for the next page; absent on the last"}}},
-           {"skipped", {{"type", "array"}, {"items", of_type("string")}, {"description", "ids with an unusable metadata.json"}}}},
+           {"count", of_type("integer")},
+           {"total", of_type("integer")},  // matching the filter
+           {"offset", of_type("integer")},
+           {"next_cursor", of_type("string")},  // absent on the last page
+           {"skipped", {{"type", "array"}, {"items", of_type("string")}}}},  // ids with an unusable metadata.json
           {"instances", "count", "total", "offset"}),
       .hints = {.read_only = true},
       .handler =
@@ -234,21 +230,30 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
                                           : fmt::format("No instance matches '{}'.", query.filter);
             } else if (page.instances.empty()) {
               text = fmt::format("No instances from position {} on ({} in all).", query.offset, page.total);
-            } else {
-              text = fmt::format("{} instance(s){}{}, {} to {}:", page.total,
-                                 query.filter.empty() ? "" : fmt::format(" matching '{}'", query.filter),
-                                 query.sort == store::SortBy::id ? " by id" : ", most recently active first",
-                                 query.offset + 1, query.offset + page.instances.size());
             }
+            // A page holds what fits in [mcp] max_result_chars, the text and the items together;
+            // the cursor leads on from the last one that fitted.
+            const std::size_t budget = result_budget(ctx.services.config);
+            std::size_t used = 200;  // the heading and the "more" line
+            std::string lines;
             for (const auto& inst : page.instances) {
               json item = agent_instance_json(ctx, inst);
               add_living_state(ctx, inst, item);  // persistent instances only: the others cost nothing
-              text += "\n- " + describe_line(inst, item);
+              const std::string line = "\n- " + describe_line(inst, item);
+              const std::size_t size = item.dump().size() + line.size();
+              if (!items.empty() && used + size > budget) break;
+              used += size;
+              lines += line;
               items.push_back(std::move(item));
             }
+            if (!items.empty())
+              text = fmt::format("{} instance(s){}{}, {} to {}:{}", page.total,
+                                 query.filter.empty() ? "" : fmt::format(" matching '{}'", query.filter),
+                                 query.sort == store::SortBy::id ? " by id" : ", most recently active first",
+                                 query.offset + 1, query.offset + items.size(), lines);
             json out = {{"instances", items}, {"count", items.size()}, {"total", page.total}, {"offset", query.offset}};
-            const std::size_t next = query.offset + page.instances.size();
-            if (!page.instances.empty() && next < page.total) {
+            const std::size_t next = query.offset + items.size();
+            if (!items.empty() && next < page.total) {
               out["next_cursor"] = std::to_string(next);
               text += fmt::format("\n{} more: call list_instances with cursor \"{}\".", page.total - next, next);
             }
@@ -276,8 +281,7 @@ void add_list_archived(mcp::Server& server, const ToolContext& ctx) {
       .name = "list_archived_instances",
       .title = "List archived instances",
       .description =
-          "List archived instances with the archive name (<id>__<timestamp>) and when they were archived. "
-          "Archived instances keep their files on the host but accept no commands until restore_instance brings them back.",
+          "List archived instances: archive name (<id>__<timestamp>) and when. restore_instance brings one back.",
       .input = input_object(json::object()),
       .output = output_object({{"archives", {{"type", "array"}, {"items", archive}}}, {"count", of_type("integer")}},
                               {"archives", "count"}),
@@ -328,9 +332,8 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
       .name = "describe_instance",
       .title = "Describe an instance",
       .description =
-          "Show one instance: description, creation time, last activity, network mode, the sandbox paths of "
-          "its workspace and output folder, their disk use, the limits of the whole instance with what it uses now, "
-          "and for a persistent instance whether its sandbox runs (since when, processes, memory) or why it stopped.",
+          "One instance in detail: paths, disk use, limits and usage, and whether a persistent one runs (since "
+          "when, processes, memory) or why it stopped.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
       .output = std::move(output),
       .hints = {.read_only = true},
@@ -363,9 +366,8 @@ void add_update(mcp::Server& server, const ToolContext& ctx) {
       .name = "update_instance",
       .title = "Update an instance",
       .description =
-          "Change an instance's description, network mode ('host' or 'off'; applies to the next command, "
-          "in a running persistent instance after restart_instance) and/or persistent (making a running "
-          "instance non-persistent is refused: stop_instance first). Returns the updated instance.",
+          "Change an instance's description, network or persistent. A network change applies to the next "
+          "command (a running persistent instance: after restart_instance). Returns the instance.",
       .input = input_object({{"instance_id", kInstanceIdArg},
                              {"description", {{"type", "string"}, {"description", "New description."}}},
                              {"network", kNetworkArg},
@@ -418,9 +420,8 @@ void add_stop(mcp::Server& server, const ToolContext& ctx) {
       .name = "stop_instance",
       .title = "Stop a persistent instance",
       .description =
-          "Stop a persistent instance's sandbox: its running jobs are cancelled first (named in the result), "
-          "then every process gets SIGTERM and, after a grace period, SIGKILL. Files are kept; the next "
-          "command starts it again. Only for persistent instances.",
+          "Stop a persistent instance's sandbox: cancels its running jobs, then ends every process. Files "
+          "stay; the next command starts it again.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
       .output = output_object({{"instance_id", of_type("string")},
                                {"was_running", of_type("boolean")},
@@ -450,9 +451,8 @@ void add_restart(mcp::Server& server, const ToolContext& ctx) {
       .name = "restart_instance",
       .title = "Restart a persistent instance",
       .description =
-          "Restart a persistent instance's sandbox: its running jobs are cancelled first (named in the "
-          "result), every process ends (SIGTERM, then SIGKILL), and a fresh sandbox starts with empty /tmp and "
-          "the instance's current network setting. Files are kept. Only for persistent instances.",
+          "Restart a persistent instance's sandbox: cancels its running jobs, ends every process and starts "
+          "afresh (empty /tmp, current network). Files stay.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
       .output = output_object({{"instance_id", of_type("string")},
                                {"was_running", of_type("boolean")},
@@ -483,9 +483,8 @@ void add_archive(mcp::Server& server, const ToolContext& ctx) {
       .name = "archive_instance",
       .title = "Archive an instance",
       .description =
-          "Archive an instance: it disappears from list_instances and accepts no more commands; its files "
-          "stay on the host under the returned archive name, and the id can be used again. restore_instance "
-          "brings it back. Refused while jobs run in it; a persistent instance's sandbox is stopped first.",
+          "Archive an instance: it leaves list_instances and takes no commands; its files stay "
+          "(restore_instance brings it back) and its id is free again. Refused while jobs run.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
       .output = output_object({{"instance_id", of_type("string")},
                                {"archive_name", of_type("string")},
@@ -510,13 +509,12 @@ void add_restore(mcp::Server& server, const ToolContext& ctx) {
       .name = "restore_instance",
       .title = "Restore an archived instance",
       .description =
-          "Bring an archived instance back with its files: archive_name as list_archived_instances gives it "
-          "(<id>__<timestamp>), or just the old id for its newest archive. It gets its old id, or instance_id "
-          "when given; when the old id is taken it becomes '<id>-restored'. Returns the instance.",
+          "Bring back an archived instance with its files, under its old id (or instance_id; "
+          "'<id>-restored' when taken). Returns the instance.",
       .input = input_object(
           {{"archive_name",
-            {{"type", "string"}, {"description", "The archive (<id>__<timestamp>), or an id for its newest archive."}}},
-           {"instance_id", kInstanceIdArg}},
+            {{"type", "string"}, {"description", "Archive name (<id>__<timestamp>), or an id for its newest archive."}}},
+           {"instance_id", {{"type", "string"}, {"description", "Id to restore it under (default: its old id)."}}}},
           {"archive_name"}),
       .output = kInstanceSchema,
       .hints = {.destructive = false, .idempotent = false},
@@ -539,13 +537,11 @@ void add_delete(mcp::Server& server, const ToolContext& ctx) {
       .name = "delete_instance",
       .title = "Delete an instance for good",
       .description =
-          "Permanently delete an instance (instance_id) or an archived instance (archive_name, as listed by "
-          "list_archived_instances), with its workspace and output. This cannot be undone; prefer "
-          "archive_instance when the files may be needed later. Refused while jobs run; a persistent instance's "
-          "sandbox is stopped first.",
+          "Delete an instance (instance_id) or an archive (archive_name) with all its files, for "
+          "good. Prefer archive_instance. Refused while jobs run.",
       .input = input_object(
           {{"instance_id", kInstanceIdArg},
-           {"archive_name", {{"type", "string"}, {"description", "Name of an archived instance (<id>__<timestamp>)."}}}}),
+           {"archive_name", {{"type", "string"}, {"description", "Archive name (<id>__<timestamp>)."}}}}),
       .output = output_object({{"deleted", of_type("string")}, {"archived", of_type("boolean")}}, {"deleted", "archived"}),
       .hints = {.destructive = true, .idempotent = false},
       .handler =

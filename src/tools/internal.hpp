@@ -51,6 +51,8 @@ std::string not_found_advice(const NotFound& e);
 mcp::json of_type(const char* type);  // {"type": type}
 // The arguments object: these properties, no others; "required" left out when empty.
 mcp::json input_object(mcp::json properties, std::vector<std::string> required = {});
+// The instance_id argument, described the same in every tool ("Default: 'x'" with a fallback).
+mcp::json instance_id_arg(const std::string& fallback = {});
 // The arguments of a tool working in one instance: instance_id (described the same in every
 // tool, with the [mcp] default_instance when there is one and then not required) and `properties`.
 mcp::json instance_input(const config::Config& cfg, mcp::json properties, std::vector<std::string> required = {});
@@ -89,7 +91,10 @@ std::string instance_arg(const ToolContext& ctx, const mcp::json& args);
 // ---------------------------------------------------------------------------------------------
 // Result size ([mcp] max_result_chars; tools/results.cpp).
 
-// Characters of output one result may carry: max_result_chars less room for its summary.
+// Characters one result may carry in all: max_result_chars less room for its summary.
+std::size_t result_budget(const config::Config& cfg);
+// Characters of output one copy of it may carry: result_budget, halved when result_type "both"
+// sends the output in the text and in structuredContent.
 std::size_t output_budget(const config::Config& cfg);
 // Shares `budget` between texts of `a` and `b` characters: each gets what it needs up to half,
 // what one leaves goes to the other.

@@ -108,8 +108,8 @@ json timeout_arg(const config::Config& cfg, std::int64_t fallback) {
           {"description", fmt::format("Seconds to wait for the job to end (default {}).", fallback)}};
 }
 
-// The tails fit [mcp] max_result_chars: each at most half of the output budget (bytes bound
-// characters).
+// The tails fit [mcp] max_result_chars: each stream at most half of one copy's output budget
+// (bytes bound characters).
 jobs::TailOptions tail_of(const ToolContext& ctx, const json& args) {
   jobs::TailOptions t;
   t.lines = static_cast<std::size_t>(args.value("tail", 50));
@@ -285,8 +285,8 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
             } else {
               text = fmt::format("{} {}job(s), newest first:", all.size(), filter ? jobs::to_string(*filter) + " " : "");
             }
-            // A page holds what fits in [mcp] max_result_chars, in the text and in the items alike.
-            const std::size_t budget = output_budget(ctx.services.config) / 2;
+            // A page holds what fits in [mcp] max_result_chars, the text and the items together.
+            const std::size_t budget = result_budget(ctx.services.config);
             std::size_t used = 0, end = offset;
             for (std::size_t i = offset; i < all.size() && i < offset + limit; ++i) {
               json item = jobs::record_summary_json(all[i]);

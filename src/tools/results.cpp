@@ -51,10 +51,17 @@ void write_all(int fd, std::string_view data, const std::string& shown) {
 
 }  // namespace
 
-std::size_t output_budget(const config::Config& cfg) {
+std::size_t result_budget(const config::Config& cfg) {
   if (cfg.mcp.max_result_chars <= 0) return SIZE_MAX / 4;  // a Config not read from a file: no bound
   const auto max = static_cast<std::size_t>(cfg.mcp.max_result_chars);
   return max > 2 * kSummaryRoom ? max - kSummaryRoom : max / 2;
+}
+
+std::size_t output_budget(const config::Config& cfg) {
+  // result_type "both" carries the output twice (the text and structuredContent, for clients
+  // that read only one of them): each copy gets half, so the whole result stays in the bound.
+  const std::size_t whole = result_budget(cfg);
+  return cfg.mcp.result_type == config::ResultType::both ? whole / 2 : whole;
 }
 
 std::pair<std::size_t, std::size_t> split_budget(std::size_t a, std::size_t b, std::size_t budget) {

@@ -57,14 +57,17 @@ json input_object(json properties, std::vector<std::string> required) {
   return schema;
 }
 
+json instance_id_arg(const std::string& fallback) {
+  return {{"type", "string"},
+          {"description", fallback.empty() ? std::string("Instance id (see list_instances).")
+                                           : fmt::format("Instance id (see list_instances). Default: '{}'.", fallback)}};
+}
+
 json instance_input(const config::Config& cfg, json properties,
                     std::vector<std::string> required) {
   // Described the same in every tool (the tool's own description says what it does there).
   const std::string& fallback = cfg.mcp.default_instance;
-  properties["instance_id"] = {
-      {"type", "string"},
-      {"description", fallback.empty() ? std::string("Instance id (see list_instances).")
-                                       : fmt::format("Instance id (see list_instances). Default: '{}'.", fallback)}};
+  properties["instance_id"] = instance_id_arg(fallback);
   if (fallback.empty()) required.insert(required.begin(), "instance_id");
   return input_object(std::move(properties), std::move(required));
 }

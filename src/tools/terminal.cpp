@@ -200,14 +200,12 @@ mcp::ToolResult make_result(const ToolContext& ctx, const store::Instance& inst,
 
 std::string tool_description(const config::Config& cfg, bool share_pids) {
   return fmt::format(
-      "Run a command in an instance's sandbox now; returns exit_code, stdout, stderr. {ws} ($HOME, the default "
-      "directory) and {out} persist; the directory and variables do not carry over between calls. A persistent "
-      "instance keeps background processes and /tmp between calls{pids}; otherwise each call is a fresh sandbox. "
-      "On timeout everything it started is killed: exit 124, output so far kept. Over {limit} MiB of "
-      "stdout+stderr kills it (exit 1). A result carries at most {chars} characters of output (head and tail; "
-      "the whole in the file it names). A non-zero exit code is a result, not an error. For long work use "
-      "submit_job. network: 'off' has only its own loopback (no internet, no DNS), 'host' shares the host's.",
-      fmt::arg("pids", share_pids ? "" : " (not visible to ps/kill of later calls)"),
+      "Run a command in an instance. {ws} ($HOME, the start directory) and {out} persist; cd and variables "
+      "do not. A persistent instance keeps background processes and /tmp{pids}; otherwise each call is a fresh "
+      "sandbox. A timeout kills all it started (exit 124); over {limit} MiB of output kills it (exit 1). Output "
+      "past {chars} characters is cut in the middle; the whole is in the file the result names. Long work: "
+      "submit_job. Network 'off' has only its own loopback (no DNS); 'host' shares the host's.",
+      fmt::arg("pids", share_pids ? "" : " (not seen by ps/kill in later calls)"),
       fmt::arg("ws", cfg.ns.workspace_mount), fmt::arg("out", cfg.ns.output_mount),
       fmt::arg("limit", kOutputLimitBytes / (1024 * 1024)), fmt::arg("chars", cfg.mcp.max_result_chars));
 }

@@ -415,10 +415,11 @@ describe('job tools', () => {
     assert.equal((await api.poll(ID, seq.job_id, { tail: 1000 })).stdout_tail.split('\n').length, 100);
     const noNewline = await api.submit(ID, { command: 'printf "a\\nb\\nc"', tail: 2 });
     assert.equal(noNewline.stdout_tail, 'b\nc');
-    // At most half of the result's output budget ([mcp] max_result_chars 30000 less 600) per stream.
+    // The result's output budget ([mcp] max_result_chars 30000 less 600) is shared by its two
+    // copies (text and structuredContent) and, in each, by the two streams: 7,350 per tail.
     const wide = await api.submit(ID, { command: 'head -c 100000 /dev/zero | tr "\\0" a' });
-    assert.ok(wide.stdout_tail.length <= 14700 + 1, `tail of ${wide.stdout_tail.length} characters`);
-    assert.match(wide.stdout_tail, /a{14000}$/);
+    assert.ok(wide.stdout_tail.length <= 7350 + 1, `tail of ${wide.stdout_tail.length} characters`);
+    assert.match(wide.stdout_tail, /a{7000}$/);
   });
 
   test(

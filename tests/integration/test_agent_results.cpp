@@ -53,9 +53,10 @@ TEST_F(AgentResults, BigOutputIsCutToMaxResultCharsWithHeadTailAndTheWholeInAFil
   std::printf("[ result of a 5 MB output: %zu bytes ]\n", response_bytes);
   const json out = r["result"]["structuredContent"];
   const std::string stdout_text = out["stdout"];
-  EXPECT_LE(chars(stdout_text) + chars(out["stderr"].get<std::string>()), 30000u);
-  // Both copies together (text and structuredContent): a few tens of KB, not megabytes.
-  EXPECT_LT(response_bytes, 70000u);
+  // The bound is per result: the output's two copies (the text and structuredContent, for
+  // clients that read only one) share it.
+  EXPECT_LE(chars(stdout_text) + chars(out["stderr"].get<std::string>()) + chars(result_text(r)), 30000u);
+  EXPECT_GT(chars(stdout_text), 10000u) << "each copy gets about half";
   EXPECT_EQ(stdout_text.rfind("1\n2\n3\n", 0), 0u) << stdout_text.substr(0, 100);
   const auto marker = stdout_text.find("characters cut here; the whole output is in /workspace/.ns_hpc_output/term-");
   ASSERT_NE(marker, std::string::npos) << stdout_text.substr(0, 200);
@@ -84,8 +85,8 @@ TEST_F(AgentResults, CharactersNotBytesAreCountedAndOnlyTheLastFiveWholeOutputsA
     json out = server.tool("terminal_execute",
                            {{"instance_id", "agentview"}, {"command", "for i in $(seq 1 1000); do printf 'é%.0s' $(seq 1 100); echo; done"}});
     const std::string s = out["stdout"];
-    EXPECT_LE(chars(s), 30000u);
-    EXPECT_GT(s.size(), 30000u) << "two-byte characters: more bytes than characters";
+    EXPECT_LE(chars(s), 15000u) << "half of the result's budget: the text carries the other copy";
+    EXPECT_GT(s.size(), 15000u) << "two-byte characters: more bytes than characters";
     EXPECT_TRUE(out.contains("stdout_file"));
     EXPECT_FALSE(out.contains("stderr_file")) << "only a cut stream gets a file";
   }
@@ -103,9 +104,9 @@ TEST_F(AgentResults, ASmallerMaxResultCharsIsHonouredAndEveryTextIsBounded) {
   McpSession server(small);
   json r = call(server, "terminal_execute", {{"instance_id", "beta"}, {"command", "seq 1 100000; seq 1 50000 >&2"}});
   const json out = r["result"]["structuredContent"];
-  EXPECT_LE(chars(out["stdout"].get<std::string>()) + chars(out["stderr"].get<std::string>()), 2000u);
+  EXPECT_LE(chars(out["stdout"].get<std::string>()) + chars(out["stderr"].get<std::string>()) + chars(result_text(r)),
+            2000u);
   EXPECT_TRUE(out.contains("stdout_file") && out.contains("stderr_file")) << out.dump();
-  EXPECT_LE(chars(result_text(r)), 2000u);
   // A job's tails fit too.
   json job = call(server, "submit_job", {{"instance_id", "beta"}, {"command", "seq 1 100000"}, {"tail", 1000}, {"timeout", 30}});
   EXPECT_LE(chars(result_text(job)), 2000u);
@@ -132,12 +133,17 @@ TEST_F(AgentResults, ToolSchemasDeclareTheirBoundsAndDescribeEveryField) {
   // The server enforces exactly that.
   json over = call(server, "terminal_execute", {{"instance_id", "agentview"}, {"command", "true"}, {"timeout", 3601}});
   EXPECT_TRUE(over["result"].value("isError", false));
+  // Every argument of every tool is described, instance_id in the same words wherever it names
+  // an existing instance (create_instance and restore_instance name a new one), and no tool's
+  // description runs on.
   std::set<std::string> instance_descriptions;
-  for (const auto& name : {"terminal_execute", "submit_job", "poll_job", "list_jobs", "cancel_job"}) {
-    const json props = tools[name]["inputSchema"]["properties"];
+  for (const auto& [name, tool] : tools) {
+    const json props = tool["inputSchema"]["properties"];
     for (const auto& [arg, schema] : props.items())
       EXPECT_TRUE(schema.contains("description")) << name << "." << arg << " has no description";
-    instance_descriptions.insert(props["instance_id"]["description"].get<std::string>());
+    if (props.contains("instance_id") && name != "create_instance" && name != "restore_instance")
+      instance_descriptions.insert(props["instance_id"]["description"].get<std::string>());
+    EXPECT_LE(tool["description"].get<std::string>().size(), 560u) << name << ": " << tool["description"];
   }
   EXPECT_EQ(instance_descriptions.size(), 1u) << "instance_id is described the same everywhere";
   EXPECT_EQ(tools["terminal_execute"]["inputSchema"]["properties"]["command"],

@@ -28,6 +28,33 @@ void expect_one_error_line(const Result& r, const std::string& contains) {
 
 }  // namespace
 
+// `instance list` pages and filters through the store's index, as list_instances does.
+TEST(Cli, InstanceListPagesFiltersAndSorts) {
+  Env env;
+  for (const char* id : {"delta", "alpha", "charlie", "bravo"})
+    ASSERT_EQ(env.run({"instance", "create", id, "-d", std::string("about ") + id}).exit_code, 0);
+  ASSERT_EQ(env.run({"bwrap", "bravo", "--", "true"}).exit_code, 0);  // the most recently active
+  auto ids = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"instance", "list", "--json"});
+    Result r = env.run(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::vector<std::string> out;
+    for (const auto& i : json::parse(r.out)) out.push_back(i["id"]);
+    return out;
+  };
+  EXPECT_EQ(ids({}), (std::vector<std::string>{"alpha", "bravo", "charlie", "delta"}));
+  EXPECT_EQ(ids({"--limit", "2", "--offset", "1"}), (std::vector<std::string>{"bravo", "charlie"}));
+  EXPECT_EQ(ids({"--filter", "ABOUT CH"}), (std::vector<std::string>{"charlie"}));
+  EXPECT_EQ(ids({"--sort", "activity", "--limit", "1"}), (std::vector<std::string>{"bravo"}));
+  Result page = env.run({"instance", "list", "--limit", "3"});
+  EXPECT_NE(page.out.find("1 more: --offset 3"), std::string::npos) << page.out;
+  Result past = env.run({"instance", "list", "--offset", "9"});
+  EXPECT_NE(past.out.find("No instances from position 9 on (4 in all)."), std::string::npos) << past.out;
+  Result bad = env.run({"instance", "list", "--sort", "size"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("ns-hpc: error: --sort: size not in {id,activity}"), std::string::npos) << bad.err;
+}
+
 TEST(Cli, InstanceLifecycleWithJson) {
   Env env;
   Result created = env.run({"instance", "create", "proj", "-d", "analysis", "--json"});
