@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "base/text.hpp"
@@ -111,6 +112,18 @@ TEST_F(AgentResults, ASmallerMaxResultCharsIsHonouredAndEveryTextIsBounded) {
   json job = call(server, "submit_job", {{"instance_id", "beta"}, {"command", "seq 1 100000"}, {"tail", 1000}, {"timeout", 30}});
   EXPECT_LE(chars(result_text(job)), 2000u);
   EXPECT_LE(chars(job["result"]["structuredContent"]["stdout_tail"].get<std::string>()), 1000u);
+  // A listing ends its page where the bound is reached; the cursor leads on from there.
+  for (int i = 0; i < 12; ++i) small.create(fmt::format("gamma-{:02}", i), {"-d", std::string(120, 'd')});
+  json page = call(server, "list_instances", {{"limit", 50}, {"sort", "id"}});
+  const json listed = page["result"]["structuredContent"];
+  const std::size_t count = listed["count"];
+  EXPECT_GT(count, 0u);
+  EXPECT_LT(count, 13u) << "the page stopped short of the limit";
+  EXPECT_EQ(listed["next_cursor"], std::to_string(count));
+  EXPECT_LE(chars(result_text(page)) + chars(listed.dump()), 2000u);
+  json rest = call(server, "list_instances", {{"limit", 50}, {"sort", "id"}, {"cursor", listed["next_cursor"]}});
+  // By id: beta, gamma-00, gamma-01, …; the next page starts with the first one left out.
+  EXPECT_EQ(rest["result"]["structuredContent"]["instances"][0]["id"], fmt::format("gamma-{:02}", count - 1));
 }
 
 // tools/list: bounds and a description for every argument, the same words for the same argument.
