@@ -117,7 +117,8 @@ int main(int argc, char** argv) {
   Invocation inv;
   CLI::App app{
       "ns-hpc: safe, persistent Linux sandboxes (bubblewrap) for LLM agents and people.\n"
-      "Instances keep a workspace; every command runs in a fresh hardened sandbox.",
+      "Instances keep a workspace; commands run in a hardened sandbox, fresh for each command or, in a\n"
+      "persistent instance, one long-lived sandbox that every command joins.",
       "ns-hpc"};
   app.set_version_flag("--version", std::string("ns-hpc ") + NSHPC_VERSION);
   app.require_subcommand(1);
