@@ -61,7 +61,7 @@ SigpipeBlock::~SigpipeBlock() {
 }
 
 CommandResult run_command(const std::vector<std::string>& argv, const std::string& input,
-                          std::chrono::milliseconds timeout, std::size_t max_output) {
+                          std::chrono::milliseconds timeout, std::size_t max_output, const LineSink& on_line) {
   if (argv.empty() || argv[0].empty()) throw Error("run_command: no program given");
   auto [in_read, in_write] = make_pipe();
   auto [out_read, out_write] = make_pipe();
@@ -93,6 +93,18 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::strin
   const SigpipeBlock no_sigpipe;
   const auto deadline = Clock::now() + timeout;
   char buf[65536];
+  std::size_t delivered[2] = {0, 0};  // bytes of result.out, result.err handed to on_line
+  auto deliver = [&](int stream, bool all) {
+    if (!on_line) return;
+    const std::string& sink = stream == 0 ? result.out : result.err;
+    std::size_t& from = delivered[stream];
+    for (std::size_t nl; (nl = sink.find('\n', from)) != std::string::npos; from = nl + 1)
+      on_line(std::string_view(sink).substr(from, nl - from));
+    if (all && from < sink.size()) {
+      on_line(std::string_view(sink).substr(from));
+      from = sink.size();
+    }
+  };
   while (out_read || err_read) {
     pollfd fds[3];
     int n = 0;
@@ -123,11 +135,14 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::strin
       const ssize_t r = ::read(fd.get(), buf, sizeof buf);
       if (r > 0) {
         if (sink.size() < max_output) sink.append(buf, std::min<std::size_t>(static_cast<std::size_t>(r), max_output - sink.size()));
+        deliver(&fd == &out_read ? 0 : 1, false);
       } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
         fd.reset();
       }
     }
   }
+  deliver(0, true);
+  deliver(1, true);
   child.release();
   const int status = reap(pid, pidfd, deadline, argv[0], result.timed_out);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

@@ -5,6 +5,8 @@
 #include <signal.h>
 
 #include <chrono>
+#include <functional>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -22,9 +24,12 @@ struct CommandResult {
 // when it has closed its output but not exited. When its output cannot be read any more (poll
 // fails) it is killed and reaped, and SysError says so. A program that does not read its input
 // cannot kill the caller with SIGPIPE.
+// `on_line`, when given, gets every line of stdout and stderr (without its newline) as it
+// arrives, for progress; the result still holds all of it.
+using LineSink = std::function<void(std::string_view line)>;
 CommandResult run_command(const std::vector<std::string>& argv, const std::string& input = {},
                           std::chrono::milliseconds timeout = std::chrono::seconds(60),
-                          std::size_t max_output = 64 * 1024 * 1024);
+                          std::size_t max_output = 64 * 1024 * 1024, const LineSink& on_line = {});
 
 // SIGPIPE blocked on this thread while it writes to a pipe whose reader may be gone (a command
 // that does not read its stdin must not kill the server, whatever anyone did with SIGPIPE); a

@@ -137,6 +137,7 @@ int main(int argc, char** argv) {
   add_doctor_command(app, inv);
   add_bwrap_command(app, inv);
   add_instance_commands(app, inv);
+  add_image_commands(app, inv);
   add_clean_command(app, inv);
   add_config_commands(app, inv);
 

@@ -44,6 +44,7 @@ class Invocation {
 };
 
 void add_instance_commands(CLI::App& app, Invocation& inv);
+void add_image_commands(CLI::App& app, Invocation& inv);
 void add_config_commands(CLI::App& app, Invocation& inv);
 void add_doctor_command(CLI::App& app, Invocation& inv);
 void add_bwrap_command(CLI::App& app, Invocation& inv);

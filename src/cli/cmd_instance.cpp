@@ -195,14 +195,14 @@ void add_list(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceA
   query->sort = store::SortBy::id;
   query->limit = 0;
   cmd->add_option("--filter", query->filter, "Only instances whose id or description contains TEXT (any case)");
-  auto sort = std::make_shared<std::string>("id");
-  cmd->add_option("--sort", *sort, "id (default) or activity (most recently active first)")
-      ->check(CLI::IsMember({"id", "activity"}));
+  auto sort = std::make_shared<std::optional<store::SortBy>>();
+  add_choice(*cmd, "--sort", *sort, Choices<store::SortBy>{{"id", store::SortBy::id}, {"activity", store::SortBy::last_activity}},
+             "id (default) or activity (most recently active first)");
   cmd->add_option("--limit", query->limit, "At most N instances (default: all)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--offset", query->offset, "Skip the first N")->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", a->json, "Print a JSON array");
   cmd->callback([&inv, a, query, sort] {
-    query->sort = *sort == "activity" ? store::SortBy::last_activity : store::SortBy::id;
+    query->sort = sort->value_or(store::SortBy::id);
     store::Page page = inv.store().list_page(*query);
     for (const auto& bad : page.corrupt) log::warn("instance '{}' skipped: {}", bad.id, bad.problem);
     nlohmann::json out = nlohmann::json::array();

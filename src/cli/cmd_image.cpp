@@ -1,0 +1,116 @@
+// ns-hpc image build|list|rm: the Debian root file systems instances can run on.
+#include <unistd.h>
+
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "base/error.hpp"
+#include "cli/app.hpp"
+#include "cli/output.hpp"
+#include "sandbox/images.hpp"
+#include "store/store.hpp"
+
+namespace nshpc::cli {
+
+namespace {
+
+// The prefix of an instance's `root` in its metadata.json when it runs on an image:
+// "image:<name>@<version>".
+constexpr std::string_view kImageRoot = "image:";
+
+sandbox::ImageStore image_store(Invocation& inv) { return sandbox::ImageStore(inv.config().server.state_dir / "images"); }
+
+// Which instances use which image version.
+sandbox::ImageUsers image_users(Invocation& inv) {
+  sandbox::ImageUsers users;
+  for (const auto& inst : inv.store().list().instances) {
+    const std::string root = inst.meta.raw.value("root", "");
+    if (root.rfind(kImageRoot, 0) == 0) users[root.substr(kImageRoot.size())].push_back(inst.id);
+  }
+  return users;
+}
+
+std::string mib(std::uint64_t bytes) { return fmt::format("{:.0f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0)); }
+
+}  // namespace
+
+void add_image_commands(CLI::App& app, Invocation& inv) {
+  auto* image = app.add_subcommand("image", "Build, list and remove the Debian images instances can run on");
+  image->require_subcommand(1);
+
+  auto request = std::make_shared<sandbox::ImageBuild>();
+  auto* build = image->add_subcommand(
+      "build",
+      "Build a new version of an image with mmdebstrap, from the mirror the host's apt uses (its proxy and "
+      "credentials serve the build and are not copied into the image). As a normal user this needs a range in "
+      "/etc/subuid. Instances made from an older version keep it.");
+  build->add_option("name", request->name, "Image name (1-63 of A-Z a-z 0-9 _ . -)")->required();
+  build->add_option("--suite", request->suite, "Debian suite (default bookworm)");
+  build->add_option("--include", request->include, "More packages, comma-separated")->delimiter(',');
+  build->callback([&inv, request] {
+    sandbox::validate_image_name(request->name);
+    sandbox::ImageStore images = image_store(inv);
+    const bool tty = ::isatty(STDERR_FILENO) != 0;
+    std::fprintf(stderr, "ns-hpc: building image '%s' (%s) in %s\n", request->name.c_str(), request->suite.c_str(),
+                 images.dir().c_str());
+    const sandbox::ImageVersion v = images.build(*request, [tty](std::string_view line) {
+      // mmdebstrap's status lines ("I: …", "W: …"); on a terminal each replaces the last.
+      if (line.empty()) return;
+      if (tty)
+        std::fprintf(stderr, "\r\033[K%.*s", static_cast<int>(std::min<std::size_t>(line.size(), 160)), line.data());
+      else
+        std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+    });
+    if (tty) std::fputs("\r\033[K", stderr);
+    std::printf("Built image '%s' version %s (%s) at %s\n", v.name.c_str(), v.version.c_str(), mib(v.bytes).c_str(),
+                v.rootfs.c_str());
+  });
+
+  auto json_out = std::make_shared<bool>(false);
+  auto* list = image->add_subcommand("list", "List images: every version, its size and age, and the instances on it");
+  list->add_flag("--json", *json_out, "Print a JSON array");
+  list->callback([&inv, json_out] {
+    const auto users = image_users(inv);
+    nlohmann::json out = nlohmann::json::array();
+    std::vector<std::vector<std::string>> rows{{"IMAGE", "VERSION", "CURRENT", "SUITE", "SIZE", "BUILT", "INSTANCES"}};
+    for (const auto& v : image_store(inv).list()) {
+      const auto it = users.find(v.name + "@" + v.version);
+      const std::vector<std::string> on = it == users.end() ? std::vector<std::string>{} : it->second;
+      out.push_back({{"name", v.name},
+                     {"version", v.version},
+                     {"current", v.current},
+                     {"suite", v.suite},
+                     {"include", v.include},
+                     {"bytes", v.bytes},
+                     {"built_at", v.built_at},
+                     {"rootfs", v.rootfs.string()},
+                     {"instances", on}});
+      rows.push_back({v.name, v.version, v.current ? "yes" : "", v.suite, mib(v.bytes), short_time(v.built_at),
+                      on.empty() ? "-" : fmt::format("{}", fmt::join(on, ","))});
+    }
+    if (*json_out) {
+      print_json(out);
+    } else if (rows.size() == 1) {
+      std::puts("No images; build one with 'ns-hpc image build NAME'.");
+    } else {
+      print_table(rows);
+    }
+  });
+
+  auto target = std::make_shared<std::string>();
+  auto* rm = image->add_subcommand("rm", "Remove an image (NAME) or one version (NAME@VERSION); refused while an instance uses it");
+  rm->add_option("image", *target, "NAME or NAME@VERSION")->required();
+  rm->callback([&inv, target] {
+    const auto at = target->find('@');
+    const std::string name = target->substr(0, at);
+    const std::optional<std::string> version =
+        at == std::string::npos ? std::nullopt : std::optional<std::string>(target->substr(at + 1));
+    image_store(inv).remove(name, version, image_users(inv));
+    std::printf("Removed image %s\n", target->c_str());
+  });
+}
+
+}  // namespace nshpc::cli

@@ -1,0 +1,419 @@
+#include "sandbox/images.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "base/error.hpp"
+#include "base/fs.hpp"
+#include "base/log.hpp"
+#include "base/process.hpp"
+#include "base/random.hpp"
+#include "base/text.hpp"
+#include "base/time.hpp"
+
+namespace nshpc::sandbox {
+
+namespace {
+
+namespace stdfs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kCurrent = "current";
+constexpr const char* kBuilding = ".building";
+constexpr const char* kMeta = "image.json";
+// mmdebstrap writes --aptopt options here; the host's options are for the build only.
+constexpr const char* kBuildOptionsFile = "/etc/apt/apt.conf.d/99mmdebstrap";
+// A build downloads and unpacks a few hundred MB: generous, but not for ever.
+constexpr std::chrono::minutes kBuildTimeout{30};
+
+std::vector<std::string> words(std::string_view line) {
+  std::vector<std::string> out;
+  std::istringstream in{std::string(line)};
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+std::string trim(std::string_view s) {
+  const auto b = s.find_first_not_of(" \t\r");
+  if (b == std::string_view::npos) return {};
+  const auto e = s.find_last_not_of(" \t\r");
+  return std::string(s.substr(b, e - b + 1));
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+std::string rewrite_suite(const std::string& host, std::string_view host_suite, std::string_view suite) {
+  if (host_suite.empty() || host.rfind(host_suite, 0) != 0) return host;
+  return std::string(suite) + host.substr(host_suite.size());
+}
+
+// Entries of one deb822 paragraph: field name (lower case) → value (continuation lines joined).
+std::vector<std::map<std::string, std::string>> deb822_paragraphs(std::string_view text) {
+  std::vector<std::map<std::string, std::string>> out;
+  std::map<std::string, std::string> cur;
+  std::string last;
+  std::istringstream in{std::string(text)};
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line[0] == '#') continue;
+    if (trim(line).empty()) {
+      if (!cur.empty()) out.push_back(std::move(cur));
+      cur.clear();
+      last.clear();
+      continue;
+    }
+    if ((line[0] == ' ' || line[0] == '\t') && !last.empty()) {
+      cur[last] += " " + trim(line);
+      continue;
+    }
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    last = lower(trim(line.substr(0, colon)));
+    cur[last] = trim(line.substr(colon + 1));
+  }
+  if (!cur.empty()) out.push_back(std::move(cur));
+  return out;
+}
+
+bool is_root() { return ::geteuid() == 0; }
+
+std::string read_text(const stdfs::path& p) { return fs::read_file(p).value_or(""); }
+
+// Removes a tree the server built. As a normal user an image's files belong to its
+// subordinate uids: the removal then runs in a user namespace mapping them (util-linux unshare).
+void remove_built_tree(const stdfs::path& path) {
+  try {
+    fs::remove_tree(path);
+    return;
+  } catch (const SysError& e) {
+    if (is_root() || (e.code() != EACCES && e.code() != EPERM)) throw;
+  }
+  const std::vector<std::string> argv = {"unshare", "--map-auto", "--map-root-user", "--",
+                                         "rm", "-rf", "--one-file-system", path.string()};
+  const CommandResult r = run_command(argv, {}, std::chrono::minutes(10));
+  if (r.exit_code != 0)
+    throw Error(fmt::format("could not remove {}: {}; remove it as root", path.string(), describe_failure(argv, r)));
+}
+
+// Removes the entries of `building` whose names start with `prefix`: what crashed builds or
+// removals left behind.
+void sweep_building(const stdfs::path& building, const std::string& prefix) {
+  std::error_code ec;
+  std::vector<stdfs::path> stale;
+  for (const auto& e : stdfs::directory_iterator(building, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(prefix, 0) == 0 && e.is_directory() && !e.is_symlink()) stale.push_back(e.path());
+  }
+  for (const auto& p : stale) {
+    log::info("removing {}, left by an earlier image build or removal", p.string());
+    remove_built_tree(p);
+  }
+}
+
+std::optional<ImageVersion> read_version(const stdfs::path& dir, const std::string& name, const std::string& version,
+                                         const std::string& current) {
+  const auto text = fs::read_file(dir / name / version / kMeta);
+  if (!text) return std::nullopt;  // not a finished version
+  ImageVersion v;
+  v.name = name;
+  v.version = version;
+  v.rootfs = dir / name / version / "rootfs";
+  v.current = version == current;
+  try {
+    const json meta = json::parse(*text);
+    v.suite = meta.value("suite", "");
+    v.include = meta.value("include", std::vector<std::string>{});
+    v.built_at = meta.value("built_at", "");
+    v.bytes = meta.value("bytes", std::uint64_t{0});
+  } catch (const json::exception& e) {
+    log::warn("image {}@{}: {} is unreadable ({}); listed without its details", name, version,
+              (dir / name / version / kMeta).string(), e.what());
+  }
+  return v;
+}
+
+std::string current_of(const stdfs::path& name_dir) {
+  std::error_code ec;
+  const stdfs::path target = stdfs::read_symlink(name_dir / kCurrent, ec);
+  return ec ? std::string() : target.filename().string();
+}
+
+// Points <name>/current at `version` atomically (a new link renamed over the old one).
+void set_current(const stdfs::path& name_dir, const std::string& version) {
+  const stdfs::path tmp = name_dir / fmt::format(".current-{}", random::hex(4));
+  if (::symlink(version.c_str(), tmp.c_str()) != 0) throw SysError(errno, "symlink", tmp.string());
+  if (::rename(tmp.c_str(), (name_dir / kCurrent).c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw SysError(err, "rename", (name_dir / kCurrent).string());
+  }
+  fs::sync_dir(name_dir);
+}
+
+std::vector<std::string> host_sources() {
+  std::vector<std::string> out;
+  if (auto main = fs::read_file("/etc/apt/sources.list")) out.push_back(*main);
+  std::error_code ec;
+  std::vector<stdfs::path> parts;
+  for (const auto& e : stdfs::directory_iterator("/etc/apt/sources.list.d", ec)) {
+    const std::string ext = e.path().extension().string();
+    if (ext == ".list" || ext == ".sources") parts.push_back(e.path());
+  }
+  std::sort(parts.begin(), parts.end());
+  for (const auto& p : parts) {
+    std::string text = read_text(p);
+    // One-line files are told apart from deb822 ones by their extension.
+    if (p.extension() == ".sources" && text.find("Types:") == std::string::npos) continue;
+    out.push_back(std::move(text));
+  }
+  return out;
+}
+
+std::string host_codename() {
+  std::ifstream in("/etc/os-release");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VERSION_CODENAME=", 0) == 0) {
+      std::string v = line.substr(17);
+      v.erase(std::remove(v.begin(), v.end(), '"'), v.end());
+      return v;
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+void validate_image_name(std::string_view name) {
+  const bool ok = !name.empty() && name.size() <= 63 && std::isalnum(static_cast<unsigned char>(name[0])) &&
+                  name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") ==
+                      std::string_view::npos;
+  if (!ok)
+    throw UsageError(fmt::format("'{}' is not an image name: use 1-63 of A-Z a-z 0-9 _ . -, starting with a letter "
+                                 "or digit",
+                                 text::truncate_utf8(name, 80)));
+}
+
+std::vector<std::string> image_mirror_lines(const std::vector<std::string>& host_sources, std::string_view host_suite,
+                                            std::string_view suite) {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& uri, const std::string& host_dist, const std::vector<std::string>& components) {
+    std::string line = fmt::format("deb {} {}", uri, rewrite_suite(host_dist, host_suite, suite));
+    for (const auto& c : components) line += " " + c;
+    if (std::find(out.begin(), out.end(), line) == out.end()) out.push_back(std::move(line));
+  };
+  for (const std::string& text : host_sources) {
+    if (text.find("Types:") != std::string::npos || text.find("types:") != std::string::npos) {
+      for (auto& p : deb822_paragraphs(text)) {
+        if (lower(p["enabled"]) == "no") continue;
+        const auto types = words(p["types"]);
+        if (std::find(types.begin(), types.end(), "deb") == types.end()) continue;
+        const auto components = words(p["components"]);
+        for (const auto& uri : words(p["uris"]))
+          for (const auto& dist : words(p["suites"])) add(uri, dist, components);
+      }
+      continue;
+    }
+    std::istringstream in{text};
+    for (std::string line; std::getline(in, line);) {
+      auto w = words(line);
+      if (w.empty() || w[0] != "deb") continue;  // comments, deb-src
+      std::size_t i = 1;
+      if (i < w.size() && w[i].rfind('[', 0) == 0) {  // [options]
+        while (i < w.size() && w[i].find(']') == std::string::npos) ++i;
+        ++i;
+      }
+      if (i + 1 >= w.size()) continue;
+      add(w[i], w[i + 1], std::vector<std::string>(w.begin() + static_cast<std::ptrdiff_t>(i) + 2, w.end()));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> image_build_apt_options(std::string_view dump) {
+  std::vector<std::string> out;
+  std::string dir = "/", etc = "etc/apt/", netrcparts;
+  std::istringstream in{std::string(dump)};
+  for (std::string line; std::getline(in, line);) {
+    const auto sp = line.find(' ');
+    if (sp == std::string::npos) continue;
+    const std::string key = line.substr(0, sp);
+    std::string value = trim(line.substr(sp + 1));
+    if (value.size() < 3 || value.front() != '"' || value.substr(value.size() - 2) != "\";") continue;
+    value = value.substr(1, value.size() - 3);
+    if (key == "Dir") dir = value;
+    if (key == "Dir::Etc") etc = value;
+    if (key == "Dir::Etc::netrcparts") netrcparts = value;
+    // How the host reaches its mirror: proxies, timeouts, validity checks. Not the index
+    // targets (what is downloaded is the image's business) and no value-less tree nodes.
+    if (key.rfind("Acquire::", 0) == 0 && key.find("::IndexTargets") == std::string::npos && !value.empty())
+      out.push_back(fmt::format("{} \"{}\"", key, value));
+  }
+  if (!netrcparts.empty()) {
+    stdfs::path parts = netrcparts;
+    if (parts.is_relative()) parts = stdfs::path(dir) / etc / parts;
+    out.push_back(fmt::format("Dir::Etc::netrcparts \"{}\"", parts.lexically_normal().string()));
+  }
+  return out;
+}
+
+ImageStore::ImageStore(stdfs::path dir) : dir_(std::move(dir)) {}
+
+std::vector<ImageVersion> ImageStore::list() const {
+  std::vector<ImageVersion> out;
+  std::error_code ec;
+  std::vector<std::string> names;
+  for (const auto& e : stdfs::directory_iterator(dir_, ec))
+    if (e.is_directory() && e.path().filename().string()[0] != '.') names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  for (const auto& name : names) {
+    const std::string current = current_of(dir_ / name);
+    std::vector<std::string> versions;
+    for (const auto& e : stdfs::directory_iterator(dir_ / name, ec))
+      if (e.is_directory() && !e.is_symlink() && e.path().filename().string()[0] != '.')
+        versions.push_back(e.path().filename().string());
+    std::sort(versions.rbegin(), versions.rend());  // newest first: versions are UTC times
+    for (const auto& v : versions)
+      if (auto info = read_version(dir_, name, v, current)) out.push_back(std::move(*info));
+  }
+  return out;
+}
+
+std::optional<ImageVersion> ImageStore::current(std::string_view name) const {
+  validate_image_name(name);
+  const std::string version = current_of(dir_ / std::string(name));
+  if (version.empty()) return std::nullopt;
+  return read_version(dir_, std::string(name), version, version);
+}
+
+std::optional<ImageVersion> ImageStore::find(std::string_view name, std::string_view version) const {
+  validate_image_name(name);
+  validate_image_name(version);
+  return read_version(dir_, std::string(name), std::string(version), current_of(dir_ / std::string(name)));
+}
+
+ImageVersion ImageStore::build(const ImageBuild& request, const std::function<void(std::string_view)>& progress) {
+  validate_image_name(request.name);
+  validate_image_name(request.suite);
+  for (const auto& pkg : request.include)
+    if (pkg.empty() || pkg.find_first_of(", \t\n'\"") != std::string::npos || pkg[0] == '-')
+      throw UsageError(fmt::format("'{}' is not a package name", text::truncate_utf8(pkg, 80)));
+  const auto mmdebstrap = fs::find_program("mmdebstrap");
+  if (!mmdebstrap)
+    throw UsageError("mmdebstrap is not installed: install Debian's mmdebstrap package (apt-get install mmdebstrap)");
+  if (!is_root() && !fs::find_program("newuidmap"))
+    throw UsageError("building an image as a normal user needs newuidmap (Debian's uidmap package) and a range in "
+                     "/etc/subuid; ask an administrator, or use an image built by root");
+
+  const std::vector<std::string> mirrors = image_mirror_lines(host_sources(), host_codename(), request.suite);
+  const CommandResult dump = run_command({"apt-config", "dump"}, {}, std::chrono::seconds(20));
+  const std::vector<std::string> options = image_build_apt_options(dump.exit_code == 0 ? dump.out : "");
+
+  fs::make_dirs(dir_ / kBuilding, 0755);
+  // One build of a name at a time; what a crashed one left is swept under that lock.
+  const fs::FileLock build_lock(dir_ / kBuilding / (request.name + ".lock"));
+  sweep_building(dir_ / kBuilding, request.name + "-");
+  const stdfs::path work = dir_ / kBuilding / fmt::format("{}-{}", request.name, random::hex(4));
+  fs::make_dirs(work, 0755);
+  struct Cleanup {
+    stdfs::path path;
+    bool armed = true;
+    ~Cleanup() {
+      if (!armed) return;
+      try {
+        remove_built_tree(path);
+      } catch (const std::exception& e) {
+        log::warn("the failed image build's folder {} was not removed: {}", path.string(), e.what());
+      }
+    }
+  } cleanup{work};
+
+  std::vector<std::string> argv = {*mmdebstrap, "--variant=apt", is_root() ? "--mode=root" : "--mode=unshare",
+                                   "--customize-hook=rm -f \"$1" + std::string(kBuildOptionsFile) + "\""};
+  if (!request.include.empty()) argv.push_back("--include=" + fmt::format("{}", fmt::join(request.include, ",")));
+  for (const auto& o : options) argv.push_back("--aptopt=" + o);
+  argv.push_back(request.suite);
+  argv.push_back((work / "rootfs").string());
+  for (const auto& m : mirrors) argv.push_back(m);  // none: mmdebstrap's own default mirror
+  const auto started = std::chrono::steady_clock::now();
+  const CommandResult r = run_command(argv, {}, kBuildTimeout, 1024 * 1024, progress);
+  if (r.exit_code != 0 || r.timed_out)
+    throw Error(fmt::format("building image '{}' failed: {}", request.name, describe_failure(argv, r)));
+  if (stdfs::exists(work / "rootfs" / std::string(kBuildOptionsFile).substr(1)))
+    throw Error(fmt::format("building image '{}': the build's apt options were not removed from the image", request.name));
+
+  const fs::TreeUsage usage = fs::tree_usage(work / "rootfs");
+  const fs::FileLock lock(dir_ / ".lock");
+  fs::make_dirs(dir_ / request.name, 0755);
+  // The build's UTC time to the second, e.g. 20261202T063443Z (-2, -3… within one second).
+  const std::string stamp = timeutil::compact_utc().substr(0, 15) + "Z";
+  std::string version = stamp;
+  for (int n = 2; stdfs::exists(dir_ / request.name / version); ++n) version = stamp + "-" + std::to_string(n);
+  const json meta = {{"name", request.name},
+                     {"version", version},
+                     {"suite", request.suite},
+                     {"include", request.include},
+                     {"mirrors", mirrors},
+                     {"built_at", timeutil::iso_utc()},
+                     {"build_seconds", std::chrono::duration_cast<std::chrono::seconds>(
+                                           std::chrono::steady_clock::now() - started).count()},
+                     {"bytes", usage.bytes}};
+  fs::atomic_write(work / kMeta, meta.dump(2) + "\n", 0644);
+  if (::rename(work.c_str(), (dir_ / request.name / version).c_str()) != 0)
+    throw SysError(errno, "rename", (dir_ / request.name / version).string());
+  cleanup.armed = false;
+  set_current(dir_ / request.name, version);
+  return *read_version(dir_, request.name, version, version);
+}
+
+void ImageStore::remove(std::string_view name_view, std::optional<std::string_view> only, const ImageUsers& in_use) {
+  validate_image_name(name_view);
+  const std::string name(name_view);
+  const fs::FileLock lock(dir_ / ".lock");
+  std::vector<std::string> doomed, kept;
+  for (const auto& v : list())
+    if (v.name == name) (only && v.version != *only ? kept : doomed).push_back(v.version);
+  if (doomed.empty())
+    throw UsageError(only ? fmt::format("image '{}' has no version '{}'; 'ns-hpc image list' shows them", name, *only)
+                          : fmt::format("there is no image '{}'; 'ns-hpc image list' shows them", name));
+  std::vector<std::string> users;
+  for (const auto& v : doomed)
+    if (auto it = in_use.find(name + "@" + v); it != in_use.end())
+      for (const auto& id : it->second) users.push_back(fmt::format("'{}' ({})", id, v));
+  if (!users.empty())
+    throw UsageError(fmt::format("image '{}' is in use by instance {}; delete or archive those first", name,
+                                 fmt::join(users, ", ")));
+  const std::string current = current_of(dir_ / name);
+  const bool current_goes = std::find(doomed.begin(), doomed.end(), current) != doomed.end();
+  if (current_goes) {
+    if (kept.empty()) {
+      ::unlink((dir_ / name / kCurrent).c_str());
+    } else {
+      set_current(dir_ / name, kept.front());  // the newest one left
+    }
+  }
+  fs::make_dirs(dir_ / kBuilding, 0755);
+  sweep_building(dir_ / kBuilding, "removed-");
+  for (const auto& v : doomed) {
+    // Aside first (one rename: the version is gone at once), then removed.
+    const stdfs::path aside = dir_ / kBuilding / fmt::format("removed-{}-{}-{}", name, v, random::hex(4));
+    if (::rename((dir_ / name / v).c_str(), aside.c_str()) != 0) throw SysError(errno, "rename", (dir_ / name / v).string());
+    remove_built_tree(aside);
+  }
+  if (kept.empty()) {
+    std::error_code ec;
+    stdfs::remove(dir_ / name, ec);  // empty now; a stray file keeps it, harmlessly
+  }
+}
+
+}  // namespace nshpc::sandbox

@@ -1,0 +1,92 @@
+// Image roots: Debian root file systems built with mmdebstrap from the mirror the host's apt
+// already uses, kept read-only and versioned, so that rebuilding an image never changes an
+// instance made from an older version. Instances mount a version as the lower layer of their
+// own root (the image-roots issue); this part builds, lists and removes them.
+//
+// Layout (`<server.state_dir>/images`, a local folder):
+//   .lock                         held by every change
+//   <name>/<version>/rootfs/      the root file system (version: the build's UTC time, 20261202T063000Z)
+//   <name>/<version>/image.json   what it was built from: suite, packages, mirror lines, size, time
+//   <name>/current -> <version>   the version new instances get (replaced atomically)
+//   .building/<name>-<random>/    a build in progress (removed when it fails, or swept on the next build)
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace nshpc::sandbox {
+
+struct ImageVersion {
+  std::string name;
+  std::string version;
+  std::filesystem::path rootfs;
+  bool current = false;  // what new instances get
+  std::string suite;
+  std::vector<std::string> include;
+  std::string built_at;     // ISO 8601, UTC
+  std::uint64_t bytes = 0;  // disk use of the root file system when it was built
+};
+
+struct ImageBuild {
+  std::string name;
+  std::string suite = "bookworm";
+  std::vector<std::string> include;  // packages beyond the `apt` variant's
+};
+
+// Throws UsageError naming the rule when `name` cannot name an image (the instance id rule:
+// 1-63 of A-Z a-z 0-9 _ . -, starting with a letter or digit).
+void validate_image_name(std::string_view name);
+
+// The apt sources an image is built from: every entry of the host's own sources (one-line
+// `sources.list` and deb822 `.sources` text, given as file contents) rewritten for `suite` (the
+// host's codename `host_suite` in a suite name — bookworm, bookworm-updates, bookworm-security —
+// becomes `suite`), as one-line entries "deb URI SUITE COMPONENTS…" without options (keys come
+// from mmdebstrap's keyring handling). Only `deb` entries; disabled ones (Enabled: no,
+// commented) are left out. Duplicates once.
+std::vector<std::string> image_mirror_lines(const std::vector<std::string>& host_sources, std::string_view host_suite,
+                                            std::string_view suite);
+
+// The host's apt options a build needs to reach the mirror as the host does (`apt-config dump`
+// output): proxies and other Acquire:: settings and the credentials folder. They are given to
+// mmdebstrap for the build only and removed from the image before it is kept.
+std::vector<std::string> image_build_apt_options(std::string_view apt_config_dump);
+
+// "name@version" → the instances whose root is that image version.
+using ImageUsers = std::map<std::string, std::vector<std::string>>;
+
+class ImageStore {
+ public:
+  explicit ImageStore(std::filesystem::path dir);
+
+  const std::filesystem::path& dir() const { return dir_; }
+
+  // Every version of every image, by name, newest first within a name.
+  std::vector<ImageVersion> list() const;
+  // The version new instances of `name` get; nullopt when there is no such image.
+  std::optional<ImageVersion> current(std::string_view name) const;
+  std::optional<ImageVersion> find(std::string_view name, std::string_view version) const;
+
+  // Builds a new version of an image with mmdebstrap (as root: --mode=root; as a normal user:
+  // --mode=unshare, which needs a subordinate uid range) and makes it current. `progress` gets
+  // mmdebstrap's status lines as they come. Throws UsageError when mmdebstrap is missing or a
+  // normal user has no subordinate range, Error with mmdebstrap's last lines when it fails.
+  ImageVersion build(const ImageBuild& request, const std::function<void(std::string_view)>& progress);
+
+  // Removes an image, every version, or one version (then, when it was current, the newest
+  // other one becomes current). Refused (UsageError naming them) while an instance uses a version
+  // to remove; UsageError when there is no such image or version.
+  void remove(std::string_view name, std::optional<std::string_view> version, const ImageUsers& in_use);
+
+ private:
+  std::filesystem::path dir_;
+};
+
+}  // namespace nshpc::sandbox
