@@ -9,7 +9,8 @@ JOBS   ?= $(shell nproc)
 # Debian 12 packages needed to build, test and run.
 DEPS := g++ cmake ninja-build ccache pkg-config \
         nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev \
-        libboost1.81-dev libseccomp-dev libsqlite3-dev libssl-dev libgtest-dev bubblewrap util-linux passwd procps jq
+        libboost1.81-dev libseccomp-dev libsqlite3-dev libssl-dev libgtest-dev bubblewrap util-linux passwd procps jq \
+        mmdebstrap uidmap dpkg-dev
 
 .PHONY: all deps configure build test unit integration test-as-user run bench fuzz install clean
 
@@ -31,6 +32,8 @@ build: deps configure
 # Units and integration tests (real bwrap) as the current user; when run as root, the
 # integration suite also runs as an unprivileged user (the HPC login-node case).
 test: build
+	@# Set-up, like deps: the Debian image and local apt repository the image tests use (cached).
+	scripts/test-image.sh $(BUILD)
 	cd $(BUILD) && ctest --output-on-failure -j 2
 
 unit: build

@@ -21,7 +21,7 @@ namespace {
 // "image:<name>@<version>".
 constexpr std::string_view kImageRoot = "image:";
 
-sandbox::ImageStore image_store(Invocation& inv) { return sandbox::ImageStore(inv.config().server.state_dir / "images"); }
+sandbox::ImageStore image_store(Invocation& inv) { return sandbox::ImageStore(inv.config().ns.images_dir); }
 
 // Which instances use which image version.
 sandbox::ImageUsers image_users(Invocation& inv) {

@@ -72,6 +72,7 @@ std::optional<std::int64_t> local_limit_minimum(std::string_view name);
 
 struct Namespace {
   std::filesystem::path instances_dir;     // absolute, ~ and $VAR expanded
+  std::filesystem::path images_dir;        // the images instances can run on (sandbox/images.hpp)
   std::vector<std::string> bwrap_command;  // base argv; [0] is the bwrap program
   std::string workspace_mount;
   std::string output_mount;
@@ -228,6 +229,7 @@ bool running_as_root();   // geteuid() == 0
 // sandbox uid must be able to traverse the path to the workspaces, and /root is private.
 inline constexpr std::string_view kRootInstancesDir = "/var/lib/ns-hpc/instances";
 inline constexpr std::string_view kRootStateDir = "/var/lib/ns-hpc";
+inline constexpr std::string_view kRootImagesDir = "/var/lib/ns-hpc/images";
 
 struct LoadOptions {
   std::optional<std::filesystem::path> explicit_path;  // --config; falls back to NS_HPC_CONFIG

@@ -151,6 +151,11 @@ Keys<Config> make_config_keys() {
               .as_root = fmt::format("{:?}", kRootInstancesDir),
               .help = "Root of all instance state. As root, the sandbox uid must be able to pass through "
                       "every folder on the way (doctor checks it)."}),
+          value("images_dir", &Namespace::images_dir, folder(), {
+              .defaults_to = R"("${HOME}/.local/share/ns-hpc/images")",
+              .as_root = fmt::format("{:?}", kRootImagesDir),
+              .help = "Where `ns-hpc image build` keeps the Debian images instances can run on, each "
+                      "version read-only (a few hundred MB each; a local file system)."}),
           value("bwrap_command", &Namespace::bwrap_command, argv(), {
               .defaults_to = R"(["bwrap", "--unshare-all", "--share-net", "--proc", "/proc", "--dev", "/dev", )"
                              R"("--tmpfs", "/tmp", "--ro-bind", "/usr", "/usr", "--ro-bind", "/lib", "/lib", )"

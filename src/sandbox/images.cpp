@@ -379,6 +379,7 @@ ImageVersion ImageStore::build(const ImageBuild& request, const std::function<vo
 void ImageStore::remove(std::string_view name_view, std::optional<std::string_view> only, const ImageUsers& in_use) {
   validate_image_name(name_view);
   const std::string name(name_view);
+  fs::make_dirs(dir_, 0755);
   const fs::FileLock lock(dir_ / ".lock");
   std::vector<std::string> doomed, kept;
   for (const auto& v : list())

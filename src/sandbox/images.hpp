@@ -3,7 +3,7 @@
 // instance made from an older version. Instances mount a version as the lower layer of their
 // own root (the image-roots issue); this part builds, lists and removes them.
 //
-// Layout (`<server.state_dir>/images`, a local folder):
+// Layout (`[namespace] images_dir`, a local folder):
 //   .lock                         held by every change
 //   <name>/<version>/rootfs/      the root file system (version: the build's UTC time, 20261202T063000Z)
 //   <name>/<version>/image.json   what it was built from: suite, packages, mirror lines, size, time

@@ -1,0 +1,100 @@
+// Images as a user meets them: `ns-hpc image build|list|rm`. The build itself is `make test`'s
+// set-up (scripts/test-image.sh builds image 'test' once with `ns-hpc image build`, reaching the
+// mirror the host's apt uses, and caches it outside the clone); these tests read what it made
+// and never reach the network.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "harness.hpp"
+
+using namespace nshpc::test;
+using nlohmann::json;
+
+namespace {
+
+fs::path image_cache() {
+  if (::geteuid() == 0) return "/var/cache/ns-hpc-test/images";
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  return fs::path(xdg && *xdg ? xdg : std::string(home ? home : "/nonexistent") + "/.cache") / "ns-hpc-test" / "images";
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The host's apt sources, as text (one-line and deb822 files alike).
+std::string host_sources() {
+  std::string all = slurp("/etc/apt/sources.list");
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/etc/apt/sources.list.d", ec)) all += slurp(e.path());
+  return all;
+}
+
+}  // namespace
+
+TEST(Images, TheBuiltImageIsListedWithItsSourcesAndWithoutTheBuildsAptOptions) {
+  const fs::path cache = image_cache();
+  if (!fs::exists(cache / "test" / "current"))
+    GTEST_SKIP() << "no image 'test' in " << cache << ": scripts/test-image.sh (run by make test) builds it";
+  Env env("images_dir = \"" + cache.string() + "\"\n");
+  Result listed = env.run({"image", "list", "--json"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  json test;
+  for (const auto& v : json::parse(listed.out))
+    if (v["name"] == "test" && v["current"] == true) test = v;
+  ASSERT_TRUE(test.is_object()) << listed.out;
+  EXPECT_EQ(test["suite"], "bookworm");
+  EXPECT_GT(test["bytes"].get<std::uint64_t>(), 50u * 1024 * 1024) << "a whole Debian root";
+  EXPECT_EQ(test["instances"], json::array());
+  const fs::path rootfs = test["rootfs"].get<std::string>();
+  EXPECT_EQ(rootfs, cache / "test" / test["version"].get<std::string>() / "rootfs");
+  EXPECT_TRUE(fs::exists(rootfs / "usr/bin/apt-get"));
+  EXPECT_TRUE(fs::exists(rootfs / "usr/share/ca-certificates")) << "--include ca-certificates";
+  // The host's way to its mirror served the build only: nothing of it stays in the image.
+  EXPECT_FALSE(fs::exists(rootfs / "etc/apt/apt.conf.d/99mmdebstrap"));
+  // Its sources are the host's mirrors, rewritten for the suite.
+  const std::string sources = slurp(rootfs / "etc/apt/sources.list");
+  const std::string host = host_sources();
+  std::istringstream lines(sources);
+  int entries = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("deb ", 0) != 0) continue;
+    ++entries;
+    std::istringstream words(line.substr(4));
+    std::string uri;
+    words >> uri;
+    EXPECT_NE(host.find(uri), std::string::npos) << uri << " is not one of the host's mirrors";
+  }
+  EXPECT_GT(entries, 0) << sources;
+  Result text = env.run({"image", "list"});
+  EXPECT_NE(text.out.find("test"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("MiB"), std::string::npos) << text.out;
+}
+
+TEST(Images, BadNamesAndMissingImagesAreClearErrorsBeforeAnythingRuns) {
+  Env env("images_dir = \"" + (fs::path(::testing::TempDir()) / ("nshpc-images-" + std::to_string(::getpid()))).string() +
+          "\"\n");
+  Result bad = env.run({"image", "build", "no/slash"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("'no/slash' is not an image name"), std::string::npos) << bad.err;
+  EXPECT_EQ(bad.out, "");
+  Result pkg = env.run({"image", "build", "x", "--include", "jq,-o=evil"});
+  EXPECT_EQ(pkg.exit_code, 1);
+  EXPECT_NE(pkg.err.find("'-o=evil' is not a package name"), std::string::npos) << pkg.err;
+  Result missing = env.run({"image", "rm", "nothing"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("there is no image 'nothing'; 'ns-hpc image list' shows them"), std::string::npos)
+      << missing.err;
+  Result none = env.run({"image", "list"});
+  EXPECT_EQ(none.exit_code, 0);
+  EXPECT_NE(none.out.find("No images; build one with 'ns-hpc image build NAME'."), std::string::npos) << none.out;
+}
