@@ -32,6 +32,7 @@
 #include "cli/output.hpp"
 #include "sandbox/capture.hpp"
 #include "sandbox/cgroups.hpp"
+#include "sandbox/layers.hpp"
 #include "sandbox/seccomp.hpp"
 
 namespace nshpc::cli {
@@ -352,6 +353,41 @@ Check check_slurm_shared(const config::Config& cfg) {
   return c;
 }
 
+// `ns-hpc image build`: mmdebstrap, and as a normal user newuidmap with a subordinate range.
+Check check_image_builds() {
+  Check c{"image builds (mmdebstrap)"};
+  c.required = false;
+  const auto mmdebstrap = fs::find_program("mmdebstrap");
+  const sandbox::UidMapping mapping = sandbox::image_uid_mapping();
+  if (!mmdebstrap) {
+    c.detail = "mmdebstrap is not installed";
+    c.fix = "apt-get install mmdebstrap";
+  } else if (::geteuid() != 0 && (mapping.kind != sandbox::UidMapping::Kind::range || !fs::find_program("newuidmap"))) {
+    c.detail = fmt::format("{}; as a normal user mmdebstrap --mode=unshare needs newuidmap and a range in /etc/subuid",
+                           *mmdebstrap);
+    c.fix = fmt::format("ask an administrator: apt-get install uidmap; usermod --add-subuids 100000-165535 "
+                        "--add-subgids 100000-165535 {}; or use images built by root",
+                        users::current_user_name());
+  } else {
+    c.ok = true;
+    c.detail = fmt::format("{} --mode={}", *mmdebstrap, ::geteuid() == 0 ? "root" : "unshare");
+  }
+  return c;
+}
+
+// A writable layer over an image, tried for real (sandbox/layers.hpp).
+Check check_image_layers(const config::Config& cfg) {
+  Check c{"image roots (a writable layer over a shared image)"};
+  c.required = false;
+  std::error_code ec;
+  stdfs::create_directories(cfg.ns.images_dir, ec);
+  const sandbox::LayerSupport support = sandbox::probe_layers(cfg.ns.images_dir);
+  c.ok = support.ok;
+  c.detail = support.detail;
+  c.fix = support.fix;
+  return c;
+}
+
 void print_text(const std::vector<Check>& checks, bool ok) {
   std::puts("ns-hpc doctor\n");
   for (const auto& c : checks) {
@@ -389,6 +425,8 @@ void add_doctor_command(CLI::App& app, Invocation& inv) {
     checks.push_back(check_instances_dir(*cfg));
     checks.push_back(check_cgroups());
     checks.push_back(check_living(inv, *cfg));
+    checks.push_back(check_image_builds());
+    checks.push_back(check_image_layers(*cfg));
     checks.push_back(check_slurm());
     if (checks.back().ok) {
       checks.push_back(check_slurm_controller(*cfg));

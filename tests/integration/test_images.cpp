@@ -49,7 +49,8 @@ TEST(Images, TheBuiltImageIsListedWithItsSourcesAndWithoutTheBuildsAptOptions) {
   Result listed = env.run({"image", "list", "--json"});
   ASSERT_EQ(listed.exit_code, 0) << listed.err;
   json test;
-  for (const auto& v : json::parse(listed.out))
+  const json versions = json::parse(listed.out);
+  for (const auto& v : versions)
     if (v["name"] == "test" && v["current"] == true) test = v;
   ASSERT_TRUE(test.is_object()) << listed.out;
   EXPECT_EQ(test["suite"], "bookworm");
@@ -97,4 +98,40 @@ TEST(Images, BadNamesAndMissingImagesAreClearErrorsBeforeAnythingRuns) {
   Result none = env.run({"image", "list"});
   EXPECT_EQ(none.exit_code, 0);
   EXPECT_NE(none.out.find("No images; build one with 'ns-hpc image build NAME'."), std::string::npos) << none.out;
+}
+
+// doctor tries a writable layer over an image for real, and says which uid mapping instances on
+// an image get: root's own range, a /etc/subuid range, or a single uid.
+TEST(Images, DoctorTriesALayerOverAnImageAndNamesTheUidMapping) {
+  Env env("images_dir = \"" + (fs::path(::testing::TempDir()) / ("nshpc-doctor-images-" + std::to_string(::getpid()))).string() +
+          "\"\n");
+  Result r = env.run({"doctor", "--json"});
+  json layers, builds;
+  const json doc = json::parse(r.out);
+  for (const auto& c : doc["checks"]) {
+    if (c["name"].get<std::string>().rfind("image roots", 0) == 0) layers = c;
+    if (c["name"].get<std::string>().rfind("image builds", 0) == 0) builds = c;
+  }
+  ASSERT_TRUE(layers.is_object()) << r.out << r.err;
+  ASSERT_TRUE(builds.is_object()) << r.out;
+  EXPECT_FALSE(layers["required"].get<bool>());
+  // This machine (kernel 6.x) can, as root and as a normal user.
+  EXPECT_TRUE(layers["ok"].get<bool>()) << layers.dump();
+  const std::string detail = layers["detail"];
+  if (::geteuid() == 0) {
+    EXPECT_NE(detail.find("an idmapped image under an overlay works"), std::string::npos) << detail;
+    EXPECT_NE(detail.find("root's own ranges from "), std::string::npos) << detail;
+    EXPECT_TRUE(builds["ok"].get<bool>()) << builds.dump();
+  } else {
+    EXPECT_NE(detail.find("an overlay in a user namespace (userxattr) works"), std::string::npos) << detail;
+    EXPECT_TRUE(detail.find("/etc/subuid: ") != std::string::npos || detail.find("only uid 0 inside") != std::string::npos)
+        << detail;
+  }
+  // The probe leaves nothing behind, and no mount.
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(::testing::TempDir()) / ("nshpc-doctor-images-" + std::to_string(::getpid())), ec))
+    ADD_FAILURE() << "left behind: " << e.path();
+  std::ifstream mounts("/proc/self/mountinfo");
+  std::string all((std::istreambuf_iterator<char>(mounts)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(all.find("layer-probe"), std::string::npos);
 }

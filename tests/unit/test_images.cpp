@@ -10,6 +10,7 @@
 
 #include "base/error.hpp"
 #include "sandbox/images.hpp"
+#include "sandbox/layers.hpp"
 
 namespace nshpc::sandbox {
 namespace {
@@ -146,6 +147,19 @@ TEST_F(ImageStoreTest, RemovalIsRefusedWhileUsedAndKeepsACurrentVersion) {
   images.remove("base", std::nullopt, {});
   EXPECT_TRUE(images.list().empty());
   EXPECT_FALSE(stdfs::exists(dir_ / "base"));
+}
+
+// Root's ranges for image instances start 65536-aligned above 2^20, every subordinate range and
+// every account, so no instance's files ever belong to a user or another tool's range.
+TEST(ImageUids, RootsRangesStartAboveEverySubordinateRangeAndAccount) {
+  EXPECT_EQ(root_range_floor("", "", "", ""), 1u << 20);
+  EXPECT_EQ(root_range_floor("alice:100000:65536\n", "", "root:x:0:0::/root:/bin/sh\n", ""), 1u << 20);
+  EXPECT_EQ(root_range_floor("alice:100000:65536\nbob:1048576:65536\n", "", "", ""), 1114112u);
+  EXPECT_EQ(root_range_floor("", "carol:2000000:10\n", "", ""), 2031616u);  // rounded up to 65536
+  EXPECT_EQ(root_range_floor("", "", "big:x:3000000:100::/:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n", ""),
+            3014656u);
+  EXPECT_EQ(root_range_floor("# comment\nbroken line\nx:y:z\n", "", "", "g:x:4294967294:\n"), 1u << 20)
+      << "nobody's -2 and lines that are not ranges do not move it";
 }
 
 }  // namespace

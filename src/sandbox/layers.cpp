@@ -1,0 +1,272 @@
+#include "sandbox/layers.hpp"
+
+#include <fcntl.h>
+#include <linux/mount.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "base/fs.hpp"
+#include "base/users.hpp"
+
+namespace nshpc::sandbox {
+
+namespace {
+
+namespace stdfs = std::filesystem;
+
+constexpr uid_t kRangeSize = 65536;
+constexpr uid_t kLowestRootRange = 1u << 20;
+
+// glibc 2.36 has no wrappers for the new mount API.
+int sys_open_tree(int dfd, const char* path, unsigned flags) {
+  return static_cast<int>(::syscall(SYS_open_tree, dfd, path, flags));
+}
+int sys_mount_setattr(int dfd, const char* path, unsigned flags, mount_attr* attr) {
+  return static_cast<int>(::syscall(SYS_mount_setattr, dfd, path, flags, attr, sizeof *attr));
+}
+int sys_move_mount(int from_dfd, const char* from, int to_dfd, const char* to, unsigned flags) {
+  return static_cast<int>(::syscall(SYS_move_mount, from_dfd, from, to_dfd, to, flags));
+}
+
+// The highest id a colon-separated table names: field `id_field` (passwd, group), or
+// start + count of a subordinate range (subuid, subgid: name:start:count).
+std::uint64_t highest_id(std::string_view table, bool ranges, int id_field) {
+  std::uint64_t top = 0;
+  std::istringstream in{std::string(table)};
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> f;
+    std::istringstream fields(line);
+    for (std::string x; std::getline(fields, x, ':');) f.push_back(x);
+    try {
+      if (ranges && f.size() >= 3) top = std::max<std::uint64_t>(top, std::stoull(f[1]) + std::stoull(f[2]));
+      if (!ranges && static_cast<int>(f.size()) > id_field) {
+        const std::uint64_t id = std::stoull(f[static_cast<std::size_t>(id_field)]);
+        if (id < 0xFFFFFFFEu) top = std::max<std::uint64_t>(top, id + 1);  // not nobody's -2
+      }
+    } catch (const std::exception&) {
+      // A line that is not one of ours to judge.
+    }
+  }
+  return top;
+}
+
+std::string slurp(const char* path) { return fs::read_file(path).value_or(""); }
+
+void write_proc(pid_t pid, const char* file, const std::string& text) {
+  const std::string path = fmt::format("/proc/{}/{}", pid, file);
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+  if (!fd) throw SysError(errno, "open", path);
+  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) throw SysError(errno, "write", path);
+}
+
+}  // namespace
+
+uid_t root_range_floor(std::string_view subuid, std::string_view subgid, std::string_view passwd,
+                       std::string_view group) {
+  std::uint64_t top = kLowestRootRange;
+  top = std::max(top, highest_id(subuid, true, 0));
+  top = std::max(top, highest_id(subgid, true, 0));
+  top = std::max(top, highest_id(passwd, false, 2));
+  top = std::max(top, highest_id(group, false, 2));
+  top = (top + kRangeSize - 1) / kRangeSize * kRangeSize;
+  return static_cast<uid_t>(std::min<std::uint64_t>(top, 0xFFFF0000u));
+}
+
+UidMapping image_uid_mapping() {
+  UidMapping m;
+  if (::geteuid() == 0) {
+    m.kind = UidMapping::Kind::range;
+    m.host_base = root_range_floor(slurp("/etc/subuid"), slurp("/etc/subgid"), slurp("/etc/passwd"), slurp("/etc/group"));
+    m.count = kRangeSize;
+    m.source = fmt::format("root's own ranges from {} up (above /etc/subuid, /etc/subgid and every account), "
+                           "65536 ids per instance",
+                           m.host_base);
+    return m;
+  }
+  const std::string me = users::current_user_name();
+  std::istringstream in{slurp("/etc/subuid")};
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> f;
+    std::istringstream fields(line);
+    for (std::string x; std::getline(fields, x, ':');) f.push_back(x);
+    if (f.size() < 3 || (f[0] != me && f[0] != std::to_string(::geteuid()))) continue;
+    try {
+      if (std::stoull(f[2]) < kRangeSize) continue;
+      m.kind = UidMapping::Kind::range;
+      m.host_base = static_cast<uid_t>(std::stoull(f[1]));
+      m.count = kRangeSize;
+      m.source = fmt::format("/etc/subuid: {}:{}:{}", f[0], f[1], f[2]);
+      return m;
+    } catch (const std::exception&) {
+    }
+  }
+  m.kind = UidMapping::Kind::single;
+  m.host_base = ::geteuid();
+  m.count = 1;
+  m.source = fmt::format("no range of 65536 for {} in /etc/subuid: only uid 0 inside, {} outside (apt works; "
+                         "system users such as _apt cannot be distinct)",
+                         me, ::geteuid());
+  return m;
+}
+
+UniqueFd mapped_user_namespace(uid_t host_base, std::uint32_t count) {
+  Pipe ready = make_pipe(), done = make_pipe();
+  const pid_t child = ::fork();
+  if (child < 0) throw SysError(errno, "fork", "a user namespace holder");
+  if (child == 0) {
+    char c = 0;
+    const bool ok = ::unshare(CLONE_NEWUSER) == 0;
+    if (::write(ready.write.get(), ok ? "1" : "0", 1) != 1) ::_exit(1);
+    (void)!::read(done.read.get(), &c, 1);  // until the parent holds the namespace
+    ::_exit(0);
+  }
+  ready.write.reset();
+  done.read.reset();
+  auto reap = [child] {
+    int status = 0;
+    ::kill(child, SIGKILL);
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+  };
+  char c = 0;
+  if (::read(ready.read.get(), &c, 1) != 1 || c != '1') {
+    reap();
+    throw SysError(EPERM, "unshare(CLONE_NEWUSER)", "a user namespace for an image instance");
+  }
+  try {
+    const std::string map = fmt::format("0 {} {}\n", host_base, count);
+    write_proc(child, "uid_map", map);
+    write_proc(child, "gid_map", map);
+    const std::string ns = fmt::format("/proc/{}/ns/user", child);
+    UniqueFd fd(::open(ns.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) throw SysError(errno, "open", ns);
+    reap();
+    return fd;
+  } catch (...) {
+    reap();
+    throw;
+  }
+}
+
+void mount_idmapped(const stdfs::path& source, int userns_fd, const stdfs::path& target) {
+  UniqueFd tree(sys_open_tree(AT_FDCWD, source.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE));
+  if (!tree) throw SysError(errno, "open_tree", source.string());
+  mount_attr attr{};
+  attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+  attr.userns_fd = static_cast<std::uint64_t>(userns_fd);
+  if (sys_mount_setattr(tree.get(), "", AT_EMPTY_PATH | AT_RECURSIVE, &attr) != 0)
+    throw SysError(errno, "idmap (mount_setattr)", source.string());
+  if (sys_move_mount(tree.get(), "", AT_FDCWD, target.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0)
+    throw SysError(errno, "move_mount", target.string());
+}
+
+void mount_overlay(const stdfs::path& lower, const stdfs::path& upper, const stdfs::path& work,
+                   const stdfs::path& target, bool userxattr) {
+  for (const auto& p : {lower, upper, work})
+    if (p.string().find_first_of(",:\\") != std::string::npos)
+      throw UsageError(fmt::format("{}: an overlay layer's path may not contain ',', ':' or '\\'", p.string()));
+  std::string options = fmt::format("lowerdir={},upperdir={},workdir={}", lower.string(), upper.string(), work.string());
+  if (userxattr) options += ",userxattr";
+  if (::mount("overlay", target.c_str(), "overlay", MS_NOSUID | MS_NODEV, options.c_str()) != 0)
+    throw SysError(errno, "mount overlay", target.string());
+  struct statvfs st{};
+  if (::statvfs(target.c_str(), &st) != 0 || (st.f_flag & ST_RDONLY) != 0) {
+    ::umount2(target.c_str(), MNT_DETACH);
+    throw Error(fmt::format("the overlay at {} came up read-only: the kernel could not use {} and {} as its "
+                            "writable layer (they must belong to the instance's root and sit on a local file "
+                            "system such as ext4 or xfs)",
+                            target.string(), upper.string(), work.string()));
+  }
+}
+
+LayerSupport probe_layers(const stdfs::path& scratch) {
+  LayerSupport s;
+  const bool root = ::geteuid() == 0;
+  const stdfs::path dir = scratch / fmt::format(".layer-probe-{}", ::getpid());
+  try {
+    for (const char* d : {"image/etc", "lower", "upper", "work", "merged"}) fs::make_dirs(dir / d, 0755);
+    std::ofstream(dir / "image/etc/os-release") << "ID=probe\n";
+  } catch (const std::exception& e) {
+    s.detail = fmt::format("could not prepare {}: {}", dir.string(), e.what());
+    s.fix = "make [namespace] images_dir a folder you can write on a local file system";
+    return s;
+  }
+  const UidMapping mapping = image_uid_mapping();
+  Pipe report = make_pipe();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    // Everything here happens in this child's own mount namespace and goes with it.
+    std::string result;
+    try {
+      if (root) {
+        if (::unshare(CLONE_NEWNS) != 0) throw SysError(errno, "unshare(CLONE_NEWNS)");
+        if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) throw SysError(errno, "make / private");
+        const UniqueFd ns = mapped_user_namespace(mapping.host_base, mapping.count);
+        mount_idmapped(dir / "image", ns.get(), dir / "lower");
+        for (const char* d : {"upper", "work"})
+          if (::chown((dir / d).c_str(), mapping.host_base, mapping.host_base) != 0) throw SysError(errno, "chown", d);
+        mount_overlay(dir / "lower", dir / "upper", dir / "work", dir / "merged", false);
+        struct stat st{};
+        if (::stat((dir / "merged/etc/os-release").c_str(), &st) != 0) throw SysError(errno, "stat", "the probe's image file");
+        if (st.st_uid != mapping.host_base)
+          throw Error(fmt::format("the idmapped image shows owner {} instead of {}: idmapped mounts did nothing",
+                                  st.st_uid, mapping.host_base));
+      } else {
+        const uid_t uid = ::geteuid();
+        const gid_t gid = ::getegid();
+        if (::unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) throw SysError(errno, "unshare(CLONE_NEWUSER|CLONE_NEWNS)");
+        std::ofstream("/proc/self/setgroups") << "deny";
+        std::ofstream("/proc/self/uid_map") << "0 " << uid << " 1";
+        std::ofstream("/proc/self/gid_map") << "0 " << gid << " 1";
+        if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) throw SysError(errno, "make / private");
+        mount_overlay(dir / "image", dir / "upper", dir / "work", dir / "merged", true);
+      }
+      const stdfs::path probe = dir / "merged/etc/written";
+      std::ofstream(probe) << "x";
+      if (!stdfs::exists(dir / "upper/etc/written")) throw Error("a file written on the overlay did not reach its layer");
+      result = "ok";
+    } catch (const std::exception& e) {
+      result = e.what();
+    }
+    (void)!::write(report.write.get(), result.data(), result.size());
+    ::_exit(0);
+  }
+  report.write.reset();
+  std::string said;
+  char buf[1024];
+  for (ssize_t n; (n = ::read(report.read.get(), buf, sizeof buf)) > 0;) said.append(buf, static_cast<std::size_t>(n));
+  int status = 0;
+  while (child > 0 && ::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  try {
+    fs::remove_tree(dir);
+  } catch (const std::exception&) {
+    // As a normal user the layer's work folder can be left unreadable (d---------): best effort.
+  }
+  s.ok = said == "ok";
+  const std::string how = root ? "an idmapped image under an overlay" : "an overlay in a user namespace (userxattr)";
+  s.detail = s.ok ? fmt::format("{} works; uid mapping: {}", how, mapping.source)
+                  : fmt::format("{} failed: {}", how, said.empty() ? std::string("the probe died") : said);
+  if (!s.ok)
+    s.fix = root ? "image instances need a kernel with idmapped mounts and overlayfs on idmapped layers (5.19+)"
+                 : "image instances as a normal user need overlayfs in a user namespace (kernel 5.11+) or "
+                   "fuse-overlayfs with a usable /dev/fuse";
+  return s;
+}
+
+}  // namespace nshpc::sandbox
