@@ -192,4 +192,13 @@ std::optional<std::string> closest(std::string_view word, const std::vector<std:
   return best;
 }
 
+std::uint64_t fnv1a(std::string_view s) {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
 }  // namespace nshpc::text

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -45,6 +46,9 @@ MiddleCut cut_middle(std::string_view s, std::size_t max_chars, const std::funct
 
 // Cuts `s` to at most `max_bytes` on a UTF-8 boundary, appending "…" when cut.
 std::string truncate_utf8(std::string_view s, size_t max_bytes);
+
+// 64-bit FNV-1a of `s`: a short name that stays the same across runs and builds (not for security).
+std::uint64_t fnv1a(std::string_view s);
 
 // The candidate closest to `word` by edit distance (Levenshtein) when it is close enough to be a
 // likely typo (at most a third of the word's length, and at most 3 edits); nullopt otherwise.

@@ -268,7 +268,7 @@ void add_describe(CLI::App& parent, Invocation& inv, const std::shared_ptr<Insta
     const store::Store::DiskUse use = inv.store().disk_use(inst);
     nlohmann::json out = instance_host_json(inst);
     add_living_state(inv, inst, out);
-    out["limits"] = lifecycle::limits_json(inv.config(), inst.id);
+    out["limits"] = lifecycle::limits_json(inv.config(), inv.store().cgroup_folder(inst.id));
     if (a->json) {
       out["disk_usage"] = {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes}, {"files", use.files}};
       print_json(out);

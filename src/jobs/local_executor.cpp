@@ -207,7 +207,7 @@ Record LocalExecutor::start(const store::Instance& inst, Record record, std::str
   spec.limits = rec.limits;
   spec.time_grace = std::chrono::seconds(config_.jobs.cancel_grace);
   spec.use_cgroups = config_.jobs.local.use_cgroups;
-  spec.cgroup_name = inst.id + "/" + rec.id;
+  spec.cgroup_name = spec.target.cgroup_folder + "/" + rec.id;
   spec.outlives_caller = true;
   spec.status_path = (inst.base / "status" / (rec.id + ".status")).string();
   spec.command_prefix = config_.jobs.local.cgroups_command;

@@ -95,9 +95,9 @@ nlohmann::json state_json(const sandbox::LivingStatus& status) {
   return out;
 }
 
-nlohmann::json limits_json(const config::Config& config, const std::string& instance_id) {
+nlohmann::json limits_json(const config::Config& config, const std::string& cgroup_folder) {
   const sandbox::InstanceLimits limits =
-      sandbox::instance_limits(config.ns.limits, instance_id, config.jobs.local.use_cgroups);
+      sandbox::instance_limits(config.ns.limits, cgroup_folder, config.jobs.local.use_cgroups);
   nlohmann::json out = nlohmann::json::object();
   for (const auto& [name, value] : limits.configured) out[name == "memory" ? "memory_mib" : name] = value;
   out["enforced"] = !limits.configured.empty() && limits.unenforced.empty();

@@ -60,7 +60,7 @@ nlohmann::json state_json(const sandbox::LivingStatus& status);
 // The instance's [namespace] limits as data (describe_instance, `instance describe`): those set
 // (cpus, memory_mib, pids), "enforced", "unenforced" (why not, per limit) and, while the
 // instance's cgroup exists, "usage" (memory_bytes, pids, cpu_usec of everything it runs).
-nlohmann::json limits_json(const config::Config& config, const std::string& instance_id);
+nlohmann::json limits_json(const config::Config& config, const std::string& cgroup_folder);  // Store::cgroup_folder
 // The same in one line for people.
 std::string limits_line(const nlohmann::json& limits);
 

@@ -288,14 +288,14 @@ class JoinedProcess final : public Process {
  public:
   // `group`: flat (root), the command's cgroup, through which its tree is killed; `own_group`
   // when the backend made it for this command (kept while what the command left runs).
-  JoinedProcess(Joined joined, UniqueFd busy, Cgroup* group, std::unique_ptr<Cgroup> own_group, std::string instance_id,
+  JoinedProcess(Joined joined, UniqueFd busy, Cgroup* group, std::unique_ptr<Cgroup> own_group, std::string cgroup_folder,
                 Leftovers& leftovers)
       : leftovers_(leftovers),
         joined_(std::move(joined)),
         busy_(std::move(busy)),
         group_(group),
         own_group_(std::move(own_group)),
-        instance_id_(std::move(instance_id)) {}
+        cgroup_folder_(std::move(cgroup_folder)) {}
   ~JoinedProcess() override {
     try {
       if (!waited_) {
@@ -314,7 +314,7 @@ class JoinedProcess final : public Process {
           own_group_->remove();
         } else {
           own_group_->keep();
-          Cgroup::remove_empty(instance_id_, "cmd-");
+          Cgroup::remove_empty(cgroup_folder_, "cmd-");
         }
       } catch (const std::exception&) {
       }
@@ -369,7 +369,7 @@ class JoinedProcess final : public Process {
   UniqueFd busy_;
   Cgroup* group_ = nullptr;
   std::unique_ptr<Cgroup> own_group_;
-  std::string instance_id_;
+  std::string cgroup_folder_;  // the instance's (Target::cgroup_folder)
   bool waited_ = false;
   ExitStatus result_;
 };
@@ -418,7 +418,7 @@ class BwrapBackend final : public Backend {
   }
 
   std::unique_ptr<Process> start(const RunSpec& spec) override {
-    limit_instance(spec.target.instance_id);  // before the execution's group gets a process
+    limit_instance(spec.target.cgroup_folder);  // before the execution's group gets a process
     if (spec.target.persistent) return join_living(spec);
     return start_fresh(spec);
   }
@@ -513,7 +513,7 @@ class BwrapBackend final : public Backend {
     fs::FileLock lock(target.state_dir / kLivingLock);
     Living found = find_living(target);
     if (!found.running) {
-      eventually_remove_groups(target.instance_id, /*attempts=*/1);  // left by an idle stop
+      eventually_remove_groups(target.cgroup_folder, /*attempts=*/1);  // left by an idle stop
       return false;
     }
     write_end(target, why);
@@ -541,7 +541,7 @@ class BwrapBackend final : public Backend {
     signal_pidfd(found.init.get(), SIGKILL);  // its death takes every process of the sandbox
     wait_pidfd(found.init.get(), std::chrono::seconds(5));
     // The groups commands kept for what they left running are empty now.
-    eventually_remove_groups(target.instance_id);
+    eventually_remove_groups(target.cgroup_folder);
     return true;
   }
 
@@ -638,7 +638,7 @@ class BwrapBackend final : public Backend {
     spec.busy_file = busy.get();
     spec.idle_stop = std::chrono::seconds(ns_.idle_stop);
     spec.limits.wall_time_grace = std::chrono::seconds(5);
-    std::unique_ptr<Cgroup> group = living_group(target.instance_id);
+    std::unique_ptr<Cgroup> group = living_group(target.cgroup_folder);
     if (group) {
       spec.join_cgroups = group->procs_fds();
       spec.cgroup = group.get();
@@ -728,7 +728,7 @@ class BwrapBackend final : public Backend {
       if (!group) {
         try {
           std::vector<std::string> unenforced;
-          own_group = Cgroup::create(spec.target.instance_id + "/cmd-" + random::hex(6), {}, unenforced);
+          own_group = Cgroup::create(spec.target.cgroup_folder + "/cmd-" + random::hex(6), {}, unenforced);
           if (own_group && own_group->paths().empty()) own_group.reset();
           if (own_group)
             for (int fd : own_group->procs_fds()) setup.join_cgroups.push_back(fd);
@@ -766,18 +766,18 @@ class BwrapBackend final : public Backend {
                  sandbox->init, text::shell_join(spec.argv));
     Joined joined = join_sandbox(setup);
     return std::make_unique<JoinedProcess>(std::move(joined), std::move(busy), group, std::move(own_group),
-                                           spec.target.instance_id, leftovers_);
+                                           spec.target.cgroup_folder, leftovers_);
   }
 
   // Removes the groups the instance's commands kept and the living sandbox's, then the
   // instance's own folder, waiting a little for their last members.
-  static void eventually_remove_groups(const std::string& instance_id, int attempts = 50) {
+  static void eventually_remove_groups(const std::string& folder, int attempts = 50) {
     for (int attempt = 0; attempt < attempts; ++attempt) {
       try {
-        if (Cgroup::remove_empty(instance_id, "term-") + Cgroup::remove_empty(instance_id, "cmd-") +
-                    Cgroup::remove_empty(instance_id, kLivingGroup) ==
+        if (Cgroup::remove_empty(folder, "term-") + Cgroup::remove_empty(folder, "cmd-") +
+                    Cgroup::remove_empty(folder, kLivingGroup) ==
                 0) {
-          Cgroup::remove_folder(instance_id);  // stays while a job's group is below it
+          Cgroup::remove_folder(folder);  // stays while a job's group is below it
           return;
         }
       } catch (const std::exception&) {
@@ -794,19 +794,19 @@ class BwrapBackend final : public Backend {
 
   // [namespace] limits on the instance's group, re-written before each of its executions (so a
   // changed configuration reaches a running instance with its next command).
-  void limit_instance(const std::string& instance_id) const {
-    if (!use_cgroups_ || instance_id.empty()) return;
+  void limit_instance(const std::string& folder) const {
+    if (!use_cgroups_ || folder.empty()) return;
     if (!instance_limited()) {
       // Nothing to write but "unlimited" (a limit configured before may still be on the
       // folder): once per instance in this process. A folder made again meanwhile has none.
       std::lock_guard lock(limited_mutex_);
-      if (!unlimited_.insert(instance_id).second) return;
+      if (!unlimited_.insert(folder).second) return;
     }
     try {
-      for (const std::string& why : apply_instance_limits(ns_.limits, instance_id, use_cgroups_))
-        log::debug("instance {}: [namespace] limits not enforced: {}", instance_id, why);
+      for (const std::string& why : apply_instance_limits(ns_.limits, folder, use_cgroups_))
+        log::debug("instance {}: [namespace] limits not enforced: {}", folder, why);
     } catch (const std::exception& e) {
-      log::debug("instance {}: [namespace] limits not applied: {}", instance_id, e.what());
+      log::debug("instance {}: [namespace] limits not applied: {}", folder, e.what());
     }
   }
 
@@ -815,15 +815,15 @@ class BwrapBackend final : public Backend {
   // those few processes need no group otherwise (the commands and jobs have theirs), and moving
   // a process into a cgroup v1 group waits for an RCU grace period (measured here: up to ~9 ms
   // on an idle host), which every start would pay. Null without cgroups.
-  std::unique_ptr<Cgroup> living_group(const std::string& instance_id) const {
+  std::unique_ptr<Cgroup> living_group(const std::string& folder) const {
     if (!instance_limited()) return nullptr;
-    limit_instance(instance_id);
+    limit_instance(folder);
     try {
       std::vector<std::string> unenforced;
-      auto group = Cgroup::create(instance_id + "/" + kLivingGroup, {}, unenforced);
+      auto group = Cgroup::create(folder + "/" + kLivingGroup, {}, unenforced);
       if (!group->paths().empty()) return group;
     } catch (const std::exception& e) {
-      log::debug("instance {}: the living sandbox gets no cgroup of its own: {}", instance_id, e.what());
+      log::debug("instance {}: the living sandbox gets no cgroup of its own: {}", folder, e.what());
     }
     return nullptr;
   }
@@ -953,7 +953,7 @@ class BwrapBackend final : public Backend {
     if (spec.join_cgroups.empty() && spec.die_with_caller && instance_limited()) {
       try {
         std::vector<std::string> unenforced;
-        group = Cgroup::create(spec.target.instance_id + "/cmd-" + random::hex(6), {}, unenforced);
+        group = Cgroup::create(spec.target.cgroup_folder + "/cmd-" + random::hex(6), {}, unenforced);
         if (!group->paths().empty()) setup.join_cgroups = group->procs_fds();
       } catch (const std::exception& e) {
         log::debug("sandbox {}: no cgroup for the command ({})", spec.target.instance_id, e.what());

@@ -53,10 +53,10 @@ AppliedLimits apply_limits(const std::map<std::string, std::int64_t>& limits, co
 }
 
 std::vector<std::string> apply_instance_limits(const std::map<std::string, std::int64_t>& limits,
-                                               const std::string& instance_id, bool use_cgroups) {
+                                               const std::string& folder, bool use_cgroups) {
   std::vector<std::string> unenforced;
   if (!use_cgroups) return unenforced;
-  Cgroup::limit_folder(instance_id, cgroup_limits(limits), unenforced);
+  Cgroup::limit_folder(folder, cgroup_limits(limits), unenforced);
   return unenforced;
 }
 
@@ -84,7 +84,7 @@ std::vector<std::string> instance_limits_unenforced(const std::map<std::string, 
   return out;
 }
 
-InstanceLimits instance_limits(const std::map<std::string, std::int64_t>& limits, const std::string& instance_id,
+InstanceLimits instance_limits(const std::map<std::string, std::int64_t>& limits, const std::string& folder,
                                bool use_cgroups) {
   InstanceLimits out;
   for (const char* name : {"cpus", "memory", "pids"})
@@ -92,9 +92,9 @@ InstanceLimits instance_limits(const std::map<std::string, std::int64_t>& limits
   out.unenforced = instance_limits_unenforced(limits, use_cgroups);
   if (use_cgroups) {
     try {
-      out.usage = Cgroup::usage(instance_id);
+      out.usage = Cgroup::usage(folder);
     } catch (const Error& e) {
-      log::debug("instance {}: no cgroup usage: {}", instance_id, e.what());
+      log::debug("instance group {}: no cgroup usage: {}", folder, e.what());
     }
   }
   return out;

@@ -44,11 +44,11 @@ Limits rlimits_of(const std::map<std::string, std::int64_t>& limits);
 // cpus, memory (MiB) and pids of `limits` that are set (> 0), as a cgroup takes them.
 CgroupLimits cgroup_limits(const std::map<std::string, std::int64_t>& limits);
 
-// Writes [namespace] `limits` on the folder group of `instance_id` (made when missing), before
+// Writes [namespace] `limits` on an instance's group `folder` (Target::cgroup_folder; made when missing), before
 // an execution of the instance starts below it; a limit no longer configured is taken off.
 // Returns the limits this host cannot enforce. Nothing happens without `use_cgroups`.
 std::vector<std::string> apply_instance_limits(const std::map<std::string, std::int64_t>& limits,
-                                               const std::string& instance_id, bool use_cgroups);
+                                               const std::string& folder, bool use_cgroups);
 
 // An instance's limits as configured, whether they are enforced, and what it uses now.
 struct InstanceLimits {
@@ -58,7 +58,7 @@ struct InstanceLimits {
 };
 // Read-only for the instance (nothing made under its name): whether the limits can be enforced
 // is found with probe_cgroups() (a test group made and removed).
-InstanceLimits instance_limits(const std::map<std::string, std::int64_t>& limits, const std::string& instance_id,
+InstanceLimits instance_limits(const std::map<std::string, std::int64_t>& limits, const std::string& folder,
                                bool use_cgroups);
 
 // Why [namespace] `limits` cannot be enforced by this process (empty: they can, or none is set);

@@ -38,6 +38,10 @@ struct Target {
   // folder of the instance (<instance>/status) that the sandbox never sees.
   bool persistent = false;
   stdfs::path state_dir;
+  // The instance's folder below "ns-hpc" in every cgroup hierarchy ([namespace] limits; its
+  // commands' and jobs' groups below it): "<id>@<store>", so two stores (instances_dir) with an
+  // instance of the same id never share limits or kill each other's processes.
+  std::string cgroup_folder;
 };
 
 // Per-process limits applied with setrlimit before bwrap starts (inherited by the whole tree),

@@ -18,6 +18,7 @@
 #include "base/fd.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
+#include "base/text.hpp"
 
 namespace nshpc::store {
 
@@ -27,15 +28,6 @@ constexpr int kSchemaVersion = 1;
 constexpr int kBusyTimeoutMs = 5000;
 
 // FNV-1a, 64 bits: a stable file name per instances folder.
-std::uint64_t fnv1a(std::string_view s) {
-  std::uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
 std::string lower_ascii(std::string s) {
   for (char& c : s)
     if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
@@ -196,7 +188,7 @@ stdfs::path Index::default_file(const stdfs::path& state_dir, const stdfs::path&
   std::error_code ec;
   stdfs::path canonical = stdfs::weakly_canonical(root, ec);
   if (ec) canonical = root;
-  return state_dir / "index" / fmt::format("{:016x}.sqlite", fnv1a(canonical.string()));
+  return state_dir / "index" / fmt::format("{:016x}.sqlite", text::fnv1a(canonical.string()));
 }
 
 std::optional<std::int64_t> Index::mtime_ns(const stdfs::path& path) {

@@ -130,6 +130,10 @@ Store::Store(const config::Config& config, JobsGuard& jobs)
       workspace_mount_(config.ns.workspace_mount),
       jobs_(&jobs) {
   owner_ = users::sandbox_owner(config.ns.sandbox_uid, config.ns.sandbox_gid);
+  std::error_code ec;
+  stdfs::path canonical = stdfs::weakly_canonical(root_, ec);
+  if (ec) canonical = root_;
+  cgroup_tag_ = fmt::format("{:08x}", text::fnv1a(canonical.string()) & 0xffffffffu);
   index_ = std::make_unique<Index>(
       Index::default_file(config.server.state_dir, root_), root_,
       [this](const std::string& id) { return index_entry(id); }, [this] { return instance_names(); });
@@ -714,9 +718,12 @@ UniqueFd Store::open_workspace_file(const Instance& instance, const std::string&
   return {};
 }
 
+std::string Store::cgroup_folder(std::string_view id) const { return fmt::format("{}@{}", id, cgroup_tag_); }
+
 sandbox::Target Store::sandbox_target(const Instance& instance) const {
-  return {instance.id, instance.workspace,  instance.output, output_root(),
-          instance.network, instance.persistent, instance.state_dir()};
+  return {instance.id,         instance.workspace,       instance.output,
+          output_root(),       instance.network,         instance.persistent,
+          instance.state_dir(), cgroup_folder(instance.id)};
 }
 
 void Store::audit(const Instance& instance, std::string_view event, std::string_view actor,

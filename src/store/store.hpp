@@ -148,6 +148,9 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   const stdfs::path& root() const { return root_; }
+  // The instance's cgroup folder (sandbox::Target::cgroup_folder): "<id>@<8 hex digits of this
+  // store's instances_dir>".
+  std::string cgroup_folder(std::string_view id) const;
   // Who answers "does this instance still have jobs?" (the job engine, once it exists).
   void set_jobs_guard(JobsGuard& jobs) { jobs_ = &jobs; }
   // Who stops a living instance's sandbox (the sandbox backend): archive() and remove() call it
@@ -267,6 +270,7 @@ class Store {
   mutable std::uint64_t next_execution_ = 0;
 
   stdfs::path root_;
+  std::string cgroup_tag_;  // of cgroup_folder()
   config::Network default_network_;
   bool default_persistent_ = false;
   audit::Rotation rotation_;

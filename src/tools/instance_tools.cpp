@@ -345,7 +345,7 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
             out["disk_usage"] = {
                 {"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes}, {"files", use.files}};
             add_living_state(ctx, inst, out);
-            out["limits"] = lifecycle::limits_json(ctx.services.config, inst.id);
+            out["limits"] = lifecycle::limits_json(ctx.services.config, ctx.services.store.cgroup_folder(inst.id));
             std::string text = fmt::format(
                 "Instance '{}'\nDescription: {}\nCreated: {}\nLast activity: {}\nNetwork: {}\nPersistent: {}\n"
                 "Workspace: {} ({:.1f} MiB)\nOutput: {} ({:.1f} MiB)\nFiles: {}\nLimits: {}",

@@ -112,7 +112,7 @@ sandbox::CaptureResult execute(const ToolContext& ctx, const store::Instance& in
   // size limit for output), in a group of its own that goes with the command.
   spec.limits = cfg.terminal.limits;
   spec.use_cgroups = cfg.jobs.local.use_cgroups;
-  spec.cgroup_name = inst.id + "/term-" + jobs::new_job_id();
+  spec.cgroup_name = spec.target.cgroup_folder + "/term-" + jobs::new_job_id();
 
   sandbox::CaptureOptions options;
   options.input = req.stdin_text;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -54,6 +55,19 @@ const char* kForkLoop =
     "    n += 1\n"
     "print(n)'";
 
+// The cgroup folders of instance `id` ("<id>@<store>", Store::cgroup_folder) in every hierarchy.
+std::vector<std::string> folders_of(const std::string& id) {
+  std::set<std::string> names;
+  for (const auto& p : sb::Cgroup::candidate_paths("probe")) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(p.parent_path(), ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(id + "@", 0) == 0) names.insert(name);
+    }
+  }
+  return {names.begin(), names.end()};
+}
+
 // Removes an instance's groups when a test ends, also when it failed half-way (declared before
 // the Env, so it goes after the Env has ended the instance's living sandbox).
 struct GroupsGone {
@@ -61,7 +75,10 @@ struct GroupsGone {
   ~GroupsGone() {
     for (int attempt = 0; attempt < 100; ++attempt) {
       try {
-        if (sb::Cgroup::remove_empty(id, "") == 0 && sb::Cgroup::remove_folder(id)) return;
+        bool all = true;
+        for (const auto& folder : folders_of(id))
+          all = sb::Cgroup::remove_empty(folder, "") == 0 && sb::Cgroup::remove_folder(folder) && all;
+        if (all) return;
       } catch (const std::exception&) {
         return;
       }
@@ -77,11 +94,7 @@ json describe(const Env& env, const std::string& id) {
   return j;
 }
 
-bool groups_exist(const std::string& id) {
-  for (const auto& p : sb::Cgroup::candidate_paths(id))
-    if (std::filesystem::exists(p)) return true;
-  return false;
-}
+bool groups_exist(const std::string& id) { return !folders_of(id).empty(); }
 
 }  // namespace
 
@@ -183,6 +196,33 @@ TEST(InstanceLimits, PidsAreBoundedForTheInstanceAcrossCommands) {
   // Stopping the instance removes its groups.
   ASSERT_EQ(env.run({"instance", "stop", id}).exit_code, 0);
   EXPECT_TRUE(eventually([&] { return !groups_exist(id); }, std::chrono::seconds(5)));
+}
+
+// Two stores (two instances_dir, e.g. two users' servers as root) may each have an instance of
+// the same id: their limits are their own. Ten sleeps held by one take nothing from what the
+// other may fork.
+TEST(InstanceLimits, TwoStoresWithTheSameInstanceIdHaveLimitsOfTheirOwn) {
+  REQUIRE_CGROUP(pids);
+  const std::string id = unique_id("twin");
+  GroupsGone groups{id};
+  const std::string config = "persistent = true\nidle_stop = 120\ndefault_network = \"off\"\nlimits = { pids = 40 }\n";
+  Env first(config), second(config);
+  first.create(id);
+  second.create(id);
+  McpSession one(first), two(second);
+  json bg = one.tool("terminal_execute",
+                     {{"instance_id", id}, {"command", "for i in 1 2 3 4 5 6 7 8 9 10; do sleep 7200.$i >/dev/null 2>&1 & done; echo started"}});
+  ASSERT_EQ(bg["stdout"], "started\n") << bg.dump();
+  ASSERT_TRUE(eventually([] { return processes_with("7200.").size() == 10; }, std::chrono::seconds(5)));
+  json forks = two.tool("terminal_execute", {{"instance_id", id}, {"command", kForkLoop}});
+  ASSERT_EQ(forks["exit_code"], 0) << forks.dump();
+  EXPECT_GT(std::stoi(forks["stdout"].get<std::string>()), 40 - 10) << "the other store's sleeps counted here";
+  EXPECT_EQ(folders_of(id).size(), 2u) << "one folder per store";
+  // Stopping one store's instance leaves the other's running.
+  ASSERT_EQ(second.run({"instance", "stop", id}).exit_code, 0);
+  EXPECT_EQ(processes_with("7200.").size(), 10u);
+  ASSERT_EQ(first.run({"instance", "stop", id}).exit_code, 0);
+  EXPECT_TRUE(eventually([] { return processes_with("7200.").empty(); }, std::chrono::seconds(5)));
 }
 
 // A job's own memory limit below the instance's is its own: a job using 100 MiB is killed at its
