@@ -14,6 +14,8 @@
 
 #include "base/error.hpp"
 #include "common/temp_dir.hpp"
+#include "files/content.hpp"
+#include "files/image.hpp"
 #include "files/resolver.hpp"
 
 namespace stdfs = std::filesystem;
@@ -378,4 +380,97 @@ TEST(FilesOps, ListsEntriesWithoutFollowingThem) {
   EXPECT_EQ(by_name["p"].type, files::EntryType::other);
   EXPECT_EQ(files::read_link(f.resolve("s")), (l.t.path() / "secret").string());
   EXPECT_EQ(error_of([&] { files::list_dir(f.resolve("f")); }), ENOTDIR);
+}
+
+TEST(FilesContent, SniffTellsTextImagesAndBinaries) {
+  using C = files::Kind::Class;
+  EXPECT_EQ(files::sniff("x\ny\n").cls, C::text);
+  EXPECT_EQ(files::sniff("BMI table\n").cls, C::text);
+  EXPECT_EQ(files::sniff("").cls, C::empty);
+  EXPECT_EQ(files::sniff("h\xc3\xa9llo").cls, C::text);
+  EXPECT_EQ(files::sniff("h\xc3").cls, C::text);  // a sequence cut by the end of the head
+  EXPECT_EQ(files::sniff(std::string("\x89PNG\r\n\x1a\n....", 12)).mime, "image/png");
+  EXPECT_EQ(files::sniff("GIF89a...").mime, "image/gif");
+  EXPECT_EQ(files::sniff(std::string("RIFF\0\0\0\0WEBPVP8 ", 16)).mime, "image/webp");
+  EXPECT_EQ(files::sniff(std::string("\x7f" "ELF\2\1\1\0", 8)).description, "ELF executable or library");
+  EXPECT_EQ(files::sniff(std::string("ab\0cd", 5)).cls, C::binary);
+  EXPECT_EQ(files::sniff("\xff\xfe\xfd garbage").cls, C::binary);
+}
+
+TEST(FilesContent, Base64RoundTripsAndRefusesGarbage) {
+  for (std::string s : {std::string(), std::string("a"), std::string("ab"), std::string("abc"), std::string("\0\xff\x10", 3)})
+    EXPECT_EQ(files::base64_decode(files::base64_encode(s)), s);
+  EXPECT_EQ(files::base64_encode("hello"), "aGVsbG8=");
+  EXPECT_EQ(files::base64_decode("aGVs\nbG8="), "hello");
+  EXPECT_FALSE(files::base64_decode("a$b="));
+  EXPECT_FALSE(files::base64_decode("aGVsbG8=x"));
+  EXPECT_EQ(files::sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+namespace {
+
+std::uint32_t crc32_of(const std::string& data) {
+  std::uint32_t c = 0xffffffffu;
+  for (unsigned char b : data) {
+    c ^= b;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
+  }
+  return c ^ 0xffffffffu;
+}
+
+std::string be32(std::uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+
+// A w x h RGB PNG with stored (uncompressed) deflate blocks.
+std::string make_png(std::uint32_t w, std::uint32_t h) {
+  std::string raw;
+  for (std::uint32_t y = 0; y < h; ++y) {
+    raw += '\0';
+    for (std::uint32_t x = 0; x < w; ++x) raw += {static_cast<char>(x), static_cast<char>(y), static_cast<char>(x ^ y)};
+  }
+  std::string z = "\x78\x01";
+  for (std::size_t at = 0; at < raw.size(); at += 65535) {
+    const std::size_t n = std::min<std::size_t>(65535, raw.size() - at);
+    z += static_cast<char>(at + n == raw.size() ? 1 : 0);
+    z += {static_cast<char>(n & 0xff), static_cast<char>(n >> 8), static_cast<char>(~n & 0xff), static_cast<char>((~n >> 8) & 0xff)};
+    z += raw.substr(at, n);
+  }
+  std::uint32_t a = 1, b = 0;
+  for (unsigned char c : raw) {
+    a = (a + c) % 65521;
+    b = (b + a) % 65521;
+  }
+  z += be32((b << 16) | a);
+  auto chunk = [](const std::string& type, const std::string& data) {
+    return be32(static_cast<std::uint32_t>(data.size())) + type + data + be32(crc32_of(type + data));
+  };
+  std::string ihdr = be32(w) + be32(h) + std::string("\x08\x02\0\0\0", 5);
+  return std::string("\x89PNG\r\n\x1a\n", 8) + chunk("IHDR", ihdr) + chunk("IDAT", z) + chunk("IEND", "");
+}
+
+}  // namespace
+
+TEST(FilesImage, DecodesInAChildAndScalesDown) {
+  const std::string small = make_png(3, 2);
+  files::Thumbnail t = files::make_thumbnail(small, "image/png");
+  EXPECT_EQ(t.original_width, 3);
+  EXPECT_EQ(t.original_height, 2);
+  EXPECT_FALSE(t.scaled);
+  EXPECT_EQ(t.data, small);
+  const std::string wide = make_png(2000, 10);
+  files::Thumbnail s = files::make_thumbnail(wide, "image/png");
+  EXPECT_TRUE(s.scaled);
+  EXPECT_EQ(s.original_width, 2000);
+  EXPECT_EQ(s.width, 1568);
+  EXPECT_EQ(s.height, 8);
+  EXPECT_EQ(s.mime, "image/jpeg");  // no transparency
+  EXPECT_EQ(s.data.substr(0, 3), "\xff\xd8\xff");
+  std::string corrupt = small.substr(0, 40) + std::string(100, '\xff');
+  EXPECT_THROW(files::make_thumbnail(corrupt, "image/png"), Error);
+  EXPECT_THROW(files::make_thumbnail("GIF89a\xff\xff\xff\xff", "image/gif"), Error);
+  EXPECT_THROW(files::make_thumbnail(small, "image/tiff"), Error);
+  files::ImageLimits bomb;
+  bomb.max_pixels = 100;
+  EXPECT_THROW(files::make_thumbnail(wide, "image/png", bomb), Error);
 }
