@@ -9,7 +9,8 @@ JOBS   ?= $(shell nproc)
 # Debian 12 packages needed to build, test and run.
 DEPS := g++ cmake ninja-build ccache pkg-config \
         nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev \
-        libboost1.81-dev libseccomp-dev libsqlite3-dev libssl-dev libgtest-dev bubblewrap util-linux passwd procps jq
+        libboost1.81-dev libseccomp-dev libsqlite3-dev libssl-dev libgtest-dev bubblewrap util-linux passwd procps jq \
+        libstb-dev libwebp-dev ripgrep
 
 .PHONY: all deps configure build test unit integration test-as-user run bench fuzz install clean
 
