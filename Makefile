@@ -47,6 +47,7 @@ bench: build
 	$(BUILD)/bench/nshpc_bench 200
 	$(BUILD)/bench/nshpc_bench_mcp 200
 	tests/e2e/load.mjs --bench
+	tests/e2e/install.sh && tests/e2e/bench_files.mjs
 	bench/slurm_polls.sh $(BUILD)/ns-hpc
 
 # libFuzzer over the MCP parser and dispatcher (clang, ASan+UBSan), 60 seconds by default.
