@@ -191,16 +191,18 @@ void copy_tree(const Root& root, int src_fd, int dst_parent, const std::string& 
 
 // ---------------------------------------------------------------------------------------------
 
-Root::Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool read_only)
+Root::Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool read_only, bool any_owner)
     : dir_(std::move(dir)),
       shown_(std::move(shown)),
       owner_uid_(owner ? owner->uid : ::geteuid()),
       owner_gid_(owner ? owner->gid : ::getegid()),
       chown_new_(owner.has_value() && ::geteuid() == 0),
-      read_only_(read_only) {}
+      read_only_(read_only),
+      any_owner_(any_owner) {}
 
-Root Root::open(const stdfs::path& dir, std::string shown, std::optional<Owner> owner, bool read_only) {
-  return Root(fs::open_dir_path(dir), std::move(shown), owner, read_only);
+Root Root::open(const stdfs::path& dir, std::string shown, std::optional<Owner> owner, bool read_only,
+                bool any_owner) {
+  return Root(fs::open_dir_path(dir), std::move(shown), owner, read_only, any_owner);
 }
 
 std::string Location::shown() const { return join_shown(root ? root->shown() : std::string(), rel); }
@@ -247,7 +249,7 @@ Opened open_read(const Location& at) {
   opened.fd = fs::open_beneath(at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_NOCTTY, 0, Resolve::in_root_follow, at.shown());
   if (::fstat(opened.fd.get(), &opened.st) < 0) throw SysError(errno, "stat", at.shown());
   if (S_ISREG(opened.st.st_mode)) {
-    if (opened.st.st_uid != at.root->owner_uid())
+    if (!at.root->any_owner() && opened.st.st_uid != at.root->owner_uid())
       throw SysError(EPERM, "read",
                      fmt::format("{} (it belongs to uid {}, not to the sandbox's uid {})", at.shown(),
                                  opened.st.st_uid, at.root->owner_uid()));

@@ -55,10 +55,12 @@ class Root {
  public:
   // `shown`: the folder as people see it ("/workspace", "/dav/data"); `owner`: the uid files
   // must belong to and new entries are given to (nullopt: this process's own uid, nothing chowned);
-  // `read_only`: every write is refused with EROFS.
-  Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool read_only = false);
+  // `read_only`: every write is refused with EROFS; `any_owner`: files of any uid are read (for
+  // a folder no sandbox writes, such as a WebDAV extra; else a file must belong to the owner).
+  Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool read_only = false, bool any_owner = false);
   // Opens `dir` (never following a final symlink). Throws SysError.
-  static Root open(const stdfs::path& dir, std::string shown, std::optional<Owner> owner, bool read_only = false);
+  static Root open(const stdfs::path& dir, std::string shown, std::optional<Owner> owner, bool read_only = false,
+                   bool any_owner = false);
 
   int fd() const { return dir_.get(); }
   const std::string& shown() const { return shown_; }
@@ -67,6 +69,7 @@ class Root {
   gid_t owner_gid() const { return owner_gid_; }
   bool chown_new() const { return chown_new_; }
   bool read_only() const { return read_only_; }
+  bool any_owner() const { return any_owner_; }
 
  private:
   UniqueFd dir_;
@@ -75,6 +78,7 @@ class Root {
   gid_t owner_gid_;
   bool chown_new_;
   bool read_only_;
+  bool any_owner_;
 };
 
 // A place beneath a root: `rel` is normalised (no ".", no empty components, no leading '/'),

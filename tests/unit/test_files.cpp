@@ -188,6 +188,9 @@ TEST(FilesRead, AHardLinkToAnotherUsersFileIsRefused) {
   // A hard link to a file of the owner is the same content the sandbox sees: read.
   stdfs::create_hard_link(l.ws / "mine", l.ws / "mine2");
   EXPECT_EQ(read_at(f, "mine2"), "mine");
+  // A root no sandbox writes (a WebDAV extra) may read files of any uid.
+  files::Root any = files::Root::open(l.ws, "/dav/extra", files::Owner{4242, 4242}, true, /*any_owner=*/true);
+  EXPECT_EQ(slurp(files::open_read({&any, "hard"}).fd.get()), "root only");
 }
 
 TEST(FilesRead, ASymlinkSwappedInBetweenCheckAndUseNeverLeadsOutside) {
