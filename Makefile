@@ -56,12 +56,14 @@ fuzz: deps
 	@scripts/deps.sh clang libclang-rt-14-dev
 	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
 	  -DNSHPC_FUZZ=ON -DNSHPC_TESTS=OFF
-	cmake --build build-fuzz -j $(JOBS) --target nshpc_fuzz_mcp nshpc_fuzz_http
-	mkdir -p build-fuzz/corpus-mcp build-fuzz/corpus-http
+	cmake --build build-fuzz -j $(JOBS) --target nshpc_fuzz_mcp nshpc_fuzz_http nshpc_fuzz_files
+	mkdir -p build-fuzz/corpus-mcp build-fuzz/corpus-http build-fuzz/corpus-files
 	build-fuzz/nshpc_fuzz_mcp -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
 	  build-fuzz/corpus-mcp tests/fuzz/corpus
 	build-fuzz/nshpc_fuzz_http -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -print_final_stats=1 \
 	  build-fuzz/corpus-http tests/fuzz/corpus-http
+	build-fuzz/nshpc_fuzz_files -max_total_time=$(FUZZ_SECONDS) -max_len=512 -print_final_stats=1 \
+	  build-fuzz/corpus-files tests/fuzz/corpus-files
 
 install: build
 	install -s -D -m 0755 $(BUILD)/ns-hpc $(DESTDIR)$(PREFIX)/bin/ns-hpc
