@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include <webp/encode.h>
+
 #include "base/error.hpp"
 #include "common/temp_dir.hpp"
 #include "files/content.hpp"
@@ -476,4 +478,23 @@ TEST(FilesImage, DecodesInAChildAndScalesDown) {
   files::ImageLimits bomb;
   bomb.max_pixels = 100;
   EXPECT_THROW(files::make_thumbnail(wide, "image/png", bomb), Error);
+}
+
+TEST(FilesImage, WebPIsDecodedAndScaled) {
+  const int w = 1800, h = 20;
+  std::vector<std::uint8_t> rgba(static_cast<std::size_t>(w) * h * 4);
+  for (std::size_t i = 0; i < rgba.size(); ++i) rgba[i] = (i % 4 == 3) ? 255 : static_cast<std::uint8_t>(i * 7);
+  std::uint8_t* out = nullptr;
+  const std::size_t size = WebPEncodeLosslessRGBA(rgba.data(), w, h, w * 4, &out);
+  ASSERT_GT(size, 0u);
+  const std::string webp(reinterpret_cast<const char*>(out), size);
+  WebPFree(out);
+  EXPECT_EQ(files::sniff(webp).mime, "image/webp");
+  files::Thumbnail t = files::make_thumbnail(webp, "image/webp");
+  EXPECT_EQ(t.original_width, w);
+  EXPECT_EQ(t.original_height, h);
+  EXPECT_TRUE(t.scaled);
+  EXPECT_EQ(t.width, 1568);
+  EXPECT_EQ(t.mime, "image/jpeg");
+  EXPECT_THROW(files::make_thumbnail(webp.substr(0, webp.size() / 2), "image/webp"), Error);
 }
