@@ -163,6 +163,15 @@ describe('file tools', () => {
     const tail = await ok('read_file', { path: 'big.txt', offset: 4990, limit: 50 });
     assert.equal(tail.structuredContent.content, Array.from({ length: 11 }, (_, i) => `${4990 + i}\n`).join(''));
     assert.equal(tail.structuredContent.next_offset, undefined);
+    // Never more than the result bound ([mcp] max_result_chars, 30,000): fewer lines, and where to go on.
+    await sh('for i in $(seq 1 3000); do printf "%0100d\\n" $i; done > wide.txt');
+    const wide = await ok('read_file', { path: 'wide.txt' });
+    assert.ok(textOf(wide).length <= 30000, `text of ${textOf(wide).length} characters`);
+    assert.ok(wide.structuredContent.content.length <= 30000);
+    assert.ok(wide.structuredContent.lines > 100 && wide.structuredContent.lines < 300, `${wide.structuredContent.lines} lines`);
+    assert.equal(wide.structuredContent.next_offset, wide.structuredContent.lines + 1);
+    const next = await ok('read_file', { path: 'wide.txt', offset: wide.structuredContent.next_offset, limit: 1 });
+    assert.equal(next.structuredContent.content, `${String(wide.structuredContent.lines + 1).padStart(100, '0')}\n`);
     const long = await ok('read_file', { path: 'long.txt' });
     assert.match(textOf(long), /line cut: 5000 bytes/);
     assert.ok(textOf(long).length < 3000, 'the text view holds at most 2,000 characters of the line');
