@@ -1007,10 +1007,18 @@ mcp::ToolResult move_or_copy(const ToolContext& ctx, const json& args, bool move
     fail(e, from.shown());
   }
   try {
-    if (move)
-      files::rename(from, to, overwrite);
-    else
+    if (!move) {
       files::copy(from, to, overwrite);
+    } else {
+      try {
+        files::rename(from, to, overwrite);
+      } catch (const SysError& e) {
+        // The workspace and the output folder on different filesystems: copy, then delete.
+        if (e.code() != EXDEV) throw;
+        files::copy(from, to, overwrite);
+        files::remove(from, true);
+      }
+    }
   } catch (const SysError& e) {
     if (e.code() == ENOENT) {
       const auto slash = to.rel.rfind('/');
