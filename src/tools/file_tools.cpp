@@ -790,7 +790,7 @@ mcp::ToolResult search_files(const ToolContext& ctx, const json& args, mcp::Requ
   }
   if (!pattern.empty()) argv.push_back("--regexp=" + pattern);
   argv.push_back("--");
-  argv.push_back(path);
+  if (!string_arg(args, "path").empty()) argv.push_back(path);  // else the workspace, paths shown without "./"
 
   sandbox::ExecSpec spec;
   spec.target = ctx.services.store.sandbox_target(inst);

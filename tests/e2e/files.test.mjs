@@ -324,6 +324,9 @@ describe('file tools', () => {
       counts.structuredContent.items.map((i) => [i.path, i.count]),
       [['s/zz.md', 2], ['s/zz.txt', 1]],
     );
+    // Without a path: the whole workspace, paths relative to it.
+    const everywhere = await ok('search_files', { pattern: 'NEEDLE one' });
+    assert.deepEqual(everywhere.structuredContent.items.map((i) => i.path), ['s/zz.txt']);
     const none = await ok('search_files', { pattern: 'NO_SUCH_THING_ANYWHERE', path: 's' });
     assert.equal(none.structuredContent.total, 0);
   });
