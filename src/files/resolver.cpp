@@ -282,7 +282,7 @@ std::string read_link(const Location& at) {
   return std::string(target, static_cast<std::size_t>(len));
 }
 
-std::vector<Entry> list_dir(const Location& at) {
+std::vector<Entry> list_dir(const Location& at, std::size_t max_entries) {
   UniqueFd fd = fs::open_beneath(at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_DIRECTORY, 0, Resolve::in_root_follow,
                                  at.shown());
   UniqueFd listing(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3));
@@ -291,7 +291,9 @@ std::vector<Entry> list_dir(const Location& at) {
   if (!dir) throw SysError(errno, "opendir", at.shown());
   listing.release();
   std::vector<Entry> entries;
-  while (const dirent* d = ::readdir(dir.get())) {
+  while (entries.size() < max_entries) {
+    const dirent* d = ::readdir(dir.get());
+    if (!d) break;
     std::string_view name = d->d_name;
     if (name == "." || name == "..") continue;
     struct stat st;

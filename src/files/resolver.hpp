@@ -129,8 +129,9 @@ struct Entry {
   uid_t uid = 0;
 };
 // The entries of the folder at `at` (symlinks inside the root followed to reach it), unsorted,
-// without "." and "..", each described without following it.
-std::vector<Entry> list_dir(const Location& at);
+// without "." and "..", each described without following it; at most `max_entries` (a folder
+// a sandbox filled with millions of entries costs no more than that).
+std::vector<Entry> list_dir(const Location& at, std::size_t max_entries = SIZE_MAX);
 
 // How a file is written.
 struct WriteOptions {

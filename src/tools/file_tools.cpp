@@ -662,7 +662,7 @@ mcp::ToolResult list_directory(const ToolContext& ctx, const json& args) {
     std::vector<files::Entry> entries;
     const files::Location here{top.root, rel.empty() ? top.rel : (top.rel.empty() ? rel : top.rel + "/" + rel)};
     try {
-      entries = files::list_dir(here);
+      entries = files::list_dir(here, kMaxWalkEntries - std::min(visited, kMaxWalkEntries) + 1);
     } catch (const SysError& e) {
       if (rel.empty()) fail(e, shown);
       continue;  // a folder that went away or became something else meanwhile

@@ -387,6 +387,7 @@ TEST(FilesOps, ListsEntriesWithoutFollowingThem) {
   EXPECT_EQ(by_name["p"].type, files::EntryType::other);
   EXPECT_EQ(files::read_link(f.resolve("s")), (l.t.path() / "secret").string());
   EXPECT_EQ(error_of([&] { files::list_dir(f.resolve("f")); }), ENOTDIR);
+  EXPECT_EQ(files::list_dir(f.resolve("/workspace"), 2).size(), 2u);
 }
 
 TEST(FilesContent, SniffTellsTextImagesAndBinaries) {
