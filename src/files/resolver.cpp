@@ -487,7 +487,7 @@ InstanceFiles::InstanceFiles(const InstanceView& view)
     : workspace_(open_area(view.workspace, view.access), normalize(view.workspace_mount), view.owner),
       output_(open_area(view.output, view.access), normalize(view.output_mount), view.owner) {}
 
-Location InstanceFiles::resolve(std::string_view path) const {
+Location InstanceFiles::map(std::string_view path) const {
   if (path.empty()) throw UsageError("the path is empty; give a path such as 'notes.txt' or '/workspace/notes.txt'");
   std::string full = normalize(path.front() == '/' ? std::string(path) : workspace_.shown() + "/" + std::string(path));
   if (auto rel = under(full, workspace_.shown())) return Location{&workspace_, *rel};
@@ -495,6 +495,40 @@ Location InstanceFiles::resolve(std::string_view path) const {
   throw UsageError(fmt::format("'{}' is outside this instance's files: the file tools reach {} (relative paths start "
                                "there) and {}",
                                std::string(path), workspace_.shown(), output_.shown()));
+}
+
+Location InstanceFiles::resolve(std::string_view path, Follow follow) const {
+  Location at = map(path);
+  // Absolute links on the way name sandbox paths (/workspace/x, /output/y): taken through the
+  // mount map here, so they lead where they lead in the sandbox. This only decides where to
+  // open; the open itself (openat2 in the root) keeps every guarantee whatever the sandbox
+  // changes meanwhile. Relative links are left to the kernel; a link out is left as it is (the
+  // kernel re-roots it, and finds nothing).
+  for (int hops = 0; hops < 40; ++hops) {
+    const std::vector<std::string> parts = components(at.rel);
+    const std::size_t checked = follow == Follow::last ? parts.size() : (parts.empty() ? 0 : parts.size() - 1);
+    std::optional<Location> next;
+    std::string prefix;
+    for (std::size_t i = 0; i < checked && !next; ++i) {
+      prefix = prefix.empty() ? parts[i] : prefix + "/" + parts[i];
+      std::string target;
+      try {
+        target = read_link(Location{at.root, prefix});
+      } catch (const SysError&) {
+        continue;  // not a link (EINVAL), or not there
+      }
+      if (target.empty() || target.front() != '/') continue;
+      for (std::size_t j = i + 1; j < parts.size(); ++j) target += "/" + parts[j];
+      try {
+        next = map(target);
+      } catch (const UsageError&) {
+        return at;
+      }
+    }
+    if (!next) return at;
+    at = *next;
+  }
+  return at;  // a loop: the open says so
 }
 
 }  // namespace nshpc::files

@@ -6,6 +6,8 @@
 // hard link at any moment. So:
 //   - intermediate components are resolved by the kernel in one step, RESOLVE_IN_ROOT (a symlink
 //     or ".." never leaves the root; an absolute symlink is re-rooted at it) + RESOLVE_NO_MAGICLINKS;
+//     InstanceFiles::resolve first takes absolute links that name the sandbox's mounts
+//     (/workspace/x, /output/y) to the root they name, so they work as in the sandbox;
 //   - the last component of a write, delete, rename or copy destination is never followed: a
 //     symlink there is replaced or removed as a link, never written through;
 //   - a read opens without blocking (a FIFO, a device) and refuses what is not a regular file or
@@ -215,15 +217,21 @@ class InstanceFiles {
   InstanceFiles(const InstanceFiles&) = delete;
   InstanceFiles& operator=(const InstanceFiles&) = delete;
 
+  // Whether an absolute symlink at the last component is taken through the mount map too (for
+  // reading: as `cat link` in the sandbox), or left as the entry itself (writes, deletes,
+  // renames, which never follow the last component).
+  enum class Follow { not_last, last };
   // `path` as the sandbox sees it: relative (to the workspace mount) or absolute under the
   // workspace or output mount. UsageError for an empty path, a NUL byte, or a path outside
-  // both (naming what is reachable).
-  Location resolve(std::string_view path) const;
+  // both (naming what is reachable). An absolute symlink on the way (`/workspace/data`,
+  // `/output/x`) is followed to the area it names, as in the sandbox.
+  Location resolve(std::string_view path, Follow follow = Follow::not_last) const;
 
   const Root& workspace() const { return workspace_; }
   const Root& output() const { return output_; }
 
  private:
+  Location map(std::string_view path) const;  // the mount map alone, no links looked at
   Root workspace_;
   Root output_;
 };

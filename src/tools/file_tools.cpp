@@ -328,7 +328,7 @@ mcp::ToolResult read_text(const ToolContext& ctx, const files::Opened& o, const 
 
 mcp::ToolResult read_file(const ToolContext& ctx, const json& args) {
   Scope s = open_scope(ctx, args);
-  const files::Location at = s.files->resolve(path_arg(args));
+  const files::Location at = s.files->resolve(path_arg(args), files::InstanceFiles::Follow::last);
   const std::string shown = at.shown();
   const std::int64_t offset = int_arg(args, "offset", 1);
   const std::int64_t limit = int_arg(args, "limit", static_cast<std::int64_t>(kDefaultLines));
@@ -632,7 +632,7 @@ bool glob_match(const std::vector<std::string>& globs, const std::string& name, 
 mcp::ToolResult list_directory(const ToolContext& ctx, const json& args) {
   Scope s = open_scope(ctx, args);
   const std::string given = string_arg(args, "path").empty() ? "." : string_arg(args, "path");
-  const files::Location top = s.files->resolve(given);
+  const files::Location top = s.files->resolve(given, files::InstanceFiles::Follow::last);
   const std::string shown = top.shown();
   const std::int64_t depth = int_arg(args, "depth", 1);
   const std::int64_t offset = int_arg(args, "offset", 0);
@@ -998,7 +998,8 @@ mcp::ToolResult file_info(const ToolContext& ctx, const json& args) {
 
 mcp::ToolResult move_or_copy(const ToolContext& ctx, const json& args, bool move) {
   Scope s = open_scope(ctx, args);
-  const files::Location from = s.files->resolve(path_arg(args, "source"));
+  const files::Location from =
+      s.files->resolve(path_arg(args, "source"), move ? files::InstanceFiles::Follow::not_last : files::InstanceFiles::Follow::last);
   const files::Location to = s.files->resolve(path_arg(args, "destination"));
   const bool overwrite = bool_arg(args, "overwrite", false);
   try {
@@ -1319,10 +1320,10 @@ std::optional<std::vector<mcp::ResourceContents>> read_file_resource(const ToolC
   Scope s = open_scope(ctx, id);
   files::Location at;
   try {
-    at = s.files->resolve(path.front() == '/' ? path : "/" + path);
+    at = s.files->resolve(path.front() == '/' ? path : "/" + path, files::InstanceFiles::Follow::last);
   } catch (const UsageError&) {
     try {
-      at = s.files->resolve(path);  // relative to the workspace
+      at = s.files->resolve(path, files::InstanceFiles::Follow::last);  // relative to the workspace
     } catch (const UsageError&) {
       return std::nullopt;
     }

@@ -47,6 +47,9 @@ struct Tree {
     stdfs::create_symlink("../../../secret/s", ws / "a" / "deep_out");
     stdfs::create_symlink("/proc/self/root", ws / "proc_root");
     stdfs::create_symlink("/workspace/a", ws / "abs_in");
+    stdfs::create_symlink("/output/r", ws / "abs_output");
+    stdfs::create_symlink("/workspace/../../secret", ws / "abs_up");
+    stdfs::create_symlink("/workspace/abs_loop", ws / "abs_loop");
     stdfs::create_symlink("../output", ws / "to_output");
     stdfs::create_symlink("loop2", ws / "loop1");
     stdfs::create_symlink("loop1", ws / "loop2");
@@ -106,7 +109,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   files::Location at;
   try {
-    at = tree.files->resolve(path);
+    // Reads follow an absolute link at the last component too (through the mount map).
+    at = tree.files->resolve(path, op == 0 || op == 1 || op == 3 ? files::InstanceFiles::Follow::last
+                                                                 : files::InstanceFiles::Follow::not_last);
   } catch (const nshpc::UsageError&) {
     return 0;
   }

@@ -501,3 +501,33 @@ TEST(FilesImage, WebPIsDecodedAndScaled) {
   EXPECT_EQ(t.mime, "image/jpeg");
   EXPECT_THROW(files::make_thumbnail(webp.substr(0, webp.size() / 2), "image/webp"), Error);
 }
+
+TEST(FilesResolve, AbsoluteLinksToTheSandboxMountsLeadWhereTheyLeadInTheSandbox) {
+  Layout l;
+  stdfs::create_directories(l.ws / "data");
+  std::ofstream(l.ws / "data" / "d.txt") << "data";
+  std::ofstream(l.out / "o.txt") << "out";
+  stdfs::create_symlink("/workspace/data", l.ws / "wslink");       // a folder, by its sandbox path
+  stdfs::create_symlink("/output", l.ws / "outlink");              // the other area
+  stdfs::create_symlink("/output/o.txt", l.ws / "outfile");        // a file, last component
+  stdfs::create_symlink("/etc", l.ws / "etclink");                 // outside: stays re-rooted
+  files::InstanceFiles f(l.view());
+  using F = files::InstanceFiles::Follow;
+  EXPECT_EQ(slurp(files::open_read(f.resolve("wslink/d.txt")).fd.get()), "data");
+  EXPECT_EQ(slurp(files::open_read(f.resolve("outlink/o.txt")).fd.get()), "out");
+  EXPECT_EQ(f.resolve("outlink/o.txt").root, &f.output());
+  EXPECT_EQ(slurp(files::open_read(f.resolve("outfile", F::last)).fd.get()), "out");
+  // Not following the last component: the link itself (writes replace it, deletes remove it).
+  EXPECT_EQ(f.resolve("outfile").rel, "outfile");
+  EXPECT_EQ(f.resolve("outfile").root, &f.workspace());
+  EXPECT_NE(error_of([&] { files::open_read(f.resolve("etclink/passwd", F::last)); }), 0);
+  // A write through a linked folder lands where the sandbox would put it.
+  auto p = files::begin_write(f.resolve("outlink/new.txt"), {});
+  p->write("n");
+  p->commit();
+  EXPECT_EQ(slurp(l.out / "new.txt"), "n");
+  // A loop ends.
+  stdfs::create_symlink("/workspace/loop2", l.ws / "loop1");
+  stdfs::create_symlink("/workspace/loop1", l.ws / "loop2");
+  EXPECT_NE(error_of([&] { files::open_read(f.resolve("loop1/x", F::last)); }), 0);
+}
