@@ -10,7 +10,7 @@ JOBS   ?= $(shell nproc)
 DEPS := g++ cmake ninja-build ccache pkg-config \
         nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev \
         libboost1.81-dev libseccomp-dev libsqlite3-dev libssl-dev libgtest-dev bubblewrap util-linux passwd procps jq \
-        mmdebstrap uidmap dpkg-dev
+        mmdebstrap uidmap dpkg-dev libstb-dev libwebp-dev ripgrep
 
 .PHONY: all deps configure build test unit integration test-as-user run bench fuzz install clean
 
@@ -49,6 +49,7 @@ bench: build
 	$(BUILD)/bench/nshpc_bench 200
 	$(BUILD)/bench/nshpc_bench_mcp 200
 	tests/e2e/load.mjs --bench
+	tests/e2e/install.sh && tests/e2e/bench_files.mjs
 	bench/slurm_polls.sh $(BUILD)/ns-hpc
 
 # libFuzzer over the MCP parser and dispatcher (clang, ASan+UBSan), 60 seconds by default.
@@ -57,12 +58,14 @@ fuzz: deps
 	@scripts/deps.sh clang libclang-rt-14-dev
 	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
 	  -DNSHPC_FUZZ=ON -DNSHPC_TESTS=OFF
-	cmake --build build-fuzz -j $(JOBS) --target nshpc_fuzz_mcp nshpc_fuzz_http
-	mkdir -p build-fuzz/corpus-mcp build-fuzz/corpus-http
+	cmake --build build-fuzz -j $(JOBS) --target nshpc_fuzz_mcp nshpc_fuzz_http nshpc_fuzz_files
+	mkdir -p build-fuzz/corpus-mcp build-fuzz/corpus-http build-fuzz/corpus-files
 	build-fuzz/nshpc_fuzz_mcp -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
 	  build-fuzz/corpus-mcp tests/fuzz/corpus
 	build-fuzz/nshpc_fuzz_http -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -print_final_stats=1 \
 	  build-fuzz/corpus-http tests/fuzz/corpus-http
+	build-fuzz/nshpc_fuzz_files -max_total_time=$(FUZZ_SECONDS) -max_len=512 -print_final_stats=1 \
+	  build-fuzz/corpus-files tests/fuzz/corpus-files
 
 install: build
 	install -s -D -m 0755 $(BUILD)/ns-hpc $(DESTDIR)$(PREFIX)/bin/ns-hpc

@@ -1,0 +1,125 @@
+// The file tools through the real `ns-hpc run` on stdio, against a sandbox that attacks them:
+// links to host files planted by sandbox commands, a link swapped back and forth by a running
+// job while the server reads, and ownership of what the server writes. Run as root (the sandbox
+// is uid 65534) and, in IntegrationAsUnprivilegedUser, as a normal user.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "harness.hpp"
+
+using namespace nshpc::test;
+using nlohmann::json;
+
+namespace {
+
+class FileTools : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    env_.create(kId);
+    secret_ = env_.root() / "host-secret.txt";
+    std::ofstream(secret_) << kSecret << "\n";
+    ::chmod(env_.root().c_str(), 0755);
+  }
+  json call(McpSession& server, const std::string& tool, json args) {
+    args["instance_id"] = kId;
+    json r = server.call_and_wait(tool, args);
+    EXPECT_TRUE(r.is_object() && r.contains("result")) << r.dump().substr(0, 500);
+    return r;
+  }
+  static bool is_error(const json& r) { return r["result"].value("isError", false); }
+  static constexpr const char* kId = "files-int";
+  Env env_;
+  fs::path secret_;
+};
+
+}  // namespace
+
+TEST_F(FileTools, LinksPlantedBySandboxCommandsNeverReachHostFiles) {
+  McpSession server(env_);
+  const std::string s = secret_.string();
+  json planted = call(server, "terminal_execute",
+                      {{"command", "ln -s " + s + " abs && ln -s ../../../../../../../../.." + s + " rel && ln -s " +
+                                       env_.root().string() + " dir && ln -s ../metadata.json meta && ln -s "
+                                       "/proc/self/root" + s + " proc && mkdir -p sub && ln -s ../.. sub/up"}});
+  ASSERT_EQ(planted["result"]["structuredContent"]["exit_code"], 0) << planted.dump();
+  for (const char* p : {"abs", "rel", "dir/host-secret.txt", "meta", "proc", "sub/up/metadata.json",
+                        "sub/up/audit.log", "/workspace/../metadata.json"}) {
+    json r = call(server, "read_file", {{"path", p}});
+    EXPECT_TRUE(is_error(r)) << p << ": " << r.dump().substr(0, 400);
+    EXPECT_EQ(r.dump().find(kSecret), std::string::npos) << p;
+    EXPECT_EQ(r.dump().find("created_at"), std::string::npos) << p << " shows metadata";
+  }
+  // The files resource and copy_file do not follow them out either.
+  json res = server.wait_for(server.request("resources/read", {{"uri", std::string("resource://ns-hpc/instances/") + kId +
+                                                                           "/files/workspace/abs"}}));
+  EXPECT_EQ(res.dump().find(kSecret), std::string::npos);
+  EXPECT_TRUE(is_error(call(server, "copy_file", {{"source", "rel"}, {"destination", "copied"}})));
+  // Writing to a link replaces the link; the host file stays as it was.
+  json w = call(server, "write_file", {{"path", "abs"}, {"content", "mine"}});
+  EXPECT_FALSE(is_error(w)) << w.dump();
+  EXPECT_EQ(read_text(secret_), std::string(kSecret) + "\n");
+  // Deleting a link to a folder deletes the link, not the folder's files.
+  EXPECT_FALSE(is_error(call(server, "delete_file", {{"path", "dir"}, {"recursive", true}})));
+  EXPECT_TRUE(fs::exists(secret_));
+  EXPECT_TRUE(fs::exists(env_.instances() / kId / "metadata.json"));
+}
+
+TEST_F(FileTools, WhatTheServerWritesBelongsToTheSandboxUser) {
+  McpSession server(env_);
+  ASSERT_FALSE(is_error(call(server, "write_file", {{"path", "new/dir/f.txt"}, {"content", "x\n"}})));
+  ASSERT_FALSE(is_error(call(server, "copy_file", {{"source", "new"}, {"destination", "/output/copy"}})));
+  json seen = server.tool("terminal_execute",
+                          {{"instance_id", kId},
+                           {"command", "id -u; stat -c %u new new/dir new/dir/f.txt /output/copy /output/copy/dir/f.txt; "
+                                       "echo more >> new/dir/f.txt && echo appended"}});
+  std::istringstream lines(seen["stdout"].get<std::string>());
+  std::string uid, line;
+  std::getline(lines, uid);
+  int owned = 0;
+  while (std::getline(lines, line) && line != "appended") {
+    EXPECT_EQ(line, uid) << seen.dump();
+    ++owned;
+  }
+  EXPECT_EQ(owned, 5) << seen.dump();
+  EXPECT_EQ(line, "appended") << seen.dump();
+  struct stat st {};
+  ASSERT_EQ(::stat((env_.instances() / kId / "workspace" / "new" / "dir" / "f.txt").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, ::geteuid() == 0 ? 65534u : ::geteuid());
+}
+
+// A job swaps `d` between a folder and links out of the workspace as fast as it can while the
+// server reads d/passwd and writes d/new: never the host's /etc/passwd, never a file outside.
+TEST_F(FileTools, ALinkSwappedByARunningJobNeverLeadsOut) {
+  McpSession server(env_);
+  json job = server.tool(
+      "submit_job",
+      {{"instance_id", kId},
+       {"command", "mkdir -p real && echo inside > real/passwd && "
+                   "end=$((SECONDS+8)); while [ $SECONDS -lt $end ]; do ln -sfn /etc d; ln -sfn ../../../../../../etc d; "
+                   "ln -sfn " + env_.root().string() + " d; rm -f d; ln -sfn real d; done"},
+       {"timeout", 0}});
+  ASSERT_TRUE(job.contains("job_id")) << job.dump();
+  int inside = 0;
+  std::string last;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(6);
+  while (std::chrono::steady_clock::now() < until) {
+    json r = call(server, "read_file", {{"path", "d/passwd"}});
+    const std::string all = r.dump();
+    ASSERT_EQ(all.find("root:x:0:0"), std::string::npos) << "read the host's /etc/passwd: " << all.substr(0, 300);
+    if (!is_error(r) && r["result"]["structuredContent"]["content"] == "inside\n") ++inside;
+    last = result_text(r);
+    // (No parents: a folder made at a moment d is missing would end the swapping.)
+    call(server, "write_file", {{"path", "d/new"}, {"content", "x"}, {"create_parent_directories", false}});
+    call(server, "read_file", {{"path", "d/host-secret.txt"}});
+  }
+  EXPECT_FALSE(fs::exists(env_.root() / "new"));
+  EXPECT_FALSE(fs::exists("/etc/new"));
+  EXPECT_EQ(read_text(secret_), std::string(kSecret) + "\n");
+  std::printf("[ %d reads of d/passwd landed inside while the job swapped d ]\n", inside);
+  EXPECT_GT(inside, 0) << "no read landed while d pointed inside (the job did not swap?): " << last;
+  server.tool("cancel_job", {{"instance_id", kId}, {"job_id", job["job_id"]}});
+}
