@@ -797,7 +797,7 @@ mcp::ToolResult search_files(const ToolContext& ctx, const json& args, mcp::Requ
   spec.argv = argv;
   spec.limits = cfg.terminal.limits;
   spec.use_cgroups = cfg.jobs.local.use_cgroups;
-  spec.cgroup_name = inst.id + "/search-" + jobs::new_job_id();
+  spec.cgroup_name = spec.target.cgroup_folder + "/search-" + jobs::new_job_id();
   sandbox::CaptureOptions options;
   options.output_cap = kSearchOutputCap;
   options.timeout = kSearchTimeout;
