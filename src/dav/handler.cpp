@@ -73,6 +73,20 @@ std::string encode_segment(std::string_view s) {
   return out;
 }
 
+// A decoded URL path ("/dav/a b/c%") as it goes on the wire ("/dav/a%20b/c%25"): decoded
+// segments never hold '/', so splitting on it is exact.
+std::string encode_path(std::string_view decoded) {
+  std::string out;
+  while (!decoded.empty()) {
+    const auto slash = decoded.find('/');
+    const std::string_view seg = decoded.substr(0, slash);
+    decoded = slash == std::string_view::npos ? std::string_view() : decoded.substr(slash + 1);
+    if (seg.empty()) continue;
+    out += "/" + encode_segment(seg);
+  }
+  return out.empty() ? "/" : out;
+}
+
 std::string http_date(std::time_t t) {
   std::tm tm{};
   ::gmtime_r(&t, &tm);
@@ -299,20 +313,13 @@ struct DavHandler::Impl {
       throw DavError(403, "an instance folder is managed by ns-hpc; write inside its workspace/ or output/");
   }
 
-  std::string href(const Target& t, bool collection) const {
-    std::string out;
-    const std::vector<std::string> segs = segments_of(t.path);
-    out = settings.prefix;
-    for (const std::string& s : segs) out += "/" + encode_segment(s);
-    if (collection) out += "/";
-    return out;
-  }
+  static std::string href(const Target& t, bool collection) { return encode_path(t.path) + (collection ? "/" : ""); }
 
   // ---- conditions (If, If-Match, If-None-Match) and locks -----------------------------------
 
   std::optional<std::string> etag_at(const std::string& path) const {
     try {
-      Target t = locate(path);
+      Target t = locate(encode_path(path));
       auto st = stat_of(t);
       if (!st) return std::nullopt;
       return etag_of(*st);
@@ -390,8 +397,7 @@ struct DavHandler::Impl {
 
   std::string active_lock_xml(const Lock& l) const {
     const auto left = std::chrono::duration_cast<std::chrono::seconds>(l.expires - std::chrono::steady_clock::now()).count();
-    std::string root_href = settings.prefix;
-    for (const std::string& s : segments_of(l.root)) root_href += "/" + encode_segment(s);
+    const std::string root_href = encode_path(l.root);
     return fmt::format("<D:activelock><D:locktype><D:write/></D:locktype><D:lockscope><D:{}/></D:lockscope>"
                        "<D:depth>{}</D:depth>{}<D:timeout>Second-{}</D:timeout>"
                        "<D:locktoken><D:href>{}</D:href></D:locktoken><D:lockroot><D:href>{}</D:href></D:lockroot>"
@@ -499,7 +505,7 @@ struct DavHandler::Impl {
     }
     for (const std::string& name : names) {
       try {
-        Target c = locate(t.path + "/" + encode_segment(name));
+        Target c = locate(encode_path(t.path + "/" + name));
         if (auto st = stat_of(c)) out.emplace_back(std::move(c), *st);
       } catch (const std::exception&) {
         // gone meanwhile, or its folder is missing: not listed
@@ -510,11 +516,21 @@ struct DavHandler::Impl {
 
   // ---- methods ------------------------------------------------------------------------------
 
+  // A read of the request body; a body that cannot be read is the client's problem (400, or 413
+  // over the limit), never the server's.
+  static std::size_t read_body(BodyReader& body, char* into, std::size_t n) {
+    try {
+      return body.read(into, n);
+    } catch (const std::exception& e) {
+      throw DavError(body.too_large() ? 413 : 400, e.what());
+    }
+  }
+
   std::string read_xml_body(BodyReader& body) const {
     std::string out;
     char buf[16384];
     for (;;) {
-      const std::size_t n = body.read(buf, sizeof buf);
+      const std::size_t n = read_body(body, buf, sizeof buf);
       if (n == 0) break;
       out.append(buf, n);
       if (out.size() > settings.max_xml_bytes)
@@ -637,7 +653,7 @@ struct DavHandler::Impl {
     if (st && S_ISDIR(st->st_mode)) throw DavError(405, fmt::format("{} is a folder; PUT writes files", t.path));
     check_http_preconditions(req, st);
     check_conditions(req, t, true, false);
-    const bool created = write_file(*t.tree, t.rel, [&](char* buf, std::size_t n) { return body.read(buf, n); });
+    const bool created = write_file(*t.tree, t.rel, [&](char* buf, std::size_t n) { return read_body(body, buf, n); });
     StreamResponse r;
     r.status = created ? 201 : 204;
     if (auto now = stat_path(*t.tree, t.rel)) r.headers.emplace_back("ETag", etag_of(*now));

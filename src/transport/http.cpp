@@ -518,7 +518,10 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
     for (;;) {
       bhttp::request_parser<bhttp::string_body> parser;
       parser.header_limit(static_cast<std::uint32_t>(opt_.max_header_bytes));
-      parser.body_limit(opt_.max_body_bytes);
+      // Beast checks a Content-Length against the limit as soon as the header is in: the
+      // largest limit of any route here, the route's own once it is known (and check() says
+      // which limit a declared length is over).
+      parser.body_limit(largest_body_limit());
       // Until the header is in, this connection may be closed to make room (see make_room).
       listener_.waiting(id_, true);
       arm(opt_.header_timeout);
@@ -534,6 +537,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
         // Refused before the body is read: the connection cannot be reused.
         refusal->keep_alive(false);
         co_await write(*refusal);
+        co_await linger();
         co_return;
       }
       if (const StreamRoute* route = stream_route_of(header.method(), path_of(header.target()))) {
@@ -541,6 +545,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
         if (!keep) co_return;
         continue;
       }
+      parser.body_limit(opt_.max_body_bytes);
       if (lower(header[bhttp::field::expect]) == "100-continue") {
         bhttp::response<bhttp::empty_body> go{bhttp::status::continue_, header.version()};
         auto [wec, wn] = co_await bhttp::async_write(socket_, go, kTuple);
@@ -927,6 +932,12 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
     return q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
   }
 
+  std::uint64_t largest_body_limit() const {
+    std::uint64_t limit = opt_.max_body_bytes;
+    for (const StreamRoute& route : opt_.stream_routes) limit = std::max(limit, route.max_body_bytes);
+    return limit;
+  }
+
   // The streaming route serving `path` (and `OPTIONS /` for a route that answers it), if any.
   const StreamRoute* stream_route_of(bhttp::verb method, std::string_view path) const {
     for (const StreamRoute& route : opt_.stream_routes) {
@@ -944,6 +955,9 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
   // request (not when the body was left unread or broken).
   awaitable<bool> stream_exchange(const StreamRoute& route, bhttp::request_parser<bhttp::string_body>& header_parser,
                                   beast::flat_buffer& buffer) {
+    // The handler may work for long without the client (a big COPY): only reads and writes on
+    // the socket run against read_timeout below.
+    disarm();
     bhttp::request_parser<bhttp::buffer_body> parser(std::move(header_parser));
     parser.body_limit(route.max_body_bytes);
     const auto& req = parser.get();
@@ -1061,12 +1075,39 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
     auto [hec, hn] = co_await bhttp::async_write_header(socket_, serializer, kTuple);
     disarm();
     if (hec) co_return false;
-    if (head || no_body) co_return keep;
+    if (head || no_body) {
+      if (!keep) co_await linger();
+      co_return keep;
+    }
+    if (!keep && !out.file) {
+      arm(opt_.read_timeout);
+      auto [bec, bn] = co_await asio::async_write(socket_, asio::buffer(out.body), kTuple);
+      disarm();
+      if (!bec) co_await linger();
+      co_return false;
+    }
     if (out.file) co_return (co_await send_file(out.file.get(), out.file_offset, out.file_length)) && keep;
     arm(opt_.read_timeout);
     auto [bec, bn] = co_await asio::async_write(socket_, asio::buffer(out.body), kTuple);
     disarm();
     co_return !bec && keep;
+  }
+
+  // Ends the sending side and reads what the client still sends (a body the server did not
+  // want), briefly: closing a socket with unread data resets the connection, and the client
+  // would lose the answer it has not read yet (a lingering close, as Apache does).
+  awaitable<void> linger() {
+    boost::system::error_code ignored;
+    socket_.shutdown(Socket::shutdown_send, ignored);
+    std::vector<char> sink(64 * 1024);
+    std::size_t total = 0;
+    arm(std::chrono::seconds(2));
+    while (total < 64 * 1024 * 1024) {
+      auto [ec, n] = co_await socket_.async_read_some(asio::buffer(sink), kTuple);
+      if (ec) break;
+      total += n;
+    }
+    disarm();
   }
 
   // `length` bytes of `fd` from `offset` with sendfile(2) straight from the page cache, waiting
