@@ -428,13 +428,14 @@ struct DavHandler::Impl {
 
   enum class PropMode { prop, allprop, propname };
 
+  // `dead`: the resource's dead properties when already fetched (a listing fetches them all at once).
   void propfind_response(std::string& out, const Target& t, const struct stat& st, PropMode mode,
-                         const std::vector<xml::Name>& wanted) const {
+                         const std::vector<xml::Name>& wanted, const std::vector<DeadProperty>* known = nullptr) const {
     out += "<D:response><D:href>" + xml::escape(href(t, S_ISDIR(st.st_mode))) + "</D:href>";
     std::string found, missing;
     std::vector<DeadProperty> dead;
-    if (t.kind == Target::Kind::tree) dead = props.get(t.path);
-    // (props is a PropStore whose get is logically const: the DB is only read.)
+    if (known) dead = *known;
+    else if (t.kind == Target::Kind::tree) dead = props.get(t.path);
     if (mode == PropMode::propname) {
       for (const std::string& n : kAllProps)
         if (live_prop(t, st, n)) found += "<D:" + n + "/>";
@@ -772,8 +773,17 @@ struct DavHandler::Impl {
     if (!st) throw DavError(404, fmt::format("{} does not exist", t.path));
     std::string out = std::string(kXmlHead) + "<D:multistatus xmlns:D=\"DAV:\">\n";
     propfind_response(out, t, *st, mode, wanted);
-    if (depth != "0" && S_ISDIR(st->st_mode))
-      for (const auto& [c, cst] : children(t)) propfind_response(out, c, cst, mode, wanted);
+    if (depth != "0" && S_ISDIR(st->st_mode)) {
+      const auto members = children(t);
+      std::map<std::string, std::vector<DeadProperty>> dead;
+      if (t.kind == Target::Kind::tree) dead = props.get_members(t.path);
+      static const std::vector<DeadProperty> kNone;
+      out.reserve(out.size() + members.size() * 512);
+      for (const auto& [c, cst] : members) {
+        auto it = dead.find(c.path);
+        propfind_response(out, c, cst, mode, wanted, it == dead.end() ? &kNone : &it->second);
+      }
+    }
     out += "</D:multistatus>\n";
     return xml_response(207, std::move(out));
   }

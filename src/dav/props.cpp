@@ -98,6 +98,19 @@ std::vector<DeadProperty> PropStore::get(const std::string& path) {
   return out;
 }
 
+std::map<std::string, std::vector<DeadProperty>> PropStore::get_members(const std::string& path) {
+  std::lock_guard lock(mutex_);
+  Stmt s(*db_, "SELECT path, ns, name, value, lang FROM props WHERE path >= ?1 || '/' AND path < ?1 || '0'");
+  s.bind(1, path);
+  std::map<std::string, std::vector<DeadProperty>> out;
+  while (s.step()) {
+    std::string member = s.text(0);
+    if (member.find('/', path.size() + 1) != std::string::npos) continue;  // deeper down
+    out[std::move(member)].push_back({{s.text(1), s.text(2)}, s.text(3), s.text(4)});
+  }
+  return out;
+}
+
 void PropStore::apply(const std::string& path, const std::vector<PropChange>& changes) {
   std::lock_guard lock(mutex_);
   Transaction t(*db_);

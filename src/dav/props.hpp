@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,6 +35,9 @@ class PropStore {
   PropStore& operator=(const PropStore&) = delete;
 
   std::vector<DeadProperty> get(const std::string& path);
+  // The properties of every member of the collection `path` (one query for a whole listing),
+  // by member path.
+  std::map<std::string, std::vector<DeadProperty>> get_members(const std::string& path);
   // All changes in one transaction.
   void apply(const std::string& path, const std::vector<PropChange>& changes);
   // `from` and everything under it, to `to` (replacing what `to` had).
