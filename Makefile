@@ -9,7 +9,8 @@ JOBS   ?= $(shell nproc)
 # Debian 12 packages needed to build, test and run.
 DEPS := g++ cmake ninja-build ccache pkg-config \
         nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev \
-        libboost1.81-dev libseccomp-dev libsqlite3-dev libexpat1-dev libssl-dev libgtest-dev bubblewrap util-linux passwd procps jq
+        libboost1.81-dev libseccomp-dev libsqlite3-dev libexpat1-dev libssl-dev libgtest-dev bubblewrap util-linux passwd procps jq \
+        libstb-dev libwebp-dev ripgrep
 
 .PHONY: all deps configure build test unit integration test-as-user run bench fuzz install clean
 
@@ -47,6 +48,7 @@ bench: build
 	$(BUILD)/bench/nshpc_bench_mcp 200
 	$(BUILD)/bench/nshpc_bench_dav $(BUILD)/ns-hpc 5
 	tests/e2e/load.mjs --bench
+	tests/e2e/install.sh && tests/e2e/bench_files.mjs
 	bench/slurm_polls.sh $(BUILD)/ns-hpc
 
 # libFuzzer over the MCP parser and dispatcher, the HTTP transport and WebDAV requests (paths, If

@@ -226,6 +226,33 @@ void remove_tree(const stdfs::path& path) {
   if (::rmdir(path.c_str()) < 0 && errno != ENOENT) throw SysError(errno, "rmdir", path.string());
 }
 
+void remove_tree_at(int parent_fd, const std::string& name, const stdfs::path& shown) {
+  struct stat st;
+  if (::fstatat(parent_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) {
+    if (errno == ENOENT) return;
+    throw SysError(errno, "stat", shown.string());
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    if (::unlinkat(parent_fd, name.c_str(), 0) < 0 && errno != ENOENT) throw SysError(errno, "unlink", shown.string());
+    return;
+  }
+  UniqueFd fd(::openat(parent_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) throw SysError(errno, "open", shown.string());
+  walk_tree(
+      fd.get(), shown,
+      [&](int dirfd, const char* entry, const struct stat&) {
+        if (::unlinkat(dirfd, entry, 0) < 0 && errno != ENOENT) throw SysError(errno, "unlink", (shown / entry).string());
+      },
+      [&](int parent, const std::string& entry) {
+        if (::unlinkat(parent, entry.c_str(), AT_REMOVEDIR) < 0 && errno != ENOENT)
+          throw SysError(errno, "rmdir", (shown / entry).string());
+      },
+      /*make_accessible=*/true);
+  fd.reset();
+  if (::unlinkat(parent_fd, name.c_str(), AT_REMOVEDIR) < 0 && errno != ENOENT)
+    throw SysError(errno, "rmdir", shown.string());
+}
+
 TreeUsage tree_usage(const stdfs::path& path) {
   TreeUsage usage;
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));

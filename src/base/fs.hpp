@@ -44,6 +44,9 @@ class FileLock {
 // link planted inside (by a sandbox) cannot redirect the removal. Missing path = no-op.
 // However deep the tree, it holds a bounded number of descriptors.
 void remove_tree(const stdfs::path& path);
+// The same for the entry `name` (one component) of the folder `parent_fd`; `shown` names it in
+// errors. Missing = no-op.
+void remove_tree_at(int parent_fd, const std::string& name, const stdfs::path& shown);
 
 // Disk use of a tree (allocated blocks, a file with several links once), counted without
 // following links and with a bounded number of descriptors.

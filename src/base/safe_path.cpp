@@ -35,11 +35,12 @@ UniqueFd open_beneath(int dir_fd, std::string_view relative, int flags, mode_t m
     throw SysError(EINVAL, "open", fmt::format("{} (contains a NUL byte)", shown_or(shown, relative)));
   open_how spec{};
   // O_PATH takes no other flags (openat2 refuses them); anything else never blocks on open.
-  const int extra = (flags & O_PATH) ? (O_CLOEXEC | O_NOFOLLOW) : (O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  const int nofollow = how == Resolve::in_root_follow ? 0 : O_NOFOLLOW;
+  const int extra = (flags & O_PATH) ? (O_CLOEXEC | nofollow) : (O_CLOEXEC | nofollow | O_NONBLOCK);
   spec.flags = static_cast<std::uint64_t>(flags | extra);
   spec.mode = (flags & (O_CREAT | O_TMPFILE)) ? mode : 0;
-  spec.resolve = how == Resolve::in_root ? (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-                                         : (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+  spec.resolve = how == Resolve::beneath_no_links ? (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+                                                  : (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
   const std::string path(relative);
   long fd;
   do {

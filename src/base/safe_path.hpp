@@ -27,9 +27,13 @@ enum class Resolve {
   // The folder is the root: absolute symlinks and ".." stay inside it (RESOLVE_IN_ROOT), magic
   // links are refused. For paths as a sandbox sees them (its own links keep working).
   in_root,
+  // As in_root, and a symlink at the last component is followed too (inside the folder): for
+  // reading a path as the sandbox would (its `cat link` reads the target).
+  in_root_follow,
 };
 
-// openat2(dir_fd, relative, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode) with the
+// openat2(dir_fd, relative, flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, mode) (no O_NOFOLLOW with
+// in_root_follow) with the
 // resolution rules above. `relative` must not be absolute or empty. Throws SysError keeping the
 // errno (ELOOP or EXDEV: a link or a mount on the way; ENOSYS: the kernel has no openat2) with
 // `shown` (the path as a person knows it) in the message.

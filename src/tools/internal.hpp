@@ -115,6 +115,12 @@ void add_instance_tools(mcp::Server& server, const ToolContext& ctx);
 void add_prompts(mcp::Server& server, const ToolContext& ctx);
 void add_terminal_tool(mcp::Server& server, const ToolContext& ctx);  // terminal_execute
 void add_job_tools(mcp::Server& server, const ToolContext& ctx);      // submit/poll/list/cancel_job
+// read_file, write_file, edit_file, list_directory, search_files, file_info, move/copy/delete_file
+void add_file_tools(mcp::Server& server, const ToolContext& ctx);
+// resource://ns-hpc/instances/{id}/files/{path}: the file (text, or a base64 blob) or a folder's
+// listing; nullopt when there is no such instance or file. `path` percent-encoded.
+std::optional<std::vector<mcp::ResourceContents>> read_file_resource(const ToolContext& ctx, const std::string& uri,
+                                                                     const std::string& id, const std::string& path);
 std::shared_ptr<mcp::ResourceProvider> make_resources(const ToolContext& ctx);
 
 }  // namespace nshpc::tools

@@ -100,12 +100,21 @@ class Resources final : public mcp::ResourceProvider {
 
   std::vector<mcp::ResourceTemplate> templates() override {
     return {{std::string(kInstancePrefix) + "{id}", "instance", "An instance",
-             "Metadata of an instance: description, times, network, sandbox paths", "application/json"}};
+             "Metadata of an instance: description, times, network, sandbox paths", "application/json"},
+            {std::string(kInstancePrefix) + "{id}/files/{path}", "instance file", "A file of an instance",
+             "Any file of an instance's workspace or output (path like workspace/notes.txt), as text or a blob",
+             ""}};
   }
 
   std::optional<std::vector<mcp::ResourceContents>> read(const std::string& uri) override {
     if (uri.starts_with(kContextPrefix)) return read_document(uri, uri.substr(kContextPrefix.size()));
-    if (uri.starts_with(kInstancePrefix)) return read_instance(uri, uri.substr(kInstancePrefix.size()));
+    if (uri.starts_with(kInstancePrefix)) {
+      const std::string rest = uri.substr(kInstancePrefix.size());
+      const auto files = rest.find("/files/");
+      if (files != std::string::npos)
+        return read_file_resource(ctx_, uri, rest.substr(0, files), rest.substr(files + 7));
+      return read_instance(uri, rest);
+    }
     return std::nullopt;
   }
 

@@ -1,0 +1,496 @@
+#include "files/resolver.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "base/error.hpp"
+#include "base/fs.hpp"
+#include "base/random.hpp"
+#include "base/safe_path.hpp"
+
+namespace nshpc::files {
+
+namespace {
+
+using fs::Resolve;
+
+// How deep copy() descends (each level holds two descriptors).
+constexpr int kMaxCopyDepth = 128;
+
+std::string rel_or_dot(const std::string& rel) { return rel.empty() ? std::string(".") : rel; }
+
+std::string join_shown(const std::string& base, std::string_view rel) {
+  if (rel.empty()) return base.empty() ? "/" : base;
+  if (base.empty() || base == "/") return "/" + std::string(rel);
+  return base + "/" + std::string(rel);
+}
+
+// "a/b/c" -> ("a/b", "c"); "c" -> ("", "c").
+std::pair<std::string, std::string> split_leaf(const std::string& rel) {
+  const auto slash = rel.rfind('/');
+  if (slash == std::string::npos) return {"", rel};
+  return {rel.substr(0, slash), rel.substr(slash + 1)};
+}
+
+std::vector<std::string> components(std::string_view rel) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= rel.size()) {
+    auto end = rel.find('/', start);
+    if (end == std::string_view::npos) end = rel.size();
+    if (end > start) out.emplace_back(rel.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+void refuse_read_only(const Location& at) {
+  if (at.root->read_only()) throw SysError(EROFS, "write", at.shown() + " (a read-only folder)");
+}
+
+// The folder that holds the last component of `at`, resolved inside the root (O_PATH).
+// EBUSY for the root itself; EINVAL for a last component "..".
+UniqueFd open_parent(const Location& at, std::string& leaf) {
+  if (at.rel.empty()) throw SysError(EBUSY, "change", at.shown() + " (the folder itself)");
+  auto [parent, name] = split_leaf(at.rel);
+  if (name == ".." || name == ".") throw SysError(EINVAL, "change", at.shown() + " (ends in '..')");
+  leaf = std::move(name);
+  return fs::open_beneath(at.root->fd(), rel_or_dot(parent), O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow,
+                          join_shown(at.root->shown(), parent));
+}
+
+void give_to_owner(const Root& root, int fd, const std::string& shown) {
+  if (!root.chown_new()) return;
+  if (::fchownat(fd, "", root.owner_uid(), root.owner_gid(), AT_EMPTY_PATH) < 0)
+    throw SysError(errno, "chown", shown);
+}
+
+// Every folder of `rel` (a folder path beneath the root) exists afterwards; returns it (O_PATH).
+UniqueFd ensure_dirs(const Root& root, const std::string& rel, mode_t mode) {
+  UniqueFd current = fs::open_beneath(root.fd(), ".", O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow, root.shown());
+  std::string prefix;
+  for (const std::string& part : components(rel)) {
+    prefix = prefix.empty() ? part : prefix + "/" + part;
+    const std::string shown = join_shown(root.shown(), prefix);
+    try {
+      current = fs::open_beneath(root.fd(), prefix, O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow, shown);
+      continue;
+    } catch (const SysError& e) {
+      if (e.code() != ENOENT) throw;
+    }
+    if (::mkdirat(current.get(), part.c_str(), mode) < 0 && errno != EEXIST) throw SysError(errno, "mkdir", shown);
+    // Opened again without following anything: a link swapped in meanwhile is refused.
+    UniqueFd made = fs::open_beneath(current.get(), part, O_PATH | O_DIRECTORY, 0, Resolve::beneath_no_links, shown);
+    give_to_owner(root, made.get(), shown);
+    current = std::move(made);
+  }
+  return current;
+}
+
+void copy_bytes(int from, int to, const std::string& shown) {
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(from, buffer, sizeof buffer);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw SysError(errno, "read", shown);
+    }
+    if (n == 0) return;
+    for (ssize_t done = 0; done < n;) {
+      const ssize_t w = ::write(to, buffer + done, static_cast<std::size_t>(n - done));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        throw SysError(errno, "write", shown);
+      }
+      done += w;
+    }
+  }
+}
+
+void clear_nonblock(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0 && (flags & O_NONBLOCK)) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+}
+
+// Copies the folder `src_fd` into the new folder `name` of `dst_parent` (never following links
+// in the source: they are copied as links).
+void copy_tree(const Root& root, int src_fd, int dst_parent, const std::string& name, mode_t mode,
+               const std::string& shown, int depth) {
+  if (depth > kMaxCopyDepth) throw SysError(ELOOP, "copy", shown + " (more than 128 folders deep)");
+  if (::mkdirat(dst_parent, name.c_str(), mode & 07777) < 0) throw SysError(errno, "mkdir", shown);
+  UniqueFd dst = fs::open_beneath(dst_parent, name, O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, shown);
+  give_to_owner(root, dst.get(), shown);
+  UniqueFd listing(::fcntl(src_fd, F_DUPFD_CLOEXEC, 3));
+  if (!listing) throw SysError(errno, "dup", shown);
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::fdopendir(listing.get()), &::closedir);
+  if (!dir) throw SysError(errno, "opendir", shown);
+  listing.release();
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(dir.get())) {
+    std::string_view n = entry->d_name;
+    if (n != "." && n != "..") names.emplace_back(n);
+  }
+  dir.reset();
+  for (const std::string& n : names) {
+    const std::string child_shown = shown + "/" + n;
+    struct stat st;
+    if (::fstatat(src_fd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) {
+      if (errno == ENOENT) continue;
+      throw SysError(errno, "stat", child_shown);
+    }
+    if (S_ISDIR(st.st_mode)) {
+      UniqueFd sub;
+      try {
+        sub = fs::open_beneath(src_fd, n, O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, child_shown);
+      } catch (const SysError& e) {
+        if (e.code() == ENOENT || e.code() == ELOOP || e.code() == ENOTDIR) continue;  // swapped meanwhile
+        throw;
+      }
+      copy_tree(root, sub.get(), dst.get(), n, st.st_mode, child_shown, depth + 1);
+    } else if (S_ISLNK(st.st_mode)) {
+      char target[PATH_MAX];
+      const ssize_t len = ::readlinkat(src_fd, n.c_str(), target, sizeof target - 1);
+      if (len < 0) continue;
+      if (::symlinkat(std::string(target, static_cast<std::size_t>(len)).c_str(), dst.get(), n.c_str()) < 0)
+        throw SysError(errno, "symlink", child_shown);
+      if (root.chown_new() &&
+          ::fchownat(dst.get(), n.c_str(), root.owner_uid(), root.owner_gid(), AT_SYMLINK_NOFOLLOW) < 0)
+        throw SysError(errno, "chown", child_shown);
+    } else if (S_ISREG(st.st_mode)) {
+      UniqueFd in;
+      try {
+        in = fs::open_beneath(src_fd, n, O_RDONLY, 0, Resolve::beneath_no_links, child_shown);
+      } catch (const SysError& e) {
+        if (e.code() == ENOENT || e.code() == ELOOP) continue;
+        throw;
+      }
+      struct stat ist;
+      if (::fstat(in.get(), &ist) < 0 || !S_ISREG(ist.st_mode)) continue;
+      clear_nonblock(in.get());
+      UniqueFd out = fs::open_beneath(dst.get(), n, O_WRONLY | O_CREAT | O_EXCL, ist.st_mode & 01777,
+                                      Resolve::beneath_no_links, child_shown);
+      clear_nonblock(out.get());
+      if (::fchmod(out.get(), ist.st_mode & 01777) < 0) throw SysError(errno, "chmod", child_shown);
+      give_to_owner(root, out.get(), child_shown);
+      copy_bytes(in.get(), out.get(), child_shown);
+    }
+    // FIFOs, sockets and devices are not copied.
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+Root::Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool read_only)
+    : dir_(std::move(dir)),
+      shown_(std::move(shown)),
+      owner_uid_(owner ? owner->uid : ::geteuid()),
+      owner_gid_(owner ? owner->gid : ::getegid()),
+      chown_new_(owner.has_value() && ::geteuid() == 0),
+      read_only_(read_only) {}
+
+Root Root::open(const stdfs::path& dir, std::string shown, std::optional<Owner> owner, bool read_only) {
+  return Root(fs::open_dir_path(dir), std::move(shown), owner, read_only);
+}
+
+std::string Location::shown() const { return join_shown(root ? root->shown() : std::string(), rel); }
+
+std::string normalize(std::string_view path) {
+  if (path.find('\0') != std::string_view::npos) throw UsageError("the path contains a NUL byte");
+  const bool absolute = !path.empty() && path.front() == '/';
+  std::vector<std::string> out;
+  for (std::string& part : components(path)) {
+    if (part == ".") continue;
+    if (part == "..") {
+      if (!out.empty() && out.back() != "..")
+        out.pop_back();
+      else if (!absolute)
+        out.push_back(part);
+      continue;
+    }
+    out.push_back(std::move(part));
+  }
+  std::string joined;
+  for (const auto& part : out) joined += (joined.empty() ? "" : "/") + part;
+  return absolute ? "/" + joined : joined;
+}
+
+const char* to_string(EntryType type) {
+  switch (type) {
+    case EntryType::file: return "file";
+    case EntryType::directory: return "directory";
+    case EntryType::symlink: return "symlink";
+    case EntryType::other: return "other";
+  }
+  return "other";
+}
+
+EntryType entry_type(mode_t mode) {
+  if (S_ISREG(mode)) return EntryType::file;
+  if (S_ISDIR(mode)) return EntryType::directory;
+  if (S_ISLNK(mode)) return EntryType::symlink;
+  return EntryType::other;
+}
+
+Opened open_read(const Location& at) {
+  Opened opened;
+  opened.fd = fs::open_beneath(at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_NOCTTY, 0, Resolve::in_root_follow, at.shown());
+  if (::fstat(opened.fd.get(), &opened.st) < 0) throw SysError(errno, "stat", at.shown());
+  if (S_ISREG(opened.st.st_mode)) {
+    if (opened.st.st_uid != at.root->owner_uid())
+      throw SysError(EPERM, "read",
+                     fmt::format("{} (it belongs to uid {}, not to the sandbox's uid {})", at.shown(),
+                                 opened.st.st_uid, at.root->owner_uid()));
+  } else if (!S_ISDIR(opened.st.st_mode)) {
+    throw SysError(ENXIO, "read", at.shown() + " (not a regular file or a folder)");
+  }
+  clear_nonblock(opened.fd.get());
+  return opened;
+}
+
+struct stat stat_at(const Location& at, bool follow) {
+  struct stat st;
+  if (follow || at.rel.empty()) {
+    UniqueFd fd = fs::open_beneath(at.root->fd(), rel_or_dot(at.rel), O_PATH, 0, Resolve::in_root_follow, at.shown());
+    if (::fstat(fd.get(), &st) < 0) throw SysError(errno, "stat", at.shown());
+    return st;
+  }
+  std::string leaf;
+  UniqueFd parent = open_parent(at, leaf);
+  if (::fstatat(parent.get(), leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) throw SysError(errno, "stat", at.shown());
+  return st;
+}
+
+std::string read_link(const Location& at) {
+  std::string leaf;
+  UniqueFd parent = open_parent(at, leaf);
+  char target[PATH_MAX];
+  const ssize_t len = ::readlinkat(parent.get(), leaf.c_str(), target, sizeof target - 1);
+  if (len < 0) throw SysError(errno, "readlink", at.shown());
+  return std::string(target, static_cast<std::size_t>(len));
+}
+
+std::vector<Entry> list_dir(const Location& at) {
+  UniqueFd fd = fs::open_beneath(at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_DIRECTORY, 0, Resolve::in_root_follow,
+                                 at.shown());
+  UniqueFd listing(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3));
+  if (!listing) throw SysError(errno, "dup", at.shown());
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::fdopendir(listing.get()), &::closedir);
+  if (!dir) throw SysError(errno, "opendir", at.shown());
+  listing.release();
+  std::vector<Entry> entries;
+  while (const dirent* d = ::readdir(dir.get())) {
+    std::string_view name = d->d_name;
+    if (name == "." || name == "..") continue;
+    struct stat st;
+    if (::fstatat(fd.get(), d->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;  // gone meanwhile
+    Entry e;
+    e.name = std::string(name);
+    e.type = entry_type(st.st_mode);
+    e.size = static_cast<std::uint64_t>(st.st_size);
+    e.mode = st.st_mode & 07777;
+    e.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    e.uid = st.st_uid;
+    entries.push_back(std::move(e));
+  }
+  return entries;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+PendingFile::PendingFile(UniqueFd dir, UniqueFd fd, std::string temp, std::string leaf, std::string shown,
+                         bool no_replace)
+    : dir_(std::move(dir)),
+      fd_(std::move(fd)),
+      temp_(std::move(temp)),
+      leaf_(std::move(leaf)),
+      shown_(std::move(shown)),
+      no_replace_(no_replace) {}
+
+PendingFile::~PendingFile() {
+  if (!committed_) ::unlinkat(dir_.get(), temp_.c_str(), 0);
+}
+
+void PendingFile::write(std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd_.get(), data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw SysError(errno, "write", shown_);
+    }
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+void PendingFile::write_from(int from) { copy_bytes(from, fd_.get(), shown_); }
+
+std::optional<UniqueFd> PendingFile::open_current() const {
+  try {
+    UniqueFd fd = fs::open_beneath(dir_.get(), leaf_, O_RDONLY | O_NOCTTY, 0, Resolve::beneath_no_links, shown_);
+    struct stat st;
+    if (::fstat(fd.get(), &st) < 0) throw SysError(errno, "stat", shown_);
+    if (!S_ISREG(st.st_mode)) throw SysError(ENXIO, "read", shown_ + " (not a regular file)");
+    clear_nonblock(fd.get());
+    return fd;
+  } catch (const SysError& e) {
+    if (e.code() == ENOENT) return std::nullopt;
+    throw;
+  }
+}
+
+struct stat PendingFile::commit() {
+  if (committed_) throw SysError(EINVAL, "commit", shown_ + " (already committed)");
+  if (::fsync(fd_.get()) < 0) throw SysError(errno, "fsync", shown_);
+  const unsigned flags = no_replace_ ? RENAME_NOREPLACE : 0;
+  if (::renameat2(dir_.get(), temp_.c_str(), dir_.get(), leaf_.c_str(), flags) < 0)
+    throw SysError(errno, "rename", shown_);
+  committed_ = true;
+  struct stat st;
+  if (::fstat(fd_.get(), &st) < 0) throw SysError(errno, "stat", shown_);
+  // The rename itself made durable (best effort: the folder may not be readable).
+  try {
+    UniqueFd d = fs::open_beneath(dir_.get(), ".", O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, shown_);
+    ::fsync(d.get());
+  } catch (const SysError&) {
+  }
+  return st;
+}
+
+std::unique_ptr<PendingFile> begin_write(const Location& at, const WriteOptions& options) {
+  refuse_read_only(at);
+  if (at.rel.empty()) throw SysError(EISDIR, "write", at.shown());
+  auto [parent_rel, leaf] = split_leaf(at.rel);
+  if (leaf == ".." || leaf == ".") throw SysError(EINVAL, "write", at.shown() + " (ends in '..')");
+  UniqueFd parent;
+  if (options.create_parents)
+    parent = ensure_dirs(*at.root, parent_rel, 0755);
+  else
+    parent = fs::open_beneath(at.root->fd(), rel_or_dot(parent_rel), O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow,
+                              join_shown(at.root->shown(), parent_rel));
+  mode_t mode = options.mode.value_or(0644);
+  struct stat st;
+  if (::fstatat(parent.get(), leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (S_ISDIR(st.st_mode)) throw SysError(EISDIR, "write", at.shown() + " (a folder)");
+    if (options.no_replace) throw SysError(EEXIST, "create", at.shown());
+    if (S_ISREG(st.st_mode) && !options.mode) mode = st.st_mode & 01777;  // no set-id bits
+  } else if (errno != ENOENT) {
+    throw SysError(errno, "stat", at.shown());
+  }
+  const std::string temp = fmt::format(".{}.ns-hpc-{}.tmp", leaf.substr(0, 200), random::hex(6));
+  UniqueFd fd = fs::open_beneath(parent.get(), temp, O_RDWR | O_CREAT | O_EXCL, mode, Resolve::beneath_no_links,
+                                 at.shown());
+  clear_nonblock(fd.get());
+  std::unique_ptr<PendingFile> pending(
+      new PendingFile(std::move(parent), std::move(fd), temp, leaf, at.shown(), options.no_replace));
+  if (::fchmod(pending->fd(), mode) < 0) throw SysError(errno, "chmod", at.shown());
+  give_to_owner(*at.root, pending->fd(), at.shown());
+  return pending;
+}
+
+void make_dir(const Location& at, bool parents, mode_t mode) {
+  refuse_read_only(at);
+  if (parents) {
+    ensure_dirs(*at.root, at.rel, mode);
+    return;
+  }
+  std::string leaf;
+  UniqueFd parent = open_parent(at, leaf);
+  if (::mkdirat(parent.get(), leaf.c_str(), mode) < 0) throw SysError(errno, "mkdir", at.shown());
+  UniqueFd made = fs::open_beneath(parent.get(), leaf, O_PATH | O_DIRECTORY, 0, Resolve::beneath_no_links, at.shown());
+  give_to_owner(*at.root, made.get(), at.shown());
+}
+
+void remove(const Location& at, bool recursive) {
+  refuse_read_only(at);
+  std::string leaf;
+  UniqueFd parent = open_parent(at, leaf);
+  struct stat st;
+  if (::fstatat(parent.get(), leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) throw SysError(errno, "delete", at.shown());
+  if (!S_ISDIR(st.st_mode)) {
+    if (::unlinkat(parent.get(), leaf.c_str(), 0) < 0) throw SysError(errno, "delete", at.shown());
+    return;
+  }
+  if (!recursive) throw SysError(EISDIR, "delete", at.shown() + " (a folder: only with recursive)");
+  fs::remove_tree_at(parent.get(), leaf, at.shown());
+}
+
+void rename(const Location& from, const Location& to, bool overwrite) {
+  refuse_read_only(from);
+  refuse_read_only(to);
+  std::string from_leaf, to_leaf;
+  UniqueFd from_parent = open_parent(from, from_leaf);
+  UniqueFd to_parent = open_parent(to, to_leaf);
+  const unsigned flags = overwrite ? 0 : RENAME_NOREPLACE;
+  if (::renameat2(from_parent.get(), from_leaf.c_str(), to_parent.get(), to_leaf.c_str(), flags) < 0)
+    throw SysError(errno, "move", fmt::format("{} to {}", from.shown(), to.shown()));
+}
+
+void copy(const Location& from, const Location& to, bool overwrite) {
+  refuse_read_only(to);
+  Opened src = open_read(from);
+  std::string to_leaf;
+  UniqueFd to_parent = open_parent(to, to_leaf);
+  struct stat existing;
+  if (::fstatat(to_parent.get(), to_leaf.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (!overwrite) throw SysError(EEXIST, "copy", fmt::format("{} to {}", from.shown(), to.shown()));
+    if (S_ISDIR(existing.st_mode) || src.is_dir()) fs::remove_tree_at(to_parent.get(), to_leaf, to.shown());
+  }
+  if (src.is_dir()) {
+    if (!from.rel.empty() && (to.rel == from.rel || to.rel.starts_with(from.rel + "/")) && to.root == from.root)
+      throw SysError(EINVAL, "copy", fmt::format("{} into itself ({})", from.shown(), to.shown()));
+    copy_tree(*to.root, src.fd.get(), to_parent.get(), to_leaf, src.st.st_mode, to.shown(), 0);
+    return;
+  }
+  WriteOptions options;
+  options.mode = src.st.st_mode & 01777;
+  auto pending = begin_write(to, options);
+  pending->write_from(src.fd.get());
+  pending->commit();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+UniqueFd open_area(const stdfs::path& dir, Access access) {
+  if (access == Access::in_namespace)
+    throw SysError(ENOTSUP, "open", dir.string() + " (files inside the instance's user namespace are not supported yet)");
+  return fs::open_dir_path(dir);
+}
+
+// The path after `mount` ("/workspace") in `path` (normalised, absolute), or nullopt.
+std::optional<std::string> under(const std::string& path, const std::string& mount) {
+  if (mount.empty() || mount == "/") return std::nullopt;
+  if (path == mount) return std::string();
+  if (path.size() > mount.size() && path.starts_with(mount) && path[mount.size()] == '/')
+    return path.substr(mount.size() + 1);
+  return std::nullopt;
+}
+
+}  // namespace
+
+InstanceFiles::InstanceFiles(const InstanceView& view)
+    : workspace_(open_area(view.workspace, view.access), normalize(view.workspace_mount), view.owner),
+      output_(open_area(view.output, view.access), normalize(view.output_mount), view.owner) {}
+
+Location InstanceFiles::resolve(std::string_view path) const {
+  if (path.empty()) throw UsageError("the path is empty; give a path such as 'notes.txt' or '/workspace/notes.txt'");
+  std::string full = normalize(path.front() == '/' ? std::string(path) : workspace_.shown() + "/" + std::string(path));
+  if (auto rel = under(full, workspace_.shown())) return Location{&workspace_, *rel};
+  if (auto rel = under(full, output_.shown())) return Location{&output_, *rel};
+  throw UsageError(fmt::format("'{}' is outside this instance's files: the file tools reach {} (relative paths start "
+                               "there) and {}",
+                               std::string(path), workspace_.shown(), output_.shown()));
+}
+
+}  // namespace nshpc::files

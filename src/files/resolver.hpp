@@ -1,0 +1,226 @@
+// The one way to the files of an instance (and of a WebDAV extra): paths as the sandbox sees them
+// turned into (root directory descriptor, relative path), and every operation done beneath that
+// descriptor with openat2(2) (base/safe_path.hpp) — never realpath-then-open.
+//
+// Everything beneath a root is hostile: the sandbox can swap any entry for a symlink, a FIFO or a
+// hard link at any moment. So:
+//   - intermediate components are resolved by the kernel in one step, RESOLVE_IN_ROOT (a symlink
+//     or ".." never leaves the root; an absolute symlink is re-rooted at it) + RESOLVE_NO_MAGICLINKS;
+//   - the last component of a write, delete, rename or copy destination is never followed: a
+//     symlink there is replaced or removed as a link, never written through;
+//   - a read opens without blocking (a FIFO, a device) and refuses what is not a regular file or
+//     a folder, and a file that does not belong to the tree's owner (a hard link to someone else's);
+//   - whatever the server creates is given to the tree's owner (the sandbox uid).
+// The instance's metadata, audit log, job records (.ns_hpc_jobs) and status folder live beside
+// the workspace, never beneath a root, so no path reaches them.
+//
+// Two ways to do the work (Access): `host` — the server itself, beneath descriptors of the
+// instance's folders (implemented here); `in_namespace` — for trees the server cannot manage
+// from outside (an image root run by a normal user, owned by subordinate uids): a helper started
+// inside the instance's user namespace does the same operations and passes open descriptors
+// back over a Unix socket (SCM_RIGHTS). Not implemented yet: asking for it throws ENOTSUP.
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/fd.hpp"
+
+namespace nshpc::files {
+
+namespace stdfs = std::filesystem;
+
+// Who does the operations of a tree (see above).
+enum class Access {
+  host,
+  in_namespace,  // not implemented yet (image roots): throws SysError(ENOTSUP)
+};
+
+struct Owner {
+  uid_t uid;
+  gid_t gid;
+};
+
+// A directory tree whose content is hostile: an instance's workspace or output folder, later its
+// root, or a WebDAV extra. Holds an O_PATH descriptor of the folder, opened once.
+class Root {
+ public:
+  // `shown`: the folder as people see it ("/workspace", "/dav/data"); `owner`: the uid files
+  // must belong to and new entries are given to (nullopt: this process's own uid, nothing chowned);
+  // `read_only`: every write is refused with EROFS.
+  Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool read_only = false);
+  // Opens `dir` (never following a final symlink). Throws SysError.
+  static Root open(const stdfs::path& dir, std::string shown, std::optional<Owner> owner, bool read_only = false);
+
+  int fd() const { return dir_.get(); }
+  const std::string& shown() const { return shown_; }
+  // The uid files are expected to belong to, and whether new entries must be chowned to it.
+  uid_t owner_uid() const { return owner_uid_; }
+  gid_t owner_gid() const { return owner_gid_; }
+  bool chown_new() const { return chown_new_; }
+  bool read_only() const { return read_only_; }
+
+ private:
+  UniqueFd dir_;
+  std::string shown_;
+  uid_t owner_uid_;
+  gid_t owner_gid_;
+  bool chown_new_;
+  bool read_only_;
+};
+
+// A place beneath a root: `rel` is normalised (no ".", no empty components, no leading '/'),
+// "" for the root itself. May still contain ".." (resolved by the kernel, clamped at the root).
+struct Location {
+  const Root* root = nullptr;
+  std::string rel;
+  // The path as people see it: root->shown() + "/" + rel.
+  std::string shown() const;
+};
+
+// Lexical normalisation of a '/'-separated path: drops "" and "." components, folds "x/.."
+// pairs, keeps a leading ".." (a relative path) and drops it after a leading '/'. Keeps whether
+// it was absolute. Throws UsageError on a NUL byte.
+std::string normalize(std::string_view path);
+
+// ---------------------------------------------------------------------------------------------
+// Operations beneath a root (host side). All throw SysError keeping the errno, with the shown
+// path in the message: ENOENT missing; ENOTDIR/EISDIR a file or folder where the other was
+// needed; EXDEV the path leaves the root (refused); ELOOP too many links; ENXIO neither a
+// regular file nor a folder (a FIFO, a socket, a device); EPERM a file of another uid; EROFS a
+// read-only root; EEXIST the destination exists; EBUSY the root itself.
+
+enum class EntryType { file, directory, symlink, other };
+const char* to_string(EntryType type);
+EntryType entry_type(mode_t mode);
+
+// A file or folder opened for reading, with what fstat said about the descriptor.
+struct Opened {
+  UniqueFd fd;  // O_RDONLY (a folder: O_DIRECTORY), blocking
+  struct stat st {};
+  bool is_dir() const { return S_ISDIR(st.st_mode); }
+};
+// Follows symlinks inside the root. Regular files must belong to the root's owner.
+Opened open_read(const Location& at);
+
+// lstat of the entry (`follow`: of what a final symlink leads to, inside the root).
+struct stat stat_at(const Location& at, bool follow);
+// The target of the symlink at `at` (never followed).
+std::string read_link(const Location& at);
+
+struct Entry {
+  std::string name;
+  EntryType type = EntryType::other;
+  std::uint64_t size = 0;
+  mode_t mode = 0;  // permission bits
+  std::int64_t mtime_ns = 0;
+  uid_t uid = 0;
+};
+// The entries of the folder at `at` (symlinks inside the root followed to reach it), unsorted,
+// without "." and "..", each described without following it.
+std::vector<Entry> list_dir(const Location& at);
+
+// How a file is written.
+struct WriteOptions {
+  bool create_parents = false;    // make missing folders (0755, given to the owner)
+  bool no_replace = false;        // EEXIST when something is at the path (create only)
+  std::optional<mode_t> mode;     // default: the replaced file's mode, else 0644
+};
+
+// A new file being written next to its destination (a temporary in the same folder), put in
+// place by commit() with one rename(2): readers see the old file or the new one, never a part.
+// Destroyed without commit(): the temporary is removed.
+class PendingFile {
+ public:
+  PendingFile(const PendingFile&) = delete;
+  PendingFile& operator=(const PendingFile&) = delete;
+  ~PendingFile();
+
+  int fd() const { return fd_.get(); }
+  void write(std::string_view data);  // all of it (throws on a short write)
+  // Copies the rest of `from` (a regular file's descriptor) into the new file.
+  void write_from(int from);
+  // The file currently at the destination (a regular file, not followed), or nullopt when there
+  // is none: for a guard such as "unchanged since it was read" just before commit().
+  std::optional<UniqueFd> open_current() const;
+  // fsync, then rename over the destination (RENAME_NOREPLACE when no_replace). Returns the
+  // new file's stat.
+  struct stat commit();
+
+ private:
+  friend std::unique_ptr<PendingFile> begin_write(const Location& at, const WriteOptions& options);
+  PendingFile(UniqueFd dir, UniqueFd fd, std::string temp, std::string leaf, std::string shown, bool no_replace);
+  UniqueFd dir_;
+  UniqueFd fd_;
+  std::string temp_;
+  std::string leaf_;
+  std::string shown_;
+  bool no_replace_;
+  bool committed_ = false;
+};
+// Starts writing the file at `at` (the parent resolved inside the root, the last component
+// never followed: a symlink there is replaced, not written through). EISDIR when a folder is
+// there; ENOENT when the parent is missing and !create_parents.
+std::unique_ptr<PendingFile> begin_write(const Location& at, const WriteOptions& options);
+
+// Creates the folder at `at` (with `parents`, missing parents too; then an existing folder is
+// fine). New folders are given to the owner.
+void make_dir(const Location& at, bool parents, mode_t mode = 0755);
+
+// Removes the entry at `at` (a symlink as a link). A folder only with `recursive` (else
+// EISDIR), its content removed without following any link; ENOTEMPTY never happens then.
+// Refuses the root itself (EBUSY).
+void remove(const Location& at, bool recursive);
+
+// Renames `from` to `to` (same or another root on the same filesystem; EXDEV otherwise). The
+// last components are never followed. `overwrite`: an existing destination is replaced (a
+// non-empty folder there: ENOTEMPTY), else EEXIST.
+void rename(const Location& from, const Location& to, bool overwrite);
+
+// Copies `from` (followed inside its root when it is a symlink) to `to`: a file through a
+// PendingFile (mode kept), a folder recursively (links inside copied as links, FIFOs and
+// devices skipped). `overwrite`: an existing destination is removed first, else EEXIST.
+void copy(const Location& from, const Location& to, bool overwrite);
+
+// ---------------------------------------------------------------------------------------------
+// An instance's files as its sandbox sees them.
+
+struct InstanceView {
+  std::string workspace_mount = "/workspace";  // [namespace] workspace_mount
+  std::string output_mount = "/output";        // [namespace] output_mount
+  stdfs::path workspace;                       // host folders
+  stdfs::path output;
+  std::optional<Owner> owner;  // users::sandbox_owner; nullopt: this process's uid
+  Access access = Access::host;
+};
+
+class InstanceFiles {
+ public:
+  // Opens the roots. Throws SysError (ENOTSUP for Access::in_namespace, not implemented yet).
+  explicit InstanceFiles(const InstanceView& view);
+  // Locations point at the roots held here.
+  InstanceFiles(const InstanceFiles&) = delete;
+  InstanceFiles& operator=(const InstanceFiles&) = delete;
+
+  // `path` as the sandbox sees it: relative (to the workspace mount) or absolute under the
+  // workspace or output mount. UsageError for an empty path, a NUL byte, or a path outside
+  // both (naming what is reachable).
+  Location resolve(std::string_view path) const;
+
+  const Root& workspace() const { return workspace_; }
+  const Root& output() const { return output_; }
+
+ private:
+  Root workspace_;
+  Root output_;
+};
+
+}  // namespace nshpc::files

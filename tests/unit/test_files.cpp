@@ -1,0 +1,476 @@
+// The files resolver: paths as the sandbox sees them, and every operation beneath a root that a
+// hostile sandbox controls (links, "..", swaps between check and use, FIFOs, hard links).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "base/error.hpp"
+#include "common/temp_dir.hpp"
+#include "files/content.hpp"
+#include "files/image.hpp"
+#include "files/resolver.hpp"
+
+namespace stdfs = std::filesystem;
+using namespace nshpc;
+using nshpc::tests::TempDir;
+
+namespace {
+
+std::string slurp(int fd) {
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::pread(fd, buf, sizeof buf, static_cast<off_t>(out.size()))) > 0) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+std::string slurp(const stdfs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+int error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const SysError& e) {
+    return e.code();
+  }
+  return 0;
+}
+
+// An instance layout: <t>/inst/workspace, <t>/inst/metadata.json, <t>/output, a secret outside.
+struct Layout {
+  TempDir t{"nshpc-files"};
+  stdfs::path ws = t.path() / "inst" / "workspace";
+  stdfs::path out = t.path() / "output";
+  Layout() {
+    stdfs::create_directories(ws);
+    stdfs::create_directories(out);
+    std::ofstream(t.path() / "inst" / "metadata.json") << "{\"secret\": true}";
+    std::ofstream(t.path() / "secret") << "host secret";
+    stdfs::create_directories(t.path() / "inst" / ".ns_hpc_jobs");
+    std::ofstream(t.path() / "inst" / ".ns_hpc_jobs" / "j.state") << "job";
+  }
+  files::InstanceView view() const {
+    files::InstanceView v;
+    v.workspace = ws;
+    v.output = out;
+    return v;
+  }
+};
+
+std::string read_at(const files::InstanceFiles& f, std::string_view path) {
+  files::Opened o = files::open_read(f.resolve(path));
+  return slurp(o.fd.get());
+}
+
+}  // namespace
+
+TEST(FilesNormalize, FoldsDotsAndKeepsAbsoluteness) {
+  EXPECT_EQ(files::normalize("/workspace/./a//b/../c"), "/workspace/a/c");
+  EXPECT_EQ(files::normalize("/../../etc"), "/etc");
+  EXPECT_EQ(files::normalize("a/../../b"), "../b");
+  EXPECT_EQ(files::normalize("/"), "/");
+  EXPECT_EQ(files::normalize("./"), "");
+  EXPECT_THROW(files::normalize(std::string("a\0b", 3)), UsageError);
+}
+
+TEST(FilesResolve, SandboxPathsMapToWorkspaceAndOutput) {
+  Layout l;
+  files::InstanceFiles f(l.view());
+  auto a = f.resolve("notes/a.txt");
+  EXPECT_EQ(a.root, &f.workspace());
+  EXPECT_EQ(a.rel, "notes/a.txt");
+  EXPECT_EQ(a.shown(), "/workspace/notes/a.txt");
+  auto b = f.resolve("/workspace");
+  EXPECT_EQ(b.root, &f.workspace());
+  EXPECT_EQ(b.rel, "");
+  auto c = f.resolve("/output/r/x.csv");
+  EXPECT_EQ(c.root, &f.output());
+  EXPECT_EQ(c.rel, "r/x.csv");
+  auto d = f.resolve("../output/y");  // relative to /workspace, as the sandbox's shell would
+  EXPECT_EQ(d.root, &f.output());
+  EXPECT_EQ(d.rel, "y");
+  EXPECT_THROW(f.resolve(""), UsageError);
+  EXPECT_THROW(f.resolve("/etc/passwd"), UsageError);
+  EXPECT_THROW(f.resolve("../metadata.json"), UsageError);
+  EXPECT_THROW(f.resolve("/workspacex/a"), UsageError);
+  EXPECT_THROW(f.resolve("/"), UsageError);
+}
+
+TEST(FilesResolve, InNamespaceAccessIsRefusedUntilItExists) {
+  Layout l;
+  auto v = l.view();
+  v.access = files::Access::in_namespace;
+  try {
+    files::InstanceFiles f(v);
+    FAIL() << "in_namespace access opened";
+  } catch (const SysError& e) {
+    EXPECT_EQ(e.code(), ENOTSUP);
+  }
+}
+
+TEST(FilesRead, ReadsFilesAndFollowsLinksThatStayInside) {
+  Layout l;
+  stdfs::create_directories(l.ws / "a");
+  std::ofstream(l.ws / "a" / "f.txt") << "hello";
+  stdfs::create_symlink("a/f.txt", l.ws / "rel");
+  stdfs::create_symlink("/a/f.txt", l.ws / "abs");  // absolute: re-rooted at the workspace
+  files::InstanceFiles f(l.view());
+  EXPECT_EQ(read_at(f, "a/f.txt"), "hello");
+  EXPECT_EQ(read_at(f, "/workspace/rel"), "hello");
+  EXPECT_EQ(read_at(f, "abs"), "hello");
+  EXPECT_TRUE(files::open_read(f.resolve("a")).is_dir());
+}
+
+TEST(FilesRead, LinksAndDotDotNeverLeaveTheRoot) {
+  Layout l;
+  stdfs::create_symlink(l.t.path() / "secret", l.ws / "host_abs");      // host path: re-rooted, missing
+  stdfs::create_symlink("../../secret", l.ws / "up");                     // clamped at the root
+  stdfs::create_symlink("../metadata.json", l.ws / "meta");
+  stdfs::create_symlink("../.ns_hpc_jobs/j.state", l.ws / "job");
+  stdfs::create_symlink(l.t.path(), l.ws / "dir_out");
+  files::InstanceFiles f(l.view());
+  for (const char* p : {"host_abs", "up", "meta", "job", "dir_out/secret", "dir_out/inst/metadata.json"}) {
+    int code = error_of([&] { read_at(f, p); });
+    EXPECT_NE(code, 0) << p << " was read";
+  }
+  // ".." inside a relative path below the root is clamped by the kernel, never climbs.
+  files::Location raw{&f.workspace(), "a/../../secret"};
+  EXPECT_NE(error_of([&] { files::open_read(raw); }), 0);
+  files::Location raw2{&f.workspace(), "../inst/metadata.json"};
+  EXPECT_NE(error_of([&] { files::open_read(raw2); }), 0);
+}
+
+TEST(FilesRead, MagicLinksAreRefused) {
+  // /proc/self/root is a magic link: refused even when the root itself holds a procfs.
+  files::Root root = files::Root::open("/", "/", std::nullopt);
+  int code = error_of([&] { files::open_read({&root, "proc/self/root/etc/hostname"}); });
+  EXPECT_EQ(code, ELOOP);
+  code = error_of([&] { files::open_read({&root, "proc/self/fd/0"}); });
+  EXPECT_EQ(code, ELOOP);
+  // A link planted in a workspace pointing at /proc/self/root: re-rooted, so it finds nothing.
+  Layout l;
+  stdfs::create_symlink("/proc/self/root/etc/hostname", l.ws / "magic");
+  files::InstanceFiles f(l.view());
+  EXPECT_NE(error_of([&] { read_at(f, "magic"); }), 0);
+}
+
+TEST(FilesRead, FifosAndDevicesAreRefusedWithoutBlocking) {
+  Layout l;
+  ASSERT_EQ(::mkfifo((l.ws / "fifo").c_str(), 0644), 0);
+  stdfs::create_symlink("/dev/zero", l.ws / "zero");
+  files::InstanceFiles f(l.view());
+  EXPECT_EQ(error_of([&] { read_at(f, "fifo"); }), ENXIO);
+  EXPECT_NE(error_of([&] { read_at(f, "zero"); }), 0);  // re-rooted: /workspace/dev/zero is missing
+}
+
+TEST(FilesRead, AHardLinkToAnotherUsersFileIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to own files of another uid";
+  Layout l;
+  std::ofstream(l.ws / "mine") << "mine";
+  ASSERT_EQ(::chown((l.ws / "mine").c_str(), 4242, 4242), 0);
+  std::ofstream(l.t.path() / "root_file") << "root only";
+  stdfs::create_hard_link(l.t.path() / "root_file", l.ws / "hard");
+  auto v = l.view();
+  v.owner = files::Owner{4242, 4242};
+  files::InstanceFiles f(v);
+  EXPECT_EQ(read_at(f, "mine"), "mine");
+  EXPECT_EQ(error_of([&] { read_at(f, "hard"); }), EPERM);
+  // A hard link to a file of the owner is the same content the sandbox sees: read.
+  stdfs::create_hard_link(l.ws / "mine", l.ws / "mine2");
+  EXPECT_EQ(read_at(f, "mine2"), "mine");
+}
+
+TEST(FilesRead, ASymlinkSwappedInBetweenCheckAndUseNeverLeadsOutside) {
+  Layout l;
+  stdfs::create_directories(l.t.path() / "outside");
+  std::ofstream(l.t.path() / "outside" / "f") << "OUTSIDE";
+  stdfs::create_directories(l.ws / "real");
+  std::ofstream(l.ws / "real" / "f") << "inside";
+  files::InstanceFiles f(l.view());
+  std::atomic<bool> stop{false};
+  // The "sandbox": swaps d between a folder and links out of the workspace, as fast as it can.
+  std::thread swapper([&] {
+    const stdfs::path d = l.ws / "d";
+    const std::string host_abs = (l.t.path() / "outside").string();
+    int i = 0;
+    while (!stop) {
+      std::error_code ec;
+      stdfs::remove(l.ws / "tmp", ec);
+      switch (i++ % 3) {
+        case 0: ::symlink("real", (l.ws / "tmp").c_str()); break;
+        case 1: ::symlink("../../outside", (l.ws / "tmp").c_str()); break;
+        case 2: ::symlink(host_abs.c_str(), (l.ws / "tmp").c_str()); break;
+      }
+      ::rename((l.ws / "tmp").c_str(), d.c_str());
+    }
+  });
+  int inside = 0;
+  for (int i = 0; i < 20000; ++i) {
+    try {
+      std::string got = read_at(f, "d/f");
+      ASSERT_NE(got, "OUTSIDE") << "read through a swapped link at iteration " << i;
+      if (got == "inside") ++inside;
+    } catch (const SysError&) {
+    }
+    // The write side too: never lands outside.
+    try {
+      auto p = files::begin_write(f.resolve("d/w"), {});
+      p->write("x");
+      p->commit();
+    } catch (const SysError&) {
+    }
+  }
+  stop = true;
+  swapper.join();
+  EXPECT_GT(inside, 0);
+  EXPECT_FALSE(stdfs::exists(l.t.path() / "outside" / "w"));
+  EXPECT_EQ(slurp(l.t.path() / "outside" / "f"), "OUTSIDE");
+}
+
+TEST(FilesWrite, AtomicReplaceKeepsModeAndNeverWritesThroughALink) {
+  Layout l;
+  std::ofstream(l.ws / "run.sh") << "old";
+  stdfs::permissions(l.ws / "run.sh", stdfs::perms(0750));
+  stdfs::create_symlink(l.t.path() / "secret", l.ws / "link");
+  files::InstanceFiles f(l.view());
+  {
+    auto p = files::begin_write(f.resolve("run.sh"), {});
+    p->write("new");
+    // Not committed yet: the old content is still there.
+    EXPECT_EQ(slurp(l.ws / "run.sh"), "old");
+    auto st = p->commit();
+    EXPECT_EQ(st.st_mode & 07777, 0750u);
+  }
+  EXPECT_EQ(slurp(l.ws / "run.sh"), "new");
+  {
+    auto p = files::begin_write(f.resolve("link"), {});
+    p->write("replaced");
+    p->commit();
+  }
+  EXPECT_EQ(slurp(l.t.path() / "secret"), "host secret");
+  EXPECT_FALSE(stdfs::is_symlink(l.ws / "link"));
+  EXPECT_EQ(slurp(l.ws / "link"), "replaced");
+  // Abandoned: no temporary left behind.
+  { auto p = files::begin_write(f.resolve("gone.txt"), {}); p->write("x"); }
+  EXPECT_FALSE(stdfs::exists(l.ws / "gone.txt"));
+  std::size_t entries = 0;
+  for ([[maybe_unused]] auto& e : stdfs::directory_iterator(l.ws)) ++entries;
+  EXPECT_EQ(entries, 2u);
+}
+
+TEST(FilesWrite, ParentsOnlyWhenAskedAndCreateOnlyRefusesExisting) {
+  Layout l;
+  files::InstanceFiles f(l.view());
+  EXPECT_EQ(error_of([&] { files::begin_write(f.resolve("a/b/c.txt"), {}); }), ENOENT);
+  files::WriteOptions parents;
+  parents.create_parents = true;
+  auto p = files::begin_write(f.resolve("/output/a/b/c.txt"), parents);
+  p->write("deep");
+  p->commit();
+  EXPECT_EQ(slurp(l.out / "a" / "b" / "c.txt"), "deep");
+  files::WriteOptions create_only;
+  create_only.no_replace = true;
+  EXPECT_EQ(error_of([&] { files::begin_write(f.resolve("/output/a/b/c.txt"), create_only); }), EEXIST);
+  EXPECT_EQ(error_of([&] { files::begin_write(f.resolve("/output/a"), {}); }), EISDIR);
+  EXPECT_EQ(error_of([&] { files::begin_write(f.resolve("/workspace"), {}); }), EISDIR);
+}
+
+TEST(FilesWrite, NewFilesAndFoldersBelongToTheSandboxUid) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give files away";
+  Layout l;
+  auto v = l.view();
+  v.owner = files::Owner{4243, 4244};
+  files::InstanceFiles f(v);
+  files::WriteOptions parents;
+  parents.create_parents = true;
+  auto p = files::begin_write(f.resolve("x/y/z.txt"), parents);
+  p->write("z");
+  p->commit();
+  files::make_dir(f.resolve("m"), false);
+  for (auto rel : {"x", "x/y", "x/y/z.txt", "m"}) {
+    struct stat st;
+    ASSERT_EQ(::lstat((l.ws / rel).c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, 4243u) << rel;
+    EXPECT_EQ(st.st_gid, 4244u) << rel;
+  }
+}
+
+TEST(FilesWrite, AReadOnlyRootRefusesEveryWrite) {
+  Layout l;
+  files::Root root = files::Root::open(l.ws, "/dav/extra", std::nullopt, /*read_only=*/true);
+  std::ofstream(l.ws / "f") << "f";
+  files::Location at{&root, "f"};
+  EXPECT_EQ(error_of([&] { files::begin_write(at, {}); }), EROFS);
+  EXPECT_EQ(error_of([&] { files::remove(at, false); }), EROFS);
+  EXPECT_EQ(error_of([&] { files::make_dir({&root, "d"}, false); }), EROFS);
+  EXPECT_EQ(error_of([&] { files::rename(at, {&root, "g"}, false); }), EROFS);
+  EXPECT_EQ(slurp(files::open_read(at).fd.get()), "f");
+}
+
+TEST(FilesOps, RemoveNeverFollowsAndFoldersNeedRecursive) {
+  Layout l;
+  stdfs::create_directories(l.t.path() / "keep");
+  std::ofstream(l.t.path() / "keep" / "k") << "k";
+  stdfs::create_directories(l.ws / "tree" / "sub");
+  std::ofstream(l.ws / "tree" / "sub" / "f") << "f";
+  stdfs::create_symlink(l.t.path() / "keep", l.ws / "tree" / "out");
+  stdfs::create_symlink(l.t.path() / "keep", l.ws / "link");
+  files::InstanceFiles f(l.view());
+  EXPECT_EQ(error_of([&] { files::remove(f.resolve("tree"), false); }), EISDIR);
+  files::remove(f.resolve("tree"), true);
+  EXPECT_FALSE(stdfs::exists(l.ws / "tree"));
+  files::remove(f.resolve("link"), false);
+  EXPECT_FALSE(stdfs::is_symlink(l.ws / "link"));
+  EXPECT_EQ(slurp(l.t.path() / "keep" / "k"), "k");
+  EXPECT_EQ(error_of([&] { files::remove(f.resolve("/workspace"), true); }), EBUSY);
+  EXPECT_EQ(error_of([&] { files::remove(f.resolve("missing"), false); }), ENOENT);
+  EXPECT_TRUE(stdfs::exists(l.t.path() / "inst" / "metadata.json"));
+}
+
+TEST(FilesOps, RenameAndCopyWithinAndAcrossRoots) {
+  Layout l;
+  std::ofstream(l.ws / "a.txt") << "A";
+  stdfs::permissions(l.ws / "a.txt", stdfs::perms(0600));
+  stdfs::create_directories(l.ws / "d" / "e");
+  std::ofstream(l.ws / "d" / "e" / "f") << "F";
+  stdfs::create_symlink(l.t.path() / "secret", l.ws / "d" / "out");
+  ASSERT_EQ(::mkfifo((l.ws / "d" / "fifo").c_str(), 0644), 0);
+  std::ofstream(l.ws / "b.txt") << "B";
+  files::InstanceFiles f(l.view());
+  EXPECT_EQ(error_of([&] { files::rename(f.resolve("a.txt"), f.resolve("b.txt"), false); }), EEXIST);
+  files::copy(f.resolve("a.txt"), f.resolve("/output/a-copy.txt"), false);
+  EXPECT_EQ(slurp(l.out / "a-copy.txt"), "A");
+  EXPECT_EQ(stdfs::status(l.out / "a-copy.txt").permissions(), stdfs::perms(0600));
+  files::copy(f.resolve("d"), f.resolve("/output/d2"), false);
+  EXPECT_EQ(slurp(l.out / "d2" / "e" / "f"), "F");
+  EXPECT_TRUE(stdfs::is_symlink(l.out / "d2" / "out"));  // copied as a link, not followed
+  EXPECT_FALSE(stdfs::exists(stdfs::symlink_status(l.out / "d2" / "fifo")));
+  EXPECT_EQ(error_of([&] { files::copy(f.resolve("d"), f.resolve("d/e/x"), false); }), EINVAL);
+  files::rename(f.resolve("a.txt"), f.resolve("/output/moved.txt"), false);
+  EXPECT_EQ(slurp(l.out / "moved.txt"), "A");
+  files::rename(f.resolve("b.txt"), f.resolve("/output/moved.txt"), true);
+  EXPECT_EQ(slurp(l.out / "moved.txt"), "B");
+}
+
+TEST(FilesOps, ListsEntriesWithoutFollowingThem) {
+  Layout l;
+  std::ofstream(l.ws / "f") << "12345";
+  stdfs::create_directories(l.ws / "d");
+  stdfs::create_symlink(l.t.path() / "secret", l.ws / "s");
+  ASSERT_EQ(::mkfifo((l.ws / "p").c_str(), 0644), 0);
+  files::InstanceFiles f(l.view());
+  auto entries = files::list_dir(f.resolve("/workspace"));
+  std::map<std::string, files::Entry> by_name;
+  for (auto& e : entries) by_name[e.name] = e;
+  ASSERT_EQ(by_name.size(), 4u);
+  EXPECT_EQ(by_name["f"].type, files::EntryType::file);
+  EXPECT_EQ(by_name["f"].size, 5u);
+  EXPECT_EQ(by_name["d"].type, files::EntryType::directory);
+  EXPECT_EQ(by_name["s"].type, files::EntryType::symlink);
+  EXPECT_EQ(by_name["p"].type, files::EntryType::other);
+  EXPECT_EQ(files::read_link(f.resolve("s")), (l.t.path() / "secret").string());
+  EXPECT_EQ(error_of([&] { files::list_dir(f.resolve("f")); }), ENOTDIR);
+}
+
+TEST(FilesContent, SniffTellsTextImagesAndBinaries) {
+  using C = files::Kind::Class;
+  EXPECT_EQ(files::sniff("x\ny\n").cls, C::text);
+  EXPECT_EQ(files::sniff("BMI table\n").cls, C::text);
+  EXPECT_EQ(files::sniff("").cls, C::empty);
+  EXPECT_EQ(files::sniff("h\xc3\xa9llo").cls, C::text);
+  EXPECT_EQ(files::sniff("h\xc3").cls, C::text);  // a sequence cut by the end of the head
+  EXPECT_EQ(files::sniff(std::string("\x89PNG\r\n\x1a\n....", 12)).mime, "image/png");
+  EXPECT_EQ(files::sniff("GIF89a...").mime, "image/gif");
+  EXPECT_EQ(files::sniff(std::string("RIFF\0\0\0\0WEBPVP8 ", 16)).mime, "image/webp");
+  EXPECT_EQ(files::sniff(std::string("\x7f" "ELF\2\1\1\0", 8)).description, "ELF executable or library");
+  EXPECT_EQ(files::sniff(std::string("ab\0cd", 5)).cls, C::binary);
+  EXPECT_EQ(files::sniff("\xff\xfe\xfd garbage").cls, C::binary);
+}
+
+TEST(FilesContent, Base64RoundTripsAndRefusesGarbage) {
+  for (std::string s : {std::string(), std::string("a"), std::string("ab"), std::string("abc"), std::string("\0\xff\x10", 3)})
+    EXPECT_EQ(files::base64_decode(files::base64_encode(s)), s);
+  EXPECT_EQ(files::base64_encode("hello"), "aGVsbG8=");
+  EXPECT_EQ(files::base64_decode("aGVs\nbG8="), "hello");
+  EXPECT_FALSE(files::base64_decode("a$b="));
+  EXPECT_FALSE(files::base64_decode("aGVsbG8=x"));
+  EXPECT_EQ(files::sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+namespace {
+
+std::uint32_t crc32_of(const std::string& data) {
+  std::uint32_t c = 0xffffffffu;
+  for (unsigned char b : data) {
+    c ^= b;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
+  }
+  return c ^ 0xffffffffu;
+}
+
+std::string be32(std::uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+
+// A w x h RGB PNG with stored (uncompressed) deflate blocks.
+std::string make_png(std::uint32_t w, std::uint32_t h) {
+  std::string raw;
+  for (std::uint32_t y = 0; y < h; ++y) {
+    raw += '\0';
+    for (std::uint32_t x = 0; x < w; ++x) raw += {static_cast<char>(x), static_cast<char>(y), static_cast<char>(x ^ y)};
+  }
+  std::string z = "\x78\x01";
+  for (std::size_t at = 0; at < raw.size(); at += 65535) {
+    const std::size_t n = std::min<std::size_t>(65535, raw.size() - at);
+    z += static_cast<char>(at + n == raw.size() ? 1 : 0);
+    z += {static_cast<char>(n & 0xff), static_cast<char>(n >> 8), static_cast<char>(~n & 0xff), static_cast<char>((~n >> 8) & 0xff)};
+    z += raw.substr(at, n);
+  }
+  std::uint32_t a = 1, b = 0;
+  for (unsigned char c : raw) {
+    a = (a + c) % 65521;
+    b = (b + a) % 65521;
+  }
+  z += be32((b << 16) | a);
+  auto chunk = [](const std::string& type, const std::string& data) {
+    return be32(static_cast<std::uint32_t>(data.size())) + type + data + be32(crc32_of(type + data));
+  };
+  std::string ihdr = be32(w) + be32(h) + std::string("\x08\x02\0\0\0", 5);
+  return std::string("\x89PNG\r\n\x1a\n", 8) + chunk("IHDR", ihdr) + chunk("IDAT", z) + chunk("IEND", "");
+}
+
+}  // namespace
+
+TEST(FilesImage, DecodesInAChildAndScalesDown) {
+  const std::string small = make_png(3, 2);
+  files::Thumbnail t = files::make_thumbnail(small, "image/png");
+  EXPECT_EQ(t.original_width, 3);
+  EXPECT_EQ(t.original_height, 2);
+  EXPECT_FALSE(t.scaled);
+  EXPECT_EQ(t.data, small);
+  const std::string wide = make_png(2000, 10);
+  files::Thumbnail s = files::make_thumbnail(wide, "image/png");
+  EXPECT_TRUE(s.scaled);
+  EXPECT_EQ(s.original_width, 2000);
+  EXPECT_EQ(s.width, 1568);
+  EXPECT_EQ(s.height, 8);
+  EXPECT_EQ(s.mime, "image/jpeg");  // no transparency
+  EXPECT_EQ(s.data.substr(0, 3), "\xff\xd8\xff");
+  std::string corrupt = small.substr(0, 40) + std::string(100, '\xff');
+  EXPECT_THROW(files::make_thumbnail(corrupt, "image/png"), Error);
+  EXPECT_THROW(files::make_thumbnail("GIF89a\xff\xff\xff\xff", "image/gif"), Error);
+  EXPECT_THROW(files::make_thumbnail(small, "image/tiff"), Error);
+  files::ImageLimits bomb;
+  bomb.max_pixels = 100;
+  EXPECT_THROW(files::make_thumbnail(wide, "image/png", bomb), Error);
+}
