@@ -105,7 +105,9 @@ std::string iso_date(std::time_t t) {
 
 std::string etag_of(const struct stat& st) {
   const std::uint64_t ns = static_cast<std::uint64_t>(st.st_mtim.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(st.st_mtim.tv_nsec);
-  return fmt::format("\"{:x}-{:x}-{:x}\"", st.st_ino, st.st_size, ns);
+  // Size and modification time (ns): what a listing and an open file both know, so a PROPFIND
+  // and a GET give the same tag.
+  return fmt::format("\"{:x}-{:x}\"", st.st_size, ns);
 }
 
 std::string content_type(std::string_view name) {
@@ -277,10 +279,15 @@ struct DavHandler::Impl {
       t.kind = Target::Kind::tree;
       t.tree = std::make_shared<Tree>();
       const std::filesystem::path dir = workspace ? t.instance->workspace : t.instance->output;
-      t.tree->dir = UniqueFd(::open(dir.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-      if (!t.tree->dir) throw DavError(404, fmt::format("instance '{}' has no {} folder", segs[1], segs[2]));
       t.tree->owner = settings.sandbox_owner;
       t.tree->shown = fmt::format("{}/instances/{}/{}/", settings.prefix, segs[1], segs[2]);
+      std::optional<files::Owner> owner;
+      if (settings.sandbox_owner) owner = files::Owner{settings.sandbox_owner->uid, settings.sandbox_owner->gid};
+      try {
+        t.tree->root.emplace(files::Root::open(dir, t.tree->shown, owner));
+      } catch (const SysError&) {
+        throw DavError(404, fmt::format("instance '{}' has no {} folder", segs[1], segs[2]));
+      }
       t.rel.assign(segs.begin() + 3, segs.end());
       return t;
     }
@@ -288,10 +295,11 @@ struct DavHandler::Impl {
     if (extra == extra_dirs.end()) throw DavError(404, fmt::format("{}/{}/ does not exist (there are instances/ and the configured extras)", settings.prefix, segs[0]));
     t.kind = Target::Kind::tree;
     t.tree = std::make_shared<Tree>();
-    t.tree->dir = UniqueFd(::fcntl(extra->second.get(), F_DUPFD_CLOEXEC, 0));
-    if (!t.tree->dir) fail_with_errno(errno, "dup", segs[0]);
+    UniqueFd dir(::fcntl(extra->second.get(), F_DUPFD_CLOEXEC, 0));
+    if (!dir) fail_with_errno(errno, "dup", segs[0]);
     t.tree->read_only = settings.extras.at(segs[0]).ro;
     t.tree->shown = fmt::format("{}/{}/", settings.prefix, segs[0]);
+    t.tree->root.emplace(std::move(dir), t.tree->shown, std::nullopt, t.tree->read_only);
     t.rel.assign(segs.begin() + 1, segs.end());
     return t;
   }

@@ -1,11 +1,10 @@
 // The file operations of WebDAV beneath one served folder (an instance's workspace or output, an
-// extra), which a sandbox may change at any moment: every path is resolved beneath the folder's
-// descriptor with openat2 (base/safe_path.hpp: no symlink anywhere, no "..", no mount crossing),
-// then the last step is an *at call on the parent's descriptor that never follows a link.
-//
-// This is the thin seam the WebDAV handler uses; it is to run on the `files` module's resolver
-// once that lands (same rules: resolve beneath a folder fd, never by name with the server's
-// privileges).
+// extra), which a sandbox may change at any moment. Every one goes through the `files` module's
+// resolver (files/resolver.hpp: beneath the folder's descriptor with openat2, a link never
+// leaving the folder, the last component of a write never followed, new entries given to the
+// sandbox user); this file maps its errors to HTTP statuses and adds what WebDAV wants on top:
+// a symbolic link as the last component is refused (403) and never listed, and the work runs
+// with the sandbox user's filesystem identity (its own permissions apply).
 #pragma once
 
 #include <sys/stat.h>
@@ -20,6 +19,7 @@
 
 #include "base/fd.hpp"
 #include "base/users.hpp"
+#include "files/resolver.hpp"
 
 namespace nshpc::dav {
 
@@ -39,7 +39,7 @@ std::string join(const RelPath& path);  // "a/b/c" ("" for the folder itself)
 
 // One served folder.
 struct Tree {
-  UniqueFd dir;          // O_PATH | O_DIRECTORY, opened by the server (never through a link)
+  std::optional<files::Root> root;  // its descriptor, owner and read-only flag (the resolver's)
   bool read_only = false;
   // Whose files these are: file operations run with this fs uid/gid (setfsuid), so the sandbox's
   // own permissions apply and what is created belongs to it. nullopt: as the server.

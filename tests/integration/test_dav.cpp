@@ -122,6 +122,15 @@ struct DavEnv {
   Env env;
 };
 
+// A file as a sandbox would make it: owned by the sandbox user (65534 when the server runs as
+// root; WebDAV serves no file of another owner, such as a hard link to someone else's file).
+void sandbox_file(const std::filesystem::path& path, const std::string& content) {
+  std::ofstream(path) << content;
+  if (::geteuid() == 0) {
+    [[maybe_unused]] const int rc = ::chown(path.c_str(), 65534, 65534);
+  }
+}
+
 std::vector<nlohmann::json> audit_lines(const Env& env, const std::string& id, const std::string& event) {
   std::vector<nlohmann::json> out;
   std::ifstream in(env.instances() / id / "audit.log");
@@ -199,7 +208,7 @@ TEST(Dav, RcloneCopySyncAndCheckBothWays) {
   EXPECT_FALSE(std::filesystem::exists(d.env.instances() / "dav-rclone/workspace/up/a.txt"));
   r = shell(env + "check " + quote(local) + " nsdav:up");
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  std::ofstream(d.env.instances() / "dav-rclone/workspace/up/from-sandbox.txt") << "made inside\n";
+  sandbox_file(d.env.instances() / "dav-rclone/workspace/up/from-sandbox.txt", "made inside\n");
   r = shell(env + "sync nsdav:up " + quote(back));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(read_text(back + "/from-sandbox.txt"), "made inside\n");
@@ -220,7 +229,7 @@ TEST(Dav, ReadmeCurlCommandsWorkAndAreAuditedOnce) {
   char dir[] = "/tmp/nshpc-dav-curlsrc-XXXXXX";
   const std::string tmp = ::mkdtemp(dir);
   std::ofstream(tmp + "/data.csv") << "a,b\n1,2\n";
-  std::ofstream(d.env.instances() / "dav-curl/workspace/file.txt") << "hello from the workspace\n";
+  sandbox_file(d.env.instances() / "dav-curl/workspace/file.txt", "hello from the workspace\n");
 
   Reply get = server.curl(quote(ws + "file.txt"));
   EXPECT_EQ(get.status, 200);
@@ -235,7 +244,7 @@ TEST(Dav, ReadmeCurlCommandsWorkAndAreAuditedOnce) {
   const uid_t expected_owner = ::geteuid() == 0 ? 65534u : ::geteuid();  // the sandbox user
   EXPECT_EQ(st.st_uid, expected_owner) << "a file written through WebDAV belongs to the sandbox user";
 
-  std::ofstream(d.env.instances() / "dav-curl/workspace/old.txt") << "old\n";
+  sandbox_file(d.env.instances() / "dav-curl/workspace/old.txt", "old\n");
   Reply del = server.curl("-X DELETE " + quote(ws + "old.txt"));
   EXPECT_EQ(del.status, 204);
   EXPECT_FALSE(std::filesystem::exists(d.env.instances() / "dav-curl/workspace/old.txt"));
@@ -331,6 +340,14 @@ TEST(Dav, HostilePathsAndPlantedLinksAreRefused) {
     EXPECT_EQ(r.body.find("root:"), std::string::npos) << path;
     EXPECT_EQ(r.body.find("victim secret"), std::string::npos) << path;
   }
+  // A file of another owner in the workspace (a hard link to someone else's file looks like
+  // this) is not served.
+  if (::geteuid() == 0) {
+    std::ofstream(ws / "roots.txt") << "root's\n";
+    const Reply r = server.curl(quote(base + "roots.txt"));
+    EXPECT_TRUE(refused(r.status)) << r.status;
+    EXPECT_EQ(r.body.find("root's"), std::string::npos);
+  }
   // Writes through a planted link go nowhere.
   const Reply put = server.curl("-X PUT --data-binary pwned " + quote(base + "victim/secret.txt"));
   EXPECT_TRUE(refused(put.status) || put.status == 409) << put.status;
@@ -405,7 +422,7 @@ TEST(Dav, ReadOnlyExtraAndArchivedInstance) {
 TEST(Dav, DeadPropertiesPersistOutsideTheWorkspace) {
   DavEnv d;
   d.env.create("dav-props");
-  std::ofstream(d.env.instances() / "dav-props/workspace/f.txt") << "x";
+  sandbox_file(d.env.instances() / "dav-props/workspace/f.txt", "x");
   const std::string body = "<D:propertyupdate xmlns:D=\"DAV:\" xmlns:Z=\"urn:schemas-microsoft-com:\"><D:set><D:prop>"
                            "<Z:Win32FileAttributes>00000020</Z:Win32FileAttributes></D:prop></D:set></D:propertyupdate>";
   {
