@@ -9,7 +9,7 @@ JOBS   ?= $(shell nproc)
 # Debian 12 packages needed to build, test and run.
 DEPS := g++ cmake ninja-build ccache pkg-config \
         nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev \
-        libboost1.81-dev libseccomp-dev libsqlite3-dev libssl-dev libgtest-dev bubblewrap util-linux passwd procps jq \
+        libboost1.81-dev libseccomp-dev libsqlite3-dev libexpat1-dev libssl-dev libgtest-dev bubblewrap util-linux passwd procps jq \
         mmdebstrap uidmap dpkg-dev libstb-dev libwebp-dev ripgrep
 
 .PHONY: all deps configure build test unit integration test-as-user run bench fuzz install clean
@@ -48,24 +48,28 @@ run: build
 bench: build
 	$(BUILD)/bench/nshpc_bench 200
 	$(BUILD)/bench/nshpc_bench_mcp 200
+	$(BUILD)/bench/nshpc_bench_dav $(BUILD)/ns-hpc 5
 	tests/e2e/load.mjs --bench
 	tests/e2e/install.sh && tests/e2e/bench_files.mjs
 	bench/slurm_polls.sh $(BUILD)/ns-hpc
 
-# libFuzzer over the MCP parser and dispatcher (clang, ASan+UBSan), 60 seconds by default.
+# libFuzzer over the MCP parser and dispatcher, the HTTP transport and WebDAV requests (paths, If
+# headers, XML bodies) (clang, ASan+UBSan), 60 seconds each by default.
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	@scripts/deps.sh clang libclang-rt-14-dev
 	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
 	  -DNSHPC_FUZZ=ON -DNSHPC_TESTS=OFF
-	cmake --build build-fuzz -j $(JOBS) --target nshpc_fuzz_mcp nshpc_fuzz_http nshpc_fuzz_files
-	mkdir -p build-fuzz/corpus-mcp build-fuzz/corpus-http build-fuzz/corpus-files
+	cmake --build build-fuzz -j $(JOBS) --target nshpc_fuzz_mcp nshpc_fuzz_http nshpc_fuzz_files nshpc_fuzz_dav
+	mkdir -p build-fuzz/corpus-mcp build-fuzz/corpus-http build-fuzz/corpus-files build-fuzz/corpus-dav
 	build-fuzz/nshpc_fuzz_mcp -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
 	  build-fuzz/corpus-mcp tests/fuzz/corpus
 	build-fuzz/nshpc_fuzz_http -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -print_final_stats=1 \
 	  build-fuzz/corpus-http tests/fuzz/corpus-http
 	build-fuzz/nshpc_fuzz_files -max_total_time=$(FUZZ_SECONDS) -max_len=512 -print_final_stats=1 \
 	  build-fuzz/corpus-files tests/fuzz/corpus-files
+	build-fuzz/nshpc_fuzz_dav -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -print_final_stats=1 \
+	  build-fuzz/corpus-dav tests/fuzz/corpus-dav
 
 install: build
 	install -s -D -m 0755 $(BUILD)/ns-hpc $(DESTDIR)$(PREFIX)/bin/ns-hpc

@@ -17,6 +17,7 @@
 #include "base/log.hpp"
 #include "base/random.hpp"
 #include "cli/app.hpp"
+#include "dav/handler.hpp"
 #include "sandbox/limits.hpp"
 #include "tools/tools.hpp"
 #include "transport/http.hpp"
@@ -172,6 +173,14 @@ void run_http(Invocation& inv, const RunArgs& a) {
     log::warn("the HTTP token from {} is short ({} characters); use at least 32 random characters", source, token.size());
   options.token = token;
 
+  // WebDAV at /dav: a streaming route next to MCP, behind the same token.
+  std::shared_ptr<dav::DavHandler> dav_handler;
+  if (cfg.dav.enabled) {
+    fs::make_dirs(cfg.server.state_dir, 0700);
+    dav_handler = std::make_shared<dav::DavHandler>(inv.store(), dav::DavHandler::settings_from(cfg));
+    options.stream_routes.push_back(dav::make_route(dav_handler, static_cast<std::uint64_t>(cfg.dav.max_upload_bytes)));
+  }
+
   const bool show_token = !token_file.empty();
   const std::string transport_name = sse ? "legacy HTTP+SSE" : "streamable HTTP";
   options.on_listening = [&, show_token, sse](const std::string& url) {
@@ -192,6 +201,10 @@ void run_http(Invocation& inv, const RunArgs& a) {
     if (!token.empty())
       text += show_token ? fmt::format("ns-hpc: bearer token (kept in {}): {}\n", token_file, token)
                          : fmt::format("ns-hpc: bearer token from {}\n", source);
+    if (dav_handler) {
+      const std::string base = options.uds.empty() ? url.substr(0, url.size() - options.path.size()) : "http://localhost";
+      text += fmt::format("ns-hpc: WebDAV at {}/dav/ (Basic auth: any user name, the token as password)\n", base);
+    }
     text += "ns-hpc: MCP client configuration:\n" +
             nlohmann::json{{"mcpServers", {{"ns-hpc", server_entry}}}}.dump() + "\n";
     std::fputs(text.c_str(), stderr);
@@ -205,6 +218,7 @@ void run_stdio(Invocation& inv) {
   transport::StdioOptions options;
   options.max_message_bytes = static_cast<std::size_t>(inv.config().mcp.max_message_bytes);
   log::info("serving MCP on stdio");
+  if (inv.config().dav.enabled) log::info("[dav] enabled: WebDAV is served by the HTTP transports only, not on stdio");
   inv.exit_code = serve(inv, [&](mcp::Server& server) { return transport::serve_stdio(server, options); });
 }
 

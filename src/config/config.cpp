@@ -231,8 +231,10 @@ void convert(const nlohmann::json& value, Add&& add) {
 
 toml::table json_object_to_toml(const nlohmann::json& object) {
   toml::table out;
-  for (const auto& [key, value] : object.items())
-    convert(value, [&](auto&& v) { out.insert(key, std::forward<decltype(v)>(v)); });
+  for (const auto& item : object.items()) {
+    const std::string& key = item.key();  // (clang 14 cannot capture a structured binding)
+    convert(item.value(), [&](auto&& v) { out.insert(key, std::forward<decltype(v)>(v)); });
+  }
   return out;
 }
 

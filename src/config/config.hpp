@@ -170,7 +170,7 @@ struct Server {
   std::int64_t max_buffer_bytes = 0;
 };
 
-// Reserved ([dav], [proxied_mcps], [host_commands]): read and checked, not used yet.
+// WebDAV (dav/handler.hpp).
 struct DavExtra {
   std::filesystem::path path;
   bool ro = false;
@@ -178,6 +178,7 @@ struct DavExtra {
 
 struct Dav {
   bool enabled = false;
+  std::int64_t max_upload_bytes = 0;
   std::map<std::string, DavExtra> extras;
 };
 

@@ -141,7 +141,6 @@ constexpr IntRule kConnections{1, 1000000, "connections"};
 constexpr IntRule kRequests{1, 100000, "requests"};
 constexpr IntRule kHeldBytes{1048576, 68719476736, "bytes (1 MiB to 64 GiB)"};
 constexpr IntRule kHostId{0, 4294967294, "a host uid/gid"};
-constexpr std::string_view kNoWebDav = "WebDAV is not there yet";
 
 Keys<Config> make_config_keys() {
   return {{
@@ -455,13 +454,18 @@ Keys<Config> make_config_keys() {
 
       table("dav", &Config::dav, {
           value("enabled", &Dav::enabled, boolean(), {
-              .defaults_to = "false", .help = "Serve WebDAV at `/dav` (HTTP transports only).",
-              .reserved = std::string(kNoWebDav)}),
+              .defaults_to = "false",
+              .help = "Serve WebDAV at `/dav` (HTTP transports only): `/dav/instances/<id>/workspace/`, "
+                      "`/dav/instances/<id>/output/` and the extras, behind the same token (also accepted as "
+                      "the password of Basic auth)."}),
+          value("max_upload_bytes", &Dav::max_upload_bytes, integer({1, 1099511627776, "bytes (1 B to 1 TiB)"}), {
+              .defaults_to = "17179869184", .help = "The largest file a WebDAV PUT may write (larger: 413)."}),
           named("extras", &Dav::extras, kDavExtraNames, {
               value("path", &DavExtra::path, folder(), {
-                  .help = "The folder to serve.", .required = "give the folder to serve (a string)"}),
-              value("ro", &DavExtra::ro, boolean(), {.defaults_to = "true", .help = "Read-only."}),
-          }, {.help = "Extra folders served at `/dav/<name>/`.", .reserved = std::string(kNoWebDav)}),
+                  .help = "The folder to serve; it must exist and be readable when the server starts.",
+                  .required = "give the folder to serve (a string)"}),
+              value("ro", &DavExtra::ro, boolean(), {.defaults_to = "true", .help = "Read-only (every write gets 403)."}),
+          }, {.help = "Extra folders served at `/dav/<name>/`."}),
       }),
 
       named("proxied_mcps", &Config::proxied_mcps, kMcpNames, {

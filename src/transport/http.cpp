@@ -7,12 +7,16 @@
 #include <malloc.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <charconv>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <csignal>
 #include <cstring>
 #include <set>
@@ -354,6 +358,106 @@ Response refusal_response(unsigned version, const Refusal& refusal, const json& 
   return json_response(version, refusal.http_status, mcp::make_error(id, -32000, refusal.message, refusal.data));
 }
 
+// The password of a Basic credential ("user:password" in base64); "" when it is not one.
+std::string basic_password(std::string_view encoded) {
+  static constexpr std::string_view kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string decoded;
+  std::uint32_t bits = 0;
+  int count = 0;
+  for (char c : encoded) {
+    if (c == '=') break;
+    const auto at = kAlphabet.find(c);
+    if (at == std::string_view::npos) return {};
+    bits = (bits << 6) | static_cast<std::uint32_t>(at);
+    count += 6;
+    if (count >= 8) {
+      count -= 8;
+      decoded.push_back(static_cast<char>((bits >> count) & 0xff));
+    }
+  }
+  const auto colon = decoded.find(':');
+  return colon == std::string::npos ? std::string() : decoded.substr(colon + 1);
+}
+
+// A streaming route's request body between the connection (I/O thread, which reads the socket
+// when the handler wants data) and the handler (a worker thread, which blocks until it comes).
+struct BodyPipe {
+  static constexpr std::size_t kAheadBytes = 4 * 1024 * 1024;  // read ahead of the handler at most
+  std::mutex mutex;
+  std::condition_variable arrived;
+  std::deque<std::string> chunks;
+  std::size_t front_used = 0;
+  std::size_t queued = 0;
+  bool want = false;      // the handler waits for data
+  bool ended = false;     // the whole body is in `chunks`
+  bool done = false;      // the handler returned: nothing more is read for it
+  bool too_large = false;
+  std::string error;      // the body cannot be read: why
+  std::function<void()> wake_io;
+
+  // I/O thread: whether to read more of the body now.
+  bool needs_data() {
+    std::lock_guard lock(mutex);
+    return want && !done && !ended && error.empty() && queued < kAheadBytes;
+  }
+  void push(std::string data, bool end) {
+    std::lock_guard lock(mutex);
+    queued += data.size();
+    if (!data.empty()) chunks.push_back(std::move(data));
+    ended = ended || end;
+    arrived.notify_all();
+  }
+  void fail(std::string why, bool over_limit) {
+    std::lock_guard lock(mutex);
+    error = std::move(why);
+    too_large = over_limit;
+    arrived.notify_all();
+  }
+  void finished_handler() {
+    std::lock_guard lock(mutex);
+    done = true;
+    want = false;
+  }
+};
+
+class PipeReader final : public BodyReader {
+ public:
+  explicit PipeReader(BodyPipe& pipe) : pipe_(pipe) {}
+  std::size_t read(char* into, std::size_t n) override {
+    std::unique_lock lock(pipe_.mutex);
+    while (pipe_.chunks.empty() && !pipe_.ended && pipe_.error.empty()) {
+      pipe_.want = true;
+      pipe_.wake_io();
+      pipe_.arrived.wait(lock);
+    }
+    if (!pipe_.error.empty()) throw Error(pipe_.error);
+    if (pipe_.chunks.empty()) return 0;
+    std::string& front = pipe_.chunks.front();
+    const std::size_t take = std::min(n, front.size() - pipe_.front_used);
+    std::memcpy(into, front.data() + pipe_.front_used, take);
+    pipe_.front_used += take;
+    const std::size_t before = pipe_.queued;
+    pipe_.queued -= take;
+    if (pipe_.front_used == front.size()) {
+      pipe_.chunks.pop_front();
+      pipe_.front_used = 0;
+    }
+    // Keep the socket read ahead of the handler, below kAheadBytes.
+    if (!pipe_.ended && before >= BodyPipe::kAheadBytes / 2 && pipe_.queued < BodyPipe::kAheadBytes / 2) {
+      pipe_.want = true;
+      pipe_.wake_io();
+    }
+    return take;
+  }
+  bool too_large() const override {
+    std::lock_guard lock(pipe_.mutex);
+    return pipe_.too_large;
+  }
+
+ private:
+  BodyPipe& pipe_;
+};
+
 template <class Socket>
 class Connection : public std::enable_shared_from_this<Connection<Socket>> {
  public:
@@ -414,7 +518,10 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
     for (;;) {
       bhttp::request_parser<bhttp::string_body> parser;
       parser.header_limit(static_cast<std::uint32_t>(opt_.max_header_bytes));
-      parser.body_limit(opt_.max_body_bytes);
+      // Beast checks a Content-Length against the limit as soon as the header is in: the
+      // largest limit of any route here, the route's own once it is known (and check() says
+      // which limit a declared length is over).
+      parser.body_limit(largest_body_limit());
       // Until the header is in, this connection may be closed to make room (see make_room).
       listener_.waiting(id_, true);
       arm(opt_.header_timeout);
@@ -430,8 +537,15 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
         // Refused before the body is read: the connection cannot be reused.
         refusal->keep_alive(false);
         co_await write(*refusal);
+        co_await linger();
         co_return;
       }
+      if (const StreamRoute* route = stream_route_of(header.method(), path_of(header.target()))) {
+        const bool keep = co_await stream_exchange(*route, parser, buffer);
+        if (!keep) co_return;
+        continue;
+      }
+      parser.body_limit(opt_.max_body_bytes);
       if (lower(header[bhttp::field::expect]) == "100-continue") {
         bhttp::response<bhttp::empty_body> go{bhttp::status::continue_, header.version()};
         auto [wec, wn] = co_await bhttp::async_write(socket_, go, kTuple);
@@ -503,11 +617,15 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
                                                   "allowed_origins or --allowed-origin)",
                                                   std::string(h[bhttp::field::origin])));
     }
-    if (!opt_.token.empty()) {
+    const StreamRoute* route = stream_route_of(h.method(), path);
+    const bool root_options = route && path == "/" && h.method() == bhttp::verb::options;
+    if (!opt_.token.empty() && !root_options) {
       const std::string_view auth = text::trim(h[bhttp::field::authorization]);
       bool ok = false;
       if (auth.size() > 7 && lower(auth.substr(0, 7)) == "bearer ")
         ok = same_secret(text::trim(auth.substr(7)), opt_.token);
+      else if (auth.size() > 6 && lower(auth.substr(0, 6)) == "basic ")
+        ok = same_secret(basic_password(text::trim(auth.substr(6))), opt_.token);
       if (!ok) {
         Response res = error_response(v, 401,
                                       auth.empty() ? "unauthorized: this server needs 'Authorization: Bearer <token>' (ns-hpc prints the token "
@@ -515,15 +633,18 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
                                                    : "unauthorized: wrong bearer token",
                                       -32001);
         res.set(bhttp::field::www_authenticate, "Bearer realm=\"ns-hpc\"");
+        // WebDAV clients (Finder, rclone, davfs2, curl) send Basic: the token is the password.
+        if (route) res.insert(bhttp::field::www_authenticate, "Basic realm=\"ns-hpc\", charset=\"UTF-8\"");
         return res;
       }
     }
+    const std::uint64_t limit = route ? route->max_body_bytes : opt_.max_body_bytes;
     if (auto length = h.find(bhttp::field::content_length); length != h.end()) {
       std::uint64_t declared = 0;
       const auto value = length->value();
       auto [p, e] = std::from_chars(value.data(), value.data() + value.size(), declared);
-      if (e == std::errc() && declared > opt_.max_body_bytes)
-        return error_response(v, 413, fmt::format("request body too large: {} bytes, the limit is {} bytes", declared, opt_.max_body_bytes));
+      if (e == std::errc() && declared > limit)
+        return error_response(v, 413, fmt::format("request body too large: {} bytes, the limit is {} bytes", declared, limit));
     }
     return std::nullopt;
   }
@@ -809,6 +930,210 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
   static std::string_view path_query(std::string_view target) {
     const auto q = target.find('?');
     return q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
+  }
+
+  std::uint64_t largest_body_limit() const {
+    std::uint64_t limit = opt_.max_body_bytes;
+    for (const StreamRoute& route : opt_.stream_routes) limit = std::max(limit, route.max_body_bytes);
+    return limit;
+  }
+
+  // The streaming route serving `path` (and `OPTIONS /` for a route that answers it), if any.
+  const StreamRoute* stream_route_of(bhttp::verb method, std::string_view path) const {
+    for (const StreamRoute& route : opt_.stream_routes) {
+      if (path.rfind(route.prefix, 0) == 0 &&
+          (path.size() == route.prefix.size() || path[route.prefix.size()] == '/'))
+        return &route;
+      if (route.answers_root_options && path == "/" && method == bhttp::verb::options) return &route;
+    }
+    return nullptr;
+  }
+
+  // A streaming route's exchange: the handler runs on a worker and pulls the body through a
+  // BodyPipe that this coroutine fills as it asks (at most kPipeBytes ahead); the answer is
+  // written from memory or with sendfile. Returns whether the connection can serve another
+  // request (not when the body was left unread or broken).
+  awaitable<bool> stream_exchange(const StreamRoute& route, bhttp::request_parser<bhttp::string_body>& header_parser,
+                                  beast::flat_buffer& buffer) {
+    // The handler may work for long without the client (a big COPY): only reads and writes on
+    // the socket run against read_timeout below.
+    disarm();
+    bhttp::request_parser<bhttp::buffer_body> parser(std::move(header_parser));
+    parser.body_limit(route.max_body_bytes);
+    const auto& req = parser.get();
+    const unsigned v = req.version();
+    const bool expect100 = lower(req[bhttp::field::expect]) == "100-continue";
+    HttpRequest in;
+    in.method = std::string(req.method_string());
+    in.target = std::string(req.target());
+    for (const auto& field : req) {
+      std::string& value = in.headers[lower(field.name_string())];
+      if (!value.empty()) value += ", ";  // repeated fields are one list (RFC 9110 5.3)
+      value += std::string(field.value());
+    }
+    const bool head = req.method() == bhttp::verb::head;
+
+    auto pipe = std::make_shared<BodyPipe>();
+    auto timer = std::make_shared<asio::steady_timer>(socket_.get_executor(), Clock::time_point::max());
+    auto signaled = std::make_shared<bool>(false);  // I/O thread only
+    asio::io_context& io = hub_.io;
+    pipe->wake_io = [&io, timer, signaled] {
+      asio::post(io, [timer, signaled] {
+        *signaled = true;
+        timer->cancel();
+      });
+    };
+    auto result = std::make_shared<std::optional<StreamResponse>>();
+    hub_.workers.post([pipe, result, handler = route.handler, in = std::move(in), &io, timer, signaled] {
+      StreamResponse out;
+      try {
+        PipeReader reader(*pipe);
+        out = handler(in, reader);
+      } catch (const std::exception& e) {
+        out = StreamResponse{};
+        out.status = pipe->too_large ? 413 : 500;
+        out.body = std::string(e.what()) + "\n";
+        out.headers.emplace_back("Content-Type", "text/plain; charset=utf-8");
+      }
+      pipe->finished_handler();
+      asio::post(io, [result, out = std::move(out), timer, signaled]() mutable {
+        *result = std::move(out);
+        *signaled = true;
+        timer->cancel();
+      });
+    });
+
+    bool sent100 = false;
+    bool broken = false;  // the body could not be read: the connection cannot be reused
+    std::vector<char> chunk(64 * 1024);
+    while (!*result) {
+      if (pipe->needs_data() && !broken) {
+        if (expect100 && !sent100 && !parser.is_done()) {
+          sent100 = true;
+          bhttp::response<bhttp::empty_body> go{bhttp::status::continue_, v};
+          arm(opt_.read_timeout);
+          auto [wec, wn] = co_await bhttp::async_write(socket_, go, kTuple);
+          disarm();
+          if (wec) {
+            broken = true;
+            pipe->fail("the client went away", false);
+            continue;
+          }
+        }
+        if (parser.is_done()) {
+          pipe->push({}, true);
+          continue;
+        }
+        parser.get().body().data = chunk.data();
+        parser.get().body().size = chunk.size();
+        arm(opt_.read_timeout);
+        auto [ec, n] = co_await bhttp::async_read_some(socket_, buffer, parser, kTuple);
+        disarm();
+        if (ec == bhttp::error::need_buffer) ec = {};
+        if (ec) {
+          broken = true;
+          const bool too_large = ec == bhttp::error::body_limit;
+          pipe->fail(too_large ? fmt::format("request body too large: the limit is {} bytes", route.max_body_bytes)
+                               : fmt::format("the request body could not be read: {}", ec.message()),
+                     too_large);
+          continue;
+        }
+        const std::size_t got = chunk.size() - parser.get().body().size;
+        pipe->push(std::string(chunk.data(), got), parser.is_done());
+        continue;
+      }
+      if (!*signaled) co_await timer->async_wait(kTuple);
+      *signaled = false;
+    }
+    StreamResponse& out = **result;
+    // A body the handler left unread: read and dropped when small, else the connection closes.
+    if (!broken && !parser.is_done()) {
+      std::size_t skipped = 0;
+      while (!parser.is_done() && skipped < 256 * 1024 && !(expect100 && !sent100)) {
+        parser.get().body().data = chunk.data();
+        parser.get().body().size = chunk.size();
+        arm(opt_.read_timeout);
+        auto [ec, n] = co_await bhttp::async_read_some(socket_, buffer, parser, kTuple);
+        disarm();
+        if (ec == bhttp::error::need_buffer) ec = {};
+        if (ec) break;
+        skipped += chunk.size() - parser.get().body().size;
+      }
+    }
+    const bool keep = !broken && parser.is_done() && parser.get().keep_alive() && !hub_.draining;
+
+    bhttp::response<bhttp::empty_body> res{static_cast<bhttp::status>(out.status), v};
+    for (const auto& [name, value] : out.headers) res.insert(name, value);
+    const bool no_body = out.status == 204 || out.status == 304 || (out.status >= 100 && out.status < 200);
+    if (!no_body) res.content_length(out.file ? out.file_length : out.body.size());
+    res.keep_alive(keep);
+    if (keep && opt_.header_timeout >= std::chrono::seconds(1))
+      res.set(bhttp::field::keep_alive,
+              fmt::format("timeout={}", std::chrono::duration_cast<std::chrono::seconds>(opt_.header_timeout).count()));
+    bhttp::response_serializer<bhttp::empty_body> serializer{res};
+    arm(opt_.read_timeout);
+    auto [hec, hn] = co_await bhttp::async_write_header(socket_, serializer, kTuple);
+    disarm();
+    if (hec) co_return false;
+    if (head || no_body) {
+      if (!keep) co_await linger();
+      co_return keep;
+    }
+    if (!keep && !out.file) {
+      arm(opt_.read_timeout);
+      auto [bec, bn] = co_await asio::async_write(socket_, asio::buffer(out.body), kTuple);
+      disarm();
+      if (!bec) co_await linger();
+      co_return false;
+    }
+    if (out.file) co_return (co_await send_file(out.file.get(), out.file_offset, out.file_length)) && keep;
+    arm(opt_.read_timeout);
+    auto [bec, bn] = co_await asio::async_write(socket_, asio::buffer(out.body), kTuple);
+    disarm();
+    co_return !bec && keep;
+  }
+
+  // Ends the sending side and reads what the client still sends (a body the server did not
+  // want), briefly: closing a socket with unread data resets the connection, and the client
+  // would lose the answer it has not read yet (a lingering close, as Apache does).
+  awaitable<void> linger() {
+    boost::system::error_code ignored;
+    socket_.shutdown(Socket::shutdown_send, ignored);
+    std::vector<char> sink(64 * 1024);
+    std::size_t total = 0;
+    arm(std::chrono::seconds(2));
+    while (total < 64 * 1024 * 1024) {
+      auto [ec, n] = co_await socket_.async_read_some(asio::buffer(sink), kTuple);
+      if (ec) break;
+      total += n;
+    }
+    disarm();
+  }
+
+  // `length` bytes of `fd` from `offset` with sendfile(2) straight from the page cache, waiting
+  // for the socket to drain when it is full. False when the client went away or the file shrank
+  // (the promised length cannot be kept: the connection must end).
+  awaitable<bool> send_file(int fd, std::uint64_t offset, std::uint64_t length) {
+    boost::system::error_code ec;
+    socket_.native_non_blocking(true, ec);
+    if (ec) co_return false;
+    off_t off = static_cast<off_t>(offset);
+    std::uint64_t left = length;
+    while (left > 0) {
+      const ssize_t n = ::sendfile(socket_.native_handle(), fd, &off, std::min<std::uint64_t>(left, 1ull << 30));
+      if (n > 0) {
+        left -= static_cast<std::uint64_t>(n);
+        continue;
+      }
+      if (n == 0) co_return false;  // the file is shorter than it was
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) co_return false;
+      arm(opt_.read_timeout);
+      auto [wec] = co_await socket_.async_wait(Socket::wait_write, kTuple);
+      disarm();
+      if (wec) co_return false;
+    }
+    co_return true;
   }
 
   awaitable<bool> custom(const HttpRoute& route, Request& req) {

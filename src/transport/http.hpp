@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "base/fd.hpp"
 #include "mcp/server.hpp"
 
 namespace nshpc::transport {
@@ -37,6 +38,45 @@ struct HttpResponse {
 struct HttpRoute {
   std::string prefix;  // e.g. "/dav/"; matched against the path
   std::function<HttpResponse(const HttpRequest&)> handler;  // runs on a worker thread
+};
+
+// The request body of a streaming route, read as the handler asks for it (never buffered whole).
+// `Expect: 100-continue` is answered when the handler first reads, so a request refused
+// without reading its body is never sent.
+class BodyReader {
+ public:
+  virtual ~BodyReader() = default;
+  // Up to `n` bytes of the body (chunked bodies arrive decoded); 0 at its end. Blocks the
+  // handler's worker thread. Throws Error when the body cannot be read: the client went away or
+  // was too slow, the body is malformed, or it is larger than the route's limit (then
+  // `too_large()` is true).
+  virtual std::size_t read(char* into, std::size_t n) = 0;
+  virtual bool too_large() const = 0;
+};
+
+// The answer of a streaming route: a body in memory, or a file region sent with sendfile(2).
+struct StreamResponse {
+  int status = 200;
+  std::vector<std::pair<std::string, std::string>> headers;  // repeated names allowed
+  std::string body;
+  UniqueFd file;                   // valid: `file_length` bytes from `file_offset` are the body
+  std::uint64_t file_offset = 0;
+  std::uint64_t file_length = 0;
+  bool head = false;  // HEAD: Content-Length of the body that a GET would get, and no body
+};
+
+// A route with streaming request bodies and responses (WebDAV). Matched on `prefix` itself and
+// everything under `prefix` + "/". Behind the token and the Host/Origin checks like every route;
+// the token may also come as the password of Basic auth (any user name), which is what WebDAV
+// clients send.
+struct StreamRoute {
+  std::string prefix;  // e.g. "/dav"
+  std::uint64_t max_body_bytes = 8ull * 1024 * 1024;  // larger bodies: 413
+  // Also answers `OPTIONS /` — without the token, as Windows' WebDAV client asks before it
+  // authenticates (the handler sees the request and must reveal nothing but capabilities).
+  bool answers_root_options = false;
+  // Runs on a worker thread; may block (file I/O, reading the body).
+  std::function<StreamResponse(const HttpRequest& request, BodyReader& body)> handler;
 };
 
 struct HttpOptions {
@@ -95,6 +135,7 @@ struct HttpOptions {
   std::size_t worker_threads = 512;
 
   std::vector<HttpRoute> routes;
+  std::vector<StreamRoute> stream_routes;
   // Called once the listener is ready, with the URL clients use (http://host:port/path, or
   // unix:<socket>:<path> for a Unix socket).
   std::function<void(const std::string& url)> on_listening;

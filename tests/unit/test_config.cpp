@@ -372,10 +372,9 @@ command = "mcp-fs"
 [host_commands.uptime]
 command = "uptime"
 )");
+  // [dav] is no longer reserved (WebDAV is served): no warning for it.
   EXPECT_EQ(loaded.warnings,
-            (Lines{file() + ":2:11: reserved key 'dav.enabled' read but not used: WebDAV is not there yet",
-                   file() + ":3:1: reserved key 'dav.extras.data' read but not used: WebDAV is not there yet",
-                   file() + ":5:1: reserved key 'proxied_mcps.fs' read but not used: proxied MCP servers are "
+            (Lines{file() + ":5:1: reserved key 'proxied_mcps.fs' read but not used: proxied MCP servers are "
                             "not there yet",
                    file() + ":7:1: reserved key 'host_commands.uptime' read but not used: host commands are not "
                             "there yet"}));
@@ -384,12 +383,13 @@ command = "uptime"
   EXPECT_TRUE(loaded.config.dav.extras.at("data").ro);
 
   const nlohmann::json defaults = config::to_json(config::load(options()).config);
-  for (const char* key : {"dav", "proxied_mcps", "host_commands"}) EXPECT_FALSE(defaults.contains(key)) << key;
+  for (const char* key : {"proxied_mcps", "host_commands"}) EXPECT_FALSE(defaults.contains(key)) << key;
+  EXPECT_TRUE(defaults.contains("dav"));
   const std::string shown = config::to_toml(loaded.config);
   const auto reserved = shown.find("# Reserved: read but not used yet");
   ASSERT_NE(reserved, std::string::npos) << shown;
   EXPECT_GT(shown.find("[proxied_mcps.fs]"), reserved) << shown;
-  EXPECT_GT(shown.find("[dav]"), reserved) << shown;
+  EXPECT_LT(shown.find("[dav]"), reserved) << shown;
   EXPECT_EQ(config::to_toml(config::load(options()).config).find("Reserved"), std::string::npos);
 }
 
@@ -677,7 +677,7 @@ TEST_F(ConfigTest, ToTomlLoadsBackToTheSameConfig) {
   const config::Config original = load_text(kRichConfig).config;
   const auto shown = write("shown/effective.toml", config::to_toml(original));
   const auto reloaded = config::check_file(shown, env());
-  EXPECT_EQ(reloaded.warnings.size(), 4u) << dump(reloaded.warnings);  // dav twice, proxied_mcps, host_commands
+  EXPECT_EQ(reloaded.warnings.size(), 2u) << dump(reloaded.warnings);  // proxied_mcps, host_commands
   for (const std::string& warning : reloaded.warnings)
     EXPECT_NE(warning.find("read but not used"), std::string::npos) << warning;
   nlohmann::json expected = config::to_json(original);
