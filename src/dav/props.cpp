@@ -6,81 +6,26 @@
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "base/sqlite.hpp"
 
 namespace nshpc::dav {
 
-struct PropStore::Db {
-  sqlite3* handle = nullptr;
-  std::string file;
-  ~Db() {
-    if (handle) ::sqlite3_close_v2(handle);
-  }
-  [[noreturn]] void fail(std::string_view what) const {
-    throw Error(fmt::format("WebDAV property store {}: {}: {}", file, what, handle ? ::sqlite3_errmsg(handle) : "cannot open"));
-  }
-  void exec(const char* sql) {
-    if (::sqlite3_exec(handle, sql, nullptr, nullptr, nullptr) != SQLITE_OK) fail(sql);
-  }
+struct PropStore::Db : sqlite::Connection {
+  explicit Db(const std::string& file) : Connection(fmt::format("WebDAV property store {}", file)) {}
 };
 
 namespace {
 
-class Stmt {
- public:
-  Stmt(PropStore::Db& db, const char* sql) : db_(db) {
-    if (::sqlite3_prepare_v2(db.handle, sql, -1, &stmt_, nullptr) != SQLITE_OK) db.fail(sql);
-  }
-  ~Stmt() { ::sqlite3_finalize(stmt_); }
-  Stmt(const Stmt&) = delete;
-  Stmt& operator=(const Stmt&) = delete;
-  Stmt& bind(int i, std::string_view v) {
-    ::sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
-    return *this;
-  }
-  bool step() {
-    const int rc = ::sqlite3_step(stmt_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    db_.fail("step");
-  }
-  std::string text(int col) const {
-    const unsigned char* t = ::sqlite3_column_text(stmt_, col);
-    return t ? std::string(reinterpret_cast<const char*>(t), static_cast<std::size_t>(::sqlite3_column_bytes(stmt_, col)))
-             : std::string();
-  }
-
- private:
-  PropStore::Db& db_;
-  sqlite3_stmt* stmt_ = nullptr;
-};
-
-class Transaction {
- public:
-  explicit Transaction(PropStore::Db& db) : db_(db) { db_.exec("BEGIN IMMEDIATE"); }
-  ~Transaction() {
-    if (!done_) ::sqlite3_exec(db_.handle, "ROLLBACK", nullptr, nullptr, nullptr);
-  }
-  void commit() {
-    db_.exec("COMMIT");
-    done_ = true;
-  }
-
- private:
-  PropStore::Db& db_;
-  bool done_ = false;
-};
+using Stmt = sqlite::Statement;
+using sqlite::Transaction;
 
 // Paths under `path`: path/... sorts between "path/" and "path0" ('0' follows '/').
 constexpr const char* kUnder = "(path = ?1 OR (path >= ?1 || '/' AND path < ?1 || '0'))";
 
 }  // namespace
 
-PropStore::PropStore(const std::filesystem::path& file) : db_(std::make_unique<Db>()) {
-  db_->file = file.string();
-  if (::sqlite3_open_v2(db_->file.c_str(), &db_->handle, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                        nullptr) != SQLITE_OK)
-    db_->fail("open");
-  ::sqlite3_busy_timeout(db_->handle, 5000);
+PropStore::PropStore(const std::filesystem::path& file) : db_(std::make_unique<Db>(file.string())) {
+  db_->open(file.string(), SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX);
   db_->exec("PRAGMA journal_mode=WAL");
   db_->exec("PRAGMA synchronous=NORMAL");
   db_->exec("CREATE TABLE IF NOT EXISTS props (path TEXT NOT NULL, ns TEXT NOT NULL, name TEXT NOT NULL, "

@@ -18,6 +18,7 @@
 #include "base/fd.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
+#include "base/sqlite.hpp"
 #include "base/text.hpp"
 
 namespace nshpc::store {
@@ -36,84 +37,13 @@ std::string lower_ascii(std::string s) {
 
 }  // namespace
 
-// One connection and its prepared statements.
-struct Index::Db {
-  sqlite3* handle = nullptr;
-  ~Db() {
-    if (handle) ::sqlite3_close_v2(handle);
-  }
-
-  [[noreturn]] void fail(std::string_view what) const {
-    throw Error(fmt::format("instance index {}: {}", what, handle ? ::sqlite3_errmsg(handle) : "cannot open"));
-  }
-  void exec(const char* sql) {
-    char* err = nullptr;
-    if (::sqlite3_exec(handle, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-      std::string msg = err ? err : "failed";
-      ::sqlite3_free(err);
-      throw Error(fmt::format("instance index: {} ({})", msg, sql));
-    }
-  }
+// The connection (base/sqlite).
+struct Index::Db : sqlite::Connection {
+  Db() : Connection("instance index") {}
 };
 
-// A prepared statement, finalized on scope exit.
-class Stmt {
- public:
-  Stmt(sqlite3* db, std::string_view sql) : db_(db) {
-    if (::sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &stmt_, nullptr) != SQLITE_OK)
-      throw Error(fmt::format("instance index: {} ({})", ::sqlite3_errmsg(db), sql));
-  }
-  ~Stmt() { ::sqlite3_finalize(stmt_); }
-  Stmt(const Stmt&) = delete;
-  Stmt& operator=(const Stmt&) = delete;
-
-  Stmt& bind(int i, std::string_view v) {
-    ::sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
-    return *this;
-  }
-  Stmt& bind(int i, std::int64_t v) {
-    ::sqlite3_bind_int64(stmt_, i, v);
-    return *this;
-  }
-  // true: a row is there.
-  bool step() {
-    const int rc = ::sqlite3_step(stmt_);
-    if (rc == SQLITE_ROW) return true;
-    if (rc == SQLITE_DONE) return false;
-    throw Error(fmt::format("instance index: {}", ::sqlite3_errmsg(db_)));
-  }
-  void reset() {
-    ::sqlite3_reset(stmt_);
-    ::sqlite3_clear_bindings(stmt_);
-  }
-  std::string text(int col) const {
-    const unsigned char* t = ::sqlite3_column_text(stmt_, col);
-    return t ? std::string(reinterpret_cast<const char*>(t), static_cast<std::size_t>(::sqlite3_column_bytes(stmt_, col)))
-             : std::string();
-  }
-  std::int64_t integer(int col) const { return ::sqlite3_column_int64(stmt_, col); }
-
- private:
-  sqlite3* db_;
-  sqlite3_stmt* stmt_ = nullptr;
-};
-
-// BEGIN IMMEDIATE ... COMMIT, rolled back when left by an exception.
-class Transaction {
- public:
-  explicit Transaction(Index::Db& db) : db_(db) { db_.exec("BEGIN IMMEDIATE"); }
-  ~Transaction() {
-    if (!done_) ::sqlite3_exec(db_.handle, "ROLLBACK", nullptr, nullptr, nullptr);
-  }
-  void commit() {
-    db_.exec("COMMIT");
-    done_ = true;
-  }
-
- private:
-  Index::Db& db_;
-  bool done_ = false;
-};
+using Stmt = sqlite::Statement;
+using sqlite::Transaction;
 
 Index::Index(stdfs::path file, stdfs::path root, Reader reader, Lister lister, std::chrono::milliseconds flush_interval)
     : file_(std::move(file)),
@@ -209,14 +139,11 @@ Index::Db& Index::db() {
     fs::make_dirs(file_.parent_path(), 0700);
     for (int attempt = 0;; ++attempt) {
       auto db = std::make_unique<Db>();
-      if (::sqlite3_open_v2(file_.c_str(), &db->handle,
-                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr) != SQLITE_OK)
-        db->fail(fmt::format("{} cannot be opened", file_.string()));
-      ::sqlite3_busy_timeout(db->handle, kBusyTimeoutMs);
+      db->open(file_.string(), SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, kBusyTimeoutMs);
       try {
         db->exec("PRAGMA journal_mode=WAL");
         db->exec("PRAGMA synchronous=NORMAL");
-        Stmt version(db->handle, "PRAGMA user_version");
+        Stmt version(*db, "PRAGMA user_version");
         const std::int64_t have = version.step() ? version.integer(0) : 0;
         if (have != 0 && have != kSchemaVersion)
           throw Error(fmt::format("instance index {} has schema {}, not {}", file_.string(), have, kSchemaVersion));
@@ -227,10 +154,10 @@ Index::Db& Index::db() {
             "CREATE INDEX IF NOT EXISTS instances_by_activity ON instances(activity DESC, id);"
             "CREATE TABLE IF NOT EXISTS facts(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;"
             "PRAGMA user_version=1;");
-        Stmt root(db->handle, "SELECT value FROM facts WHERE key='root'");
+        Stmt root(*db, "SELECT value FROM facts WHERE key='root'");
         if (root.step() && root.text(0) != root_.string())
           throw Error(fmt::format("instance index {} mirrors {}", file_.string(), root.text(0)));
-        Stmt set_root(db->handle, "INSERT OR REPLACE INTO facts(key, value) VALUES('root', ?1)");
+        Stmt set_root(*db, "INSERT OR REPLACE INTO facts(key, value) VALUES('root', ?1)");
         set_root.bind(1, root_.string()).step();
       } catch (const Error& e) {
         // Corrupt, foreign or of another release: it is only a cache, so it is made anew.
@@ -252,7 +179,7 @@ Index::Db& Index::db() {
 }
 
 void Index::upsert(Db& db, const IndexEntry& e) {
-  Stmt st(db.handle,
+  Stmt st(db,
           "INSERT INTO instances(id, description, activity, dir_mtime, problem) VALUES(?1, ?2, ?3, ?4, ?5) "
           "ON CONFLICT(id) DO UPDATE SET description=excluded.description, "
           "activity=max(activity, excluded.activity), dir_mtime=excluded.dir_mtime, problem=excluded.problem");
@@ -260,7 +187,7 @@ void Index::upsert(Db& db, const IndexEntry& e) {
 }
 
 void Index::erase(Db& db, const std::string& id) {
-  Stmt st(db.handle, "DELETE FROM instances WHERE id=?1");
+  Stmt st(db, "DELETE FROM instances WHERE id=?1");
   st.bind(1, id).step();
 }
 
@@ -272,7 +199,7 @@ void Index::rebuild_names(Db& db, std::int64_t stamp) {
   std::vector<std::string> names = lister_();
   std::map<std::string, std::int64_t> known;  // id -> dir_mtime
   {
-    Stmt all(db.handle, "SELECT id, dir_mtime FROM instances");
+    Stmt all(db, "SELECT id, dir_mtime FROM instances");
     while (all.step()) known.emplace(all.text(0), all.integer(1));
   }
   Transaction tx(db);
@@ -293,7 +220,7 @@ void Index::rebuild_names(Db& db, std::int64_t stamp) {
   }
   for (const auto& [id, mtime] : known)
     if (!present.count(id)) erase(db, id);
-  Stmt set(db.handle, "INSERT OR REPLACE INTO facts(key, value) VALUES('stamp', ?1)");
+  Stmt set(db, "INSERT OR REPLACE INTO facts(key, value) VALUES('stamp', ?1)");
   set.bind(1, std::to_string(stamp)).step();
   tx.commit();
 }
@@ -301,7 +228,7 @@ void Index::rebuild_names(Db& db, std::int64_t stamp) {
 void Index::sync(Db& db) {
   const auto now = mtime_ns(root_);
   if (!now) return;  // no store yet: nothing to list
-  Stmt get(db.handle, "SELECT value FROM facts WHERE key='stamp'");
+  Stmt get(db, "SELECT value FROM facts WHERE key='stamp'");
   if (get.step() && get.text(0) == std::to_string(*now)) return;
   rebuild_names(db, *now);
 }
@@ -322,12 +249,12 @@ IndexPage Index::page(const ListQuery& query) {
   const std::string filter = lower_ascii(query.filter);
   const char* where = "(?1 = '' OR instr(lower(id), ?1) > 0 OR instr(lower(description), ?1) > 0)";
   {
-    Stmt count(d.handle, fmt::format("SELECT count(*) FROM instances WHERE problem = '' AND {}", where));
+    Stmt count(d, fmt::format("SELECT count(*) FROM instances WHERE problem = '' AND {}", where));
     count.bind(1, filter);
     if (count.step()) page.total = static_cast<std::size_t>(count.integer(0));
   }
   {
-    Stmt rows(d.handle, fmt::format("SELECT id FROM instances WHERE problem = '' AND {} ORDER BY {} LIMIT ?2 OFFSET ?3",
+    Stmt rows(d, fmt::format("SELECT id FROM instances WHERE problem = '' AND {} ORDER BY {} LIMIT ?2 OFFSET ?3",
                                     where, query.sort == SortBy::id ? "id" : "activity DESC, id"));
     rows.bind(1, filter)
         .bind(2, query.limit == 0 ? std::int64_t{-1} : static_cast<std::int64_t>(query.limit))
@@ -335,7 +262,7 @@ IndexPage Index::page(const ListQuery& query) {
     while (rows.step()) page.ids.push_back(rows.text(0));
   }
   {
-    Stmt bad(d.handle, fmt::format("SELECT id, problem FROM instances WHERE problem <> '' AND {} ORDER BY id", where));
+    Stmt bad(d, fmt::format("SELECT id, problem FROM instances WHERE problem <> '' AND {} ORDER BY id", where));
     bad.bind(1, filter);
     while (bad.step()) page.corrupt.push_back({bad.text(0), "", 0, 0, bad.text(1)});
   }
@@ -357,7 +284,7 @@ void Index::changed(const std::string& id, std::optional<std::int64_t> root_mtim
   try {
     std::optional<std::string> stamp;
     {
-      Stmt get(d->handle, "SELECT value FROM facts WHERE key='stamp'");
+      Stmt get(*d, "SELECT value FROM facts WHERE key='stamp'");
       if (get.step()) stamp = get.text(0);
     }
     Transaction tx(*d);
@@ -367,7 +294,7 @@ void Index::changed(const std::string& id, std::optional<std::int64_t> root_mtim
       erase(*d, id);
     if (root_mtime_before && stamp && *stamp == std::to_string(*root_mtime_before))
       if (auto after = mtime_ns(root_)) {
-        Stmt set(d->handle, "INSERT OR REPLACE INTO facts(key, value) VALUES('stamp', ?1)");
+        Stmt set(*d, "INSERT OR REPLACE INTO facts(key, value) VALUES('stamp', ?1)");
         set.bind(1, std::to_string(*after)).step();
       }
     tx.commit();
@@ -421,7 +348,7 @@ void Index::write_activity(std::map<std::string, std::int64_t> batch) {
 
 void Index::write_activity_locked(Db& d, const std::map<std::string, std::int64_t>& batch) {
   Transaction tx(d);
-  Stmt st(d.handle, "UPDATE instances SET activity = max(activity, ?2) WHERE id = ?1");
+  Stmt st(d, "UPDATE instances SET activity = max(activity, ?2) WHERE id = ?1");
   for (const auto& [id, when] : batch) {
     st.bind(1, id).bind(2, when).step();
     st.reset();
