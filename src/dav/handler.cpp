@@ -382,6 +382,19 @@ struct DavHandler::Impl {
     return submitted;
   }
 
+  // Adding or removing a member changes its collection (RFC 4918 §7.4): a lock on the parent,
+  // of any depth, needs its token submitted too.
+  void check_membership(const Target& t, const std::vector<std::string>& submitted) const {
+    const auto slash = t.path.rfind('/');
+    if (slash == std::string::npos || slash == 0) return;
+    const std::string parent = t.path.substr(0, slash);
+    for (const Lock& l : locks.covering(parent))
+      if (std::find(submitted.begin(), submitted.end(), l.token) == submitted.end())
+        throw DavError(423, fmt::format("{} is locked{}, and adding or removing its members needs the lock token in the "
+                                        "If header",
+                                        parent, l.root == parent ? "" : fmt::format(" (by a lock on {})", l.root)));
+  }
+
   // If-Match / If-None-Match for a method that changes the resource.
   static void check_http_preconditions(const HttpRequest& req, const std::optional<struct stat>& st) {
     const std::string if_match = trimmed(header(req, "if-match"));
@@ -661,7 +674,8 @@ struct DavHandler::Impl {
     const auto st = stat_path(*t.tree, t.rel, true);
     if (st && S_ISDIR(st->st_mode)) throw DavError(405, fmt::format("{} is a folder; PUT writes files", t.path));
     check_http_preconditions(req, st);
-    check_conditions(req, t, true, false);
+    const auto submitted = check_conditions(req, t, true, false);
+    if (!st) check_membership(t, submitted);
     const bool created = write_file(*t.tree, t.rel, [&](char* buf, std::size_t n) { return read_body(body, buf, n); });
     StreamResponse r;
     r.status = created ? 201 : 204;
@@ -673,7 +687,7 @@ struct DavHandler::Impl {
     refuse_write(t, "MKCOL");
     if (has_body(req)) throw DavError(415, "MKCOL with a body is not supported (send none)");
     if (t.rel.empty() || stat_path(*t.tree, t.rel)) throw DavError(405, fmt::format("{} already exists", t.path));
-    check_conditions(req, t, true, false);
+    check_membership(t, check_conditions(req, t, true, false));
     make_dir(*t.tree, t.rel);
     props.remove_tree(t.path);
     StreamResponse r;
@@ -687,7 +701,7 @@ struct DavHandler::Impl {
     const auto st = stat_path(*t.tree, t.rel);
     if (!st) throw DavError(404, fmt::format("{} does not exist", t.path));
     check_http_preconditions(req, st);
-    check_conditions(req, t, true, true);
+    check_membership(t, check_conditions(req, t, true, true));
     remove_path(*t.tree, t.rel);
     props.remove_tree(t.path);
     locks.remove_below(t.path);
@@ -723,7 +737,8 @@ struct DavHandler::Impl {
     if (move && !recursive && S_ISDIR(st->st_mode)) throw DavError(400, "MOVE of a collection needs Depth: infinity");
     const std::string overwrite = trimmed(header(req, "overwrite"));
     if (!overwrite.empty() && overwrite != "T" && overwrite != "F") throw DavError(400, "Overwrite must be T or F");
-    check_conditions(req, t, move, move);
+    const auto submitted = check_conditions(req, t, move, move);
+    if (move) check_membership(t, submitted);
     const auto dst_st = stat_path(*dest.tree, dest.rel, true);
     if (dst_st) {
       if (overwrite == "F") throw DavError(412, fmt::format("{} exists and Overwrite is F", dest.path));
@@ -732,7 +747,7 @@ struct DavHandler::Impl {
       props.remove_tree(dest.path);
       locks.remove_below(dest.path);
     } else {
-      check_conditions(req, dest, true, false);
+      check_membership(dest, check_conditions(req, dest, true, false));
     }
     if (move) {
       move_path(*t.tree, t.rel, *dest.tree, dest.rel);

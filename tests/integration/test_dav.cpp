@@ -444,3 +444,42 @@ TEST(Dav, DeadPropertiesPersistOutsideTheWorkspace) {
   const Result grep = shell("grep -r Win32FileAttributes " + quote((d.env.instances() / "dav-props").string()));
   EXPECT_NE(grep.exit_code, 0) << grep.out;
 }
+
+// A depth-0 lock on a collection guards its membership (RFC 4918 §7.4): adding, deleting or
+// moving away a member needs the collection's lock token; with it, each works.
+TEST(Dav, ADepthZeroLockOnAFolderGuardsWhatIsInIt) {
+  DavEnv d;
+  d.env.create("dav-members");
+  std::filesystem::create_directories(d.env.instances() / "dav-members/workspace/box");
+  if (::geteuid() == 0) ::chown((d.env.instances() / "dav-members/workspace/box").c_str(), 65534, 65534);
+  sandbox_file(d.env.instances() / "dav-members/workspace/box/old.txt", "x");
+  DavServer server(d.env);
+  ASSERT_TRUE(server.ready());
+  const std::string box = server.base() + "/dav/instances/dav-members/workspace/box";
+  const Reply lock = server.curl(
+      "-X LOCK -H 'Depth: 0' --data-binary '<D:lockinfo xmlns:D=\"DAV:\"><D:lockscope><D:exclusive/></D:lockscope>"
+      "<D:locktype><D:write/></D:locktype></D:lockinfo>' " + quote(box + "/"));
+  ASSERT_EQ(lock.status, 200) << lock.body;
+  const auto at = lock.headers.find("opaquelocktoken:");
+  ASSERT_NE(at, std::string::npos) << lock.headers;
+  const std::string token = lock.headers.substr(at, lock.headers.find('>', at) - at);
+  // Tagged with the folder: the token is the folder's, not the member's (RFC 4918 §10.4.2).
+  const std::string with_token = "-H " + quote("If: <" + box + "/> (<" + token + ">)") + " ";
+
+  EXPECT_EQ(server.curl("-X PUT --data-binary new " + quote(box + "/new.txt")).status, 423);
+  EXPECT_EQ(server.curl("-X MKCOL " + quote(box + "/sub")).status, 423);
+  EXPECT_EQ(server.curl("-X DELETE " + quote(box + "/old.txt")).status, 423);
+  EXPECT_EQ(server.curl("-X MOVE -H " + quote("Destination: " + server.base() + "/dav/instances/dav-members/workspace/out.txt") +
+                        " " + quote(box + "/old.txt")).status,
+            423);
+  EXPECT_FALSE(std::filesystem::exists(d.env.instances() / "dav-members/workspace/box/new.txt"));
+  EXPECT_TRUE(std::filesystem::exists(d.env.instances() / "dav-members/workspace/box/old.txt"));
+  // A member's content is not the collection's: an existing file is written without the token.
+  EXPECT_EQ(server.curl("-X PUT --data-binary changed " + quote(box + "/old.txt")).status, 204);
+
+  EXPECT_EQ(server.curl(with_token + "-X PUT --data-binary new " + quote(box + "/new.txt")).status, 201);
+  EXPECT_EQ(server.curl(with_token + "-X MKCOL " + quote(box + "/sub")).status, 201);
+  EXPECT_EQ(server.curl(with_token + "-X DELETE " + quote(box + "/old.txt")).status, 204);
+  EXPECT_TRUE(std::filesystem::exists(d.env.instances() / "dav-members/workspace/box/new.txt"));
+  EXPECT_FALSE(std::filesystem::exists(d.env.instances() / "dav-members/workspace/box/old.txt"));
+}
