@@ -24,9 +24,14 @@
 #include <thread>
 #include <vector>
 
+#include "common/loopback.hpp"
+
 namespace stdfs = std::filesystem;
 
 namespace {
+
+using nshpc::tests::free_port;
+
 
 constexpr const char* kToken = "bench-dav-token-0123456789abcdef";
 
@@ -39,18 +44,6 @@ std::string run(const std::string& command) {
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   ::pclose(p);
   return out;
-}
-
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // The reference: reads a request header, answers 200 with the whole file by sendfile(2), one

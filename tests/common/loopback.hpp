@@ -16,6 +16,19 @@
 
 namespace nshpc::tests {
 
+// A free TCP port on 127.0.0.1 (bound and released; a server started right after takes it).
+inline std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
 // A connected socket to 127.0.0.1:`port` (close-on-exec; SO_RCVBUF set first when
 // `receive_buffer` > 0), or -1 when the connection is refused.
 inline int connect_loopback(std::uint16_t port, int receive_buffer = 0) {

@@ -21,22 +21,11 @@
 
 using namespace nshpc::test;
 using namespace std::chrono_literals;
+using nshpc::tests::free_port;
 
 namespace {
 
 constexpr const char* kToken = "dav-test-token-0123456789abcdef01234567";
-
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::string quote(const std::string& s) {
   std::string out = "'";

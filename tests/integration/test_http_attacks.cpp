@@ -28,6 +28,7 @@
 
 using namespace nshpc::test;
 using nshpc::tests::closed_within;
+using nshpc::tests::free_port;
 using nshpc::tests::read_some;
 using nshpc::tests::send_all;
 using namespace std::chrono_literals;
@@ -37,19 +38,6 @@ namespace {
 
 constexpr const char* kToken = "attack-test-token-0123456789abcdef0123";
 constexpr std::uint32_t kNobody = 65534;  // the sandbox uid of a root-run server
-
-// A free TCP port on 127.0.0.1 (bound and released; the server takes it right after).
-std::uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // A socket, closed on scope exit.
 struct Socket {
