@@ -26,7 +26,7 @@ namespace nshpc {
 namespace {
 
 enum class Step : int { cgroup, dup, dup2, setsid, ctty, close, rlimit, setgroups, setgid, setuid,
-                        pdeathsig, orphaned, chdir, exec };
+                        pdeathsig, orphaned, chdir, exec, in_child };
 
 const char* step_name(Step s) {
   switch (s) {
@@ -44,6 +44,7 @@ const char* step_name(Step s) {
     case Step::orphaned: return "start (the parent exited)";
     case Step::chdir: return "chdir";
     case Step::exec: return "execute";
+    case Step::in_child: return "set up";
   }
   return "?";
 }
@@ -51,10 +52,11 @@ const char* step_name(Step s) {
 struct Failure {
   int step;
   int err;
+  const char* detail;  // Step::in_child: a string literal of this program (the same address in parent and child)
 };
 
-[[noreturn]] void fail(int error_fd, Step step) {
-  Failure f{static_cast<int>(step), errno};
+[[noreturn]] void fail(int error_fd, Step step, const char* detail = nullptr) {
+  Failure f{static_cast<int>(step), errno, detail};
   ssize_t ignored = ::write(error_fd, &f, sizeof f);
   (void)ignored;
   ::_exit(127);
@@ -111,6 +113,13 @@ struct Prepared {
   for (const auto& [resource, value] : spec.rlimits) {
     struct rlimit rl{value, value};
     if (::setrlimit(resource, &rl) < 0) fail(err_fd, Step::rlimit);
+  }
+  if (spec.in_child) {
+    const char* step = "";
+    if (const int err = spec.in_child(&step); err != 0) {
+      errno = err;
+      fail(err_fd, Step::in_child, step);
+    }
   }
   if (spec.drop_to) {
     // The system calls themselves: the library's wrappers change every thread of the process
@@ -237,6 +246,8 @@ SpawnedChild spawn(const SpawnSpec& spec) {
     what += fmt::format("({})", step == Step::setuid ? spec.drop_to->uid : spec.drop_to->gid);
   } else if (step == Step::exec) {
     what += " " + program;
+  } else if (step == Step::in_child && failure.detail) {
+    what = failure.detail;
   } else if (step == Step::chdir) {
     what += fmt::format("({})", spec.cwd);
   }

@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <sys/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -42,6 +43,11 @@ struct SpawnSpec {
   // it); a child whose parent ended before that fails instead of running orphaned.
   int die_with_parent = 0;
   std::string cwd;                               // chdir here before execve; empty: stay
+  // Called in the child once its descriptors are in place, before the identity change, with
+  // async-signal-safe calls only: returns 0, or an errno with *step set to a string literal
+  // saying what failed. For a child a privileged parent sets namespaces up for (an image
+  // instance's sandbox: sandbox/layers.hpp).
+  std::function<int(const char** step)> in_child;
 };
 
 // A started child: its pid and a pidfd (signals and waits through it reach this process, never a

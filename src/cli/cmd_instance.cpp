@@ -135,6 +135,12 @@ void describe_text(const store::Instance& inst, const nlohmann::json& state) {
   std::printf("Hostname:      %s\n", inst.meta.hostname().c_str());
   std::printf("Description:   %s\n", inst.meta.description().c_str());
   std::printf("Network:       %s\n", std::string(config::to_string(inst.network)).c_str());
+  if (inst.image) {
+    std::printf("Root:          image %s, its own layer in %s\n", inst.image->image.c_str(), inst.layer_dir().c_str());
+    std::printf("Ids:           %s\n", inst.image->ids.source.c_str());
+  } else {
+    std::printf("Root:          the host's, read-only\n");
+  }
   std::printf("Persistent:    %s\n", inst.persistent ? "yes" : "no (a fresh sandbox per command)");
   if (inst.persistent) std::printf("State:         %s\n", living_line(state).c_str());
   std::printf("Workspace:     %s\n", inst.workspace.c_str());
@@ -147,6 +153,7 @@ struct InstanceArgs {
   std::optional<std::string> new_description;
   std::optional<config::Network> network;
   std::optional<bool> persistent;
+  std::optional<std::string> image;
   bool json = false;
   bool force = false;
   bool archived = false;
@@ -166,12 +173,21 @@ void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
                         "A living instance: one long-lived sandbox that commands and jobs join, so background "
                         "processes, /tmp and loopback servers stay between commands (default: [namespace] "
                         "persistent)");
+  cmd->add_option("--image", a->image,
+                  "Run on this image (ns-hpc image list) with a writable root of its own, as its root user: what "
+                  "apt-get install adds stays; always persistent")
+      ->expected(0, 1);
   cmd->add_flag("--json", a->json, "Print the new instance as JSON");
   cmd->callback([&inv, a] {
     store::CreateOptions options;
     options.description = a->description;
     options.network = a->network;
     options.persistent = a->persistent;
+    if (a->image) {
+      options.image = a->image->empty() ? inv.config().ns.default_image : *a->image;
+      if (options.image.empty())
+        throw UsageError("--image without a name uses [namespace] default_image, which is empty; give an image name");
+    }
     store::Instance inst = inv.store().create(a->id, options, users::cli_actor());
     const auto archive = a->id.empty() ? std::nullopt : inv.store().latest_archive(inst.id);
     if (a->json) {

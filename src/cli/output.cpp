@@ -16,6 +16,7 @@ nlohmann::json instance_host_json(const store::Instance& inst) {
           {"hostname", inst.meta.hostname()},
           {"network", config::to_string(inst.network)},
           {"persistent", inst.persistent},
+          {"root", inst.meta.root()},
           {"path", inst.base.string()},
           {"workspace", inst.workspace.string()},
           {"output", inst.output.string()},

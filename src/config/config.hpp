@@ -73,6 +73,7 @@ std::optional<std::int64_t> local_limit_minimum(std::string_view name);
 struct Namespace {
   std::filesystem::path instances_dir;     // absolute, ~ and $VAR expanded
   std::filesystem::path images_dir;        // the images instances can run on (sandbox/images.hpp)
+  std::string default_image;               // the image `--image` without a name means; "" = none
   std::vector<std::string> bwrap_command;  // base argv; [0] is the bwrap program
   std::string workspace_mount;
   std::string output_mount;

@@ -155,6 +155,11 @@ Keys<Config> make_config_keys() {
               .as_root = fmt::format("{:?}", kRootImagesDir),
               .help = "Where `ns-hpc image build` keeps the Debian images instances can run on, each "
                       "version read-only (a few hundred MB each; a local file system)."}),
+          value("default_image", &Namespace::default_image, text({"an image name, or \"\" for none"}), {
+              .defaults_to = R"("debian")",
+              .help = "The image an instance gets when it asks for one without a name (and the "
+                      "mcp-virtual-computer entry point's). Built with `ns-hpc image build` (`make run` and "
+                      "`doctor --fix` build it)."}),
           value("bwrap_command", &Namespace::bwrap_command, argv(), {
               .defaults_to = R"(["bwrap", "--unshare-all", "--share-net", "--proc", "/proc", "--dev", "/dev", )"
                              R"("--tmpfs", "/tmp", "--ro-bind", "/usr", "/usr", "--ro-bind", "/lib", "/lib", )"

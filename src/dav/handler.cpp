@@ -279,10 +279,10 @@ struct DavHandler::Impl {
       t.kind = Target::Kind::tree;
       t.tree = std::make_shared<Tree>();
       const std::filesystem::path dir = workspace ? t.instance->workspace : t.instance->output;
-      t.tree->owner = settings.sandbox_owner;
+      t.tree->owner = store.owner_of(*t.instance);
       t.tree->shown = fmt::format("{}/instances/{}/{}/", settings.prefix, segs[1], segs[2]);
       std::optional<files::Owner> owner;
-      if (settings.sandbox_owner) owner = files::Owner{settings.sandbox_owner->uid, settings.sandbox_owner->gid};
+      if (t.tree->owner) owner = files::Owner{t.tree->owner->uid, t.tree->owner->gid};
       try {
         t.tree->root.emplace(files::Root::open(dir, t.tree->shown, owner));
       } catch (const SysError&) {
@@ -975,7 +975,6 @@ DavSettings DavHandler::settings_from(const config::Config& config) {
   DavSettings s;
   s.extras = config.dav.extras;
   s.props_file = config.server.state_dir / "dav-properties.sqlite";
-  s.sandbox_owner = users::sandbox_owner(config.ns.sandbox_uid, config.ns.sandbox_gid);
   return s;
 }
 

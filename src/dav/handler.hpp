@@ -33,7 +33,6 @@ struct DavSettings {
   std::string prefix = "/dav";
   std::map<std::string, config::DavExtra> extras;
   std::filesystem::path props_file;                // the dead-property database
-  std::optional<users::Identity> sandbox_owner;    // whose instance files are (nullopt: the server's)
   std::size_t max_listing = 100000;                // entries of one PROPFIND Depth 1 / HTML listing
   std::size_t max_xml_bytes = 1024 * 1024;         // PROPFIND/PROPPATCH/LOCK bodies
 };

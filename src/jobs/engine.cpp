@@ -58,6 +58,11 @@ Record Engine::submit(const SubmitRequest& request, std::string_view actor) {
                      "(cd DIR && NAME=value CMD < FILE)");
   Executor& ex = executor(request.mode);
   store::Instance inst = store_.get(request.instance_id);
+  if (request.mode == Mode::slurm && inst.image)
+    throw UsageError(fmt::format("instance '{}' runs on the image {}, whose root layer exists only on this host: a "
+                                 "compute node has neither, so its jobs run locally (mode \"local\"); for Slurm, "
+                                 "use an instance on the host's root",
+                                 inst.id, inst.image->image));
   // Everything that can be refused is refused before anything is written.
   const auto limits = resolve_limits(request.limits, ex.limits());
 

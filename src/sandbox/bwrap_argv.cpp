@@ -11,6 +11,8 @@ namespace nshpc::sandbox {
 
 namespace {
 
+constexpr std::string_view kImagePath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 constexpr std::string_view kNoArg[] = {
     "--unshare-all", "--share-net",    "--unshare-user",   "--unshare-user-try", "--unshare-ipc",
     "--unshare-pid", "--unshare-net",  "--unshare-uts",    "--unshare-cgroup",   "--unshare-cgroup-try",
@@ -118,11 +120,41 @@ std::optional<int> bwrap_option_arity(std::string_view option) {
   return std::nullopt;
 }
 
-std::vector<std::string> build_bwrap_argv(const config::Namespace& ns, const RunSpec& spec,
-                                          const FdNumbers& fds, const ArgvOptions& options) {
-  if (ns.bwrap_command.empty()) throw Error("namespace.bwrap_command is empty");
-  if (spec.argv.empty()) throw UsageError("no command given to run in the sandbox");
-  check_command(spec.argv, spec.cwd);
+std::uint64_t image_capability_mask() {
+  static constexpr std::pair<std::string_view, int> kNumbers[] = {
+      {"CAP_CHOWN", 0},   {"CAP_DAC_OVERRIDE", 1}, {"CAP_FOWNER", 3},           {"CAP_FSETID", 4},
+      {"CAP_KILL", 5},    {"CAP_SETGID", 6},       {"CAP_SETUID", 7},           {"CAP_SETPCAP", 8},
+      {"CAP_NET_BIND_SERVICE", 10}, {"CAP_SYS_CHROOT", 18}, {"CAP_MKNOD", 27}, {"CAP_AUDIT_WRITE", 29},
+      {"CAP_SETFCAP", 31}};
+  std::uint64_t mask = 0;
+  for (std::string_view name : kImageCapabilities)
+    for (const auto& [known, number] : kNumbers)
+      if (known == name) mask |= std::uint64_t{1} << number;
+  return mask;
+}
+
+namespace {
+
+// An image instance's sandbox: bwrap already runs as uid 0 of the instance's user namespace
+// (its starter made it, sandbox/layers.hpp), on the instance's root. No user namespace of its
+// own; the capabilities of kImageCapabilities, inside only.
+std::vector<std::string> image_bwrap_argv(const config::Namespace& ns, const RunSpec& spec, const FdNumbers& fds,
+                                          const ArgvOptions& options) {
+  const std::string tmp = std::to_string(static_cast<std::uint64_t>(ns.tmp_size) * 1024 * 1024);
+  std::vector<std::string> argv{options.bwrap_path,
+                                "--bind-fd", std::to_string(fds.root), "/",
+                                "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
+                                "--dev", "/dev", "--perms", "1777", "--size", tmp, "--tmpfs", "/dev/shm",
+                                "--perms", "1777", "--size", tmp, "--tmpfs", "/tmp",
+                                "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
+                                "--hostname", spec.target.instance_id, "--cap-drop", "ALL"};
+  for (std::string_view cap : kImageCapabilities) argv.insert(argv.end(), {"--cap-add", std::string(cap)});
+  if (!spec.terminal) argv.push_back("--new-session");
+  if (spec.target.network == config::Network::off) argv.push_back("--unshare-net");
+  return argv;
+}
+
+std::vector<std::string> host_root_bwrap_argv(const config::Namespace& ns, const RunSpec& spec, const ArgvOptions& options) {
   BaseScan base = scan_base(ns.bwrap_command, options, static_cast<std::uint64_t>(ns.tmp_size) * 1024 * 1024);
 
   std::vector<std::string> argv{options.bwrap_path};
@@ -136,13 +168,17 @@ std::vector<std::string> build_bwrap_argv(const config::Namespace& ns, const Run
     // Sysctls stay read-only even for a sandbox whose uid maps to a privileged host uid.
     if (base.has_proc) argv.insert(argv.end(), {"--ro-bind", "/proc/sys", "/proc/sys"});
   }
-  if (spec.die_with_caller) argv.push_back("--die-with-parent");
-  if (spec.living_main) argv.push_back("--as-pid-1");
-
   if (spec.target.network == config::Network::off)
     argv.push_back("--unshare-net");
   else if (unshare_all)
     argv.push_back("--share-net");
+  return argv;
+}
+
+std::vector<std::string> finish_bwrap_argv(std::vector<std::string> argv, const config::Namespace& ns,
+                                           const RunSpec& spec, const FdNumbers& fds) {
+  if (spec.die_with_caller) argv.push_back("--die-with-parent");
+  if (spec.living_main) argv.push_back("--as-pid-1");
 
   argv.insert(argv.end(), {"--bind-fd", std::to_string(fds.workspace), ns.workspace_mount});
   argv.insert(argv.end(), {"--bind-fd", std::to_string(fds.output), ns.output_mount});
@@ -162,6 +198,24 @@ std::vector<std::string> build_bwrap_argv(const config::Namespace& ns, const Run
   return argv;
 }
 
+
+}  // namespace
+
+std::vector<std::string> build_bwrap_argv(const config::Namespace& ns, const RunSpec& spec,
+                                          const FdNumbers& fds, const ArgvOptions& options) {
+  if (ns.bwrap_command.empty()) throw Error("namespace.bwrap_command is empty");
+  if (spec.argv.empty()) throw UsageError("no command given to run in the sandbox");
+  check_command(spec.argv, spec.cwd);
+  std::vector<std::string> argv;
+  if (spec.target.image) {
+    if (fds.root < 0) throw Error("an image instance's sandbox needs its root (FdNumbers::root)");
+    argv = image_bwrap_argv(ns, spec, fds, options);
+  } else {
+    argv = host_root_bwrap_argv(ns, spec, options);
+  }
+  return finish_bwrap_argv(std::move(argv), ns, spec, fds);
+}
+
 std::vector<std::string> build_sandbox_env(
     const config::Namespace& ns, const RunSpec& spec,
     const std::function<std::optional<std::string>(std::string_view)>& host_env) {
@@ -175,8 +229,11 @@ std::vector<std::string> build_sandbox_env(
     }
     vars.emplace_back(name, value);
   };
-  set("PATH", ns.path);
+  // An image instance's commands run as its root: the system folders on PATH, and apt never
+  // waits for an answer no one can give.
+  set("PATH", spec.target.image ? std::string(kImagePath) : ns.path);
   set("HOME", ns.workspace_mount);
+  if (spec.target.image) set("DEBIAN_FRONTEND", "noninteractive");
   set("LANG", "C.UTF-8");
   set("TERM", host_env("TERM").value_or("dumb"));
   set("NS_HPC_INSTANCE", spec.target.instance_id);

@@ -20,7 +20,19 @@ struct FdNumbers {
   int shared_output = -1;   // --ro-bind-fd (-1: not bound)
   int busy = -1;            // a living instance's busy file, for its keeper (not bwrap's)
   int script = -1;          // a shell command handed over on this descriptor (-1: in the argv)
+  int root = -1;            // an image instance's root (--bind-fd ... /), made by its sandbox's starter
 };
+
+// The capabilities an image instance's commands have, inside its own user namespace only (none
+// on the host): what apt, dpkg, useradd, chown and su need, as container runtimes give by
+// default, less NET_RAW (so no packet of its own making gets past the network policy), and never
+// SYS_ADMIN or NET_ADMIN.
+inline constexpr std::string_view kImageCapabilities[] = {
+    "CAP_CHOWN",  "CAP_DAC_OVERRIDE", "CAP_FOWNER",           "CAP_FSETID",     "CAP_KILL",
+    "CAP_SETGID", "CAP_SETUID",       "CAP_SETPCAP",          "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT",
+    "CAP_MKNOD",  "CAP_AUDIT_WRITE",  "CAP_SETFCAP"};
+// The same set as bits by number (JoinSetup::keep_caps).
+std::uint64_t image_capability_mask();
 
 // The command of a shell-mode argv ({"/bin/sh" or "/bin/bash", "-c", COMMAND}), which is handed
 // to the sandbox on a descriptor instead of in an argv every local user can read in ps; nullopt

@@ -30,6 +30,7 @@
 #include "sandbox/cgroups.hpp"
 #include "sandbox/join.hpp"
 #include "sandbox/keeper.hpp"
+#include "sandbox/layers.hpp"
 #include "sandbox/limits.hpp"
 #include "sandbox/members.hpp"
 #include "sandbox/sandbox.hpp"
@@ -43,7 +44,12 @@ namespace {
 
 // Descriptor numbers inside the bwrap process.
 // The shell command's descriptor is high, out of the way of a script's own `exec 3>…`.
-constexpr FdNumbers kChildFds{.status = 3, .seccomp = 4, .workspace = 5, .output = 6, .shared_output = 7, .busy = 8, .script = 62};
+constexpr FdNumbers kChildFds{.status = 3, .seccomp = 4, .workspace = 5, .output = 6, .shared_output = 7, .busy = 8,
+                               .script = 62, .root = 9};
+// An image instance's sandbox: its starter's descriptors for the image and the user namespace
+// (sandbox/layers.hpp: used and closed before anything is executed).
+constexpr int kImageTreeFd = 10;
+constexpr int kImageUsernsFd = 11;
 
 // A memfd holding a shell command, for the sandbox's shell to read (see shell_script_of).
 UniqueFd script_fd(const std::string& script) {
@@ -408,7 +414,7 @@ class BwrapBackend final : public Backend {
   }
 
   std::string_view name() const override { return "bwrap"; }
-  std::optional<users::Identity> runs_as() const override { return drop_to_; }
+  std::optional<users::Identity> runs_as(const Target& target) const override { return identity(target); }
 
   CgroupPool* spare_groups() override { return &spare_groups_; }
 
@@ -713,8 +719,9 @@ class BwrapBackend final : public Backend {
     }
     setup.join_cgroups = spec.join_cgroups;
     setup.rlimits = rlimits(spec.limits);
-    setup.drop_to = drop_to_;
+    setup.drop_to = identity(spec.target);
     if (ns_.hardening && ns_.seccomp) setup.seccomp_bpf = seccomp_bpf();
+    if (spec.target.image) setup.keep_caps = image_capability_mask();
     setup.controlling_tty = spec.terminal;
     setup.own_terminal = spec.terminal;
     setup.discard_after_release = spec.output_readers;
@@ -884,13 +891,14 @@ class BwrapBackend final : public Backend {
         keeper ? keeper_argv(self_path(), keeper_options(spec)) : build_bwrap_argv(ns_, spec, fd_numbers(spec), argv_options());
     const std::vector<std::string> envp = build_sandbox_env(ns_, spec, host_env);
 
-    if (drop_to_) {
+    const std::optional<users::Identity> drop_to = identity(spec.target);
+    if (drop_to) {
       for (const stdfs::path& dir : {spec.target.workspace, spec.target.output}) {
-        if (auto why = unreachable_for(dir, drop_to_->uid, drop_to_->gid))
+        if (auto why = unreachable_for(dir, drop_to->uid, drop_to->gid))
           throw Error(fmt::format(
               "the sandbox uid {} cannot reach {}: {}; keep namespace.instances_dir in a folder it can "
               "pass through (as root the default is {}) or change namespace.sandbox_uid",
-              drop_to_->uid, dir.string(), *why, config::kRootInstancesDir));
+              drop_to->uid, dir.string(), *why, config::kRootInstancesDir));
       }
     }
     // Instance folders are passed as descriptors opened here (bwrap binds /proc/self/fd/N), so
@@ -943,7 +951,21 @@ class BwrapBackend final : public Backend {
       setup.fds.emplace_back(script.get(), kChildFds.script);
     }
     setup.rlimits = rlimits(spec.limits);
-    setup.drop_to = drop_to_;
+    setup.drop_to = drop_to;
+    // An image instance's living sandbox starts on the instance's root, as its uid 0: the child
+    // mounts it in a mount namespace of its own and joins the instance's user namespace itself.
+    ImageRootSetup image_root;
+    if (spec.target.image && spec.living_main) {
+      if (!drop_to) throw Error("image instances as a normal user are not supported by this backend yet");
+      image_root = prepare_image_root(*spec.target.image);
+      image_root.tree_fd = kImageTreeFd;
+      image_root.userns_fd = kImageUsernsFd;
+      image_root.root_fd = kChildFds.root;
+      setup.fds.emplace_back(image_root.tree.get(), kImageTreeFd);
+      setup.fds.emplace_back(image_root.userns.get(), kImageUsernsFd);
+      setup.in_child = [&image_root](const char** step) { return enter_image_root(image_root, step); };
+      setup.drop_to.reset();
+    }
     setup.controlling_tty = spec.terminal;
     setup.die_with_parent = spec.die_with_caller;
     setup.join_cgroups = spec.join_cgroups;
@@ -1002,6 +1024,7 @@ class BwrapBackend final : public Backend {
       options.join_pid_ns = spec.join_pid_ns;
       options.join_cwd = spec.cwd.empty() ? ns_.workspace_mount : spec.cwd;
       if (ns_.hardening && ns_.seccomp) options.seccomp_fd = kChildFds.seccomp;
+      if (spec.target.image) options.keep_caps = image_capability_mask();
       options.bwrap_argv = spec.argv;
       if (shell_script_of(spec.argv))
         options.bwrap_argv = {spec.argv[0], "-c", fmt::format(". /dev/fd/{}", kChildFds.script)};
@@ -1025,8 +1048,12 @@ class BwrapBackend final : public Backend {
     return self_path_;
   }
 
+  // Whom a sandbox of `target` runs as on the host (sandbox.hpp: host_identity).
+  std::optional<users::Identity> identity(const Target& target) const { return host_identity(target, drop_to_); }
+
   FdNumbers fd_numbers(const RunSpec& spec) const {
     FdNumbers fds = kChildFds;
+    if (!(spec.target.image && spec.living_main)) fds.root = -1;
     if (!shell_script_of(spec.argv)) fds.script = -1;
     if (!(ns_.hardening && ns_.seccomp)) fds.seccomp = -1;
     if (!ns_.shared_output) fds.shared_output = -1;

@@ -315,7 +315,7 @@ std::unique_ptr<Execution> execute(Backend& backend, ExecSpec spec) {
     } catch (const SysError& e) {
       throw e.wrapped("cannot open the instance's workspace folder");
     }
-    const auto owner = backend.runs_as();
+    const auto owner = backend.runs_as(spec.target);
     if (!spec.stdout_file.empty()) exec->out_ = create_output_file(workspace.get(), spec.stdout_file, owner);
     if (!spec.stderr_file.empty()) exec->err_ = create_output_file(workspace.get(), spec.stderr_file, owner);
   }

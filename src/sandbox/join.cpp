@@ -200,13 +200,20 @@ void place_descriptors(Prepared& p) {
   if (::syscall(SYS_close_range, from, ~0U, 0) < 0) fail(p, Step::close);
 }
 
-void drop_capabilities(const Prepared& p) {
+// Every capability but those in `keep` (bits by number, in the sandbox's user namespace) goes
+// from the bounding, ambient, permitted, effective and inheritable sets.
+void drop_capabilities(const Prepared& p, std::uint64_t keep = 0) {
   for (int cap = 0; cap <= 63; ++cap) {
+    if ((keep >> cap) & 1U) continue;
     if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) fail(p, Step::capabilities);
   }
   if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL) fail(p, Step::capabilities);
   __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct data[2]{};
+  for (int i = 0; i < 2; ++i) {
+    const auto word = static_cast<std::uint32_t>(keep >> (32 * i));
+    data[i].permitted = data[i].effective = data[i].inheritable = word;
+  }
   if (::syscall(SYS_capset, &header, data) < 0) fail(p, Step::capabilities);
 }
 
@@ -264,7 +271,7 @@ void drop_capabilities(const Prepared& p) {
 int command_child(void* arg) {
   const Prepared& p = *static_cast<const Prepared*>(arg);
   if (p.setup->flat) {
-    drop_capabilities(p);
+    drop_capabilities(p, p.setup->keep_caps);
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
     if (p.seccomp.len > 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p.seccomp) < 0) fail(p, Step::seccomp);
   }
@@ -429,7 +436,7 @@ void mount_own_proc(const Prepared& p) {
   // Now the sandbox's own user namespace, and nothing of any capability kept.
   if (p.join[1] && ::setns(kNamespaces + 1, CLONE_NEWUSER) < 0) fail(p, Step::setns_user);
   ::close(kNamespaces + 1);
-  drop_capabilities(p);
+  drop_capabilities(p, p.setup->keep_caps);
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
   if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail(p, Step::dumpable);
   if (p.seccomp.len > 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p.seccomp) < 0) fail(p, Step::seccomp);

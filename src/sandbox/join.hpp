@@ -66,6 +66,9 @@ struct JoinSetup {
   std::vector<std::pair<int, rlim_t>> rlimits;
   std::optional<users::Identity> drop_to;    // as root: the sandbox's host uid/gid
   std::string seccomp_bpf;                   // struct sock_filter[]; empty: none
+  // Capabilities the command keeps in the sandbox's user namespace (bits by number: an image
+  // instance's profile, kImageCapabilities); 0: none at all.
+  std::uint64_t keep_caps = 0;
   bool controlling_tty = false;              // stdin is a terminal to become the controlling tty
   // The command gets a terminal of the sandbox's own devpts as stdin, stdout, stderr and
   // controlling tty (its master: Joined::terminal); fds 0-2 above are replaced.

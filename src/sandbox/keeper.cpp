@@ -168,6 +168,7 @@ class Keeper {
       setup.fds = {{0, 0}, {1, 1}, {2, 2}};
       if (::fcntl(kScriptFd, F_GETFD) >= 0) setup.fds.emplace_back(kScriptFd, kScriptFd);
       setup.seccomp_bpf = bpf;
+      setup.keep_caps = opt_.keep_caps;
       joined = join_sandbox(setup);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ns-hpc: %s\n", e.what());
@@ -406,6 +407,7 @@ std::vector<std::string> keeper_argv(const std::string& self, const KeeperOption
     argv.insert(argv.end(), {"--join-init", std::to_string(options.join_init), "--join-pid-ns",
                              std::to_string(options.join_pid_ns), "--join-cwd", options.join_cwd});
     if (options.seccomp_fd >= 0) argv.insert(argv.end(), {"--seccomp-fd", std::to_string(options.seccomp_fd)});
+    if (options.keep_caps != 0) argv.insert(argv.end(), {"--keep-caps", std::to_string(options.keep_caps)});
   }
   argv.push_back("--");
   argv.insert(argv.end(), options.bwrap_argv.begin(), options.bwrap_argv.end());
@@ -441,6 +443,8 @@ KeeperOptions parse_keeper_argv(const std::vector<std::string>& argv) {
       options.join_pid_ns = static_cast<std::uint64_t>(value);
     else if (option == "--seccomp-fd")
       options.seccomp_fd = static_cast<int>(value);
+    else if (option == "--keep-caps")
+      options.keep_caps = static_cast<std::uint64_t>(value);
     else
       throw UsageError(fmt::format("unknown option {}", option));
   }

@@ -48,6 +48,7 @@ struct KeeperOptions {
   std::uint64_t join_pid_ns = 0;
   std::string join_cwd;
   int seccomp_fd = -1;
+  std::uint64_t keep_caps = 0;  // JoinSetup::keep_caps (an image instance's job)
 };
 
 // The keeper's argv for `self` (argv[0], the ns-hpc binary) and `options`.

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -124,13 +125,17 @@ UidMapping image_uid_mapping() {
   return m;
 }
 
-UniqueFd mapped_user_namespace(uid_t host_base, std::uint32_t count) {
+UniqueFd mapped_user_namespace(uid_t host_base, std::uint32_t count, bool owned) {
   Pipe ready = make_pipe(), done = make_pipe();
   const pid_t child = ::fork();
   if (child < 0) throw SysError(errno, "fork", "a user namespace holder");
   if (child == 0) {
     char c = 0;
-    const bool ok = ::unshare(CLONE_NEWUSER) == 0;
+    bool ok = true;
+    if (owned)
+      ok = ::syscall(SYS_setgroups, 0, nullptr) == 0 && ::syscall(SYS_setresgid, host_base, host_base, host_base) == 0 &&
+           ::syscall(SYS_setresuid, host_base, host_base, host_base) == 0;
+    ok = ok && ::unshare(CLONE_NEWUSER) == 0;
     if (::write(ready.write.get(), ok ? "1" : "0", 1) != 1) ::_exit(1);
     (void)!::read(done.read.get(), &c, 1);  // until the parent holds the namespace
     ::_exit(0);
@@ -192,6 +197,75 @@ void mount_overlay(const stdfs::path& lower, const stdfs::path& upper, const std
                             "system such as ext4 or xfs)",
                             target.string(), upper.string(), work.string()));
   }
+}
+
+ImageRootSetup prepare_image_root(const ImageRoot& image) {
+  const stdfs::path& scratch = image.mount_dir;
+  ImageRootSetup setup;
+  const stdfs::path upper = image.layer / "upper", work = image.layer / "work";
+  for (const auto& dir : {upper, work}) {
+    struct stat st{};
+    if (::lstat(dir.c_str(), &st) != 0) throw SysError(errno, "find the instance's layer", dir.string());
+    if (!S_ISDIR(st.st_mode) || st.st_uid != image.ids.host_base)
+      throw Error(fmt::format("{} is not a folder of the instance's root (uid {}): the layer was changed outside "
+                              "ns-hpc; reset the instance (ns-hpc instance reset) or restore a snapshot",
+                              dir.string(), image.ids.host_base));
+  }
+  struct stat st{};
+  if (::stat((image.rootfs / "usr").c_str(), &st) != 0)
+    throw SysError(errno, fmt::format("find the image {}", image.image), image.rootfs.string());
+  setup.userns = mapped_user_namespace(image.ids.host_base, image.ids.count, /*owned=*/true);
+  setup.tree.reset(sys_open_tree(AT_FDCWD, image.rootfs.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE));
+  if (!setup.tree) throw SysError(errno, "open_tree", image.rootfs.string());
+  mount_attr attr{};
+  attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+  attr.userns_fd = static_cast<std::uint64_t>(setup.userns.get());
+  if (sys_mount_setattr(setup.tree.get(), "", AT_EMPTY_PATH | AT_RECURSIVE, &attr) != 0)
+    throw SysError(errno, "idmap (mount_setattr)", image.rootfs.string());
+  if (::mkdir(scratch.c_str(), 0755) != 0 && errno != EEXIST) throw SysError(errno, "mkdir", scratch.string());
+  setup.scratch = scratch.string();
+  setup.lower = (scratch / "lower").string();
+  setup.merged = (scratch / "merged").string();
+  for (const auto& p : {setup.lower, upper.string(), work.string()})
+    if (p.find_first_of(",:\\") != std::string::npos)
+      throw Error(fmt::format("{}: an overlay layer's path may not contain ',', ':' or '\\'; move "
+                              "[namespace] instances_dir", p));
+  setup.overlay_options = fmt::format("lowerdir={},upperdir={},workdir={}", setup.lower, upper.string(), work.string());
+  return setup;
+}
+
+int enter_image_root(const ImageRootSetup& setup, const char** step) {
+  auto failed = [step](const char* what) {
+    *step = what;
+    return errno != 0 ? errno : EIO;
+  };
+  if (::unshare(CLONE_NEWNS) != 0) return failed("make the image root's mount namespace");
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0) return failed("make the mounts private");
+  if (::mount("tmpfs", setup.scratch.c_str(), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k") != 0)
+    return failed("mount the image root's scratch folder");
+  if (::mkdir(setup.lower.c_str(), 0755) != 0 || ::mkdir(setup.merged.c_str(), 0755) != 0)
+    return failed("make the image root's mount points");
+  if (sys_move_mount(setup.tree_fd, "", AT_FDCWD, setup.lower.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0)
+    return failed("mount the image (move_mount)");
+  ::close(setup.tree_fd);
+  if (::mount("overlay", setup.merged.c_str(), "overlay", MS_NOSUID | MS_NODEV, setup.overlay_options.c_str()) != 0)
+    return failed("mount the instance's layer over the image (overlay)");
+  struct statfs fsinfo{};
+  if (::statfs(setup.merged.c_str(), &fsinfo) != 0) return failed("check the instance's root");
+  if ((fsinfo.f_flags & ST_RDONLY) != 0) {
+    errno = EROFS;
+    return failed("mount the instance's layer writable (the kernel mounted the overlay read-only: its upper and "
+                  "work folders must belong to the instance's root and sit on a local file system)");
+  }
+  const int root = ::open(setup.merged.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0 || ::dup3(root, setup.root_fd, 0) < 0) return failed("open the instance's root");
+  ::close(root);
+  if (::setns(setup.userns_fd, CLONE_NEWUSER) != 0) return failed("join the instance's user namespace");
+  ::close(setup.userns_fd);
+  if (::syscall(SYS_setgroups, 0, nullptr) != 0 || ::syscall(SYS_setresgid, 0, 0, 0) != 0 ||
+      ::syscall(SYS_setresuid, 0, 0, 0) != 0)
+    return failed("become the instance's root");
+  return 0;
 }
 
 LayerSupport probe_layers(const stdfs::path& scratch) {

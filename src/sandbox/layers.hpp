@@ -13,20 +13,9 @@
 #include <string>
 
 #include "base/fd.hpp"
+#include "sandbox/sandbox.hpp"
 
 namespace nshpc::sandbox {
-
-// How an image instance's ids map to the host's.
-struct UidMapping {
-  enum class Kind {
-    range,   // 65536 ids: uid 0 inside is `host_base` outside (root's own range, or /etc/subuid's)
-    single,  // only uid 0 inside, the user's own uid outside: no distinct system users
-  };
-  Kind kind = Kind::single;
-  uid_t host_base = 0;
-  std::uint32_t count = 1;
-  std::string source;  // where it comes from, for doctor and describe_instance
-};
 
 // The first id of the ranges root gives image instances: 65536-aligned, at or above 2^20 and
 // above every range in `subuid`/`subgid` (their text) and every id in `passwd`/`group`.
@@ -39,8 +28,31 @@ uid_t root_range_floor(std::string_view subuid, std::string_view subgid, std::st
 UidMapping image_uid_mapping();
 
 // A user namespace in which uid/gid 0..count-1 are host_base.. on the host, held by a descriptor
-// (its creating process is gone). Only root can map an arbitrary range. Throws SysError.
-UniqueFd mapped_user_namespace(uid_t host_base, std::uint32_t count);
+// (its creating process is gone). Only root can map an arbitrary range. With `owned`, the
+// process that makes it runs as host_base first, so the namespace belongs to that uid (which
+// then holds every capability in it, and may join it). Throws SysError.
+UniqueFd mapped_user_namespace(uid_t host_base, std::uint32_t count, bool owned = false);
+
+// What the child starting an image instance's sandbox needs, made before its fork (as root).
+struct ImageRootSetup {
+  UniqueFd tree;    // the image's root, idmapped into the instance's ids (a detached mount)
+  UniqueFd userns;  // the instance's user namespace, owned by its uid 0's host uid
+  // In the child: descriptor numbers of `tree` and `userns` (closed once used), and where the
+  // merged root is left for bwrap (--bind-fd).
+  int tree_fd = -1, userns_fd = -1, root_fd = -1;
+  std::string scratch, lower, merged;  // <scratch>, <scratch>/lower, <scratch>/merged
+  std::string overlay_options;
+};
+
+// Prepares `image` for a sandbox: its user namespace and its idmapped image. Checks the layer's
+// folders exist and belong to the instance's root. Throws Error/SysError.
+ImageRootSetup prepare_image_root(const ImageRoot& image);
+
+// In the forked child, before it executes anything (async-signal-safe calls only): a private
+// mount namespace with the image under the instance's layer mounted (checked writable), the
+// merged root on setup.root_fd, then the instance's user namespace as its uid 0 (every
+// capability there, none on the host). Returns 0, or an errno with `*step` naming what failed.
+int enter_image_root(const ImageRootSetup& setup, const char** step);
 
 // `source` mounted read-only at `target` with its owners seen through `userns` (an idmapped
 // mount: root-owned files appear owned by the namespace's host range). Throws SysError.

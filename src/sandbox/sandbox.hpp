@@ -4,6 +4,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstddef>
@@ -26,6 +27,31 @@ namespace stdfs = std::filesystem;
 class Cgroup;
 class CgroupPool;
 
+// How an image instance's ids map to the host's (sandbox/layers.hpp).
+struct UidMapping {
+  enum class Kind {
+    range,   // 65536 ids: uid 0 inside is `host_base` outside (root's own range, or /etc/subuid's)
+    single,  // only uid 0 inside, the user's own uid outside: no distinct system users
+  };
+  Kind kind = Kind::single;
+  uid_t host_base = 0;
+  std::uint32_t count = 1;
+  std::string source;  // where it comes from, for doctor and describe_instance
+};
+
+// An instance on an image: its root file system is an overlay of the image version's root
+// (read-only, shared by every instance on it, seen through the instance's ids) and the
+// instance's own writable layer; commands run as uid 0 of a user namespace with `ids`.
+struct ImageRoot {
+  std::string image;       // "name@version", for messages
+  stdfs::path rootfs;      // the image version's root file system
+  stdfs::path layer;       // the instance's layer: upper/ and work/ (owned by its root)
+  // An empty folder (0755) its sandbox's starter mounts the root on, in a mount namespace of its
+  // own (bwrap binds it by path, so the instance's host uid must be able to reach it).
+  stdfs::path mount_dir;
+  UidMapping ids;
+};
+
 // The host folders of one instance that a sandbox binds, and its network mode.
 struct Target {
   std::string instance_id;
@@ -42,7 +68,18 @@ struct Target {
   // commands' and jobs' groups below it): "<id>@<store>", so two stores (instances_dir) with an
   // instance of the same id never share limits or kill each other's processes.
   std::string cgroup_folder;
+  // An instance on an image (always persistent); nullopt: the host's own root, read-only.
+  std::optional<ImageRoot> image;
 };
+
+// Whom a sandbox of `target` runs as on the host, and whom the files made for it belong to: an
+// image instance's uid 0 as root (its own range), the caller as a normal user; otherwise
+// `plain` (users::sandbox_owner). The one place that decides it per instance.
+inline std::optional<users::Identity> host_identity(const Target& target, const std::optional<users::Identity>& plain) {
+  if (!target.image) return plain;
+  if (::geteuid() != 0) return std::nullopt;
+  return users::Identity{target.image->ids.host_base, static_cast<gid_t>(target.image->ids.host_base)};
+}
 
 // Per-process limits applied with setrlimit before bwrap starts (inherited by the whole tree),
 // and the wall-time limit of the whole run. cgroup-backed limits (memory, cpus, pids) belong to
@@ -158,8 +195,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
-  // Who a sandbox runs as on the host (and owns the files made for it); nullopt: as the caller.
-  virtual std::optional<users::Identity> runs_as() const { return std::nullopt; }
+  // Who a sandbox of `target` runs as on the host (and owns the files made for it); nullopt: as
+  // the caller.
+  virtual std::optional<users::Identity> runs_as(const Target& target) const { return host_identity(target, std::nullopt); }
   // Starts the command; returns once the sandbox exists (or throws Error saying why it can't).
   // For a persistent target the command joins the instance's living sandbox, which is started
   // first when it is not running.

@@ -18,6 +18,7 @@ Child spawn(const ChildSetup& setup) {
   spec.drop_to = setup.drop_to;
   spec.controlling_tty = setup.controlling_tty;
   spec.die_with_parent = setup.die_with_parent ? SIGKILL : 0;
+  spec.in_child = setup.in_child;
   spec.cwd = "/";  // nothing of the server's working directory leaks in; bwrap sets its own
   try {
     return nshpc::spawn(spec);

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <sys/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -28,6 +29,7 @@ struct ChildSetup {
   std::optional<users::Identity> drop_to;  // setgroups(0) + setresgid + setresuid
   bool controlling_tty = false;  // setsid() and make the child's stdin its controlling terminal
   bool die_with_parent = true;   // PR_SET_PDEATHSIG(SIGKILL), set after the identity change
+  std::function<int(const char** step)> in_child;  // SpawnSpec::in_child
 };
 
 using Child = SpawnedChild;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -20,6 +21,8 @@
 #include "base/safe_path.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
+#include "sandbox/images.hpp"
+#include "sandbox/layers.hpp"
 
 namespace nshpc::store {
 
@@ -95,6 +98,11 @@ std::optional<bool> Metadata::persistent() const {
   return it->get<bool>();
 }
 
+std::string Metadata::root() const {
+  std::string root = string_field(raw, "root");
+  return root.empty() ? "host" : root;
+}
+
 Clock::time_point Instance::last_activity() const {
   Clock::time_point newest{};
   for (const auto& file : {audit_log(), metadata_file()}) {
@@ -128,6 +136,7 @@ Store::Store(const config::Config& config, JobsGuard& jobs)
       default_persistent_(config.ns.persistent),
       rotation_{static_cast<std::uint64_t>(config.audit.max_size) * 1024 * 1024, static_cast<int>(config.audit.keep)},
       workspace_mount_(config.ns.workspace_mount),
+      images_dir_(config.ns.images_dir),
       jobs_(&jobs) {
   owner_ = users::sandbox_owner(config.ns.sandbox_uid, config.ns.sandbox_gid);
   std::error_code ec;
@@ -178,10 +187,61 @@ void Store::ensure_layout() const {
   fs::make_dirs(archive_root(), 0700);
 }
 
-void Store::give_to_sandbox_user(const stdfs::path& dir) const {
-  if (!owner_) return;
-  if (::lchown(dir.c_str(), owner_->uid, owner_->gid) < 0)
-    throw SysError(errno, "chown", dir.string());
+void Store::give_to(const stdfs::path& dir, const std::optional<users::Identity>& owner) const {
+  if (!owner) return;
+  if (::lchown(dir.c_str(), owner->uid, owner->gid) < 0) throw SysError(errno, "chown", dir.string());
+}
+
+std::optional<users::Identity> Store::owner_of(const Instance& instance) const {
+  sandbox::Target target;
+  target.image = instance.image;
+  return sandbox::host_identity(target, owner_);
+}
+
+sandbox::UidMapping Store::allocate_ids() const {
+  sandbox::UidMapping ids = sandbox::image_uid_mapping();
+  if (::geteuid() != 0) return ids;  // the user's own range (or uid), shared by their instances
+  std::set<uid_t> used;
+  auto note = [&used](const Metadata& meta) {
+    const auto it = meta.raw.find("ids");
+    if (it != meta.raw.end() && it->is_object() && it->contains("host_base") && (*it)["host_base"].is_number_unsigned())
+      used.insert((*it)["host_base"].get<uid_t>());
+  };
+  for (const Instance& inst : list().instances) note(inst.meta);
+  for (const ArchivedInstance& arch : list_archived()) note(arch.meta);
+  constexpr std::uint64_t kTop = 0xFFFF0000u;
+  for (std::uint64_t base = ids.host_base; base + ids.count <= kTop; base += ids.count) {
+    if (used.count(static_cast<uid_t>(base))) continue;
+    ids.host_base = static_cast<uid_t>(base);
+    ids.source = fmt::format("root's range for this instance: host ids {}-{} (above every account and /etc/subuid "
+                             "range)", base, base + ids.count - 1);
+    return ids;
+  }
+  throw Error("no free range of 65536 host ids is left for a new image instance; delete or purge image instances");
+}
+
+sandbox::ImageRoot Store::image_root(const Instance& instance) const {
+  const std::string root = instance.meta.root();
+  constexpr std::string_view prefix = "image:";
+  const std::string ref = root.substr(prefix.size());
+  const auto at = ref.find('@');
+  if (root.rfind(prefix, 0) != 0 || at == std::string::npos || at == 0 || at + 1 == ref.size())
+    throw Error(fmt::format("instance '{}' has a root it cannot use ({:?} in metadata.json; expected "
+                            "\"host\" or \"image:NAME@VERSION\")", instance.id, root));
+  sandbox::ImageRoot image;
+  image.image = ref;
+  image.rootfs = images_dir_ / ref.substr(0, at) / ref.substr(at + 1) / "rootfs";
+  image.layer = instance.layer_dir();
+  image.mount_dir = instance.base / "root";
+  const auto it = instance.meta.raw.find("ids");
+  if (it == instance.meta.raw.end() || !it->is_object() || !it->contains("host_base") ||
+      !(*it)["host_base"].is_number_unsigned() || !it->contains("count") || !(*it)["count"].is_number_unsigned())
+    throw Error(fmt::format("instance '{}' runs on an image but its metadata.json has no usable \"ids\"", instance.id));
+  image.ids.kind = it->value("map", "") == "range" ? sandbox::UidMapping::Kind::range : sandbox::UidMapping::Kind::single;
+  image.ids.host_base = (*it)["host_base"].get<uid_t>();
+  image.ids.count = (*it)["count"].get<std::uint32_t>();
+  image.ids.source = it->value("source", "");
+  return image;
 }
 
 NotFound Store::instance_not_found(std::string_view id) const {
@@ -216,6 +276,10 @@ Instance Store::load(std::string_view id, const stdfs::path& base) const {
   inst.meta.raw = std::move(raw);
   inst.network = inst.meta.network().value_or(default_network_);
   inst.persistent = inst.meta.persistent().value_or(default_persistent_);
+  if (inst.meta.root() != "host") {
+    inst.image = image_root(inst);
+    inst.persistent = true;
+  }
   return inst;
 }
 
@@ -397,15 +461,15 @@ Instance Store::restore(std::string_view archive, std::string_view new_id, std::
   write_metadata(from / "metadata.json", meta);
   if (exists_nofollow(output)) ::rmdir(output.c_str());
   check_sys(::rename(from.c_str(), base.c_str()), "rename", base.string());
+  Instance inst = load(id, base);
   const stdfs::path archived_output = output_root() / name;
   if (exists_nofollow(archived_output)) {
     check_sys(::rename(archived_output.c_str(), output.c_str()), "rename", output.string());
   } else {
     check_sys(::mkdir(output.c_str(), 0700), "mkdir", output.string());
-    give_to_sandbox_user(output);
+    give_to(output, owner_of(inst));
   }
   fs::sync_dir(root_);
-  Instance inst = load(id, base);
   audit(inst, "instance.restored", actor, {{"instance_id", id}, {"archive", name}});
   index_changed(id, root_before);
   return inst;
@@ -428,6 +492,23 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
         "a folder named '{}' exists in {} but is not an instance; remove it or choose another id",
         id, root_.string()));
   }
+  // An instance on an image: its version now, and ids of its own.
+  std::optional<sandbox::ImageVersion> image;
+  std::optional<sandbox::UidMapping> ids;
+  std::optional<users::Identity> owner = owner_;
+  if (!options.image.empty()) {
+    if (options.persistent == false)
+      throw UsageError("an instance on an image is always persistent (its root layer is mounted once for all its "
+                       "commands); leave persistent unset");
+    image = sandbox::ImageStore(images_dir_).current(options.image);
+    if (!image)
+      throw UsageError(fmt::format("there is no image '{}' in {}; build it with: ns-hpc image build {}", options.image,
+                                   images_dir_.string(), options.image));
+    ids = allocate_ids();
+    sandbox::Target target;
+    target.image = sandbox::ImageRoot{.ids = *ids};
+    owner = sandbox::host_identity(target, owner_);
+  }
   const stdfs::path output = output_root() / id;
   if (exists_nofollow(output) && !stdfs::is_empty(output))
     throw UsageError(fmt::format(
@@ -442,13 +523,21 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
     // 0711: the sandbox uid may pass through to the workspace but not list or read the rest.
     check_sys(::mkdir(staging.c_str(), 0711), "mkdir", staging.string());
     check_sys(::mkdir((staging / "workspace").c_str(), 0700), "mkdir", (staging / "workspace").string());
-    give_to_sandbox_user(staging / "workspace");
+    give_to(staging / "workspace", owner);
     if (::mkdir(output.c_str(), 0700) == 0) {
       output_made = true;
     } else if (errno != EEXIST) {
       throw SysError(errno, "mkdir", output.string());
     }
-    give_to_sandbox_user(output);
+    give_to(output, owner);
+    if (image) {
+      // The layer above the image: host-only on the way (0700), its folders the instance root's.
+      check_sys(::mkdir((staging / "layer").c_str(), 0700), "mkdir", (staging / "layer").string());
+      for (const char* dir : {"layer/upper", "layer/work"}) {
+        check_sys(::mkdir((staging / dir).c_str(), 0755), "mkdir", (staging / dir).string());
+        give_to(staging / dir, owner);
+      }
+    }
 
     Metadata meta;
     meta.raw["id"] = id;
@@ -457,13 +546,21 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
     meta.raw["hostname"] = host_name();
     if (!options.description.empty()) meta.raw["description"] = options.description;
     meta.raw["network"] = config::to_string(options.network.value_or(default_network_));
-    meta.raw["persistent"] = options.persistent.value_or(default_persistent_);
+    meta.raw["persistent"] = image ? true : options.persistent.value_or(default_persistent_);
+    if (image) {
+      meta.raw["root"] = fmt::format("image:{}@{}", image->name, image->version);
+      meta.raw["ids"] = {{"map", ids->kind == sandbox::UidMapping::Kind::range ? "range" : "single"},
+                         {"host_base", ids->host_base},
+                         {"count", ids->count},
+                         {"source", ids->source}};
+    }
     write_metadata(staging / "metadata.json", meta);
     audit::append(staging / "audit.log", "instance.created", actor,
                   {{"instance_id", id},
                    {"description", options.description},
                    {"network", meta.raw["network"]},
-                   {"persistent", meta.raw["persistent"]}});
+                   {"persistent", meta.raw["persistent"]},
+                   {"root", meta.root()}});
     check_sys(::rename(staging.c_str(), base.c_str()), "rename", base.string());
     fs::sync_dir(root_);
   } catch (...) {
@@ -489,6 +586,8 @@ Instance Store::update(std::string_view id, const UpdateOptions& options, std::s
     inst.network = *options.network;
     changes["network"] = config::to_string(*options.network);
   }
+  if (options.persistent == false && inst.image)
+    throw UsageError(fmt::format("instance '{}' runs on an image and is always persistent", inst.id));
   if (options.persistent) {
     inst.meta.raw["persistent"] = *options.persistent;
     inst.persistent = *options.persistent;
@@ -693,9 +792,10 @@ Store::DiskUse Store::disk_use(const Instance& instance) const {
 UniqueFd Store::open_workspace_file(const Instance& instance, const std::string& relative, WorkspaceOpen how,
                                     fs::Refusal* refusal) const {
   const std::string shown = workspace_mount_ + "/" + relative;
-  const fs::Expect expect{.owner = owner_ ? owner_->uid : ::geteuid()};
+  const std::optional<users::Identity> identity = owner_of(instance);
+  const fs::Expect expect{.owner = identity ? identity->uid : ::geteuid()};
   std::optional<std::pair<uid_t, gid_t>> owner;
-  if (owner_) owner = std::make_pair(owner_->uid, owner_->gid);
+  if (identity) owner = std::make_pair(identity->uid, identity->gid);
   UniqueFd dir = fs::open_dir_path(instance.workspace);
   switch (how) {
     case WorkspaceOpen::read:
@@ -723,7 +823,7 @@ std::string Store::cgroup_folder(std::string_view id) const { return fmt::format
 sandbox::Target Store::sandbox_target(const Instance& instance) const {
   return {instance.id,         instance.workspace,       instance.output,
           output_root(),       instance.network,         instance.persistent,
-          instance.state_dir(), cgroup_folder(instance.id)};
+          instance.state_dir(), cgroup_folder(instance.id), instance.image};
 }
 
 void Store::audit(const Instance& instance, std::string_view event, std::string_view actor,

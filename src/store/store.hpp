@@ -58,6 +58,8 @@ struct Metadata {
   std::string archived_at() const;
   std::optional<config::Network> network() const;  // nullopt: not set (use the default)
   std::optional<bool> persistent() const;           // nullopt: not set (use the default)
+  // "host", or "image:<name>@<version>" for an instance on an image.
+  std::string root() const;
 };
 
 struct Instance {
@@ -68,12 +70,16 @@ struct Instance {
   Metadata meta;
   config::Network network = config::Network::host;  // effective (metadata or default)
   bool persistent = false;                           // effective: a living instance
-
+  // On an image: the image version, the instance's layer and ids (always persistent then).
+  std::optional<sandbox::ImageRoot> image;
 
   stdfs::path metadata_file() const { return base / "metadata.json"; }
   stdfs::path audit_log() const { return base / "audit.log"; }
   // Host-only state of the instance's sandboxes: job status files, the living sandbox's record.
   stdfs::path state_dir() const { return base / "status"; }
+  // An image instance's own root layer (upper/ and work/), and its snapshots.
+  stdfs::path layer_dir() const { return base / "layer"; }
+  stdfs::path snapshots_dir() const { return base / "snapshots"; }
   // Last activity: the newest of audit.log's and metadata.json's modification times.
   std::chrono::system_clock::time_point last_activity() const;
 };
@@ -124,6 +130,7 @@ struct CreateOptions {
   std::string description;
   std::optional<config::Network> network;
   std::optional<bool> persistent;
+  std::string image;  // an image name (its current version): the instance runs on it; "": the host's root
 };
 
 struct UpdateOptions {
@@ -148,6 +155,9 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   const stdfs::path& root() const { return root_; }
+  // Whom the instance's sandboxes run as on the host and its files belong to (sandbox.hpp:
+  // host_identity); nullopt: this process's own uid.
+  std::optional<users::Identity> owner_of(const Instance& instance) const;
   // The instance's cgroup folder (sandbox::Target::cgroup_folder): "<id>@<8 hex digits of this
   // store's instances_dir>".
   std::string cgroup_folder(std::string_view id) const;
@@ -251,7 +261,11 @@ class Store {
   std::vector<std::string> instance_names() const;                     // the index's Lister
   void index_changed(const std::string& id, std::optional<std::int64_t> root_mtime_before) const;
   Instance load(std::string_view id, const stdfs::path& base) const;
-  void give_to_sandbox_user(const stdfs::path& dir) const;
+  void give_to(const stdfs::path& dir, const std::optional<users::Identity>& owner) const;
+  // The ids a new image instance gets (as root: the lowest free range above root_range_floor,
+  // none used by an instance or archive of this store); called with the store's lock held.
+  sandbox::UidMapping allocate_ids() const;
+  sandbox::ImageRoot image_root(const Instance& instance) const;
   // The folder of an existing instance that has no live jobs (archive/delete), else UsageError.
   stdfs::path removable_base(std::string_view id, std::string_view action) const;
   void stop_executions(std::string_view id) const;
@@ -275,6 +289,7 @@ class Store {
   bool default_persistent_ = false;
   audit::Rotation rotation_;
   std::string workspace_mount_;
+  stdfs::path images_dir_;
   std::optional<users::Identity> owner_;  // users::sandbox_owner
   JobsGuard* jobs_;
   LivingStop living_stop_;

@@ -63,8 +63,7 @@ files::InstanceView view_of(const ToolContext& ctx, const store::Instance& inst)
   v.output_mount = cfg.ns.output_mount;
   v.workspace = inst.workspace;
   v.output = inst.output;
-  if (auto owner = users::sandbox_owner(cfg.ns.sandbox_uid, cfg.ns.sandbox_gid))
-    v.owner = files::Owner{owner->uid, owner->gid};
+  if (auto owner = ctx.services.store.owner_of(inst)) v.owner = files::Owner{owner->uid, owner->gid};
   return v;
 }
 

@@ -34,6 +34,7 @@ const json kInstanceSchema = output_object(
      {"last_activity", kTime},
      {"network", {{"type", "string"}, {"enum", {"host", "off"}}}},
      {"persistent", of_type("boolean")},
+     {"root", of_type("string")},  // "host" or "image:NAME@VERSION"
      {"hostname", of_type("string")},
      {"workspace", of_type("string")},  // sandbox paths
      {"output", of_type("string")},
@@ -126,7 +127,8 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
       .description =
           fmt::format(
               "Create an instance: a Linux computer whose commands run in a hardened sandbox (read-only "
-              "system, no root). /workspace ($HOME) and /output persist between commands; with persistent "
+              "system, no root; with image: a Debian root of its own where you are root and apt-get install "
+              "persists). /workspace ($HOME) and /output persist between commands; with persistent "
               "(default {}) background processes and /tmp do too ({}). Returns the instance.",
               ctx.services.config.ns.persistent, idle_stop_words(ctx.services.config)),
       .input = input_object({{"instance_id",
@@ -135,7 +137,11 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
                                                "none: a generated one."}}},
                              {"description", {{"type", "string"}, {"description", "What the instance is for."}}},
                              {"network", kNetworkArg},
-                             {"persistent", kPersistentArg}}),
+                             {"persistent", kPersistentArg},
+                             {"image",
+                              {{"type", "string"},
+                               {"description", fmt::format("An image to run on (always persistent); \"\": the "
+                                                           "default, {:?}.", ctx.services.config.ns.default_image)}}}}),
       .output = kInstanceSchema,
       .hints = {.destructive = false, .idempotent = false},
       .handler =
@@ -144,13 +150,21 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
             options.description = string_arg(args, "description");
             options.network = arg_network(args);
             options.persistent = arg_persistent(args);
+            if (args.contains("image")) {
+              options.image = string_arg(args, "image");
+              if (options.image.empty()) options.image = ctx.services.config.ns.default_image;
+              if (options.image.empty())
+                throw UsageError("image \"\" means the default image, and none is configured ([namespace] "
+                                 "default_image); give an image name");
+            }
             const std::string asked = string_arg(args, "instance_id");
             store::Instance inst = ctx.services.store.create(asked, options, actor(rc));
             server.notify_resource_list_changed();
             std::string text = fmt::format(
-                "Created instance '{}' (network {}, {}). Its workspace is {} inside the sandbox and "
+                "Created instance '{}' ({}network {}, {}). Its workspace is {} inside the sandbox and "
                 "persists between commands; results meant to be kept go to {}.",
-                inst.id, config::to_string(inst.network),
+                inst.id, inst.image ? fmt::format("on image {}, as root with a root file system of its own; ", inst.image->image) : "",
+                config::to_string(inst.network),
                 inst.persistent ? "persistent: its sandbox starts with the first command"
                                 : "not persistent: a fresh sandbox per command",
                 ctx.services.config.ns.workspace_mount, ctx.services.config.ns.output_mount);

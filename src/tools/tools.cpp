@@ -62,6 +62,7 @@ mcp::json agent_instance_json(const ToolContext& ctx, const store::Instance& ins
           {"last_activity", timeutil::iso_utc(inst.last_activity())},
           {"network", config::to_string(inst.network)},
           {"persistent", inst.persistent},
+          {"root", inst.meta.root()},
           {"hostname", inst.meta.hostname()},
           {"workspace", ctx.services.config.ns.workspace_mount},
           {"output", ctx.services.config.ns.output_mount}};
