@@ -179,3 +179,31 @@ TEST(StatusStream, ParsesBwrapsConcatenatedDocumentsInPieces) {
   EXPECT_FALSE(setup_failed.exit_code());
   EXPECT_FALSE(setup_failed.malformed());
 }
+
+// An image instance's sandbox: on the instance's root (a descriptor its starter made), no user
+// namespace of bwrap's own (it runs as uid 0 of the instance's), a container's capabilities and
+// never SYS_ADMIN or the network's, the instance's /tmp and /dev/shm writable by everyone inside.
+TEST(BwrapArgv, AnImageInstanceRunsOnItsOwnRootWithTheImageCapabilities) {
+  RunSpec s = spec(config::Network::off);
+  s.target.image = ImageRoot{.image = "test@1", .rootfs = "/images/test/1/rootfs", .layer = "/i/alpha/layer"};
+  FdNumbers fds = kFds;
+  EXPECT_THROW(build_bwrap_argv(seed_namespace(), s, fds, options()), Error);  // no root descriptor
+  fds.root = 9;
+  const auto argv = build_bwrap_argv(seed_namespace(), s, fds, options());
+  EXPECT_TRUE(has_sequence(argv, {"/usr/bin/bwrap", "--bind-fd", "9", "/"}));
+  for (const char* absent : {"--unshare-user", "--unshare-all", "--disable-userns", "CAP_SYS_ADMIN", "CAP_NET_ADMIN",
+                             "CAP_NET_RAW", "/usr", "/etc"})
+    EXPECT_FALSE(has_sequence(argv, {absent})) << absent;
+  EXPECT_TRUE(has_sequence(argv, {"--cap-drop", "ALL", "--cap-add", "CAP_CHOWN"}));
+  EXPECT_TRUE(has_sequence(argv, {"--perms", "1777"}));
+  EXPECT_TRUE(has_sequence(argv, {"--unshare-net"}));
+  EXPECT_TRUE(has_sequence(argv, {"--bind-fd", "5", "/workspace"}));
+  // The mask joined commands keep is the same set: CHOWN (0) in, SYS_ADMIN (21) out.
+  EXPECT_EQ(image_capability_mask() & 1U, 1U);
+  EXPECT_EQ(image_capability_mask() & (std::uint64_t{1} << 21), 0U);
+  EXPECT_EQ(static_cast<std::size_t>(__builtin_popcountll(image_capability_mask())), std::size(kImageCapabilities));
+  // Its commands find the system's tools (useradd) and apt never waits for an answer.
+  const auto env = build_sandbox_env(seed_namespace(), s, [](std::string_view) { return std::nullopt; });
+  EXPECT_NE(std::find(env.begin(), env.end(), "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"), env.end());
+  EXPECT_NE(std::find(env.begin(), env.end(), "DEBIAN_FRONTEND=noninteractive"), env.end());
+}

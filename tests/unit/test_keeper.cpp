@@ -14,6 +14,10 @@ TEST(KeeperArgv, RoundTripsAndKeepsBwrapsArgvWordForWord) {
   in.time_limit = std::chrono::milliseconds(2000);
   in.grace = std::chrono::milliseconds(1000);
   in.bwrap_argv = {"/usr/bin/bwrap", "--die-with-parent", "--", "/bin/sh", "-c", "echo -- --grace-ms 5", ""};
+  in.join_init = 42;
+  in.join_pid_ns = 4026531836;
+  in.join_cwd = "/workspace";
+  in.keep_caps = 0xa80405fb;  // an image instance's job keeps its capabilities inside
   const auto argv = keeper_argv("/opt/ns-hpc", in);
   EXPECT_EQ(argv[0], "/opt/ns-hpc");
   EXPECT_EQ(argv[1], "__keeper");
@@ -22,6 +26,8 @@ TEST(KeeperArgv, RoundTripsAndKeepsBwrapsArgvWordForWord) {
   EXPECT_EQ(out.time_limit.count(), 2000);
   EXPECT_EQ(out.grace.count(), 1000);
   EXPECT_EQ(out.bwrap_argv, in.bwrap_argv);
+  EXPECT_EQ(out.join_init, 42);
+  EXPECT_EQ(out.keep_caps, 0xa80405fbU);
 }
 
 TEST(KeeperArgv, RefusesWhatItDidNotWrite) {

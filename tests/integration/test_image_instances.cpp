@@ -1,0 +1,193 @@
+// Instances on an image, as an agent and a person meet them: a Debian root of the instance's own
+// where commands run as uid 0 and `apt-get install` stays, while on the host they are an
+// unprivileged range that nothing else uses. The image is make test's set-up
+// (scripts/test-image.sh); packages come from the local repository it keeps, served by the test
+// on loopback. Checked from inside, as the sandbox tests check host-root instances.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/file_server.hpp"
+#include "harness.hpp"
+
+using namespace nshpc::test;
+using nlohmann::json;
+
+namespace {
+
+const fs::path kCache = "/var/cache/ns-hpc-test";
+
+// The repository's apt source, and nothing else (no sandbox in a test reaches the mirror).
+std::string use_local_repo(const nshpc::tests::FileServer& repo) {
+  return "rm -f /etc/apt/sources.list /etc/apt/sources.list.d/*; echo 'deb [trusted=yes] " + repo.url() +
+         " ./' > /etc/apt/sources.list.d/local.list && apt-get update -q >/dev/null";
+}
+
+class ImageInstance : public ::testing::Test {
+ protected:
+  ImageInstance()
+      : env_("images_dir = \"" + (kCache / "images").string() + "\"\nidle_stop = 300\n") {}
+
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "image instances as a normal user come with the normal-user path";
+    if (!fs::exists(kCache / "images/test/current"))
+      GTEST_SKIP() << "no test image in " << kCache << " (scripts/test-image.sh, run by make test, builds it)";
+  }
+
+  Result in(const std::string& id, const std::string& script) { return env_.run({"bwrap", id, "--", "/bin/sh", "-c", script}); }
+
+  json metadata(const std::string& id) { return json::parse(read_text(env_.instances() / id / "metadata.json")); }
+
+  Env env_;
+};
+
+}  // namespace
+
+TEST_F(ImageInstance, AptInstallStaysAcrossCommandsJobsRestartsAndServers) {
+  nshpc::tests::FileServer repo(kCache / "repo");
+  env_.create("img-apt", {"--image", "test"});
+  const json meta = metadata("img-apt");
+  EXPECT_EQ(meta["root"].get<std::string>().rfind("image:test@", 0), 0u) << meta.dump();
+  EXPECT_TRUE(meta["persistent"].get<bool>());
+  const uid_t base = meta["ids"]["host_base"].get<uid_t>();
+
+  Result install = in("img-apt", use_local_repo(repo) + " && apt-get install -y -q hello >/dev/null && hello");
+  ASSERT_EQ(install.exit_code, 0) << install.out << install.err;
+  EXPECT_EQ(install.out, "Hello, world!\n");
+  EXPECT_GT(repo.requests(), 0);
+  // On the host the package is in the instance's own layer, owned by its range; the image is
+  // untouched.
+  struct stat st{};
+  ASSERT_EQ(::stat((env_.instances() / "img-apt/layer/upper/usr/bin/hello").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, base);
+  EXPECT_FALSE(fs::exists(kCache / "images/test/current/rootfs/usr/bin/hello"));
+
+  EXPECT_EQ(in("img-apt", "hello").out, "Hello, world!\n");                        // a later command
+  Result job = env_.run({"instance", "run", "img-apt", "--", "hello"});            // a job
+  EXPECT_NE(job.out.find("Hello, world!"), std::string::npos) << job.out << job.err;
+  ASSERT_EQ(env_.run({"instance", "restart", "img-apt"}).exit_code, 0);            // the instance restarted
+  EXPECT_EQ(in("img-apt", "hello").out, "Hello, world!\n");
+  ASSERT_EQ(env_.run({"instance", "stop", "img-apt"}).exit_code, 0);
+  {
+    McpSession mcp(env_);  // a server, after a stop
+    const json r = mcp.call_and_wait("terminal_execute", {{"instance_id", "img-apt"}, {"command", "hello; id -u"}});
+    EXPECT_NE(result_text(r).find("Hello, world!\n0"), std::string::npos) << r.dump();
+    mcp.crash();
+  }
+  McpSession again(env_);  // and the next server, after the last one crashed
+  const json r = again.call_and_wait("terminal_execute", {{"instance_id", "img-apt"}, {"command", "hello"}});
+  EXPECT_NE(result_text(r).find("Hello, world!"), std::string::npos) << r.dump();
+}
+
+TEST_F(ImageInstance, RootInsideIsAnUnprivilegedRangeOfItsOwnOutside) {
+  env_.create("img-a", {"--image", "test"});
+  env_.create("img-b", {"--image", "test"});
+  const uid_t a = metadata("img-a")["ids"]["host_base"].get<uid_t>();
+  const uid_t b = metadata("img-b")["ids"]["host_base"].get<uid_t>();
+  EXPECT_NE(a, b);
+  EXPECT_GE(a, 1u << 20);
+  EXPECT_EQ(a % 65536, 0u);
+
+  Result who = in("img-a", "id -u; id -g; cat /proc/self/uid_map; grep CapEff /proc/self/status; "
+                           "useradd -m agent && su agent -c 'id -un' && echo made > /etc/agent-was-here");
+  ASSERT_EQ(who.exit_code, 0) << who.out << who.err;
+  std::istringstream lines(who.out);
+  std::string uid, gid, map_inside, map_outside, map_count, cap;
+  lines >> uid >> gid >> map_inside >> map_outside >> map_count >> cap >> cap;
+  EXPECT_EQ(uid, "0");
+  EXPECT_EQ(gid, "0");
+  EXPECT_EQ(map_outside, std::to_string(a));
+  EXPECT_EQ(map_count, "65536");
+  // A container's capabilities, but never SYS_ADMIN (bit 21), NET_ADMIN (12) or NET_RAW (13).
+  const unsigned long long caps = std::stoull(cap, nullptr, 16);
+  EXPECT_NE(caps & 1ULL, 0ULL) << cap;  // CHOWN
+  EXPECT_EQ(caps & ((1ULL << 21) | (1ULL << 12) | (1ULL << 13)), 0ULL) << cap;
+  EXPECT_NE(who.out.find("agent\n"), std::string::npos) << who.out;
+  EXPECT_FALSE(fs::exists("/etc/agent-was-here"));
+
+  // Those capabilities hold in the instance's own namespaces only: nothing of the host's.
+  Result host = in("img-a",
+                   "mknod /tmp/mem c 1 1 2>&1 | grep -c 'Operation not permitted'; "
+                   "date -s '2001-01-01' >/dev/null 2>&1 || echo no-clock; "
+                   "echo 1 > /proc/sys/kernel/sysrq 2>/dev/null || echo no-sysctl; "
+                   "unshare -U true 2>/dev/null || echo no-userns; "
+                   "mount -t tmpfs x /mnt 2>/dev/null || echo no-mount; "
+                   "chown 70000 /tmp 2>/dev/null || echo no-foreign-owner; "
+                   "ls /proc | grep -c '^[0-9]'");
+  EXPECT_NE(host.out.find("1\nno-clock\nno-sysctl\nno-userns\nno-mount\nno-foreign-owner\n"), std::string::npos)
+      << host.out << host.err;
+  const int pids = std::stoi(host.out.substr(host.out.rfind("\n", host.out.size() - 2) + 1));
+  EXPECT_LE(pids, 6) << "host processes are visible: " << host.out;
+
+  // The host sees the sandbox's processes as the instance's range, never root.
+  Result ps = env_.run({"instance", "ps", "img-a"});
+  std::istringstream table(ps.out);
+  std::string header;
+  std::getline(table, header);
+  int seen = 0;
+  for (std::string row; std::getline(table, row);) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(row.c_str()));
+    struct stat st{};
+    if (pid <= 0 || ::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) continue;
+    ++seen;
+    EXPECT_EQ(st.st_uid, a) << row;
+  }
+  EXPECT_GT(seen, 0) << ps.out;
+
+  // Nothing of the other instance, the host's instance folders or the server's secrets.
+  std::ofstream(env_.instances() / "img-b/workspace/b-secret.txt") << "b's data";
+  Result other = in("img-a", "cat " + (env_.instances() / "img-b/workspace/b-secret.txt").string() +
+                                 " 2>/dev/null; env; cat /proc/self/mountinfo; ls /");
+  EXPECT_EQ(other.out.find("b's data"), std::string::npos) << other.out;
+  EXPECT_EQ(other.out.find(kSecret), std::string::npos);
+  EXPECT_EQ(other.out.find(env_.instances().string() + "/img-b"), std::string::npos) << other.out;
+}
+
+TEST_F(ImageInstance, FilesMadeOnEitherSideBelongToTheInstancesRoot) {
+  env_.create("img-files", {"--image", "test"});
+  const uid_t base = metadata("img-files")["ids"]["host_base"].get<uid_t>();
+  struct stat st{};
+  ASSERT_EQ(::stat((env_.instances() / "img-files/workspace").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, base);
+  McpSession mcp(env_);
+  const json w = mcp.call_and_wait("write_file", {{"instance_id", "img-files"}, {"path", "notes/from-agent.txt"}, {"content", "hello\n"}});
+  ASSERT_FALSE(w["result"].value("isError", false)) << w.dump();
+  ASSERT_EQ(::stat((env_.instances() / "img-files/workspace/notes/from-agent.txt").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, base);
+  const json t = mcp.call_and_wait(
+      "terminal_execute", {{"instance_id", "img-files"}, {"command", "stat -c '%U %a' notes/from-agent.txt; cat notes/from-agent.txt; echo made > inside.txt"}});
+  EXPECT_NE(result_text(t).find("root 644\nhello"), std::string::npos) << t.dump();
+  const json r = mcp.call_and_wait("read_file", {{"instance_id", "img-files"}, {"path", "inside.txt"}});
+  EXPECT_NE(result_text(r).find("made"), std::string::npos) << r.dump();
+}
+
+TEST_F(ImageInstance, WhatCannotWorkIsRefusedWithTheReason) {
+  Result unknown = env_.run({"instance", "create", "img-x", "--image", "no-such-image"});
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.err.find("there is no image 'no-such-image'"), std::string::npos) << unknown.err;
+  EXPECT_NE(unknown.err.find("ns-hpc image build no-such-image"), std::string::npos) << unknown.err;
+  EXPECT_FALSE(fs::exists(env_.instances() / "img-x"));
+
+  Result ephemeral = env_.run({"instance", "create", "img-x", "--image", "test", "--no-persistent"});
+  EXPECT_NE(ephemeral.err.find("always persistent"), std::string::npos) << ephemeral.err;
+
+  env_.create("img-slurm", {"--image", "test"});
+  Result slurm = env_.run({"instance", "run", "img-slurm", "--slurm", "--", "true"});
+  EXPECT_NE(slurm.exit_code, 0);
+  EXPECT_NE(slurm.err.find("a compute node has neither"), std::string::npos) << slurm.err;
+  Result update = env_.run({"instance", "update", "img-slurm", "--no-persistent"});
+  EXPECT_NE(update.err.find("always persistent"), std::string::npos) << update.err;
+
+  // A layer changed behind ns-hpc's back (its folder no longer the instance root's) is named at
+  // the start, never left to fail later inside.
+  ASSERT_EQ(::chown((env_.instances() / "img-slurm/layer/upper").c_str(), 0, 0), 0);
+  Result broken = in("img-slurm", "true");
+  EXPECT_NE(broken.exit_code, 0);
+  EXPECT_NE(broken.err.find("is not a folder of the instance's root"), std::string::npos) << broken.err;
+  EXPECT_NE(broken.err.find("instance reset"), std::string::npos) << broken.err;
+}
