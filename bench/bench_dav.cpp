@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
   char tmpl[] = "/tmp/nshpc-bench-dav-XXXXXX";
   const stdfs::path root = ::mkdtemp(tmpl);
   const stdfs::path config = root / "config.toml";
-  std::ofstream(config) << "[namespace]\ninstances_dir = \"" << (root / "instances").string() << "\"\n[server]\nauth_token = \""
+  std::ofstream(config) << "[namespace]\ndefault_image = \"\"\ninstances_dir = \"" << (root / "instances").string() << "\"\n[server]\nauth_token = \""
                         << kToken << "\"\nstate_dir = \"" << (root / "state").string() << "\"\n[dav]\nenabled = true\n";
   const std::string cli = binary + " --config " + config.string();
   run(cli + " instance create bench-dav >/dev/null 2>&1");

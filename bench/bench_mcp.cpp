@@ -198,7 +198,7 @@ void bench_listing(const std::string& binary, const fs::path& root) {
     std::ofstream(dir / id / "audit.log") << "{\"event\":\"instance.created\"}\n";
   }
   const fs::path config = root / "config-10k.toml";
-  std::ofstream(config) << "[namespace]\ninstances_dir = \"" << dir.string() << "\"\n[server]\nstate_dir = \""
+  std::ofstream(config) << "[namespace]\ndefault_image = \"\"\ninstances_dir = \"" << dir.string() << "\"\n[server]\nstate_dir = \""
                         << (root / "state").string() << "\"\n";
   Server server(binary, config);
   const json page_args = {{"limit", 50}};
@@ -251,12 +251,12 @@ int main(int argc, char** argv) {
   const fs::path root = ::mkdtemp(tmpl);
   ::chmod(root.c_str(), 0755);
   const fs::path config = root / "config.toml";
-  std::ofstream(config) << "[namespace]\ninstances_dir = \"" << (root / "instances").string() << "\"\n";
+  std::ofstream(config) << "[namespace]\ndefault_image = \"\"\ninstances_dir = \"" << (root / "instances").string() << "\"\n";
   Server server(binary, config);
   server.tool("create_instance", {{"instance_id", "bench"}});
   // The same store without cgroups: what terminal_execute's own cgroup ([terminal.limits]) costs.
   const fs::path config_nocg = root / "config-nocg.toml";
-  std::ofstream(config_nocg) << "[namespace]\ninstances_dir = \"" << (root / "instances").string()
+  std::ofstream(config_nocg) << "[namespace]\ndefault_image = \"\"\ninstances_dir = \"" << (root / "instances").string()
                              << "\"\n[jobs.local]\nuse_cgroups = false\n";
   Server nocg(binary, config_nocg);
 
@@ -339,7 +339,7 @@ int main(int argc, char** argv) {
 
   // Server memory with 100 living instances running, then with the same 100 stopped.
   const fs::path config_many = root / "config-many.toml";
-  std::ofstream(config_many) << "[namespace]\ninstances_dir = \"" << (root / "many").string() << "\"\npersistent = true\n";
+  std::ofstream(config_many) << "[namespace]\ndefault_image = \"\"\ninstances_dir = \"" << (root / "many").string() << "\"\npersistent = true\n";
   long rss_running = 0, rss_stopped = 0;
   {
     Server many(binary, config_many);

@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   const fs::path root = ::mkdtemp(tmpl);
   ::chmod(root.c_str(), 0755);
   const fs::path config = root / "config.toml";
-  std::ofstream(config) << "[namespace]\ninstances_dir = \"" << (root / "instances").string() << "\"\n";
+  std::ofstream(config) << "[namespace]\ndefault_image = \"\"\ninstances_dir = \"" << (root / "instances").string() << "\"\n";
   if (std::system((nshpc + " --config " + config.string() + " instance create bench >/dev/null").c_str()) != 0) {
     std::fprintf(stderr, "bench: could not create the bench instance\n");
     return 1;

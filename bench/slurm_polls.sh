@@ -41,6 +41,7 @@ INTERVAL=1
 cat >"$WORK/config.toml" <<C
 [namespace]
 instances_dir = "$WORK/instances"
+default_image = ""
 [jobs]
 max_running = 5000
 max_running_per_instance = 5000

@@ -294,6 +294,15 @@ UniqueFd open_dir_path(const stdfs::path& path) {
   return fd;
 }
 
+std::string self_program(std::string_view why) {
+  std::error_code ec;
+  std::string path = stdfs::read_symlink("/proc/self/exe", ec).string();
+  if (ec) throw SysError(ec.value(), "readlink", fmt::format("/proc/self/exe (the path of ns-hpc, {})", why));
+  constexpr std::string_view deleted = " (deleted)";
+  if (path.size() > deleted.size() && path.ends_with(deleted)) path.resize(path.size() - deleted.size());
+  return path;
+}
+
 std::optional<std::string> find_program(const std::string& name) {
   if (name.find('/') != std::string::npos)
     return ::access(name.c_str(), X_OK) == 0 ? std::optional<std::string>(name) : std::nullopt;

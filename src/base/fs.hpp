@@ -66,6 +66,10 @@ UniqueFd open_dir_path(const stdfs::path& path);
 // The first executable `name` on $PATH (or `name` itself when it contains a '/').
 std::optional<std::string> find_program(const std::string& name);
 
+// This program's own path (/proc/self/exe; when the file was replaced on disk, its successor's).
+// `why` says what it is for, in the error. Throws SysError.
+std::string self_program(std::string_view why);
+
 // Expands a leading "~" and $VAR / ${VAR} references (HOME for ~). Unknown variables expand to "".
 std::string expand_user_vars(std::string_view text,
                              const std::function<std::optional<std::string>(std::string_view)>& env);

@@ -388,6 +388,45 @@ Check check_image_layers(const config::Config& cfg) {
   return c;
 }
 
+// The image `--image` without a name and the mcp-virtual-computer entry point use; with --fix
+// built now when it is missing (a minute or two, from the mirror the host's apt uses).
+Check check_default_image(const config::Config& cfg, bool fix) {
+  Check c{"default image ([namespace] default_image)"};
+  c.required = false;
+  const std::string& name = cfg.ns.default_image;
+  if (name.empty()) {
+    c.ok = true;
+    c.detail = "none configured";
+    return c;
+  }
+  try {
+    const sandbox::ImageStore images(cfg.ns.images_dir);
+    if (auto v = images.current(name)) {
+      c.ok = true;
+      c.detail = fmt::format("'{}' version {} in {}", name, v->version, cfg.ns.images_dir.string());
+      return c;
+    }
+    if (auto b = images.building(name)) {
+      c.detail = fmt::format("'{}' is being built now (pid {}; now: {})", name, b->pid, b->line);
+      c.fix = "wait a minute or two: 'ns-hpc image list' shows how far it is";
+      return c;
+    }
+    if (fix) {
+      const sandbox::ImageVersion v = build_image(images, {.name = name, .only_if_missing = true});
+      c.ok = true;
+      c.detail = fmt::format("'{}' version {} built now in {}", name, v.version, cfg.ns.images_dir.string());
+      return c;
+    }
+    c.detail = fmt::format("'{}' is not built yet (the server builds it in the background when it starts)", name);
+    c.fix = fmt::format("ns-hpc doctor --fix, or ns-hpc image build {} (a minute or two, from the mirror the host's apt "
+                        "uses)", name);
+  } catch (const std::exception& e) {
+    c.detail = fmt::format("'{}': {}", name, e.what());
+    c.fix = "see 'ns-hpc image build --help'";
+  }
+  return c;
+}
+
 void print_text(const std::vector<Check>& checks, bool ok) {
   std::puts("ns-hpc doctor\n");
   for (const auto& c : checks) {
@@ -406,7 +445,9 @@ void add_doctor_command(CLI::App& app, Invocation& inv) {
   auto json = std::make_shared<bool>(false);
   auto* cmd = app.add_subcommand("doctor", "Check that this machine can run ns-hpc sandboxes");
   cmd->add_flag("--json", *json, "Print JSON");
-  cmd->callback([&inv, json] {
+  auto fix = std::make_shared<bool>(false);
+  cmd->add_flag("--fix", *fix, "Fix what ns-hpc can itself: build the default image when it is missing");
+  cmd->callback([&inv, json, fix] {
     std::vector<Check> checks;
     const config::Config* cfg = nullptr;
     std::optional<config::Config> fallback;
@@ -427,6 +468,7 @@ void add_doctor_command(CLI::App& app, Invocation& inv) {
     checks.push_back(check_living(inv, *cfg));
     checks.push_back(check_image_builds());
     checks.push_back(check_image_layers(*cfg));
+    checks.push_back(check_default_image(*cfg, *fix));
     checks.push_back(check_slurm());
     if (checks.back().ok) {
       checks.push_back(check_slurm_controller(*cfg));

@@ -1,7 +1,9 @@
 // ns-hpc image build|list|rm: the Debian root file systems instances can run on.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -50,21 +52,10 @@ void add_image_commands(CLI::App& app, Invocation& inv) {
   build->add_option("name", request->name, "Image name (1-63 of A-Z a-z 0-9 _ . -)")->required();
   build->add_option("--suite", request->suite, "Debian suite (default bookworm)");
   build->add_option("--include", request->include, "More packages, comma-separated")->delimiter(',');
+  build->add_flag("--if-missing", request->only_if_missing, "Build only when the image has no version yet");
   build->callback([&inv, request] {
     sandbox::validate_image_name(request->name);
-    sandbox::ImageStore images = image_store(inv);
-    const bool tty = ::isatty(STDERR_FILENO) != 0;
-    std::fprintf(stderr, "ns-hpc: building image '%s' (%s) in %s\n", request->name.c_str(), request->suite.c_str(),
-                 images.dir().c_str());
-    const sandbox::ImageVersion v = images.build(*request, [tty](std::string_view line) {
-      // mmdebstrap's status lines ("I: …", "W: …"); on a terminal each replaces the last.
-      if (line.empty()) return;
-      if (tty)
-        std::fprintf(stderr, "\r\033[K%.*s", static_cast<int>(std::min<std::size_t>(line.size(), 160)), line.data());
-      else
-        std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
-    });
-    if (tty) std::fputs("\r\033[K", stderr);
+    const sandbox::ImageVersion v = build_image(image_store(inv), *request);
     std::printf("Built image '%s' version %s (%s) at %s\n", v.name.c_str(), v.version.c_str(), mib(v.bytes).c_str(),
                 v.rootfs.c_str());
   });
@@ -91,12 +82,26 @@ void add_image_commands(CLI::App& app, Invocation& inv) {
       rows.push_back({v.name, v.version, v.current ? "yes" : "", v.suite, mib(v.bytes), short_time(v.built_at),
                       on.empty() ? "-" : fmt::format("{}", fmt::join(on, ","))});
     }
+    // Builds going on now (the server's background build of the default image, another shell's).
+    std::vector<std::string> building;
+    const sandbox::ImageStore images = image_store(inv);
+    std::set<std::string> names{inv.config().ns.default_image};
+    for (const auto& v : images.list()) names.insert(v.name);
+    for (const auto& name : names) {
+      if (name.empty()) continue;
+      const auto b = images.building(name);
+      if (!b) continue;
+      const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now() - b->started).count();
+      out.push_back({{"name", name}, {"building", true}, {"building_for_seconds", seconds}, {"progress", b->line}});
+      building.push_back(fmt::format("Being built: '{}' ({} s so far; now: {})", name, seconds, b->line));
+    }
     if (*json_out) {
       print_json(out);
-    } else if (rows.size() == 1) {
+    } else if (rows.size() == 1 && building.empty()) {
       std::puts("No images; build one with 'ns-hpc image build NAME'.");
     } else {
-      print_table(rows);
+      if (rows.size() > 1) print_table(rows);
+      for (const auto& line : building) std::puts(line.c_str());
     }
   });
 

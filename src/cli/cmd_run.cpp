@@ -91,7 +91,22 @@ int serve(Invocation& inv, Serve&& transport) {
       log::warn("finishing earlier deletes: {}", e.what());
     }
   });
-  const tools::Services services{cfg, inv.store(), inv.backend(), &engine};
+  // The default image, when it is missing, is built in the background: the first instance on it
+  // then needs no wait for a build (a minute or two), and create_instance says how far it is.
+  sandbox::BackgroundBuilds image_builds(sandbox::ImageStore(cfg.ns.images_dir),
+                                         config::self_command(cfg, "for a background image build"));
+  if (!cfg.ns.default_image.empty()) {
+    try {
+      if (!image_builds.images().current(cfg.ns.default_image)) {
+        image_builds.start({.name = cfg.ns.default_image});
+        log::info("the default image '{}' is not built yet: building it in the background (log: {}/.building/{}.log)",
+                  cfg.ns.default_image, cfg.ns.images_dir.string(), cfg.ns.default_image);
+      }
+    } catch (const std::exception& e) {
+      log::warn("the default image '{}' cannot be built in the background: {}", cfg.ns.default_image, e.what());
+    }
+  }
+  const tools::Services services{cfg, inv.store(), inv.backend(), &engine, &image_builds};
   mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
   tools::register_all(server, services);
   // A subscribed instance resource hears of its living sandbox starting and stopping.

@@ -1,6 +1,8 @@
 #include "cli/output.hpp"
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -30,6 +32,23 @@ nlohmann::json archived_json(const store::ArchivedInstance& a) {
           {"archived_at", a.meta.archived_at()},
           {"description", a.meta.description()},
           {"path", a.base.string()}};
+}
+
+sandbox::ImageVersion build_image(const sandbox::ImageStore& images, const sandbox::ImageBuild& request) {
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  std::fprintf(stderr, "ns-hpc: building image '%s' (%s) in %s\n", request.name.c_str(), request.suite.c_str(),
+               images.dir().c_str());
+  sandbox::ImageStore store = images;
+  const sandbox::ImageVersion v = store.build(request, [tty](std::string_view line) {
+    // mmdebstrap's status lines ("I: …", "W: …").
+    if (line.empty()) return;
+    if (tty)
+      std::fprintf(stderr, "\r\033[K%.*s", static_cast<int>(std::min<std::size_t>(line.size(), 160)), line.data());
+    else
+      std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+  });
+  if (tty) std::fputs("\r\033[K", stderr);
+  return v;
 }
 
 void print_json(const nlohmann::json& value) {

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sandbox/images.hpp"
 #include "store/store.hpp"
 
 namespace nshpc::cli {
@@ -17,6 +18,10 @@ void print_json(const nlohmann::json& value);
 
 // Prints rows as aligned columns (the last column is not padded).
 void print_table(const std::vector<std::vector<std::string>>& rows);
+
+// Builds an image in the foreground, mmdebstrap's status lines on stderr as they come (on a
+// terminal each replaces the last): `ns-hpc image build` and `doctor --fix`.
+sandbox::ImageVersion build_image(const sandbox::ImageStore& images, const sandbox::ImageBuild& request);
 
 // "2026-06-12 10:31:02" from an ISO time (local to UTC, seconds precision); "-" when empty.
 std::string short_time(const std::string& iso);

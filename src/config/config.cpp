@@ -194,6 +194,12 @@ Loaded check_file(const stdfs::path& file, const EnvLookup& env) {
   return load_layers({{absolute_file(file), "config file", true}}, env ? env : process_env(), running_as_root());
 }
 
+std::vector<std::string> self_command(const Config& config, std::string_view why) {
+  std::vector<std::string> cmd{fs::self_program(why)};
+  if (config.explicit_file) cmd.insert(cmd.end(), {"--config", config.explicit_file->string()});
+  return cmd;
+}
+
 Config built_in(const EnvLookup& env, bool as_root) {
   return load_layers({}, env ? env : process_env(), as_root).config;
 }

@@ -251,6 +251,10 @@ Loaded load(const LoadOptions& options = {});
 // Validates one file on top of the defaults (for `ns-hpc config check FILE`).
 Loaded check_file(const std::filesystem::path& file, const EnvLookup& env = process_env());
 
+// How another process runs this ns-hpc with the same configuration: this binary's path, and
+// --config FILE when one was given (a batch job's, a background image build's).
+std::vector<std::string> self_command(const Config& config, std::string_view why);
+
 // The built-in defaults alone (no file read, NS_HPC_CONFIG ignored).
 Config built_in(const EnvLookup& env = process_env(), bool as_root = running_as_root());
 

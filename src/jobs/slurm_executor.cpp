@@ -52,16 +52,7 @@ std::vector<stdfs::path> SlurmExecutor::folders(const store::Instance&) const { 
 std::vector<std::string> SlurmExecutor::batch_command(const store::Instance& inst, const std::string& job_id,
                                                const std::vector<std::string>& argv) const {
   std::vector<std::string> cmd = config_.jobs.slurm.ns_hpc_command;
-  if (cmd.empty()) {
-    std::error_code ec;
-    const stdfs::path self = stdfs::read_symlink("/proc/self/exe", ec);
-    if (ec) throw SysError(ec.value(), "readlink", "/proc/self/exe (the path of ns-hpc for batch jobs)");
-    cmd.push_back(self.string());
-    if (config_.explicit_file) {
-      cmd.push_back("--config");
-      cmd.push_back(config_.explicit_file->string());
-    }
-  }
+  if (cmd.empty()) cmd = config::self_command(config_, "for batch jobs");
   cmd.push_back("bwrap");
   // A batch job always runs in a fresh sandbox on its node, never in a living instance's.
   cmd.push_back("--fresh");

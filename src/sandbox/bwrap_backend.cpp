@@ -1037,14 +1037,7 @@ class BwrapBackend final : public Backend {
   // This binary's path (the keeper's argv[0], and what a command_prefix executes).
   std::string self_path() const {
     std::lock_guard lock(mutex_);
-    if (self_path_.empty()) {
-      std::error_code ec;
-      std::string path = stdfs::read_symlink("/proc/self/exe", ec).string();
-      if (ec) throw SysError(ec.value(), "readlink", "/proc/self/exe (the path of ns-hpc, for the job keeper)");
-      constexpr std::string_view deleted = " (deleted)";  // replaced on disk: its successor is there
-      if (path.size() > deleted.size() && path.ends_with(deleted)) path.resize(path.size() - deleted.size());
-      self_path_ = path;
-    }
+    if (self_path_.empty()) self_path_ = fs::self_program("for the job keeper");
     return self_path_;
   }
 

@@ -1,5 +1,8 @@
 #include "sandbox/images.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +20,7 @@
 #include "base/log.hpp"
 #include "base/process.hpp"
 #include "base/random.hpp"
+#include "base/spawn.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
 
@@ -315,14 +319,38 @@ ImageVersion ImageStore::build(const ImageBuild& request, const std::function<vo
     throw UsageError("building an image as a normal user needs newuidmap (Debian's uidmap package) and a range in "
                      "/etc/subuid; ask an administrator, or use an image built by root");
 
-  const std::vector<std::string> mirrors = image_mirror_lines(host_sources(), host_codename(), request.suite);
-  const CommandResult dump = run_command({"apt-config", "dump"}, {}, std::chrono::seconds(20));
-  const std::vector<std::string> options = image_build_apt_options(dump.exit_code == 0 ? dump.out : "");
-
   fs::make_dirs(dir_ / kBuilding, 0755);
   // One build of a name at a time; what a crashed one left is swept under that lock.
   const fs::FileLock build_lock(dir_ / kBuilding / (request.name + ".lock"));
   sweep_building(dir_ / kBuilding, request.name + "-");
+  if (request.only_if_missing)
+    if (auto built = current(request.name)) return *built;  // another build made it meanwhile
+  // Where any process sees how far it is (building()); gone with the build.
+  const stdfs::path progress_file = dir_ / kBuilding / (request.name + ".progress");
+  const std::int64_t started_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      std::chrono::system_clock::now().time_since_epoch()).count();
+  auto note = [&](std::string_view line) {
+    try {
+      fs::atomic_write(progress_file,
+                       json{{"pid", ::getpid()}, {"started_ms", started_ms}, {"line", std::string(line)}}.dump() + "\n", 0644);
+    } catch (const std::exception& e) {
+      log::debug("image build progress not written: {}", e.what());
+    }
+  };
+  struct Forget {
+    stdfs::path path;
+    ~Forget() { ::unlink(path.c_str()); }
+  } forget{progress_file};
+  note("reading the host's apt sources and options");
+  const std::vector<std::string> mirrors = image_mirror_lines(host_sources(), host_codename(), request.suite);
+  const CommandResult dump = run_command({"apt-config", "dump"}, {}, std::chrono::seconds(20));
+  const std::vector<std::string> options = image_build_apt_options(dump.exit_code == 0 ? dump.out : "");
+
+  note("starting mmdebstrap");
+  const auto report = [&](std::string_view line) {
+    note(line);
+    if (progress) progress(line);
+  };
   const stdfs::path work = dir_ / kBuilding / fmt::format("{}-{}", request.name, random::hex(4));
   fs::make_dirs(work, 0755);
   struct Cleanup {
@@ -346,7 +374,7 @@ ImageVersion ImageStore::build(const ImageBuild& request, const std::function<vo
   argv.push_back((work / "rootfs").string());
   for (const auto& m : mirrors) argv.push_back(m);  // none: mmdebstrap's own default mirror
   const auto started = std::chrono::steady_clock::now();
-  const CommandResult r = run_command(argv, {}, kBuildTimeout, 1024 * 1024, progress);
+  const CommandResult r = run_command(argv, {}, kBuildTimeout, 1024 * 1024, report);
   if (r.exit_code != 0 || r.timed_out)
     throw Error(fmt::format("building image '{}' failed: {}", request.name, describe_failure(argv, r)));
   if (stdfs::exists(work / "rootfs" / std::string(kBuildOptionsFile).substr(1)))
@@ -374,6 +402,61 @@ ImageVersion ImageStore::build(const ImageBuild& request, const std::function<vo
   cleanup.armed = false;
   set_current(dir_ / request.name, version);
   return *read_version(dir_, request.name, version, version);
+}
+
+std::optional<BuildProgress> ImageStore::building(std::string_view name) const {
+  validate_image_name(name);
+  const stdfs::path lock = dir_ / kBuilding / (std::string(name) + ".lock");
+  UniqueFd fd(::open(lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) return std::nullopt;
+  if (::flock(fd.get(), LOCK_SH | LOCK_NB) == 0) return std::nullopt;  // nobody holds it: no build
+  BuildProgress p;
+  p.started = std::chrono::system_clock::now();
+  const auto text = fs::read_file(dir_ / kBuilding / (std::string(name) + ".progress"));
+  const json doc = json::parse(text.value_or(""), nullptr, false);
+  if (doc.is_object()) {
+    p.line = doc.value("line", "");
+    p.pid = doc.value("pid", 0);
+    p.started = std::chrono::system_clock::time_point(std::chrono::milliseconds(doc.value("started_ms", std::int64_t{0})));
+  }
+  return p;
+}
+
+BuildProgress BackgroundBuilds::start(const ImageBuild& request) {
+  validate_image_name(request.name);
+  std::lock_guard lock(mutex_);
+  std::erase_if(children_, [](const auto& child) {
+    siginfo_t info{};
+    return ::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(child.second.first.get()), &info,
+                    WEXITED | WNOHANG) < 0 ||
+           info.si_pid != 0;  // reaped now (or not ours to reap)
+  });
+  if (auto running = images_.building(request.name)) return *running;
+  if (auto ours = children_.find(request.name); ours != children_.end()) return ours->second.second;
+  if (!fs::find_program("mmdebstrap"))
+    throw UsageError("mmdebstrap is not installed: install Debian's mmdebstrap package (apt-get install mmdebstrap)");
+  fs::make_dirs(images_.dir() / kBuilding, 0755);
+  const stdfs::path log_file = images_.dir() / kBuilding / (request.name + ".log");
+  UniqueFd out(::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!out) throw SysError(errno, "create", log_file.string());
+  UniqueFd null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  SpawnSpec spec;
+  spec.program = command_.at(0);
+  spec.argv = command_;
+  spec.argv.insert(spec.argv.end(), {"image", "build", request.name, "--if-missing", "--suite", request.suite});
+  if (!request.include.empty()) spec.argv.push_back("--include=" + fmt::format("{}", fmt::join(request.include, ",")));
+  spec.fds = {{null.get(), 0}, {out.get(), 1}, {out.get(), 2}};
+  spec.new_session = true;  // no terminal signal of the server's reaches it
+  spec.cwd = "/";
+  SpawnedChild child = spawn(spec);
+  UniqueFd pidfd(::fcntl(child.pidfd(), F_DUPFD_CLOEXEC, 3));
+  child.release();
+  BuildProgress started;
+  started.started = std::chrono::system_clock::now();
+  started.line = "starting";
+  started.pid = child.pid();
+  children_[request.name] = {std::move(pidfd), started};
+  return started;
 }
 
 void ImageStore::remove(std::string_view name_view, std::optional<std::string_view> only, const ImageUsers& in_use) {

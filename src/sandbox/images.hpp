@@ -13,6 +13,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -21,6 +22,9 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <mutex>
+
+#include "base/fd.hpp"
 
 namespace nshpc::sandbox {
 
@@ -39,6 +43,7 @@ struct ImageBuild {
   std::string name;
   std::string suite = "bookworm";
   std::vector<std::string> include;  // packages beyond the `apt` variant's
+  bool only_if_missing = false;      // no new version when the image has one (a background build's)
 };
 
 // Throws UsageError naming the rule when `name` cannot name an image (the instance id rule:
@@ -58,6 +63,13 @@ std::vector<std::string> image_mirror_lines(const std::vector<std::string>& host
 // output): proxies and other Acquire:: settings and the credentials folder. They are given to
 // mmdebstrap for the build only and removed from the image before it is kept.
 std::vector<std::string> image_build_apt_options(std::string_view apt_config_dump);
+
+// A build going on now (in this process or another): since when, and mmdebstrap's last line.
+struct BuildProgress {
+  std::chrono::system_clock::time_point started;
+  std::string line;
+  pid_t pid = 0;  // the building process
+};
 
 // "name@version" → the instances whose root is that image version.
 using ImageUsers = std::map<std::string, std::vector<std::string>>;
@@ -80,6 +92,10 @@ class ImageStore {
   // normal user has no subordinate range, Error with mmdebstrap's last lines when it fails.
   ImageVersion build(const ImageBuild& request, const std::function<void(std::string_view)>& progress);
 
+  // The build of `name` going on now, by any process; nullopt when none is.
+  std::optional<BuildProgress> building(std::string_view name) const;
+
+
   // Removes an image, every version, or one version (then, when it was current, the newest
   // other one becomes current). Refused (UsageError naming them) while an instance uses a version
   // to remove; UsageError when there is no such image or version.
@@ -87,6 +103,29 @@ class ImageStore {
 
  private:
   std::filesystem::path dir_;
+};
+
+// Image builds this process started in the background (a server's default image): each a
+// process of its own session, `ns_hpc_command image build NAME --if-missing`, that goes on when
+// this process ends first and is reaped here when it ends first.
+class BackgroundBuilds {
+ public:
+  BackgroundBuilds(ImageStore images, std::vector<std::string> ns_hpc_command)
+      : images_(std::move(images)), command_(std::move(ns_hpc_command)) {}
+
+  // Starts a build of `request` unless one of that name runs already (in any process); its
+  // output goes to .building/NAME.log. Returns how far the running build is. Throws UsageError
+  // when mmdebstrap is missing.
+  BuildProgress start(const ImageBuild& request);
+  const ImageStore& images() const { return images_; }
+
+ private:
+  ImageStore images_;
+  std::vector<std::string> command_;
+  std::mutex mutex_;
+  // The builds started here, by name, until reaped (one that has not taken its lock yet still
+  // counts as running: a second is never started beside it).
+  std::map<std::string, std::pair<UniqueFd, BuildProgress>> children_;
 };
 
 }  // namespace nshpc::sandbox

@@ -120,6 +120,24 @@ lifecycle::Lifecycle lifecycle_of(const ToolContext& ctx) {
   return {ctx.services.config, ctx.services.store, ctx.services.backend, ctx.services.jobs};
 }
 
+// An image that is being built (the default one is started here when missing) is not waited
+// for: a build takes a minute or two, longer than a client waits for an answer. The call says
+// how far it is, at once (and as progress to a client that asked for it).
+void refuse_while_building(const ToolContext& ctx, const std::string& name, mcp::RequestContext& rc) {
+  const sandbox::ImageStore images(ctx.services.config.ns.images_dir);
+  sandbox::validate_image_name(name);
+  if (images.current(name)) return;
+  std::optional<sandbox::BuildProgress> build = images.building(name);
+  if (!build && name == ctx.services.config.ns.default_image && ctx.services.image_builds)
+    build = ctx.services.image_builds->start({.name = name});
+  if (!build) return;  // the store says there is no such image, and how to build it
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now() - build->started);
+  const std::string message = fmt::format("image '{}' is being built ({} s so far; now: {})", name,
+                                          std::max<std::int64_t>(0, seconds.count()), text::truncate_utf8(build->line, 200));
+  rc.progress(0, std::nullopt, message);
+  throw UsageError(message + "; a build takes a minute or two: call create_instance again then");
+}
+
 void add_create(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "create_instance",
@@ -156,6 +174,7 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
               if (options.image.empty())
                 throw UsageError("image \"\" means the default image, and none is configured ([namespace] "
                                  "default_image); give an image name");
+              refuse_while_building(ctx, options.image, rc);
             }
             const std::string asked = string_arg(args, "instance_id");
             store::Instance inst = ctx.services.store.create(asked, options, actor(rc));

@@ -10,6 +10,7 @@
 #include "config/config.hpp"
 #include "jobs/jobs.hpp"
 #include "mcp/server.hpp"
+#include "sandbox/images.hpp"
 #include "sandbox/sandbox.hpp"
 #include "store/store.hpp"
 
@@ -20,6 +21,8 @@ struct Services {
   store::Store& store;
   sandbox::Backend& backend;
   jobs::Engine* jobs = nullptr;  // the job tools are registered when set
+  // Where a missing default image is built in the background (create_instance); null: it is not.
+  sandbox::BackgroundBuilds* image_builds = nullptr;
 };
 
 // Server metadata (name, version, instructions for the agent).

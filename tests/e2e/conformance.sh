@@ -206,6 +206,7 @@ chmod 0755 "$home" "$home/instances"
 cat >"$home/config.toml" <<EOF
 [namespace]
 instances_dir = "$home/instances"
+default_image = ""
 [resource]
 context_dirs = ["$home/context"]
 EOF

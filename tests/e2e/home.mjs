@@ -29,7 +29,7 @@ export function makeHome(prefix, extraConfig = '') {
   fs.mkdirSync(home.xdg, { recursive: true });
   fs.writeFileSync(
     home.config,
-    `[namespace]\ninstances_dir = ${JSON.stringify(home.instancesDir)}\n` +
+    `[namespace]\ninstances_dir = ${JSON.stringify(home.instancesDir)}\ndefault_image = ""\n` +
       `[resource]\ncontext_dirs = [${JSON.stringify(home.contextDir)}]\n` +
       extraConfig,
   );

@@ -18,6 +18,7 @@ mkdir -p "$TMP/instances" "$TMP/context" "$TMP/xdg" "$TMP/run"
 cat >"$TMP/config.toml" <<EOF
 [namespace]
 instances_dir = "$TMP/instances"
+default_image = ""
 [resource]
 context_dirs = ["$TMP/context"]
 EOF

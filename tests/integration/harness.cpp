@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -53,8 +54,11 @@ Env::Env(const std::string& extra_toml) {
   char tmpl[] = "/tmp/nshpc-it-XXXXXX";
   root_ = ::mkdtemp(tmpl);
   ::chmod(root_.c_str(), 0755);
+  // No test builds the default image in the background (a build reaches the Debian mirror),
+  // unless it says otherwise.
+  const bool own_default_image = extra_toml.find("default_image") != std::string::npos;
   std::ofstream(config_file()) << "[namespace]\ninstances_dir = \"" << instances().string() << "\"\n"
-                               << extra_toml;
+                               << (own_default_image ? "" : "default_image = \"\"\n") << extra_toml;
 }
 
 Env::~Env() {
@@ -97,7 +101,12 @@ std::vector<std::string> Env::env_for(const std::vector<std::string>& extra) con
                                "XDG_CONFIG_HOME=" + (root_ / "xdg").string(),
                                std::string("NSHPC_TEST_SECRET=") + kSecret,
                                "LANG=C.UTF-8"};
-  env.insert(env.end(), extra.begin(), extra.end());
+  for (const std::string& var : extra) {  // NAME=value replaces the default of that name
+    const std::string name = var.substr(0, var.find('=') + 1);
+    const auto same = std::find_if(env.begin(), env.end(), [&](const std::string& e) { return e.rfind(name, 0) == 0; });
+    if (same != env.end()) *same = var;
+    else env.push_back(var);
+  }
   return env;
 }
 
@@ -215,10 +224,10 @@ std::string read_text(const fs::path& file) {
 }
 
 
-McpSession::McpSession(const Env& env) {
+McpSession::McpSession(const Env& env, const std::vector<std::string>& extra_env) {
   int in[2], out[2];
   if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC)) throw std::runtime_error("pipe");
-  pid_ = spawn(env.argv_for({"run"}), env.env_for({}), in[0], out[1]);
+  pid_ = spawn(env.argv_for({"run"}), env.env_for(extra_env), in[0], out[1]);
   ::close(in[0]);
   ::close(out[1]);
   to_ = in[1];

@@ -60,7 +60,8 @@ inline constexpr const char* kSecret = "nshpc-secret-7f3a9c1e";
 // `ns-hpc run` on stdio, spoken to line by line as an MCP client (initialized on construction).
 class McpSession {
  public:
-  explicit McpSession(const Env& env);
+  // `extra_env`: NAME=value for the server, replacing the harness's of that name (PATH).
+  explicit McpSession(const Env& env, const std::vector<std::string>& extra_env = {});
   ~McpSession();  // closes stdin and waits for the server to stop
   McpSession(const McpSession&) = delete;
   McpSession& operator=(const McpSession&) = delete;

@@ -135,3 +135,60 @@ TEST(Images, DoctorTriesALayerOverAnImageAndNamesTheUidMapping) {
   std::string all((std::istreambuf_iterator<char>(mounts)), std::istreambuf_iterator<char>());
   EXPECT_EQ(all.find("layer-probe"), std::string::npos);
 }
+
+// A server whose default image is missing builds it in the background at start: a
+// create_instance on it meanwhile answers at once that it is being built and how far, `image
+// list` shows the build, and once it is done the instance is made. mmdebstrap is stood in for by
+// a script (a real build reaches the mirror, which no test may).
+TEST(Images, TheServerBuildsAMissingDefaultImageInTheBackgroundAndSaysHowFarItIs) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("nshpc-bg-images-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "bin");
+  {
+    std::ofstream fake(dir / "bin/mmdebstrap");
+    fake << "#!/bin/sh\n"
+            "# stands in for mmdebstrap: a tiny root after a few seconds, saying how far it is\n"
+            "for a; do case $a in */rootfs) root=$a;; esac; done\n"
+            "echo 'I: fake mmdebstrap: resolving dependencies' >&2\n"
+            "sleep 4\n"
+            "mkdir -p \"$root/usr/bin\" \"$root/etc\" && echo 'ID=fake' > \"$root/etc/os-release\"\n"
+            "echo 'I: success' >&2\n";
+  }
+  fs::permissions(dir / "bin/mmdebstrap", fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                                              fs::perms::others_read | fs::perms::others_exec);
+  fs::permissions(dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                           fs::perms::others_read | fs::perms::others_exec);
+  Env env("images_dir = \"" + (dir / "images").string() + "\"\ndefault_image = \"fakeimg\"\n");
+  const std::string path = "PATH=" + (dir / "bin").string() + ":/usr/local/bin:/usr/bin:/bin";
+  McpSession mcp(env, {path});
+
+  const json early = mcp.call_and_wait("create_instance", {{"instance_id", "bg-early"}, {"image", ""}});
+  ASSERT_TRUE(early["result"].value("isError", false)) << early.dump();
+  const std::string said = result_text(early);
+  EXPECT_NE(said.find("image 'fakeimg' is being built"), std::string::npos) << said;
+  EXPECT_NE(said.find("call create_instance again"), std::string::npos) << said;
+  EXPECT_FALSE(fs::exists(env.instances() / "bg-early"));
+
+  Result listed;
+  EXPECT_TRUE(eventually(
+      [&] {
+        listed = env.run({"image", "list"}, "", std::chrono::seconds(60), {path});
+        return listed.out.find("Being built: 'fakeimg'") != std::string::npos;
+      },
+      std::chrono::seconds(3)))
+      << listed.out << listed.err;
+
+  json made;
+  EXPECT_TRUE(eventually(
+      [&] {
+        made = mcp.call_and_wait("create_instance", {{"instance_id", "bg-made"}, {"image", ""}});
+        return !made["result"].value("isError", false);
+      },
+      std::chrono::seconds(60)))
+      << made.dump();
+  EXPECT_EQ(made["result"]["structuredContent"]["root"].get<std::string>().rfind("image:fakeimg@", 0), 0u) << made.dump();
+  EXPECT_NE(read_text(dir / "images/.building/fakeimg.log").find("I: success"), std::string::npos);
+  // One build only, though two calls and a listing looked while it ran.
+  Result versions = env.run({"image", "list", "--json"}, "", std::chrono::seconds(60), {path});
+  EXPECT_EQ(json::parse(versions.out).size(), 1u) << versions.out;
+  fs::remove_all(dir);
+}

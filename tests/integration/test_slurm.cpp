@@ -261,7 +261,7 @@ TEST_F(Slurm, SandboxRunsAsANonRootUser) {
   const fs::path root = ::mkdtemp(tmpl);
   ::chmod(root.c_str(), 0755);
   const std::string cfg = (root / "config.toml").string();
-  std::ofstream(cfg) << "[namespace]\ninstances_dir = \"" << (root / "instances").string() << "\"\n"
+  std::ofstream(cfg) << "[namespace]\ndefault_image = \"\"\ninstances_dir = \"" << (root / "instances").string() << "\"\n"
                      << "[jobs.slurm]\npoll_interval = 0.5\nsbatch_command = [\"sbatch\", \"--partition\", \"cpu\", \"--mem=200M\"]\n";
   std::system(("chown -R " + user + " '" + root.string() + "'").c_str());
   auto as_user = [&](const std::string& args) {
