@@ -200,32 +200,6 @@ void walk_tree(int root_fd, const stdfs::path& root,
 
 }  // namespace
 
-void remove_tree(const stdfs::path& path) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) < 0) {
-    if (errno == ENOENT) return;
-    throw SysError(errno, "stat", path.string());
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    if (::unlink(path.c_str()) < 0 && errno != ENOENT) throw SysError(errno, "unlink", path.string());
-    return;
-  }
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd) throw SysError(errno, "open", path.string());
-  walk_tree(
-      fd.get(), path,
-      [&](int dirfd, const char* name, const struct stat&) {
-        if (::unlinkat(dirfd, name, 0) < 0 && errno != ENOENT) throw SysError(errno, "unlink", (path / name).string());
-      },
-      [&](int parent, const std::string& name) {
-        if (::unlinkat(parent, name.c_str(), AT_REMOVEDIR) < 0 && errno != ENOENT)
-          throw SysError(errno, "rmdir", (path / name).string());
-      },
-      /*make_accessible=*/true);
-  fd.reset();
-  if (::rmdir(path.c_str()) < 0 && errno != ENOENT) throw SysError(errno, "rmdir", path.string());
-}
-
 void remove_tree_at(int parent_fd, const std::string& name, const stdfs::path& shown) {
   struct stat st;
   if (::fstatat(parent_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) {
@@ -252,6 +226,8 @@ void remove_tree_at(int parent_fd, const std::string& name, const stdfs::path& s
   if (::unlinkat(parent_fd, name.c_str(), AT_REMOVEDIR) < 0 && errno != ENOENT)
     throw SysError(errno, "rmdir", shown.string());
 }
+
+void remove_tree(const stdfs::path& path) { remove_tree_at(AT_FDCWD, path.string(), path); }
 
 TreeUsage tree_usage(const stdfs::path& path) {
   TreeUsage usage;

@@ -389,6 +389,12 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
                 out["workspace"].get<std::string>(), use.workspace_bytes / 1048576.0,
                 out["output"].get<std::string>(), use.output_bytes / 1048576.0, use.files,
                 lifecycle::limits_line(out["limits"]));
+            // Which root, and what being root there means (a single-uid map cannot hold other users).
+            if (inst.image)
+              text += fmt::format("\nRoot: image {}, a layer of its own: you are root (uid 0) inside; {}",
+                                  inst.image->image, inst.image->ids.source);
+            else
+              text += "\nRoot: the host's, read-only (no root inside)";
             return mcp::ToolResult::text(text, out);
           },
   });
