@@ -497,6 +497,12 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
   std::optional<sandbox::UidMapping> ids;
   std::optional<users::Identity> owner = owner_;
   if (!options.image.empty()) {
+    // Never a half-working instance: as a normal user the instance's root would need its user
+    // namespace made through newuidmap and its files managed from inside it, which this release
+    // does not do yet.
+    if (::geteuid() != 0)
+      throw UsageError("instances on an image need ns-hpc running as root in this release (as a normal user they "
+                       "are not supported yet); create one without --image, or ask an administrator to run ns-hpc");
     if (options.persistent == false)
       throw UsageError("an instance on an image is always persistent (its root layer is mounted once for all its "
                        "commands); leave persistent unset");

@@ -191,3 +191,14 @@ TEST_F(ImageInstance, WhatCannotWorkIsRefusedWithTheReason) {
   EXPECT_NE(broken.err.find("is not a folder of the instance's root"), std::string::npos) << broken.err;
   EXPECT_NE(broken.err.find("instance reset"), std::string::npos) << broken.err;
 }
+
+// As a normal user an instance on an image is refused at once with the reason, never made half
+// (its user namespace would need newuidmap, its files managing from inside it: not yet).
+TEST(ImageInstanceAsUser, IsRefusedWithTheReasonAndLeavesNothing) {
+  if (::geteuid() == 0) GTEST_SKIP() << "the normal-user case (make test runs it as nshpc-test)";
+  Env env;
+  Result r = env.run({"instance", "create", "img-user", "--image", "test"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("need ns-hpc running as root in this release"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(env.instances() / "img-user"));
+}
