@@ -510,6 +510,12 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
     if (!image)
       throw UsageError(fmt::format("there is no image '{}' in {}; build it with: ns-hpc image build {}", options.image,
                                    images_dir_.string(), options.image));
+    // Never an instance that cannot start: this host must give it a writable layer (tried for
+    // real once per process, as doctor does).
+    if (!layer_support_) layer_support_ = sandbox::probe_layers(images_dir_);
+    if (!layer_support_->ok)
+      throw UsageError(fmt::format("this host cannot give an instance a writable layer over an image: {}; {}",
+                                   layer_support_->detail, layer_support_->fix));
     ids = allocate_ids();
     sandbox::Target target;
     target.image = sandbox::ImageRoot{.ids = *ids};

@@ -35,6 +35,7 @@
 #include "base/safe_path.hpp"
 #include "base/users.hpp"
 #include "config/config.hpp"
+#include "sandbox/layers.hpp"
 #include "sandbox/sandbox.hpp"
 #include "store/index.hpp"
 
@@ -290,6 +291,7 @@ class Store {
   audit::Rotation rotation_;
   std::string workspace_mount_;
   stdfs::path images_dir_;
+  mutable std::optional<sandbox::LayerSupport> layer_support_;  // probed at the first image instance
   std::optional<users::Identity> owner_;  // users::sandbox_owner
   JobsGuard* jobs_;
   LivingStop living_stop_;
