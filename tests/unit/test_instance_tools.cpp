@@ -285,4 +285,71 @@ TEST_F(InstanceToolsTest, ArchiveAndDeleteStopALivingInstanceFirst) {
   EXPECT_EQ(stops, (std::vector<std::string>{"liv archived", "gone deleted", "eph archived"}));
 }
 
+// Reset and snapshots of instances on the host's root (their workspace only), through the tools,
+// with the real store and cp: a living one is stopped first, each step is audited, errors name
+// what exists. (Image instances: tests/integration/test_snapshots.cpp, as root.)
+TEST_F(InstanceToolsTest, SnapshotsOfAHostRootInstanceStopItFirstAndRestoreItsWorkspace) {
+  create("liv", true);
+  backend_.status["liv"].running = true;
+  const auto ws = config_.ns.instances_dir / "liv" / "workspace";
+  std::ofstream(ws / "a") << "one";
+  std::filesystem::create_directories(ws / "sub");
+  std::filesystem::create_symlink("/etc/passwd", ws / "sub" / "link");
+  json taken = call("snapshot_instance", {{"instance_id", "liv"}, {"name", "s1"}});
+  ASSERT_FALSE(taken.value("isError", false)) << taken;
+  EXPECT_EQ(taken["structuredContent"]["was_running"], true);
+  EXPECT_EQ(taken["structuredContent"]["snapshot"]["has_layer"], false);
+  EXPECT_NE(text(taken).find("Its sandbox was stopped first"), std::string::npos) << text(taken);
+  EXPECT_EQ(backend_.calls.front(), "stop liv stopped 7000");
+
+  std::ofstream(ws / "a") << "two";
+  std::ofstream(ws / "b") << "new";
+  json restored = call("restore_snapshot", {{"instance_id", "liv"}, {"name", "s1"}});
+  ASSERT_FALSE(restored.value("isError", false)) << restored;
+  std::ifstream a(ws / "a");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}), "one");
+  EXPECT_FALSE(std::filesystem::exists(ws / "b"));
+  EXPECT_EQ(std::filesystem::read_symlink(ws / "sub" / "link"), "/etc/passwd") << "a link stays a link";
+
+  json taken_again = call("snapshot_instance", {{"instance_id", "liv"}, {"name", "s1"}});
+  EXPECT_TRUE(taken_again.value("isError", false));
+  EXPECT_NE(text(taken_again).find("already has a snapshot named 's1'"), std::string::npos) << text(taken_again);
+  json unknown = call("delete_snapshot", {{"instance_id", "liv"}, {"name", "s2"}});
+  EXPECT_NE(text(unknown).find("has no snapshot 's2'; its snapshots: s1"), std::string::npos) << text(unknown);
+  json bad = call("restore_snapshot", {{"instance_id", "liv"}, {"name", ".."}});
+  EXPECT_NE(text(bad).find("'..' is not a snapshot name"), std::string::npos) << text(bad);
+
+  json refused = call("factory_reset_instance", {{"instance_id", "liv"}});
+  EXPECT_TRUE(refused.value("isError", false));
+  EXPECT_NE(text(refused).find("runs on the host's root (read-only)"), std::string::npos) << text(refused);
+  EXPECT_TRUE(std::filesystem::exists(ws / "a"));
+  json wiped = call("factory_reset_instance", {{"instance_id", "liv"}, {"include_workspace", true}});
+  ASSERT_FALSE(wiped.value("isError", false)) << wiped;
+  EXPECT_EQ(wiped["structuredContent"]["workspace_emptied"], true);
+  EXPECT_EQ(wiped["structuredContent"]["layer_reset"], false);
+  EXPECT_TRUE(std::filesystem::is_empty(ws));
+
+  json listed = call("list_snapshots", {{"instance_id", "liv"}});
+  EXPECT_EQ(listed["structuredContent"]["count"], 1);
+  json described = call("describe_instance", {{"instance_id", "liv"}});
+  EXPECT_GT(described["structuredContent"]["disk_usage"]["snapshots_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(described["structuredContent"]["disk_usage"]["layer_bytes"], 0);
+  EXPECT_FALSE(call("delete_snapshot", {{"instance_id", "liv"}, {"name", "s1"}}).value("isError", false));
+  EXPECT_EQ(call("list_snapshots", {{"instance_id", "liv"}})["structuredContent"]["count"], 0);
+
+  const auto events = audit_events("liv");
+  for (const char* event : {"instance.snapshot_taken", "instance.snapshot_restored", "instance.reset",
+                            "instance.snapshot_deleted"})
+    EXPECT_NE(std::find(events.begin(), events.end(), event), events.end()) << event;
+}
+
+// An ephemeral instance has no living sandbox to stop: nothing is asked of the backend.
+TEST_F(InstanceToolsTest, SnapshotsOfAnEphemeralInstanceAskNothingOfTheBackend) {
+  create("eph", false);
+  json taken = call("snapshot_instance", {{"instance_id", "eph"}, {"name", "s1"}});
+  ASSERT_FALSE(taken.value("isError", false)) << taken;
+  EXPECT_EQ(taken["structuredContent"]["was_running"], false);
+  EXPECT_TRUE(backend_.calls.empty()) << backend_.calls.front();
+}
+
 }  // namespace
