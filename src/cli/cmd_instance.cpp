@@ -570,7 +570,7 @@ void add_clean_command(CLI::App& app, Invocation& inv) {
       for (std::size_t i = 0; i < candidates.size(); ++i) {
         const auto& c = candidates[i];
         const std::string size =
-            uses[i] ? fmt::format(", {} (root layer {}, snapshots {})",
+            uses[i] ? fmt::format("; {} on disk, root layer {}, snapshots {}",
                                   mib(uses[i]->workspace_bytes + uses[i]->output_bytes + uses[i]->layer_bytes +
                                       uses[i]->snapshots_bytes),
                                   mib(uses[i]->layer_bytes), mib(uses[i]->snapshots_bytes))

@@ -182,6 +182,11 @@ TEST_F(SnapshotsOnImage, SnapshotRestoreAndResetBringBackExactlyWhatWasThere) {
   json all = cli_json({"instance", "list", "--json"});
   ASSERT_EQ(all.size(), 1u);
   EXPECT_EQ(all[0]["disk_usage"]["snapshots_bytes"], described["disk_usage"]["snapshots_bytes"]);
+  json clean = cli_json({"clean", "--days", "0", "--dry-run", "--json"});
+  ASSERT_EQ(clean["candidates"].size(), 1u) << clean.dump();
+  EXPECT_EQ(clean["candidates"][0]["disk_usage"]["layer_bytes"], described["disk_usage"]["layer_bytes"]);
+  Result clean_text = env_.run({"clean", "--days", "0", "--dry-run"});
+  EXPECT_NE(clean_text.out.find(" on disk, root layer "), std::string::npos) << clean_text.out;
 
   // Reset: the image's root again, the workspace kept.
   json reset = cli_json({"instance", "reset", id, "-f", "--json"});
