@@ -5,10 +5,13 @@
 // anything but this test.
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -334,4 +337,32 @@ TEST(Snapshots, AHostRootInstanceResetsOnlyItsWorkspaceAndSnapshotsIt) {
   EXPECT_TRUE(agent["result"].value("isError", false));
   EXPECT_NE(result_text(agent).find("include_workspace: true empties its workspace"), std::string::npos)
       << agent.dump();
+}
+
+// A snapshot that does not fit on the disk says so and leaves the instance as it was, with no
+// half-made copy behind. (A small tmpfs as the instances folder: root only.)
+TEST(Snapshots, AFullDiskLeavesTheInstanceAsItWas) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  Env env;
+  fs::create_directories(env.instances());
+  ASSERT_EQ(::mount("snap-tmpfs", env.instances().c_str(), "tmpfs", 0, "size=2m,mode=0755"), 0) << strerror(errno);
+  struct Unmount {
+    fs::path at;
+    ~Unmount() { ::umount2(at.c_str(), MNT_DETACH); }
+  } unmount{env.instances()};
+  env.create("snap-full");
+  const fs::path ws = env.instances() / "snap-full" / "workspace";
+  ASSERT_EQ(env.run({"bwrap", "snap-full", "--", "/bin/sh", "-c", "head -c 1300000 /dev/urandom > /workspace/big"})
+                .exit_code,
+            0);
+  Result full = env.run({"instance", "snapshot", "snap-full", "s1"});
+  EXPECT_EQ(full.exit_code, 1);
+  EXPECT_NE(full.err.find("snapshot 's1' of instance 'snap-full' not taken: copying"), std::string::npos) << full.err;
+  EXPECT_NE(full.err.find("No space left on device"), std::string::npos) << full.err;
+  EXPECT_NE(full.err.find("the instance is as it was"), std::string::npos) << full.err;
+  EXPECT_EQ(fs::file_size(ws / "big"), 1300000u);
+  Result listed = env.run({"instance", "snapshots", "snap-full", "--json"});
+  EXPECT_EQ(listed.out, "[]\n") << listed.err;
+  for (const auto& e : fs::directory_iterator(env.instances()))
+    EXPECT_NE(e.path().filename().string().rfind(".deleting-", 0), 0u) << e.path();
 }
