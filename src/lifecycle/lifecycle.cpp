@@ -31,6 +31,10 @@ nlohmann::json job_ids(const std::vector<jobs::Record>& records) {
 
 std::chrono::milliseconds Lifecycle::grace() const { return std::chrono::seconds(config_.jobs.cancel_grace); }
 
+bool Lifecycle::running(const store::Instance& inst) const {
+  return inst.persistent && backend_.living_status(store_.sandbox_target(inst)).running;
+}
+
 sandbox::LivingStatus Lifecycle::start(const store::Instance& inst, std::string_view actor) {
   const sandbox::Target target = store_.sandbox_target(inst);
   const bool was_running = backend_.living_status(target).running;

@@ -42,6 +42,9 @@ class Lifecycle {
   // stop, then start again. Audited as instance.restarted.
   Ended restart(const store::Instance& inst, std::string_view actor);
 
+  // Whether the instance's living sandbox runs now (false for an instance that is not persistent).
+  bool running(const store::Instance& inst) const;
+
   std::chrono::milliseconds grace() const;
 
  private:

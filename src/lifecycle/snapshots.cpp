@@ -177,7 +177,20 @@ std::chrono::microseconds since(Steady::time_point start) {
 
 double ms(std::chrono::microseconds us) { return static_cast<double>(us.count()) / 1000.0; }
 
+// A stop's second round (the sandbox started again meanwhile): its jobs and whether it ran join
+// the first round's.
+void merge(Ended& first, Ended again) {
+  first.was_running = first.was_running || again.was_running;
+  for (auto& r : again.jobs) first.jobs.push_back(std::move(r));
+  for (auto& p : again.problems) first.problems.push_back(std::move(p));
+  first.status = std::move(again.status);
+}
+
 }  // namespace
+
+void Snapshots::stop_again(const store::Instance& inst, std::string_view actor, Ended& ended) {
+  if (lifecycle_.running(inst)) merge(ended, lifecycle_.stop(inst, actor));
+}
 
 // ---- Snapshots ------------------------------------------------------------------------------
 
@@ -243,14 +256,29 @@ LayerChange Snapshots::take(const store::Instance& inst, const std::string& name
   LayerChange change;
   change.ended = lifecycle_.stop(inst, actor);
   const stdfs::path stage = staging(inst, "snapshot");
+  const std::string what = fmt::format("snapshot '{}' of instance '{}' not taken", name, inst.id);
   SnapshotInfo info;
   try {
-    if (inst.image) {
-      copy_tree(inst.layer_dir(), stage / "layer");
-      change.layer = info.has_layer = true;
+    try {
+      if (inst.image) {
+        copy_tree(inst.layer_dir(), stage / "layer");
+        change.layer = info.has_layer = true;
+      }
+      copy_tree(inst.workspace, stage / "workspace");
+      change.workspace = true;
+    } catch (const SysError&) {
+      throw;
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: {}; the instance is as it was (free disk space, or delete snapshots, and try again)",
+                              what, e.what()));
     }
-    copy_tree(inst.workspace, stage / "workspace");
-    change.workspace = true;
+    // Nothing stops a command or job from starting the sandbox again while the copy runs (the
+    // backend's start does not wait for this): then the copy may not agree with itself.
+    if (lifecycle_.running(inst))
+      throw Error(fmt::format("{}: a command or job started the instance again while it was being copied, so the "
+                              "copy may not agree with itself; the instance is as it was; try again when nothing "
+                              "uses it",
+                              what));
     info.name = name;
     info.created_at = timeutil::iso_utc();
     info.root = inst.meta.root();
@@ -261,11 +289,12 @@ LayerChange Snapshots::take(const store::Instance& inst, const std::string& name
       throw SysError(errno, "mkdir", inst.snapshots_dir().string());
     check_sys(::rename(stage.c_str(), target.c_str()), "rename", target.string());
     fs::sync_dir(inst.snapshots_dir());
-  } catch (const std::exception& e) {
+  } catch (const SysError& e) {
     trash_.add(stage);
-    throw Error(fmt::format("snapshot '{}' of instance '{}' not taken: {}; the instance is as it was (free disk "
-                            "space, or delete snapshots, and try again)",
-                            name, inst.id, e.what()));
+    throw e.wrapped(what + " (the instance is as it was)");
+  } catch (...) {
+    trash_.add(stage);
+    throw;
   }
   change.snapshot = info;
   change.took = since(start);
@@ -317,12 +346,18 @@ LayerChange Snapshots::restore(const store::Instance& inst, const std::string& n
   try {
     if (info.has_layer) copy_tree(from / "layer", stage / "layer");
     copy_tree(from / "workspace", stage / "workspace");
-  } catch (const std::exception& e) {
+  } catch (const SysError& e) {
+    trash_.add(stage);
+    throw e.wrapped(fmt::format("snapshot '{}' of instance '{}' not restored (the instance is as it was)", name, inst.id));
+  } catch (const Error& e) {
     trash_.add(stage);
     throw Error(fmt::format("snapshot '{}' of instance '{}' not restored: {}; the instance is as it was (free disk "
                             "space and try again)",
                             name, inst.id, e.what()));
   }
+  // A command or job that started the sandbox again during the copy would keep the old layer
+  // mounted: it ends before the swap.
+  stop_again(inst, actor, change.ended);
   const auto swap_start = Steady::now();
   try {
     std::optional<stdfs::path> old_layer;

@@ -106,6 +106,8 @@ class Snapshots {
  private:
   SnapshotInfo find(const store::Instance& inst, const std::string& name) const;
   std::filesystem::path staging(const store::Instance& inst, std::string_view what) const;
+  // Stops the sandbox again when something started it since `ended` (it would hold the old layer).
+  void stop_again(const store::Instance& inst, std::string_view actor, Ended& ended);
 
   Lifecycle& lifecycle_;
   store::Store& store_;

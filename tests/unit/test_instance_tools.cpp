@@ -31,6 +31,7 @@ class FakeBackend final : public sandbox::Backend {
   std::map<std::string, sandbox::LivingStatus> status;  // by instance id; absent: never ran
   std::vector<std::string> calls;                        // "status a", "stop a restarted 7000", ...
   bool status_fails = false;
+  bool comes_back = false;  // a stopped sandbox runs again at once (a command started it meanwhile)
 
   std::string_view name() const override { return "fake"; }
   std::unique_ptr<sandbox::Process> start(const sandbox::RunSpec&) override { throw nshpc::Error("fake: no runs"); }
@@ -55,7 +56,8 @@ class FakeBackend final : public sandbox::Backend {
     auto& s = status[t.instance_id];
     const bool was = s.running;
     s = {};
-    if (was) {
+    s.running = comes_back;
+    if (was && !comes_back) {
       s.last_end = std::string(why);
       s.ended_at = std::chrono::system_clock::now();
     }
@@ -341,6 +343,24 @@ TEST_F(InstanceToolsTest, SnapshotsOfAHostRootInstanceStopItFirstAndRestoreItsWo
   for (const char* event : {"instance.snapshot_taken", "instance.snapshot_restored", "instance.reset",
                             "instance.snapshot_deleted"})
     EXPECT_NE(std::find(events.begin(), events.end(), event), events.end()) << event;
+}
+
+// A sandbox that a command starts again while the copy runs: the snapshot is refused (it may not
+// agree with itself), a restore stops it again before the swap.
+TEST_F(InstanceToolsTest, ASandboxStartedDuringTheCopyFailsTheSnapshotAndIsStoppedBeforeARestore) {
+  create("liv", true);
+  json first = call("snapshot_instance", {{"instance_id", "liv"}, {"name", "s1"}});
+  ASSERT_FALSE(first.value("isError", false)) << first;
+  backend_.status["liv"].running = true;
+  backend_.comes_back = true;
+  json taken = call("snapshot_instance", {{"instance_id", "liv"}, {"name", "s2"}});
+  EXPECT_TRUE(taken.value("isError", false));
+  EXPECT_NE(text(taken).find("started the instance again while it was being copied"), std::string::npos) << text(taken);
+  EXPECT_EQ(call("list_snapshots", {{"instance_id", "liv"}})["structuredContent"]["count"], 1);
+  backend_.calls.clear();
+  json restored = call("restore_snapshot", {{"instance_id", "liv"}, {"name", "s1"}});
+  ASSERT_FALSE(restored.value("isError", false)) << restored;
+  EXPECT_EQ(std::count(backend_.calls.begin(), backend_.calls.end(), "stop liv stopped 7000"), 2) << restored;
 }
 
 // An ephemeral instance has no living sandbox to stop: nothing is asked of the backend.
