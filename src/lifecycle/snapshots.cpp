@@ -210,17 +210,19 @@ LayerChange Snapshots::reset(const store::Instance& inst, bool include_workspace
   fs::FileLock lock(lock_file(inst));
   LayerChange change;
   change.ended = lifecycle_.stop(inst, actor);
-  const auto swap_start = Steady::now();
   const stdfs::path stage = staging(inst, "reset");
   const std::optional<users::Identity> owner = store_.owner_of(inst);
+  std::chrono::steady_clock::time_point swap_start;
   try {
+    if (inst.image) make_layer(stage / "layer", owner);
+    if (include_workspace) make_dir(stage / "workspace", 0700, owner);
+    stop_again(inst, actor, change.ended);  // started since by a command: it would keep the old layer
+    swap_start = Steady::now();
     if (inst.image) {
-      make_layer(stage / "layer", owner);
       swap_in(stage / "layer", inst.layer_dir());
       change.layer = true;
     }
     if (include_workspace) {
-      make_dir(stage / "workspace", 0700, owner);
       swap_in(stage / "workspace", inst.workspace);
       change.workspace = true;
     }
