@@ -51,6 +51,8 @@ void add_bwrap_command(CLI::App& app, Invocation& inv);
 void add_clean_command(CLI::App& app, Invocation& inv);
 void add_run_command(CLI::App& app, Invocation& inv);
 void add_job_commands(CLI::App& instance, Invocation& inv);  // instance run|status|jobs|cancel
+// instance reset|snapshot|snapshots|snapshot-restore|snapshot-delete
+void add_snapshot_commands(CLI::App& instance, Invocation& inv);
 
 // The values an option accepts, by the name typed on the command line (several names may mean
 // the same value: an alias).

@@ -147,6 +147,13 @@ void describe_text(const store::Instance& inst, const nlohmann::json& state) {
   std::printf("Output:        %s\n", inst.output.c_str());
 }
 
+nlohmann::json disk_use_json(const store::Store::DiskUse& use) {
+  return {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes}, {"files", use.files},
+          {"layer_bytes", use.layer_bytes}, {"snapshots_bytes", use.snapshots_bytes}};
+}
+
+std::string mib(std::uint64_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
+
 struct InstanceArgs {
   std::string id;
   std::string description;
@@ -225,6 +232,8 @@ void add_list(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceA
     for (const auto& inst : page.instances) {
       nlohmann::json item = instance_host_json(inst);
       add_living_state(inv, inst, item);  // persistent instances only
+      // For scripts only: a walk of every instance's trees is too slow for the table.
+      if (a->json) item["disk_usage"] = disk_use_json(inv.store().disk_use(inst));
       out.push_back(std::move(item));
     }
     if (a->json) {
@@ -286,13 +295,14 @@ void add_describe(CLI::App& parent, Invocation& inv, const std::shared_ptr<Insta
     add_living_state(inv, inst, out);
     out["limits"] = lifecycle::limits_json(inv.config(), inv.store().cgroup_folder(inst.id));
     if (a->json) {
-      out["disk_usage"] = {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes}, {"files", use.files}};
+      out["disk_usage"] = disk_use_json(use);
       print_json(out);
     } else {
       describe_text(inst, out);
-      std::printf("Disk use:      %.1f MiB in the workspace, %.1f MiB in output, %llu files\n",
-                  use.workspace_bytes / 1048576.0, use.output_bytes / 1048576.0,
-                  static_cast<unsigned long long>(use.files));
+      std::printf("Disk use:      %s in the workspace, %s in output, %llu files; %s root layer, %s snapshots\n",
+                  mib(use.workspace_bytes).c_str(), mib(use.output_bytes).c_str(),
+                  static_cast<unsigned long long>(use.files), inst.image ? mib(use.layer_bytes).c_str() : "no",
+                  mib(use.snapshots_bytes).c_str());
       std::printf("Limits:        %s\n", lifecycle::limits_line(out["limits"]).c_str());
     }
   });
@@ -515,6 +525,7 @@ void add_instance_commands(CLI::App& app, Invocation& inv) {
   add_delete(*instance, inv, args);
   add_enter(*instance, inv, args);
   add_job_commands(*instance, inv);
+  add_snapshot_commands(*instance, inv);
 }
 
 void add_clean_command(CLI::App& app, Invocation& inv) {
@@ -535,17 +546,38 @@ void add_clean_command(CLI::App& app, Invocation& inv) {
     nlohmann::json report = {{"days", a->days}, {"dry_run", a->dry_run},
                              {"archived", nlohmann::json::array()}, {"skipped", nlohmann::json::array()},
                              {"candidates", nlohmann::json::array()}};
-    for (const auto& c : candidates)
-      report["candidates"].push_back({{"id", c.id}, {"last_activity", short_time(c.last_activity)}, {"note", c.note}});
+    // What each candidate holds on disk (an archive keeps all of it: workspace, output, root
+    // layer and snapshots); unknown for one whose metadata.json cannot be read.
+    std::vector<std::optional<store::Store::DiskUse>> uses;
+    for (const auto& c : candidates) {
+      std::optional<store::Store::DiskUse> use;
+      try {
+        if (c.note.empty()) use = inv.store().disk_use(inv.store().get(c.id));
+      } catch (const Error& e) {
+        log::warn("instance '{}': disk use unknown: {}", c.id, e.what());
+      }
+      nlohmann::json item = {{"id", c.id}, {"last_activity", short_time(c.last_activity)}, {"note", c.note}};
+      if (use) item["disk_usage"] = disk_use_json(*use);
+      report["candidates"].push_back(std::move(item));
+      uses.push_back(use);
+    }
     if (!a->json) {
       if (candidates.empty()) {
         std::printf("No instances idle for more than %d days found.\n", a->days);
         return;
       }
       std::printf("Found %zu instance(s) idle for more than %d days:\n", candidates.size(), a->days);
-      for (const auto& c : candidates)
-        std::printf("  %s (last activity: %s)%s\n", c.id.c_str(), short_time(c.last_activity).c_str(),
+      for (std::size_t i = 0; i < candidates.size(); ++i) {
+        const auto& c = candidates[i];
+        const std::string size =
+            uses[i] ? fmt::format("; {} on disk, root layer {}, snapshots {}",
+                                  mib(uses[i]->workspace_bytes + uses[i]->output_bytes + uses[i]->layer_bytes +
+                                      uses[i]->snapshots_bytes),
+                                  mib(uses[i]->layer_bytes), mib(uses[i]->snapshots_bytes))
+                    : "";
+        std::printf("  %s (last activity: %s%s)%s\n", c.id.c_str(), short_time(c.last_activity).c_str(), size.c_str(),
                     c.note.empty() ? "" : (" — " + c.note).c_str());
+      }
     }
     if (a->dry_run || candidates.empty()) {
       if (a->json) print_json(report);

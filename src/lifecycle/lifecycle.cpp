@@ -31,6 +31,10 @@ nlohmann::json job_ids(const std::vector<jobs::Record>& records) {
 
 std::chrono::milliseconds Lifecycle::grace() const { return std::chrono::seconds(config_.jobs.cancel_grace); }
 
+bool Lifecycle::running(const store::Instance& inst) const {
+  return inst.persistent && backend_.living_status(store_.sandbox_target(inst)).running;
+}
+
 sandbox::LivingStatus Lifecycle::start(const store::Instance& inst, std::string_view actor) {
   const sandbox::Target target = store_.sandbox_target(inst);
   const bool was_running = backend_.living_status(target).running;
@@ -60,15 +64,14 @@ Ended Lifecycle::end_all(const store::Instance& inst, std::string_view why, std:
       }
     }
   }
-  // 2. Everything else in the living sandbox.
-  const sandbox::Target target = store_.sandbox_target(inst);
-  ended.was_running = backend_.stop_living(target, why, grace());
+  // 2. Everything else in the living sandbox (an instance that is not persistent has none).
+  if (inst.persistent) ended.was_running = backend_.stop_living(store_.sandbox_target(inst), why, grace());
   return ended;
 }
 
 Ended Lifecycle::stop(const store::Instance& inst, std::string_view actor) {
   Ended ended = end_all(inst, "stopped", actor);
-  ended.status = backend_.living_status(store_.sandbox_target(inst));
+  if (inst.persistent) ended.status = backend_.living_status(store_.sandbox_target(inst));
   store_.audit(inst, "instance.stopped", actor,
                {{"instance_id", inst.id}, {"was_running", ended.was_running}, {"jobs_ended", job_ids(ended.jobs)}});
   return ended;

@@ -36,10 +36,14 @@ class Lifecycle {
   sandbox::LivingStatus start(const store::Instance& inst, std::string_view actor);
   // Ends the instance's pending and running local jobs through the job engine (each gets its
   // final state, cancelled), then every process of its living sandbox: SIGTERM, then after
-  // [jobs] cancel_grace SIGKILL. Files stay. Audited as instance.stopped.
+  // [jobs] cancel_grace SIGKILL. Files stay. Audited as instance.stopped. An instance that is not
+  // persistent has no living sandbox: only its jobs end (what reset and snapshots need first).
   Ended stop(const store::Instance& inst, std::string_view actor);
   // stop, then start again. Audited as instance.restarted.
   Ended restart(const store::Instance& inst, std::string_view actor);
+
+  // Whether the instance's living sandbox runs now (false for an instance that is not persistent).
+  bool running(const store::Instance& inst) const;
 
   std::chrono::milliseconds grace() const;
 

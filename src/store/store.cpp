@@ -798,7 +798,8 @@ std::vector<CleanCandidate> Store::clean_candidates(std::chrono::hours older_tha
 Store::DiskUse Store::disk_use(const Instance& instance) const {
   const fs::TreeUsage ws = fs::tree_usage(instance.workspace);
   const fs::TreeUsage out = fs::tree_usage(instance.output);
-  return {ws.bytes, out.bytes, ws.files + out.files};
+  return {ws.bytes, out.bytes, ws.files + out.files, fs::tree_usage(instance.layer_dir()).bytes,
+          fs::tree_usage(instance.snapshots_dir()).bytes};
 }
 
 UniqueFd Store::open_workspace_file(const Instance& instance, const std::string& relative, WorkspaceOpen how,

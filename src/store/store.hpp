@@ -221,13 +221,17 @@ class Store {
   };
   Registration register_execution(std::string_view id, std::function<void()> stop) const;
 
-  // Disk use of an instance's workspace and output folder (walked without following links; a
-  // large tree takes a while, so only describe asks). No quota is set: the filesystem here has
-  // none that an unprivileged server could use.
+  // Disk use of an instance's workspace, output folder, root layer (an image instance) and
+  // snapshots (walked without following links; a large tree takes a while, so only describe and
+  // listings for scripts ask). Allocated blocks: a snapshot's reflinked copy shares its blocks
+  // with the layer but counts in both. No quota is set: the filesystem here has none that an
+  // unprivileged server could use. `files`: of the workspace and output.
   struct DiskUse {
     std::uint64_t workspace_bytes = 0;
     std::uint64_t output_bytes = 0;
     std::uint64_t files = 0;
+    std::uint64_t layer_bytes = 0;
+    std::uint64_t snapshots_bytes = 0;
   };
   DiskUse disk_use(const Instance& instance) const;
 

@@ -343,9 +343,11 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
   json output = kInstanceSchema;
   output["properties"]["disk_usage"] = {
       {"type", "object"},
-      {"description", "bytes on disk (allocated blocks) of the workspace and output folder, and their file count"},
+      {"description", "bytes on disk (allocated blocks) of the workspace, output folder, root layer and snapshots; "
+                      "files: of the workspace and output"},
       {"properties",
-       {{"workspace_bytes", of_type("integer")}, {"output_bytes", of_type("integer")}, {"files", of_type("integer")}}}};
+       {{"workspace_bytes", of_type("integer")}, {"output_bytes", of_type("integer")}, {"files", of_type("integer")},
+        {"layer_bytes", of_type("integer")}, {"snapshots_bytes", of_type("integer")}}}};
   output["properties"]["limits"] = {
       {"type", "object"},
       {"description",
@@ -375,26 +377,27 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
             store::Instance inst = ctx.services.store.get(string_arg(args, "instance_id"));
             json out = agent_instance_json(ctx, inst);
             const store::Store::DiskUse use = ctx.services.store.disk_use(inst);
-            out["disk_usage"] = {
-                {"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes}, {"files", use.files}};
+            out["disk_usage"] = {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes},
+                                 {"files", use.files}, {"layer_bytes", use.layer_bytes},
+                                 {"snapshots_bytes", use.snapshots_bytes}};
             add_living_state(ctx, inst, out);
             out["limits"] = lifecycle::limits_json(ctx.services.config, ctx.services.store.cgroup_folder(inst.id));
             std::string text = fmt::format(
                 "Instance '{}'\nDescription: {}\nCreated: {}\nLast activity: {}\nNetwork: {}\nPersistent: {}\n"
-                "Workspace: {} ({:.1f} MiB)\nOutput: {} ({:.1f} MiB)\nFiles: {}\nLimits: {}",
+                "Workspace: {} ({:.1f} MiB)\nOutput: {} ({:.1f} MiB)\nFiles: {}\nRoot: {}\nSnapshots: {:.1f} MiB\n"
+                "Limits: {}",
                 inst.id, inst.meta.description().empty() ? "(none)" : inst.meta.description(),
                 out["created_at"].get<std::string>(), out["last_activity"].get<std::string>(),
                 config::to_string(inst.network),
                 inst.persistent ? "yes, " + living_summary(out) : "no (a fresh sandbox per command)",
                 out["workspace"].get<std::string>(), use.workspace_bytes / 1048576.0,
                 out["output"].get<std::string>(), use.output_bytes / 1048576.0, use.files,
-                lifecycle::limits_line(out["limits"]));
-            // Which root, and what being root there means (a single-uid map cannot hold other users).
-            if (inst.image)
-              text += fmt::format("\nRoot: image {}, a layer of its own: you are root (uid 0) inside; {}",
-                                  inst.image->image, inst.image->ids.source);
-            else
-              text += "\nRoot: the host's, read-only (no root inside)";
+                inst.image ? fmt::format("image {}, its own layer {:.1f} MiB", inst.image->image,
+                                         use.layer_bytes / 1048576.0)
+                           : std::string("the host's, read-only"),
+                use.snapshots_bytes / 1048576.0, lifecycle::limits_line(out["limits"]));
+            // What being root there means (a single-uid map cannot hold other users).
+            if (inst.image) text += fmt::format("\nIds: you are root (uid 0) inside; {}", inst.image->ids.source);
             return mcp::ToolResult::text(text, out);
           },
   });

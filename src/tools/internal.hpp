@@ -117,6 +117,8 @@ BoundedOutput bound_output(const ToolContext& ctx, const store::Instance& inst, 
 void bound_texts(mcp::ToolResult& result, std::size_t max_chars);
 
 void add_instance_tools(mcp::Server& server, const ToolContext& ctx);
+// factory_reset_instance, snapshot_instance, list_snapshots, restore_snapshot, delete_snapshot
+void add_snapshot_tools(mcp::Server& server, const ToolContext& ctx);
 void add_prompts(mcp::Server& server, const ToolContext& ctx);
 void add_terminal_tool(mcp::Server& server, const ToolContext& ctx);  // terminal_execute
 void add_job_tools(mcp::Server& server, const ToolContext& ctx);      // submit/poll/list/cancel_job

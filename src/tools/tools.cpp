@@ -145,6 +145,7 @@ mcp::ServerOptions server_options(const config::Config& config, Services service
 void register_all(mcp::Server& server, Services services) {
   ToolContext ctx{services};
   add_instance_tools(server, ctx);
+  add_snapshot_tools(server, ctx);
   add_terminal_tool(server, ctx);
   add_file_tools(server, ctx);
   if (services.jobs) add_job_tools(server, ctx);

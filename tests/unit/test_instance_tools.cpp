@@ -31,6 +31,7 @@ class FakeBackend final : public sandbox::Backend {
   std::map<std::string, sandbox::LivingStatus> status;  // by instance id; absent: never ran
   std::vector<std::string> calls;                        // "status a", "stop a restarted 7000", ...
   bool status_fails = false;
+  bool comes_back = false;  // a stopped sandbox runs again at once (a command started it meanwhile)
 
   std::string_view name() const override { return "fake"; }
   std::unique_ptr<sandbox::Process> start(const sandbox::RunSpec&) override { throw nshpc::Error("fake: no runs"); }
@@ -55,7 +56,8 @@ class FakeBackend final : public sandbox::Backend {
     auto& s = status[t.instance_id];
     const bool was = s.running;
     s = {};
-    if (was) {
+    s.running = comes_back;
+    if (was && !comes_back) {
       s.last_end = std::string(why);
       s.ended_at = std::chrono::system_clock::now();
     }
@@ -283,6 +285,91 @@ TEST_F(InstanceToolsTest, ArchiveAndDeleteStopALivingInstanceFirst) {
   EXPECT_FALSE(call("delete_instance", {{"instance_id", "gone"}}).value("isError", false));
   EXPECT_FALSE(call("archive_instance", {{"instance_id", "eph"}}).value("isError", false));
   EXPECT_EQ(stops, (std::vector<std::string>{"liv archived", "gone deleted", "eph archived"}));
+}
+
+// Reset and snapshots of instances on the host's root (their workspace only), through the tools,
+// with the real store and cp: a living one is stopped first, each step is audited, errors name
+// what exists. (Image instances: tests/integration/test_snapshots.cpp, as root.)
+TEST_F(InstanceToolsTest, SnapshotsOfAHostRootInstanceStopItFirstAndRestoreItsWorkspace) {
+  create("liv", true);
+  backend_.status["liv"].running = true;
+  const auto ws = config_.ns.instances_dir / "liv" / "workspace";
+  std::ofstream(ws / "a") << "one";
+  std::filesystem::create_directories(ws / "sub");
+  std::filesystem::create_symlink("/etc/passwd", ws / "sub" / "link");
+  json taken = call("snapshot_instance", {{"instance_id", "liv"}, {"name", "s1"}});
+  ASSERT_FALSE(taken.value("isError", false)) << taken;
+  EXPECT_EQ(taken["structuredContent"]["was_running"], true);
+  EXPECT_EQ(taken["structuredContent"]["snapshot"]["has_layer"], false);
+  EXPECT_NE(text(taken).find("Its sandbox was stopped first"), std::string::npos) << text(taken);
+  EXPECT_EQ(backend_.calls.front(), "stop liv stopped 7000");
+
+  std::ofstream(ws / "a") << "two";
+  std::ofstream(ws / "b") << "new";
+  json restored = call("restore_snapshot", {{"instance_id", "liv"}, {"name", "s1"}});
+  ASSERT_FALSE(restored.value("isError", false)) << restored;
+  std::ifstream a(ws / "a");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}), "one");
+  EXPECT_FALSE(std::filesystem::exists(ws / "b"));
+  EXPECT_EQ(std::filesystem::read_symlink(ws / "sub" / "link"), "/etc/passwd") << "a link stays a link";
+
+  json taken_again = call("snapshot_instance", {{"instance_id", "liv"}, {"name", "s1"}});
+  EXPECT_TRUE(taken_again.value("isError", false));
+  EXPECT_NE(text(taken_again).find("already has a snapshot named 's1'"), std::string::npos) << text(taken_again);
+  json unknown = call("delete_snapshot", {{"instance_id", "liv"}, {"name", "s2"}});
+  EXPECT_NE(text(unknown).find("has no snapshot 's2'; its snapshots: s1"), std::string::npos) << text(unknown);
+  json bad = call("restore_snapshot", {{"instance_id", "liv"}, {"name", ".."}});
+  EXPECT_NE(text(bad).find("'..' is not a snapshot name"), std::string::npos) << text(bad);
+
+  json refused = call("factory_reset_instance", {{"instance_id", "liv"}});
+  EXPECT_TRUE(refused.value("isError", false));
+  EXPECT_NE(text(refused).find("runs on the host's root (read-only)"), std::string::npos) << text(refused);
+  EXPECT_TRUE(std::filesystem::exists(ws / "a"));
+  json wiped = call("factory_reset_instance", {{"instance_id", "liv"}, {"include_workspace", true}});
+  ASSERT_FALSE(wiped.value("isError", false)) << wiped;
+  EXPECT_EQ(wiped["structuredContent"]["workspace_emptied"], true);
+  EXPECT_EQ(wiped["structuredContent"]["layer_reset"], false);
+  EXPECT_TRUE(std::filesystem::is_empty(ws));
+
+  json listed = call("list_snapshots", {{"instance_id", "liv"}});
+  EXPECT_EQ(listed["structuredContent"]["count"], 1);
+  json described = call("describe_instance", {{"instance_id", "liv"}});
+  EXPECT_GT(described["structuredContent"]["disk_usage"]["snapshots_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(described["structuredContent"]["disk_usage"]["layer_bytes"], 0);
+  EXPECT_FALSE(call("delete_snapshot", {{"instance_id", "liv"}, {"name", "s1"}}).value("isError", false));
+  EXPECT_EQ(call("list_snapshots", {{"instance_id", "liv"}})["structuredContent"]["count"], 0);
+
+  const auto events = audit_events("liv");
+  for (const char* event : {"instance.snapshot_taken", "instance.snapshot_restored", "instance.reset",
+                            "instance.snapshot_deleted"})
+    EXPECT_NE(std::find(events.begin(), events.end(), event), events.end()) << event;
+}
+
+// A sandbox that a command starts again while the copy runs: the snapshot is refused (it may not
+// agree with itself), a restore stops it again before the swap.
+TEST_F(InstanceToolsTest, ASandboxStartedDuringTheCopyFailsTheSnapshotAndIsStoppedBeforeARestore) {
+  create("liv", true);
+  json first = call("snapshot_instance", {{"instance_id", "liv"}, {"name", "s1"}});
+  ASSERT_FALSE(first.value("isError", false)) << first;
+  backend_.status["liv"].running = true;
+  backend_.comes_back = true;
+  json taken = call("snapshot_instance", {{"instance_id", "liv"}, {"name", "s2"}});
+  EXPECT_TRUE(taken.value("isError", false));
+  EXPECT_NE(text(taken).find("started the instance again while it was being copied"), std::string::npos) << text(taken);
+  EXPECT_EQ(call("list_snapshots", {{"instance_id", "liv"}})["structuredContent"]["count"], 1);
+  backend_.calls.clear();
+  json restored = call("restore_snapshot", {{"instance_id", "liv"}, {"name", "s1"}});
+  ASSERT_FALSE(restored.value("isError", false)) << restored;
+  EXPECT_EQ(std::count(backend_.calls.begin(), backend_.calls.end(), "stop liv stopped 7000"), 2) << restored;
+}
+
+// An ephemeral instance has no living sandbox to stop: nothing is asked of the backend.
+TEST_F(InstanceToolsTest, SnapshotsOfAnEphemeralInstanceAskNothingOfTheBackend) {
+  create("eph", false);
+  json taken = call("snapshot_instance", {{"instance_id", "eph"}, {"name", "s1"}});
+  ASSERT_FALSE(taken.value("isError", false)) << taken;
+  EXPECT_EQ(taken["structuredContent"]["was_running"], false);
+  EXPECT_TRUE(backend_.calls.empty()) << backend_.calls.front();
 }
 
 }  // namespace
