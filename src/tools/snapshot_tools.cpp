@@ -30,6 +30,14 @@ const json kEndedJobsSchema = {
     {"items", output_object({{"job_id", of_type("string")}, {"command", of_type("string")}, {"status", of_type("string")}},
                             {"job_id", "status"})}};
 
+// What snapshot_instance and restore_snapshot answer: the snapshot, and what was stopped first.
+const json kSnapshotChangeSchema = output_object({{"instance_id", of_type("string")},
+                                                 {"snapshot", kSnapshotSchema},
+                                                 {"was_running", of_type("boolean")},
+                                                 {"jobs_ended", kEndedJobsSchema},
+                                                 {"took_ms", of_type("number")}},
+                                                {"instance_id", "snapshot", "was_running"});
+
 // The tools share one Trash (lifecycle/snapshots.hpp): old trees go in the background, and what is
 // left when the server stops is finished at its next start.
 struct SnapshotContext {
@@ -117,12 +125,7 @@ void add_snapshot(mcp::Server& server, const SnapshotContext& sc) {
           "Save an instance's root (image instances) and workspace together under a name; its processes and jobs "
           "end first. restore_snapshot brings them back.",
       .input = input_object({{"instance_id", kInstanceIdArg}, {"name", kNameArg}}, {"instance_id", "name"}),
-      .output = output_object({{"instance_id", of_type("string")},
-                               {"snapshot", kSnapshotSchema},
-                               {"was_running", of_type("boolean")},
-                               {"jobs_ended", kEndedJobsSchema},
-                               {"took_ms", of_type("number")}},
-                              {"instance_id", "snapshot", "was_running"}),
+      .output = kSnapshotChangeSchema,
       .hints = {.destructive = false, .idempotent = false},
       .handler =
           [sc, &server](const json& args, mcp::RequestContext& rc) {
@@ -180,12 +183,7 @@ void add_restore(mcp::Server& server, const SnapshotContext& sc) {
           "Put an instance's root and workspace back as a snapshot saved them; its processes and jobs end first. "
           "The snapshot stays.",
       .input = input_object({{"instance_id", kInstanceIdArg}, {"name", kNameArg}}, {"instance_id", "name"}),
-      .output = output_object({{"instance_id", of_type("string")},
-                               {"snapshot", kSnapshotSchema},
-                               {"was_running", of_type("boolean")},
-                               {"jobs_ended", kEndedJobsSchema},
-                               {"took_ms", of_type("number")}},
-                              {"instance_id", "snapshot", "was_running"}),
+      .output = kSnapshotChangeSchema,
       .hints = {.destructive = true, .idempotent = true},
       .handler =
           [sc, &server](const json& args, mcp::RequestContext& rc) {

@@ -3,23 +3,18 @@
 // instance through archive and restore. The packages come from the local repository that
 // scripts/test-image.sh (make test's set-up) made, served here on 127.0.0.1: no sandbox talks to
 // anything but this test.
-#include <netinet/in.h>
-#include <poll.h>
 #include <sys/mount.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
-#include "common/loopback.hpp"
+#include "common/file_server.hpp"
 #include "harness.hpp"
 
 using namespace nshpc::test;
@@ -37,68 +32,6 @@ std::string image_skip_reason() {
   if (!fs::exists(kCache / "repo" / "Packages")) return "no local apt repository in " + (kCache / "repo").string();
   return "";
 }
-
-// The files of one folder over HTTP/1.1 on 127.0.0.1, one request per connection: enough for
-// apt's flat repository ("deb [trusted=yes] http://127.0.0.1:PORT ./").
-class RepoServer {
- public:
-  explicit RepoServer(fs::path dir) : dir_(std::move(dir)) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    const int one = 1;
-    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd_, 16) != 0 ||
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-      throw std::runtime_error("the test's repository server cannot listen on 127.0.0.1");
-    port_ = ntohs(addr.sin_port);
-    thread_ = std::thread([this] { serve(); });
-  }
-  ~RepoServer() {
-    stop_ = true;
-    thread_.join();
-    ::close(fd_);
-  }
-  std::uint16_t port() const { return port_; }
-
- private:
-  void serve() {
-    while (!stop_) {
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      const int conn = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (conn < 0) continue;
-      answer(conn);
-      ::close(conn);
-    }
-  }
-  void answer(int conn) {
-    const std::string request = nshpc::tests::read_some(
-        conn, std::chrono::seconds(10), [](const std::string& in) { return in.find("\r\n\r\n") != std::string::npos; });
-    std::istringstream line(request);
-    std::string method, target;
-    line >> method >> target;
-    std::string name = target.substr(target.rfind('/') + 1);
-    const fs::path file = dir_ / name;
-    std::string body;
-    const bool found = !name.empty() && name[0] != '.' && fs::is_regular_file(file);
-    if (found) {
-      std::ifstream in(file, std::ios::binary);
-      body.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
-    std::string head = found ? "HTTP/1.1 200 OK\r\n" : "HTTP/1.1 404 Not Found\r\n";
-    head += "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
-    nshpc::tests::send_all(conn, head + (method == "HEAD" ? std::string() : body));
-  }
-
-  fs::path dir_;
-  int fd_ = -1;
-  std::uint16_t port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
 
 // The apt sources of an instance pointed at the test's repository only.
 std::string apt_local(std::uint16_t port) {
@@ -139,7 +72,7 @@ class SnapshotsOnImage : public ::testing::Test {
   }
 
   Env env_;
-  RepoServer repo_{kCache / "repo"};
+  nshpc::tests::FileServer repo_{kCache / "repo"};
 };
 
 }  // namespace
