@@ -125,7 +125,8 @@ UniqueFd open_subdir(int parent, const std::string& name, bool make_accessible, 
 // through ".." and checked to be the same folder (device and inode) before it is used.
 //   on_entry(dirfd, name, st): every entry that is not a folder, with its lstat
 //   on_leave(parent_fd, name): after a folder's contents were visited (not for the root)
-// `make_accessible`: chmod folders 0700 first (for removal of a tree this process owns).
+// `make_accessible`: chmod folders 0700 first (for removal of a tree this process owns); without
+// it, folders this process may not open are left out.
 void walk_tree(int root_fd, const stdfs::path& root,
                const std::function<void(int, const char*, const struct stat&)>& on_entry,
                const std::function<void(int, const std::string&)>& on_leave, bool make_accessible) {
@@ -174,6 +175,9 @@ void walk_tree(int root_fd, const stdfs::path& root,
         child = open_subdir(top.fd.get(), name, make_accessible, shown / name);
       } catch (const SysError& e) {
         if (e.code() == ENOENT) continue;  // gone meanwhile
+        // A count (not a removal) leaves out what this process may not read: in a normal user's
+        // image instance, folders of its subordinate uids and the overlay's work folder.
+        if (e.code() == EACCES && !make_accessible) continue;
         throw;
       }
       shown /= name;

@@ -18,6 +18,7 @@
 #include "base/process.hpp"
 #include "base/random.hpp"
 #include "base/time.hpp"
+#include "sandbox/layers.hpp"
 
 namespace nshpc::lifecycle {
 
@@ -57,7 +58,7 @@ void Trash::run(std::stop_token stop) {
     busy_ = true;
     lock.unlock();
     try {
-      fs::remove_tree(tree);
+      sandbox::remove_owned_tree(tree);
     } catch (const std::exception& e) {
       log::warn("{}; it is removed at the next start of the server", e.what());
     }
@@ -124,7 +125,9 @@ void make_layer(const stdfs::path& layer, const std::optional<users::Identity>& 
 // the source: a tree walker of our own would do less, worse. The source belongs to a sandbox,
 // which is stopped while cp reads it, so nothing changes under it.
 void copy_tree(const stdfs::path& from, const stdfs::path& to) {
-  const std::vector<std::string> argv = {"cp", "-a", "--reflink=auto", "-T", "--", from.string(), to.string()};
+  // As a normal user, in a user namespace that maps the files of its subordinate uids.
+  const std::vector<std::string> argv =
+      sandbox::as_mapped_root({"cp", "-a", "--reflink=auto", "-T", "--", from.string(), to.string()});
   // Hours, not seconds: a large tree on a slow disk is not a hang, and a cancelled call has no
   // better moment to stop it.
   const CommandResult r = run_command(argv, {}, std::chrono::hours(12), 64 * 1024);

@@ -956,12 +956,13 @@ class BwrapBackend final : public Backend {
     // mounts it in a mount namespace of its own and joins the instance's user namespace itself.
     ImageRootSetup image_root;
     if (spec.target.image && spec.living_main) {
-      if (!drop_to) throw Error("image instances as a normal user are not supported by this backend yet");
       image_root = prepare_image_root(*spec.target.image);
-      image_root.tree_fd = kImageTreeFd;
       image_root.userns_fd = kImageUsernsFd;
       image_root.root_fd = kChildFds.root;
-      setup.fds.emplace_back(image_root.tree.get(), kImageTreeFd);
+      if (image_root.tree) {  // as root: the idmapped image
+        image_root.tree_fd = kImageTreeFd;
+        setup.fds.emplace_back(image_root.tree.get(), kImageTreeFd);
+      }
       setup.fds.emplace_back(image_root.userns.get(), kImageUsernsFd);
       setup.in_child = [&image_root](const char** step) { return enter_image_root(image_root, step); };
       setup.drop_to.reset();

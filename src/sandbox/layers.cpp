@@ -15,12 +15,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/process.hpp"
 #include "base/users.hpp"
 
 namespace nshpc::sandbox {
@@ -75,6 +77,27 @@ void write_proc(pid_t pid, const char* file, const std::string& text) {
   if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) throw SysError(errno, "write", path);
 }
 
+// The first range of at least 65536 ids that `table` (/etc/subuid or /etc/subgid) gives the user
+// `name` (or its uid): its start.
+std::optional<std::pair<std::uint32_t, std::uint32_t>> subordinate_range(std::string_view table, const std::string& name,
+                                                                         uid_t uid) {
+  std::istringstream in{std::string(table)};
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> f;
+    std::istringstream fields(line);
+    for (std::string x; std::getline(fields, x, ':');) f.push_back(x);
+    if (f.size() < 3 || (f[0] != name && f[0] != std::to_string(uid))) continue;
+    try {
+      const auto start = std::stoull(f[1]), count = std::stoull(f[2]);
+      if (count >= kRangeSize && start + kRangeSize <= 0xFFFFFFFFull)
+        return std::pair{static_cast<std::uint32_t>(start), static_cast<std::uint32_t>(count)};
+    } catch (const std::exception&) {
+      // A line that is not one of ours to judge.
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 uid_t root_range_floor(std::string_view subuid, std::string_view subgid, std::string_view passwd,
@@ -93,6 +116,7 @@ UidMapping image_uid_mapping() {
   if (::geteuid() == 0) {
     m.kind = UidMapping::Kind::range;
     m.host_base = root_range_floor(slurp("/etc/subuid"), slurp("/etc/subgid"), slurp("/etc/passwd"), slurp("/etc/group"));
+    m.host_gid = static_cast<gid_t>(m.host_base);
     m.count = kRangeSize;
     m.source = fmt::format("root's own ranges from {} up (above /etc/subuid, /etc/subgid and every account), "
                            "65536 ids per instance",
@@ -100,41 +124,41 @@ UidMapping image_uid_mapping() {
     return m;
   }
   const std::string me = users::current_user_name();
-  std::istringstream in{slurp("/etc/subuid")};
-  for (std::string line; std::getline(in, line);) {
-    std::vector<std::string> f;
-    std::istringstream fields(line);
-    for (std::string x; std::getline(fields, x, ':');) f.push_back(x);
-    if (f.size() < 3 || (f[0] != me && f[0] != std::to_string(::geteuid()))) continue;
-    try {
-      if (std::stoull(f[2]) < kRangeSize) continue;
-      m.kind = UidMapping::Kind::range;
-      m.host_base = static_cast<uid_t>(std::stoull(f[1]));
-      m.count = kRangeSize;
-      m.source = fmt::format("/etc/subuid: {}:{}:{}", f[0], f[1], f[2]);
-      return m;
-    } catch (const std::exception&) {
-    }
+  m.host_base = ::geteuid();
+  m.host_gid = ::getegid();
+  const auto uids = subordinate_range(slurp("/etc/subuid"), me, ::geteuid());
+  const auto gids = subordinate_range(slurp("/etc/subgid"), me, ::geteuid());
+  if (uids && gids && fs::find_program("newuidmap") && fs::find_program("newgidmap")) {
+    m.kind = UidMapping::Kind::range;
+    m.sub_uid = uids->first;
+    m.sub_gid = gids->first;
+    m.count = kRangeSize + 1;
+    m.source = fmt::format("uid 0 inside is you ({}, uid {}); 1-65536 are your /etc/subuid range {}-{} "
+                           "(newuidmap), as in images built by mmdebstrap --mode=unshare",
+                           me, m.host_base, m.sub_uid, m.sub_uid + kRangeSize - 1);
+    return m;
   }
   m.kind = UidMapping::Kind::single;
-  m.host_base = ::geteuid();
   m.count = 1;
-  m.source = fmt::format("no range of 65536 for {} in /etc/subuid: only uid 0 inside, {} outside (apt works; "
-                         "system users such as _apt cannot be distinct)",
-                         me, ::geteuid());
+  m.source = fmt::format("single uid: only uid 0 inside, which is you ({}, uid {}); {}: apt works as root "
+                         "(APT::Sandbox::User root), but no distinct users (useradd'ed accounts, _apt) can own files",
+                         me, m.host_base,
+                         uids && gids ? "newuidmap/newgidmap (package uidmap) are not installed"
+                                      : "you have no range of 65536 ids in /etc/subuid and /etc/subgid");
   return m;
 }
 
-UniqueFd mapped_user_namespace(uid_t host_base, std::uint32_t count, bool owned) {
+UniqueFd mapped_user_namespace(const UidMapping& ids, bool owned) {
+  const bool root = ::geteuid() == 0;
   Pipe ready = make_pipe(), done = make_pipe();
   const pid_t child = ::fork();
   if (child < 0) throw SysError(errno, "fork", "a user namespace holder");
   if (child == 0) {
     char c = 0;
     bool ok = true;
-    if (owned)
-      ok = ::syscall(SYS_setgroups, 0, nullptr) == 0 && ::syscall(SYS_setresgid, host_base, host_base, host_base) == 0 &&
-           ::syscall(SYS_setresuid, host_base, host_base, host_base) == 0;
+    if (root && owned)
+      ok = ::syscall(SYS_setgroups, 0, nullptr) == 0 && ::syscall(SYS_setresgid, ids.host_gid, ids.host_gid, ids.host_gid) == 0 &&
+           ::syscall(SYS_setresuid, ids.host_base, ids.host_base, ids.host_base) == 0;
     ok = ok && ::unshare(CLONE_NEWUSER) == 0;
     if (::write(ready.write.get(), ok ? "1" : "0", 1) != 1) ::_exit(1);
     (void)!::read(done.read.get(), &c, 1);  // until the parent holds the namespace
@@ -154,9 +178,28 @@ UniqueFd mapped_user_namespace(uid_t host_base, std::uint32_t count, bool owned)
     throw SysError(EPERM, "unshare(CLONE_NEWUSER)", "a user namespace for an image instance");
   }
   try {
-    const std::string map = fmt::format("0 {} {}\n", host_base, count);
-    write_proc(child, "uid_map", map);
-    write_proc(child, "gid_map", map);
+    if (root) {
+      const std::string map = fmt::format("0 {} {}\n", ids.host_base, ids.count);
+      write_proc(child, "uid_map", map);
+      write_proc(child, "gid_map", fmt::format("0 {} {}\n", ids.host_gid, ids.count));
+    } else if (ids.kind == UidMapping::Kind::range) {
+      // The setuid helpers check the ranges against /etc/subuid and /etc/subgid.
+      const std::string pid = std::to_string(child), rest = std::to_string(ids.count - 1);
+      for (const auto& argv : {std::vector<std::string>{"newuidmap", pid, "0", std::to_string(ids.host_base), "1", "1",
+                                                        std::to_string(ids.sub_uid), rest},
+                               std::vector<std::string>{"newgidmap", pid, "0", std::to_string(ids.host_gid), "1", "1",
+                                                        std::to_string(ids.sub_gid), rest}}) {
+        const CommandResult r = run_command(argv, {}, std::chrono::seconds(10));
+        if (r.exit_code != 0)
+          throw Error(fmt::format("could not map the instance's ids: {}; check your ranges in /etc/subuid and "
+                                  "/etc/subgid (ns-hpc doctor)",
+                                  describe_failure(argv, r)));
+      }
+    } else {
+      write_proc(child, "setgroups", "deny");
+      write_proc(child, "uid_map", fmt::format("0 {} 1\n", ids.host_base));
+      write_proc(child, "gid_map", fmt::format("0 {} 1\n", ids.host_gid));
+    }
     const std::string ns = fmt::format("/proc/{}/ns/user", child);
     UniqueFd fd(::open(ns.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd) throw SysError(errno, "open", ns);
@@ -166,6 +209,42 @@ UniqueFd mapped_user_namespace(uid_t host_base, std::uint32_t count, bool owned)
     reap();
     throw;
   }
+}
+
+void check_image_owner(const stdfs::path& rootfs, const UidMapping& ids) {
+  struct stat st{};
+  if (::stat((rootfs / "usr").c_str(), &st) != 0) throw SysError(errno, "find the image", rootfs.string());
+  const uid_t expected = ::geteuid() == 0 ? 0 : ids.host_base;
+  if (st.st_uid == expected) return;
+  throw UsageError(fmt::format(
+      "the image at {} belongs to uid {}, but an instance's root here must be uid {} (uid 0 inside: {}); build the "
+      "image as the user who runs ns-hpc (ns-hpc image build NAME)",
+      rootfs.string(), st.st_uid, expected, ids.source));
+}
+
+std::vector<std::string> as_mapped_root(std::vector<std::string> argv) {
+  if (::geteuid() == 0) return argv;
+  // As root of a user namespace, capabilities over every file of the ids it maps: the folders
+  // an instance made unreadable (an overlay's work folder is d---------) included.
+  if (image_uid_mapping().kind == UidMapping::Kind::range)
+    argv.insert(argv.begin(), {"unshare", "--map-root-user", "--map-auto", "--"});
+  else
+    argv.insert(argv.begin(), {"unshare", "--map-root-user", "--"});
+  return argv;
+}
+
+void remove_owned_tree(const stdfs::path& path) {
+  try {
+    fs::remove_tree(path);
+    return;
+  } catch (const SysError& e) {
+    if (::geteuid() == 0 || (e.code() != EACCES && e.code() != EPERM)) throw;
+  }
+  // What belongs to the user's subordinate uids, in a user namespace that maps them.
+  const std::vector<std::string> argv = as_mapped_root({"rm", "-rf", "--one-file-system", "--", path.string()});
+  const CommandResult r = run_command(argv, {}, std::chrono::minutes(30));
+  if (r.exit_code != 0)
+    throw Error(fmt::format("could not remove {}: {}; remove it as root", path.string(), describe_failure(argv, r)));
 }
 
 void mount_idmapped(const stdfs::path& source, int userns_fd, const stdfs::path& target) {
@@ -200,6 +279,7 @@ void mount_overlay(const stdfs::path& lower, const stdfs::path& upper, const std
 }
 
 ImageRootSetup prepare_image_root(const ImageRoot& image) {
+  const bool root = ::geteuid() == 0;
   const stdfs::path& scratch = image.mount_dir;
   ImageRootSetup setup;
   const stdfs::path upper = image.layer / "upper", work = image.layer / "work";
@@ -211,26 +291,29 @@ ImageRootSetup prepare_image_root(const ImageRoot& image) {
                               "ns-hpc; reset the instance (ns-hpc instance reset) or restore a snapshot",
                               dir.string(), image.ids.host_base));
   }
-  struct stat st{};
-  if (::stat((image.rootfs / "usr").c_str(), &st) != 0)
-    throw SysError(errno, fmt::format("find the image {}", image.image), image.rootfs.string());
-  setup.userns = mapped_user_namespace(image.ids.host_base, image.ids.count, /*owned=*/true);
-  setup.tree.reset(sys_open_tree(AT_FDCWD, image.rootfs.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE));
-  if (!setup.tree) throw SysError(errno, "open_tree", image.rootfs.string());
-  mount_attr attr{};
-  attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-  attr.userns_fd = static_cast<std::uint64_t>(setup.userns.get());
-  if (sys_mount_setattr(setup.tree.get(), "", AT_EMPTY_PATH | AT_RECURSIVE, &attr) != 0)
-    throw SysError(errno, "idmap (mount_setattr)", image.rootfs.string());
+  check_image_owner(image.rootfs, image.ids);
+  setup.userns = mapped_user_namespace(image.ids, /*owned=*/true);
+  setup.set_groups = image.ids.kind == UidMapping::Kind::range;
+  if (root) {
+    setup.tree.reset(sys_open_tree(AT_FDCWD, image.rootfs.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE));
+    if (!setup.tree) throw SysError(errno, "open_tree", image.rootfs.string());
+    mount_attr attr{};
+    attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    attr.userns_fd = static_cast<std::uint64_t>(setup.userns.get());
+    if (sys_mount_setattr(setup.tree.get(), "", AT_EMPTY_PATH | AT_RECURSIVE, &attr) != 0)
+      throw SysError(errno, "idmap (mount_setattr)", image.rootfs.string());
+  }
   if (::mkdir(scratch.c_str(), 0755) != 0 && errno != EEXIST) throw SysError(errno, "mkdir", scratch.string());
   setup.scratch = scratch.string();
-  setup.lower = (scratch / "lower").string();
+  // As a normal user the image's own folder is the lower layer: its owners are the namespace's.
+  setup.lower = root ? (scratch / "lower").string() : image.rootfs.string();
   setup.merged = (scratch / "merged").string();
   for (const auto& p : {setup.lower, upper.string(), work.string()})
     if (p.find_first_of(",:\\") != std::string::npos)
       throw Error(fmt::format("{}: an overlay layer's path may not contain ',', ':' or '\\'; move "
-                              "[namespace] instances_dir", p));
+                              "[namespace] instances_dir or images_dir", p));
   setup.overlay_options = fmt::format("lowerdir={},upperdir={},workdir={}", setup.lower, upper.string(), work.string());
+  if (!root) setup.overlay_options += ",userxattr";
   return setup;
 }
 
@@ -239,15 +322,29 @@ int enter_image_root(const ImageRootSetup& setup, const char** step) {
     *step = what;
     return errno != 0 ? errno : EIO;
   };
+  auto become_root = [&]() -> int {
+    if (::setns(setup.userns_fd, CLONE_NEWUSER) != 0) return failed("join the instance's user namespace");
+    ::close(setup.userns_fd);
+    if ((setup.set_groups && ::syscall(SYS_setgroups, 0, nullptr) != 0) || ::syscall(SYS_setresgid, 0, 0, 0) != 0 ||
+        ::syscall(SYS_setresuid, 0, 0, 0) != 0)
+      return failed("become the instance's root");
+    return 0;
+  };
+  const bool idmapped = setup.tree_fd >= 0;
+  // As a normal user the user namespace comes first: it then owns the mount namespace below.
+  if (!idmapped)
+    if (const int err = become_root(); err != 0) return err;
   if (::unshare(CLONE_NEWNS) != 0) return failed("make the image root's mount namespace");
   if (::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0) return failed("make the mounts private");
   if (::mount("tmpfs", setup.scratch.c_str(), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k") != 0)
     return failed("mount the image root's scratch folder");
-  if (::mkdir(setup.lower.c_str(), 0755) != 0 || ::mkdir(setup.merged.c_str(), 0755) != 0)
-    return failed("make the image root's mount points");
-  if (sys_move_mount(setup.tree_fd, "", AT_FDCWD, setup.lower.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0)
-    return failed("mount the image (move_mount)");
-  ::close(setup.tree_fd);
+  if (::mkdir(setup.merged.c_str(), 0755) != 0) return failed("make the image root's mount points");
+  if (idmapped) {
+    if (::mkdir(setup.lower.c_str(), 0755) != 0) return failed("make the image root's mount points");
+    if (sys_move_mount(setup.tree_fd, "", AT_FDCWD, setup.lower.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0)
+      return failed("mount the image (move_mount)");
+    ::close(setup.tree_fd);
+  }
   if (::mount("overlay", setup.merged.c_str(), "overlay", MS_NOSUID | MS_NODEV, setup.overlay_options.c_str()) != 0)
     return failed("mount the instance's layer over the image (overlay)");
   struct statfs fsinfo{};
@@ -260,11 +357,7 @@ int enter_image_root(const ImageRootSetup& setup, const char** step) {
   const int root = ::open(setup.merged.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (root < 0 || ::dup3(root, setup.root_fd, 0) < 0) return failed("open the instance's root");
   ::close(root);
-  if (::setns(setup.userns_fd, CLONE_NEWUSER) != 0) return failed("join the instance's user namespace");
-  ::close(setup.userns_fd);
-  if (::syscall(SYS_setgroups, 0, nullptr) != 0 || ::syscall(SYS_setresgid, 0, 0, 0) != 0 ||
-      ::syscall(SYS_setresuid, 0, 0, 0) != 0)
-    return failed("become the instance's root");
+  if (idmapped) return become_root();
   return 0;
 }
 
@@ -290,7 +383,7 @@ LayerSupport probe_layers(const stdfs::path& scratch) {
       if (root) {
         if (::unshare(CLONE_NEWNS) != 0) throw SysError(errno, "unshare(CLONE_NEWNS)");
         if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) throw SysError(errno, "make / private");
-        const UniqueFd ns = mapped_user_namespace(mapping.host_base, mapping.count);
+        const UniqueFd ns = mapped_user_namespace(mapping);
         mount_idmapped(dir / "image", ns.get(), dir / "lower");
         for (const char* d : {"upper", "work"})
           if (::chown((dir / d).c_str(), mapping.host_base, mapping.host_base) != 0) throw SysError(errno, "chown", d);

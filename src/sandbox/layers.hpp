@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "base/fd.hpp"
 #include "sandbox/sandbox.hpp"
@@ -23,35 +24,59 @@ uid_t root_range_floor(std::string_view subuid, std::string_view subgid, std::st
                        std::string_view group);
 
 // The mapping image instances of this process get: as root, its own range starting at the floor
-// (each instance then takes the next free 65536); as a normal user, the first /etc/subuid range
-// of at least 65536 ids (newuidmap writes it), else a single-uid map.
+// (each instance then takes the next free 65536); as a normal user, uid 0 inside is the user and
+// 1..65536 the first /etc/subuid (and /etc/subgid) range of at least 65536 ids, written by
+// newuidmap/newgidmap as mmdebstrap --mode=unshare maps them, else a single-uid map.
 UidMapping image_uid_mapping();
 
-// A user namespace in which uid/gid 0..count-1 are host_base.. on the host, held by a descriptor
-// (its creating process is gone). Only root can map an arbitrary range. With `owned`, the
-// process that makes it runs as host_base first, so the namespace belongs to that uid (which
-// then holds every capability in it, and may join it). Throws SysError.
-UniqueFd mapped_user_namespace(uid_t host_base, std::uint32_t count, bool owned = false);
+// A user namespace with the mapping `ids`, held by a descriptor (its creating process is gone).
+// As root any range (with `owned`, the process that makes it runs as host_base first, so the
+// namespace belongs to that uid, which then holds every capability in it and may join it); as a
+// normal user its own uid, plus its subordinate range through newuidmap/newgidmap. Throws
+// SysError/Error.
+UniqueFd mapped_user_namespace(const UidMapping& ids, bool owned = false);
 
-// What the child starting an image instance's sandbox needs, made before its fork (as root).
+// Checks that the image at `rootfs` can be the root of an instance with `ids`: its files must
+// belong to uid 0 inside (as root: the host's root, which the idmapped mount shifts; as a normal
+// user: the user, as mmdebstrap --mode=unshare leaves them). Throws UsageError naming the owner
+// found and what to do.
+void check_image_owner(const std::filesystem::path& rootfs, const UidMapping& ids);
+
+// Removes a tree of an image or an instance's layer. As a normal user, what it cannot remove
+// itself (files of its subordinate uids: apt's _apt folders, users made inside) is removed in a
+// user namespace that maps them (as_mapped_root). Throws Error/SysError.
+void remove_owned_tree(const std::filesystem::path& path);
+
+// `argv` made to run where it can handle every file of an instance on an image: as a normal
+// user, as root of a user namespace mapping 0 to the user and, with an /etc/subuid range, 1.. to
+// that range (util-linux unshare --map-root-user [--map-auto]); unchanged for root.
+std::vector<std::string> as_mapped_root(std::vector<std::string> argv);
+
+// What the child starting an image instance's sandbox needs, made before its fork.
 struct ImageRootSetup {
-  UniqueFd tree;    // the image's root, idmapped into the instance's ids (a detached mount)
+  // As root: the image's root, idmapped into the instance's ids (a detached mount). As a normal
+  // user: none (the overlay is mounted inside the user namespace, on the image's folder).
+  UniqueFd tree;
   UniqueFd userns;  // the instance's user namespace, owned by its uid 0's host uid
-  // In the child: descriptor numbers of `tree` and `userns` (closed once used), and where the
-  // merged root is left for bwrap (--bind-fd).
+  // In the child: descriptor numbers of `tree` and `userns` (closed once used; tree_fd -1 when
+  // there is none), and where the merged root is left for bwrap (--bind-fd).
   int tree_fd = -1, userns_fd = -1, root_fd = -1;
   std::string scratch, lower, merged;  // <scratch>, <scratch>/lower, <scratch>/merged
   std::string overlay_options;
+  bool set_groups = true;  // false with a single-uid map (setgroups is denied in it)
 };
 
-// Prepares `image` for a sandbox: its user namespace and its idmapped image. Checks the layer's
-// folders exist and belong to the instance's root. Throws Error/SysError.
+// Prepares `image` for a sandbox: its user namespace and (as root) its idmapped image. Checks the
+// layer's folders exist and belong to the instance's root, and the image to its mapping. Throws
+// Error/SysError.
 ImageRootSetup prepare_image_root(const ImageRoot& image);
 
 // In the forked child, before it executes anything (async-signal-safe calls only): a private
 // mount namespace with the image under the instance's layer mounted (checked writable), the
-// merged root on setup.root_fd, then the instance's user namespace as its uid 0 (every
-// capability there, none on the host). Returns 0, or an errno with `*step` naming what failed.
+// merged root on setup.root_fd, and the instance's user namespace as its uid 0 (every
+// capability there, none on the host). As root the mounts come first, then the user namespace;
+// as a normal user the user namespace comes first, and owns the mount namespace and the overlay
+// (userxattr). Returns 0, or an errno with `*step` naming what failed.
 int enter_image_root(const ImageRootSetup& setup, const char** step);
 
 // `source` mounted read-only at `target` with its owners seen through `userns` (an idmapped

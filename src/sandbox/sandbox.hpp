@@ -30,12 +30,18 @@ class CgroupPool;
 // How an image instance's ids map to the host's (sandbox/layers.hpp).
 struct UidMapping {
   enum class Kind {
-    range,   // 65536 ids: uid 0 inside is `host_base` outside (root's own range, or /etc/subuid's)
+    range,   // 0..count-1 inside: root's own range, or a normal user's uid plus its /etc/subuid range
     single,  // only uid 0 inside, the user's own uid outside: no distinct system users
   };
   Kind kind = Kind::single;
-  uid_t host_base = 0;
-  std::uint32_t count = 1;
+  uid_t host_base = 0;      // the host uid of uid 0 inside
+  gid_t host_gid = 0;       // the host gid of gid 0 inside
+  std::uint32_t count = 1;  // ids inside: 0..count-1
+  // A normal user's range (written by newuidmap/newgidmap, as mmdebstrap --mode=unshare maps):
+  // ids 1..count-1 inside are sub_uid.. and sub_gid.. outside. 0: root's ranges, contiguous from
+  // host_base.
+  uid_t sub_uid = 0;
+  gid_t sub_gid = 0;
   std::string source;  // where it comes from, for doctor and describe_instance
 };
 
@@ -78,7 +84,7 @@ struct Target {
 inline std::optional<users::Identity> host_identity(const Target& target, const std::optional<users::Identity>& plain) {
   if (!target.image) return plain;
   if (::geteuid() != 0) return std::nullopt;
-  return users::Identity{target.image->ids.host_base, static_cast<gid_t>(target.image->ids.host_base)};
+  return users::Identity{target.image->ids.host_base, target.image->ids.host_gid};
 }
 
 // Per-process limits applied with setrlimit before bwrap starts (inherited by the whole tree),

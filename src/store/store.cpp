@@ -213,6 +213,7 @@ sandbox::UidMapping Store::allocate_ids() const {
   for (std::uint64_t base = ids.host_base; base + ids.count <= kTop; base += ids.count) {
     if (used.count(static_cast<uid_t>(base))) continue;
     ids.host_base = static_cast<uid_t>(base);
+    ids.host_gid = static_cast<gid_t>(base);
     ids.source = fmt::format("root's range for this instance: host ids {}-{} (above every account and /etc/subuid "
                              "range)", base, base + ids.count - 1);
     return ids;
@@ -239,7 +240,10 @@ sandbox::ImageRoot Store::image_root(const Instance& instance) const {
     throw Error(fmt::format("instance '{}' runs on an image but its metadata.json has no usable \"ids\"", instance.id));
   image.ids.kind = it->value("map", "") == "range" ? sandbox::UidMapping::Kind::range : sandbox::UidMapping::Kind::single;
   image.ids.host_base = (*it)["host_base"].get<uid_t>();
+  image.ids.host_gid = it->value("host_gid", static_cast<gid_t>(image.ids.host_base));  // root's: the same number
   image.ids.count = (*it)["count"].get<std::uint32_t>();
+  image.ids.sub_uid = it->value("sub_uid", uid_t{0});
+  image.ids.sub_gid = it->value("sub_gid", gid_t{0});
   image.ids.source = it->value("source", "");
   return image;
 }
@@ -497,12 +501,6 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
   std::optional<sandbox::UidMapping> ids;
   std::optional<users::Identity> owner = owner_;
   if (!options.image.empty()) {
-    // Never a half-working instance: as a normal user the instance's root would need its user
-    // namespace made through newuidmap and its files managed from inside it, which this release
-    // does not do yet.
-    if (::geteuid() != 0)
-      throw UsageError("instances on an image need ns-hpc running as root in this release (as a normal user they "
-                       "are not supported yet); create one without --image, or ask an administrator to run ns-hpc");
     if (options.persistent == false)
       throw UsageError("an instance on an image is always persistent (its root layer is mounted once for all its "
                        "commands); leave persistent unset");
@@ -517,6 +515,7 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
       throw UsageError(fmt::format("this host cannot give an instance a writable layer over an image: {}; {}",
                                    layer_support_->detail, layer_support_->fix));
     ids = allocate_ids();
+    sandbox::check_image_owner(image->rootfs, *ids);
     sandbox::Target target;
     target.image = sandbox::ImageRoot{.ids = *ids};
     owner = sandbox::host_identity(target, owner_);
@@ -563,8 +562,13 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
       meta.raw["root"] = fmt::format("image:{}@{}", image->name, image->version);
       meta.raw["ids"] = {{"map", ids->kind == sandbox::UidMapping::Kind::range ? "range" : "single"},
                          {"host_base", ids->host_base},
+                         {"host_gid", ids->host_gid},
                          {"count", ids->count},
                          {"source", ids->source}};
+      if (ids->sub_uid != 0) {
+        meta.raw["ids"]["sub_uid"] = ids->sub_uid;
+        meta.raw["ids"]["sub_gid"] = ids->sub_gid;
+      }
     }
     write_metadata(staging / "metadata.json", meta);
     audit::append(staging / "audit.log", "instance.created", actor,
@@ -733,7 +737,7 @@ void Store::stop_executions(std::string_view id) const {
 bool Store::remove_doomed(const stdfs::path& tree) const {
   for (int attempt = 0;; ++attempt) {
     try {
-      fs::remove_tree(tree);
+      sandbox::remove_owned_tree(tree);
       return true;
     } catch (const SysError& e) {
       // ENOTEMPTY/EBUSY: a process this server does not own still writes there; try again a
@@ -775,7 +779,7 @@ void Store::remove_archived(std::string_view name, std::string_view actor) {
                    {.near_miss = text::closest(name, names).value_or("")});
   }
   audit::append(root_ / ".audit.log", "instance.archive_deleted", actor, {{"archive", std::string(name)}}, rotation_);
-  fs::remove_tree(base);
+  sandbox::remove_owned_tree(base);
   fs::remove_tree(output_root() / std::string(name));
 }
 

@@ -223,6 +223,13 @@ std::string read_text(const fs::path& file) {
   return ss.str();
 }
 
+fs::path test_image_cache() {
+  if (::geteuid() == 0) return "/var/cache/ns-hpc-test";
+  const char* cache = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  return cache && *cache ? fs::path(cache) / "ns-hpc-test" : fs::path(home ? home : "/nonexistent") / ".cache/ns-hpc-test";
+}
+
 
 McpSession::McpSession(const Env& env, const std::vector<std::string>& extra_env) {
   int in[2], out[2];

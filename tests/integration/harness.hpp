@@ -100,4 +100,8 @@ std::vector<pid_t> processes_with(const std::string& marker);
 bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds limit);
 std::string read_text(const fs::path& file);
 
+// make test's image cache (scripts/test-image.sh): image 'test' and the local apt repository,
+// root's in /var/cache/ns-hpc-test, a normal user's in ~/.cache/ns-hpc-test.
+fs::path test_image_cache();
+
 }  // namespace nshpc::test

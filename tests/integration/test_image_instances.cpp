@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_server.hpp"
+#include "common/temp_dir.hpp"
 #include "harness.hpp"
 
 using namespace nshpc::test;
@@ -20,7 +21,8 @@ using nlohmann::json;
 
 namespace {
 
-const fs::path kCache = "/var/cache/ns-hpc-test";
+const fs::path kCache = test_image_cache();
+const bool kRoot = ::geteuid() == 0;
 
 // The repository's apt source, and nothing else (no sandbox in a test reaches the mirror).
 std::string use_local_repo(const nshpc::tests::FileServer& repo) {
@@ -34,7 +36,6 @@ class ImageInstance : public ::testing::Test {
       : env_("images_dir = \"" + (kCache / "images").string() + "\"\nidle_stop = 300\n") {}
 
   void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "image instances as a normal user come with the normal-user path";
     if (!fs::exists(kCache / "images/test/current"))
       GTEST_SKIP() << "no test image in " << kCache << " (scripts/test-image.sh, run by make test, builds it)";
   }
@@ -65,6 +66,7 @@ TEST_F(ImageInstance, AptInstallStaysAcrossCommandsJobsRestartsAndServers) {
   struct stat st{};
   ASSERT_EQ(::stat((env_.instances() / "img-apt/layer/upper/usr/bin/hello").c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, base);
+  if (!kRoot) EXPECT_EQ(base, ::geteuid());  // a normal user's instance root is the user
   EXPECT_FALSE(fs::exists(kCache / "images/test/current/rootfs/usr/bin/hello"));
 
   EXPECT_EQ(in("img-apt", "hello").out, "Hello, world!\n");                        // a later command
@@ -87,27 +89,48 @@ TEST_F(ImageInstance, AptInstallStaysAcrossCommandsJobsRestartsAndServers) {
 TEST_F(ImageInstance, RootInsideIsAnUnprivilegedRangeOfItsOwnOutside) {
   env_.create("img-a", {"--image", "test"});
   env_.create("img-b", {"--image", "test"});
-  const uid_t a = metadata("img-a")["ids"]["host_base"].get<uid_t>();
+  const json ids = metadata("img-a")["ids"];
+  const uid_t a = ids["host_base"].get<uid_t>();
   const uid_t b = metadata("img-b")["ids"]["host_base"].get<uid_t>();
-  EXPECT_NE(a, b);
-  EXPECT_GE(a, 1u << 20);
-  EXPECT_EQ(a % 65536, 0u);
-
-  Result who = in("img-a", "id -u; id -g; cat /proc/self/uid_map; grep CapEff /proc/self/status; "
-                           "useradd -m agent && su agent -c 'id -un' && echo made > /etc/agent-was-here");
+  if (kRoot) {  // root gives each instance a range of its own, above every account and subuid range
+    EXPECT_NE(a, b);
+    EXPECT_GE(a, 1u << 20);
+    EXPECT_EQ(a % 65536, 0u);
+  } else {  // a normal user's instances are the user, and its subordinate range above
+    EXPECT_EQ(a, ::geteuid());
+    EXPECT_EQ(b, a);
+  }
+  // Without a subordinate range only uid 0 exists inside: an account can be made, but it can own
+  // nothing and nobody can become it.
+  const bool single = ids["map"] == "single";
+  const std::string accounts = single ? "useradd -m agent; chown agent /tmp 2>/dev/null || echo agent-owns-nothing; "
+                                        "echo made > /etc/agent-was-here"
+                                      : "useradd -m agent && su agent -c 'id -un' && echo made > /etc/agent-was-here";
+  Result who = in("img-a", "id -u; id -g; grep CapEff /proc/self/status; cat /proc/self/uid_map; " + accounts);
   ASSERT_EQ(who.exit_code, 0) << who.out << who.err;
   std::istringstream lines(who.out);
-  std::string uid, gid, map_inside, map_outside, map_count, cap;
-  lines >> uid >> gid >> map_inside >> map_outside >> map_count >> cap >> cap;
+  std::string uid, gid, cap, map_inside, map_outside, map_count;
+  lines >> uid >> gid >> cap >> cap >> map_inside >> map_outside >> map_count;
   EXPECT_EQ(uid, "0");
   EXPECT_EQ(gid, "0");
   EXPECT_EQ(map_outside, std::to_string(a));
-  EXPECT_EQ(map_count, "65536");
+  if (kRoot) {
+    EXPECT_EQ(map_count, "65536");
+  } else if (single) {
+    EXPECT_EQ(map_count, "1");
+    EXPECT_NE(who.out.find("agent-owns-nothing"), std::string::npos) << who.out;
+  } else {  // uid 0 is the user; 1-65536 its /etc/subuid range, as ns-hpc image build maps
+    EXPECT_EQ(map_count, "1");
+    std::string one, sub, count;
+    lines >> one >> sub >> count;
+    EXPECT_EQ(one + " " + count, "1 65536") << who.out;
+    EXPECT_EQ(sub, std::to_string(ids["sub_uid"].get<uid_t>()));
+  }
   // A container's capabilities, but never SYS_ADMIN (bit 21), NET_ADMIN (12) or NET_RAW (13).
   const unsigned long long caps = std::stoull(cap, nullptr, 16);
   EXPECT_NE(caps & 1ULL, 0ULL) << cap;  // CHOWN
   EXPECT_EQ(caps & ((1ULL << 21) | (1ULL << 12) | (1ULL << 13)), 0ULL) << cap;
-  EXPECT_NE(who.out.find("agent\n"), std::string::npos) << who.out;
+  if (!single) EXPECT_NE(who.out.find("agent\n"), std::string::npos) << who.out;
   EXPECT_FALSE(fs::exists("/etc/agent-was-here"));
 
   // Those capabilities hold in the instance's own namespaces only: nothing of the host's.
@@ -185,6 +208,7 @@ TEST_F(ImageInstance, WhatCannotWorkIsRefusedWithTheReason) {
 
   // A layer changed behind ns-hpc's back (its folder no longer the instance root's) is named at
   // the start, never left to fail later inside.
+  if (!kRoot) return;  // a normal user cannot give a folder away
   ASSERT_EQ(::chown((env_.instances() / "img-slurm/layer/upper").c_str(), 0, 0), 0);
   Result broken = in("img-slurm", "true");
   EXPECT_NE(broken.exit_code, 0);
@@ -192,13 +216,28 @@ TEST_F(ImageInstance, WhatCannotWorkIsRefusedWithTheReason) {
   EXPECT_NE(broken.err.find("instance reset"), std::string::npos) << broken.err;
 }
 
-// As a normal user an instance on an image is refused at once with the reason, never made half
-// (its user namespace would need newuidmap, its files managing from inside it: not yet).
-TEST(ImageInstanceAsUser, IsRefusedWithTheReasonAndLeavesNothing) {
-  if (::geteuid() == 0) GTEST_SKIP() << "the normal-user case (make test runs it as nshpc-test)";
-  Env env;
-  Result r = env.run({"instance", "create", "img-user", "--image", "test"});
+// An image whose files belong to someone other than the instance's root (an image another user
+// built, or root's image used by a normal user) is refused at once with the reason, and nothing
+// is made.
+TEST(ImageInstanceOwner, AnImageOfAnotherOwnerIsRefusedWithTheReasonAndLeavesNothing) {
+  nshpc::tests::TempDir tmp;
+  const fs::path images = tmp.path() / "images";
+  fs::create_directories(images / "fake/20260101T000000Z");
+  std::ofstream(images / "fake/20260101T000000Z/image.json") << "{}";
+  fs::create_symlink("20260101T000000Z", images / "fake/current");
+  uid_t owner = 0;  // a normal user: the host's own /usr, root's
+  if (kRoot) {
+    owner = 4242;
+    fs::create_directories(tmp.path() / "foreign/usr");
+    ASSERT_EQ(::chown((tmp.path() / "foreign/usr").c_str(), owner, owner), 0);
+    fs::create_symlink(tmp.path() / "foreign", images / "fake/20260101T000000Z/rootfs");
+  } else {
+    fs::create_symlink("/", images / "fake/20260101T000000Z/rootfs");
+  }
+  Env env("images_dir = \"" + images.string() + "\"\n");
+  Result r = env.run({"instance", "create", "img-foreign", "--image", "fake"});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("need ns-hpc running as root in this release"), std::string::npos) << r.err;
-  EXPECT_FALSE(fs::exists(env.instances() / "img-user"));
+  EXPECT_NE(r.err.find("belongs to uid " + std::to_string(owner)), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("build the image as the user who runs ns-hpc"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(env.instances() / "img-foreign"));
 }
