@@ -520,10 +520,11 @@ ImageVersion ImageStore::build(const ImageBuild& request, const std::function<vo
   fs::make_dirs(dir_ / kBuilding, 0755);
   // One build of a name at a time; what a crashed one left is swept under that lock.
   const fs::FileLock build_lock(dir_ / kBuilding / (request.name + ".lock"));
-  sweep_building(dir_ / kBuilding, request.name + "-");
   if (request.only_if_missing)
     if (auto built = current(request.name)) return *built;  // another build made it meanwhile
-  // Where any process sees how far it is (building()); gone with the build.
+  // Where any process sees how far it is (building()); gone before the new version is current,
+  // so that building() never reports a build whose version is there (the lock is held a while
+  // longer: set_current's fsync).
   const stdfs::path progress_file = dir_ / kBuilding / (request.name + ".progress");
   const std::int64_t started_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                       std::chrono::system_clock::now().time_since_epoch()).count();
@@ -537,8 +538,11 @@ ImageVersion ImageStore::build(const ImageBuild& request, const std::function<vo
   };
   struct Forget {
     stdfs::path path;
-    ~Forget() { ::unlink(path.c_str()); }
+    void now() const { ::unlink(path.c_str()); }
+    ~Forget() { now(); }
   } forget{progress_file};
+  note("removing what earlier builds of it left");
+  sweep_building(dir_ / kBuilding, request.name + "-");
   note("reading the host's apt sources and options");
   const std::vector<std::string> mirrors = image_mirror_lines(host_sources(), host_codename(), request.suite);
   const CommandResult dump = run_command({"apt-config", "dump"}, {}, std::chrono::seconds(20));
@@ -601,6 +605,7 @@ ImageVersion ImageStore::build(const ImageBuild& request, const std::function<vo
   if (::rename(work.c_str(), (dir_ / request.name / version).c_str()) != 0)
     throw SysError(errno, "rename", (dir_ / request.name / version).string());
   cleanup.armed = false;
+  forget.now();
   set_current(dir_ / request.name, version);
   return *read_version(dir_, request.name, version, version);
 }
@@ -611,9 +616,12 @@ std::optional<BuildProgress> ImageStore::building(std::string_view name) const {
   UniqueFd fd(::open(lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) return std::nullopt;
   if (::flock(fd.get(), LOCK_SH | LOCK_NB) == 0) return std::nullopt;  // nobody holds it: no build
+  const auto text = fs::read_file(dir_ / kBuilding / (std::string(name) + ".progress"));
+  // No progress and a current version: an --if-missing build that found it, or a build making
+  // its version current (the progress goes first). Neither builds anything.
+  if (!text && current(name)) return std::nullopt;
   BuildProgress p;
   p.started = std::chrono::system_clock::now();
-  const auto text = fs::read_file(dir_ / kBuilding / (std::string(name) + ".progress"));
   const json doc = json::parse(text.value_or(""), nullptr, false);
   if (doc.is_object()) {
     p.line = doc.value("line", "");

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "base/error.hpp"
+#include "base/fs.hpp"
 #include "sandbox/images.hpp"
 #include "sandbox/layers.hpp"
 
@@ -138,6 +139,27 @@ TEST_F(ImageStoreTest, AnImageSaysWhoseItsFilesAre) {
   EXPECT_EQ(mine->subgid, 200000u);
   EXPECT_EQ(images.find("flat", "20261201T100000Z")->owners, ImageOwners::user);
   EXPECT_EQ(to_string(ImageOwners::subordinate), "subordinate");
+}
+
+// A build holds .building/NAME.lock throughout and writes NAME.progress until just before its
+// version becomes current; the lock held without progress while a version is current is an
+// --if-missing build that found it, or a build's last step: nothing is being built.
+TEST_F(ImageStoreTest, ABuildIsReportedWhileItsLockIsHeldUntilItsVersionIsThere) {
+  stdfs::create_directories(dir_ / ".building");
+  ImageStore images(dir_);
+  EXPECT_FALSE(images.building("base"));
+  {
+    const fs::FileLock held(dir_ / ".building" / "base.lock");
+    ASSERT_TRUE(images.building("base")) << "just started: no progress yet, no version";
+    std::ofstream(dir_ / ".building" / "base.progress") << R"({"pid":1,"started_ms":1000,"line":"I: extracting"})";
+    ASSERT_TRUE(images.building("base"));
+    EXPECT_EQ(images.building("base")->line, "I: extracting");
+    version("base", "20261202T100000Z", true);
+    EXPECT_TRUE(images.building("base")) << "a rebuild of an image that has a version";
+    stdfs::remove(dir_ / ".building" / "base.progress");
+    EXPECT_FALSE(images.building("base")) << "its progress gone, its version there";
+  }
+  EXPECT_FALSE(images.building("base"));
 }
 
 TEST_F(ImageStoreTest, RemovalIsRefusedWhileUsedAndKeepsACurrentVersion) {
