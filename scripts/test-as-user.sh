@@ -28,13 +28,21 @@ as_user() {
     LANG=C.UTF-8 NSHPC_BINARY="$dir/ns-hpc" NSHPC_PROBE="$dir/nshpc_probe" "$@"
 }
 echo "test-as-user: unit and integration suites as '$user' (uid $(id -u "$user"))"
-as_user "$user" ./nshpc_unit --gtest_brief=1
-as_user "$user" ./nshpc_integration --gtest_brief=1
+# Every pass runs, whichever failed before; the script fails when any did.
+failed=()
+as_user "$user" ./nshpc_unit --gtest_brief=1 || failed+=("unit as $user")
+as_user "$user" ./nshpc_integration --gtest_brief=1 || failed+=("integration as $user")
 
 sub=nshpc-sub
 if ! id -u "$sub" >/dev/null 2>&1; then
   echo "test-as-user: no user '$sub': scripts/test-image.sh (run as root by make test) makes it; its image tests did not run"
+  failed+=("no $sub")
+else
+  echo "test-as-user: image tests as '$sub' (uid $(id -u "$sub"); /etc/subuid: $(grep "^$sub:" /etc/subuid | head -1))"
+  as_user "$sub" ./nshpc_integration --gtest_brief=1 --gtest_filter='ImageInstance*:SnapshotsOnImage*:Images*' ||
+    failed+=("image tests as $sub")
+fi
+if ((${#failed[@]})); then
+  echo "test-as-user: failed: ${failed[*]}"
   exit 1
 fi
-echo "test-as-user: image tests as '$sub' (uid $(id -u "$sub"); /etc/subuid: $(grep "^$sub:" /etc/subuid | head -1))"
-as_user "$sub" ./nshpc_integration --gtest_brief=1 --gtest_filter='ImageInstance*:SnapshotsOnImage*:Images*'
