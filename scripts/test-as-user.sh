@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the unit and integration suites again as an unprivileged user: the HPC case, where bwrap
 # runs without root. The test binaries are copied to a folder that user can read.
+# Then the image tests once more as nshpc-sub, the user with a range in /etc/subuid and
+# /etc/subgid that scripts/test-image.sh (make test's set-up) makes and builds image 'test' for.
 set -euo pipefail
 build=${1:-build}
 if [[ $(id -u) -ne 0 ]]; then
@@ -18,10 +20,29 @@ chmod 0755 "$dir"
 cp "$build/ns-hpc" "$build/tests/nshpc_probe" "$build/tests/nshpc_integration" \
    "$build/tests/nshpc_unit" "$dir/"
 cd "$dir"
+# as_user USER COMMAND...: COMMAND as USER, with only the environment a login would give.
 as_user() {
-  runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LANG=C.UTF-8 \
-    NSHPC_BINARY="$dir/ns-hpc" NSHPC_PROBE="$dir/nshpc_probe" "$@"
+  local who=$1
+  shift
+  runuser -u "$who" -- env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$(getent passwd "$who" | cut -d: -f6)" \
+    LANG=C.UTF-8 NSHPC_BINARY="$dir/ns-hpc" NSHPC_PROBE="$dir/nshpc_probe" "$@"
 }
 echo "test-as-user: unit and integration suites as '$user' (uid $(id -u "$user"))"
-as_user ./nshpc_unit --gtest_brief=1
-as_user ./nshpc_integration --gtest_brief=1
+# Every pass runs, whichever failed before; the script fails when any did.
+failed=()
+as_user "$user" ./nshpc_unit --gtest_brief=1 || failed+=("unit as $user")
+as_user "$user" ./nshpc_integration --gtest_brief=1 || failed+=("integration as $user")
+
+sub=nshpc-sub
+if ! id -u "$sub" >/dev/null 2>&1; then
+  echo "test-as-user: no user '$sub': scripts/test-image.sh (run as root by make test) makes it; its image tests did not run"
+  failed+=("no $sub")
+else
+  echo "test-as-user: image tests as '$sub' (uid $(id -u "$sub"); /etc/subuid: $(grep "^$sub:" /etc/subuid | head -1))"
+  as_user "$sub" ./nshpc_integration --gtest_brief=1 --gtest_filter='ImageInstance*:SnapshotsOnImage*:Images*' ||
+    failed+=("image tests as $sub")
+fi
+if ((${#failed[@]})); then
+  echo "test-as-user: failed: ${failed[*]}"
+  exit 1
+fi

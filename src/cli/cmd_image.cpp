@@ -47,8 +47,13 @@ void add_image_commands(CLI::App& app, Invocation& inv) {
   auto* build = image->add_subcommand(
       "build",
       "Build a new version of an image with mmdebstrap, from the mirror the host's apt uses (its proxy and "
-      "credentials serve the build and are not copied into the image). As a normal user this needs a range in "
-      "/etc/subuid. Instances made from an older version keep it.");
+      "credentials serve the build and are not copied into the image). Instances made from an older version keep "
+      "it. As root: mmdebstrap --mode=root. As a normal user with a range of 65536 ids in /etc/subuid and "
+      "/etc/subgid: mmdebstrap in a user namespace where 0 is you and 1-65536 the range (newuidmap, Debian's uidmap "
+      "package), so the image has distinct system users such as _apt. Without a range: mmdebstrap "
+      "--mode=fakechroot (Debian's fakechroot and fakeroot packages), chosen automatically: every file is yours "
+      "and instances on it have only uid 0; an administrator can add a range (usermod --add-subuids A-B "
+      "--add-subgids A-B USER).");
   build->add_option("name", request->name, "Image name (1-63 of A-Z a-z 0-9 _ . -)")->required();
   build->add_option("--suite", request->suite, "Debian suite (default bookworm)");
   build->add_option("--include", request->include, "More packages, comma-separated")->delimiter(',');
@@ -78,7 +83,12 @@ void add_image_commands(CLI::App& app, Invocation& inv) {
                      {"bytes", v.bytes},
                      {"built_at", v.built_at},
                      {"rootfs", v.rootfs.string()},
+                     {"owners", sandbox::to_string(v.owners)},
                      {"instances", on}});
+      if (v.owners == sandbox::ImageOwners::subordinate) {
+        out.back()["subuid"] = v.subuid;
+        out.back()["subgid"] = v.subgid;
+      }
       rows.push_back({v.name, v.version, v.current ? "yes" : "", v.suite, mib(v.bytes), short_time(v.built_at),
                       on.empty() ? "-" : fmt::format("{}", fmt::join(on, ","))});
     }

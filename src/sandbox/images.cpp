@@ -23,6 +23,7 @@
 #include "base/spawn.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
+#include "base/users.hpp"
 
 namespace nshpc::sandbox {
 
@@ -38,6 +39,8 @@ constexpr const char* kMeta = "image.json";
 constexpr const char* kBuildOptionsFile = "/etc/apt/apt.conf.d/99mmdebstrap";
 // A build downloads and unpacks a few hundred MB: generous, but not for ever.
 constexpr std::chrono::minutes kBuildTimeout{30};
+// The ids a subordinate range gives an image: 1..65536 inside (0 is the user).
+constexpr std::uint32_t kSubordinateIds = 65536;
 
 std::vector<std::string> words(std::string_view line) {
   std::vector<std::string> out;
@@ -94,21 +97,48 @@ bool is_root() { return ::geteuid() == 0; }
 
 std::string read_text(const stdfs::path& p) { return fs::read_file(p).value_or(""); }
 
-// Removes a tree the server built. As a normal user an image's files belong to its
-// subordinate uids: the removal then runs in a user namespace mapping them (util-linux unshare).
+// Removes a tree the server built. As a normal user with subordinate ranges an image's files
+// belong partly to them: the removal then runs in a user namespace mapping them.
 void remove_built_tree(const stdfs::path& path) {
   try {
     fs::remove_tree(path);
     return;
   } catch (const SysError& e) {
     if (is_root() || (e.code() != EACCES && e.code() != EPERM)) throw;
+    ImageBuildMethod method;
+    try {
+      method = image_build_method();
+    } catch (const UsageError& why) {
+      throw Error(fmt::format("could not remove {}: {}; {}", path.string(), e.what(), why.what()));
+    }
+    if (method.owners != ImageOwners::subordinate)
+      throw Error(fmt::format("could not remove {}: {}; its files belong to ids {} has no range of, so remove it "
+                              "as root",
+                              path.string(), e.what(), method.user));
+    const std::vector<std::string> argv =
+        in_subordinate_namespace(method, {"rm", "-rf", "--one-file-system", "--", path.string()});
+    const CommandResult r = run_command(argv, {}, std::chrono::minutes(10));
+    if (r.exit_code != 0)
+      throw Error(fmt::format("could not remove {}: {}; remove it as root", path.string(), describe_failure(argv, r)));
   }
-  const std::vector<std::string> argv = {"unshare", "--map-auto", "--map-root-user", "--",
-                                         "rm", "-rf", "--one-file-system", path.string()};
-  const CommandResult r = run_command(argv, {}, std::chrono::minutes(10));
-  if (r.exit_code != 0)
-    throw Error(fmt::format("could not remove {}: {}; remove it as root", path.string(), describe_failure(argv, r)));
 }
+
+// The disk use of a built root file system. A subordinate one has folders only its ids may
+// read (apt's partial/, 0700 _apt): it is measured in their namespace (du counts each file once).
+std::uint64_t built_tree_bytes(const ImageBuildMethod& method, const stdfs::path& rootfs) {
+  if (method.owners != ImageOwners::subordinate) return fs::tree_usage(rootfs).bytes;
+  const std::vector<std::string> argv =
+      in_subordinate_namespace(method, {"du", "-s", "-x", "--block-size=1", "--", rootfs.string()});
+  const CommandResult r = run_command(argv, {}, std::chrono::minutes(5));
+  if (r.exit_code != 0) throw Error(fmt::format("measuring {}: {}", rootfs.string(), describe_failure(argv, r)));
+  try {
+    return std::stoull(r.out);
+  } catch (const std::exception&) {
+    throw Error(fmt::format("measuring {}: du printed '{}', not a size", rootfs.string(), text::truncate_utf8(r.out, 80)));
+  }
+}
+
+std::string slurp_or_empty(const char* path) { return fs::read_file(path).value_or(""); }
 
 // Removes the entries of `building` whose names start with `prefix`: what crashed builds or
 // removals left behind.
@@ -140,6 +170,11 @@ std::optional<ImageVersion> read_version(const stdfs::path& dir, const std::stri
     v.include = meta.value("include", std::vector<std::string>{});
     v.built_at = meta.value("built_at", "");
     v.bytes = meta.value("bytes", std::uint64_t{0});
+    const std::string owners = meta.value("owners", "root");
+    for (ImageOwners o : {ImageOwners::root, ImageOwners::subordinate, ImageOwners::user})
+      if (owners == to_string(o)) v.owners = o;
+    v.subuid = meta.value("subuid", uid_t{0});
+    v.subgid = meta.value("subgid", gid_t{0});
   } catch (const json::exception& e) {
     log::warn("image {}@{}: {} is unreadable ({}); listed without its details", name, version,
               (dir / name / version / kMeta).string(), e.what());
@@ -197,6 +232,154 @@ std::string host_codename() {
 }
 
 }  // namespace
+
+std::string_view to_string(ImageOwners owners) {
+  switch (owners) {
+    case ImageOwners::root: return "root";
+    case ImageOwners::subordinate: return "subordinate";
+    case ImageOwners::user: return "user";
+  }
+  return "root";
+}
+
+std::optional<SubordinateRange> first_subordinate_range(std::string_view text, std::string_view user, uid_t uid) {
+  std::istringstream in{std::string(text)};
+  for (std::string line; std::getline(in, line);) {
+    const auto a = line.find(':');
+    const auto b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string who = line.substr(0, a);
+    if (who != user && who != std::to_string(uid)) continue;
+    try {
+      std::size_t used = 0;
+      const std::string start_text = line.substr(a + 1, b - a - 1), count_text = trim(line.substr(b + 1));
+      const unsigned long long start = std::stoull(start_text, &used);
+      if (used != start_text.size()) continue;
+      const unsigned long long count = std::stoull(count_text, &used);
+      if (used != count_text.size() || count < kSubordinateIds || start + kSubordinateIds > 0xFFFFFFFFull) continue;
+      return SubordinateRange{static_cast<std::uint32_t>(start),
+                              static_cast<std::uint32_t>(std::min<unsigned long long>(count, 0xFFFFFFFFull))};
+    } catch (const std::exception&) {  // not numbers: not a range
+    }
+  }
+  return std::nullopt;
+}
+
+ImageBuildMethod image_build_method(bool root, std::string_view subuid, std::string_view subgid, std::string_view user,
+                                    uid_t uid, gid_t gid) {
+  ImageBuildMethod m;
+  m.user = std::string(user);
+  m.uid = uid;
+  m.gid = gid;
+  if (root) return m;
+  const auto uids = first_subordinate_range(subuid, user, uid);
+  const auto gids = first_subordinate_range(subgid, user, uid);
+  if (uids && gids) {
+    m.owners = ImageOwners::subordinate;
+    m.uids = *uids;
+    m.gids = *gids;
+    return m;
+  }
+  if (uids || gids) {
+    const auto& has = uids ? *uids : *gids;
+    throw UsageError(fmt::format(
+        "{} has a range of {} ids in /etc/{} but none in /etc/{}, and an image build needs both; an administrator "
+        "adds it: usermod --add-sub{}s {}-{} {}",
+        user, kSubordinateIds, uids ? "subuid" : "subgid", uids ? "subgid" : "subuid", uids ? "gid" : "uid",
+        has.start, has.start + kSubordinateIds - 1, user));
+  }
+  m.owners = ImageOwners::user;
+  return m;
+}
+
+ImageBuildMethod image_build_method() {
+  return image_build_method(is_root(), slurp_or_empty("/etc/subuid"), slurp_or_empty("/etc/subgid"),
+                            users::current_user_name(), ::geteuid(), ::getegid());
+}
+
+std::vector<std::string> in_subordinate_namespace(const ImageBuildMethod& method, std::vector<std::string> argv) {
+  if (method.owners != ImageOwners::subordinate)
+    throw Error("internal: a subordinate user namespace without subordinate ranges");
+  std::vector<std::string> out = {"unshare",
+                                  fmt::format("--map-users={},1,{}", method.uids.start, kSubordinateIds),
+                                  fmt::format("--map-groups={},1,{}", method.gids.start, kSubordinateIds),
+                                  "--map-root-user", "--"};
+  out.insert(out.end(), std::make_move_iterator(argv.begin()), std::make_move_iterator(argv.end()));
+  return out;
+}
+
+std::vector<std::string> image_build_argv(const ImageBuildMethod& method, const std::string& mmdebstrap,
+                                          const ImageBuild& request, const std::vector<std::string>& options,
+                                          const std::vector<std::string>& mirrors, const stdfs::path& rootfs) {
+  // In the subordinate namespace mmdebstrap is uid 0 already: --mode=unshare then only makes its
+  // mount and pid namespaces, and what it writes as root is the user's.
+  const char* mode = method.owners == ImageOwners::root          ? "--mode=root"
+                     : method.owners == ImageOwners::subordinate ? "--mode=unshare"
+                                                                 : "--mode=fakechroot";
+  std::vector<std::string> argv = {mmdebstrap, "--variant=apt", mode,
+                                   "--customize-hook=rm -f \"$1" + std::string(kBuildOptionsFile) + "\""};
+  if (!request.include.empty()) argv.push_back("--include=" + fmt::format("{}", fmt::join(request.include, ",")));
+  for (const auto& o : options) argv.push_back("--aptopt=" + o);
+  argv.push_back(request.suite);
+  argv.push_back(rootfs.string());
+  for (const auto& m : mirrors) argv.push_back(m);  // none: mmdebstrap's own default mirror
+  return method.owners == ImageOwners::subordinate ? in_subordinate_namespace(method, std::move(argv)) : argv;
+}
+
+std::string describe_build_method(const ImageBuildMethod& method) {
+  switch (method.owners) {
+    case ImageOwners::root:
+      return "building as root (mmdebstrap --mode=root)";
+    case ImageOwners::subordinate:
+      return fmt::format(
+          "building as {} in a user namespace (mmdebstrap --mode=unshare): uid and gid 0 inside are {}'s ({}:{}), "
+          "1-{} are /etc/subuid's {}-{} and /etc/subgid's {}-{}",
+          method.user, method.user, method.uid, method.gid, kSubordinateIds, method.uids.start,
+          method.uids.start + kSubordinateIds - 1, method.gids.start, method.gids.start + kSubordinateIds - 1);
+    case ImageOwners::user:
+      return fmt::format(
+          "building as {} without a range in /etc/subuid and /etc/subgid (mmdebstrap --mode=fakechroot): every file "
+          "of the image is {}'s, and instances on it have only uid 0 (no distinct _apt or other system users); for "
+          "those an administrator adds a range (usermod --add-subuids A-B --add-subgids A-B {}, 65536 ids no other "
+          "line uses) and the image is built again",
+          method.user, method.user, method.user);
+  }
+  return {};
+}
+
+std::size_t rewrite_build_root_links(const stdfs::path& rootfs) {
+  // The build folder as given and as resolved: either may be what fakechroot put in front.
+  std::vector<std::string> prefixes = {rootfs.lexically_normal().string()};
+  std::error_code ec;
+  const stdfs::path real = stdfs::canonical(rootfs, ec);
+  if (!ec && real.string() != prefixes[0]) prefixes.push_back(real.string());
+  for (auto& p : prefixes)
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+  std::size_t rewritten = 0;
+  for (auto it = stdfs::recursive_directory_iterator(rootfs); it != stdfs::recursive_directory_iterator(); ++it) {
+    if (!it->is_symlink()) continue;
+    const stdfs::path link = it->path();
+    const std::string target = stdfs::read_symlink(link).string();
+    std::string inside;
+    for (const auto& p : prefixes) {
+      if (target == p) inside = "/";
+      else if (target.size() > p.size() && target.compare(0, p.size(), p) == 0 && target[p.size()] == '/')
+        inside = target.substr(p.size());
+      if (!inside.empty()) break;
+    }
+    if (inside.empty()) continue;
+    // A new link beside it, renamed over it: the link is never missing.
+    const stdfs::path tmp = link.parent_path() / fmt::format(".nshpc-link-{}", random::hex(4));
+    if (::symlink(inside.c_str(), tmp.c_str()) != 0) throw SysError(errno, "symlink", tmp.string());
+    if (::rename(tmp.c_str(), link.c_str()) != 0) {
+      const int err = errno;
+      ::unlink(tmp.c_str());
+      throw SysError(err, "rename", link.string());
+    }
+    ++rewritten;
+  }
+  return rewritten;
+}
 
 void validate_image_name(std::string_view name) {
   const bool ok = !name.empty() && name.size() <= 63 && std::isalnum(static_cast<unsigned char>(name[0])) &&
@@ -315,17 +498,33 @@ ImageVersion ImageStore::build(const ImageBuild& request, const std::function<vo
   const auto mmdebstrap = fs::find_program("mmdebstrap");
   if (!mmdebstrap)
     throw UsageError("mmdebstrap is not installed: install Debian's mmdebstrap package (apt-get install mmdebstrap)");
-  if (!is_root() && !fs::find_program("newuidmap"))
-    throw UsageError("building an image as a normal user needs newuidmap (Debian's uidmap package) and a range in "
-                     "/etc/subuid; ask an administrator, or use an image built by root");
+  const ImageBuildMethod method = image_build_method();
+  if (method.owners == ImageOwners::subordinate) {
+    for (const char* program : {"newuidmap", "newgidmap", "unshare"})
+      if (!fs::find_program(program))
+        throw UsageError(fmt::format("building an image as {} with the ranges of /etc/subuid and /etc/subgid needs {} "
+                                     "(Debian's {} package); ask an administrator to install it",
+                                     method.user, program, std::string_view(program) == "unshare" ? "util-linux" : "uidmap"));
+  } else if (method.owners == ImageOwners::user) {
+    for (const char* program : {"fakechroot", "fakeroot"})
+      if (!fs::find_program(program))
+        throw UsageError(fmt::format(
+            "{} has no range in /etc/subuid and /etc/subgid and {} is not installed, so no image can be built: an "
+            "administrator either adds a range of 65536 ids no other line uses (usermod --add-subuids A-B "
+            "--add-subgids A-B {}; then the image has distinct system users such as _apt), or installs Debian's "
+            "fakechroot and fakeroot packages (then every file of the image is {}'s and instances on it have only "
+            "uid 0)",
+            method.user, program, method.user, method.user));
+  }
 
   fs::make_dirs(dir_ / kBuilding, 0755);
   // One build of a name at a time; what a crashed one left is swept under that lock.
   const fs::FileLock build_lock(dir_ / kBuilding / (request.name + ".lock"));
-  sweep_building(dir_ / kBuilding, request.name + "-");
   if (request.only_if_missing)
     if (auto built = current(request.name)) return *built;  // another build made it meanwhile
-  // Where any process sees how far it is (building()); gone with the build.
+  // Where any process sees how far it is (building()); gone before the new version is current,
+  // so that building() never reports a build whose version is there (the lock is held a while
+  // longer: set_current's fsync).
   const stdfs::path progress_file = dir_ / kBuilding / (request.name + ".progress");
   const std::int64_t started_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                       std::chrono::system_clock::now().time_since_epoch()).count();
@@ -339,18 +538,21 @@ ImageVersion ImageStore::build(const ImageBuild& request, const std::function<vo
   };
   struct Forget {
     stdfs::path path;
-    ~Forget() { ::unlink(path.c_str()); }
+    void now() const { ::unlink(path.c_str()); }
+    ~Forget() { now(); }
   } forget{progress_file};
+  note("removing what earlier builds of it left");
+  sweep_building(dir_ / kBuilding, request.name + "-");
   note("reading the host's apt sources and options");
   const std::vector<std::string> mirrors = image_mirror_lines(host_sources(), host_codename(), request.suite);
   const CommandResult dump = run_command({"apt-config", "dump"}, {}, std::chrono::seconds(20));
   const std::vector<std::string> options = image_build_apt_options(dump.exit_code == 0 ? dump.out : "");
 
-  note("starting mmdebstrap");
   const auto report = [&](std::string_view line) {
     note(line);
     if (progress) progress(line);
   };
+  report(describe_build_method(method));
   const stdfs::path work = dir_ / kBuilding / fmt::format("{}-{}", request.name, random::hex(4));
   fs::make_dirs(work, 0755);
   struct Cleanup {
@@ -366,28 +568,26 @@ ImageVersion ImageStore::build(const ImageBuild& request, const std::function<vo
     }
   } cleanup{work};
 
-  std::vector<std::string> argv = {*mmdebstrap, "--variant=apt", is_root() ? "--mode=root" : "--mode=unshare",
-                                   "--customize-hook=rm -f \"$1" + std::string(kBuildOptionsFile) + "\""};
-  if (!request.include.empty()) argv.push_back("--include=" + fmt::format("{}", fmt::join(request.include, ",")));
-  for (const auto& o : options) argv.push_back("--aptopt=" + o);
-  argv.push_back(request.suite);
-  argv.push_back((work / "rootfs").string());
-  for (const auto& m : mirrors) argv.push_back(m);  // none: mmdebstrap's own default mirror
+  const std::vector<std::string> argv = image_build_argv(method, *mmdebstrap, request, options, mirrors, work / "rootfs");
   const auto started = std::chrono::steady_clock::now();
   const CommandResult r = run_command(argv, {}, kBuildTimeout, 1024 * 1024, report);
   if (r.exit_code != 0 || r.timed_out)
     throw Error(fmt::format("building image '{}' failed: {}", request.name, describe_failure(argv, r)));
   if (stdfs::exists(work / "rootfs" / std::string(kBuildOptionsFile).substr(1)))
     throw Error(fmt::format("building image '{}': the build's apt options were not removed from the image", request.name));
+  if (method.owners == ImageOwners::user) {
+    const std::size_t links = rewrite_build_root_links(work / "rootfs");
+    report(fmt::format("{} links to the build folder made by fakechroot now point inside the image", links));
+  }
 
-  const fs::TreeUsage usage = fs::tree_usage(work / "rootfs");
+  const std::uint64_t bytes = built_tree_bytes(method, work / "rootfs");
   const fs::FileLock lock(dir_ / ".lock");
   fs::make_dirs(dir_ / request.name, 0755);
   // The build's UTC time to the second, e.g. 20261202T063443Z (-2, -3… within one second).
   const std::string stamp = timeutil::compact_utc().substr(0, 15) + "Z";
   std::string version = stamp;
   for (int n = 2; stdfs::exists(dir_ / request.name / version); ++n) version = stamp + "-" + std::to_string(n);
-  const json meta = {{"name", request.name},
+  json meta = {{"name", request.name},
                      {"version", version},
                      {"suite", request.suite},
                      {"include", request.include},
@@ -395,11 +595,17 @@ ImageVersion ImageStore::build(const ImageBuild& request, const std::function<vo
                      {"built_at", timeutil::iso_utc()},
                      {"build_seconds", std::chrono::duration_cast<std::chrono::seconds>(
                                            std::chrono::steady_clock::now() - started).count()},
-                     {"bytes", usage.bytes}};
+                     {"bytes", bytes},
+                     {"owners", to_string(method.owners)}};
+  if (method.owners == ImageOwners::subordinate) {
+    meta["subuid"] = method.uids.start;
+    meta["subgid"] = method.gids.start;
+  }
   fs::atomic_write(work / kMeta, meta.dump(2) + "\n", 0644);
   if (::rename(work.c_str(), (dir_ / request.name / version).c_str()) != 0)
     throw SysError(errno, "rename", (dir_ / request.name / version).string());
   cleanup.armed = false;
+  forget.now();
   set_current(dir_ / request.name, version);
   return *read_version(dir_, request.name, version, version);
 }
@@ -410,9 +616,12 @@ std::optional<BuildProgress> ImageStore::building(std::string_view name) const {
   UniqueFd fd(::open(lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) return std::nullopt;
   if (::flock(fd.get(), LOCK_SH | LOCK_NB) == 0) return std::nullopt;  // nobody holds it: no build
+  const auto text = fs::read_file(dir_ / kBuilding / (std::string(name) + ".progress"));
+  // No progress and a current version: an --if-missing build that found it, or a build making
+  // its version current (the progress goes first). Neither builds anything.
+  if (!text && current(name)) return std::nullopt;
   BuildProgress p;
   p.started = std::chrono::system_clock::now();
-  const auto text = fs::read_file(dir_ / kBuilding / (std::string(name) + ".progress"));
   const json doc = json::parse(text.value_or(""), nullptr, false);
   if (doc.is_object()) {
     p.line = doc.value("line", "");

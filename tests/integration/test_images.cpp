@@ -2,6 +2,7 @@
 // set-up (scripts/test-image.sh builds image 'test' once with `ns-hpc image build`, reaching the
 // mirror the host's apt uses, and caches it outside the clone); these tests read what it made
 // and never reach the network.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -79,6 +80,58 @@ TEST(Images, TheBuiltImageIsListedWithItsSourcesAndWithoutTheBuildsAptOptions) {
   Result text = env.run({"image", "list"});
   EXPECT_NE(text.out.find("test"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("MiB"), std::string::npos) << text.out;
+}
+
+// Whose the built image's files are, as `image list` says and as the files are on the host: root
+// built it with root's ids; a normal user with a range (nshpc-sub in make test) in a namespace
+// where 0 is the user and k the range's start + k - 1; a user without one (nshpc-test) with
+// fakechroot, every file the user's and no link left pointing into the build folder.
+TEST(Images, TheBuiltImagesFilesBelongToWhatItsOwnersSay) {
+  const fs::path cache = image_cache();
+  if (!fs::exists(cache / "test" / "current"))
+    GTEST_SKIP() << "no image 'test' in " << cache << ": scripts/test-image.sh (run by make test) builds it";
+  Env env("images_dir = \"" + cache.string() + "\"\n");
+  Result listed = env.run({"image", "list", "--json"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  json test;
+  for (const auto& v : json::parse(listed.out))
+    if (v["name"] == "test" && v["current"] == true) test = v;
+  ASSERT_TRUE(test.is_object()) << listed.out;
+  const fs::path rootfs = test["rootfs"].get<std::string>();
+  auto owner = [&](const char* path) {
+    struct stat st {};
+    EXPECT_EQ(::lstat((rootfs / path).c_str(), &st), 0) << path;
+    return std::pair<uid_t, gid_t>(st.st_uid, st.st_gid);
+  };
+  const std::string owners = test["owners"];
+  const auto me = std::pair<uid_t, gid_t>(::geteuid(), ::getegid());
+  if (::geteuid() == 0) {
+    EXPECT_EQ(owners, "root");
+    EXPECT_EQ(owner("etc/passwd"), me);
+    EXPECT_EQ(owner("var/cache/apt/archives/partial").first, 42u) << "_apt";
+  } else if (owners == "subordinate") {
+    const uid_t subuid = test["subuid"];
+    const gid_t subgid = test["subgid"];
+    EXPECT_EQ(owner("etc/passwd"), me) << "uid 0 inside is the user";
+    EXPECT_EQ(owner("usr/bin/apt-get"), me);
+    EXPECT_EQ(owner("var/cache/apt/archives/partial"), std::make_pair(subuid + 41, me.second)) << "_apt (42)";
+    EXPECT_EQ(owner("etc/shadow"), std::make_pair(me.first, subgid + 41)) << "group shadow (42)";
+  } else {
+    EXPECT_EQ(owners, "user");
+    std::size_t files = 0;
+    for (auto it = fs::recursive_directory_iterator(rootfs); it != fs::recursive_directory_iterator(); ++it) {
+      struct stat st {};
+      ASSERT_EQ(::lstat(it->path().c_str(), &st), 0) << it->path();
+      ASSERT_EQ(std::make_pair(st.st_uid, st.st_gid), me) << it->path() << " is not the user's";
+      if (it->is_symlink()) {
+        EXPECT_EQ(fs::read_symlink(it->path()).string().find(cache.string()), std::string::npos)
+            << it->path() << " -> " << fs::read_symlink(it->path()) << " points into the image cache";
+      }
+      ++files;
+    }
+    EXPECT_GT(files, 5000u) << "a whole Debian root";
+    EXPECT_EQ(fs::read_symlink(rootfs / "etc/rmt"), "/usr/sbin/rmt") << "an absolute link, rewritten";
+  }
 }
 
 TEST(Images, BadNamesAndMissingImagesAreClearErrorsBeforeAnythingRuns) {
