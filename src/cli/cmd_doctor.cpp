@@ -32,6 +32,7 @@
 #include "cli/output.hpp"
 #include "sandbox/capture.hpp"
 #include "sandbox/cgroups.hpp"
+#include "sandbox/images.hpp"
 #include "sandbox/layers.hpp"
 #include "sandbox/seccomp.hpp"
 
@@ -353,24 +354,34 @@ Check check_slurm_shared(const config::Config& cfg) {
   return c;
 }
 
-// `ns-hpc image build`: mmdebstrap, and as a normal user newuidmap with a subordinate range.
+// `ns-hpc image build`: mmdebstrap, and how a build runs for this user (sandbox/images.hpp).
 Check check_image_builds() {
   Check c{"image builds (mmdebstrap)"};
   c.required = false;
   const auto mmdebstrap = fs::find_program("mmdebstrap");
-  const sandbox::UidMapping mapping = sandbox::image_uid_mapping();
   if (!mmdebstrap) {
     c.detail = "mmdebstrap is not installed";
     c.fix = "apt-get install mmdebstrap";
-  } else if (::geteuid() != 0 && (mapping.kind != sandbox::UidMapping::Kind::range || !fs::find_program("newuidmap"))) {
-    c.detail = fmt::format("{}; as a normal user mmdebstrap --mode=unshare needs newuidmap and a range in /etc/subuid",
-                           *mmdebstrap);
-    c.fix = fmt::format("ask an administrator: apt-get install uidmap; usermod --add-subuids 100000-165535 "
-                        "--add-subgids 100000-165535 {}; or use images built by root",
-                        users::current_user_name());
-  } else {
+    return c;
+  }
+  try {
+    const sandbox::ImageBuildMethod method = sandbox::image_build_method();
+    const std::vector<std::string> tools =
+        method.owners == sandbox::ImageOwners::subordinate ? std::vector<std::string>{"newuidmap", "newgidmap", "unshare"}
+        : method.owners == sandbox::ImageOwners::user      ? std::vector<std::string>{"fakechroot", "fakeroot"}
+                                                           : std::vector<std::string>{};
+    for (const auto& tool : tools)
+      if (!fs::find_program(tool)) {
+        c.detail = fmt::format("{}; {} is not installed", sandbox::describe_build_method(method), tool);
+        c.fix = fmt::format("ask an administrator: apt-get install {}",
+                            tool == "unshare" ? "util-linux" : tool.starts_with("new") ? "uidmap" : tool);
+        return c;
+      }
     c.ok = true;
-    c.detail = fmt::format("{} --mode={}", *mmdebstrap, ::geteuid() == 0 ? "root" : "unshare");
+    c.detail = fmt::format("{}: {}", *mmdebstrap, sandbox::describe_build_method(method));
+  } catch (const UsageError& e) {  // a range in only one of /etc/subuid and /etc/subgid
+    c.detail = fmt::format("{}: a normal user's build cannot map its ids", *mmdebstrap);
+    c.fix = e.what();
   }
   return c;
 }

@@ -24,6 +24,7 @@
 #include "base/text.hpp"
 #include "base/time.hpp"
 #include "base/users.hpp"
+#include "sandbox/layers.hpp"
 
 namespace nshpc::sandbox {
 
@@ -97,32 +98,6 @@ bool is_root() { return ::geteuid() == 0; }
 
 std::string read_text(const stdfs::path& p) { return fs::read_file(p).value_or(""); }
 
-// Removes a tree the server built. As a normal user with subordinate ranges an image's files
-// belong partly to them: the removal then runs in a user namespace mapping them.
-void remove_built_tree(const stdfs::path& path) {
-  try {
-    fs::remove_tree(path);
-    return;
-  } catch (const SysError& e) {
-    if (is_root() || (e.code() != EACCES && e.code() != EPERM)) throw;
-    ImageBuildMethod method;
-    try {
-      method = image_build_method();
-    } catch (const UsageError& why) {
-      throw Error(fmt::format("could not remove {}: {}; {}", path.string(), e.what(), why.what()));
-    }
-    if (method.owners != ImageOwners::subordinate)
-      throw Error(fmt::format("could not remove {}: {}; its files belong to ids {} has no range of, so remove it "
-                              "as root",
-                              path.string(), e.what(), method.user));
-    const std::vector<std::string> argv =
-        in_subordinate_namespace(method, {"rm", "-rf", "--one-file-system", "--", path.string()});
-    const CommandResult r = run_command(argv, {}, std::chrono::minutes(10));
-    if (r.exit_code != 0)
-      throw Error(fmt::format("could not remove {}: {}; remove it as root", path.string(), describe_failure(argv, r)));
-  }
-}
-
 // The disk use of a built root file system. A subordinate one has folders only its ids may
 // read (apt's partial/, 0700 _apt): it is measured in their namespace (du counts each file once).
 std::uint64_t built_tree_bytes(const ImageBuildMethod& method, const stdfs::path& rootfs) {
@@ -151,7 +126,7 @@ void sweep_building(const stdfs::path& building, const std::string& prefix) {
   }
   for (const auto& p : stale) {
     log::info("removing {}, left by an earlier image build or removal", p.string());
-    remove_built_tree(p);
+    remove_owned_tree(p);
   }
 }
 
@@ -561,7 +536,7 @@ ImageVersion ImageStore::build(const ImageBuild& request, const std::function<vo
     ~Cleanup() {
       if (!armed) return;
       try {
-        remove_built_tree(path);
+        remove_owned_tree(path);
       } catch (const std::exception& e) {
         log::warn("the failed image build's folder {} was not removed: {}", path.string(), e.what());
       }
@@ -578,6 +553,13 @@ ImageVersion ImageStore::build(const ImageBuild& request, const std::function<vo
   if (method.owners == ImageOwners::user) {
     const std::size_t links = rewrite_build_root_links(work / "rootfs");
     report(fmt::format("{} links to the build folder made by fakechroot now point inside the image", links));
+    // Its instances have only uid 0 (sandbox/layers.hpp: a single-uid map): apt cannot switch to
+    // _apt for its downloads, so it stays root.
+    fs::make_dirs(work / "rootfs/etc/apt/apt.conf.d", 0755);
+    fs::atomic_write(work / "rootfs/etc/apt/apt.conf.d/00ns-hpc-single-uid",
+                     "// ns-hpc: this image's instances have a single uid (no /etc/subuid range), so apt's\n"
+                     "// downloads run as root, not as _apt.\nAPT::Sandbox::User \"root\";\n",
+                     0644);
   }
 
   const std::uint64_t bytes = built_tree_bytes(method, work / "rootfs");
@@ -701,7 +683,7 @@ void ImageStore::remove(std::string_view name_view, std::optional<std::string_vi
     // Aside first (one rename: the version is gone at once), then removed.
     const stdfs::path aside = dir_ / kBuilding / fmt::format("removed-{}-{}-{}", name, v, random::hex(4));
     if (::rename((dir_ / name / v).c_str(), aside.c_str()) != 0) throw SysError(errno, "rename", (dir_ / name / v).string());
-    remove_built_tree(aside);
+    remove_owned_tree(aside);
   }
   if (kept.empty()) {
     std::error_code ec;

@@ -24,6 +24,7 @@
 #include "base/fs.hpp"
 #include "base/process.hpp"
 #include "base/users.hpp"
+#include "sandbox/images.hpp"
 
 namespace nshpc::sandbox {
 
@@ -77,27 +78,6 @@ void write_proc(pid_t pid, const char* file, const std::string& text) {
   if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) throw SysError(errno, "write", path);
 }
 
-// The first range of at least 65536 ids that `table` (/etc/subuid or /etc/subgid) gives the user
-// `name` (or its uid): its start.
-std::optional<std::pair<std::uint32_t, std::uint32_t>> subordinate_range(std::string_view table, const std::string& name,
-                                                                         uid_t uid) {
-  std::istringstream in{std::string(table)};
-  for (std::string line; std::getline(in, line);) {
-    std::vector<std::string> f;
-    std::istringstream fields(line);
-    for (std::string x; std::getline(fields, x, ':');) f.push_back(x);
-    if (f.size() < 3 || (f[0] != name && f[0] != std::to_string(uid))) continue;
-    try {
-      const auto start = std::stoull(f[1]), count = std::stoull(f[2]);
-      if (count >= kRangeSize && start + kRangeSize <= 0xFFFFFFFFull)
-        return std::pair{static_cast<std::uint32_t>(start), static_cast<std::uint32_t>(count)};
-    } catch (const std::exception&) {
-      // A line that is not one of ours to judge.
-    }
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 uid_t root_range_floor(std::string_view subuid, std::string_view subgid, std::string_view passwd,
@@ -123,28 +103,33 @@ UidMapping image_uid_mapping() {
                            m.host_base);
     return m;
   }
-  const std::string me = users::current_user_name();
   m.host_base = ::geteuid();
   m.host_gid = ::getegid();
-  const auto uids = subordinate_range(slurp("/etc/subuid"), me, ::geteuid());
-  const auto gids = subordinate_range(slurp("/etc/subgid"), me, ::geteuid());
-  if (uids && gids && fs::find_program("newuidmap") && fs::find_program("newgidmap")) {
-    m.kind = UidMapping::Kind::range;
-    m.sub_uid = uids->first;
-    m.sub_gid = gids->first;
-    m.count = kRangeSize + 1;
-    m.source = fmt::format("uid 0 inside is you ({}, uid {}); 1-65536 are your /etc/subuid range {}-{} "
-                           "(newuidmap), as in images built by mmdebstrap --mode=unshare",
-                           me, m.host_base, m.sub_uid, m.sub_uid + kRangeSize - 1);
-    return m;
+  // The ranges an image this user builds is made with (images.hpp: image_build_method).
+  std::string why_single;
+  try {
+    const ImageBuildMethod method = image_build_method();
+    if (method.owners == ImageOwners::subordinate && fs::find_program("newuidmap") && fs::find_program("newgidmap")) {
+      m.kind = UidMapping::Kind::range;
+      m.sub_uid = method.uids.start;
+      m.sub_gid = method.gids.start;
+      m.count = kRangeSize + 1;
+      m.source = fmt::format("uid 0 inside is you ({}, uid {}); 1-65536 are your /etc/subuid range {}-{} "
+                             "(newuidmap), as in the images you build",
+                             method.user, m.host_base, m.sub_uid, m.sub_uid + kRangeSize - 1);
+      return m;
+    }
+    why_single = method.owners == ImageOwners::subordinate
+                     ? "newuidmap/newgidmap (Debian's uidmap package) are not installed"
+                     : "you have no range of 65536 ids in /etc/subuid and /etc/subgid";
+  } catch (const UsageError& e) {
+    why_single = e.what();
   }
   m.kind = UidMapping::Kind::single;
   m.count = 1;
-  m.source = fmt::format("single uid: only uid 0 inside, which is you ({}, uid {}); {}: apt works as root "
-                         "(APT::Sandbox::User root), but no distinct users (useradd'ed accounts, _apt) can own files",
-                         me, m.host_base,
-                         uids && gids ? "newuidmap/newgidmap (package uidmap) are not installed"
-                                      : "you have no range of 65536 ids in /etc/subuid and /etc/subgid");
+  m.source = fmt::format("single uid: only uid 0 inside, which is you (uid {}), because {}: apt works as root, but "
+                         "no other account (useradd'ed users, _apt) can own a file",
+                         m.host_base, why_single);
   return m;
 }
 
@@ -226,10 +211,13 @@ std::vector<std::string> as_mapped_root(std::vector<std::string> argv) {
   if (::geteuid() == 0) return argv;
   // As root of a user namespace, capabilities over every file of the ids it maps: the folders
   // an instance made unreadable (an overlay's work folder is d---------) included.
-  if (image_uid_mapping().kind == UidMapping::Kind::range)
-    argv.insert(argv.begin(), {"unshare", "--map-root-user", "--map-auto", "--"});
-  else
-    argv.insert(argv.begin(), {"unshare", "--map-root-user", "--"});
+  try {
+    const ImageBuildMethod method = image_build_method();
+    if (method.owners == ImageOwners::subordinate) return in_subordinate_namespace(method, std::move(argv));
+  } catch (const UsageError&) {
+    // A range in only one of the two files: the user's own files only.
+  }
+  argv.insert(argv.begin(), {"unshare", "--map-root-user", "--"});
   return argv;
 }
 

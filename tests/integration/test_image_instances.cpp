@@ -66,7 +66,9 @@ TEST_F(ImageInstance, AptInstallStaysAcrossCommandsJobsRestartsAndServers) {
   struct stat st{};
   ASSERT_EQ(::stat((env_.instances() / "img-apt/layer/upper/usr/bin/hello").c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, base);
-  if (!kRoot) EXPECT_EQ(base, ::geteuid());  // a normal user's instance root is the user
+  if (!kRoot) {
+    EXPECT_EQ(base, ::geteuid());  // a normal user's instance root is the user
+  }
   EXPECT_FALSE(fs::exists(kCache / "images/test/current/rootfs/usr/bin/hello"));
 
   EXPECT_EQ(in("img-apt", "hello").out, "Hello, world!\n");                        // a later command
@@ -130,7 +132,9 @@ TEST_F(ImageInstance, RootInsideIsAnUnprivilegedRangeOfItsOwnOutside) {
   const unsigned long long caps = std::stoull(cap, nullptr, 16);
   EXPECT_NE(caps & 1ULL, 0ULL) << cap;  // CHOWN
   EXPECT_EQ(caps & ((1ULL << 21) | (1ULL << 12) | (1ULL << 13)), 0ULL) << cap;
-  if (!single) EXPECT_NE(who.out.find("agent\n"), std::string::npos) << who.out;
+  if (!single) {
+    EXPECT_NE(who.out.find("agent\n"), std::string::npos) << who.out;
+  }
   EXPECT_FALSE(fs::exists("/etc/agent-was-here"));
 
   // Those capabilities hold in the instance's own namespaces only: nothing of the host's.
