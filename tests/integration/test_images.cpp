@@ -18,42 +18,43 @@ using nlohmann::json;
 
 namespace {
 
-fs::path image_cache() {
-  if (::geteuid() == 0) return "/var/cache/ns-hpc-test/images";
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  return fs::path(xdg && *xdg ? xdg : std::string(home ? home : "/nonexistent") + "/.cache") / "ns-hpc-test" / "images";
-}
+fs::path image_cache() { return test_image_cache() / "images"; }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+// The current version of image 'test' as `image list --json` shows it; null when it is not there.
+json listed_test_image(Env& env) {
+  Result listed = env.run({"image", "list", "--json"});
+  EXPECT_EQ(listed.exit_code, 0) << listed.err;
+  json test;
+  for (const auto& v : json::parse(listed.out, nullptr, false))
+    if (v.is_object() && v["name"] == "test" && v["current"] == true) test = v;
+  return test;
 }
 
 // The host's apt sources, as text (one-line and deb822 files alike).
 std::string host_sources() {
-  std::string all = slurp("/etc/apt/sources.list");
+  std::string all = read_text("/etc/apt/sources.list");
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/etc/apt/sources.list.d", ec)) all += slurp(e.path());
+  for (const auto& e : fs::directory_iterator("/etc/apt/sources.list.d", ec)) all += read_text(e.path());
   return all;
 }
 
+// Image 'test' as make test's set-up built it, listed by a server on the cache.
+class ImagesBuilt : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(cache / "test" / "current"))
+      GTEST_SKIP() << "no image 'test' in " << cache << ": scripts/test-image.sh (run by make test) builds it";
+    test = listed_test_image(env);
+    ASSERT_TRUE(test.is_object());
+  }
+  const fs::path cache = image_cache();
+  Env env{"images_dir = \"" + cache.string() + "\"\n"};
+  json test;
+};
+
 }  // namespace
 
-TEST(Images, TheBuiltImageIsListedWithItsSourcesAndWithoutTheBuildsAptOptions) {
-  const fs::path cache = image_cache();
-  if (!fs::exists(cache / "test" / "current"))
-    GTEST_SKIP() << "no image 'test' in " << cache << ": scripts/test-image.sh (run by make test) builds it";
-  Env env("images_dir = \"" + cache.string() + "\"\n");
-  Result listed = env.run({"image", "list", "--json"});
-  ASSERT_EQ(listed.exit_code, 0) << listed.err;
-  json test;
-  const json versions = json::parse(listed.out);
-  for (const auto& v : versions)
-    if (v["name"] == "test" && v["current"] == true) test = v;
-  ASSERT_TRUE(test.is_object()) << listed.out;
+TEST_F(ImagesBuilt, TheImageIsListedWithItsSourcesAndWithoutTheBuildsAptOptions) {
   EXPECT_EQ(test["suite"], "bookworm");
   EXPECT_GT(test["bytes"].get<std::uint64_t>(), 50u * 1024 * 1024) << "a whole Debian root";
   EXPECT_EQ(test["instances"], json::array());
@@ -64,7 +65,7 @@ TEST(Images, TheBuiltImageIsListedWithItsSourcesAndWithoutTheBuildsAptOptions) {
   // The host's way to its mirror served the build only: nothing of it stays in the image.
   EXPECT_FALSE(fs::exists(rootfs / "etc/apt/apt.conf.d/99mmdebstrap"));
   // Its sources are the host's mirrors, rewritten for the suite.
-  const std::string sources = slurp(rootfs / "etc/apt/sources.list");
+  const std::string sources = read_text(rootfs / "etc/apt/sources.list");
   const std::string host = host_sources();
   std::istringstream lines(sources);
   int entries = 0;
@@ -86,17 +87,7 @@ TEST(Images, TheBuiltImageIsListedWithItsSourcesAndWithoutTheBuildsAptOptions) {
 // built it with root's ids; a normal user with a range (nshpc-sub in make test) in a namespace
 // where 0 is the user and k the range's start + k - 1; a user without one (nshpc-test) with
 // fakechroot, every file the user's and no link left pointing into the build folder.
-TEST(Images, TheBuiltImagesFilesBelongToWhatItsOwnersSay) {
-  const fs::path cache = image_cache();
-  if (!fs::exists(cache / "test" / "current"))
-    GTEST_SKIP() << "no image 'test' in " << cache << ": scripts/test-image.sh (run by make test) builds it";
-  Env env("images_dir = \"" + cache.string() + "\"\n");
-  Result listed = env.run({"image", "list", "--json"});
-  ASSERT_EQ(listed.exit_code, 0) << listed.err;
-  json test;
-  for (const auto& v : json::parse(listed.out))
-    if (v["name"] == "test" && v["current"] == true) test = v;
-  ASSERT_TRUE(test.is_object()) << listed.out;
+TEST_F(ImagesBuilt, TheImagesFilesBelongToWhatItsOwnersSay) {
   const fs::path rootfs = test["rootfs"].get<std::string>();
   auto owner = [&](const char* path) {
     struct stat st {};
