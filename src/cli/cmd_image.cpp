@@ -32,6 +32,11 @@ sandbox::ImageUsers image_users(Invocation& inv) {
     const std::string root = inst.meta.raw.value("root", "");
     if (root.rfind(kImageRoot, 0) == 0) users[root.substr(kImageRoot.size())].push_back(inst.id);
   }
+  // An archived instance comes back on the same image version when restored.
+  for (const auto& arch : inv.store().list_archived()) {
+    const std::string root = arch.meta.raw.value("root", "");
+    if (root.rfind(kImageRoot, 0) == 0) users[root.substr(kImageRoot.size())].push_back(arch.name + " (archived)");
+  }
   return users;
 }
 

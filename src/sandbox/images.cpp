@@ -666,7 +666,9 @@ void ImageStore::remove(std::string_view name_view, std::optional<std::string_vi
     if (auto it = in_use.find(name + "@" + v); it != in_use.end())
       for (const auto& id : it->second) users.push_back(fmt::format("'{}' ({})", id, v));
   if (!users.empty())
-    throw UsageError(fmt::format("image '{}' is in use by instance {}; delete or archive those first", name,
+    throw UsageError(fmt::format("image '{}' is in use by instance {}; delete those first (an archived instance "
+                                 "keeps its image version for its restore)",
+                                 name,
                                  fmt::join(users, ", ")));
   const std::string current = current_of(dir_ / name);
   const bool current_goes = std::find(doomed.begin(), doomed.end(), current) != doomed.end();

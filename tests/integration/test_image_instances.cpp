@@ -245,3 +245,31 @@ TEST(ImageInstanceOwner, AnImageOfAnotherOwnerIsRefusedWithTheReasonAndLeavesNot
   EXPECT_NE(r.err.find("build the image as the user who runs ns-hpc"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(env.instances() / "img-foreign"));
 }
+
+// An image version stays while an instance uses it, archived instances included (a restore
+// brings the instance back on the same version): `image rm` names them and removes nothing; once
+// they are gone it removes the image.
+TEST(ImageInstanceOwner, AnImageUsedByAnArchivedInstanceIsKeptUntilTheArchiveIsGone) {
+  nshpc::tests::TempDir tmp;
+  const fs::path images = tmp.path() / "images";
+  fs::create_directories(images / "mini/20260101T000000Z/rootfs/usr");
+  std::ofstream(images / "mini/20260101T000000Z/image.json") << "{}";
+  fs::create_symlink("20260101T000000Z", images / "mini/current");
+  Env env("images_dir = \"" + images.string() + "\"\n");
+  env.create("img-kept", {"--image", "mini"});
+  ASSERT_EQ(env.run({"instance", "archive", "-f", "img-kept"}).exit_code, 0);
+  const json archives = json::parse(env.run({"instance", "list-archived", "--json"}).out);
+  ASSERT_EQ(archives.size(), 1u) << archives.dump();
+  const std::string archive = archives[0]["name"].get<std::string>();
+
+  Result refused = env.run({"image", "rm", "mini"});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.err.find(archive + " (archived)"), std::string::npos) << refused.err;
+  EXPECT_TRUE(fs::exists(images / "mini/20260101T000000Z/rootfs/usr"));
+  EXPECT_NE(env.run({"image", "list"}).out.find(archive + " (archived)"), std::string::npos);
+
+  ASSERT_EQ(env.run({"instance", "delete", "--archived", "-f", archive}).exit_code, 0);
+  Result removed = env.run({"image", "rm", "mini"});
+  EXPECT_EQ(removed.exit_code, 0) << removed.err;
+  EXPECT_FALSE(fs::exists(images / "mini/20260101T000000Z"));
+}
