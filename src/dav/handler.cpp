@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <tuple>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "dav/if_header.hpp"
 #include "dav/tree.hpp"
 #include "dav/xml.hpp"
+#include "sandbox/layers.hpp"
 
 namespace nshpc::dav {
 
@@ -283,6 +285,10 @@ struct DavHandler::Impl {
       t.tree->shown = fmt::format("{}/instances/{}/{}/", settings.prefix, segs[1], segs[2]);
       std::optional<files::Owner> owner;
       if (t.tree->owner) owner = files::Owner{t.tree->owner->uid, t.tree->owner->gid};
+      if (t.instance->image) {  // files of the instance's own accounts are its files too
+        if (!owner) owner = files::Owner{::geteuid(), ::getegid()};
+        std::tie(owner->others_from, owner->others) = sandbox::other_ids(t.instance->image->ids);
+      }
       try {
         t.tree->root.emplace(files::Root::open(dir, t.tree->shown, owner));
       } catch (const SysError&) {

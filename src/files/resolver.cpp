@@ -198,7 +198,9 @@ Root::Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool rea
       owner_gid_(owner ? owner->gid : ::getegid()),
       chown_new_(owner.has_value() && ::geteuid() == 0),
       read_only_(read_only),
-      any_owner_(any_owner) {}
+      any_owner_(any_owner),
+      others_from_(owner ? owner->others_from : 0),
+      others_(owner ? owner->others : 0) {}
 
 Root Root::open(const stdfs::path& dir, std::string shown, std::optional<Owner> owner, bool read_only,
                 bool any_owner) {
@@ -249,7 +251,7 @@ Opened open_read(const Location& at) {
   opened.fd = fs::open_beneath(at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_NOCTTY, 0, Resolve::in_root_follow, at.shown());
   if (::fstat(opened.fd.get(), &opened.st) < 0) throw SysError(errno, "stat", at.shown());
   if (S_ISREG(opened.st.st_mode)) {
-    if (!at.root->any_owner() && opened.st.st_uid != at.root->owner_uid())
+    if (!at.root->any_owner() && !at.root->owns(opened.st.st_uid))
       throw SysError(EPERM, "read",
                      fmt::format("{} (it belongs to uid {}, not to the sandbox's uid {})", at.shown(),
                                  opened.st.st_uid, at.root->owner_uid()));

@@ -49,6 +49,11 @@ enum class Access {
 struct Owner {
   uid_t uid;
   gid_t gid;
+  // More ids whose files are the tree's own and are read (an image instance's other accounts:
+  // its range above uid 0 on the host): others_from .. others_from + others - 1. New entries
+  // still go to `uid`.
+  uid_t others_from = 0;
+  std::uint32_t others = 0;
 };
 
 // A directory tree whose content is hostile: an instance's workspace or output folder, later its
@@ -72,6 +77,10 @@ class Root {
   bool chown_new() const { return chown_new_; }
   bool read_only() const { return read_only_; }
   bool any_owner() const { return any_owner_; }
+  // Whether a file of `uid` is the tree's own (Owner: uid and the others).
+  bool owns(uid_t uid) const {
+    return uid == owner_uid_ || (others_ > 0 && uid >= others_from_ && uid - others_from_ < others_);
+  }
 
  private:
   UniqueFd dir_;
@@ -81,6 +90,8 @@ class Root {
   bool chown_new_;
   bool read_only_;
   bool any_owner_;
+  uid_t others_from_ = 0;
+  std::uint32_t others_ = 0;
 };
 
 // A place beneath a root: `rel` is normalised (no ".", no empty components, no leading '/'),

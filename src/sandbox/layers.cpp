@@ -196,6 +196,11 @@ UniqueFd mapped_user_namespace(const UidMapping& ids, bool owned) {
   }
 }
 
+std::pair<uid_t, std::uint32_t> other_ids(const UidMapping& ids) {
+  if (ids.count <= 1) return {0, 0};
+  return {ids.sub_uid != 0 ? ids.sub_uid : ids.host_base + 1, ids.count - 1};
+}
+
 void check_image_owner(const stdfs::path& rootfs, const UidMapping& ids) {
   struct stat st{};
   if (::stat((rootfs / "usr").c_str(), &st) != 0) throw SysError(errno, "find the image", rootfs.string());

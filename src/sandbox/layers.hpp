@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/fd.hpp"
@@ -35,6 +36,10 @@ UidMapping image_uid_mapping();
 // normal user its own uid, plus its subordinate range through newuidmap/newgidmap. Throws
 // SysError/Error.
 UniqueFd mapped_user_namespace(const UidMapping& ids, bool owned = false);
+
+// The host ids of an image instance's accounts other than its root (uid 1 and up inside):
+// {first, count}; count 0 with a single-uid map.
+std::pair<uid_t, std::uint32_t> other_ids(const UidMapping& ids);
 
 // Checks that the image at `rootfs` can be the root of an instance with `ids`: its files must
 // belong to uid 0 inside (as root: the host's root, which the idmapped mount shifts; as a normal

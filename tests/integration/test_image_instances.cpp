@@ -191,6 +191,19 @@ TEST_F(ImageInstance, FilesMadeOnEitherSideBelongToTheInstancesRoot) {
   EXPECT_NE(result_text(t).find("root 644\nhello"), std::string::npos) << t.dump();
   const json r = mcp.call_and_wait("read_file", {{"instance_id", "img-files"}, {"path", "inside.txt"}});
   EXPECT_NE(result_text(r).find("made"), std::string::npos) << r.dump();
+
+  // A file of another account inside (one of the instance's own ids) is the instance's too: the
+  // file tools read it. A file of an id outside the instance's (a hard link to a host file would
+  // be one) is still refused.
+  if (metadata("img-files")["ids"]["map"] == "single") return;  // no other account can own a file
+  const json made = mcp.call_and_wait(
+      "terminal_execute", {{"instance_id", "img-files"},
+                           {"command", "useradd agent && echo by-agent > agent.txt && chown agent: agent.txt && "
+                                       "stat -c %U-%a agent.txt"}});
+  ASSERT_NE(result_text(made).find("agent-644"), std::string::npos) << made.dump();
+  const json theirs = mcp.call_and_wait("read_file", {{"instance_id", "img-files"}, {"path", "agent.txt"}});
+  EXPECT_FALSE(theirs["result"].value("isError", false)) << theirs.dump();
+  EXPECT_NE(result_text(theirs).find("by-agent"), std::string::npos) << theirs.dump();
 }
 
 TEST_F(ImageInstance, WhatCannotWorkIsRefusedWithTheReason) {
