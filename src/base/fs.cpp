@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cctype>
 #include <cstdlib>
+#include <algorithm>
 #include <memory>
 #include <set>
 #include <vector>
@@ -254,6 +255,23 @@ TreeUsage tree_usage(const stdfs::path& path) {
       },
       /*make_accessible=*/false);
   return usage;
+}
+
+std::vector<std::string> folder_names(const stdfs::path& dir) {
+  std::vector<std::string> names;
+  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
+  if (!d) {
+    if (errno == ENOENT) return names;
+    throw SysError(errno, "list", dir.string());
+  }
+  while (const struct dirent* e = ::readdir(d.get())) {
+    const std::string_view name = e->d_name;
+    if (name == "." || name == "..") continue;
+    if (e->d_type != DT_DIR && e->d_type != DT_UNKNOWN) continue;
+    names.emplace_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 void make_dirs(const stdfs::path& path, mode_t mode) {

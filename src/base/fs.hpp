@@ -49,13 +49,18 @@ void remove_tree(const stdfs::path& path);
 void remove_tree_at(int parent_fd, const std::string& name, const stdfs::path& shown);
 
 // Disk use of a tree (allocated blocks, a file with several links once), counted without
-// following links and with a bounded number of descriptors.
+// following links and with a bounded number of descriptors; folders this process may not open
+// count as folders, their contents not at all.
 struct TreeUsage {
   std::uint64_t bytes = 0;
   std::uint64_t files = 0;
   std::uint64_t folders = 0;
 };
 TreeUsage tree_usage(const stdfs::path& path);
+
+// The names of the folders in `dir` (entries the file system types as folders, or does not type),
+// sorted, without "." and ".."; none when `dir` does not exist. Throws SysError.
+std::vector<std::string> folder_names(const stdfs::path& dir);
 
 // mkdir -p with a mode for the created folders.
 void make_dirs(const stdfs::path& path, mode_t mode = 0755);

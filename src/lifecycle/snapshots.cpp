@@ -158,22 +158,6 @@ std::optional<stdfs::path> swap_in(const stdfs::path& staged, const stdfs::path&
   return aside;
 }
 
-std::vector<std::string> folder_names(const stdfs::path& dir) {
-  std::vector<std::string> names;
-  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
-  if (!d) {
-    if (errno == ENOENT) return names;
-    throw SysError(errno, "list", dir.string());
-  }
-  while (const struct dirent* e = ::readdir(d.get())) {
-    const std::string name = e->d_name;
-    if (name.empty() || name[0] == '.') continue;  // ".", "..", and nothing of ours
-    names.push_back(name);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 std::chrono::microseconds since(Steady::time_point start) {
   return std::chrono::duration_cast<std::chrono::microseconds>(Steady::now() - start);
 }
@@ -310,7 +294,8 @@ LayerChange Snapshots::take(const store::Instance& inst, const std::string& name
 
 std::vector<SnapshotInfo> Snapshots::list(const store::Instance& inst) const {
   std::vector<SnapshotInfo> out;
-  for (const std::string& name : folder_names(inst.snapshots_dir())) {
+  for (const std::string& name : fs::folder_names(inst.snapshots_dir())) {
+    if (name[0] == '.') continue;  // nothing of ours
     const auto text = fs::read_file(inst.snapshots_dir() / name / "snapshot.json");
     std::optional<SnapshotInfo> info = text ? parse_snapshot(name, *text) : std::nullopt;
     if (!info) {

@@ -61,23 +61,6 @@ void write_metadata(const stdfs::path& file, const Metadata& meta) {
 }
 
 // Child folder names of `dir` (no "." / ".."); empty when `dir` is missing.
-std::vector<std::string> child_names(const stdfs::path& dir) {
-  std::vector<std::string> names;
-  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
-  if (!d) {
-    if (errno == ENOENT) return names;
-    throw SysError(errno, "list", dir.string());
-  }
-  while (struct dirent* e = ::readdir(d.get())) {
-    std::string_view name = e->d_name;
-    if (name == "." || name == "..") continue;
-    if (e->d_type != DT_DIR && e->d_type != DT_UNKNOWN) continue;
-    names.emplace_back(name);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 }  // namespace
 
 std::string Metadata::id() const { return string_field(raw, "id"); }
@@ -152,7 +135,7 @@ Store::~Store() = default;
 
 std::vector<std::string> Store::instance_names() const {
   std::vector<std::string> out;
-  for (auto& name : child_names(root_))
+  for (auto& name : fs::folder_names(root_))
     if (!name.empty() && name[0] != '.' && name != "output") out.push_back(std::move(name));
   return out;
 }
@@ -305,7 +288,7 @@ void Store::while_present(std::string_view id, const std::function<void(const In
 
 Listing Store::list() const {
   Listing listing;
-  for (const auto& name : child_names(root_)) {
+  for (const auto& name : fs::folder_names(root_)) {
     if (name.empty() || name[0] == '.' || name == "output") continue;
     const stdfs::path base = root_ / name;
     if (!exists_nofollow(base / "metadata.json")) continue;
@@ -320,7 +303,7 @@ Listing Store::list() const {
 
 std::vector<ArchivedInstance> Store::list_archived() const {
   std::vector<ArchivedInstance> out;
-  for (const auto& name : child_names(archive_root())) {
+  for (const auto& name : fs::folder_names(archive_root())) {
     if (name.empty() || name[0] == '.') continue;
     ArchivedInstance a;
     a.name = name;
@@ -384,7 +367,7 @@ Page Store::list_page(const ListQuery& query) const {
 std::optional<ArchivedInstance> Store::latest_archive(std::string_view id) const {
   const std::string prefix = std::string(id) + "__";
   std::optional<std::string> newest;
-  for (const auto& name : child_names(archive_root()))
+  for (const auto& name : fs::folder_names(archive_root()))
     if (name.starts_with(prefix) && name.find("__", prefix.size()) == std::string::npos && (!newest || name > *newest))
       newest = name;
   if (!newest) return std::nullopt;
@@ -754,7 +737,7 @@ bool Store::remove_doomed(const stdfs::path& tree) const {
 std::size_t Store::finish_deletions() const {
   std::size_t done = 0;
   for (const stdfs::path& dir : {root_, output_root()}) {
-    for (const std::string& name : child_names(dir)) {
+    for (const std::string& name : fs::folder_names(dir)) {
       if (!name.starts_with(".deleting-")) continue;
       if (remove_doomed(dir / name)) ++done;
     }

@@ -233,25 +233,36 @@ TEST_F(ImageInstance, WhatCannotWorkIsRefusedWithTheReason) {
   EXPECT_NE(broken.err.find("instance reset"), std::string::npos) << broken.err;
 }
 
+// Images made by hand for a test: a version folder with an empty image.json, current.
+class StandInImages : public ::testing::Test {
+ protected:
+  // The version folder of a new image `name` (its rootfs is the test's to make).
+  fs::path stand_in(const std::string& name) {
+    const fs::path version = images / name / "20260101T000000Z";
+    fs::create_directories(version);
+    std::ofstream(version / "image.json") << "{}";
+    fs::create_symlink("20260101T000000Z", images / name / "current");
+    return version;
+  }
+  nshpc::tests::TempDir tmp;
+  const fs::path images = tmp.path() / "images";
+  Env env{"images_dir = \"" + images.string() + "\"\n"};
+};
+
 // An image whose files belong to someone other than the instance's root (an image another user
 // built, or root's image used by a normal user) is refused at once with the reason, and nothing
 // is made.
-TEST(ImageInstanceOwner, AnImageOfAnotherOwnerIsRefusedWithTheReasonAndLeavesNothing) {
-  nshpc::tests::TempDir tmp;
-  const fs::path images = tmp.path() / "images";
-  fs::create_directories(images / "fake/20260101T000000Z");
-  std::ofstream(images / "fake/20260101T000000Z/image.json") << "{}";
-  fs::create_symlink("20260101T000000Z", images / "fake/current");
+TEST_F(StandInImages, AnImageOfAnotherOwnerIsRefusedWithTheReasonAndLeavesNothing) {
+  const fs::path version = stand_in("fake");
   uid_t owner = 0;  // a normal user: the host's own /usr, root's
   if (kRoot) {
     owner = 4242;
     fs::create_directories(tmp.path() / "foreign/usr");
     ASSERT_EQ(::chown((tmp.path() / "foreign/usr").c_str(), owner, owner), 0);
-    fs::create_symlink(tmp.path() / "foreign", images / "fake/20260101T000000Z/rootfs");
+    fs::create_symlink(tmp.path() / "foreign", version / "rootfs");
   } else {
-    fs::create_symlink("/", images / "fake/20260101T000000Z/rootfs");
+    fs::create_symlink("/", version / "rootfs");
   }
-  Env env("images_dir = \"" + images.string() + "\"\n");
   Result r = env.run({"instance", "create", "img-foreign", "--image", "fake"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("belongs to uid " + std::to_string(owner)), std::string::npos) << r.err;
@@ -262,13 +273,8 @@ TEST(ImageInstanceOwner, AnImageOfAnotherOwnerIsRefusedWithTheReasonAndLeavesNot
 // An image version stays while an instance uses it, archived instances included (a restore
 // brings the instance back on the same version): `image rm` names them and removes nothing; once
 // they are gone it removes the image.
-TEST(ImageInstanceOwner, AnImageUsedByAnArchivedInstanceIsKeptUntilTheArchiveIsGone) {
-  nshpc::tests::TempDir tmp;
-  const fs::path images = tmp.path() / "images";
-  fs::create_directories(images / "mini/20260101T000000Z/rootfs/usr");
-  std::ofstream(images / "mini/20260101T000000Z/image.json") << "{}";
-  fs::create_symlink("20260101T000000Z", images / "mini/current");
-  Env env("images_dir = \"" + images.string() + "\"\n");
+TEST_F(StandInImages, AnImageUsedByAnArchivedInstanceIsKeptUntilTheArchiveIsGone) {
+  fs::create_directories(stand_in("mini") / "rootfs/usr");
   env.create("img-kept", {"--image", "mini"});
   ASSERT_EQ(env.run({"instance", "archive", "-f", "img-kept"}).exit_code, 0);
   const json archives = json::parse(env.run({"instance", "list-archived", "--json"}).out);
@@ -284,5 +290,5 @@ TEST(ImageInstanceOwner, AnImageUsedByAnArchivedInstanceIsKeptUntilTheArchiveIsG
   ASSERT_EQ(env.run({"instance", "delete", "--archived", "-f", archive}).exit_code, 0);
   Result removed = env.run({"image", "rm", "mini"});
   EXPECT_EQ(removed.exit_code, 0) << removed.err;
-  EXPECT_FALSE(fs::exists(images / "mini/20260101T000000Z"));
+  EXPECT_FALSE(fs::exists(images / "mini"));
 }
