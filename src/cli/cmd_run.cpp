@@ -60,7 +60,7 @@ std::string stored_token(const std::filesystem::path& state_dir, bool& created) 
     if (token.size() >= 16) return token;
     log::warn("{} holds no usable token (fewer than 16 characters): a new one is generated", file.string());
   }
-  fs::make_dirs(state_dir, 0700);
+  fs::make_dirs(state_dir, 0711);  // the token is 0600; the instances may be inside (as root by default)
   std::string token = random::hex(32);
   fs::atomic_write(file, token + "\n", 0600);
   created = true;
@@ -191,7 +191,7 @@ void run_http(Invocation& inv, const RunArgs& a) {
   // WebDAV at /dav: a streaming route next to MCP, behind the same token.
   std::shared_ptr<dav::DavHandler> dav_handler;
   if (cfg.dav.enabled) {
-    fs::make_dirs(cfg.server.state_dir, 0700);
+    fs::make_dirs(cfg.server.state_dir, 0711);
     dav_handler = std::make_shared<dav::DavHandler>(inv.store(), dav::DavHandler::settings_from(cfg));
     options.stream_routes.push_back(dav::make_route(dav_handler, static_cast<std::uint64_t>(cfg.dav.max_upload_bytes)));
   }

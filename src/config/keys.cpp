@@ -407,7 +407,8 @@ Keys<Config> make_config_keys() {
               .defaults_to = R"("${HOME}/.local/state/ns-hpc")",
               .as_root = fmt::format("{:?}", kRootStateDir),
               .help = "A local folder (not on NFS) for the generated token, `http-token` (0600), and the "
-                      "instance listing index, `index/<hash>.sqlite` (rebuilt from the instances when missing)."}),
+                      "instance listing index, `index/<hash>.sqlite` (rebuilt from the instances when missing). "
+                      "Made 0711 when missing: the instances folder may lie inside it (as root by default)."}),
           value("allowed_hosts", &Server::allowed_hosts, strings(), {
               .defaults_to = "[]",
               .help = "Host header names accepted besides `localhost`, `127.0.0.1`, `[::1]` and the listen "

@@ -64,7 +64,10 @@ Ended Lifecycle::end_all(const store::Instance& inst, std::string_view why, std:
       }
     }
   }
-  // 2. Everything else in the living sandbox (an instance that is not persistent has none).
+  // 2. The commands this server runs in it (terminal_execute, search_files): an instance that is
+  //    not persistent has a sandbox per command, which nothing else ends.
+  store_.stop_executions(inst.id);
+  // 3. Everything else in the living sandbox (an instance that is not persistent has none).
   if (inst.persistent) ended.was_running = backend_.stop_living(store_.sandbox_target(inst), why, grace());
   return ended;
 }

@@ -136,6 +136,8 @@ Index::Db& Index::db() {
   if (db_) return *db_;
   if (failed_) throw Error(fmt::format("instance index {} could not be opened earlier", file_.string()));
   try {
+    // The state folder may hold the instances (as root by default): passable, not listable.
+    fs::make_dirs(file_.parent_path().parent_path(), 0711);
     fs::make_dirs(file_.parent_path(), 0700);
     for (int attempt = 0;; ++attempt) {
       auto db = std::make_unique<Db>();

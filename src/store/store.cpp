@@ -712,7 +712,7 @@ void Store::stop_executions(std::string_view id) const {
     try {
       stop();
     } catch (const std::exception& e) {
-      log::warn("instance {}: stopping an execution before the delete failed: {}", id, e.what());
+      log::warn("instance {}: stopping one of its commands failed: {}", id, e.what());
     }
   }
 }

@@ -220,6 +220,8 @@ class Store {
     std::uint64_t key_;
   };
   Registration register_execution(std::string_view id, std::function<void()> stop) const;
+  // Stops (kills the trees of) the executions of instance `id` that this process registered.
+  void stop_executions(std::string_view id) const;
 
   // Disk use of an instance's workspace, output folder, root layer (an image instance) and
   // snapshots (walked without following links; a large tree takes a while, so only describe and
@@ -273,7 +275,6 @@ class Store {
   sandbox::ImageRoot image_root(const Instance& instance) const;
   // The folder of an existing instance that has no live jobs (archive/delete), else UsageError.
   stdfs::path removable_base(std::string_view id, std::string_view action) const;
-  void stop_executions(std::string_view id) const;
   // Stops the instance's living sandbox (living_stop_) when it is persistent, or when its
   // metadata cannot be read (then nothing is known, and a stop of what never ran is harmless).
   void stop_living(std::string_view id, const stdfs::path& base, std::string_view why) const;

@@ -28,6 +28,24 @@ void expect_one_error_line(const Result& r, const std::string& contains) {
 
 }  // namespace
 
+// A state folder the server makes itself (its listing index, its token) does not shut out the
+// sandbox from an instances folder inside it, as root's defaults have it (/var/lib/ns-hpc and
+// /var/lib/ns-hpc/instances): on a fresh machine the first listing made it 0700, and every
+// sandbox then failed to reach its workspace.
+TEST(Cli, AStateFolderTheServerMakesKeepsTheInstancesInsideItReachable) {
+  Env env;
+  const fs::path state = env.root() / "state";
+  std::ofstream(env.config_file()) << "[namespace]\ndefault_image = \"\"\ninstances_dir = \"" << (state / "instances").string()
+                                   << "\"\n[server]\nstate_dir = \"" << state.string() << "\"\n";
+  ASSERT_EQ(env.run({"instance", "list"}).exit_code, 0);  // the index comes first, and makes the state folder
+  ASSERT_TRUE(fs::exists(state / "index"));
+  env.create("reach");
+  Result r = env.run({"bwrap", "reach", "--", "/bin/sh", "-c", "echo made > /workspace/f && cat /workspace/f"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "made\n");
+  EXPECT_EQ(fs::status(state).permissions() & fs::perms::others_all, fs::perms::others_exec);
+}
+
 // `instance list` pages and filters through the store's index, as list_instances does.
 TEST(Cli, InstanceListPagesFiltersAndSorts) {
   Env env;

@@ -269,6 +269,18 @@ TEST(Snapshots, AHostRootInstanceResetsOnlyItsWorkspaceAndSnapshotsIt) {
   EXPECT_TRUE(agent["result"].value("isError", false));
   EXPECT_NE(result_text(agent).find("include_workspace: true empties its workspace"), std::string::npos)
       << agent.dump();
+
+  // A command still running in it (this instance has a sandbox per command) ends before the
+  // snapshot is taken, as its jobs would: the snapshot and the workspace agree.
+  const int running = server.call("terminal_execute", {{"instance_id", "snap-host"},
+                                                       {"command", "echo started > /workspace/mark; sleep 60"}});
+  ASSERT_TRUE(eventually([&] { return fs::exists(ws / "mark"); }, std::chrono::seconds(20)));
+  const auto asked = std::chrono::steady_clock::now();
+  const json taken_now = server.call_and_wait("snapshot_instance", {{"instance_id", "snap-host"}, {"name", "during"}});
+  EXPECT_FALSE(taken_now["result"].value("isError", false)) << taken_now.dump();
+  const json ended = server.wait_for(running, std::chrono::seconds(20));
+  ASSERT_FALSE(ended.is_null()) << "the command was still running after the snapshot";
+  EXPECT_LT(std::chrono::steady_clock::now() - asked, std::chrono::seconds(30));
 }
 
 // A snapshot that does not fit on the disk says so and leaves the instance as it was, with no
