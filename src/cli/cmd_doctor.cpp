@@ -452,12 +452,28 @@ void print_text(const std::vector<Check>& checks, bool ok) {
 
 }  // namespace
 
+// --fix: a state folder made 0700 (by a release before the one that makes it 0711) shuts the
+// sandbox uid out of an instances folder inside it (as root, the default): it gets the search
+// bit for others back. Returns what was done, or "".
+std::string fix_state_dir(const config::Config& cfg) {
+  const stdfs::path& state = cfg.server.state_dir;
+  const std::string inside = cfg.ns.instances_dir.lexically_relative(state).string();
+  if (inside.empty() || inside == "." || inside.starts_with("..")) return "";
+  struct stat st{};
+  if (::stat(state.c_str(), &st) != 0 || st.st_uid != ::geteuid() || (st.st_mode & S_IXOTH) != 0) return "";
+  if (::chmod(state.c_str(), (st.st_mode & 07777) | S_IXOTH) != 0) return "";
+  return fmt::format("{} (the state folder, holding the instances) can be passed through again (mode {:04o})",
+                     state.string(), (st.st_mode & 07777) | S_IXOTH);
+}
+
 void add_doctor_command(CLI::App& app, Invocation& inv) {
   auto json = std::make_shared<bool>(false);
   auto* cmd = app.add_subcommand("doctor", "Check that this machine can run ns-hpc sandboxes");
   cmd->add_flag("--json", *json, "Print JSON");
   auto fix = std::make_shared<bool>(false);
-  cmd->add_flag("--fix", *fix, "Fix what ns-hpc can itself: build the default image when it is missing");
+  cmd->add_flag("--fix", *fix,
+                "Fix what ns-hpc can itself: build the default image when it is missing; give a state folder that "
+                "holds the instances the search bit back");
   cmd->callback([&inv, json, fix] {
     std::vector<Check> checks;
     const config::Config* cfg = nullptr;
@@ -467,6 +483,8 @@ void add_doctor_command(CLI::App& app, Invocation& inv) {
     checks.push_back(check_userns(*cfg));
     checks.push_back(check_seccomp());
     checks.push_back(check_sandbox_user(*cfg));
+    if (*fix)
+      if (const std::string done = fix_state_dir(*cfg); !done.empty()) std::fprintf(stderr, "fixed: %s\n", done.c_str());
     if (checks[0].ok && checks[1].ok) {
       checks.push_back(check_smoke(inv, *cfg));
     } else {
