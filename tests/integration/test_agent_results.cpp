@@ -260,8 +260,13 @@ TEST_F(AgentResults, OutputLimitAndOutOfMemoryAreStatusesTheFilterFinds) {
 
 TEST_F(AgentResults, ACancelledJobSaysTheSignalThatEndedIt) {
   McpSession server(env_);
-  json j = server.tool("submit_job", {{"instance_id", "agentview"}, {"command", "sleep 300"}, {"timeout", 0}});
+  json j = server.tool("submit_job",
+                       {{"instance_id", "agentview"}, {"command", "echo started; exec sleep 300"}, {"timeout", 0}});
   ASSERT_EQ(j["status"], "running") << j.dump();
+  // Cancelled once its command runs: a cancel during the sandbox's set-up, before there is a
+  // command to take SIGTERM, ends in SIGKILL after the grace (and says so).
+  const fs::path out = env_.instances() / "agentview/workspace/.ns_hpc_output" / (j["job_id"].get<std::string>() + ".out");
+  ASSERT_TRUE(eventually([&] { return read_text(out) == "started\n"; }, std::chrono::seconds(20)));
   json c = server.tool("cancel_job", {{"instance_id", "agentview"}, {"job_id", j["job_id"]}});
   EXPECT_EQ(c["status"], "cancelled") << c.dump();
   EXPECT_EQ(c["exit_code"], 143) << c.dump();
