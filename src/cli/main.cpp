@@ -1,11 +1,15 @@
 #include <string_view>
 
 #include "cli/app.hpp"
+#include "files/broker.hpp"
 #include "sandbox/keeper.hpp"
 
 int main(int argc, char** argv) {
   // A job keeper (sandbox/keeper.hpp) needs nothing of the CLI: dispatched before any of it.
   if (argc > 1 && std::string_view(argv[1]) == nshpc::sandbox::kKeeperCommand)
     return nshpc::sandbox::keeper_main(argc, argv);
+  // So does a file broker (files/broker.hpp).
+  if (argc > 1 && std::string_view(argv[1]) == nshpc::files::kBrokerCommand)
+    return nshpc::files::broker_main(argc, argv);
   return nshpc::cli::main(argc, argv);
 }

@@ -20,7 +20,6 @@
 #include "dav/if_header.hpp"
 #include "dav/tree.hpp"
 #include "dav/xml.hpp"
-#include "sandbox/layers.hpp"
 
 namespace nshpc::dav {
 
@@ -281,16 +280,13 @@ struct DavHandler::Impl {
       t.kind = Target::Kind::tree;
       t.tree = std::make_shared<Tree>();
       const std::filesystem::path dir = workspace ? t.instance->workspace : t.instance->output;
-      t.tree->owner = store.owner_of(*t.instance);
+      // As the sandbox's own user, so its permissions apply; an image instance's user is root
+      // inside, whom no mode keeps out: as the server (new entries are given to it all the same).
+      if (!t.instance->image) t.tree->owner = store.owner_of(*t.instance);
       t.tree->shown = fmt::format("{}/instances/{}/{}/", settings.prefix, segs[1], segs[2]);
-      std::optional<files::Owner> owner;
-      if (t.tree->owner) owner = files::Owner{t.tree->owner->uid, t.tree->owner->gid};
-      if (t.instance->image) {  // files of the instance's own accounts are its files too
-        if (!owner) owner = files::Owner{::geteuid(), ::getegid()};
-        std::tie(owner->others_from, owner->others) = sandbox::other_ids(t.instance->image->ids);
-      }
+      auto access = store.file_access(*t.instance);
       try {
-        t.tree->root.emplace(files::Root::open(dir, t.tree->shown, owner));
+        t.tree->root.emplace(files::Root::open(dir, t.tree->shown, access.owner, false, false, std::move(access.broker)));
       } catch (const SysError&) {
         throw DavError(404, fmt::format("instance '{}' has no {} folder", segs[1], segs[2]));
       }

@@ -16,6 +16,7 @@
 #include "base/fs.hpp"
 #include "base/random.hpp"
 #include "base/safe_path.hpp"
+#include "files/broker.hpp"
 
 namespace nshpc::files {
 
@@ -53,6 +54,95 @@ std::vector<std::string> components(std::string_view rel) {
   return out;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The system calls beneath a root: by the server, and when it is refused (EACCES, EPERM) and the
+// root has a broker, by the broker (a refused call changed nothing, so it is done again whole).
+
+bool refused(int code) { return code == EACCES || code == EPERM; }
+
+UniqueFd open_in(Broker* broker, int dir, std::string_view rel, int flags, mode_t mode, Resolve how,
+                 std::string_view shown) {
+  try {
+    return fs::open_beneath(dir, rel, flags, mode, how, shown);
+  } catch (const SysError& e) {
+    if (!broker || !refused(e.code())) throw;
+  }
+  return broker->open_beneath(dir, rel, flags, mode, how, shown);
+}
+
+// These return 0 or the errno.
+int mkdir_in(Broker* broker, int dir, const std::string& name, mode_t mode) {
+  if (::mkdirat(dir, name.c_str(), mode) == 0) return 0;
+  const int err = errno;
+  return broker && refused(err) ? broker->mkdirat(dir, name, mode) : err;
+}
+
+int unlink_in(Broker* broker, int dir, const std::string& name) {
+  if (::unlinkat(dir, name.c_str(), 0) == 0) return 0;
+  const int err = errno;
+  return broker && refused(err) ? broker->unlinkat(dir, name, 0) : err;
+}
+
+int rename_in(Broker* broker, int from_dir, const std::string& from, int to_dir, const std::string& to, unsigned flags) {
+  if (::renameat2(from_dir, from.c_str(), to_dir, to.c_str(), flags) == 0) return 0;
+  const int err = errno;
+  return broker && refused(err) ? broker->renameat2(from_dir, from, to_dir, to, flags) : err;
+}
+
+int symlink_in(Broker* broker, const std::string& target, int dir, const std::string& name) {
+  if (::symlinkat(target.c_str(), dir, name.c_str()) == 0) return 0;
+  const int err = errno;
+  return broker && refused(err) ? broker->symlinkat(target, dir, name) : err;
+}
+
+int chmod_in(Broker* broker, int fd, mode_t mode) {
+  if (::fchmod(fd, mode) == 0) return 0;
+  const int err = errno;
+  return broker && refused(err) ? broker->fchmod(fd, mode) : err;
+}
+
+// lstat of `name` in the folder `dir`; through the broker, of the entry itself opened O_PATH.
+int stat_in(Broker* broker, int dir, const std::string& name, struct stat& st) {
+  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) return 0;
+  const int err = errno;
+  if (!broker || !refused(err)) return err;
+  try {
+    UniqueFd fd = broker->open_beneath(dir, name, O_PATH, 0, Resolve::beneath_no_links, name);
+    return ::fstat(fd.get(), &st) == 0 ? 0 : errno;
+  } catch (const SysError& e) {
+    return e.code();
+  }
+}
+
+// The target of the link `name` in `dir`.
+int readlink_in(Broker* broker, int dir, const std::string& name, std::string& target) {
+  char buffer[PATH_MAX];
+  ssize_t len = ::readlinkat(dir, name.c_str(), buffer, sizeof buffer - 1);
+  if (len < 0 && broker && refused(errno)) {
+    try {
+      UniqueFd fd = broker->open_beneath(dir, name, O_PATH, 0, Resolve::beneath_no_links, name);
+      len = ::readlinkat(fd.get(), "", buffer, sizeof buffer - 1);
+    } catch (const SysError& e) {
+      return e.code();
+    }
+  }
+  if (len < 0) return errno;
+  target.assign(buffer, static_cast<std::size_t>(len));
+  return 0;
+}
+
+void remove_tree_in(Broker* broker, int dir, const std::string& name, const std::string& shown) {
+  try {
+    fs::remove_tree_at(dir, name, shown);
+    return;
+  } catch (const SysError& e) {
+    if (!broker || !refused(e.code())) throw;
+  }
+  if (const int err = broker->remove_tree_at(dir, name)) throw SysError(err, "delete", shown);
+}
+
+// ---------------------------------------------------------------------------------------------
+
 void refuse_read_only(const Location& at) {
   if (at.root->read_only()) throw SysError(EROFS, "write", at.shown() + " (a read-only folder)");
 }
@@ -64,8 +154,24 @@ UniqueFd open_parent(const Location& at, std::string& leaf) {
   auto [parent, name] = split_leaf(at.rel);
   if (name == ".." || name == ".") throw SysError(EINVAL, "change", at.shown() + " (ends in '..')");
   leaf = std::move(name);
-  return fs::open_beneath(at.root->fd(), rel_or_dot(parent), O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow,
-                          join_shown(at.root->shown(), parent));
+  return open_in(at.root->broker().get(), at.root->fd(), rel_or_dot(parent), O_PATH | O_DIRECTORY, 0,
+                 Resolve::in_root_follow, join_shown(at.root->shown(), parent));
+}
+
+// The new file that replaces `was` (a file of the tree's own) gets its owner and group: a file of
+// an account made inside stays that account's. Where this process may give it: as root, or
+// through the broker. Best effort: the content is what was asked for.
+void keep_owner(Broker* broker, int fd, const struct stat& was, int dir, const std::string& leaf) {
+  struct stat now;
+  if (::fstat(fd, &now) < 0 || (now.st_uid == was.st_uid && now.st_gid == was.st_gid)) return;
+  if (::fchown(fd, was.st_uid, was.st_gid) == 0 || !broker || !refused(errno)) return;
+  try {
+    UniqueFd like = broker->open_beneath(dir, leaf, O_PATH, 0, Resolve::beneath_no_links, leaf);
+    struct stat st;
+    if (::fstat(like.get(), &st) == 0 && st.st_uid == was.st_uid && st.st_gid == was.st_gid)
+      broker->fchown_like(fd, like.get());
+  } catch (const SysError&) {
+  }
 }
 
 void give_to_owner(const Root& root, int fd, const std::string& shown) {
@@ -76,20 +182,22 @@ void give_to_owner(const Root& root, int fd, const std::string& shown) {
 
 // Every folder of `rel` (a folder path beneath the root) exists afterwards; returns it (O_PATH).
 UniqueFd ensure_dirs(const Root& root, const std::string& rel, mode_t mode) {
-  UniqueFd current = fs::open_beneath(root.fd(), ".", O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow, root.shown());
+  Broker* broker = root.broker().get();
+  UniqueFd current = open_in(broker, root.fd(), ".", O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow, root.shown());
   std::string prefix;
   for (const std::string& part : components(rel)) {
     prefix = prefix.empty() ? part : prefix + "/" + part;
     const std::string shown = join_shown(root.shown(), prefix);
     try {
-      current = fs::open_beneath(root.fd(), prefix, O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow, shown);
+      current = open_in(broker, root.fd(), prefix, O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow, shown);
       continue;
     } catch (const SysError& e) {
       if (e.code() != ENOENT) throw;
     }
-    if (::mkdirat(current.get(), part.c_str(), mode) < 0 && errno != EEXIST) throw SysError(errno, "mkdir", shown);
+    if (const int err = mkdir_in(broker, current.get(), part, mode); err != 0 && err != EEXIST)
+      throw SysError(err, "mkdir", shown);
     // Opened again without following anything: a link swapped in meanwhile is refused.
-    UniqueFd made = fs::open_beneath(current.get(), part, O_PATH | O_DIRECTORY, 0, Resolve::beneath_no_links, shown);
+    UniqueFd made = open_in(broker, current.get(), part, O_PATH | O_DIRECTORY, 0, Resolve::beneath_no_links, shown);
     give_to_owner(root, made.get(), shown);
     current = std::move(made);
   }
@@ -123,11 +231,13 @@ void clear_nonblock(int fd) {
 
 // Copies the folder `src_fd` into the new folder `name` of `dst_parent` (never following links
 // in the source: they are copied as links).
-void copy_tree(const Root& root, int src_fd, int dst_parent, const std::string& name, mode_t mode,
+void copy_tree(const Root& from, const Root& root, int src_fd, int dst_parent, const std::string& name, mode_t mode,
                const std::string& shown, int depth) {
   if (depth > kMaxCopyDepth) throw SysError(ELOOP, "copy", shown + " (more than 128 folders deep)");
-  if (::mkdirat(dst_parent, name.c_str(), mode & 07777) < 0) throw SysError(errno, "mkdir", shown);
-  UniqueFd dst = fs::open_beneath(dst_parent, name, O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, shown);
+  Broker* reader = from.broker().get();
+  Broker* writer = root.broker().get();
+  if (const int err = mkdir_in(writer, dst_parent, name, mode & 07777)) throw SysError(err, "mkdir", shown);
+  UniqueFd dst = open_in(writer, dst_parent, name, O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, shown);
   give_to_owner(root, dst.get(), shown);
   UniqueFd listing(::fcntl(src_fd, F_DUPFD_CLOEXEC, 3));
   if (!listing) throw SysError(errno, "dup", shown);
@@ -143,32 +253,30 @@ void copy_tree(const Root& root, int src_fd, int dst_parent, const std::string& 
   for (const std::string& n : names) {
     const std::string child_shown = shown + "/" + n;
     struct stat st;
-    if (::fstatat(src_fd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) {
-      if (errno == ENOENT) continue;
-      throw SysError(errno, "stat", child_shown);
+    if (const int err = stat_in(reader, src_fd, n, st)) {
+      if (err == ENOENT) continue;
+      throw SysError(err, "stat", child_shown);
     }
     if (S_ISDIR(st.st_mode)) {
       UniqueFd sub;
       try {
-        sub = fs::open_beneath(src_fd, n, O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, child_shown);
+        sub = open_in(reader, src_fd, n, O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, child_shown);
       } catch (const SysError& e) {
         if (e.code() == ENOENT || e.code() == ELOOP || e.code() == ENOTDIR) continue;  // swapped meanwhile
         throw;
       }
-      copy_tree(root, sub.get(), dst.get(), n, st.st_mode, child_shown, depth + 1);
+      copy_tree(from, root, sub.get(), dst.get(), n, st.st_mode, child_shown, depth + 1);
     } else if (S_ISLNK(st.st_mode)) {
-      char target[PATH_MAX];
-      const ssize_t len = ::readlinkat(src_fd, n.c_str(), target, sizeof target - 1);
-      if (len < 0) continue;
-      if (::symlinkat(std::string(target, static_cast<std::size_t>(len)).c_str(), dst.get(), n.c_str()) < 0)
-        throw SysError(errno, "symlink", child_shown);
+      std::string target;
+      if (readlink_in(reader, src_fd, n, target) != 0) continue;
+      if (const int err = symlink_in(writer, target, dst.get(), n)) throw SysError(err, "symlink", child_shown);
       if (root.chown_new() &&
           ::fchownat(dst.get(), n.c_str(), root.owner_uid(), root.owner_gid(), AT_SYMLINK_NOFOLLOW) < 0)
         throw SysError(errno, "chown", child_shown);
     } else if (S_ISREG(st.st_mode)) {
       UniqueFd in;
       try {
-        in = fs::open_beneath(src_fd, n, O_RDONLY, 0, Resolve::beneath_no_links, child_shown);
+        in = open_in(reader, src_fd, n, O_RDONLY, 0, Resolve::beneath_no_links, child_shown);
       } catch (const SysError& e) {
         if (e.code() == ENOENT || e.code() == ELOOP) continue;
         throw;
@@ -176,10 +284,10 @@ void copy_tree(const Root& root, int src_fd, int dst_parent, const std::string& 
       struct stat ist;
       if (::fstat(in.get(), &ist) < 0 || !S_ISREG(ist.st_mode)) continue;
       clear_nonblock(in.get());
-      UniqueFd out = fs::open_beneath(dst.get(), n, O_WRONLY | O_CREAT | O_EXCL, ist.st_mode & 01777,
-                                      Resolve::beneath_no_links, child_shown);
+      UniqueFd out = open_in(writer, dst.get(), n, O_WRONLY | O_CREAT | O_EXCL, ist.st_mode & 01777,
+                             Resolve::beneath_no_links, child_shown);
       clear_nonblock(out.get());
-      if (::fchmod(out.get(), ist.st_mode & 01777) < 0) throw SysError(errno, "chmod", child_shown);
+      if (const int err = chmod_in(writer, out.get(), ist.st_mode & 01777)) throw SysError(err, "chmod", child_shown);
       give_to_owner(root, out.get(), child_shown);
       copy_bytes(in.get(), out.get(), child_shown);
     }
@@ -191,7 +299,8 @@ void copy_tree(const Root& root, int src_fd, int dst_parent, const std::string& 
 
 // ---------------------------------------------------------------------------------------------
 
-Root::Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool read_only, bool any_owner)
+Root::Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool read_only, bool any_owner,
+           std::shared_ptr<Broker> broker)
     : dir_(std::move(dir)),
       shown_(std::move(shown)),
       owner_uid_(owner ? owner->uid : ::geteuid()),
@@ -200,11 +309,12 @@ Root::Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool rea
       read_only_(read_only),
       any_owner_(any_owner),
       others_from_(owner ? owner->others_from : 0),
-      others_(owner ? owner->others : 0) {}
+      others_(owner ? owner->others : 0),
+      broker_(std::move(broker)) {}
 
 Root Root::open(const stdfs::path& dir, std::string shown, std::optional<Owner> owner, bool read_only,
-                bool any_owner) {
-  return Root(fs::open_dir_path(dir), std::move(shown), owner, read_only, any_owner);
+                bool any_owner, std::shared_ptr<Broker> broker) {
+  return Root(fs::open_dir_path(dir), std::move(shown), owner, read_only, any_owner, std::move(broker));
 }
 
 std::string Location::shown() const { return join_shown(root ? root->shown() : std::string(), rel); }
@@ -248,7 +358,8 @@ EntryType entry_type(mode_t mode) {
 
 Opened open_read(const Location& at) {
   Opened opened;
-  opened.fd = fs::open_beneath(at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_NOCTTY, 0, Resolve::in_root_follow, at.shown());
+  opened.fd = open_in(at.root->broker().get(), at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_NOCTTY, 0,
+                      Resolve::in_root_follow, at.shown());
   if (::fstat(opened.fd.get(), &opened.st) < 0) throw SysError(errno, "stat", at.shown());
   if (S_ISREG(opened.st.st_mode)) {
     if (!at.root->any_owner() && !at.root->owns(opened.st.st_uid))
@@ -265,28 +376,30 @@ Opened open_read(const Location& at) {
 struct stat stat_at(const Location& at, bool follow) {
   struct stat st;
   if (follow || at.rel.empty()) {
-    UniqueFd fd = fs::open_beneath(at.root->fd(), rel_or_dot(at.rel), O_PATH, 0, Resolve::in_root_follow, at.shown());
+    UniqueFd fd = open_in(at.root->broker().get(), at.root->fd(), rel_or_dot(at.rel), O_PATH, 0, Resolve::in_root_follow,
+                          at.shown());
     if (::fstat(fd.get(), &st) < 0) throw SysError(errno, "stat", at.shown());
     return st;
   }
   std::string leaf;
   UniqueFd parent = open_parent(at, leaf);
-  if (::fstatat(parent.get(), leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) throw SysError(errno, "stat", at.shown());
+  if (const int err = stat_in(at.root->broker().get(), parent.get(), leaf, st)) throw SysError(err, "stat", at.shown());
   return st;
 }
 
 std::string read_link(const Location& at) {
   std::string leaf;
   UniqueFd parent = open_parent(at, leaf);
-  char target[PATH_MAX];
-  const ssize_t len = ::readlinkat(parent.get(), leaf.c_str(), target, sizeof target - 1);
-  if (len < 0) throw SysError(errno, "readlink", at.shown());
-  return std::string(target, static_cast<std::size_t>(len));
+  std::string target;
+  if (const int err = readlink_in(at.root->broker().get(), parent.get(), leaf, target))
+    throw SysError(err, "readlink", at.shown());
+  return target;
 }
 
 std::vector<Entry> list_dir(const Location& at, std::size_t max_entries) {
-  UniqueFd fd = fs::open_beneath(at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_DIRECTORY, 0, Resolve::in_root_follow,
-                                 at.shown());
+  Broker* broker = at.root->broker().get();
+  UniqueFd fd = open_in(broker, at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_DIRECTORY, 0, Resolve::in_root_follow,
+                        at.shown());
   UniqueFd listing(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3));
   if (!listing) throw SysError(errno, "dup", at.shown());
   std::unique_ptr<DIR, int (*)(DIR*)> dir(::fdopendir(listing.get()), &::closedir);
@@ -299,7 +412,7 @@ std::vector<Entry> list_dir(const Location& at, std::size_t max_entries) {
     std::string_view name = d->d_name;
     if (name == "." || name == "..") continue;
     struct stat st;
-    if (::fstatat(fd.get(), d->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;  // gone meanwhile
+    if (stat_in(broker, fd.get(), d->d_name, st) != 0) continue;  // gone meanwhile
     Entry e;
     e.name = std::string(name);
     e.type = entry_type(st.st_mode);
@@ -314,9 +427,10 @@ std::vector<Entry> list_dir(const Location& at, std::size_t max_entries) {
 
 // ---------------------------------------------------------------------------------------------
 
-PendingFile::PendingFile(UniqueFd dir, UniqueFd fd, std::string temp, std::string leaf, std::string shown,
-                         bool no_replace)
-    : dir_(std::move(dir)),
+PendingFile::PendingFile(std::shared_ptr<Broker> broker, UniqueFd dir, UniqueFd fd, std::string temp,
+                         std::string leaf, std::string shown, bool no_replace)
+    : broker_(std::move(broker)),
+      dir_(std::move(dir)),
       fd_(std::move(fd)),
       temp_(std::move(temp)),
       leaf_(std::move(leaf)),
@@ -324,7 +438,12 @@ PendingFile::PendingFile(UniqueFd dir, UniqueFd fd, std::string temp, std::strin
       no_replace_(no_replace) {}
 
 PendingFile::~PendingFile() {
-  if (!committed_) ::unlinkat(dir_.get(), temp_.c_str(), 0);
+  if (committed_) return;
+  try {
+    unlink_in(broker_.get(), dir_.get(), temp_);
+  } catch (const SysError&) {
+    // the broker could not be reached: the temporary stays (a dot file named .ns-hpc-…tmp)
+  }
 }
 
 void PendingFile::write(std::string_view data) {
@@ -342,7 +461,7 @@ void PendingFile::write_from(int from) { copy_bytes(from, fd_.get(), shown_); }
 
 std::optional<UniqueFd> PendingFile::open_current() const {
   try {
-    UniqueFd fd = fs::open_beneath(dir_.get(), leaf_, O_RDONLY | O_NOCTTY, 0, Resolve::beneath_no_links, shown_);
+    UniqueFd fd = open_in(broker_.get(), dir_.get(), leaf_, O_RDONLY | O_NOCTTY, 0, Resolve::beneath_no_links, shown_);
     struct stat st;
     if (::fstat(fd.get(), &st) < 0) throw SysError(errno, "stat", shown_);
     if (!S_ISREG(st.st_mode)) throw SysError(ENXIO, "read", shown_ + " (not a regular file)");
@@ -358,14 +477,14 @@ struct stat PendingFile::commit() {
   if (committed_) throw SysError(EINVAL, "commit", shown_ + " (already committed)");
   if (::fsync(fd_.get()) < 0) throw SysError(errno, "fsync", shown_);
   const unsigned flags = no_replace_ ? RENAME_NOREPLACE : 0;
-  if (::renameat2(dir_.get(), temp_.c_str(), dir_.get(), leaf_.c_str(), flags) < 0)
-    throw SysError(errno, "rename", shown_);
+  if (const int err = rename_in(broker_.get(), dir_.get(), temp_, dir_.get(), leaf_, flags))
+    throw SysError(err, "rename", shown_);
   committed_ = true;
   struct stat st;
   if (::fstat(fd_.get(), &st) < 0) throw SysError(errno, "stat", shown_);
   // The rename itself made durable (best effort: the folder may not be readable).
   try {
-    UniqueFd d = fs::open_beneath(dir_.get(), ".", O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, shown_);
+    UniqueFd d = open_in(broker_.get(), dir_.get(), ".", O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, shown_);
     ::fsync(d.get());
   } catch (const SysError&) {
   }
@@ -377,29 +496,33 @@ std::unique_ptr<PendingFile> begin_write(const Location& at, const WriteOptions&
   if (at.rel.empty()) throw SysError(EISDIR, "write", at.shown());
   auto [parent_rel, leaf] = split_leaf(at.rel);
   if (leaf == ".." || leaf == ".") throw SysError(EINVAL, "write", at.shown() + " (ends in '..')");
+  Broker* broker = at.root->broker().get();
   UniqueFd parent;
   if (options.create_parents)
     parent = ensure_dirs(*at.root, parent_rel, 0755);
   else
-    parent = fs::open_beneath(at.root->fd(), rel_or_dot(parent_rel), O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow,
-                              join_shown(at.root->shown(), parent_rel));
+    parent = open_in(broker, at.root->fd(), rel_or_dot(parent_rel), O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow,
+                     join_shown(at.root->shown(), parent_rel));
   mode_t mode = options.mode.value_or(0644);
   struct stat st;
-  if (::fstatat(parent.get(), leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+  bool replaces = false;  // a regular file of the tree's own
+  if (const int err = stat_in(broker, parent.get(), leaf, st); err == 0) {
     if (S_ISDIR(st.st_mode)) throw SysError(EISDIR, "write", at.shown() + " (a folder)");
     if (options.no_replace) throw SysError(EEXIST, "create", at.shown());
+    replaces = S_ISREG(st.st_mode) && at.root->owns(st.st_uid);
     if (S_ISREG(st.st_mode) && !options.mode) mode = st.st_mode & 01777;  // no set-id bits
-  } else if (errno != ENOENT) {
-    throw SysError(errno, "stat", at.shown());
+  } else if (err != ENOENT) {
+    throw SysError(err, "stat", at.shown());
   }
   const std::string temp = fmt::format(".{}.ns-hpc-{}.tmp", leaf.substr(0, 200), random::hex(6));
-  UniqueFd fd = fs::open_beneath(parent.get(), temp, O_RDWR | O_CREAT | O_EXCL, mode, Resolve::beneath_no_links,
-                                 at.shown());
+  UniqueFd fd = open_in(broker, parent.get(), temp, O_RDWR | O_CREAT | O_EXCL, mode, Resolve::beneath_no_links,
+                        at.shown());
   clear_nonblock(fd.get());
   std::unique_ptr<PendingFile> pending(
-      new PendingFile(std::move(parent), std::move(fd), temp, leaf, at.shown(), options.no_replace));
-  if (::fchmod(pending->fd(), mode) < 0) throw SysError(errno, "chmod", at.shown());
+      new PendingFile(at.root->broker(), std::move(parent), std::move(fd), temp, leaf, at.shown(), options.no_replace));
+  if (const int err = chmod_in(broker, pending->fd(), mode)) throw SysError(err, "chmod", at.shown());
   give_to_owner(*at.root, pending->fd(), at.shown());
+  if (replaces) keep_owner(broker, pending->fd(), st, pending->dir_.get(), leaf);
   return pending;
 }
 
@@ -411,8 +534,9 @@ void make_dir(const Location& at, bool parents, mode_t mode) {
   }
   std::string leaf;
   UniqueFd parent = open_parent(at, leaf);
-  if (::mkdirat(parent.get(), leaf.c_str(), mode) < 0) throw SysError(errno, "mkdir", at.shown());
-  UniqueFd made = fs::open_beneath(parent.get(), leaf, O_PATH | O_DIRECTORY, 0, Resolve::beneath_no_links, at.shown());
+  Broker* broker = at.root->broker().get();
+  if (const int err = mkdir_in(broker, parent.get(), leaf, mode)) throw SysError(err, "mkdir", at.shown());
+  UniqueFd made = open_in(broker, parent.get(), leaf, O_PATH | O_DIRECTORY, 0, Resolve::beneath_no_links, at.shown());
   give_to_owner(*at.root, made.get(), at.shown());
 }
 
@@ -420,14 +544,15 @@ void remove(const Location& at, bool recursive) {
   refuse_read_only(at);
   std::string leaf;
   UniqueFd parent = open_parent(at, leaf);
+  Broker* broker = at.root->broker().get();
   struct stat st;
-  if (::fstatat(parent.get(), leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) throw SysError(errno, "delete", at.shown());
+  if (const int err = stat_in(broker, parent.get(), leaf, st)) throw SysError(err, "delete", at.shown());
   if (!S_ISDIR(st.st_mode)) {
-    if (::unlinkat(parent.get(), leaf.c_str(), 0) < 0) throw SysError(errno, "delete", at.shown());
+    if (const int err = unlink_in(broker, parent.get(), leaf)) throw SysError(err, "delete", at.shown());
     return;
   }
   if (!recursive) throw SysError(EISDIR, "delete", at.shown() + " (a folder: only with recursive)");
-  fs::remove_tree_at(parent.get(), leaf, at.shown());
+  remove_tree_in(broker, parent.get(), leaf, at.shown());
 }
 
 void rename(const Location& from, const Location& to, bool overwrite) {
@@ -437,8 +562,8 @@ void rename(const Location& from, const Location& to, bool overwrite) {
   UniqueFd from_parent = open_parent(from, from_leaf);
   UniqueFd to_parent = open_parent(to, to_leaf);
   const unsigned flags = overwrite ? 0 : RENAME_NOREPLACE;
-  if (::renameat2(from_parent.get(), from_leaf.c_str(), to_parent.get(), to_leaf.c_str(), flags) < 0)
-    throw SysError(errno, "move", fmt::format("{} to {}", from.shown(), to.shown()));
+  if (const int err = rename_in(from.root->broker().get(), from_parent.get(), from_leaf, to_parent.get(), to_leaf, flags))
+    throw SysError(err, "move", fmt::format("{} to {}", from.shown(), to.shown()));
 }
 
 void copy(const Location& from, const Location& to, bool overwrite) {
@@ -446,15 +571,16 @@ void copy(const Location& from, const Location& to, bool overwrite) {
   Opened src = open_read(from);
   std::string to_leaf;
   UniqueFd to_parent = open_parent(to, to_leaf);
+  Broker* broker = to.root->broker().get();
   struct stat existing;
-  if (::fstatat(to_parent.get(), to_leaf.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0) {
+  if (stat_in(broker, to_parent.get(), to_leaf, existing) == 0) {
     if (!overwrite) throw SysError(EEXIST, "copy", fmt::format("{} to {}", from.shown(), to.shown()));
-    if (S_ISDIR(existing.st_mode) || src.is_dir()) fs::remove_tree_at(to_parent.get(), to_leaf, to.shown());
+    if (S_ISDIR(existing.st_mode) || src.is_dir()) remove_tree_in(broker, to_parent.get(), to_leaf, to.shown());
   }
   if (src.is_dir()) {
     if (!from.rel.empty() && (to.rel == from.rel || to.rel.starts_with(from.rel + "/")) && to.root == from.root)
       throw SysError(EINVAL, "copy", fmt::format("{} into itself ({})", from.shown(), to.shown()));
-    copy_tree(*to.root, src.fd.get(), to_parent.get(), to_leaf, src.st.st_mode, to.shown(), 0);
+    copy_tree(*from.root, *to.root, src.fd.get(), to_parent.get(), to_leaf, src.st.st_mode, to.shown(), 0);
     return;
   }
   WriteOptions options;
@@ -468,12 +594,6 @@ void copy(const Location& from, const Location& to, bool overwrite) {
 
 namespace {
 
-UniqueFd open_area(const stdfs::path& dir, Access access) {
-  if (access == Access::in_namespace)
-    throw SysError(ENOTSUP, "open", dir.string() + " (files inside the instance's user namespace are not supported yet)");
-  return fs::open_dir_path(dir);
-}
-
 // The path after `mount` ("/workspace") in `path` (normalised, absolute), or nullopt.
 std::optional<std::string> under(const std::string& path, const std::string& mount) {
   if (mount.empty() || mount == "/") return std::nullopt;
@@ -486,8 +606,9 @@ std::optional<std::string> under(const std::string& path, const std::string& mou
 }  // namespace
 
 InstanceFiles::InstanceFiles(const InstanceView& view)
-    : workspace_(open_area(view.workspace, view.access), normalize(view.workspace_mount), view.owner),
-      output_(open_area(view.output, view.access), normalize(view.output_mount), view.owner) {}
+    : workspace_(fs::open_dir_path(view.workspace), normalize(view.workspace_mount), view.owner, false, false,
+                 view.broker),
+      output_(fs::open_dir_path(view.output), normalize(view.output_mount), view.owner, false, false, view.broker) {}
 
 Location InstanceFiles::map(std::string_view path) const {
   if (path.empty()) throw UsageError("the path is empty; give a path such as 'notes.txt' or '/workspace/notes.txt'");

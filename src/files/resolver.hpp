@@ -16,11 +16,10 @@
 // The instance's metadata, audit log, job records (.ns_hpc_jobs) and status folder live beside
 // the workspace, never beneath a root, so no path reaches them.
 //
-// Two ways to do the work (Access): `host` — the server itself, beneath descriptors of the
-// instance's folders (implemented here); `in_namespace` — for trees the server cannot manage
-// from outside (an image root run by a normal user, owned by subordinate uids): a helper started
-// inside the instance's user namespace does the same operations and passes open descriptors
-// back over a Unix socket (SCM_RIGHTS). Not implemented yet: asking for it throws ENOTSUP.
+// Where the server may not do an operation itself (EACCES or EPERM: a file of an account made
+// inside a normal user's image instance, a folder whose mode keeps even its owner out), a root
+// with a Broker (files/broker.hpp) has that one system call done again by a helper that is root
+// of a user namespace mapping the instance's ids, on the same descriptors and with the same rules.
 #pragma once
 
 #include <sys/stat.h>
@@ -40,11 +39,7 @@ namespace nshpc::files {
 
 namespace stdfs = std::filesystem;
 
-// Who does the operations of a tree (see above).
-enum class Access {
-  host,
-  in_namespace,  // not implemented yet (image roots): throws SysError(ENOTSUP)
-};
+class Broker;
 
 struct Owner {
   uid_t uid;
@@ -64,10 +59,12 @@ class Root {
   // must belong to and new entries are given to (nullopt: this process's own uid, nothing chowned);
   // `read_only`: every write is refused with EROFS; `any_owner`: files of any uid are read (for
   // a folder no sandbox writes, such as a WebDAV extra; else a file must belong to the owner).
-  Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool read_only = false, bool any_owner = false);
+  // `broker`: who does what the server may not (see above); null: nobody.
+  Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool read_only = false, bool any_owner = false,
+       std::shared_ptr<Broker> broker = nullptr);
   // Opens `dir` (never following a final symlink). Throws SysError.
   static Root open(const stdfs::path& dir, std::string shown, std::optional<Owner> owner, bool read_only = false,
-                   bool any_owner = false);
+                   bool any_owner = false, std::shared_ptr<Broker> broker = nullptr);
 
   int fd() const { return dir_.get(); }
   const std::string& shown() const { return shown_; }
@@ -77,6 +74,7 @@ class Root {
   bool chown_new() const { return chown_new_; }
   bool read_only() const { return read_only_; }
   bool any_owner() const { return any_owner_; }
+  const std::shared_ptr<Broker>& broker() const { return broker_; }
   // Whether a file of `uid` is the tree's own (Owner: uid and the others).
   bool owns(uid_t uid) const {
     return uid == owner_uid_ || (others_ > 0 && uid >= others_from_ && uid - others_from_ < others_);
@@ -92,6 +90,7 @@ class Root {
   bool any_owner_;
   uid_t others_from_ = 0;
   std::uint32_t others_ = 0;
+  std::shared_ptr<Broker> broker_;
 };
 
 // A place beneath a root: `rel` is normalised (no ".", no empty components, no leading '/'),
@@ -175,7 +174,9 @@ class PendingFile {
 
  private:
   friend std::unique_ptr<PendingFile> begin_write(const Location& at, const WriteOptions& options);
-  PendingFile(UniqueFd dir, UniqueFd fd, std::string temp, std::string leaf, std::string shown, bool no_replace);
+  PendingFile(std::shared_ptr<Broker> broker, UniqueFd dir, UniqueFd fd, std::string temp, std::string leaf,
+              std::string shown, bool no_replace);
+  std::shared_ptr<Broker> broker_;
   UniqueFd dir_;
   UniqueFd fd_;
   std::string temp_;
@@ -217,12 +218,12 @@ struct InstanceView {
   stdfs::path workspace;                       // host folders
   stdfs::path output;
   std::optional<Owner> owner;  // users::sandbox_owner; nullopt: this process's uid
-  Access access = Access::host;
+  std::shared_ptr<Broker> broker;  // for what the server may not do itself (see above); null: none
 };
 
 class InstanceFiles {
  public:
-  // Opens the roots. Throws SysError (ENOTSUP for Access::in_namespace, not implemented yet).
+  // Opens the roots. Throws SysError.
   explicit InstanceFiles(const InstanceView& view);
   // Locations point at the roots held here.
   InstanceFiles(const InstanceFiles&) = delete;

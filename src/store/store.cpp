@@ -21,6 +21,7 @@
 #include "base/safe_path.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
+#include "files/broker.hpp"
 #include "sandbox/images.hpp"
 #include "sandbox/layers.hpp"
 
@@ -179,6 +180,18 @@ std::optional<users::Identity> Store::owner_of(const Instance& instance) const {
   sandbox::Target target;
   target.image = instance.image;
   return sandbox::host_identity(target, owner_);
+}
+
+Store::FileAccess Store::file_access(const Instance& instance) const {
+  FileAccess access;
+  if (auto owner = owner_of(instance)) access.owner = files::Owner{owner->uid, owner->gid};
+  if (!instance.image) return access;
+  if (!access.owner) access.owner = files::Owner{::geteuid(), ::getegid()};
+  std::tie(access.owner->others_from, access.owner->others) = sandbox::other_ids(instance.image->ids);
+  if (::geteuid() != 0)  // root manages every file from outside
+    access.broker = std::make_shared<files::Broker>(sandbox::as_mapped_root(
+        {fs::self_program("the helper that manages an instance's files"), std::string(files::kBrokerCommand)}));
+  return access;
 }
 
 sandbox::UidMapping Store::allocate_ids() const {
@@ -763,7 +776,7 @@ void Store::remove_archived(std::string_view name, std::string_view actor) {
   }
   audit::append(root_ / ".audit.log", "instance.archive_deleted", actor, {{"archive", std::string(name)}}, rotation_);
   sandbox::remove_owned_tree(base);
-  fs::remove_tree(output_root() / std::string(name));
+  sandbox::remove_owned_tree(output_root() / std::string(name));
 }
 
 std::vector<CleanCandidate> Store::clean_candidates(std::chrono::hours older_than) const {

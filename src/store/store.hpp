@@ -35,6 +35,7 @@
 #include "base/safe_path.hpp"
 #include "base/users.hpp"
 #include "config/config.hpp"
+#include "files/resolver.hpp"
 #include "sandbox/layers.hpp"
 #include "sandbox/sandbox.hpp"
 #include "store/index.hpp"
@@ -159,6 +160,15 @@ class Store {
   // Whom the instance's sandboxes run as on the host and its files belong to (sandbox.hpp:
   // host_identity); nullopt: this process's own uid.
   std::optional<users::Identity> owner_of(const Instance& instance) const;
+  // Whom the instance's files belong to (its accounts' ids included), and, for a normal user's
+  // image instance, the broker that does what the server may not do to them from outside (files
+  // of accounts made inside, folders closed to their owner): the view of the file tools and
+  // WebDAV.
+  struct FileAccess {
+    std::optional<files::Owner> owner;
+    std::shared_ptr<files::Broker> broker;
+  };
+  FileAccess file_access(const Instance& instance) const;
   // The instance's cgroup folder (sandbox::Target::cgroup_folder): "<id>@<8 hex digits of this
   // store's instances_dir>".
   std::string cgroup_folder(std::string_view id) const;

@@ -27,7 +27,6 @@
 #include "files/resolver.hpp"
 #include "jobs/jobs.hpp"
 #include "sandbox/capture.hpp"
-#include "sandbox/layers.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -64,11 +63,9 @@ files::InstanceView view_of(const ToolContext& ctx, const store::Instance& inst)
   v.output_mount = cfg.ns.output_mount;
   v.workspace = inst.workspace;
   v.output = inst.output;
-  if (auto owner = ctx.services.store.owner_of(inst)) v.owner = files::Owner{owner->uid, owner->gid};
-  if (inst.image) {  // files of the instance's own accounts are its files too
-    if (!v.owner) v.owner = files::Owner{::geteuid(), ::getegid()};
-    std::tie(v.owner->others_from, v.owner->others) = sandbox::other_ids(inst.image->ids);
-  }
+  auto access = ctx.services.store.file_access(inst);
+  v.owner = access.owner;
+  v.broker = std::move(access.broker);
   return v;
 }
 

@@ -99,12 +99,15 @@ class DavServer {
 };
 
 struct DavEnv {
-  explicit DavEnv(const std::string& extra = "") : env(config(extra)) {}
-  static std::string config(const std::string& extra) {
+  // `extra`: TOML after [dav]; `namespace_keys`: keys of [namespace].
+  explicit DavEnv(const std::string& extra = "", const std::string& namespace_keys = "")
+      : env(config(extra, namespace_keys)) {}
+  static std::string config(const std::string& extra, const std::string& namespace_keys) {
     // The state folder goes in a folder of its own, made before the Env (which picks its root).
     char dir[] = "/tmp/nshpc-dav-state-XXXXXX";
     state = ::mkdtemp(dir);
-    return std::string("[server]\nauth_token = \"") + kToken + "\"\nstate_dir = \"" + state + "\"\n[dav]\nenabled = true\n" + extra;
+    return namespace_keys + std::string("[server]\nauth_token = \"") + kToken + "\"\nstate_dir = \"" + state +
+           "\"\n[dav]\nenabled = true\n" + extra;
   }
   ~DavEnv() { std::filesystem::remove_all(state); }
   static inline std::string state;
@@ -471,4 +474,52 @@ TEST(Dav, ADepthZeroLockOnAFolderGuardsWhatIsInIt) {
   EXPECT_EQ(server.curl(with_token + "-X DELETE " + quote(box + "/old.txt")).status, 204);
   EXPECT_TRUE(std::filesystem::exists(d.env.instances() / "dav-members/workspace/box/new.txt"));
   EXPECT_FALSE(std::filesystem::exists(d.env.instances() / "dav-members/workspace/box/old.txt"));
+}
+
+// An image instance's files that the server cannot touch from outside as a normal user — a folder
+// closed even to its owner (mode 000), an account's files in its 0700 folder (the user's
+// subordinate uids) — are served, replaced (keeping their owner) and deleted like the rest.
+TEST(ImageInstanceDav, FilesClosedToTheServerAreServedReplacedAndDeleted) {
+  const std::filesystem::path cache = test_image_cache();
+  if (!std::filesystem::exists(cache / "images/test/current"))
+    GTEST_SKIP() << "no test image in " << cache << " (scripts/test-image.sh, run by make test, builds it)";
+  DavEnv d("", "images_dir = \"" + (cache / "images").string() + "\"\n");
+  d.env.create("dav-img", {"--image", "test"});
+  const auto meta = nlohmann::json::parse(read_text(d.env.instances() / "dav-img/metadata.json"));
+  const bool range = meta["ids"]["map"] != "single";
+  std::string setup = "mkdir shut && echo in > shut/x && chmod 000 shut";
+  if (range)
+    setup += " && useradd agent && mkdir private && echo secret > private/a.txt && chown -R agent: private"
+             " && chmod 600 private/a.txt && chmod 700 private";
+  const Result made = d.env.run({"bwrap", "dav-img", "--", "/bin/sh", "-c", setup});
+  ASSERT_EQ(made.exit_code, 0) << made.out << made.err;
+  DavServer server(d.env);
+  ASSERT_TRUE(server.ready());
+  const std::string ws = server.base() + "/dav/instances/dav-img/workspace/";
+  char dir[] = "/tmp/nshpc-dav-img-XXXXXX";
+  const std::string tmp = ::mkdtemp(dir);
+  std::ofstream(tmp + "/new.txt") << "put by a person\n";
+
+  Reply get = server.curl(quote(ws + "shut/x"));
+  EXPECT_EQ(get.status, 200) << get.body;
+  EXPECT_EQ(get.body, "in\n");
+  EXPECT_EQ(server.curl("-T " + quote(tmp + "/new.txt") + " " + quote(ws + "shut/y")).status, 201);
+  EXPECT_EQ(server.curl("-X DELETE " + quote(ws + "shut")).status, 204);
+  std::string check = "ls shut 2>&1";
+  if (range) {
+    get = server.curl(quote(ws + "private/a.txt"));
+    EXPECT_EQ(get.status, 200) << get.body;
+    EXPECT_EQ(get.body, "secret\n");
+    const Reply listing = server.curl("-X PROPFIND -H 'Depth: 1' " + quote(ws + "private/"));
+    EXPECT_EQ(listing.status, 207);
+    EXPECT_NE(listing.body.find("a.txt"), std::string::npos) << listing.body;
+    EXPECT_EQ(server.curl("-T " + quote(tmp + "/new.txt") + " " + quote(ws + "private/a.txt")).status, 204);
+    check += "; stat -c %U-%a private/a.txt; cat private/a.txt";
+  }
+  const Result seen = d.env.run({"bwrap", "dav-img", "--", "/bin/sh", "-c", check});
+  EXPECT_NE(seen.out.find("No such file or directory"), std::string::npos) << seen.out << seen.err;
+  if (range) {
+    EXPECT_NE(seen.out.find("agent-600\nput by a person\n"), std::string::npos) << seen.out << seen.err;
+  }
+  std::filesystem::remove_all(tmp);
 }

@@ -206,6 +206,85 @@ TEST_F(ImageInstance, FilesMadeOnEitherSideBelongToTheInstancesRoot) {
   EXPECT_NE(result_text(theirs).find("by-agent"), std::string::npos) << theirs.dump();
 }
 
+// What an agent makes inside that the server could not touch from outside as a normal user —
+// folders and files of an account made inside (the user's subordinate uids) with modes that keep
+// others out, a file and a folder closed even to their owner (mode 000) — is read, listed,
+// written, edited, copied, moved and deleted through the file tools like any other file (as a
+// normal user by a helper that is root of a user namespace mapping the instance's ids).
+TEST_F(ImageInstance, FilesClosedToTheServerAreManagedThroughTheFileTools) {
+  env_.create("img-closed", {"--image", "test"});
+  const bool range = metadata("img-closed")["ids"]["map"] != "single";
+  McpSession mcp(env_);
+  auto call = [&](const std::string& tool, json args) {
+    args["instance_id"] = "img-closed";
+    return mcp.call_and_wait(tool, args);
+  };
+  auto ok = [&](const std::string& tool, json args) {
+    const json r = call(tool, std::move(args));
+    EXPECT_FALSE(r["result"].value("isError", false)) << tool << ": " << r.dump();
+    return result_text(r);
+  };
+  std::string setup = "echo closed > closed.txt && chmod 000 closed.txt && mkdir shut && echo in > shut/x && "
+                      "ln -s /etc/passwd shut/abs && ln -s ../../../../../../etc/passwd shut/up && chmod 000 shut";
+  if (range)
+    setup += " && useradd agent && mkdir -p private/sub && echo secret > private/a.txt && echo deep > private/sub/b.txt"
+             " && chown -R agent: private && chmod 600 private/a.txt private/sub/b.txt && chmod 700 private private/sub"
+             " && stat -c %U-%a private/a.txt";
+  const std::string made = ok("terminal_execute", {{"command", setup}});
+  if (range) {
+    ASSERT_NE(made.find("agent-600"), std::string::npos) << made;
+  }
+
+  EXPECT_NE(ok("read_file", {{"path", "closed.txt"}}).find("closed"), std::string::npos);
+  EXPECT_NE(ok("list_directory", {{"path", "shut"}}).find("x"), std::string::npos);
+  EXPECT_NE(ok("read_file", {{"path", "shut/x"}}).find("in"), std::string::npos);
+  for (const char* link : {"shut/abs", "shut/up"}) {  // links in a closed folder stay inside too
+    const json r = call("read_file", {{"path", link}});
+    EXPECT_TRUE(r["result"].value("isError", false)) << r.dump();
+    EXPECT_EQ(r.dump().find("root:x:0:0"), std::string::npos) << r.dump();
+  }
+  ok("write_file", {{"path", "shut/y"}, {"content", "written\n"}});
+  ok("delete_file", {{"path", "shut"}, {"recursive", true}});
+  std::string check = "ls shut 2>&1; cat closed.txt";
+  if (range) {
+    EXPECT_NE(ok("read_file", {{"path", "private/a.txt"}}).find("secret"), std::string::npos);
+    EXPECT_NE(ok("list_directory", {{"path", "private/sub"}}).find("b.txt"), std::string::npos);
+    ok("edit_file", {{"path", "private/a.txt"}, {"old_text", "secret"}, {"new_text", "edited"}});
+    ok("write_file", {{"path", "private/sub/new.txt"}, {"content", "from the agent\n"}});
+    ok("copy_file", {{"source", "private"}, {"destination", "copied"}});
+    ok("move_file", {{"source", "private/sub/new.txt"}, {"destination", "private/moved.txt"}});
+    ok("delete_file", {{"path", "private/sub"}, {"recursive", true}});
+    check += "; cat private/a.txt private/moved.txt copied/sub/b.txt copied/sub/new.txt; ls private; "
+             "stat -c %U-%a private/a.txt";
+  }
+  const std::string seen = ok("terminal_execute", {{"command", check}});
+  EXPECT_NE(seen.find("No such file or directory"), std::string::npos) << seen;  // shut/ is gone
+  EXPECT_NE(seen.find("closed"), std::string::npos) << seen;
+  if (range) {
+    EXPECT_NE(seen.find("edited\nfrom the agent\ndeep\nfrom the agent\na.txt\nmoved.txt\n"), std::string::npos) << seen;
+    EXPECT_NE(seen.find("agent-600"), std::string::npos) << seen;  // an edit keeps the file's owner and mode
+  }
+
+  // Archived, restored and purged with what the server cannot open in its output folder too.
+  std::string closed_output = "mkdir /output/shut && echo o > /output/shut/f && chmod 000 /output/shut";
+  if (range) closed_output += " && mkdir /output/theirs && echo t > /output/theirs/f && chown -R agent: /output/theirs "
+                              "&& chmod 700 /output/theirs";
+  ok("terminal_execute", {{"command", closed_output}});
+  mcp.crash();
+  ASSERT_EQ(env_.run({"instance", "archive", "-f", "img-closed"}).exit_code, 0);
+  json archives = json::parse(env_.run({"instance", "list-archived", "--json"}).out);
+  ASSERT_EQ(archives.size(), 1u) << archives.dump();
+  ASSERT_EQ(env_.run({"instance", "restore", archives[0]["name"].get<std::string>()}).exit_code, 0);
+  EXPECT_EQ(in("img-closed", "cat private/a.txt 2>/dev/null; chmod 700 /output/shut; cat /output/shut/f").out,
+            range ? "edited\no\n" : "o\n");
+  ASSERT_EQ(env_.run({"instance", "archive", "-f", "img-closed"}).exit_code, 0);
+  archives = json::parse(env_.run({"instance", "list-archived", "--json"}).out);
+  ASSERT_EQ(archives.size(), 1u) << archives.dump();
+  const Result purged = env_.run({"instance", "delete", "--archived", "-f", archives[0]["name"].get<std::string>()});
+  EXPECT_EQ(purged.exit_code, 0) << purged.out << purged.err;
+  EXPECT_EQ(json::parse(env_.run({"instance", "list-archived", "--json"}).out).size(), 0u);
+}
+
 TEST_F(ImageInstance, WhatCannotWorkIsRefusedWithTheReason) {
   Result unknown = env_.run({"instance", "create", "img-x", "--image", "no-such-image"});
   EXPECT_NE(unknown.exit_code, 0);

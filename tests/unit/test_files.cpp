@@ -15,9 +15,11 @@
 #include <webp/encode.h>
 
 #include "base/error.hpp"
+#include "base/fs.hpp"
 #include "common/temp_dir.hpp"
 #include "files/content.hpp"
 #include "files/image.hpp"
+#include "files/broker.hpp"
 #include "files/resolver.hpp"
 
 namespace stdfs = std::filesystem;
@@ -108,16 +110,26 @@ TEST(FilesResolve, SandboxPathsMapToWorkspaceAndOutput) {
   EXPECT_THROW(f.resolve("/"), UsageError);
 }
 
-TEST(FilesResolve, InNamespaceAccessIsRefusedUntilItExists) {
+// A broker that cannot start (newuidmap refused, no unshare) is named with what it said, on this
+// call and every later one; nothing is left running.
+TEST(FilesBroker, OneThatCannotStartSaysWhyOnEveryCall) {
   Layout l;
-  auto v = l.view();
-  v.access = files::Access::in_namespace;
-  try {
-    files::InstanceFiles f(v);
-    FAIL() << "in_namespace access opened";
-  } catch (const SysError& e) {
-    EXPECT_EQ(e.code(), ENOTSUP);
+  files::Broker broker({"/bin/sh", "-c", "echo 'newuidmap: write to uid_map failed' >&2; exit 1"});
+  UniqueFd dir = fs::open_dir_path(l.ws);
+  for (int i = 0; i < 2; ++i) {
+    try {
+      broker.mkdirat(dir.get(), "x", 0755);
+      FAIL() << "a broker that exited did something";
+    } catch (const SysError& e) {
+      EXPECT_EQ(e.code(), EACCES);
+      EXPECT_NE(std::string(e.what()).find("did not work"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("/bin/sh -c"), std::string::npos) << e.what();
+      if (i == 0) {
+        EXPECT_NE(std::string(e.what()).find("write to uid_map failed"), std::string::npos) << e.what();
+      }
+    }
   }
+  EXPECT_FALSE(stdfs::exists(l.ws / "x"));
 }
 
 TEST(FilesRead, ReadsFilesAndFollowsLinksThatStayInside) {
