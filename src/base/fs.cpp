@@ -130,7 +130,8 @@ UniqueFd open_subdir(int parent, const std::string& name, bool make_accessible, 
 // it, folders this process may not open are left out.
 void walk_tree(int root_fd, const stdfs::path& root,
                const std::function<void(int, const char*, const struct stat&)>& on_entry,
-               const std::function<void(int, const std::string&)>& on_leave, bool make_accessible) {
+               const std::function<void(int, const std::string&)>& on_leave, bool make_accessible,
+               std::uint64_t* skipped = nullptr) {
   std::vector<Level> stack;
   stdfs::path shown = root;
   auto enter = [&](UniqueFd fd, std::string name) {
@@ -178,7 +179,10 @@ void walk_tree(int root_fd, const stdfs::path& root,
         if (e.code() == ENOENT) continue;  // gone meanwhile
         // A count (not a removal) leaves out what this process may not read: in a normal user's
         // image instance, folders of its subordinate uids and the overlay's work folder.
-        if (e.code() == EACCES && !make_accessible) continue;
+        if (e.code() == EACCES && !make_accessible) {
+          if (skipped) ++*skipped;
+          continue;
+        }
         throw;
       }
       shown /= name;
@@ -235,15 +239,19 @@ void remove_tree_at(int parent_fd, const std::string& name, const stdfs::path& s
 void remove_tree(const stdfs::path& path) { remove_tree_at(AT_FDCWD, path.string(), path); }
 
 TreeUsage tree_usage(const stdfs::path& path) {
-  TreeUsage usage;
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) {
-    if (errno == ENOENT) return usage;
+    if (errno == ENOENT) return {};
     throw SysError(errno, "open", path.string());
   }
+  return tree_usage_at(fd.get(), path);
+}
+
+TreeUsage tree_usage_at(int dir_fd, const stdfs::path& shown) {
+  TreeUsage usage;
   std::set<std::pair<dev_t, ino_t>> linked;  // files with several links count once
   walk_tree(
-      fd.get(), path,
+      dir_fd, shown,
       [&](int, const char*, const struct stat& st) {
         ++usage.files;
         if (st.st_nlink > 1 && !linked.emplace(st.st_dev, st.st_ino).second) return;
@@ -253,7 +261,7 @@ TreeUsage tree_usage(const stdfs::path& path) {
         ++usage.folders;
         usage.bytes += 4096;
       },
-      /*make_accessible=*/false);
+      /*make_accessible=*/false, &usage.skipped);
   return usage;
 }
 

@@ -55,8 +55,11 @@ struct TreeUsage {
   std::uint64_t bytes = 0;
   std::uint64_t files = 0;
   std::uint64_t folders = 0;
+  std::uint64_t skipped = 0;  // folders this process may not open, left out
 };
 TreeUsage tree_usage(const stdfs::path& path);
+// Of the folder open on `dir_fd` (O_RDONLY | O_DIRECTORY); `shown` names it in errors.
+TreeUsage tree_usage_at(int dir_fd, const stdfs::path& shown);
 
 // The names of the folders in `dir` (entries the file system types as folders, or does not type),
 // sorted, without "." and ".."; none when `dir` does not exist. Throws SysError.

@@ -38,6 +38,10 @@ struct RequestHeader {
 
 struct ReplyHeader {
   std::int32_t error;
+  std::uint64_t bytes;  // Op::usage
+  std::uint64_t files;
+  std::uint64_t folders;
+  std::uint64_t skipped;
 };
 
 constexpr std::size_t kMaxRequest = sizeof(RequestHeader) + 2 * kMaxName;
@@ -100,9 +104,9 @@ bool is_name(std::string_view name) {
          name.find('\0') == std::string_view::npos;
 }
 
-// One request, done: the errno (0) and the descriptor it opened, if any.
+// One request, done: the errno (0) and the descriptor it opened, if any; a count in `usage`.
 std::pair<int, UniqueFd> serve(const RequestHeader& h, std::string_view name, std::string_view name2,
-                               const std::vector<UniqueFd>& fds) {
+                               const std::vector<UniqueFd>& fds, fs::TreeUsage& usage) {
   const auto op = static_cast<Broker::Op>(h.op);
   const std::size_t wanted = op == Broker::Op::rename || op == Broker::Op::chown_like ? 2 : 1;
   if (fds.size() != wanted) return {EBADF, UniqueFd()};
@@ -139,6 +143,16 @@ std::pair<int, UniqueFd> serve(const RequestHeader& h, std::string_view name, st
       struct stat st;
       if (::fstat(fds[1].get(), &st) < 0) return result(-1);
       return result(::fchown(dir, st.st_uid, st.st_gid));
+    }
+    case Broker::Op::usage: {
+      UniqueFd folder(::openat(dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      if (!folder) return result(-1);
+      try {
+        usage = fs::tree_usage_at(folder.get(), ".");
+        return {0, UniqueFd()};
+      } catch (const SysError& e) {
+        return {e.code(), UniqueFd()};
+      }
     }
     case Broker::Op::remove_tree:
       if (!is_name(name)) return {EINVAL, UniqueFd()};
@@ -200,7 +214,9 @@ Broker::Reply Broker::call(Op op, std::initializer_list<int> fds, std::uint32_t 
       ReplyHeader reply{};
       std::vector<UniqueFd> got;
       const ssize_t n = receive_with_fds(socket_.get(), reinterpret_cast<char*>(&reply), sizeof reply, got);
-      if (n == static_cast<ssize_t>(sizeof reply)) return {reply.error, got.empty() ? UniqueFd() : std::move(got.front())};
+      if (n == static_cast<ssize_t>(sizeof reply))
+        return {reply.error, got.empty() ? UniqueFd() : std::move(got.front()),
+                fs::TreeUsage{reply.bytes, reply.files, reply.folders, reply.skipped}};
       err = n < 0 ? static_cast<int>(-n) : EPIPE;
     }
     // The broker is gone, or never came up: what it said on its way out.
@@ -247,6 +263,12 @@ int Broker::symlinkat(const std::string& target, int dir_fd, const std::string& 
 
 int Broker::fchmod(int fd, mode_t mode) { return call(Op::chmod, {fd}, 0, mode, 0, {}).error; }
 
+fs::TreeUsage Broker::tree_usage(int dir_fd, std::string_view shown) {
+  Reply r = call(Op::usage, {dir_fd}, 0, 0, 0, {});
+  if (r.error != 0) throw SysError(r.error, "measure", std::string(shown));
+  return r.usage;
+}
+
 int Broker::fchown_like(int fd, int like) { return call(Op::chown_like, {fd, like}, 0, 0, 0, {}).error; }
 
 int Broker::remove_tree_at(int dir_fd, const std::string& name) {
@@ -273,6 +295,7 @@ int broker_main(int /*argc*/, char** /*argv*/) {
     if (n == 0) return 0;  // the server closed it
     if (n < 0 && n != -EMSGSIZE) return 1;
     std::pair<int, UniqueFd> done{EMSGSIZE, UniqueFd()};
+    fs::TreeUsage usage;
     RequestHeader h{};
     if (n >= static_cast<ssize_t>(sizeof h)) {
       std::memcpy(&h, buffer.data(), sizeof h);
@@ -280,10 +303,10 @@ int broker_main(int /*argc*/, char** /*argv*/) {
           sizeof h + h.name_len + h.name2_len == static_cast<std::size_t>(n)) {
         const std::string_view name(buffer.data() + sizeof h, h.name_len);
         const std::string_view name2(buffer.data() + sizeof h + h.name_len, h.name2_len);
-        done = serve(h, name, name2, fds);
+        done = serve(h, name, name2, fds, usage);
       }
     }
-    const ReplyHeader reply{done.first};
+    const ReplyHeader reply{done.first, usage.bytes, usage.files, usage.folders, usage.skipped};
     const int fd = done.second.get();
     if (send_with_fds(kSocketFd, &reply, sizeof reply, &fd, done.second ? 1 : 0) != 0) return 1;
   }

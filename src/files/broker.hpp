@@ -11,8 +11,8 @@
 // the descriptors it opens back:
 //   - openat2 with the resolver's rules (fs::open_beneath: never out of the descriptor's tree),
 //   - mkdirat, unlinkat, renameat2, symlinkat of one name in a folder (never a path),
-//   - fchmod of a descriptor, fchown of one to the owner of another, and fs::remove_tree_at of
-//     one name.
+//   - fchmod of a descriptor, fchown of one to the owner of another, fs::remove_tree_at of one
+//     name, and fs::tree_usage of a folder (a count that would leave out closed folders).
 // It opens nothing by path and takes no path with a '/' where a name is asked for, so it reaches
 // only what the server's descriptors reach. It runs in the host's mount namespace, cannot be
 // seen from any sandbox (none shares its pid namespace), is not dumpable, and ends with the
@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "base/fd.hpp"
+#include "base/fs.hpp"
 #include "base/safe_path.hpp"
 #include "base/spawn.hpp"
 
@@ -63,13 +64,16 @@ class Broker {
   int fchown_like(int fd, int like);
   // fs::remove_tree_at(dir_fd, name): 0, or the errno it failed with.
   int remove_tree_at(int dir_fd, const std::string& name);
+  // fs::tree_usage of the folder `dir_fd` (any descriptor of it). Throws SysError.
+  fs::TreeUsage tree_usage(int dir_fd, std::string_view shown);
 
-  enum class Op : std::uint32_t { open = 1, mkdir, unlink, rename, symlink, chmod, remove_tree, chown_like };
+  enum class Op : std::uint32_t { open = 1, mkdir, unlink, rename, symlink, chmod, remove_tree, chown_like, usage };
 
  private:
   struct Reply {
     int error = 0;
     UniqueFd fd;
+    fs::TreeUsage usage;
   };
   Reply call(Op op, std::initializer_list<int> fds, std::uint32_t flags, std::uint32_t mode, std::uint32_t resolve,
              std::string_view name, std::string_view name2 = {});

@@ -796,10 +796,27 @@ std::vector<CleanCandidate> Store::clean_candidates(std::chrono::hours older_tha
 }
 
 Store::DiskUse Store::disk_use(const Instance& instance) const {
-  const fs::TreeUsage ws = fs::tree_usage(instance.workspace);
-  const fs::TreeUsage out = fs::tree_usage(instance.output);
-  return {ws.bytes, out.bytes, ws.files + out.files, fs::tree_usage(instance.layer_dir()).bytes,
-          fs::tree_usage(instance.snapshots_dir()).bytes};
+  // Folders this process may not open (an account's made inside a normal user's image instance)
+  // are counted by the broker, which may.
+  std::shared_ptr<files::Broker> broker;
+  auto measure = [&](const stdfs::path& path) {
+    const fs::TreeUsage usage = fs::tree_usage(path);
+    if (usage.skipped == 0) return usage;
+    if (!broker) broker = file_access(instance).broker;
+    if (!broker) return usage;
+    try {
+      UniqueFd dir = fs::open_dir_path(path);
+      return broker->tree_usage(dir.get(), path.string());
+    } catch (const SysError& e) {
+      log::warn("instance {}: {} folders of {} were left out of its disk use: {}", instance.id, usage.skipped,
+                path.string(), e.what());
+      return usage;
+    }
+  };
+  const fs::TreeUsage ws = measure(instance.workspace);
+  const fs::TreeUsage out = measure(instance.output);
+  return {ws.bytes, out.bytes, ws.files + out.files, measure(instance.layer_dir()).bytes,
+          measure(instance.snapshots_dir()).bytes};
 }
 
 UniqueFd Store::open_workspace_file(const Instance& instance, const std::string& relative, WorkspaceOpen how,

@@ -225,7 +225,8 @@ TEST_F(ImageInstance, FilesClosedToTheServerAreManagedThroughTheFileTools) {
     return result_text(r);
   };
   std::string setup = "echo closed > closed.txt && chmod 000 closed.txt && mkdir shut && echo in > shut/x && "
-                      "ln -s /etc/passwd shut/abs && ln -s ../../../../../../etc/passwd shut/up && chmod 000 shut";
+                      "ln -s /etc/passwd shut/abs && ln -s ../../../../../../etc/passwd shut/up && "
+                      "head -c 2097152 /dev/urandom > shut/big && chmod 000 shut";
   if (range)
     setup += " && useradd agent && mkdir -p private/sub && echo secret > private/a.txt && echo deep > private/sub/b.txt"
              " && chown -R agent: private && chmod 600 private/a.txt private/sub/b.txt && chmod 700 private private/sub"
@@ -235,6 +236,10 @@ TEST_F(ImageInstance, FilesClosedToTheServerAreManagedThroughTheFileTools) {
     ASSERT_NE(made.find("agent-600"), std::string::npos) << made;
   }
 
+  // Counted in the disk use too.
+  const json described = call("describe_instance", {});
+  EXPECT_GE(described["result"]["structuredContent"]["disk_usage"]["workspace_bytes"].get<std::uint64_t>(), 2097152u)
+      << described.dump();
   EXPECT_NE(ok("read_file", {{"path", "closed.txt"}}).find("closed"), std::string::npos);
   EXPECT_NE(ok("list_directory", {{"path", "shut"}}).find("x"), std::string::npos);
   EXPECT_NE(ok("read_file", {{"path", "shut/x"}}).find("in"), std::string::npos);
