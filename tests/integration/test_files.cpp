@@ -2,13 +2,18 @@
 // links to host files planted by sandbox commands, a link swapped back and forth by a running
 // job while the server reads, and ownership of what the server writes. Run as root (the sandbox
 // is uid 65534) and, in IntegrationAsUnprivilegedUser, as a normal user.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "base/error.hpp"
+#include "common/temp_dir.hpp"
+#include "files/broker.hpp"
 #include "harness.hpp"
 
 using namespace nshpc::test;
@@ -122,4 +127,66 @@ TEST_F(FileTools, ALinkSwappedByARunningJobNeverLeadsOut) {
   std::printf("[ %d reads of d/passwd landed inside while the job swapped d ]\n", inside);
   EXPECT_GT(inside, 0) << "no read landed while d pointed inside (the job did not swap?): " << last;
   server.tool("cancel_job", {{"instance_id", kId}, {"job_id", job["job_id"]}});
+}
+
+// The file broker (files/broker.hpp) is root of a user namespace that maps every file of the
+// user: it must do nothing the server's descriptor does not reach. Driven here directly (as
+// ns-hpc __file-broker, without the namespace), with requests a buggy caller could send.
+TEST(FileBroker, ReachesNothingBeyondTheDescriptorsItIsGiven) {
+  nshpc::tests::TempDir tmp;
+  fs::create_directories(tmp.path() / "root/sub");
+  std::ofstream(tmp.path() / "secret") << "host file\n";
+  std::ofstream(tmp.path() / "root/sub/f") << "inside\n";
+  fs::create_symlink("/etc/passwd", tmp.path() / "root/abs");
+  fs::create_symlink("../../secret", tmp.path() / "root/sub/up");
+  nshpc::files::Broker broker({binary(), std::string(nshpc::files::kBrokerCommand)});
+  nshpc::UniqueFd root(::open((tmp.path() / "root").c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(root);
+  using nshpc::fs::Resolve;
+
+  EXPECT_EQ(broker.mkdirat(root.get(), "made", 0755), 0);  // what it is for
+  EXPECT_TRUE(fs::is_directory(tmp.path() / "root/made"));
+  nshpc::UniqueFd f = broker.open_beneath(root.get(), "sub/f", O_RDONLY, 0, Resolve::in_root, "sub/f");
+  char buffer[16] = {};
+  EXPECT_EQ(::read(f.get(), buffer, sizeof buffer), 7);
+
+  // A path where a name is asked for.
+  EXPECT_EQ(broker.mkdirat(root.get(), "../escaped", 0755), EINVAL);
+  EXPECT_EQ(broker.unlinkat(root.get(), "../secret", 0), EINVAL);
+  EXPECT_EQ(broker.unlinkat(root.get(), "sub/f", 0), EINVAL);
+  EXPECT_EQ(broker.renameat2(root.get(), "made", root.get(), "../moved", 0), EINVAL);
+  EXPECT_EQ(broker.symlinkat("/", root.get(), "../link"), EINVAL);
+  EXPECT_EQ(broker.remove_tree_at(root.get(), ".."), EINVAL);
+  EXPECT_FALSE(fs::exists(tmp.path() / "escaped"));
+  EXPECT_TRUE(fs::exists(tmp.path() / "secret"));
+  // Opens stay beneath the descriptor: ".." and links are clamped to it or refused.
+  for (const char* path : {"../secret", "abs", "sub/up"}) {
+    for (Resolve how : {Resolve::in_root, Resolve::in_root_follow}) {
+      try {
+        nshpc::UniqueFd fd = broker.open_beneath(root.get(), path, O_RDONLY, 0, how, path);
+        char got[64] = {};
+        const ssize_t n = ::read(fd.get(), got, sizeof got - 1);
+        ADD_FAILURE() << path << " opened through the broker: " << (n > 0 ? got : "");
+      } catch (const nshpc::SysError& e) {
+        EXPECT_TRUE(e.code() == ENOENT || e.code() == ELOOP || e.code() == EXDEV) << path << ": " << e.what();
+      }
+    }
+  }
+  EXPECT_THROW(broker.open_beneath(root.get(), "/etc/passwd", O_RDONLY, 0, Resolve::in_root, "/etc/passwd"),
+               nshpc::SysError);
+  EXPECT_THROW(broker.open_beneath(root.get(), "sub/up", O_RDONLY, 0, Resolve::beneath_no_links, "sub/up"),
+               nshpc::SysError);
+}
+
+// Run by hand it says what it is and does nothing.
+TEST(FileBroker, RunByHandSaysItIsStartedByTheServerOnly) {
+  const std::string line = binary() + " " + std::string(nshpc::files::kBrokerCommand) + " 3</dev/null 2>&1";
+  FILE* p = ::popen(line.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string said;
+  char buffer[512];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, p)) > 0;) said.append(buffer, n);
+  const int status = ::pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status;
+  EXPECT_NE(said.find("started by ns-hpc only"), std::string::npos) << said;
 }
