@@ -18,9 +18,10 @@ namespace nshpc::cli {
 
 namespace {
 
-// --network host|off, of `instance create` and `instance update`.
+// --network off|nat|filtered|host, of `instance create` and `instance update`.
 void add_network_option(CLI::App& cmd, std::optional<config::Network>& network, const std::string& help) {
-  add_choice(cmd, "--network", network, named({config::Network::host, config::Network::off}), help);
+  add_choice(cmd, "--network", network,
+             named({config::Network::off, config::Network::nat, config::Network::filtered, config::Network::host}), help);
 }
 
 // --persistent / --no-persistent, of `instance create` and `instance update`.
@@ -326,7 +327,7 @@ void add_update(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
     options.persistent = a->persistent;
     if (!options.description && !options.network && !options.persistent)
       throw UsageError(
-          "nothing to update; pass --description TEXT, --network host|off and/or --persistent|--no-persistent");
+          "nothing to update; pass --description TEXT, --network MODE and/or --persistent|--no-persistent");
     if (options.persistent == false) {
       // A living sandbox left running would be out of reach of every command after this.
       store::Instance current = inv.store().get(a->id);

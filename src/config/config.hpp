@@ -31,8 +31,13 @@ NLOHMANN_JSON_SERIALIZE_ENUM(ResultType, {{ResultType::text, "text"},
                                           {ResultType::structured, "structured"},
                                           {ResultType::both, "both"}})
 
-enum class Network { host, off };
-NLOHMANN_JSON_SERIALIZE_ENUM(Network, {{Network::host, "host"}, {Network::off, "off"}})
+// An instance's network (sandbox/network: how each is made). Every mode but `host` gives the
+// sandbox a network namespace of its own.
+enum class Network { host, off, nat, filtered };
+NLOHMANN_JSON_SERIALIZE_ENUM(Network, {{Network::host, "host"},
+                                       {Network::off, "off"},
+                                       {Network::nat, "nat"},
+                                       {Network::filtered, "filtered"}})
 
 // Where the ends of Slurm jobs that the controller has forgotten come from.
 enum class StatusSource { automatic, sacct, squeue };
@@ -198,8 +203,15 @@ struct HostCommand {
   double timeout = 0.0;
 };
 
+// [network]: what `filtered` instances may reach.
+struct NetworkPolicy {
+  std::vector<std::string> allow;    // "name", "*.domain", "10.1.2.3", each optionally ":port"
+  std::vector<std::string> resolve;  // "name=address": used instead of DNS for that name
+};
+
 struct Config {
   Namespace ns;
+  NetworkPolicy network;
   Jobs jobs;
   Terminal terminal;
   Audit audit;

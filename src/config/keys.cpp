@@ -195,10 +195,13 @@ Keys<Config> make_config_keys() {
               .help = "Host uid bwrap runs as when ns-hpc runs as root. `0` keeps root (doctor fails it)."}),
           value("sandbox_gid", &Namespace::sandbox_gid, integer(kHostId), {
               .defaults_to = "65534", .help = "Host gid bwrap runs as when ns-hpc runs as root."}),
-          value("default_network", &Namespace::default_network, choice<Network>({Network::host, Network::off}), {
+          value("default_network", &Namespace::default_network,
+                choice<Network>({Network::host, Network::off, Network::nat, Network::filtered}), {
               .defaults_to = R"("host")",
-              .help = "Network of new instances: `host` (shared, as the original) or `off` (own loopback "
-                      "only)."}),
+              .help = "Network of new instances: `off` (own loopback only), `nat` (own network namespace with "
+                      "user-mode NAT: the outside world, not the host's own addresses), `filtered` (only "
+                      "[network] allow, through ns-hpc's proxy) or `host` (shared with the host, its loopback "
+                      "services included: the weakest)."}),
           value("path", &Namespace::path, text({"the PATH inside the sandbox, e.g. \"/usr/bin:/bin\"", true}), {
               .defaults_to = R"("/usr/local/bin:/usr/bin:/bin")", .help = "`PATH` inside the sandbox."}),
           value("env", &Namespace::env, variables({.reserve_path_and_home = true}), {
@@ -456,6 +459,18 @@ Keys<Config> make_config_keys() {
                       "until the client reads."}),
           value("max_buffer_bytes", &Server::max_buffer_bytes, integer(kHeldBytes), {
               .defaults_to = "268435456", .help = "The same for all clients of the server together."}),
+      }),
+
+      table("network", &Config::network, {
+          value("allow", &NetworkPolicy::allow, network_entries(false), {
+              .defaults_to = "[]",
+              .help = "What instances in the `filtered` network mode may reach, through ns-hpc's proxy: "
+                      "`\"pypi.org\"`, `\"*.debian.org\"` (subdomains), an address `\"10.1.2.3\"`, each optionally "
+                      "with `:port` (else ports 80 and 443). A name that resolves to a loopback, link-local, "
+                      "metadata or private address is refused unless that address is listed too."}),
+          value("resolve", &NetworkPolicy::resolve, network_entries(true), {
+              .defaults_to = "[]",
+              .help = "`\"name=address\"` pairs the proxy uses instead of DNS (pinning, tests)."}),
       }),
 
       table("dav", &Config::dav, {

@@ -290,6 +290,24 @@ Type<stdfs::path> folder() {
 
 Type<std::vector<std::string>> strings() { return list_of(text(), "a list of strings"); }
 
+// [network] allow / resolve entries: non-empty, no blanks; `name=address` pairs with `pairs`.
+// The proxy parses them fully (and refuses to start on one it cannot use).
+Type<std::vector<std::string>> network_entries(bool pairs) {
+  return refine(strings(), [pairs](std::vector<std::string> value, const Field& field,
+                                   LoadState& state) -> std::optional<std::vector<std::string>> {
+    for (const std::string& entry : value) {
+      const bool blank = entry.empty() || entry.find_first_of(" \t\r\n/") != std::string::npos;
+      const auto eq = entry.find('=');
+      if (blank || (pairs && (eq == std::string::npos || eq == 0 || eq + 1 == entry.size()))) {
+        state.error(field, fmt::format("{:?} is not {}", entry,
+                                       pairs ? "a \"name=address\" pair" : "a name, *.domain or address (with an optional :port)"));
+        return std::nullopt;
+      }
+    }
+    return value;
+  });
+}
+
 Type<std::vector<std::string>> argv() {
   return refine(list_of(text({.what = {}, .non_empty = true}), "a non-empty list of strings"),
                 [](std::vector<std::string> value, const Field& field,

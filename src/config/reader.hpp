@@ -114,6 +114,9 @@ Type<std::filesystem::path> folder();
 Type<std::vector<std::string>> strings();
 Type<std::vector<std::string>> argv();  // a program and its arguments: non-empty, no empty item
 Type<std::vector<std::string>> var_names();
+// [network] allow / resolve entries: non-empty, without blanks or '/'; `name=address` pairs with
+// `pairs` (the proxy parses them fully).
+Type<std::vector<std::string>> network_entries(bool pairs);
 Type<std::vector<std::filesystem::path>> folders();
 Type<std::map<std::string, std::string>> variables(const EnvRule& rule);  // NAME = "value"
 

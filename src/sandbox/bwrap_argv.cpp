@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "sandbox/network.hpp"
 
 namespace nshpc::sandbox {
 
@@ -150,7 +151,7 @@ std::vector<std::string> image_bwrap_argv(const config::Namespace& ns, const Run
                                 "--hostname", spec.target.instance_id, "--cap-drop", "ALL"};
   for (std::string_view cap : kImageCapabilities) argv.insert(argv.end(), {"--cap-add", std::string(cap)});
   if (!spec.terminal) argv.push_back("--new-session");
-  if (spec.target.network == config::Network::off) argv.push_back("--unshare-net");
+  if (spec.target.network != config::Network::host) argv.push_back("--unshare-net");
   return argv;
 }
 
@@ -168,7 +169,7 @@ std::vector<std::string> host_root_bwrap_argv(const config::Namespace& ns, const
     // Sysctls stay read-only even for a sandbox whose uid maps to a privileged host uid.
     if (base.has_proc) argv.insert(argv.end(), {"--ro-bind", "/proc/sys", "/proc/sys"});
   }
-  if (spec.target.network == config::Network::off)
+  if (spec.target.network != config::Network::host)
     argv.push_back("--unshare-net");
   else if (unshare_all)
     argv.push_back("--share-net");
@@ -237,6 +238,15 @@ std::vector<std::string> build_sandbox_env(
   set("LANG", "C.UTF-8");
   set("TERM", host_env("TERM").value_or("dumb"));
   set("NS_HPC_INSTANCE", spec.target.instance_id);
+  if (spec.target.network == config::Network::filtered) {
+    // The allow-list proxy, listening on the sandbox's own loopback (sandbox/network.hpp); a
+    // program that ignores these has no route out at all.
+    const std::string proxy = fmt::format("http://127.0.0.1:{}", kProxyPort);
+    for (const char* name : {"http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"})
+      set(name, proxy);
+    set("no_proxy", "localhost,127.0.0.1,::1");
+    set("NO_PROXY", "localhost,127.0.0.1,::1");
+  }
   for (const auto& [name, value] : ns.env) set(name, value);
   for (const auto& name : ns.pass_env) {
     if (auto value = host_env(name)) set(name, *value);

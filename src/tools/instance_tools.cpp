@@ -20,9 +20,11 @@ using mcp::json;
 const json kInstanceIdArg = instance_id_arg();
 
 const json kNetworkArg = {{"type", "string"},
-                          {"enum", {"host", "off"}},
-                          {"description", "'off': only its own loopback. 'host': the host's network, its loopback "
-                                          "services included (the weakest)."}};
+                          {"enum", {"off", "nat", "filtered", "host"}},
+                          {"description", "'off': only its own loopback. 'nat': the outside world, not the host's "
+                                          "own addresses. 'filtered': only the allow list, through a proxy "
+                                          "(HTTP_PROXY is set). 'host': the host's network, its loopback services "
+                                          "included (the weakest)."}};
 
 // ISO 8601, UTC.
 const json kTime = {{"type", "string"}, {"format", "date-time"}};
@@ -32,7 +34,7 @@ const json kInstanceSchema = output_object(
      {"description", of_type("string")},
      {"created_at", kTime},
      {"last_activity", kTime},
-     {"network", {{"type", "string"}, {"enum", {"host", "off"}}}},
+     {"network", {{"type", "string"}, {"enum", {"off", "nat", "filtered", "host"}}}},
      {"persistent", of_type("boolean")},
      {"root", of_type("string")},  // "host" or "image:NAME@VERSION"
      {"hostname", of_type("string")},
