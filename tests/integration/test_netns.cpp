@@ -36,9 +36,11 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
 #include "base/fd.hpp"
+#include "base/fs.hpp"
 #include "base/pidfd.hpp"
 #include "base/process.hpp"
 #include "base/spawn.hpp"
@@ -573,6 +575,75 @@ TEST(Netns, PastaAttachTime) {
   std::cout << fmt::format("[ measured ] pasta attach over 5 runs: min {:.1f} ms, median {:.1f} ms, max {:.1f} ms\n",
                            ms.front(), ms[2], ms.back());
   EXPECT_LT(ms[2], 1000.0);
+}
+
+}  // namespace
+
+namespace {
+
+// One line from `fd` within `limit` (without its newline); "" at end of file or on timeout.
+std::string read_line(int fd, std::chrono::milliseconds limit) {
+  std::string line;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  char c;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    if (::read(fd, &c, 1) != 1) break;
+    if (c == '\n') return line;
+    line += c;
+  }
+  return line;
+}
+
+// The real thing: a hardened bwrap sandbox (its own user namespace with --disable-userns, every
+// capability dropped) gets NAT from outside by its descriptors; its own process reaches the world
+// and cannot undo the block on the host's addresses.
+TEST(Netns, PastaServesAHardenedBwrapSandbox) {
+  REQUIRE_PASTA();
+  if (!nshpc::fs::find_program("bwrap")) GTEST_SKIP() << "bwrap is not installed";
+  World world;
+  Server world_server(net::listen_in(world.view(), world.world_ip(), 0, 16));
+  Server host_veth(host_listener(world.host_ip()));
+  const TempDir dir;
+  const stdfs::path pid_file = dir / "pasta-bwrap.pid";
+
+  // Inside: wait for the network (connect fails at once while there is no route), read the
+  // greeting; on "go", try to delete the block and to reach the host.
+  const std::string script =
+      "until exec 3<>\"/dev/tcp/$0/$1\"; do sleep 0.05; done 2>/dev/null; read -r l <&3; echo \"got:$l\"; "
+      "read -r go; ip route del prohibit \"$2/32\" 2>&1 && echo 'block deleted' || echo 'delete refused'; "
+      "(exec 4<>\"/dev/tcp/$2/$3\") 2>/dev/null && echo 'host reached' || echo 'host blocked'";
+  nshpc::Pipe in = nshpc::make_pipe(), out = nshpc::make_pipe(), info = nshpc::make_pipe();
+  nshpc::SpawnSpec spec;
+  spec.program = "bwrap";
+  spec.argv = {"bwrap", "--unshare-user", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+               "--disable-userns", "--cap-drop", "ALL", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
+               "--proc", "/proc", "--info-fd", "5", "--", "bash", "-c", script, world.world_ip(),
+               std::to_string(world_server.port()), world.host_ip(), std::to_string(host_veth.port())};
+  spec.fds = {{in.read.get(), 0}, {out.write.get(), 1}, {out.write.get(), 2}, {info.write.get(), 5}};
+  nshpc::SpawnedChild bwrap = nshpc::spawn(spec);
+  in.read.reset();
+  out.write.reset();
+  info.write.reset();
+  std::string json;
+  for (std::string l; !(l = read_line(info.read.get(), 5s)).empty();) json += l;
+  const auto child = nlohmann::json::parse(json, nullptr, false);
+  ASSERT_TRUE(child.contains("child-pid")) << json;
+  const net::NetnsFds fds = net::open_netns(child["child-pid"].get<pid_t>());
+  ASSERT_TRUE(fds.userns.valid());
+
+  net::attach_pasta(fds.view(), {pid_file});
+  net::block_addresses(fds.view(), net::host_addresses());
+  EXPECT_EQ(read_line(out.read.get(), 10s), "got:hello");
+  EXPECT_EQ(world_server.accepted(), 1);
+  ASSERT_EQ(::write(in.write.get(), "go\n", 3), 3);
+  EXPECT_EQ(read_line(out.read.get(), 10s), "RTNETLINK answers: Operation not permitted");  // no CAP_NET_ADMIN
+  EXPECT_EQ(read_line(out.read.get(), 10s), "delete refused");
+  EXPECT_EQ(read_line(out.read.get(), 10s), "host blocked");
+  EXPECT_EQ(host_veth.accepted(), 0);
+  EXPECT_TRUE(net::detach_pasta(pid_file));
+  EXPECT_EQ(links_in(fds.view()), std::vector<std::string>{"lo"});
 }
 
 }  // namespace
