@@ -1,5 +1,7 @@
-// The network-namespace tools against the real kernel, ip, ss and pasta. Needs root (it creates
-// network namespaces, a veth pair and runs pasta): skipped otherwise.
+// The network-namespace tools against the real kernel, ip, ss, pasta and bwrap. The tests with the
+// outside world and pasta need root (they make a named network namespace and a veth pair, and
+// /dev/net/tun is root-only here): skipped otherwise. The others need user namespaces only and
+// run as a normal user too (the server of a normal user owns its sandboxes' user namespaces).
 //
 // No packet leaves this machine. "The outside world" is a network namespace made here
 // (ip netns add) joined to the host by a veth pair on 10.233.X.0/30, with a TCP server on
@@ -57,6 +59,13 @@ using nshpc::test::eventually;
 
 #define REQUIRE_ROOT() \
   if (::geteuid() != 0) GTEST_SKIP() << "needs root: makes network namespaces, a veth pair and runs pasta"
+// The sandbox stand-in needs user namespaces only: a normal user (the HPC case) runs these too.
+bool user_namespaces() {
+  static const bool ok = nshpc::run_command({"unshare", "--net", "--user", "--map-root-user", "true"}).exit_code == 0;
+  return ok;
+}
+#define REQUIRE_USERNS() \
+  if (!user_namespaces()) GTEST_SKIP() << "needs user namespaces (unshare --user fails here)"
 #define REQUIRE_PASTA()                                              \
   REQUIRE_ROOT();                                                    \
   if (auto why = net::nat_unavailable()) GTEST_SKIP() << *why
@@ -314,7 +323,7 @@ class TempDir {
 };
 
 TEST(Netns, OpenNetnsGivesTheOwningUserNamespace) {
-  REQUIRE_ROOT();
+  REQUIRE_USERNS();
   Sandbox sandbox;
   EXPECT_GE(sandbox.view().userns_fd, 0) << "the stand-in's namespace is owned by its own user namespace";
   // Our own namespace is owned by our own user namespace: nothing to join.
@@ -325,7 +334,7 @@ TEST(Netns, OpenNetnsGivesTheOwningUserNamespace) {
 }
 
 TEST(Netns, ListenInMakesASocketInsideTheNamespace) {
-  REQUIRE_ROOT();
+  REQUIRE_USERNS();
   Sandbox sandbox;
   UniqueFd listener = net::listen_in(sandbox.view(), "127.0.0.1", 0, 16);
   // The socket belongs to the sandbox's namespace (SIOCGSKNS: the namespace of a socket).
@@ -356,7 +365,6 @@ TEST(Netns, ListenInMakesASocketInsideTheNamespace) {
 }
 
 TEST(Netns, RunInReportsAFailedJoin) {
-  REQUIRE_ROOT();
   UniqueFd not_a_namespace(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   try {
     net::run_in({not_a_namespace.get(), -1}, {"true"});
@@ -368,7 +376,7 @@ TEST(Netns, RunInReportsAFailedJoin) {
 }
 
 TEST(Netns, BlockAddressesReplacesTheEarlierSet) {
-  REQUIRE_ROOT();
+  REQUIRE_USERNS();
   Sandbox sandbox;
   net::block_addresses(sandbox.view(), {"192.0.2.77", "fd00::77", "fe80::1%eth0"});
   EXPECT_EQ(prohibit_routes_in(sandbox.view()), (std::vector<std::string>{"192.0.2.77", "fd00::77", "fe80::1"}));
@@ -390,12 +398,29 @@ TEST(Netns, HostAddressesLeaveLoopbackOut) {
 }
 
 TEST(Netns, NatUnavailableSaysWhatIsMissing) {
-  REQUIRE_ROOT();
-  // Root can open /dev/net/tun; pasta is installed by `make deps`.
-  EXPECT_EQ(net::nat_unavailable(), std::nullopt);
-  // A normal user, with /dev/net/tun 0600 root here: the answer names the fix.
   struct stat tun{};
-  if (::stat("/dev/net/tun", &tun) != 0 || (tun.st_mode & 0066) != 0) GTEST_SKIP() << "/dev/net/tun is not root-only here";
+  const bool root_only = ::stat("/dev/net/tun", &tun) == 0 && tun.st_uid == 0 && (tun.st_mode & 0066) == 0;
+  const bool have_pasta = nshpc::fs::find_program("pasta").has_value();
+  // As a normal user (here, or a child of root's that drops to nobody) with /dev/net/tun 0600:
+  // the answer names the fix.
+  auto check_normal_user = [&](const std::string& said) {
+    EXPECT_NE(said.find("/dev/net/tun is root-only here (0600)"), std::string::npos) << said;
+    EXPECT_NE(said.find("chmod 0666 /dev/net/tun"), std::string::npos) << said;
+  };
+  if (::geteuid() != 0) {
+    if (!have_pasta || !root_only) GTEST_SKIP() << "needs pasta and a root-only /dev/net/tun, or root";
+    const auto why = net::nat_unavailable();
+    ASSERT_TRUE(why.has_value());
+    check_normal_user(*why);
+    return;
+  }
+  // Root can open /dev/net/tun; pasta is installed by `make deps`.
+  if (!have_pasta) {
+    EXPECT_NE(net::nat_unavailable().value_or("").find("apt-get install passt"), std::string::npos);
+    return;
+  }
+  EXPECT_EQ(net::nat_unavailable(), std::nullopt);
+  if (!root_only) GTEST_SKIP() << "/dev/net/tun is not root-only here";
   nshpc::Pipe pipe = nshpc::make_pipe();
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
@@ -412,8 +437,7 @@ TEST(Netns, NatUnavailableSaysWhatIsMissing) {
   for (ssize_t n; (n = ::read(pipe.read.get(), buf, sizeof buf)) > 0;) said.append(buf, static_cast<std::size_t>(n));
   int status = 0;
   ::waitpid(child, &status, 0);
-  EXPECT_NE(said.find("/dev/net/tun is root-only here (0600)"), std::string::npos) << said;
-  EXPECT_NE(said.find("chmod 0666 /dev/net/tun"), std::string::npos) << said;
+  check_normal_user(said);
 }
 
 // NAT through pasta: the world is reached, the host is not, detach leaves loopback only.
