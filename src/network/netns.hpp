@@ -91,9 +91,9 @@ int destroy_sockets(const Netns& ns);
 //   them and fails. Passing the pid form fails against hardened bwrap sandboxes.
 // - pasta daemonizes (new session, reparented to init or the nearest subreaper): it outlives the
 //   process that attached it, and attach returns once the namespace is configured (the parent
-//   pasta exits after writing the pid file). Measured (test Netns.PastaAttachTime, 2 vCPU with a
-//   load average of 6-7 from other builds): 50-100 ms median per attach, pasta alone 65-125 ms
-//   from a shell; expect less on an idle host.
+//   pasta exits after writing the pid file). Measured (test Netns.PastaAttachTime, 2 vCPU shared
+//   with other builds, load average 4-7): 20-125 ms per attach, medians 28-115 ms; pasta alone
+//   from a shell 65-125 ms at load 7. Expect less on an idle host.
 // - pasta does NOT end when the sandbox's last process ends: it watches for the namespace's path
 //   being deleted only (inotify), which /proc paths never report, and its own sockets and tap
 //   device keep the namespace alive. The caller must detach when the sandbox ends (and may do so
