@@ -18,6 +18,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -582,6 +583,37 @@ TEST(Netns, PastaOutlivesItsAttacherAndStaysUntilDetached) {
   EXPECT_THROW(net::attach_pasta(sandbox.view(), {pid_file}), nshpc::UsageError) << "attached twice";
   EXPECT_TRUE(net::detach_pasta(pid_file));
   EXPECT_TRUE(nshpc::wait_pidfd(pasta->pidfd.get(), 0ms));
+}
+
+// A child subreaper (the MCP server is one) adopts the daemonized pasta: attach says so, and
+// detach reaps it (no zombie left).
+TEST(Netns, ASubreaperAdoptsPastaAndDetachReapsIt) {
+  REQUIRE_PASTA();
+  Sandbox sandbox;
+  const TempDir dir;
+  const stdfs::path pid_file = dir / "pasta-adopted.pid";
+  const pid_t server = ::fork();
+  ASSERT_GE(server, 0);
+  if (server == 0) {
+    int code = 0;
+    try {
+      ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+      const net::PastaProcess p = net::attach_pasta(sandbox.view(), {pid_file});
+      if (!p.adopted) code = 2;
+      if (::getpgid(p.pid) < 0) code = 3;
+      if (!net::detach_pasta(pid_file)) code = 4;
+      siginfo_t info{};
+      // Reaped: no child of ours is left, not even a zombie.
+      if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG) == 0 || errno != ECHILD) code = 5;
+    } catch (...) {
+      code = 1;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(server, &status, 0), server);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: threw, 2: not adopted, 3: gone early, 4: not detached, 5: left unreaped";
 }
 
 TEST(Netns, PastaAttachTime) {
