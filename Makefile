@@ -10,7 +10,8 @@ JOBS   ?= $(shell nproc)
 DEPS := g++ cmake ninja-build ccache pkg-config \
         nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev \
         libboost1.81-dev libseccomp-dev libsqlite3-dev libexpat1-dev libssl-dev libgtest-dev bubblewrap util-linux passwd procps jq \
-        mmdebstrap uidmap fakechroot fakeroot dpkg-dev libstb-dev libwebp-dev ripgrep litmus rclone curl
+        mmdebstrap uidmap fakechroot fakeroot dpkg-dev libstb-dev libwebp-dev ripgrep litmus rclone curl \
+        passt iproute2
 
 .PHONY: all deps configure build test unit integration test-as-user run bench fuzz install clean
 

@@ -61,8 +61,11 @@ SigpipeBlock::~SigpipeBlock() {
 }
 
 CommandResult run_command(const std::vector<std::string>& argv, const std::string& input,
-                          std::chrono::milliseconds timeout, std::size_t max_output, const LineSink& on_line) {
+                          std::chrono::milliseconds timeout, std::size_t max_output, const LineSink& on_line,
+                          const ChildSetup& setup) {
   if (argv.empty() || argv[0].empty()) throw Error("run_command: no program given");
+  for (const auto& [from, to] : setup.fds)
+    if (to < 3) throw Error("run_command: descriptors 0-2 are the command's stdin, stdout and stderr");
   auto [in_read, in_write] = make_pipe();
   auto [out_read, out_write] = make_pipe();
   auto [err_read, err_write] = make_pipe();
@@ -71,6 +74,8 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::strin
   spec.program = argv[0];  // looked up in PATH when it has no slash
   spec.argv = argv;
   spec.fds = {{in_read.get(), 0}, {out_write.get(), 1}, {err_write.get(), 2}};
+  spec.fds.insert(spec.fds.end(), setup.fds.begin(), setup.fds.end());
+  spec.in_child = setup.in_child;
   SpawnedChild child;
   try {
     child = spawn(spec);

@@ -8,6 +8,7 @@
 #include <functional>
 #include <string_view>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace nshpc {
@@ -26,10 +27,18 @@ struct CommandResult {
 // cannot kill the caller with SIGPIPE.
 // `on_line`, when given, gets every line of stdout and stderr (without its newline) as it
 // arrives, for progress; the result still holds all of it.
+// `setup`, when given, is applied to the child before exec (as SpawnSpec's fields of the same
+// names): extra descriptors (numbered 3 and up), and an async-signal-safe hook, e.g. the setns
+// calls that run the program in a sandbox's namespace (network/netns.hpp).
 using LineSink = std::function<void(std::string_view line)>;
+struct ChildSetup {
+  std::vector<std::pair<int, int>> fds;
+  std::function<int(const char** step)> in_child;
+};
 CommandResult run_command(const std::vector<std::string>& argv, const std::string& input = {},
                           std::chrono::milliseconds timeout = std::chrono::seconds(60),
-                          std::size_t max_output = 64 * 1024 * 1024, const LineSink& on_line = {});
+                          std::size_t max_output = 64 * 1024 * 1024, const LineSink& on_line = {},
+                          const ChildSetup& setup = {});
 
 // SIGPIPE blocked on this thread while it writes to a pipe whose reader may be gone (a command
 // that does not read its stdin must not kill the server, whatever anyone did with SIGPIPE); a

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "base/error.hpp"
+#include "base/fd.hpp"
 #include "base/fs.hpp"
 #include "base/process.hpp"
 #include "base/random.hpp"
@@ -166,6 +167,33 @@ TEST(Process, AProgramThatCannotStartIsASysErrorWithItsErrno) {
   } catch (const nshpc::SysError& e) {
     EXPECT_EQ(e.code(), ENOENT);
   }
+}
+
+TEST(Process, AChildSetupGivesDescriptorsAndRunsItsHookBeforeExec) {
+  nshpc::Pipe given = nshpc::make_pipe();
+  ASSERT_EQ(::write(given.write.get(), "from fd 3\n", 10), 10);
+  given.write.reset();
+  nshpc::ChildSetup setup;
+  setup.fds = {{given.read.get(), 3}};
+  // The hook runs in the child with its descriptors in place (stdout is the captured pipe).
+  setup.in_child = [](const char**) { return ::write(1, "hook\n", 5) == 5 ? 0 : errno; };
+  const auto r = nshpc::run_command({"/bin/sh", "-c", "cat <&3"}, {}, std::chrono::seconds(10), 1 << 20, {}, setup);
+  EXPECT_EQ(r.out, "hook\nfrom fd 3\n");
+  EXPECT_EQ(r.exit_code, 0);
+
+  setup.in_child = [](const char** step) {
+    *step = "join the test's namespace";
+    return EPERM;
+  };
+  try {
+    nshpc::run_command({"/bin/true"}, {}, std::chrono::seconds(10), 1 << 20, {}, setup);
+    FAIL() << "a failed hook let the program run";
+  } catch (const nshpc::SysError& e) {
+    EXPECT_EQ(e.code(), EPERM);
+    EXPECT_NE(std::string(e.what()).find("join the test's namespace"), std::string::npos) << e.what();
+  }
+  setup.fds = {{0, 1}};
+  EXPECT_THROW(nshpc::run_command({"/bin/true"}, {}, std::chrono::seconds(10), 1 << 20, {}, setup), nshpc::Error);
 }
 
 TEST(Users, SandboxesDropToTheSandboxUidOnlyAsRootAndNeverToRoot) {

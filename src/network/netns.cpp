@@ -1,0 +1,487 @@
+#include "network/netns.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <linux/nsfs.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "base/error.hpp"
+#include "base/fs.hpp"
+#include "base/pidfd.hpp"
+#include "base/text.hpp"
+
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+namespace nshpc::network {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kJoinUser = "join the user namespace that owns the sandbox's network namespace";
+constexpr const char* kJoinNet = "join the sandbox's network namespace";
+
+// In a forked child, async-signal-safe: joins the owning user namespace (when given), then the
+// network namespace. Returns 0 or an errno with *step set.
+int join_netns(int userns_fd, int net_fd, const char** step) {
+  if (userns_fd >= 0 && ::setns(userns_fd, CLONE_NEWUSER) < 0) {
+    *step = kJoinUser;
+    return errno;
+  }
+  if (::setns(net_fd, CLONE_NEWNET) < 0) {
+    *step = kJoinNet;
+    return errno;
+  }
+  return 0;
+}
+
+void require(const Netns& ns) {
+  if (ns.net_fd < 0) throw Error("no network namespace descriptor given");
+}
+
+// ---- listen_in -------------------------------------------------------------------------------
+
+enum class ListenStep : int { ok, user, net, socket, reuse, bind, listen };
+
+struct ListenReport {
+  int step;
+  int err;
+};
+
+struct ParsedAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  int family = AF_UNSPEC;
+};
+
+ParsedAddress parse_address(const std::string& address, std::uint16_t port) {
+  ParsedAddress a;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&a.storage);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&a.storage);
+  if (::inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    a.length = sizeof *v4;
+    a.family = AF_INET;
+  } else if (::inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    a.length = sizeof *v6;
+    a.family = AF_INET6;
+  } else {
+    throw UsageError(fmt::format("'{}' is not an IPv4 or IPv6 address", address));
+  }
+  return a;
+}
+
+// Sends the report, with the socket when there is one; async-signal-safe.
+void send_report(int channel, ListenReport report, int fd) {
+  iovec iov{&report, sizeof report};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cmsg), &fd, sizeof fd);
+  }
+  ssize_t ignored = ::sendmsg(channel, &msg, MSG_NOSIGNAL);
+  (void)ignored;
+}
+
+[[noreturn]] void listen_child(const Netns& ns, const ParsedAddress& address, int backlog, int channel) {
+  auto fail = [channel](ListenStep step) {
+    send_report(channel, {static_cast<int>(step), errno}, -1);
+    ::_exit(1);
+  };
+  if (ns.userns_fd >= 0 && ::setns(ns.userns_fd, CLONE_NEWUSER) < 0) fail(ListenStep::user);
+  if (::setns(ns.net_fd, CLONE_NEWNET) < 0) fail(ListenStep::net);
+  const int fd = ::socket(address.family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) fail(ListenStep::socket);
+  const int one = 1;
+  if (::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0) fail(ListenStep::reuse);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&address.storage), address.length) < 0) fail(ListenStep::bind);
+  if (::listen(fd, backlog) < 0) fail(ListenStep::listen);
+  send_report(channel, {static_cast<int>(ListenStep::ok), 0}, fd);
+  ::_exit(0);
+}
+
+std::string listen_step_name(ListenStep step, const std::string& where) {
+  switch (step) {
+    case ListenStep::user: return kJoinUser;
+    case ListenStep::net: return kJoinNet;
+    case ListenStep::socket: return "make a TCP socket in the sandbox's network namespace";
+    case ListenStep::reuse: return "set SO_REUSEADDR in the sandbox's network namespace";
+    case ListenStep::bind: return fmt::format("bind {} in the sandbox's network namespace", where);
+    case ListenStep::listen: return fmt::format("listen on {} in the sandbox's network namespace", where);
+    case ListenStep::ok: break;
+  }
+  return "?";
+}
+
+// ---- routes ----------------------------------------------------------------------------------
+
+// "a.b.c.d/32" or "x::y/128" in canonical form; UsageError when `text` is no address.
+std::string host_route(std::string_view text) {
+  const std::string bare(text.substr(0, text.find('%')));
+  char out[INET6_ADDRSTRLEN];
+  in_addr v4{};
+  in6_addr v6{};
+  if (::inet_pton(AF_INET, bare.c_str(), &v4) == 1) return std::string(::inet_ntop(AF_INET, &v4, out, sizeof out)) + "/32";
+  if (::inet_pton(AF_INET6, bare.c_str(), &v6) == 1)
+    return std::string(::inet_ntop(AF_INET6, &v6, out, sizeof out)) + "/128";
+  throw UsageError(fmt::format("'{}' is not an IPv4 or IPv6 address; give addresses such as 10.0.0.1 or fd00::1",
+                               std::string(text)));
+}
+
+CommandResult checked_run_in(const Netns& ns, const std::vector<std::string>& argv, const std::string& input = {}) {
+  CommandResult r = run_in(ns, argv, input);
+  if (r.exit_code != 0 || r.timed_out)
+    throw Error(fmt::format("in the sandbox's network namespace: {}", describe_failure(argv, r)));
+  return r;
+}
+
+// The prohibit host routes now in the namespace's main table, as "address/len".
+std::set<std::string> prohibit_routes(const Netns& ns) {
+  std::set<std::string> found;
+  for (const char* family : {"-4", "-6"}) {
+    const std::vector<std::string> argv{"ip", "-j", family, "route", "show", "table", "main", "type", "prohibit"};
+    const CommandResult r = checked_run_in(ns, argv);
+    const auto routes = nlohmann::json::parse(r.out.empty() ? std::string("[]") : r.out, nullptr, false);
+    if (!routes.is_array()) throw Error(fmt::format("ip {} route show printed no JSON list: {}", family, r.out));
+    for (const auto& route : routes) {
+      const std::string dst = route.value("dst", "");
+      if (dst.empty() || dst == "default") continue;
+      // ip prints a host route without its length.
+      if (dst.find('/') == std::string::npos) found.insert(host_route(dst));
+      else if (dst.ends_with("/32") || dst.ends_with("/128")) found.insert(host_route(dst.substr(0, dst.find('/'))));
+    }
+  }
+  return found;
+}
+
+// ---- pasta -----------------------------------------------------------------------------------
+
+std::optional<std::string> read_first_line(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) return std::nullopt;
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::vector<std::string> cmdline_of(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/cmdline", pid), std::ios::binary);
+  std::vector<std::string> args;
+  std::string arg;
+  while (std::getline(in, arg, '\0')) args.push_back(arg);
+  return args;
+}
+
+// pasta's stderr without the lines about a missing syslog (it logs to both).
+std::string pasta_message(const CommandResult& r) {
+  const std::string said = r.err + r.out;
+  std::string kept;
+  for (std::string_view line : text::split(said, '\n')) {
+    line = text::trim(line);
+    if (line.empty() || line.starts_with("Failed to send")) continue;
+    if (!kept.empty()) kept += "; ";
+    kept += line;
+  }
+  return kept;
+}
+
+}  // namespace
+
+NetnsFds open_netns(pid_t pid) {
+  const std::string path = fmt::format("/proc/{}/ns/net", pid);
+  NetnsFds fds;
+  fds.net.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fds.net) throw SysError(errno, "open", path);
+  fds.userns.reset(::ioctl(fds.net.get(), NS_GET_USERNS));
+  if (!fds.userns) throw SysError(errno, "ioctl(NS_GET_USERNS) on", path);
+  ::fcntl(fds.userns.get(), F_SETFD, FD_CLOEXEC);
+  struct stat theirs{}, ours{};
+  if (::fstat(fds.userns.get(), &theirs) == 0 && ::stat("/proc/self/ns/user", &ours) == 0 &&
+      theirs.st_ino == ours.st_ino && theirs.st_dev == ours.st_dev)
+    fds.userns.reset();  // our own user namespace owns it: nothing to join (setns would fail)
+  return fds;
+}
+
+UniqueFd listen_in(const Netns& ns, const std::string& address, std::uint16_t port, int backlog) {
+  require(ns);
+  const ParsedAddress parsed = parse_address(address, port);
+  const std::string where = parsed.family == AF_INET6 ? fmt::format("[{}]:{}", address, port)
+                                                      : fmt::format("{}:{}", address, port);
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0)
+    throw SysError(errno, "socketpair", "for a socket made in a sandbox's network namespace");
+  UniqueFd ours(pair[0]), theirs(pair[1]);
+
+  const pid_t child = ::fork();
+  if (child < 0) throw SysError(errno, "fork", "a process to make a socket in a sandbox's network namespace");
+  if (child == 0) listen_child(ns, parsed, backlog, theirs.get());
+  theirs.reset();
+
+  ListenReport report{-1, 0};
+  iovec iov{&report, sizeof report};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = ::recvmsg(ours.get(), &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  const int receive_error = errno;
+  UniqueFd socket;
+  if (n > 0) {
+    for (cmsghdr* cmsg = CMSG_FIRSTHDR(&msg); cmsg; cmsg = CMSG_NXTHDR(&msg, cmsg)) {
+      if (cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(cmsg), sizeof fd);
+        socket.reset(fd);
+      }
+    }
+  }
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (n < 0) throw SysError(receive_error, "receive the socket made in the sandbox's network namespace");
+  if (n != static_cast<ssize_t>(sizeof report))
+    throw Error(fmt::format("the process making a socket in the sandbox's network namespace ended (status {}) "
+                            "without a report",
+                            status));
+  if (report.step != static_cast<int>(ListenStep::ok))
+    throw SysError(report.err, listen_step_name(static_cast<ListenStep>(report.step), where));
+  if (!socket) throw Error("the socket made in the sandbox's network namespace did not arrive");
+  return socket;
+}
+
+CommandResult run_in(const Netns& ns, const std::vector<std::string>& argv, const std::string& input,
+                     std::chrono::milliseconds timeout) {
+  require(ns);
+  ChildSetup setup;
+  // Numbered in the child as 3 (net) and 4 (user), closed there once joined.
+  setup.fds.emplace_back(ns.net_fd, 3);
+  const bool with_user = ns.userns_fd >= 0;
+  if (with_user) setup.fds.emplace_back(ns.userns_fd, 4);
+  setup.in_child = [with_user](const char** step) {
+    const int err = join_netns(with_user ? 4 : -1, 3, step);
+    ::close(3);
+    if (with_user) ::close(4);
+    return err;
+  };
+  return run_command(argv, input, timeout, 64 * 1024 * 1024, {}, setup);
+}
+
+void block_addresses(const Netns& ns, const std::vector<std::string>& addresses) {
+  require(ns);
+  std::set<std::string> wanted;
+  for (const auto& a : addresses) wanted.insert(host_route(a));
+  const std::set<std::string> present = prohibit_routes(ns);
+  std::string batch;
+  for (const auto& route : wanted) batch += fmt::format("route replace prohibit {}\n", route);
+  for (const auto& route : present)
+    if (!wanted.count(route)) batch += fmt::format("route del prohibit {}\n", route);
+  if (batch.empty()) return;
+  try {
+    checked_run_in(ns, {"ip", "-batch", "-"}, batch);
+  } catch (const Error& e) {
+    throw Error(fmt::format("could not set the blocked addresses: {}", e.what()));
+  }
+}
+
+std::vector<std::string> host_addresses() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) < 0) throw SysError(errno, "getifaddrs", "(this host's addresses)");
+  std::unique_ptr<ifaddrs, void (*)(ifaddrs*)> owned(list, ::freeifaddrs);
+  std::set<std::string> found;
+  char out[INET6_ADDRSTRLEN];
+  for (const ifaddrs* i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr) continue;
+    if (i->ifa_addr->sa_family == AF_INET) {
+      const auto* a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+      if ((ntohl(a->sin_addr.s_addr) >> 24) == 127) continue;
+      found.insert(::inet_ntop(AF_INET, &a->sin_addr, out, sizeof out));
+    } else if (i->ifa_addr->sa_family == AF_INET6) {
+      const auto* a = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
+      if (IN6_IS_ADDR_LOOPBACK(&a->sin6_addr)) continue;
+      found.insert(::inet_ntop(AF_INET6, &a->sin6_addr, out, sizeof out));
+    }
+  }
+  return {found.begin(), found.end()};
+}
+
+int destroy_sockets(const Netns& ns) {
+  require(ns);
+  // ss's filter: every TCP socket whose peer is not loopback (IPv4, IPv6, IPv4-mapped).
+  const std::string not_loopback = "( ! dst 127.0.0.0/8 and ! dst [::1] and ! dst [::ffff:127.0.0.0/104] )";
+  const std::vector<std::string> kill{"ss", "-K", "-H", "-n", "-t", "state", "connected", not_loopback};
+  const CommandResult killed = checked_run_in(ns, kill);
+  int closed = 0;
+  for (std::string_view line : text::split(killed.out, '\n'))
+    if (!text::trim(line).empty()) ++closed;
+  // ss skips sockets the kernel cannot destroy (EOPNOTSUPP without CONFIG_INET_DIAG_DESTROY)
+  // without a word: look again.
+  const std::vector<std::string> look{"ss", "-H", "-n", "-t", "state", "established", not_loopback};
+  const CommandResult left = checked_run_in(ns, look);
+  int remaining = 0;
+  for (std::string_view line : text::split(left.out, '\n'))
+    if (!text::trim(line).empty()) ++remaining;
+  if (remaining == 0) return closed;
+  std::string why = "the kernel may lack CONFIG_INET_DIAG_DESTROY (sock_diag's SOCK_DESTROY), which `ss -K` needs";
+  const CommandResult cfg = run_command({"sh", "-c", "zcat /proc/config.gz 2>/dev/null | grep INET_DIAG_DESTROY"});
+  if (cfg.out.find("CONFIG_INET_DIAG_DESTROY=y") != std::string::npos)
+    why = "the kernel has CONFIG_INET_DIAG_DESTROY, so they were probably opened after `ss -K` ran; try again";
+  else if (cfg.out.find("is not set") != std::string::npos)
+    why = "this kernel is built without CONFIG_INET_DIAG_DESTROY (sock_diag's SOCK_DESTROY), which `ss -K` needs; "
+          "stop the sandbox to end them, or use a kernel with that option";
+  throw Error(fmt::format("{} TCP connection(s) to non-loopback peers are still open in the sandbox's network "
+                          "namespace after `ss -K`: {}",
+                          remaining, why));
+}
+
+std::optional<PastaProcess> find_pasta(const std::filesystem::path& pid_file) {
+  const auto line = read_first_line(pid_file);
+  if (!line) return std::nullopt;
+  pid_t pid = 0;
+  try {
+    pid = static_cast<pid_t>(std::stol(std::string(text::trim(*line))));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (pid <= 1) return std::nullopt;
+  PastaProcess p;
+  p.pid = pid;
+  p.pidfd = open_pidfd(pid);
+  if (!p.pidfd) return std::nullopt;
+  const std::vector<std::string> args = cmdline_of(pid);
+  // Read while the pidfd's process was alive: the command line was its own, not a later
+  // process's with the same pid.
+  if (wait_pidfd(p.pidfd.get(), std::chrono::milliseconds(0))) return std::nullopt;
+  if (args.empty() || !std::filesystem::path(args[0]).filename().string().starts_with("pasta")) return std::nullopt;
+  const std::string recorded = std::filesystem::absolute(pid_file).string();
+  for (std::size_t i = 0; i + 1 < args.size(); ++i)
+    if ((args[i] == "--pid" || args[i] == "-P") && args[i + 1] == recorded) return p;
+  return std::nullopt;
+}
+
+PastaProcess attach_pasta(const Netns& ns, const PastaOptions& options) {
+  require(ns);
+  if (options.pid_file.empty()) throw UsageError("attach_pasta: no pid file given");
+  const std::string pid_file = std::filesystem::absolute(options.pid_file).string();
+  if (auto running = find_pasta(pid_file))
+    throw UsageError(fmt::format("pasta (pid {}) is already attached with the pid file {}; detach it first",
+                                 running->pid, pid_file));
+  std::error_code ignored;
+  std::filesystem::remove(pid_file, ignored);  // stale
+
+  std::vector<std::string> argv{"pasta", "--quiet", "--config-net", "--netns", "/proc/self/fd/3"};
+  ChildSetup setup;
+  setup.fds.emplace_back(ns.net_fd, 3);
+  if (ns.userns_fd >= 0) {
+    argv.insert(argv.end(), {"--userns", "/proc/self/fd/4"});
+    setup.fds.emplace_back(ns.userns_fd, 4);
+  }
+  // As root pasta would drop to nobody before it opens the namespaces, and fail.
+  if (::geteuid() == 0) argv.insert(argv.end(), {"--runas", "0"});
+  argv.insert(argv.end(), {"--no-map-gw", "-t", "none", "-u", "none", "-T", "none", "-U", "none", "--pid", pid_file});
+
+  const auto start = Clock::now();
+  CommandResult r;
+  try {
+    r = run_command(argv, {}, options.timeout, 64 * 1024, {}, setup);
+  } catch (const SysError& e) {
+    if (e.code() == ENOENT) throw e.wrapped("NAT needs pasta; install the package passt (apt-get install passt)");
+    throw;
+  }
+  if (r.exit_code != 0 || r.timed_out) {
+    std::string said = pasta_message(r);
+    if (r.timed_out) said = fmt::format("it did not start within {} ms", options.timeout.count());
+    throw Error(fmt::format("could not attach pasta (NAT) to the sandbox's network namespace: pasta exited with {}{}{}",
+                            r.exit_code, said.empty() ? "" : ": ", said));
+  }
+  auto found = find_pasta(pid_file);
+  if (!found)
+    throw Error(fmt::format("pasta started but is not running (its pid file {} names no living pasta); "
+                            "run it by hand with --foreground --debug to see why",
+                            pid_file));
+  siginfo_t info{};
+  found->adopted = ::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(found->pidfd.get()), &info,
+                            WEXITED | WNOHANG | WNOWAIT) == 0;
+  found->took = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
+  return std::move(*found);
+}
+
+bool detach_pasta(const std::filesystem::path& pid_file, std::chrono::milliseconds grace) {
+  std::error_code ignored;
+  auto found = find_pasta(pid_file);
+  if (!found) {
+    std::filesystem::remove(pid_file, ignored);
+    return false;
+  }
+  const int pidfd = found->pidfd.get();
+  signal_pidfd(pidfd, SIGTERM);
+  if (!wait_pidfd(pidfd, grace)) {
+    signal_pidfd(pidfd, SIGKILL);
+    if (!wait_pidfd(pidfd, std::chrono::seconds(5)))
+      throw Error(fmt::format("pasta (pid {}) did not end within 5 s of SIGKILL; its interface stays in the "
+                              "sandbox's network namespace",
+                              found->pid));
+  }
+  // Our child when this process is a subreaper that adopted it: reap it (no-op otherwise).
+  reap_if_child(pidfd);
+  std::filesystem::remove(pid_file, ignored);
+  return true;
+}
+
+std::optional<std::string> nat_unavailable() {
+  if (!fs::find_program("pasta"))
+    return std::string("pasta is not installed, so sandboxes cannot get NAT (`nat` mode); an administrator can "
+                       "install the package passt (apt-get install passt)");
+  const UniqueFd tun(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
+  if (tun) return std::nullopt;
+  const int err = errno;
+  struct stat st{};
+  if (err == ENOENT)
+    return std::string("/dev/net/tun does not exist, so pasta cannot give sandboxes NAT (`nat` mode); an "
+                       "administrator can load the tun module (modprobe tun) or create the device "
+                       "(mknod /dev/net/tun c 10 200)");
+  if ((err == EACCES || err == EPERM) && ::stat("/dev/net/tun", &st) == 0 && st.st_uid == 0 &&
+      (st.st_mode & 0066) == 0)
+    return fmt::format("/dev/net/tun is root-only here ({:04o}): a normal user gets `filtered` instead of `nat`; an "
+                       "administrator can chmod 0666 /dev/net/tun",
+                       st.st_mode & 07777);
+  return fmt::format("/dev/net/tun cannot be opened ({}), so pasta cannot give sandboxes NAT (`nat` mode); an "
+                     "administrator can check its permissions and that the tun module is loaded",
+                     std::strerror(err));
+}
+
+}  // namespace nshpc::network
