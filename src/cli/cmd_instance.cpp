@@ -175,8 +175,9 @@ void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
                   "(omitted: a readable one is generated)");
   cmd->add_option("-d,--description", a->description, "What the instance is for");
   add_network_option(*cmd, a->network,
-                     "Network of its sandboxes: host (default; shares the host's loopback services and abstract "
-                     "Unix sockets) or off");
+                     "Network of its sandboxes: off (own loopback only), nat (the outside world, not the host; "
+                     "persistent instances), filtered (only [network] allow, through a proxy; persistent "
+                     "instances) or host (default; shares the host's loopback services and abstract Unix sockets)");
   add_persistent_option(*cmd, a->persistent,
                         "A living instance: one long-lived sandbox that commands and jobs join, so background "
                         "processes, /tmp and loopback servers stay between commands (default: [namespace] "
@@ -314,8 +315,8 @@ void add_update(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->add_option("-d,--description", a->new_description, "New description");
   add_network_option(*cmd, a->network,
-                     "host or off (applies to the next command; in a running persistent instance after "
-                     "'instance restart')");
+                     "off, nat, filtered or host (a running persistent instance switches at once among the "
+                     "first three; to or from host it is restarted)");
   add_persistent_option(*cmd, a->persistent,
                         "Make it a living instance, or (--no-persistent, once stopped) one with a fresh sandbox "
                         "per command");
@@ -336,13 +337,21 @@ void add_update(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
                                      current.id, current.id));
     }
     store::Instance inst = inv.store().update(a->id, options, users::cli_actor());
+    std::string applied;
+    if (options.network) {
+      switch (lifecycle_of(inv).apply_network(inst, users::cli_actor())) {
+        case lifecycle::Lifecycle::NetworkChange::applied: applied = " (applied to the running sandbox)"; break;
+        case lifecycle::Lifecycle::NetworkChange::restarted: applied = " (the running sandbox was restarted)"; break;
+        case lifecycle::Lifecycle::NetworkChange::not_running: break;
+      }
+    }
     if (a->json) {
       print_json(instance_host_json(inst));
       return;
     }
     std::printf("Updated instance '%s'.\n", inst.id.c_str());
     std::printf("Description: %s\n", inst.meta.description().c_str());
-    std::printf("Network: %s\n", std::string(config::to_string(inst.network)).c_str());
+    std::printf("Network: %s%s\n", std::string(config::to_string(inst.network)).c_str(), applied.c_str());
     std::printf("Persistent: %s\n", inst.persistent ? "yes" : "no");
   });
 }

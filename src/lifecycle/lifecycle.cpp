@@ -31,6 +31,13 @@ nlohmann::json job_ids(const std::vector<jobs::Record>& records) {
 
 std::chrono::milliseconds Lifecycle::grace() const { return std::chrono::seconds(config_.jobs.cancel_grace); }
 
+Lifecycle::NetworkChange Lifecycle::apply_network(const store::Instance& inst, std::string_view actor) {
+  if (!running(inst)) return NetworkChange::not_running;
+  if (backend_.change_network(store_.sandbox_target(inst))) return NetworkChange::applied;
+  restart(inst, actor);
+  return NetworkChange::restarted;
+}
+
 bool Lifecycle::running(const store::Instance& inst) const {
   return inst.persistent && backend_.living_status(store_.sandbox_target(inst)).running;
 }

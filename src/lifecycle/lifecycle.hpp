@@ -42,6 +42,12 @@ class Lifecycle {
   // stop, then start again. Audited as instance.restarted.
   Ended restart(const store::Instance& inst, std::string_view actor);
 
+  // After the instance's network changed (Store::update): its running living sandbox follows at
+  // once among off, nat and filtered (processes kept; what the new mode forbids is cut), and is
+  // restarted for a change to or from host. Throws UsageError when the mode cannot work here.
+  enum class NetworkChange { not_running, applied, restarted };
+  NetworkChange apply_network(const store::Instance& inst, std::string_view actor);
+
   // Whether the instance's living sandbox runs now (false for an instance that is not persistent).
   bool running(const store::Instance& inst) const;
 

@@ -26,6 +26,7 @@
 #include "base/log.hpp"
 #include "base/random.hpp"
 #include "base/text.hpp"
+#include "network/netns.hpp"
 #include "sandbox/bwrap_argv.hpp"
 #include "sandbox/cgroups.hpp"
 #include "sandbox/join.hpp"
@@ -33,6 +34,7 @@
 #include "sandbox/layers.hpp"
 #include "sandbox/limits.hpp"
 #include "sandbox/members.hpp"
+#include "sandbox/network.hpp"
 #include "sandbox/sandbox.hpp"
 #include "sandbox/seccomp.hpp"
 #include "sandbox/spawn.hpp"
@@ -409,7 +411,8 @@ std::chrono::seconds age_of(pid_t pid) {
 
 class BwrapBackend final : public Backend {
  public:
-  explicit BwrapBackend(const config::Config& config) : ns_(config.ns), use_cgroups_(config.jobs.local.use_cgroups) {
+  explicit BwrapBackend(const config::Config& config)
+      : ns_(config.ns), net_(config.network), use_cgroups_(config.jobs.local.use_cgroups) {
     drop_to_ = users::sandbox_owner(ns_.sandbox_uid, ns_.sandbox_gid);
   }
 
@@ -546,8 +549,22 @@ class BwrapBackend final : public Backend {
     }
     signal_pidfd(found.init.get(), SIGKILL);  // its death takes every process of the sandbox
     wait_pidfd(found.init.get(), std::chrono::seconds(5));
+    end_network_of(target);
     // The groups commands kept for what they left running are empty now.
     eventually_remove_groups(target.cgroup_folder);
+    return true;
+  }
+
+  bool change_network(const Target& target) override {
+    leftovers_.reap_ended();
+    fs::make_dirs(target.state_dir, 0700);
+    fs::FileLock lock(target.state_dir / kLivingLock);
+    Living found = find_living(target);
+    if (!found.running) return false;
+    // What the sandbox was made with: its own namespace (a mode on record), or the host's.
+    const bool own_namespace = served_network(target.state_dir).has_value();
+    if (!own_namespace || target.network == config::Network::host) return false;
+    serve_network(network_plan(target), *found.status.child_pid(), leftovers_);
     return true;
   }
 
@@ -597,6 +614,19 @@ class BwrapBackend final : public Backend {
     return found;
   }
 
+  NetworkPlan network_plan(const Target& target) const {
+    return {target.instance_id, target.network, net_.allow, net_.resolve, target.state_dir, target.audit_log};
+  }
+
+  // What served the network of the instance's last sandbox (pasta outlives it) is ended.
+  void end_network_of(const Target& target) const {
+    try {
+      end_network(network_plan(target));
+    } catch (const std::exception& e) {
+      log::warn("instance {}: ending what served its network: {}", target.instance_id, e.what());
+    }
+  }
+
   static void write_end(const Target& target, std::string_view why) {
     nlohmann::json end = {{"why", why}, {"at_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
                                                        std::chrono::system_clock::now().time_since_epoch())
@@ -623,6 +653,12 @@ class BwrapBackend final : public Backend {
     fs::make_dirs(target.state_dir, 0700);
     fs::FileLock lock(target.state_dir / kLivingLock);
     if (Living found = find_living(target); found.running) return found;
+    end_network_of(target);  // what served an earlier sandbox (pasta outlives it)
+    if (target.network == config::Network::nat)
+      if (auto why = network::nat_unavailable())
+        throw UsageError(fmt::format("instance '{}': network 'nat' cannot work here: {}; choose 'filtered' or "
+                                     "'off' (ns-hpc instance update {} --network filtered)",
+                                     target.instance_id, *why, target.instance_id));
 
     // A new file, never the old one truncated: the keeper of a sandbox that just stopped may
     // still append its last document to the file it holds.
@@ -665,6 +701,17 @@ class BwrapBackend final : public Backend {
       throw Error(fmt::format("the living sandbox of instance '{}' ended or did not come up as it started; run "
                               "'ns-hpc doctor' and try again",
                               target.instance_id));
+    if (target.network != config::Network::host) {
+      try {
+        serve_network(network_plan(target), *found.status.child_pid(), leftovers_);
+      } catch (...) {
+        // A sandbox whose network is not what the instance asks for never runs.
+        signal_pidfd(found.init.get(), SIGKILL);
+        wait_pidfd(found.init.get(), std::chrono::seconds(5));
+        end_network_of(target);
+        throw;
+      }
+    }
     return found;
   }
 
@@ -1086,6 +1133,7 @@ class BwrapBackend final : public Backend {
   }
 
   config::Namespace ns_;
+  config::NetworkPolicy net_;
   bool use_cgroups_ = true;  // [jobs.local] use_cgroups: off, commands of living instances get pid namespaces
   std::optional<users::Identity> drop_to_;
   mutable std::mutex mutex_;

@@ -15,9 +15,11 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "base/pidfd.hpp"
 #include "config/config.hpp"
 
 namespace nshpc::sandbox {
@@ -33,5 +35,21 @@ struct NetworkPlan {
   std::filesystem::path state_dir;   // the instance's host-only state folder
   std::filesystem::path audit_log;   // where the proxy writes what it allowed and refused
 };
+
+// Serves the running sandbox whose init is `init` in plan.mode, from whatever serves it now (on
+// record in the state folder): pasta attached or detached, the proxy started or given its new
+// policy (SIGHUP). Connections the new mode forbids are cut (a detach destroys every socket of
+// the namespace with a peer off its loopback; the proxy closes tunnels it no longer allows). A
+// process this one starts and must reap goes to `leftovers`. `host` cannot be served this way
+// (the sandbox has no namespace of its own then): the caller restarts it. Throws UsageError
+// when the mode cannot work here (nat without pasta or /dev/net/tun), SysError/Error otherwise.
+void serve_network(const NetworkPlan& plan, pid_t init, Leftovers& leftovers);
+
+// At a fresh start or a stop of the sandbox: what an earlier one left (pasta does not end with
+// its namespace) is ended, and the record cleared.
+void end_network(const NetworkPlan& plan);
+
+// The mode on record as serving the sandbox now; nullopt: none (a fresh sandbox, or `host`).
+std::optional<config::Network> served_network(const std::filesystem::path& state_dir);
 
 }  // namespace nshpc::sandbox

@@ -76,6 +76,8 @@ struct Target {
   std::string cgroup_folder;
   // An instance on an image (always persistent); nullopt: the host's own root, read-only.
   std::optional<ImageRoot> image;
+  // The instance's audit log (what a `filtered` instance's proxy allowed and refused goes there).
+  stdfs::path audit_log;
 };
 
 // Whom a sandbox of `target` runs as on the host, and whom the files made for it belong to: an
@@ -217,6 +219,11 @@ class Backend {
   // Ends every process of the living sandbox (SIGTERM, then after `grace` SIGKILL to all);
   // files stay. `why` goes on record ("stopped", "restarted", ...). False when it was not running.
   virtual bool stop_living(const Target& target, std::string_view why, std::chrono::milliseconds grace) = 0;
+  // The network of a running living sandbox is now target.network: served at once among off,
+  // nat and filtered (sandbox/network.hpp), its processes kept. False when it does not run, or
+  // when the change is to or from `host` (its namespace is the host's: only a restart changes
+  // that). Throws UsageError when the new mode cannot work here.
+  virtual bool change_network(const Target& target) = 0;
   virtual std::vector<LivingProcess> living_processes(const Target& target) = 0;
   // Whether the commands of a living instance share one pid namespace (a later command can ps and
   // kill what an earlier one left running): as root with cgroup v2. Otherwise each has its own.

@@ -22,6 +22,7 @@
 #include "base/text.hpp"
 #include "base/time.hpp"
 #include "files/broker.hpp"
+#include "network/netns.hpp"
 #include "sandbox/images.hpp"
 #include "sandbox/layers.hpp"
 
@@ -61,7 +62,19 @@ void write_metadata(const stdfs::path& file, const Metadata& meta) {
   fs::atomic_write(file, meta.raw.dump(2) + "\n", 0644);
 }
 
-// Child folder names of `dir` (no "." / ".."); empty when `dir` is missing.
+// Whether an instance with this network and persistence can be served here (sandbox/network.hpp).
+void check_network(std::string_view id, config::Network network, bool persistent) {
+  const std::string mode = config::to_string(network);
+  if ((network == config::Network::nat || network == config::Network::filtered) && !persistent)
+    throw UsageError(fmt::format("instance '{}': network '{}' needs a persistent instance (one sandbox whose "
+                                 "network ns-hpc serves); make it persistent, or use 'off' or 'host'",
+                                 id, mode));
+  if (network == config::Network::nat)
+    if (auto why = network::nat_unavailable())
+      throw UsageError(fmt::format("instance '{}': network 'nat' cannot work here: {}; use 'filtered' or 'off'", id,
+                                   *why));
+}
+
 }  // namespace
 
 std::string Metadata::id() const { return string_field(raw, "id"); }
@@ -554,6 +567,7 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
     if (!options.description.empty()) meta.raw["description"] = options.description;
     meta.raw["network"] = config::to_string(options.network.value_or(default_network_));
     meta.raw["persistent"] = image ? true : options.persistent.value_or(default_persistent_);
+    check_network(id, options.network.value_or(default_network_), meta.raw["persistent"].get<bool>());
     if (image) {
       meta.raw["root"] = fmt::format("image:{}@{}", image->name, image->version);
       meta.raw["ids"] = {{"map", ids->kind == sandbox::UidMapping::Kind::range ? "range" : "single"},
@@ -606,6 +620,7 @@ Instance Store::update(std::string_view id, const UpdateOptions& options, std::s
     changes["persistent"] = *options.persistent;
   }
   if (changes.empty()) return inst;
+  if (options.network || options.persistent) check_network(inst.id, inst.network, inst.persistent);
   write_metadata(inst.metadata_file(), inst.meta);
   audit(inst, "instance.updated", actor, {{"instance_id", inst.id}, {"changes", changes}});
   index_changed(inst.id, Index::mtime_ns(root_));
@@ -853,7 +868,8 @@ std::string Store::cgroup_folder(std::string_view id) const { return fmt::format
 sandbox::Target Store::sandbox_target(const Instance& instance) const {
   return {instance.id,         instance.workspace,       instance.output,
           output_root(),       instance.network,         instance.persistent,
-          instance.state_dir(), cgroup_folder(instance.id), instance.image};
+          instance.state_dir(), cgroup_folder(instance.id), instance.image,
+          instance.audit_log()};
 }
 
 void Store::audit(const Instance& instance, std::string_view event, std::string_view actor,

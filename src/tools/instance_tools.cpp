@@ -9,6 +9,7 @@
 #include "base/text.hpp"
 #include "base/time.hpp"
 #include "lifecycle/lifecycle.hpp"
+#include "network/netns.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -120,6 +121,33 @@ store::Instance living_instance(const ToolContext& ctx, const json& args, std::s
 
 lifecycle::Lifecycle lifecycle_of(const ToolContext& ctx) {
   return {ctx.services.config, ctx.services.store, ctx.services.backend, ctx.services.jobs};
+}
+
+// The network "on" means for `inst`: [namespace] default_network unless that is off; else nat
+// where it works, filtered where not; host for an instance that is not persistent (the others
+// need its living sandbox).
+config::Network on_mode(const ToolContext& ctx, const store::Instance& inst) {
+  const config::Network configured = ctx.services.config.ns.default_network;
+  config::Network mode = configured != config::Network::off ? configured
+                         : network::nat_unavailable()      ? config::Network::filtered
+                                                           : config::Network::nat;
+  if (!inst.persistent && (mode == config::Network::nat || mode == config::Network::filtered))
+    mode = config::Network::host;
+  return mode;
+}
+
+// A network change applied to the running sandbox, said for the agent: " (applied at once:
+// processes kept)", " (the instance was restarted: ...)", or "" when it does not run.
+std::string network_change_note(const ToolContext& ctx, const store::Instance& inst, std::string_view who) {
+  switch (lifecycle_of(ctx).apply_network(inst, who)) {
+    case lifecycle::Lifecycle::NetworkChange::applied:
+      return " (applied at once: its processes keep running; connections the new mode forbids were cut)";
+    case lifecycle::Lifecycle::NetworkChange::restarted:
+      return " (the instance was restarted: a change to or from 'host' needs a new sandbox; its files are kept, "
+             "its processes ended)";
+    case lifecycle::Lifecycle::NetworkChange::not_running: break;
+  }
+  return "";
 }
 
 // An image that is being built (the default one is started here when missing) is not waited
@@ -405,13 +433,48 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
   });
 }
 
+void add_set_network_access(mcp::Server& server, const ToolContext& ctx) {
+  add_tool(server, {
+      .name = "set_network_access",
+      .title = "Turn an instance's network on or off",
+      .description =
+          "enabled=false: only its own loopback ('off'). enabled=true: the default on-mode here (the result "
+          "names it). A running persistent instance switches at once. Returns the instance.",
+      .input = input_object({{"instance_id", kInstanceIdArg},
+                             {"enabled", {{"type", "boolean"}, {"description", "Network on or off."}}}},
+                            {"instance_id", "enabled"}),
+      .output = kInstanceSchema,
+      .hints = {.destructive = false, .idempotent = true},
+      .handler =
+          [ctx, &server](const json& args, mcp::RequestContext& rc) {
+            const std::string id = string_arg(args, "instance_id");
+            const store::Instance current = ctx.services.store.get(id);
+            store::UpdateOptions options;
+            if (!args.at("enabled").get<bool>()) {
+              options.network = config::Network::off;
+            } else if (current.network != config::Network::off) {
+              options.network = current.network;  // on already
+            } else {
+              options.network = on_mode(ctx, current);
+            }
+            store::Instance inst = ctx.services.store.update(id, options, actor(rc));
+            const std::string note = network_change_note(ctx, inst, actor(rc));
+            server.notify_resource_updated(instance_uri(inst.id));
+            return mcp::ToolResult::text(fmt::format("Instance '{}': network {}{}.", inst.id,
+                                                     config::to_string(inst.network), note),
+                                         agent_instance_json(ctx, inst));
+          },
+  });
+}
+
 void add_update(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "update_instance",
       .title = "Update an instance",
       .description =
-          "Change an instance's description, network or persistent. A network change applies to the next "
-          "command (a running persistent instance: after restart_instance). Returns the instance.",
+          "Change an instance's description, network or persistent. A running persistent instance switches "
+          "among off, nat and filtered at once (processes kept); to or from host it is restarted. Returns the "
+          "instance.",
       .input = input_object({{"instance_id", kInstanceIdArg},
                              {"description", {{"type", "string"}, {"description", "New description."}}},
                              {"network", kNetworkArg},
@@ -437,10 +500,12 @@ void add_update(mcp::Server& server, const ToolContext& ctx) {
                                              "set persistent=false", id));
             }
             store::Instance inst = ctx.services.store.update(id, options, actor(rc));
+            std::string network_note;
+            if (options.network) network_note = network_change_note(ctx, inst, actor(rc));
             server.notify_resource_updated(instance_uri(inst.id));
             return mcp::ToolResult::text(
-                fmt::format("Updated instance '{}': description \"{}\", network {}, {}.", inst.id,
-                            inst.meta.description(), config::to_string(inst.network),
+                fmt::format("Updated instance '{}': description \"{}\", network {}{}, {}.", inst.id,
+                            inst.meta.description(), config::to_string(inst.network), network_note,
                             inst.persistent ? "persistent" : "not persistent"),
                 agent_instance_json(ctx, inst));
           },
@@ -616,6 +681,7 @@ void add_instance_tools(mcp::Server& server, const ToolContext& ctx) {
   add_list_archived(server, ctx);
   add_describe(server, ctx);
   add_update(server, ctx);
+  add_set_network_access(server, ctx);
   add_stop(server, ctx);
   add_restart(server, ctx);
   add_archive(server, ctx);

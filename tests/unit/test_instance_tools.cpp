@@ -51,6 +51,7 @@ class FakeBackend final : public sandbox::Backend {
     s.memory_bytes = 1 << 20;
     return s;
   }
+  bool change_network(const sandbox::Target&) override { return false; }
   bool stop_living(const sandbox::Target& t, std::string_view why, std::chrono::milliseconds grace) override {
     record(fmt::format("stop {} {} {}", t.instance_id, why, grace.count()));
     auto& s = status[t.instance_id];

@@ -128,6 +128,7 @@ class FakeBackend final : public sandbox::Backend {
   }
   sandbox::LivingStatus living_status(const sandbox::Target&) override { return {}; }
   sandbox::LivingStatus start_living(const sandbox::Target&) override { return {}; }
+  bool change_network(const sandbox::Target&) override { return false; }
   bool stop_living(const sandbox::Target&, std::string_view, std::chrono::milliseconds) override { return false; }
   std::vector<sandbox::LivingProcess> living_processes(const sandbox::Target&) override { return {}; }
   bool commands_share_pids() const override { return false; }
