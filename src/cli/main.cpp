@@ -2,6 +2,7 @@
 
 #include "cli/app.hpp"
 #include "files/broker.hpp"
+#include "network/proxy.hpp"
 #include "sandbox/keeper.hpp"
 
 int main(int argc, char** argv) {
@@ -11,5 +12,8 @@ int main(int argc, char** argv) {
   // So does a file broker (files/broker.hpp).
   if (argc > 1 && std::string_view(argv[1]) == nshpc::files::kBrokerCommand)
     return nshpc::files::broker_main(argc, argv);
+  // And the network proxy of a `filtered` instance (network/proxy.hpp).
+  if (argc > 1 && std::string_view(argv[1]) == nshpc::network::kProxyCommand)
+    return nshpc::network::proxy_main(argc, argv);
   return nshpc::cli::main(argc, argv);
 }

@@ -1,0 +1,416 @@
+// The network proxy of the `filtered` mode (network/proxy.hpp), as the server runs it: the real
+// binary as `ns-hpc __net-proxy` with a listening socket on descriptor 3, curl as the client, a
+// test HTTP server as the origin. Names resolve through the policy's override; every address a
+// test reaches is 127.0.0.1.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "base/fs.hpp"
+#include "base/pidfd.hpp"
+#include "base/process.hpp"
+#include "base/spawn.hpp"
+#include "common/file_server.hpp"
+#include "common/loopback.hpp"
+#include "common/temp_dir.hpp"
+#include "harness.hpp"
+
+namespace nshpc::test {
+namespace {
+
+using namespace std::chrono_literals;
+using nshpc::tests::closed_within;
+using nshpc::tests::connect_loopback;
+using nshpc::tests::FileServer;
+using nshpc::tests::read_some;
+using nshpc::tests::send_all;
+using nshpc::tests::TempDir;
+
+// A socket listening on 127.0.0.1:<any free port>.
+struct Listener {
+  UniqueFd fd;
+  std::uint16_t port = 0;
+  Listener() : fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (!fd || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd.get(), 512) != 0 ||
+        ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      throw std::runtime_error("cannot listen on 127.0.0.1");
+    port = ntohs(addr.sin_port);
+  }
+};
+
+struct CurlResult {
+  int exit_code = -1;
+  std::string body;
+  std::string code;     // %{http_code}
+  std::string connect;  // %{http_connect}: the proxy's answer to CONNECT
+};
+
+// The proxy process with its files; SIGKILLed and reaped when the test ends (SpawnedChild).
+class Proxy {
+ public:
+  explicit Proxy(const nlohmann::json& policy, int watch_pid = 0) {
+    write_policy(policy);
+    std::vector<std::string> argv{binary(), "__net-proxy", "--policy", policy_file().string(), "--audit",
+                                  audit_file().string()};
+    if (watch_pid > 0) argv.insert(argv.end(), {"--watch-pid", std::to_string(watch_pid)});
+    UniqueFd err(::open(stderr_file().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    SpawnSpec spec;
+    spec.program = binary();
+    spec.argv = argv;
+    spec.fds = {{listener_.fd.get(), 3}, {err.get(), 2}};
+    child_ = spawn(spec);
+  }
+
+  std::uint16_t port() const { return listener_.port; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port()); }
+  SpawnedChild& child() { return child_; }
+  fs::path policy_file() const { return dir_.path() / "policy.json"; }
+  fs::path audit_file() const { return dir_.path() / "audit.jsonl"; }
+  fs::path stderr_file() const { return dir_.path() / "stderr.txt"; }
+  void write_policy(const nlohmann::json& policy) const { nshpc::fs::atomic_write(policy_file(), policy.dump(), 0600); }
+
+  // curl through the proxy: an absolute-URI request, or (tunnel) CONNECT first.
+  CurlResult curl(const std::string& target, bool tunnel = false) const {
+    std::vector<std::string> argv{"curl", "-sS", "--noproxy", "", "-x", url(), "-m", "20", "-w",
+                                  "\n%{http_code} %{http_connect}"};
+    if (tunnel) argv.push_back("-p");
+    argv.push_back(target);
+    const CommandResult r = run_command(argv, "", 30s);
+    CurlResult out;
+    out.exit_code = r.exit_code;
+    const auto nl = r.out.rfind('\n');
+    out.body = r.out.substr(0, nl);
+    std::istringstream tail(r.out.substr(nl + 1));
+    tail >> out.code >> out.connect;
+    return out;
+  }
+
+  // The audit lines of `event`.
+  std::vector<nlohmann::json> audit(const std::string& event) const {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(audit_file());
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("event", "") == event) out.push_back(j);
+    }
+    return out;
+  }
+
+  // Waits for the process to end; its wait status, or -1 when it is still running.
+  int exit_status(std::chrono::milliseconds limit) {
+    if (!wait_pidfd(child_.pidfd(), limit)) return -1;
+    return child_.wait("the proxy");
+  }
+
+ private:
+  TempDir dir_{"nshpc-proxy"};
+  Listener listener_;
+  SpawnedChild child_;
+};
+
+// Sends raw bytes to the proxy and returns everything it answers before it closes.
+std::string raw_exchange(std::uint16_t port, const std::string& bytes) {
+  const UniqueFd fd(connect_loopback(port));
+  if (!fd) return "(no connection)";
+  send_all(fd.get(), bytes);
+  return read_some(fd.get(), 15s);
+}
+
+class ProxyTest : public ::testing::Test {
+ protected:
+  ProxyTest() {
+    std::ofstream(files_.path() / "file") << kContent;
+  }
+  nlohmann::json allow_origin() const {
+    const std::string port = std::to_string(origin_.port());
+    return {{"mode", "filtered"},
+            {"allow", nlohmann::json::array({"allowed.test:" + port, "127.0.0.1:" + port})},
+            {"resolve", {{"allowed.test", nlohmann::json::array({"127.0.0.1"})},
+                         {"other.test", nlohmann::json::array({"127.0.0.1"})}}}};
+  }
+  std::string origin_url(const std::string& host = "allowed.test") const {
+    return "http://" + host + ":" + std::to_string(origin_.port()) + "/file";
+  }
+
+  static constexpr const char* kContent = "hello through the proxy";
+  TempDir files_{"nshpc-proxy-files"};
+  FileServer origin_{files_.path()};
+};
+
+TEST_F(ProxyTest, AllowedNameThroughAbsoluteUriRequest) {
+  Proxy proxy(allow_origin());
+  const CurlResult r = proxy.curl(origin_url());
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.code, "200");
+  EXPECT_EQ(r.body, kContent);
+  EXPECT_EQ(origin_.requests(), 1);
+  ASSERT_TRUE(eventually([&] { return !proxy.audit("network.allowed").empty(); }, 5s));
+  const auto line = proxy.audit("network.allowed").front();
+  EXPECT_EQ(line["actor"], "network");
+  EXPECT_EQ(line["host"], "allowed.test");
+  EXPECT_EQ(line["port"], origin_.port());
+  EXPECT_EQ(line["address"], "127.0.0.1");
+  EXPECT_GT(line["bytes_up"].get<int>(), 0);
+  EXPECT_GT(line["bytes_down"].get<int>(), static_cast<int>(std::string(kContent).size()));
+  EXPECT_TRUE(line.contains("duration_ms"));
+}
+
+TEST_F(ProxyTest, AllowedNameThroughConnect) {
+  Proxy proxy(allow_origin());
+  const CurlResult r = proxy.curl(origin_url(), true);
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.connect, "200");
+  EXPECT_EQ(r.code, "200");
+  EXPECT_EQ(r.body, kContent);
+  EXPECT_EQ(origin_.requests(), 1);
+}
+
+TEST_F(ProxyTest, ForwardsOriginFormWithoutProxyHeaders) {
+  // A raw origin that records the request it gets.
+  Listener origin;
+  auto policy = allow_origin();
+  policy["allow"].push_back("allowed.test:" + std::to_string(origin.port));
+  policy["allow"].push_back("127.0.0.1:" + std::to_string(origin.port));
+  Proxy proxy(policy);
+  const UniqueFd client_fd(connect_loopback(proxy.port()));
+  const int client = client_fd.get();
+  ASSERT_GE(client, 0);
+  const std::string authority = "allowed.test:" + std::to_string(origin.port);
+  ASSERT_TRUE(send_all(client, "POST http://" + authority + "/p?q=1 HTTP/1.1\r\nHost: wrong.test\r\n"
+                               "Proxy-Authorization: Basic eDp5\r\nProxy-Connection: keep-alive\r\n"
+                               "Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\nContent-Length: 4\r\n\r\nbody"));
+  UniqueFd upstream_fd(::accept4(origin.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  const int upstream = upstream_fd.get();
+  ASSERT_GE(upstream, 0);
+  const std::string got = read_some(upstream, 5s, [](const std::string& s) { return s.ends_with("\r\n\r\nbody"); });
+  EXPECT_TRUE(got.starts_with("POST /p?q=1 HTTP/1.1\r\nHost: " + authority + "\r\n")) << got;
+  EXPECT_EQ(got.find("Proxy-"), std::string::npos) << got;
+  EXPECT_EQ(got.find("X-Hop"), std::string::npos) << got;
+  EXPECT_EQ(got.find("wrong.test"), std::string::npos) << got;
+  EXPECT_NE(got.find("Content-Length: 4\r\n"), std::string::npos) << got;
+  EXPECT_NE(got.find("Connection: close\r\n\r\nbody"), std::string::npos) << got;
+  // The answer streams back; the origin's close ends the exchange.
+  send_all(upstream, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+  upstream_fd.reset();
+  const std::string answer = read_some(client, 5s);
+  EXPECT_EQ(answer, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+}
+
+TEST_F(ProxyTest, UnlistedNameIsRefusedAndAudited) {
+  Proxy proxy(allow_origin());
+  const CurlResult r = proxy.curl(origin_url("other.test"));
+  EXPECT_EQ(r.code, "403");
+  EXPECT_EQ(r.body, "ns-hpc: other.test:" + std::to_string(origin_.port()) +
+                        " is not in this instance's network allow list ([network] allow in the config, or "
+                        "network_allow on the instance)\n");
+  const CurlResult t = proxy.curl(origin_url("other.test"), true);
+  EXPECT_NE(t.exit_code, 0);
+  EXPECT_EQ(t.connect, "403");
+  EXPECT_EQ(origin_.requests(), 0);
+  const auto denied = proxy.audit("network.denied");
+  ASSERT_EQ(denied.size(), 2u);
+  EXPECT_EQ(denied[0]["actor"], "network");
+  EXPECT_EQ(denied[0]["host"], "other.test");
+  EXPECT_EQ(denied[0]["port"], origin_.port());
+  EXPECT_NE(denied[0]["reason"].get<std::string>().find("not in this instance's network allow list"), std::string::npos);
+}
+
+TEST_F(ProxyTest, ListedNameResolvingToAForbiddenAddressIsRefused) {
+  // allowed.test is listed on another port of loopback, but that address is not.
+  Listener other;
+  Proxy proxy({{"mode", "filtered"},
+               {"allow", nlohmann::json::array({"allowed.test:" + std::to_string(other.port),
+                                                "127.0.0.1:" + std::to_string(origin_.port())})},
+               {"resolve", {{"allowed.test", nlohmann::json::array({"127.0.0.1"})}}}});
+  const std::string hp = "allowed.test:" + std::to_string(other.port);
+  const CurlResult r = proxy.curl("http://" + hp + "/file");
+  EXPECT_EQ(r.code, "403");
+  EXPECT_EQ(r.body, "ns-hpc: " + hp +
+                        " resolved to 127.0.0.1, a loopback address, which is refused unless that address is itself "
+                        "in the network allow list (e.g. 127.0.0.1:" + std::to_string(other.port) + ")\n");
+  const CurlResult t = proxy.curl("http://" + hp + "/file", true);
+  EXPECT_EQ(t.connect, "403");
+  // Nothing reached the address: no connection is waiting to be accepted.
+  pollfd p{other.fd.get(), POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 0);
+  ASSERT_EQ(proxy.audit("network.denied").size(), 2u);
+  EXPECT_NE(proxy.audit("network.denied")[0]["reason"].get<std::string>().find("resolved to 127.0.0.1"),
+            std::string::npos);
+}
+
+TEST_F(ProxyTest, ModeOffRefusesEverything) {
+  auto policy = allow_origin();
+  policy["mode"] = "off";
+  Proxy proxy(policy);
+  const CurlResult r = proxy.curl(origin_url());
+  EXPECT_EQ(r.code, "403");
+  EXPECT_NE(r.body.find("network mode \"off\""), std::string::npos) << r.body;
+  EXPECT_EQ(proxy.curl(origin_url(), true).connect, "403");
+  EXPECT_EQ(proxy.curl("http://127.0.0.1:" + std::to_string(origin_.port()) + "/file").code, "403");
+  EXPECT_EQ(origin_.requests(), 0);
+}
+
+TEST_F(ProxyTest, SighupSwitchesThePolicyAndClosesTunnelsItForbids) {
+  Listener held;  // an origin that never answers: the tunnel stays open until someone closes it
+  auto policy = allow_origin();
+  policy["allow"].push_back("allowed.test:" + std::to_string(held.port));
+  policy["allow"].push_back("127.0.0.1:" + std::to_string(held.port));
+  Proxy proxy(policy);
+  ASSERT_EQ(proxy.curl(origin_url()).code, "200");
+
+  UniqueFd tunnel_fd(connect_loopback(proxy.port()));
+  const int tunnel = tunnel_fd.get();
+  ASSERT_GE(tunnel, 0);
+  const std::string authority = "allowed.test:" + std::to_string(held.port);
+  send_all(tunnel, "CONNECT " + authority + " HTTP/1.1\r\nHost: " + authority + "\r\n\r\n");
+  const std::string established = read_some(tunnel, 5s, [](const std::string& s) { return s.ends_with("\r\n\r\n"); });
+  ASSERT_EQ(established, "HTTP/1.1 200 Connection established\r\n\r\n");
+  EXPECT_FALSE(closed_within(tunnel, 300ms));
+
+  // A policy without allowed.test (the origin's address stays listed, the name does not).
+  proxy.write_policy(
+      {{"mode", "filtered"}, {"allow", nlohmann::json::array({"127.0.0.1:" + std::to_string(origin_.port())})}});
+  ASSERT_EQ(::kill(proxy.child().pid(), SIGHUP), 0);
+  EXPECT_TRUE(closed_within(tunnel, 5s));
+  const CurlResult r = proxy.curl(origin_url());
+  EXPECT_EQ(r.code, "403");
+  EXPECT_NE(r.body.find("not in this instance's network allow list"), std::string::npos);
+  // The address is still allowed by itself.
+  EXPECT_EQ(proxy.curl("http://127.0.0.1:" + std::to_string(origin_.port()) + "/file").body, kContent);
+  // The closed tunnel is audited as closed by the new policy, and as the connection it was.
+  bool closed_line = false;
+  for (const auto& line : proxy.audit("network.denied"))
+    closed_line |= line["reason"].get<std::string>().find("closed by a new policy") != std::string::npos;
+  EXPECT_TRUE(closed_line);
+  EXPECT_TRUE(eventually([&] { return proxy.audit("network.allowed").size() == 3; }, 5s));
+  EXPECT_EQ(proxy.exit_status(0ms), -1);  // still serving
+}
+
+TEST_F(ProxyTest, BrokenPolicyOnSighupKeepsTheOldOne) {
+  Proxy proxy(allow_origin());
+  ASSERT_EQ(proxy.curl(origin_url()).code, "200");
+  nshpc::fs::atomic_write(proxy.policy_file(), "{\"mode\": \"filtered\", \"allow\": [\"bad host\"]}", 0600);
+  ASSERT_EQ(::kill(proxy.child().pid(), SIGHUP), 0);
+  ASSERT_TRUE(eventually([&] { return read_text(proxy.stderr_file()).find("not reloaded") != std::string::npos; }, 5s));
+  EXPECT_NE(read_text(proxy.stderr_file()).find("allow entry \"bad host\""), std::string::npos);
+  EXPECT_EQ(proxy.curl(origin_url()).body, kContent);
+}
+
+TEST_F(ProxyTest, WhatIsNotAProxyRequestGets400) {
+  Proxy proxy(allow_origin());
+  const auto status_of = [](const std::string& answer) { return answer.substr(0, answer.find("\r\n")); };
+  std::string a = raw_exchange(proxy.port(), std::string("\x16\x03\x01\x02\x00 garbage\r\n\r\n", 20));
+  EXPECT_EQ(status_of(a), "HTTP/1.1 400 Bad Request") << a;
+  a = raw_exchange(proxy.port(), "GET /file HTTP/1.1\r\nHost: allowed.test\r\n\r\n");
+  EXPECT_EQ(status_of(a), "HTTP/1.1 400 Bad Request") << a;
+  EXPECT_NE(a.find("this is a proxy"), std::string::npos) << a;
+  a = raw_exchange(proxy.port(), "GET http://allowed.test:" + std::to_string(origin_.port()) +
+                                     "/ HTTP/1.1\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n");
+  EXPECT_EQ(status_of(a), "HTTP/1.1 400 Bad Request") << a;
+  EXPECT_NE(a.find("larger than 16 KiB"), std::string::npos) << a;
+  a = raw_exchange(proxy.port(), "CONNECT allowed.test HTTP/1.1\r\n\r\n");
+  EXPECT_NE(a.find("needs a port"), std::string::npos) << a;
+  a = raw_exchange(proxy.port(), "GET http://user@allowed.test/ HTTP/1.1\r\n\r\n");
+  EXPECT_NE(a.find("user info"), std::string::npos) << a;
+  a = raw_exchange(proxy.port(), "GET http://127.1:" + std::to_string(origin_.port()) + "/ HTTP/1.1\r\n\r\n");
+  EXPECT_NE(a.find("does not name a valid host"), std::string::npos) << a;
+  EXPECT_EQ(origin_.requests(), 0);
+}
+
+TEST_F(ProxyTest, AHeadThatDoesNotCompleteGets400After10Seconds) {
+  Proxy proxy(allow_origin());
+  const UniqueFd fd(connect_loopback(proxy.port()));
+  ASSERT_TRUE(fd);
+  send_all(fd.get(), "GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n");
+  const auto start = std::chrono::steady_clock::now();
+  const std::string answer = read_some(fd.get(), 20s);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 400 Bad Request")) << answer;
+  EXPECT_NE(answer.find("no complete request head within 10 s"), std::string::npos) << answer;
+  EXPECT_GE(waited, 9s);
+  EXPECT_LE(waited, 15s);
+}
+
+TEST_F(ProxyTest, OverTheConnectionLimitGets503) {
+  Proxy proxy(allow_origin());
+  ASSERT_EQ(proxy.curl(origin_url()).code, "200");
+  std::vector<UniqueFd> held;
+  for (int i = 0; i < 256; ++i) {
+    held.emplace_back(connect_loopback(proxy.port()));
+    ASSERT_TRUE(held.back()) << i;
+  }
+  const UniqueFd extra(connect_loopback(proxy.port()));
+  const std::string answer = read_some(extra.get(), 10s);
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 503 Service Unavailable")) << answer;
+  EXPECT_NE(answer.find("256 connections"), std::string::npos) << answer;
+  // Once they are gone, it serves again.
+  held.clear();
+  EXPECT_TRUE(eventually([&] { return proxy.curl(origin_url()).code == "200"; }, 10s));
+}
+
+TEST_F(ProxyTest, DeniedLinesAreRateLimited) {
+  Proxy proxy(allow_origin());
+  for (int i = 0; i < 25; ++i) {
+    const std::string a = raw_exchange(proxy.port(), "CONNECT other.test:443 HTTP/1.1\r\n\r\n");
+    ASSERT_TRUE(a.starts_with("HTTP/1.1 403 Forbidden")) << a;
+  }
+  EXPECT_EQ(proxy.audit("network.denied").size(), 20u);
+  // The window's count is written when it ends, or when the proxy stops.
+  ASSERT_EQ(::kill(proxy.child().pid(), SIGTERM), 0);
+  const int status = proxy.exit_status(5s);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  const auto suppressed = proxy.audit("network.denied_suppressed");
+  ASSERT_EQ(suppressed.size(), 1u);
+  EXPECT_EQ(suppressed[0]["count"], 5);
+}
+
+TEST_F(ProxyTest, EndsWhenTheWatchedProcessEnds) {
+  SpawnSpec spec;
+  spec.program = "sleep";
+  spec.argv = {"sleep", "60"};
+  SpawnedChild watched = spawn(spec);
+  Proxy proxy(allow_origin(), watched.pid());
+  ASSERT_EQ(proxy.curl(origin_url()).body, kContent);
+  EXPECT_EQ(proxy.exit_status(200ms), -1);
+  ::kill(watched.pid(), SIGTERM);
+  watched.wait("sleep");
+  const int status = proxy.exit_status(5s);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(ProxyStart, RefusesBadArgumentsAndPolicies) {
+  TempDir dir("nshpc-proxy-start");
+  const std::string policy = (dir.path() / "policy.json").string();
+  const std::string audit = (dir.path() / "audit.jsonl").string();
+  CommandResult r = run_command({binary(), "__net-proxy", "--policy", policy});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--audit FILE is missing"), std::string::npos) << r.err;
+
+  r = run_command({binary(), "__net-proxy", "--policy", policy, "--audit", audit});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.err;
+
+  nshpc::fs::atomic_write(policy, "{\"mode\": \"filtered\", \"allow\": [", 0600);
+  r = run_command({binary(), "__net-proxy", "--policy", policy, "--audit", audit});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("not valid JSON"), std::string::npos) << r.err;
+
+  nshpc::fs::atomic_write(policy, "{\"mode\": \"filtered\"}", 0600);
+  r = run_command({binary(), "__net-proxy", "--policy", policy, "--audit", audit});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("descriptor 3 is not a listening TCP socket"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace nshpc::test
