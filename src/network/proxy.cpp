@@ -1025,6 +1025,9 @@ tcp::acceptor listening_socket(asio::io_context& io) {
 }  // namespace
 
 int proxy_main(int argc, char** argv) {
+  // A SIGHUP before the signal set below is in place would end the process; the policy is read
+  // after this anyway, so one sent that early has nothing to reload.
+  ::signal(SIGHUP, SIG_IGN);
   // Nothing may attach to it or read its memory (it holds the host's network for the sandbox).
   ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   ::signal(SIGPIPE, SIG_IGN);
