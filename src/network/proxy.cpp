@@ -22,6 +22,7 @@
 #include <charconv>
 #include <cstdio>
 #include <memory>
+#include <utility>
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -435,6 +436,9 @@ constexpr std::size_t kMaxConnections = 256;
 constexpr auto kHeadTimeout = std::chrono::seconds(10);
 constexpr auto kConnectTimeout = std::chrono::seconds(10);  // resolution and connection together
 constexpr auto kIdleTimeout = std::chrono::minutes(10);
+// Once one side has ended (its end passed on as a half-close), the other gets this long without
+// a byte: enough to finish an answer, short enough that abandoned connections do not pile up.
+constexpr auto kHalfClosedTimeout = std::chrono::seconds(30);
 constexpr auto kReplyTimeout = std::chrono::seconds(5);     // writing a refusal, and the lingering close
 constexpr auto kStopGrace = std::chrono::seconds(3);        // for the connections' last audit lines
 
@@ -588,6 +592,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool aborted_ = false;
   bool done_ = false;
   bool connected_ = false;
+  bool half_closed_ = false;  // one direction of the tunnel has ended
   Host host_;
   std::uint16_t port_ = 0;
   IpAddress address_;
@@ -841,13 +846,13 @@ awaitable<void> Session::reply(unsigned status, std::string_view phrase, std::st
 }
 
 // Copies one direction until its end; an end is passed on as a half-close, so the other
-// direction can still finish. An error ends both.
+// direction can still finish (within kHalfClosedTimeout of its last byte). An error ends both.
 awaitable<void> Session::relay(tcp::socket& from, tcp::socket& to, std::uint64_t& counter) {
   std::array<char, 16 * 1024> chunk;
   for (;;) {
     auto [ec, n] = co_await from.async_read_some(asio::buffer(chunk), kTuple);
     if (n > 0) {
-      arm(kIdleTimeout);
+      arm(half_closed_ ? Clock::duration(kHalfClosedTimeout) : Clock::duration(kIdleTimeout));
       auto [wec, wn] = co_await asio::async_write(to, asio::buffer(chunk.data(), n), kTuple);
       counter += wn;
       if (wec) {
@@ -857,10 +862,12 @@ awaitable<void> Session::relay(tcp::socket& from, tcp::socket& to, std::uint64_t
     }
     if (ec) {
       boost::system::error_code ignored;
-      if (ec == asio::error::eof)
-        to.shutdown(tcp::socket::shutdown_send, ignored);
-      else
+      if (ec != asio::error::eof) {
         abort();
+      } else {
+        to.shutdown(tcp::socket::shutdown_send, ignored);
+        if (!std::exchange(half_closed_, true)) arm(kHalfClosedTimeout);
+      }
       co_return;
     }
   }
@@ -1018,6 +1025,9 @@ tcp::acceptor listening_socket(asio::io_context& io) {
 }  // namespace
 
 int proxy_main(int argc, char** argv) {
+  // A SIGHUP before the signal set below is in place would end the process; the policy is read
+  // after this anyway, so one sent that early has nothing to reload.
+  ::signal(SIGHUP, SIG_IGN);
   // Nothing may attach to it or read its memory (it holds the host's network for the sandbox).
   ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   ::signal(SIGPIPE, SIG_IGN);
