@@ -7,7 +7,10 @@
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
+#include <linux/capability.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -49,6 +52,26 @@ int join_netns(int userns_fd, int net_fd, const char** step) {
   }
   if (::setns(net_fd, CLONE_NEWNET) < 0) {
     *step = kJoinNet;
+    return errno;
+  }
+  return 0;
+}
+
+// The program run next keeps CAP_NET_ADMIN (ambient) across its execve: after joining a user
+// namespace in which this process's uid is not root (a root server joining a sandbox whose user
+// namespace maps only the sandbox's uid), execve would drop every capability. Async-signal-safe.
+int keep_net_admin(const char** step) {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (::syscall(SYS_capget, &header, data) < 0) {
+    *step = "capget";
+    return errno;
+  }
+  if (!(data[0].permitted & (1U << CAP_NET_ADMIN))) return 0;  // nothing to keep: the call fails as it would
+  data[0].inheritable |= 1U << CAP_NET_ADMIN;
+  if (::syscall(SYS_capset, &header, data) < 0 ||
+      ::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_NET_ADMIN, 0, 0) < 0) {
+    *step = "keep CAP_NET_ADMIN (ambient capability)";
     return errno;
   }
   return 0;
@@ -293,9 +316,10 @@ CommandResult run_in(const Netns& ns, const std::vector<std::string>& argv, cons
   const bool with_user = ns.userns_fd >= 0;
   if (with_user) setup.fds.emplace_back(ns.userns_fd, 4);
   setup.in_child = [with_user](const char** step) {
-    const int err = join_netns(with_user ? 4 : -1, 3, step);
+    int err = join_netns(with_user ? 4 : -1, 3, step);
     ::close(3);
     if (with_user) ::close(4);
+    if (err == 0) err = keep_net_admin(step);
     return err;
   };
   return run_command(argv, input, timeout, 64 * 1024 * 1024, {}, setup);

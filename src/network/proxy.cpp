@@ -345,8 +345,8 @@ Verdict check_destination(const Policy& policy, const Host& host, std::uint16_t 
                        return name_matches(e, host.name) && port_matches(e.port, port);
                      });
   if (listed) return {true, ""};
-  return {false, fmt::format("ns-hpc: {} is not in this instance's network allow list ([network] allow in the "
-                             "config, or network_allow on the instance)",
+  return {false, fmt::format("ns-hpc: {} is not in this instance's network allow list ([network] allow in "
+                             "ns-hpc's config)",
                              host_port(host, port))};
 }
 

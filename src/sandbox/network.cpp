@@ -1,5 +1,6 @@
 #include "sandbox/network.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -26,6 +27,7 @@ constexpr const char* kModeFile = "network.mode";            // the mode served 
 constexpr const char* kPolicyFile = "network.policy.json";   // the proxy's policy
 constexpr const char* kProxyPidFile = "network.proxy.pid";   // the proxy serving it
 constexpr const char* kPastaPidFile = "network.pasta.pid";   // pasta, written by pasta
+constexpr const char* kProxyLogFile = "network.proxy.log";   // what the proxy says
 
 // The proxy's policy for `mode`: the allow list in `filtered`, nothing in any other.
 void write_policy(const NetworkPlan& plan, config::Network mode) {
@@ -67,7 +69,14 @@ void start_proxy(const NetworkPlan& plan, const network::Netns& ns, pid_t init, 
                plan.audit_log.string(),
                "--watch-pid",
                std::to_string(init)};
-  spec.fds = {{listener.get(), 3}};
+  // Nothing of the caller's (an MCP client's stdio): /dev/null, and what it says goes to a log of
+  // its own beside the policy.
+  UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
+  if (!null_fd) throw SysError(errno, "open", "/dev/null");
+  const stdfs::path log_path = plan.state_dir / kProxyLogFile;
+  UniqueFd log_fd(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!log_fd) throw SysError(errno, "open", log_path.string());
+  spec.fds = {{null_fd.get(), 0}, {null_fd.get(), 1}, {log_fd.get(), 2}, {listener.get(), 3}};
   spec.new_session = true;  // no terminal signal of the server's reaches it
   SpawnedChild proxy = spawn(spec);
   fs::atomic_write(plan.state_dir / kProxyPidFile, std::to_string(proxy.pid()) + "\n", 0600);

@@ -703,3 +703,127 @@ TEST(Netns, PastaServesAHardenedBwrapSandbox) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The modes as an agent's instance has them (the real ns-hpc, living instances).
+
+namespace {
+
+using nshpc::test::Env;
+using nshpc::test::Result;
+
+// A shell command inside the instance (its living sandbox).
+Result inside(const Env& env, const std::string& id, const std::string& script) {
+  return env.run({"bwrap", id, "--", "/bin/bash", "-c", script});
+}
+
+// bash's /dev/tcp: "open" when a connection to address:port is made within 3 s, else "closed".
+std::string probe(const std::string& address, std::uint16_t port) {
+  return fmt::format("(timeout 3 bash -c 'exec 3<>/dev/tcp/{}/{}' 2>/dev/null && echo open || echo closed)", address,
+                     port);
+}
+
+}  // namespace
+
+// nat: the outside world (a server in a test-made namespace behind a veth pair) is reached; the
+// host's loopback and the host's own addresses are not. Switching to off cuts the open connection
+// at once and keeps the instance's processes; switching back brings the network back.
+TEST(NetworkModes, NatReachesTheWorldButNotTheHostAndOffCutsItWhileProcessesStay) {
+  REQUIRE_PASTA();
+  World world;
+  Server world_server(net::listen_in(world.view(), world.world_ip(), 0, 16));
+  Server host_loopback(host_listener("127.0.0.1"));
+  Server host_veth(host_listener(world.host_ip()));
+  Env env;
+  env.create("natty", {"--network", "nat", "--persistent"});
+  const std::string checks = probe(world.world_ip(), world_server.port()) + "; " +
+                             probe("127.0.0.1", host_loopback.port()) + "; " +
+                             probe(world.host_ip(), host_veth.port());
+  Result r = inside(env, "natty", checks);
+  EXPECT_EQ(r.out, "open\nclosed\nclosed\n") << r.err;
+  EXPECT_EQ(host_loopback.accepted(), 0);
+  EXPECT_EQ(host_veth.accepted(), 0);
+
+  // A connection held open by a background process, and a process that only sleeps.
+  r = inside(env, "natty",
+             fmt::format("sleep 600 >/dev/null 2>&1 & (exec 3<>/dev/tcp/{}/{}; while read -r -u 3 line; do :; done; "
+                         "echo cut > /workspace/cut.txt) >/dev/null 2>&1 &",
+                         world.world_ip(), world_server.port()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(eventually([&] { return world_server.accepted() >= 2; }, 5s));
+  r = env.run({"instance", "update", "natty", "--network", "off"});
+  EXPECT_NE(r.out.find("applied to the running sandbox"), std::string::npos) << r.out << r.err;
+  EXPECT_TRUE(eventually([&] { return stdfs::exists(env.instances() / "natty/workspace/cut.txt"); }, 5s))
+      << "the open connection was not cut";
+  r = inside(env, "natty", "pgrep -x sleep | wc -l; ip -o link | wc -l; " + probe(world.world_ip(), world_server.port()));
+  EXPECT_EQ(r.out, "2\n1\nclosed\n") << r.err;  // the living sandbox's own sleep and ours; loopback only
+  EXPECT_EQ(env.run({"instance", "update", "natty", "--network", "nat"}).exit_code, 0);
+  EXPECT_EQ(inside(env, "natty", probe(world.world_ip(), world_server.port())).out, "open\n");
+  EXPECT_EQ(env.run({"instance", "stop", "natty"}).exit_code, 0);
+  EXPECT_EQ(nshpc::run_command({"pgrep", "-f", (env.instances() / "natty/status/network.pasta.pid").string()}).exit_code, 1)
+      << "pasta outlived the stopped instance";
+}
+
+// filtered: only the allow list, through the proxy (names pinned to a loopback test server); an
+// unlisted name, a listed name that resolves to an address not listed (the host's loopback: the
+// ns-hpc server's port would be one), and a program that ignores the proxy variables all fail;
+// refusals are audited. Works as a normal user too (no /dev/net/tun needed).
+TEST(NetworkModes, FilteredReachesOnlyTheAllowListAndSwitchesAtOnce) {
+  REQUIRE_USERNS();
+  Server allowed(host_listener("127.0.0.1"));
+  Server forbidden(host_listener("127.0.0.1"));
+  const std::string a = std::to_string(allowed.port());
+  const std::string f = std::to_string(forbidden.port());
+  Env env("[network]\nallow = [\"allowed.test:" + a + "\", \"127.0.0.1:" + a + "\", \"pinned.test:" + f +
+          "\"]\nresolve = [\"allowed.test=127.0.0.1\", \"pinned.test=127.0.0.1\"]\n");
+  env.create("filt", {"--network", "filtered", "--persistent"});
+  const std::string curl = "curl -s -m 5 -o /dev/null -w '%{http_code}\\n' ";
+  Result r = inside(env, "filt",
+                    "curl -s -m 5 -p http://allowed.test:" + a + "/ -o /dev/null -w '%{http_code}\\n' || true; " +
+                        curl + "http://unlisted.test/ ; " + curl + "http://pinned.test:" + f + "/ ; " +
+                        probe("127.0.0.1", allowed.port()));
+  // CONNECT to the allowed name succeeds (the test server speaks no HTTP: curl's code is 000
+  // after the tunnel was made, and the server saw the connection); the others are refused.
+  EXPECT_EQ(r.out.substr(r.out.find('\n') + 1), "403\n403\nclosed\n") << r.out << r.err;
+  EXPECT_EQ(allowed.accepted(), 1);
+  EXPECT_EQ(forbidden.accepted(), 0);
+  const std::string audit = nshpc::test::read_text(env.instances() / "filt/audit.log");
+  EXPECT_NE(audit.find("\"network.denied\""), std::string::npos) << audit;
+  EXPECT_NE(audit.find("unlisted.test"), std::string::npos);
+
+  // Off at once: the proxy refuses everything; processes stay. Back to filtered: allowed again.
+  // A background process that shows it runs (a normal user's later commands may not see it in ps).
+  const stdfs::path alive = env.instances() / "filt/workspace/alive";
+  auto beating = [&] {
+    std::error_code ec;
+    const auto before = stdfs::last_write_time(alive, ec);
+    return !ec && eventually([&] { return stdfs::last_write_time(alive, ec) != before; }, 3s);
+  };
+  ASSERT_EQ(inside(env, "filt", "(while :; do touch alive; sleep 0.1; done) >/dev/null 2>&1 &").exit_code, 0);
+  ASSERT_TRUE(eventually([&] { return stdfs::exists(alive); }, 5s));
+  r = env.run({"instance", "update", "filt", "--network", "off"});
+  EXPECT_NE(r.out.find("applied to the running sandbox"), std::string::npos) << r.out << r.err;
+  EXPECT_TRUE(beating()) << "the instance's process ended with the switch";
+  r = inside(env, "filt", "env | grep -ci '^http_proxy=' || true");
+  EXPECT_EQ(r.out, "0\n") << r.err;  // off: no proxy variables for new commands
+  ASSERT_EQ(env.run({"instance", "update", "filt", "--network", "filtered"}).exit_code, 0);
+  r = inside(env, "filt", "curl -s -m 5 -p http://allowed.test:" + a + "/ -o /dev/null || true");
+  EXPECT_TRUE(eventually([&] { return allowed.accepted() == 2; }, 5s));
+  // To host: a restart, said so; its processes end.
+  r = env.run({"instance", "update", "filt", "--network", "host"});
+  EXPECT_NE(r.out.find("restarted"), std::string::npos) << r.out << r.err;
+  EXPECT_FALSE(beating()) << "the instance's process outlived the restart";
+}
+
+// What cannot be served is refused with the reason, never left half-working.
+TEST(NetworkModes, ModesThatCannotBeServedAreRefusedWithTheReason) {
+  Env env;
+  Result r = env.run({"instance", "create", "eph", "--network", "filtered", "--no-persistent"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("needs a persistent instance"), std::string::npos) << r.err;
+  if (auto why = net::nat_unavailable()) {
+    r = env.run({"instance", "create", "nonat", "--network", "nat", "--persistent"});
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("network 'nat' cannot work here"), std::string::npos) << r.err;
+  }
+}

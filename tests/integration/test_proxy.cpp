@@ -243,8 +243,8 @@ TEST_F(ProxyTest, UnlistedNameIsRefusedAndAudited) {
   const CurlResult r = proxy.curl(origin_url("other.test"));
   EXPECT_EQ(r.code, "403");
   EXPECT_EQ(r.body, "ns-hpc: other.test:" + std::to_string(origin_.port()) +
-                        " is not in this instance's network allow list ([network] allow in the config, or "
-                        "network_allow on the instance)\n");
+                        " is not in this instance's network allow list ([network] allow in ns-hpc's "
+                        "config)\n");
   const CurlResult t = proxy.curl(origin_url("other.test"), true);
   EXPECT_NE(t.exit_code, 0);
   EXPECT_EQ(t.connect, "403");

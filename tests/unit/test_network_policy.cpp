@@ -106,8 +106,8 @@ TEST(NetworkAllowEntry, MatchesNamesCaseInsensitivelyOnTheirPorts) {
   const Verdict v = check_destination(p, host("other.test"), 443);
   EXPECT_FALSE(v.allowed);
   EXPECT_EQ(v.reason,
-            "ns-hpc: other.test:443 is not in this instance's network allow list ([network] allow in the config, or "
-            "network_allow on the instance)");
+            "ns-hpc: other.test:443 is not in this instance's network allow list ([network] allow in ns-hpc's "
+            "config)");
 }
 
 TEST(NetworkAllowEntry, AddressLiteralsNeedAnAddressEntry) {
