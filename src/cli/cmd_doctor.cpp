@@ -29,6 +29,7 @@
 #include "base/text.hpp"
 #include "base/users.hpp"
 #include "cli/app.hpp"
+#include "network/netns.hpp"
 #include "cli/output.hpp"
 #include "sandbox/capture.hpp"
 #include "sandbox/cgroups.hpp"
@@ -354,6 +355,24 @@ Check check_slurm_shared(const config::Config& cfg) {
   return c;
 }
 
+// Which network modes work here (sandbox/network.hpp): off and filtered need only a network
+// namespace; nat needs pasta and /dev/net/tun; host always works (the weakest).
+Check check_network_modes(const config::Config& cfg) {
+  Check c{"network modes"};
+  c.required = false;
+  const std::string fallback = fmt::format("[namespace] default_network = \"{}\"", config::to_string(cfg.ns.default_network));
+  if (auto why = network::nat_unavailable()) {
+    c.detail = fmt::format("off, filtered and host work; nat does not: {} ({})", *why, fallback);
+    c.fix = "use network 'filtered' (an allow list: [network] allow) or 'off'";
+    if (fs::find_program("pasta") == std::nullopt) c.fix = "apt-get install passt (for nat), or use 'filtered' or 'off'";
+    return c;
+  }
+  c.ok = true;
+  c.detail = fmt::format("off, nat, filtered and host work (nat: pasta; filtered: {} allow-list entries) ({})",
+                         cfg.network.allow.size(), fallback);
+  return c;
+}
+
 // `ns-hpc image build`: mmdebstrap, and how a build runs for this user (sandbox/images.hpp).
 Check check_image_builds() {
   Check c{"image builds (mmdebstrap)"};
@@ -495,6 +514,7 @@ void add_doctor_command(CLI::App& app, Invocation& inv) {
     checks.push_back(check_instances_dir(*cfg));
     checks.push_back(check_cgroups());
     checks.push_back(check_living(inv, *cfg));
+    checks.push_back(check_network_modes(*cfg));
     checks.push_back(check_image_builds());
     checks.push_back(check_image_layers(*cfg));
     checks.push_back(check_default_image(*cfg, *fix));

@@ -2,6 +2,7 @@
 
 #include "cli/app.hpp"
 #include "files/broker.hpp"
+#include "network/netns.hpp"
 #include "network/proxy.hpp"
 #include "sandbox/keeper.hpp"
 
@@ -9,6 +10,9 @@ int main(int argc, char** argv) {
   // A job keeper (sandbox/keeper.hpp) needs nothing of the CLI: dispatched before any of it.
   if (argc > 1 && std::string_view(argv[1]) == nshpc::sandbox::kKeeperCommand)
     return nshpc::sandbox::keeper_main(argc, argv);
+  // So does a pasta watcher (network/netns.hpp).
+  if (argc > 1 && std::string_view(argv[1]) == nshpc::network::kWatchCommand)
+    return nshpc::network::watch_main(argc, argv);
   // So does a file broker (files/broker.hpp).
   if (argc > 1 && std::string_view(argv[1]) == nshpc::files::kBrokerCommand)
     return nshpc::files::broker_main(argc, argv);

@@ -5,6 +5,7 @@
 #include <ifaddrs.h>
 #include <linux/nsfs.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <linux/capability.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -484,6 +486,40 @@ bool detach_pasta(const std::filesystem::path& pid_file, std::chrono::millisecon
   reap_if_child(pidfd);
   std::filesystem::remove(pid_file, ignored);
   return true;
+}
+
+int watch_main(int argc, char** argv) {
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  pid_t init = 0;
+  std::filesystem::path pid_file;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string_view option = argv[i];
+    if (option == "--watch-pid")
+      init = static_cast<pid_t>(std::atol(argv[i + 1]));
+    else if (option == "--pasta-pid-file")
+      pid_file = argv[i + 1];
+  }
+  if (init <= 1 || pid_file.empty()) {
+    fmt::print(stderr, "usage: ns-hpc {} --watch-pid PID --pasta-pid-file FILE (started by the ns-hpc server)\n",
+               kWatchCommand);
+    return 2;
+  }
+  const UniqueFd sandbox = open_pidfd(init);
+  std::optional<PastaProcess> pasta = find_pasta(pid_file);
+  if (!pasta) return 0;  // detached already
+  if (sandbox) {
+    pollfd fds[2] = {{sandbox.get(), POLLIN, 0}, {pasta->pidfd.get(), POLLIN, 0}};
+    while (::poll(fds, 2, -1) < 0 && errno == EINTR) {
+    }
+    if (fds[1].revents != 0) return 0;  // pasta ended first
+  }
+  try {
+    detach_pasta(pid_file);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "ns-hpc {}: {}\n", kWatchCommand, e.what());
+    return 1;
+  }
+  return 0;
 }
 
 std::optional<std::string> nat_unavailable() {

@@ -137,4 +137,13 @@ bool detach_pasta(const std::filesystem::path& pid_file, std::chrono::millisecon
 // opened read-write. Otherwise one sentence saying what is missing and the fix.
 std::optional<std::string> nat_unavailable();
 
+// pasta does not end with its namespace, so a living sandbox's pasta gets a watcher: the ns-hpc
+// binary itself, run as
+//   ns-hpc __net-watch --watch-pid INIT --pasta-pid-file FILE
+// (own session, /dev/null for its standard descriptors, the server's uid), which detaches the
+// pasta of FILE once INIT (the sandbox's init) has ended, and ends by itself when that pasta
+// ends first (a switch to another mode detached it).
+inline constexpr std::string_view kWatchCommand = "__net-watch";
+int watch_main(int argc, char** argv);
+
 }  // namespace nshpc::network

@@ -90,13 +90,26 @@ void leave_nat(const NetworkPlan& plan, const network::Netns& ns) {
   network::destroy_sockets(ns);
 }
 
-void enter_nat(const NetworkPlan& plan, const network::Netns& ns, Leftovers& leftovers) {
+void enter_nat(const NetworkPlan& plan, const network::Netns& ns, pid_t init, Leftovers& leftovers) {
   if (auto why = network::nat_unavailable())
     throw UsageError(fmt::format("network 'nat' cannot work here: {}; use 'filtered' or 'off'", *why));
   // The host's own addresses first: pasta would reach the host's services through them.
   network::block_addresses(ns, network::host_addresses());
   network::PastaProcess pasta = network::attach_pasta(ns, {.pid_file = plan.state_dir / kPastaPidFile});
   if (pasta.adopted) leftovers.add(std::move(pasta.pidfd));
+  // pasta does not end with the namespace (an idle stop of the sandbox happens without any
+  // server): a watcher of the sandbox's init detaches it then.
+  UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
+  if (!null_fd) throw SysError(errno, "open", "/dev/null");
+  SpawnSpec spec;
+  spec.program = fs::self_program("the watcher of a nat instance's pasta");
+  spec.argv = {spec.program, std::string(network::kWatchCommand), "--watch-pid", std::to_string(init),
+               "--pasta-pid-file", (plan.state_dir / kPastaPidFile).string()};
+  spec.fds = {{null_fd.get(), 0}, {null_fd.get(), 1}, {null_fd.get(), 2}};
+  spec.new_session = true;
+  SpawnedChild watcher = spawn(spec);
+  leftovers.add(UniqueFd(::fcntl(watcher.pidfd(), F_DUPFD_CLOEXEC, 3)));
+  watcher.release();
   log::info("instance {}: network nat attached (pasta pid {}, {} ms)", plan.instance_id, pasta.pid,
             std::chrono::duration_cast<std::chrono::milliseconds>(pasta.took).count());
 }
@@ -124,7 +137,7 @@ void serve_network(const NetworkPlan& plan, pid_t init, Leftovers& leftovers) {
   } else if (plan.mode == config::Network::filtered) {
     start_proxy(plan, ns.view(), init, leftovers);
   }
-  if (plan.mode == config::Network::nat && from != config::Network::nat) enter_nat(plan, ns.view(), leftovers);
+  if (plan.mode == config::Network::nat && from != config::Network::nat) enter_nat(plan, ns.view(), init, leftovers);
   fs::atomic_write(plan.state_dir / kModeFile, config::to_string(plan.mode) + "\n", 0600);
 }
 

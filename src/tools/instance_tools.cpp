@@ -407,6 +407,7 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
             store::Instance inst = ctx.services.store.get(string_arg(args, "instance_id"));
             json out = agent_instance_json(ctx, inst);
             const store::Store::DiskUse use = ctx.services.store.disk_use(inst);
+            if (inst.network == config::Network::filtered) out["network_allow"] = ctx.services.config.network.allow;
             out["disk_usage"] = {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes},
                                  {"files", use.files}, {"layer_bytes", use.layer_bytes},
                                  {"snapshots_bytes", use.snapshots_bytes}};

@@ -760,8 +760,17 @@ TEST(NetworkModes, NatReachesTheWorldButNotTheHostAndOffCutsItWhileProcessesStay
   EXPECT_EQ(env.run({"instance", "update", "natty", "--network", "nat"}).exit_code, 0);
   EXPECT_EQ(inside(env, "natty", probe(world.world_ip(), world_server.port())).out, "open\n");
   EXPECT_EQ(env.run({"instance", "stop", "natty"}).exit_code, 0);
-  EXPECT_EQ(nshpc::run_command({"pgrep", "-f", (env.instances() / "natty/status/network.pasta.pid").string()}).exit_code, 1)
-      << "pasta outlived the stopped instance";
+  const std::string pasta_of_natty = (env.instances() / "natty/status/network.pasta.pid").string();
+  EXPECT_EQ(nshpc::run_command({"pgrep", "-f", pasta_of_natty}).exit_code, 1) << "pasta outlived the stopped instance";
+  // A sandbox that ends without any server (an idle stop, its init killed): pasta ends with it.
+  EXPECT_EQ(inside(env, "natty", probe(world.world_ip(), world_server.port())).out, "open\n");
+  ASSERT_EQ(nshpc::run_command({"pgrep", "-f", pasta_of_natty}).exit_code, 0);
+  const std::string status = nshpc::test::read_text(env.instances() / "natty/status/sandbox.status");
+  const auto at = status.find("\"child-pid\": ");
+  ASSERT_NE(at, std::string::npos) << status;
+  ::kill(static_cast<pid_t>(std::atoi(status.c_str() + at + 13)), SIGKILL);
+  EXPECT_TRUE(eventually([&] { return nshpc::run_command({"pgrep", "-f", pasta_of_natty}).exit_code == 1; }, 10s))
+      << "pasta outlived its sandbox";
 }
 
 // filtered: only the allow list, through the proxy (names pinned to a loopback test server); an

@@ -449,13 +449,25 @@ timeout = 2.5
   EXPECT_EQ(cfg.host_commands.at("x").description, "");
 }
 
+TEST_F(ConfigTest, NetworkEntriesAreCheckedAndNamed) {
+  EXPECT_EQ(problems_of("[network]\nallow = [\"pypi.org\", \"bad entry\"]\n"),
+            Lines{file() + ":2:9: network.allow: \"bad entry\" is not a name, *.domain or address (with an optional "
+                           ":port)"});
+  EXPECT_EQ(problems_of("[network]\nresolve = [\"allowed.test\"]\n"),
+            Lines{file() + ":2:11: network.resolve: \"allowed.test\" is not a \"name=address\" pair"});
+  const config::Config c =
+      load_text("[network]\nallow = [\"*.debian.org:443\", \"10.1.2.3\"]\nresolve = [\"a.test=127.0.0.1\"]\n").config;
+  EXPECT_EQ(c.network.allow, (std::vector<std::string>{"*.debian.org:443", "10.1.2.3"}));
+  EXPECT_EQ(c.network.resolve, std::vector<std::string>{"a.test=127.0.0.1"});
+}
+
 TEST_F(ConfigTest, BadEnumValueListsTheAllowedOnes) {
   EXPECT_EQ(problems_of("[mcp]\nresult_type = \"json\"\n"),
             Lines{file() + ":2:15: mcp.result_type: \"json\" is not allowed; use \"text\", \"structured\" "
                            "or \"both\""});
   EXPECT_EQ(problems_of("[namespace]\ndefault_network = \"none\"\n"),
-            Lines{file() + ":2:19: namespace.default_network: \"none\" is not allowed; use \"host\" or "
-                           "\"off\""});
+            Lines{file() + ":2:19: namespace.default_network: \"none\" is not allowed; use \"host\", \"off\", "
+                           "\"nat\" or \"filtered\""});
 }
 
 TEST_F(ConfigTest, LimitDefaultAboveMaxAndMissingFieldsAreErrors) {
