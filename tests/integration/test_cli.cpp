@@ -404,8 +404,8 @@ TEST(Cli, ModeRulesNameTheOptionAndWhatToDo) {
            {{"instance", "run", "x", "--slurm", "-l", "memory=100", "--", "true"}, "--slurm excludes --limit"},
            {{"instance", "run", "x", "-r", "cpus=2", "--", "true"}, "--resource requires --slurm"},
            {{"instance", "jobs", "x", "--status", "done"}, "--status: done not in {pending,running,completed,"},
-           {{"instance", "create", "y", "--network", "wifi"}, "--network: wifi not in {host,off}"},
-           {{"instance", "update", "x", "--network", "wifi"}, "--network: wifi not in {host,off}"}}) {
+           {{"instance", "create", "y", "--network", "wifi"}, "--network: wifi not in {off,nat,filtered,host}"},
+           {{"instance", "update", "x", "--network", "wifi"}, "--network: wifi not in {off,nat,filtered,host}"}}) {
     Result r = env.run(refused.args);
     const std::string what = fmt::format("{}", fmt::join(refused.args, " "));
     EXPECT_EQ(r.exit_code, 2) << what << ": " << r.err;
