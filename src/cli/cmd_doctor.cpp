@@ -207,7 +207,11 @@ Check check_smoke(Invocation& inv, const config::Config& cfg) {
     spec.target.workspace = tmp / "workspace";
     spec.target.output = tmp / "output";
     spec.target.shared_output_root = tmp;
-    spec.target.network = cfg.ns.default_network;
+    // The sandbox itself, not its network (a mode of its own needs an instance to serve it).
+    spec.target.network = config::resolve_default_network(cfg.ns.default_network, cfg.ns.bwrap_shares_net, true) ==
+                                  config::Network::host
+                              ? config::Network::host
+                              : config::Network::off;
     spec.argv = {"/bin/sh", "-c",
                  "echo ok > \"$HOME/smoke\" && echo ok > \"" + cfg.ns.output_mount + "/smoke\" && "
                  "grep -q '^CapEff:[[:space:]]*0*$' /proc/self/status && exit 7"};
@@ -360,7 +364,13 @@ Check check_slurm_shared(const config::Config& cfg) {
 Check check_network_modes(const config::Config& cfg) {
   Check c{"network modes"};
   c.required = false;
-  const std::string fallback = fmt::format("[namespace] default_network = \"{}\"", config::to_string(cfg.ns.default_network));
+  const config::Network chosen =
+      config::resolve_default_network(cfg.ns.default_network, cfg.ns.bwrap_shares_net, !network::nat_unavailable());
+  const std::string fallback =
+      cfg.ns.default_network == config::DefaultNetwork::automatic
+          ? fmt::format("new instances get '{}': [namespace] default_network = \"auto\"{}", config::to_string(chosen),
+                        cfg.ns.bwrap_shares_net ? ", and your bwrap_command has --share-net" : "")
+          : fmt::format("new instances get '{}': [namespace] default_network", config::to_string(chosen));
   if (auto why = network::nat_unavailable()) {
     c.detail = fmt::format("off, filtered and host work; nat does not: {} ({})", *why, fallback);
     c.fix = "use network 'filtered' (an allow list: [network] allow) or 'off'";

@@ -166,6 +166,8 @@ struct InstanceArgs {
   bool force = false;
   bool archived = false;
   std::string new_id;
+  int port = 0, host_port = 0;
+  bool close = false;
 };
 
 void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
@@ -175,9 +177,10 @@ void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
                   "(omitted: a readable one is generated)");
   cmd->add_option("-d,--description", a->description, "What the instance is for");
   add_network_option(*cmd, a->network,
-                     "Network of its sandboxes: off (own loopback only), nat (the outside world, not the host; "
-                     "persistent instances), filtered (only [network] allow, through a proxy; persistent "
-                     "instances) or host (default; shares the host's loopback services and abstract Unix sockets)");
+                     "Network of its sandboxes: off (own loopback only), nat (the outside world, not the host), "
+                     "filtered (only [network] allow, through a proxy) or host (shares the host's loopback "
+                     "services and abstract Unix sockets: the weakest). Default: [namespace] default_network "
+                     "(auto: nat where it works, else filtered)");
   add_persistent_option(*cmd, a->persistent,
                         "A living instance: one long-lived sandbox that commands and jobs join, so background "
                         "processes, /tmp and loopback servers stay between commands (default: [namespace] "
@@ -315,8 +318,8 @@ void add_update(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->add_option("-d,--description", a->new_description, "New description");
   add_network_option(*cmd, a->network,
-                     "off, nat, filtered or host (a running persistent instance switches at once among the "
-                     "first three; to or from host it is restarted)");
+                     "off, nat, filtered or host (a running instance switches at once among the first three; a "
+                     "living one changed to or from host is restarted)");
   add_persistent_option(*cmd, a->persistent,
                         "Make it a living instance, or (--no-persistent, once stopped) one with a fresh sandbox "
                         "per command");
@@ -502,6 +505,49 @@ void add_delete(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
   });
 }
 
+void add_expose(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
+  auto* cmd = parent.add_subcommand(
+      "expose",
+      "Forward a port a server inside an instance listens on to the host's 127.0.0.1 (kept until --close or the "
+      "instance is deleted); without PORT, list the exposed ports");
+  cmd->add_option("id", a->id, "Instance id")->required();
+  cmd->add_option("port", a->port, "The port inside")->check(CLI::Range(1, 65535));
+  cmd->add_option("--host-port", a->host_port, "The port on the host's 127.0.0.1 (default: a free one)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_flag("--close", a->close, "End the forward of PORT");
+  cmd->add_flag("--json", a->json, "Print the exposed ports as JSON");
+  cmd->callback([&inv, a] {
+    const store::Instance inst = inv.store().get(a->id);
+    lifecycle::Lifecycle lc = lifecycle_of(inv);
+    const auto port = static_cast<std::uint16_t>(a->port);
+    if (a->port != 0 && a->close) {
+      if (!lc.unexpose_port(inst, port, users::cli_actor()))
+        throw UsageError(fmt::format("port {} of instance '{}' is not exposed", port, inst.id));
+      if (!a->json) std::printf("Port %u of instance '%s' is no longer exposed.\n", port, inst.id.c_str());
+    } else if (a->port != 0) {
+      const sandbox::ExposedPort e =
+          lc.expose_port(inst, port, static_cast<std::uint16_t>(a->host_port), users::cli_actor());
+      if (!a->json)
+        std::printf("Port %u of instance '%s' is at http://127.0.0.1:%u/ on this host.\n", port, inst.id.c_str(),
+                    e.host_port);
+    } else if (a->close) {
+      throw UsageError("--close needs the PORT to close");
+    }
+    const std::vector<sandbox::ExposedPort> ports = lc.exposed_ports(inst);
+    if (a->json) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const auto& p : ports)
+        list.push_back({{"port", p.port}, {"host_port", p.host_port}, {"forwarding", p.forwarding}});
+      print_json(list);
+    } else if (a->port == 0) {
+      if (ports.empty()) std::printf("Instance '%s' exposes no ports.\n", inst.id.c_str());
+      for (const auto& p : ports)
+        std::printf("%u -> 127.0.0.1:%u%s\n", p.port, p.host_port,
+                    p.forwarding ? "" : " (not forwarding now: starts again with its sandbox)");
+    }
+  });
+}
+
 void add_enter(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
   auto* cmd = parent.add_subcommand(
       "enter", "Open an interactive bash in the instance's sandbox (on a private terminal relayed to yours)");
@@ -534,6 +580,7 @@ void add_instance_commands(CLI::App& app, Invocation& inv) {
   add_restore(*instance, inv, args);
   add_delete(*instance, inv, args);
   add_enter(*instance, inv, args);
+  add_expose(*instance, inv, args);
   add_job_commands(*instance, inv);
   add_snapshot_commands(*instance, inv);
 }

@@ -2,6 +2,7 @@
 
 #include "cli/app.hpp"
 #include "files/broker.hpp"
+#include "network/forward.hpp"
 #include "network/netns.hpp"
 #include "network/proxy.hpp"
 #include "sandbox/keeper.hpp"
@@ -13,6 +14,12 @@ int main(int argc, char** argv) {
   // So does a pasta watcher (network/netns.hpp).
   if (argc > 1 && std::string_view(argv[1]) == nshpc::network::kWatchCommand)
     return nshpc::network::watch_main(argc, argv);
+  // And the forwarder of an exposed port (network/forward.hpp).
+  if (argc > 1 && std::string_view(argv[1]) == nshpc::network::kForwardCommand)
+    return nshpc::network::forward_main(argc, argv);
+  // And the holder of an instance's network namespace (network/netns.hpp).
+  if (argc > 1 && std::string_view(argv[1]) == nshpc::network::kHoldCommand)
+    return nshpc::network::hold_main(argc, argv);
   // So does a file broker (files/broker.hpp).
   if (argc > 1 && std::string_view(argv[1]) == nshpc::files::kBrokerCommand)
     return nshpc::files::broker_main(argc, argv);

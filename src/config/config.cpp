@@ -152,9 +152,19 @@ Loaded load_layers(const std::vector<LayerFile>& files, const EnvLookup& env, bo
   }
   throw_if_errors(diagnostics);
 
+  // Before the layers merge: whether a file of the user's sets bwrap_command with --share-net (a
+  // copy of the built-in list, which has it, as `config show` writes, does not count).
+  bool shares_net = false;
+  const toml::array* built_in_command = layers.front()["namespace"]["bwrap_command"].as_array();
+  for (std::size_t i = 1; i < layers.size(); ++i)
+    if (const toml::array* cmd = layers[i]["namespace"]["bwrap_command"].as_array();
+        cmd && !(built_in_command && *cmd == *built_in_command))
+      for (const toml::node& arg : *cmd)
+        if (arg.value<std::string>() == "--share-net") shares_net = true;
   toml::table merged = merge_layers(std::move(layers));
   remove_disabled_entries(merged, diagnostics);
   Config config = detail::validate(merged, env, as_root, diagnostics);
+  config.ns.bwrap_shares_net = shares_net;
   throw_if_errors(diagnostics);
   config.sources = std::move(sources);
   return Loaded{std::move(config), std::move(diagnostics.warnings)};
@@ -198,6 +208,18 @@ std::vector<std::string> self_command(const Config& config, std::string_view why
   std::vector<std::string> cmd{fs::self_program(why)};
   if (config.explicit_file) cmd.insert(cmd.end(), {"--config", config.explicit_file->string()});
   return cmd;
+}
+
+Network resolve_default_network(DefaultNetwork configured, bool bwrap_shares_net, bool nat_works) {
+  switch (configured) {
+    case DefaultNetwork::host: return Network::host;
+    case DefaultNetwork::off: return Network::off;
+    case DefaultNetwork::nat: return Network::nat;
+    case DefaultNetwork::filtered: return Network::filtered;
+    case DefaultNetwork::automatic: break;
+  }
+  if (bwrap_shares_net) return Network::host;
+  return nat_works ? Network::nat : Network::filtered;
 }
 
 Config built_in(const EnvLookup& env, bool as_root) {

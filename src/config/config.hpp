@@ -39,6 +39,14 @@ NLOHMANN_JSON_SERIALIZE_ENUM(Network, {{Network::host, "host"},
                                        {Network::nat, "nat"},
                                        {Network::filtered, "filtered"}})
 
+// [namespace] default_network: a mode, or `auto` (resolve_default_network).
+enum class DefaultNetwork { automatic, host, off, nat, filtered };
+NLOHMANN_JSON_SERIALIZE_ENUM(DefaultNetwork, {{DefaultNetwork::automatic, "auto"},
+                                              {DefaultNetwork::host, "host"},
+                                              {DefaultNetwork::off, "off"},
+                                              {DefaultNetwork::nat, "nat"},
+                                              {DefaultNetwork::filtered, "filtered"}})
+
 // Where the ends of Slurm jobs that the controller has forgotten come from.
 enum class StatusSource { automatic, sacct, squeue };
 NLOHMANN_JSON_SERIALIZE_ENUM(StatusSource, {{StatusSource::automatic, "auto"},
@@ -62,6 +70,12 @@ std::optional<E> from_string(std::string_view name) {
 }
 
 inline std::optional<Network> parse_network(std::string_view name) { return from_string<Network>(name); }
+
+// The network of new instances: [namespace] default_network when it names a mode; for `auto`,
+// the safest that lets an agent work here: `host` when the user's own bwrap_command asks for
+// --share-net, else `nat` where it works (`nat_works`: network::nat_unavailable() says none is
+// missing), else `filtered`.
+Network resolve_default_network(DefaultNetwork configured, bool bwrap_shares_net, bool nat_works);
 
 // A resource limit in the style of Slurm's: used when a job does not ask, and the most it may ask.
 struct Limit {
@@ -89,7 +103,10 @@ struct Namespace {
   bool seccomp = false;
   std::uint32_t sandbox_uid = 0;
   std::uint32_t sandbox_gid = 0;
-  Network default_network = Network::host;
+  DefaultNetwork default_network = DefaultNetwork::automatic;
+  // A user's own layer (the user file or --config) sets bwrap_command with --share-net: the
+  // original's way to ask for the host's network (the built-in list has it and does not count).
+  bool bwrap_shares_net = false;
   std::string path;                       // PATH inside the sandbox
   std::map<std::string, std::string> env;
   std::vector<std::string> pass_env;

@@ -167,7 +167,8 @@ Keys<Config> make_config_keys() {
                              R"("/sbin", "/sbin", "--ro-bind", "/etc", "/etc"])",
               .help = "Base argv; element 0 is the bwrap program. ns-hpc adds the hardening flags, the "
                       "instance mounts and the command. `--share-net`/`--unshare-net` here are ignored: the "
-                      "instance's network setting decides. `--ro-bind /bin /bin` where `/bin` is a "
+                      "instance's network setting decides (but a `--share-net` in a list of your own makes `host` "
+                      "the `auto` default_network). `--ro-bind /bin /bin` where `/bin` is a "
                       "merged-/usr symlink becomes `--symlink usr/bin /bin`."}),
           value("workspace_mount", &Namespace::workspace_mount, sandbox_path(), {
               .defaults_to = R"("/workspace")",
@@ -196,12 +197,14 @@ Keys<Config> make_config_keys() {
           value("sandbox_gid", &Namespace::sandbox_gid, integer(kHostId), {
               .defaults_to = "65534", .help = "Host gid bwrap runs as when ns-hpc runs as root."}),
           value("default_network", &Namespace::default_network,
-                choice<Network>({Network::host, Network::off, Network::nat, Network::filtered}), {
-              .defaults_to = R"("host")",
+                choice<DefaultNetwork>({DefaultNetwork::automatic, DefaultNetwork::host, DefaultNetwork::off,
+                                        DefaultNetwork::nat, DefaultNetwork::filtered}), {
+              .defaults_to = R"("auto")",
               .help = "Network of new instances: `off` (own loopback only), `nat` (own network namespace with "
                       "user-mode NAT: the outside world, not the host's own addresses), `filtered` (only "
-                      "[network] allow, through ns-hpc's proxy) or `host` (shared with the host, its loopback "
-                      "services included: the weakest)."}),
+                      "[network] allow, through ns-hpc's proxy), `host` (shared with the host, its loopback "
+                      "services included: the weakest), or `auto`: `nat` where it works, else `filtered`; "
+                      "`host` when your own `bwrap_command` has `--share-net`."}),
           value("path", &Namespace::path, text({"the PATH inside the sandbox, e.g. \"/usr/bin:/bin\"", true}), {
               .defaults_to = R"("/usr/local/bin:/usr/bin:/bin")", .help = "`PATH` inside the sandbox."}),
           value("env", &Namespace::env, variables({.reserve_path_and_home = true}), {

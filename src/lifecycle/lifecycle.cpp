@@ -32,10 +32,31 @@ nlohmann::json job_ids(const std::vector<jobs::Record>& records) {
 std::chrono::milliseconds Lifecycle::grace() const { return std::chrono::seconds(config_.jobs.cancel_grace); }
 
 Lifecycle::NetworkChange Lifecycle::apply_network(const store::Instance& inst, std::string_view actor) {
+  if (!inst.persistent)  // the namespace held for its commands, if one is
+    return backend_.change_network(store_.sandbox_target(inst)) ? NetworkChange::applied : NetworkChange::not_running;
   if (!running(inst)) return NetworkChange::not_running;
   if (backend_.change_network(store_.sandbox_target(inst))) return NetworkChange::applied;
   restart(inst, actor);
   return NetworkChange::restarted;
+}
+
+sandbox::ExposedPort Lifecycle::expose_port(const store::Instance& inst, std::uint16_t port, std::uint16_t host_port,
+                                           std::string_view actor) {
+  if (port == 0) throw UsageError("port must be 1-65535: the port a server inside the instance listens on");
+  const sandbox::ExposedPort exposed = backend_.expose_port(store_.sandbox_target(inst), port, host_port);
+  store_.audit(inst, "network.port_exposed", actor,
+               {{"instance_id", inst.id}, {"port", exposed.port}, {"host_port", exposed.host_port}});
+  return exposed;
+}
+
+bool Lifecycle::unexpose_port(const store::Instance& inst, std::uint16_t port, std::string_view actor) {
+  if (!backend_.unexpose_port(store_.sandbox_target(inst), port)) return false;
+  store_.audit(inst, "network.port_closed", actor, {{"instance_id", inst.id}, {"port", port}});
+  return true;
+}
+
+std::vector<sandbox::ExposedPort> Lifecycle::exposed_ports(const store::Instance& inst) const {
+  return backend_.exposed_ports(store_.sandbox_target(inst));
 }
 
 bool Lifecycle::running(const store::Instance& inst) const {
@@ -76,6 +97,7 @@ Ended Lifecycle::end_all(const store::Instance& inst, std::string_view why, std:
   store_.stop_executions(inst.id);
   // 3. Everything else in the living sandbox (an instance that is not persistent has none).
   if (inst.persistent) ended.was_running = backend_.stop_living(store_.sandbox_target(inst), why, grace());
+  else backend_.release_network(store_.sandbox_target(inst));
   return ended;
 }
 

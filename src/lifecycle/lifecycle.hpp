@@ -48,6 +48,14 @@ class Lifecycle {
   enum class NetworkChange { not_running, applied, restarted };
   NetworkChange apply_network(const store::Instance& inst, std::string_view actor);
 
+  // A port of the instance's sandbox forwarded from the host's 127.0.0.1:host_port (0: a free
+  // port), kept while the instance exists (sandbox/network.hpp). Audited as network.port_exposed.
+  sandbox::ExposedPort expose_port(const store::Instance& inst, std::uint16_t port, std::uint16_t host_port,
+                                   std::string_view actor);
+  // Ends it; false when it was not exposed. Audited as network.port_closed.
+  bool unexpose_port(const store::Instance& inst, std::uint16_t port, std::string_view actor);
+  std::vector<sandbox::ExposedPort> exposed_ports(const store::Instance& inst) const;
+
   // Whether the instance's living sandbox runs now (false for an instance that is not persistent).
   bool running(const store::Instance& inst) const;
 

@@ -4,12 +4,15 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <linux/nsfs.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <linux/capability.h>
 #include <sys/ioctl.h>
+#include <net/if.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/socket.h>
@@ -466,6 +469,25 @@ PastaProcess attach_pasta(const Netns& ns, const PastaOptions& options) {
   return std::move(*found);
 }
 
+namespace {
+
+// Ends the pasta of `found` (SIGTERM, SIGKILL after `grace`) and reaps it when it is ours.
+void end_pasta(const PastaProcess& found, std::chrono::milliseconds grace) {
+  const int pidfd = found.pidfd.get();
+  signal_pidfd(pidfd, SIGTERM);
+  if (!wait_pidfd(pidfd, grace)) {
+    signal_pidfd(pidfd, SIGKILL);
+    if (!wait_pidfd(pidfd, std::chrono::seconds(5)))
+      throw Error(fmt::format("pasta (pid {}) did not end within 5 s of SIGKILL; its interface stays in the "
+                              "sandbox's network namespace",
+                              found.pid));
+  }
+  // Our child when this process is a subreaper that adopted it: reap it (no-op otherwise).
+  reap_if_child(pidfd);
+}
+
+}  // namespace
+
 bool detach_pasta(const std::filesystem::path& pid_file, std::chrono::milliseconds grace) {
   std::error_code ignored;
   auto found = find_pasta(pid_file);
@@ -473,17 +495,7 @@ bool detach_pasta(const std::filesystem::path& pid_file, std::chrono::millisecon
     std::filesystem::remove(pid_file, ignored);
     return false;
   }
-  const int pidfd = found->pidfd.get();
-  signal_pidfd(pidfd, SIGTERM);
-  if (!wait_pidfd(pidfd, grace)) {
-    signal_pidfd(pidfd, SIGKILL);
-    if (!wait_pidfd(pidfd, std::chrono::seconds(5)))
-      throw Error(fmt::format("pasta (pid {}) did not end within 5 s of SIGKILL; its interface stays in the "
-                              "sandbox's network namespace",
-                              found->pid));
-  }
-  // Our child when this process is a subreaper that adopted it: reap it (no-op otherwise).
-  reap_if_child(pidfd);
+  end_pasta(*found, grace);
   std::filesystem::remove(pid_file, ignored);
   return true;
 }
@@ -508,18 +520,140 @@ int watch_main(int argc, char** argv) {
   std::optional<PastaProcess> pasta = find_pasta(pid_file);
   if (!pasta) return 0;  // detached already
   if (sandbox) {
-    pollfd fds[2] = {{sandbox.get(), POLLIN, 0}, {pasta->pidfd.get(), POLLIN, 0}};
-    while (::poll(fds, 2, -1) < 0 && errno == EINTR) {
+    // The host's addresses are watched (rtnetlink): when they change, the sandbox's blocked set
+    // follows within moments.
+    std::optional<NetnsFds> ns;
+    try {
+      ns = open_netns(init);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "ns-hpc {}: the host's new addresses will not be blocked: {}\n", kWatchCommand, e.what());
     }
-    if (fds[1].revents != 0) return 0;  // pasta ended first
+    UniqueFd changes(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_ROUTE));
+    sockaddr_nl groups{};
+    groups.nl_family = AF_NETLINK;
+    groups.nl_groups = RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
+    if (changes && ::bind(changes.get(), reinterpret_cast<sockaddr*>(&groups), sizeof groups) != 0) changes.reset();
+    auto drain = [&] {
+      char buf[8192];
+      while (::recv(changes.get(), buf, sizeof buf, 0) > 0) {
+      }
+    };
+    for (;;) {
+      pollfd fds[3] = {{sandbox.get(), POLLIN, 0}, {pasta->pidfd.get(), POLLIN, 0}, {ns ? changes.get() : -1, POLLIN, 0}};
+      if (::poll(fds, 3, -1) < 0) {
+        if (errno == EINTR) continue;
+        break;
+      }
+      if (fds[1].revents != 0) return 0;  // pasta ended first
+      if (fds[0].revents != 0) break;
+      if (fds[2].revents != 0) {
+        drain();
+        ::usleep(50000);  // an address change comes as several messages
+        drain();
+        try {
+          block_addresses(ns->view(), host_addresses());
+        } catch (const std::exception& e) {
+          fmt::print(stderr, "ns-hpc {}: blocking the host's new addresses: {}\n", kWatchCommand, e.what());
+        }
+      }
+    }
   }
+  // By the descriptor found at the start: the pid file may be gone with its folder by now.
   try {
-    detach_pasta(pid_file);
+    end_pasta(*pasta, std::chrono::seconds(2));
   } catch (const std::exception& e) {
     fmt::print(stderr, "ns-hpc {}: {}\n", kWatchCommand, e.what());
     return 1;
   }
+  std::error_code ignored;
+  std::filesystem::remove(pid_file, ignored);
   return 0;
+}
+
+namespace {
+
+// Becomes the only member of a new network namespace (with a user namespace of its own when not
+// root) whose loopback is up. Returns 0 or an errno with *step set.
+int make_held_netns(const char** step) {
+  const uid_t uid = ::geteuid();
+  const gid_t gid = ::getegid();
+  if (uid != 0) {
+    if (::unshare(CLONE_NEWUSER | CLONE_NEWNET) < 0) return *step = "unshare a user and network namespace", errno;
+    const std::pair<const char*, std::string> maps[] = {{"/proc/self/setgroups", "deny"},
+                                                        {"/proc/self/uid_map", fmt::format("0 {} 1", uid)},
+                                                        {"/proc/self/gid_map", fmt::format("0 {} 1", gid)}};
+    for (const auto& [file, text] : maps) {
+      const UniqueFd fd(::open(file, O_WRONLY | O_CLOEXEC));
+      if (!fd || ::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+        return *step = "map this user in its user namespace", errno;
+    }
+  } else if (::unshare(CLONE_NEWNET) < 0) {
+    return *step = "unshare a network namespace", errno;
+  }
+  const UniqueFd sock(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!sock) return *step = "make a socket to bring loopback up", errno;
+  ifreq req{};
+  std::strncpy(req.ifr_name, "lo", IFNAMSIZ - 1);
+  if (::ioctl(sock.get(), SIOCGIFFLAGS, &req) < 0) return *step = "read loopback's flags", errno;
+  req.ifr_flags = static_cast<short>(req.ifr_flags | IFF_UP);
+  if (::ioctl(sock.get(), SIOCSIFFLAGS, &req) < 0) return *step = "bring loopback up", errno;
+  return 0;
+}
+
+// Whether a process other than this one is in the network namespace `ino` (on device `dev`).
+// Processes this one may not inspect do not count; a sandbox's are this user's.
+bool others_in(dev_t dev, ino_t ino) {
+  const pid_t self = ::getpid();
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name[0] < '0' || name[0] > '9') continue;
+    if (static_cast<pid_t>(std::atol(name.c_str())) == self) continue;
+    struct stat st{};
+    if (::stat((entry.path() / "ns/net").c_str(), &st) == 0 && st.st_dev == dev && st.st_ino == ino) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int hold_main(int argc, char** argv) {
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  long idle = -1;
+  for (int i = 2; i + 1 < argc; i += 2)
+    if (std::string_view(argv[i]) == "--idle") idle = std::atol(argv[i + 1]);
+  struct stat ready{};
+  if (idle < 0 || ::fstat(3, &ready) < 0 || !S_ISFIFO(ready.st_mode)) {
+    fmt::print(stderr, "usage: ns-hpc {} --idle SECONDS, fd 3 a pipe (started by the ns-hpc server)\n",
+               kHoldCommand);
+    return 2;
+  }
+  sigset_t stop;
+  ::sigemptyset(&stop);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::sigaddset(&stop, sig);
+  ::sigprocmask(SIG_BLOCK, &stop, nullptr);
+  const char* step = nullptr;
+  if (const int err = make_held_netns(&step); err != 0) {
+    const std::string message = fmt::format("{}: {}\n", step, std::strerror(err));
+    (void)!::write(3, message.data(), message.size());
+    return 1;
+  }
+  (void)!::write(3, "ready\n", 6);
+  ::close(3);
+  struct stat own{};
+  if (::stat("/proc/self/ns/net", &own) < 0) return 1;
+  // Checked every few seconds: a command ending does not end the namespace at once, only after
+  // `idle` seconds with nothing in it.
+  const auto period = std::chrono::seconds(idle > 0 ? std::min<long>(idle, 5) : 3600);
+  auto last_busy = Clock::now();
+  for (;;) {
+    const timespec wait{static_cast<time_t>(period.count()), 0};
+    const int sig = ::sigtimedwait(&stop, nullptr, &wait);
+    if (sig > 0) return 0;
+    if (idle == 0) continue;
+    if (others_in(own.st_dev, own.st_ino)) last_busy = Clock::now();
+    else if (Clock::now() - last_busy >= std::chrono::seconds(idle)) return 0;
+  }
 }
 
 std::optional<std::string> nat_unavailable() {

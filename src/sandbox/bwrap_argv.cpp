@@ -169,7 +169,7 @@ std::vector<std::string> host_root_bwrap_argv(const config::Namespace& ns, const
     // Sysctls stay read-only even for a sandbox whose uid maps to a privileged host uid.
     if (base.has_proc) argv.insert(argv.end(), {"--ro-bind", "/proc/sys", "/proc/sys"});
   }
-  if (spec.target.network != config::Network::host)
+  if (spec.target.network != config::Network::host && !spec.network_joined)
     argv.push_back("--unshare-net");
   else if (unshare_all)
     argv.push_back("--share-net");

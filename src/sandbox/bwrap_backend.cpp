@@ -1,5 +1,6 @@
 // The bubblewrap backend: one fresh, hardened sandbox per command.
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <poll.h>
 #include <sys/stat.h>
@@ -52,6 +53,27 @@ constexpr FdNumbers kChildFds{.status = 3, .seccomp = 4, .workspace = 5, .output
 // (sandbox/layers.hpp: used and closed before anything is executed).
 constexpr int kImageTreeFd = 10;
 constexpr int kImageUsernsFd = 11;
+// An instance's held network namespace (sandbox/network.hpp), and the user namespace owning it
+// when the server is not root: joined by the child and closed before anything is executed.
+constexpr int kHeldNetFd = 12;
+constexpr int kHeldUsernsFd = 13;
+
+// In the child, async-signal-safe: joins the held network namespace.
+int join_held_network(int userns_fd, const char** step) {
+  if (userns_fd >= 0) {
+    if (::setns(userns_fd, CLONE_NEWUSER) != 0) {
+      *step = "join the user namespace of the instance's network namespace";
+      return errno;
+    }
+    ::close(userns_fd);
+  }
+  if (::setns(kHeldNetFd, CLONE_NEWNET) != 0) {
+    *step = "join the instance's network namespace";
+    return errno;
+  }
+  ::close(kHeldNetFd);
+  return 0;
+}
 
 // A memfd holding a shell command, for the sandbox's shell to read (see shell_script_of).
 UniqueFd script_fd(const std::string& script) {
@@ -429,7 +451,12 @@ class BwrapBackend final : public Backend {
   std::unique_ptr<Process> start(const RunSpec& spec) override {
     limit_instance(spec.target.cgroup_folder);  // before the execution's group gets a process
     if (spec.target.persistent) return join_living(spec);
-    return start_fresh(spec);
+    if (std::optional<HeldNetwork> held = held_network_for(spec.target)) {
+      RunSpec joined = spec;
+      joined.network_joined = true;
+      return start_fresh(joined, &*held);
+    }
+    return start_fresh(spec, nullptr);
   }
 
   LivingStatus living_status(const Target& target) override {
@@ -518,6 +545,9 @@ class BwrapBackend final : public Backend {
 
   bool stop_living(const Target& target, std::string_view why, std::chrono::milliseconds grace) override {
     leftovers_.reap_ended();
+    // A namespace held for fresh sandboxes (the instance may have been one that is not
+    // persistent) goes with it.
+    release_network(target);
     fs::make_dirs(target.state_dir, 0700);
     fs::FileLock lock(target.state_dir / kLivingLock);
     Living found = find_living(target);
@@ -557,6 +587,13 @@ class BwrapBackend final : public Backend {
 
   bool change_network(const Target& target) override {
     leftovers_.reap_ended();
+    if (!target.persistent) {
+      const NetworkPlan plan = held_plan(target);
+      if (target.network == config::Network::host) return release_held_network(plan);
+      if (!find_held_network(plan)) return false;
+      hold_network(plan, held_idle(), leftovers_);
+      return true;
+    }
     fs::make_dirs(target.state_dir, 0700);
     fs::FileLock lock(target.state_dir / kLivingLock);
     Living found = find_living(target);
@@ -566,6 +603,44 @@ class BwrapBackend final : public Backend {
     if (!own_namespace || target.network == config::Network::host) return false;
     serve_network(network_plan(target), *found.status.child_pid(), leftovers_);
     return true;
+  }
+
+  ExposedPort expose_port(const Target& target, std::uint16_t port, std::uint16_t host_port) override {
+    leftovers_.reap_ended();
+    if (target.network == config::Network::host)
+      throw UsageError(fmt::format("instance '{}' shares the host's network: its port {} is the host's port {} "
+                                   "already; expose_port is for an instance with a network of its own (off, nat "
+                                   "or filtered)",
+                                   target.instance_id, port, port));
+    fs::make_dirs(target.state_dir, 0700);
+    if (!target.persistent) {
+      const NetworkPlan plan = held_plan(target);
+      const HeldNetwork held = hold_network(plan, held_idle(), leftovers_);
+      return sandbox::expose_port(plan, held.pid, port, host_port, leftovers_);
+    }
+    ensure_living(target);
+    fs::FileLock lock(target.state_dir / kLivingLock);
+    Living found = find_living(target);
+    if (!found.running)
+      throw Error(fmt::format("the sandbox of instance '{}' ended as its port was exposed; try again",
+                              target.instance_id));
+    return sandbox::expose_port(network_plan(target), *found.status.child_pid(), port, host_port, leftovers_);
+  }
+
+  bool unexpose_port(const Target& target, std::uint16_t port) override {
+    return sandbox::unexpose_port(target.persistent ? network_plan(target) : held_plan(target), port);
+  }
+
+  std::vector<ExposedPort> exposed_ports(const Target& target) override {
+    return sandbox::exposed_ports(target.persistent ? network_plan(target) : held_plan(target));
+  }
+
+  void release_network(const Target& target) override {
+    try {
+      release_held_network(held_plan(target));
+    } catch (const std::exception& e) {
+      log::warn("instance {}: ending its held network namespace: {}", target.instance_id, e.what());
+    }
   }
 
   std::vector<LivingProcess> living_processes(const Target& target) override {
@@ -616,6 +691,31 @@ class BwrapBackend final : public Backend {
 
   NetworkPlan network_plan(const Target& target) const {
     return {target.instance_id, target.network, net_.allow, net_.resolve, target.state_dir, target.audit_log};
+  }
+
+  // An instance whose commands each get a fresh sandbox: the records of its held network.
+  NetworkPlan held_plan(const Target& target) const {
+    NetworkPlan plan = network_plan(target);
+    plan.state_dir = held_network_dir(target.state_dir);
+    return plan;
+  }
+
+  // A held namespace ends after this without commands: the instances' idle stop, else 10 minutes
+  // (starting one again costs a pasta start, ~12-100 ms).
+  std::chrono::seconds held_idle() const { return std::chrono::seconds(ns_.idle_stop > 0 ? ns_.idle_stop : 600); }
+
+  // The network namespace a fresh sandbox of `target` joins: held for `nat` and `filtered` (it is
+  // served from outside), and for `off` only while one is held (a switch from another mode); none
+  // for `host`, nor for `off` otherwise (the sandbox unshares its own).
+  std::optional<HeldNetwork> held_network_for(const Target& target) {
+    if (target.network == config::Network::host) return std::nullopt;
+    fs::make_dirs(target.state_dir, 0700);
+    const NetworkPlan plan = held_plan(target);
+    // `off` needs no namespace of its own unless one is held, or ports are exposed (a server of
+    // a later command must be where they lead).
+    if (target.network == config::Network::off && !find_held_network(plan) && sandbox::exposed_ports(plan).empty())
+      return std::nullopt;
+    return hold_network(plan, held_idle(), leftovers_);
   }
 
   // What served the network of the instance's last sandbox (pasta outlives it) is ended.
@@ -932,7 +1032,7 @@ class BwrapBackend final : public Backend {
 
   // The order of a launch: bwrap's argv (behind a keeper when the sandbox must outlive its
   // caller or has a wall-time limit), the checks, the descriptors, then one spawn.
-  std::unique_ptr<Process> start_fresh(const RunSpec& spec) {
+  std::unique_ptr<Process> start_fresh(const RunSpec& spec, const HeldNetwork* held = nullptr) {
     const bool keeper = needs_keeper(spec);
     const std::vector<std::string> argv =
         keeper ? keeper_argv(self_path(), keeper_options(spec)) : build_bwrap_argv(ns_, spec, fd_numbers(spec), argv_options());
@@ -1013,6 +1113,16 @@ class BwrapBackend final : public Backend {
       setup.fds.emplace_back(image_root.userns.get(), kImageUsernsFd);
       setup.in_child = [&image_root](const char** step) { return enter_image_root(image_root, step); };
       setup.drop_to.reset();
+    }
+    if (held) {
+      // Images are persistent: never both.
+      setup.fds.emplace_back(held->ns.net.get(), kHeldNetFd);
+      int userns = -1;
+      if (held->ns.userns) {
+        setup.fds.emplace_back(held->ns.userns.get(), kHeldUsernsFd);
+        userns = kHeldUsernsFd;
+      }
+      setup.in_child = [userns](const char** step) { return join_held_network(userns, step); };
     }
     setup.controlling_tty = spec.terminal;
     setup.die_with_parent = spec.die_with_caller;

@@ -433,3 +433,17 @@ std::unique_ptr<Execution> attach(const nlohmann::json& handle, const std::vecto
 }
 
 }  // namespace nshpc::sandbox
+
+namespace nshpc::sandbox {
+
+namespace {
+[[noreturn]] void no_ports(const Backend& backend) {
+  throw UsageError(fmt::format("the {} backend cannot expose an instance's ports", backend.name()));
+}
+}  // namespace
+
+ExposedPort Backend::expose_port(const Target&, std::uint16_t, std::uint16_t) { no_ports(*this); }
+bool Backend::unexpose_port(const Target&, std::uint16_t) { no_ports(*this); }
+std::vector<ExposedPort> Backend::exposed_ports(const Target&) { return {}; }
+
+}  // namespace nshpc::sandbox

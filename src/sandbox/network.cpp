@@ -1,10 +1,17 @@
 #include "sandbox/network.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <poll.h>
+#include <sys/file.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
+#include <map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -13,6 +20,8 @@
 #include "base/fs.hpp"
 #include "base/log.hpp"
 #include "base/spawn.hpp"
+#include "base/text.hpp"
+#include "network/forward.hpp"
 #include "network/netns.hpp"
 #include "network/proxy.hpp"
 
@@ -28,6 +37,14 @@ constexpr const char* kPolicyFile = "network.policy.json";   // the proxy's poli
 constexpr const char* kProxyPidFile = "network.proxy.pid";   // the proxy serving it
 constexpr const char* kPastaPidFile = "network.pasta.pid";   // pasta, written by pasta
 constexpr const char* kProxyLogFile = "network.proxy.log";   // what the proxy says
+constexpr const char* kHolderPidFile = "network.holder.pid"; // an ephemeral instance's holder
+constexpr const char* kHolderLock = "network.lock";          // taken while a holder is found or made
+constexpr const char* kPortsFile = "network.ports.json";     // the exposed ports
+constexpr const char* kForwardLog = "network.forward.log";   // what the forwarders say
+
+stdfs::path forward_pid_file(const NetworkPlan& plan, std::uint16_t port) {
+  return plan.state_dir / fmt::format("network.forward.{}.pid", port);
+}
 
 // The proxy's policy for `mode`: the allow list in `filtered`, nothing in any other.
 void write_policy(const NetworkPlan& plan, config::Network mode) {
@@ -85,6 +102,120 @@ void start_proxy(const NetworkPlan& plan, const network::Netns& ns, pid_t init, 
   proxy.release();
 }
 
+// A process recorded in `pid_file` that still runs `command` with `marker` in its arguments.
+UniqueFd find_recorded(const stdfs::path& pid_file, std::string_view command, const std::string& marker) {
+  std::ifstream in(pid_file);
+  pid_t pid = 0;
+  if (!(in >> pid) || pid <= 1) return {};
+  UniqueFd fd = open_pidfd(pid);
+  if (!fd) return {};
+  std::ifstream cmdline(fmt::format("/proc/{}/cmdline", pid));
+  const std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+  if (args.find(command) == std::string::npos || args.find(marker) == std::string::npos) return {};
+  return fd;
+}
+
+UniqueFd find_forwarder(const NetworkPlan& plan, std::uint16_t port) {
+  return find_recorded(forward_pid_file(plan, port), network::kForwardCommand, forward_pid_file(plan, port).string());
+}
+
+std::map<std::uint16_t, std::uint16_t> read_ports(const NetworkPlan& plan) {
+  std::map<std::uint16_t, std::uint16_t> ports;
+  std::ifstream in(plan.state_dir / kPortsFile);
+  if (!in) return ports;
+  try {
+    const nlohmann::json doc = nlohmann::json::parse(in);
+    for (const auto& entry : doc.at("ports"))
+      ports[entry.at("port").get<std::uint16_t>()] = entry.at("host_port").get<std::uint16_t>();
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("{} is damaged ({}); expose the instance's ports again", (plan.state_dir / kPortsFile).string(),
+                            e.what()));
+  }
+  return ports;
+}
+
+void write_ports(const NetworkPlan& plan, const std::map<std::uint16_t, std::uint16_t>& ports) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& [port, host_port] : ports) list.push_back({{"port", port}, {"host_port", host_port}});
+  fs::atomic_write(plan.state_dir / kPortsFile, nlohmann::json{{"ports", list}}.dump(2) + "\n", 0600);
+}
+
+// A listening socket on the host's 127.0.0.1:port (0: any free one).
+UniqueFd host_loopback_listener(std::uint16_t port) {
+  UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s) throw SysError(errno, "socket", "for an exposed port");
+  const int one = 1;
+  ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    const int err = errno;
+    if (err == EADDRINUSE)
+      throw UsageError(fmt::format("port {} of the host's loopback is in use; choose another host_port, or 0 for a "
+                                   "free one",
+                                   port));
+    throw SysError(err, "bind", fmt::format("127.0.0.1:{}", port));
+  }
+  if (::listen(s.get(), 128) != 0) throw SysError(errno, "listen", fmt::format("127.0.0.1:{}", port));
+  return s;
+}
+
+std::uint16_t bound_port(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  return ntohs(a.sin_port);
+}
+
+// Starts the forwarder of `port` from `listener`; records its pid.
+void start_forwarder(const NetworkPlan& plan, const network::NetnsFds& ns, pid_t init, std::uint16_t port,
+                     const UniqueFd& listener, Leftovers& leftovers) {
+  UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
+  if (!null_fd) throw SysError(errno, "open", "/dev/null");
+  const stdfs::path log_path = plan.state_dir / kForwardLog;
+  UniqueFd log_fd(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!log_fd) throw SysError(errno, "open", log_path.string());
+  SpawnSpec spec;
+  spec.program = fs::self_program("the forwarder of an exposed port");
+  spec.argv = {spec.program,  std::string(network::kForwardCommand), "--port", std::to_string(port),
+               "--audit",     plan.audit_log.string(),              "--instance", plan.instance_id,
+               "--watch-pid", std::to_string(init),                  "--record", forward_pid_file(plan, port).string()};
+  spec.fds = {{null_fd.get(), 0}, {null_fd.get(), 1}, {log_fd.get(), 2}, {listener.get(), 3}, {ns.net.get(), 4}};
+  if (::geteuid() != 0 && ns.userns) spec.fds.emplace_back(ns.userns.get(), 5);
+  spec.new_session = true;
+  SpawnedChild forwarder = spawn(spec);
+  fs::atomic_write(forward_pid_file(plan, port), std::to_string(forwarder.pid()) + "\n", 0600);
+  leftovers.add(UniqueFd(::fcntl(forwarder.pidfd(), F_DUPFD_CLOEXEC, 3)));
+  forwarder.release();
+}
+
+void end_forwarders(const NetworkPlan& plan) {
+  std::error_code ec;
+  for (const auto& entry : stdfs::directory_iterator(plan.state_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with("network.forward.") || !name.ends_with(".pid")) continue;
+    const UniqueFd fd = find_recorded(entry.path(), network::kForwardCommand, entry.path().string());
+    if (fd) signal_pidfd(fd.get(), SIGTERM);
+    ::unlink(entry.path().c_str());
+  }
+}
+
+// The recorded ports whose forwarder does not run get one (the same host port; one that is
+// taken now is left for a later start and said in the log).
+void restore_ports(const NetworkPlan& plan, const network::NetnsFds& ns, pid_t init, Leftovers& leftovers) {
+  for (const auto& [port, host_port] : read_ports(plan)) {
+    if (find_forwarder(plan, port)) continue;
+    try {
+      start_forwarder(plan, ns, init, port, host_loopback_listener(host_port), leftovers);
+    } catch (const std::exception& e) {
+      log::warn("instance {}: port {} is not exposed again on 127.0.0.1:{}: {}", plan.instance_id, port, host_port,
+                e.what());
+    }
+  }
+}
+
 void leave_nat(const NetworkPlan& plan, const network::Netns& ns) {
   network::detach_pasta(plan.state_dir / kPastaPidFile);
   network::destroy_sockets(ns);
@@ -139,10 +270,170 @@ void serve_network(const NetworkPlan& plan, pid_t init, Leftovers& leftovers) {
   }
   if (plan.mode == config::Network::nat && from != config::Network::nat) enter_nat(plan, ns.view(), init, leftovers);
   fs::atomic_write(plan.state_dir / kModeFile, config::to_string(plan.mode) + "\n", 0600);
+  restore_ports(plan, ns, init, leftovers);
+}
+
+ExposedPort expose_port(const NetworkPlan& plan, pid_t init, std::uint16_t port, std::uint16_t host_port,
+                        Leftovers& leftovers) {
+  std::map<std::uint16_t, std::uint16_t> ports = read_ports(plan);
+  const auto known = ports.find(port);
+  if (known != ports.end() && (host_port == 0 || host_port == known->second))
+    if (find_forwarder(plan, port)) return {port, known->second, true};
+  if (known != ports.end()) unexpose_port(plan, port);
+  const std::uint16_t wanted = host_port != 0 ? host_port : known != ports.end() ? known->second : 0;
+  UniqueFd listener;
+  try {
+    listener = host_loopback_listener(wanted);
+  } catch (const UsageError&) {
+    if (host_port != 0) throw;
+    listener = host_loopback_listener(0);  // the port it had is taken now: any other
+  }
+  const network::NetnsFds ns = network::open_netns(init);
+  start_forwarder(plan, ns, init, port, listener, leftovers);
+  ports = read_ports(plan);
+  ports[port] = bound_port(listener.get());
+  write_ports(plan, ports);
+  return {port, ports[port], true};
+}
+
+bool unexpose_port(const NetworkPlan& plan, std::uint16_t port) {
+  std::map<std::uint16_t, std::uint16_t> ports = read_ports(plan);
+  if (const UniqueFd fd = find_forwarder(plan, port)) signal_pidfd(fd.get(), SIGTERM);
+  ::unlink(forward_pid_file(plan, port).c_str());
+  if (ports.erase(port) == 0) return false;
+  write_ports(plan, ports);
+  return true;
+}
+
+std::vector<ExposedPort> exposed_ports(const NetworkPlan& plan) {
+  std::vector<ExposedPort> out;
+  for (const auto& [port, host_port] : read_ports(plan))
+    out.push_back({port, host_port, static_cast<bool>(find_forwarder(plan, port))});
+  return out;
+}
+
+stdfs::path held_network_dir(const stdfs::path& state_dir) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::strcpy(host, "localhost");
+  std::string name(host);
+  for (char& c : name)
+    if (c == '/') c = '_';
+  return state_dir / ("network-" + name);
+}
+
+std::optional<HeldNetwork> find_held_network(const NetworkPlan& plan) {
+  std::ifstream in(plan.state_dir / kHolderPidFile);
+  pid_t pid = 0;
+  if (!(in >> pid) || pid <= 1) return std::nullopt;
+  HeldNetwork held;
+  held.pid = pid;
+  held.pidfd = open_pidfd(pid);
+  if (!held.pidfd) return std::nullopt;
+  // The pid is the holder of this folder (its command line, which names it), and its namespaces
+  // are opened while the pidfd says it still lives.
+  std::ifstream cmdline(fmt::format("/proc/{}/cmdline", pid));
+  const std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+  if (args.find(network::kHoldCommand) == std::string::npos ||
+      args.find((plan.state_dir / kHolderPidFile).string()) == std::string::npos)
+    return std::nullopt;
+  try {
+    held.ns = network::open_netns(pid);
+  } catch (const SysError& e) {
+    if (e.code() == ESRCH || e.code() == ENOENT) return std::nullopt;
+    throw;
+  }
+  if (wait_pidfd(held.pidfd.get(), std::chrono::milliseconds(0))) return std::nullopt;
+  return held;
+}
+
+namespace {
+
+// Holds an exclusive lock on the folder's lock file for its lifetime (other server processes of
+// this host wait).
+UniqueFd lock_held_dir(const stdfs::path& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) throw SysError(errno, "mkdir", dir.string());
+  const stdfs::path path = dir / kHolderLock;
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd) throw SysError(errno, "open", path.string());
+  while (::flock(fd.get(), LOCK_EX) != 0)
+    if (errno != EINTR) throw SysError(errno, "lock", path.string());
+  return fd;
+}
+
+HeldNetwork start_holder(const NetworkPlan& plan, std::chrono::seconds idle, Leftovers& leftovers) {
+  Pipe ready = make_pipe();
+  UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
+  if (!null_fd) throw SysError(errno, "open", "/dev/null");
+  SpawnSpec spec;
+  spec.program = fs::self_program("the holder of an instance's network namespace");
+  // The pid file's path in its arguments names the folder it holds for (find_held_network).
+  spec.argv = {spec.program, std::string(network::kHoldCommand), "--idle", std::to_string(idle.count()),
+               "--record", (plan.state_dir / kHolderPidFile).string()};
+  spec.fds = {{null_fd.get(), 0}, {null_fd.get(), 1}, {null_fd.get(), 2}, {ready.write.get(), 3}};
+  spec.new_session = true;
+  SpawnedChild holder = spawn(spec);
+  ready.write.reset();
+  std::string said;
+  char buf[512];
+  for (;;) {
+    pollfd p{ready.read.get(), POLLIN, 0};
+    const int n = ::poll(&p, 1, 10000);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) throw Error("the holder of the instance's network namespace did not come up within 10 s");
+    const ssize_t got = ::read(ready.read.get(), buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    said.append(buf, static_cast<std::size_t>(got));
+  }
+  if (said != "ready\n")
+    throw Error(fmt::format("the instance's network namespace could not be made: {}",
+                            said.empty() ? std::string("its holder ended without a word") : std::string(text::trim(said))));
+  HeldNetwork held;
+  held.pid = holder.pid();
+  held.ns = network::open_netns(held.pid);
+  held.pidfd.reset(::fcntl(holder.pidfd(), F_DUPFD_CLOEXEC, 3));
+  fs::atomic_write(plan.state_dir / kHolderPidFile, std::to_string(held.pid) + "\n", 0600);
+  leftovers.add(UniqueFd(::fcntl(holder.pidfd(), F_DUPFD_CLOEXEC, 3)));
+  holder.release();
+  return held;
+}
+
+}  // namespace
+
+HeldNetwork hold_network(const NetworkPlan& plan, std::chrono::seconds idle, Leftovers& leftovers) {
+  const UniqueFd lock = lock_held_dir(plan.state_dir);
+  if (std::optional<HeldNetwork> held = find_held_network(plan)) {
+    if (served_network(plan.state_dir) != plan.mode) serve_network(plan, held->pid, leftovers);
+    return std::move(*held);
+  }
+  end_network(plan);  // what served an earlier holder
+  HeldNetwork held = start_holder(plan, idle, leftovers);
+  try {
+    serve_network(plan, held.pid, leftovers);
+  } catch (...) {
+    signal_pidfd(held.pidfd.get(), SIGTERM);
+    end_network(plan);
+    throw;
+  }
+  log::info("instance {}: network namespace held for its commands (holder pid {}, {})", plan.instance_id, held.pid,
+            config::to_string(plan.mode));
+  return held;
+}
+
+bool release_held_network(const NetworkPlan& plan) {
+  std::error_code ec;
+  if (!stdfs::exists(plan.state_dir, ec)) return false;
+  const UniqueFd lock = lock_held_dir(plan.state_dir);
+  std::optional<HeldNetwork> held = find_held_network(plan);
+  if (held) signal_pidfd(held->pidfd.get(), SIGTERM);
+  end_network(plan);
+  ::unlink((plan.state_dir / kHolderPidFile).c_str());
+  return held.has_value();
 }
 
 void end_network(const NetworkPlan& plan) {
   network::detach_pasta(plan.state_dir / kPastaPidFile);
+  end_forwarders(plan);
   if (UniqueFd proxy = find_proxy(plan)) signal_pidfd(proxy.get(), SIGTERM);
   for (const char* name : {kModeFile, kProxyPidFile})
     if (::unlink((plan.state_dir / name).c_str()) < 0 && errno != ENOENT)

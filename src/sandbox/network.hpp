@@ -13,6 +13,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -21,6 +22,8 @@
 
 #include "base/pidfd.hpp"
 #include "config/config.hpp"
+#include "network/netns.hpp"
+#include "sandbox/sandbox.hpp"
 
 namespace nshpc::sandbox {
 
@@ -45,11 +48,50 @@ struct NetworkPlan {
 // when the mode cannot work here (nat without pasta or /dev/net/tun), SysError/Error otherwise.
 void serve_network(const NetworkPlan& plan, pid_t init, Leftovers& leftovers);
 
+// Forwards 127.0.0.1:host_port on the host (0: a free port) to `port` inside the running
+// sandbox whose init (or holder) is `init`, and records it in plan.state_dir: serve_network starts
+// it again with every new sandbox (the same host port when it is free). Exposing a port again
+// keeps its host port unless another is asked for. Throws UsageError when the host port is in use.
+ExposedPort expose_port(const NetworkPlan& plan, pid_t init, std::uint16_t port, std::uint16_t host_port,
+                        Leftovers& leftovers);
+
+// Ends the forward of `port` and its record; false when it was not exposed.
+bool unexpose_port(const NetworkPlan& plan, std::uint16_t port);
+
+// The ports on record, with whether each is forwarded now.
+std::vector<ExposedPort> exposed_ports(const NetworkPlan& plan);
+
 // At a fresh start or a stop of the sandbox: what an earlier one left (pasta does not end with
-// its namespace) is ended, and the record cleared.
+// its namespace) is ended, and the record cleared (not the exposed ports: they are the instance's).
 void end_network(const NetworkPlan& plan);
 
 // The mode on record as serving the sandbox now; nullopt: none (a fresh sandbox, or `host`).
 std::optional<config::Network> served_network(const std::filesystem::path& state_dir);
+
+// An instance whose commands each get a fresh sandbox keeps one network namespace for them while
+// it is used: a holder process (network/netns.hpp, `__net-hold`) makes it, every command's sandbox
+// joins it, and it is served as a living sandbox's is (the holder's pid in place of the init).
+// Its records are in a folder of the state folder per host (`network-HOST`: Slurm jobs of the
+// instance run `ns-hpc bwrap --fresh` on other nodes, which hold their own), shared by every
+// server process of this host; the holder outlives them and ends after `idle` without commands.
+struct HeldNetwork {
+  pid_t pid = -1;
+  UniqueFd pidfd;            // the holder's
+  network::NetnsFds ns;      // its namespaces, for a command's sandbox to join
+};
+
+// The folder of the records of an instance's held network on this host.
+std::filesystem::path held_network_dir(const std::filesystem::path& state_dir);
+
+// The held network of plan (plan.state_dir: held_network_dir), served as plan.mode; a holder is
+// started when none runs. Throws as serve_network does, and Error when the holder cannot start.
+HeldNetwork hold_network(const NetworkPlan& plan, std::chrono::seconds idle, Leftovers& leftovers);
+
+// The running holder on record, nullopt when there is none.
+std::optional<HeldNetwork> find_held_network(const NetworkPlan& plan);
+
+// Ends the holder and what serves its namespace (commands still in it keep their processes and
+// lose what served them). Returns whether a holder was running.
+bool release_held_network(const NetworkPlan& plan);
 
 }  // namespace nshpc::sandbox

@@ -147,6 +147,16 @@ struct RunSpec {
   bool living_main = false;             // the living sandbox's main process: pid 1 (--as-pid-1)
   pid_t join_init = 0;                  // the keeper joins the living sandbox of this init...
   std::uint64_t join_pid_ns = 0;        // ...in this pid namespace
+  // The sandbox starts in the network namespace its starter joined (an instance whose commands
+  // each get a fresh sandbox has one held for them: sandbox/network.hpp): bwrap unshares none.
+  bool network_joined = false;
+};
+
+// A port of an instance's sandbox exposed on the host's loopback (network/forward.hpp).
+struct ExposedPort {
+  std::uint16_t port = 0;       // inside
+  std::uint16_t host_port = 0;  // on the host's 127.0.0.1
+  bool forwarding = false;      // its forwarder runs (else: it starts again with the sandbox)
 };
 
 struct ExitStatus {
@@ -223,7 +233,17 @@ class Backend {
   // nat and filtered (sandbox/network.hpp), its processes kept. False when it does not run, or
   // when the change is to or from `host` (its namespace is the host's: only a restart changes
   // that). Throws UsageError when the new mode cannot work here.
+  // An instance whose commands each get a fresh sandbox: its held network namespace, when one
+  // is held, is served so (a change to `host` releases it); false when none is held.
   virtual bool change_network(const Target& target) = 0;
+  // An instance that is deleted or stopped: the network namespace held for its commands ends.
+  virtual void release_network(const Target& target) { (void)target; }
+  // Ports of an instance's sandbox forwarded from the host's loopback (sandbox/network.hpp:
+  // expose_port); the sandbox (or the namespace held for its commands) is started when it does
+  // not run. UsageError for an instance on the host's network, or a backend without them.
+  virtual ExposedPort expose_port(const Target& target, std::uint16_t port, std::uint16_t host_port);
+  virtual bool unexpose_port(const Target& target, std::uint16_t port);
+  virtual std::vector<ExposedPort> exposed_ports(const Target& target);
   virtual std::vector<LivingProcess> living_processes(const Target& target) = 0;
   // Whether the commands of a living instance share one pid namespace (a later command can ps and
   // kill what an earlier one left running): as root with cgroup v2. Otherwise each has its own.

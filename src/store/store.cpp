@@ -62,13 +62,8 @@ void write_metadata(const stdfs::path& file, const Metadata& meta) {
   fs::atomic_write(file, meta.raw.dump(2) + "\n", 0644);
 }
 
-// Whether an instance with this network and persistence can be served here (sandbox/network.hpp).
-void check_network(std::string_view id, config::Network network, bool persistent) {
-  const std::string mode = config::to_string(network);
-  if ((network == config::Network::nat || network == config::Network::filtered) && !persistent)
-    throw UsageError(fmt::format("instance '{}': network '{}' needs a persistent instance (one sandbox whose "
-                                 "network ns-hpc serves); make it persistent, or use 'off' or 'host'",
-                                 id, mode));
+// Whether an instance with this network can be served here (sandbox/network.hpp).
+void check_network(std::string_view id, config::Network network) {
   if (network == config::Network::nat)
     if (auto why = network::nat_unavailable())
       throw UsageError(fmt::format("instance '{}': network 'nat' cannot work here: {}; use 'filtered' or 'off'", id,
@@ -129,7 +124,8 @@ std::size_t RecordedJobsGuard::active_jobs(const stdfs::path& instance_base) {
 
 Store::Store(const config::Config& config, JobsGuard& jobs)
     : root_(config.ns.instances_dir),
-      default_network_(config.ns.default_network),
+      default_network_(config::resolve_default_network(config.ns.default_network, config.ns.bwrap_shares_net,
+                                                       !network::nat_unavailable())),
       default_persistent_(config.ns.persistent),
       rotation_{static_cast<std::uint64_t>(config.audit.max_size) * 1024 * 1024, static_cast<int>(config.audit.keep)},
       workspace_mount_(config.ns.workspace_mount),
@@ -567,7 +563,7 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
     if (!options.description.empty()) meta.raw["description"] = options.description;
     meta.raw["network"] = config::to_string(options.network.value_or(default_network_));
     meta.raw["persistent"] = image ? true : options.persistent.value_or(default_persistent_);
-    check_network(id, options.network.value_or(default_network_), meta.raw["persistent"].get<bool>());
+    check_network(id, options.network.value_or(default_network_));
     if (image) {
       meta.raw["root"] = fmt::format("image:{}@{}", image->name, image->version);
       meta.raw["ids"] = {{"map", ids->kind == sandbox::UidMapping::Kind::range ? "range" : "single"},
@@ -620,7 +616,7 @@ Instance Store::update(std::string_view id, const UpdateOptions& options, std::s
     changes["persistent"] = *options.persistent;
   }
   if (changes.empty()) return inst;
-  if (options.network || options.persistent) check_network(inst.id, inst.network, inst.persistent);
+  if (options.network) check_network(inst.id, inst.network);
   write_metadata(inst.metadata_file(), inst.meta);
   audit(inst, "instance.updated", actor, {{"instance_id", inst.id}, {"changes", changes}});
   index_changed(inst.id, Index::mtime_ns(root_));

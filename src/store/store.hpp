@@ -157,6 +157,8 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   const stdfs::path& root() const { return root_; }
+  // The network of new instances ([namespace] default_network, `auto` resolved here).
+  config::Network default_network() const { return default_network_; }
   // Whom the instance's sandboxes run as on the host and its files belong to (sandbox.hpp:
   // host_identity); nullopt: this process's own uid.
   std::optional<users::Identity> owner_of(const Instance& instance) const;

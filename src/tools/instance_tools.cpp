@@ -123,17 +123,13 @@ lifecycle::Lifecycle lifecycle_of(const ToolContext& ctx) {
   return {ctx.services.config, ctx.services.store, ctx.services.backend, ctx.services.jobs};
 }
 
-// The network "on" means for `inst`: [namespace] default_network unless that is off; else nat
-// where it works, filtered where not; host for an instance that is not persistent (the others
-// need its living sandbox).
-config::Network on_mode(const ToolContext& ctx, const store::Instance& inst) {
-  const config::Network configured = ctx.services.config.ns.default_network;
-  config::Network mode = configured != config::Network::off ? configured
-                         : network::nat_unavailable()      ? config::Network::filtered
-                                                           : config::Network::nat;
-  if (!inst.persistent && (mode == config::Network::nat || mode == config::Network::filtered))
-    mode = config::Network::host;
-  return mode;
+// The network "on" means: the default of new instances unless that is off; else nat where it
+// works, filtered where not.
+config::Network on_mode(const ToolContext& ctx) {
+  const config::Network configured = ctx.services.store.default_network();
+  return configured != config::Network::off ? configured
+         : network::nat_unavailable()      ? config::Network::filtered
+                                           : config::Network::nat;
 }
 
 // A network change applied to the running sandbox, said for the agent: " (applied at once:
@@ -236,6 +232,13 @@ constexpr std::int64_t kMaxPageSize = 500;
 std::int64_t int_arg(const json& args, const char* name, std::int64_t fallback) {
   auto it = args.find(name);
   return it != args.end() && it->is_number_integer() ? it->get<std::int64_t>() : fallback;
+}
+
+json ports_json(const std::vector<sandbox::ExposedPort>& ports) {
+  json list = json::array();
+  for (const sandbox::ExposedPort& p : ports)
+    list.push_back({{"port", p.port}, {"host_port", p.host_port}, {"forwarding", p.forwarding}});
+  return list;
 }
 
 void add_list(mcp::Server& server, const ToolContext& ctx) {
@@ -371,6 +374,11 @@ void add_list_archived(mcp::Server& server, const ToolContext& ctx) {
 
 void add_describe(mcp::Server& server, const ToolContext& ctx) {
   json output = kInstanceSchema;
+  output["properties"]["exposed_ports"] = {
+      {"type", "array"},
+      {"description", "ports forwarded to the host's loopback (expose_port)"},
+      {"items", {{"type", "object"}, {"properties", {{"port", of_type("integer")}, {"host_port", of_type("integer")},
+                                                     {"forwarding", of_type("boolean")}}}}}};
   output["properties"]["disk_usage"] = {
       {"type", "object"},
       {"description", "bytes on disk (allocated blocks) of the workspace, output folder, root layer and snapshots; "
@@ -408,6 +416,8 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
             json out = agent_instance_json(ctx, inst);
             const store::Store::DiskUse use = ctx.services.store.disk_use(inst);
             if (inst.network == config::Network::filtered) out["network_allow"] = ctx.services.config.network.allow;
+            if (const auto ports = lifecycle_of(ctx).exposed_ports(inst); !ports.empty())
+              out["exposed_ports"] = ports_json(ports);
             out["disk_usage"] = {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes},
                                  {"files", use.files}, {"layer_bytes", use.layer_bytes},
                                  {"snapshots_bytes", use.snapshots_bytes}};
@@ -440,7 +450,7 @@ void add_set_network_access(mcp::Server& server, const ToolContext& ctx) {
       .title = "Turn an instance's network on or off",
       .description =
           "enabled=false: only its own loopback ('off'). enabled=true: the default on-mode here (the result "
-          "names it). A running persistent instance switches at once. Returns the instance.",
+          "names it). A running instance switches at once. Returns the instance.",
       .input = input_object({{"instance_id", kInstanceIdArg},
                              {"enabled", {{"type", "boolean"}, {"description", "Network on or off."}}}},
                             {"instance_id", "enabled"}),
@@ -456,7 +466,7 @@ void add_set_network_access(mcp::Server& server, const ToolContext& ctx) {
             } else if (current.network != config::Network::off) {
               options.network = current.network;  // on already
             } else {
-              options.network = on_mode(ctx, current);
+              options.network = on_mode(ctx);
             }
             store::Instance inst = ctx.services.store.update(id, options, actor(rc));
             const std::string note = network_change_note(ctx, inst, actor(rc));
@@ -464,6 +474,56 @@ void add_set_network_access(mcp::Server& server, const ToolContext& ctx) {
             return mcp::ToolResult::text(fmt::format("Instance '{}': network {}{}.", inst.id,
                                                      config::to_string(inst.network), note),
                                          agent_instance_json(ctx, inst));
+          },
+  });
+}
+
+void add_expose_port(mcp::Server& server, const ToolContext& ctx) {
+  const json port_item = output_object(
+      {{"port", of_type("integer")}, {"host_port", of_type("integer")}, {"forwarding", of_type("boolean")}},
+      {"port", "host_port", "forwarding"});
+  add_tool(server, {
+      .name = "expose_port",
+      .title = "Expose an instance's port on the host",
+      .description =
+          "Forward a port a server inside the instance listens on (a notebook, a dev server) to "
+          "127.0.0.1:host_port on the host, for the user to open; kept until close=true or the instance is "
+          "deleted. Not for network 'host' (its ports are the host's).",
+      .input = input_object(
+          {{"instance_id", kInstanceIdArg},
+           {"port", {{"type", "integer"}, {"minimum", 1}, {"maximum", 65535}, {"description", "The port inside."}}},
+           {"host_port",
+            {{"type", "integer"}, {"minimum", 0}, {"maximum", 65535}, {"description", "Default 0: a free port."}}},
+           {"close", {{"type", "boolean"}, {"description", "End the forward instead."}}}},
+          {"instance_id", "port"}),
+      .output = output_object({{"instance_id", of_type("string")},
+                               {"port", of_type("integer")},
+                               {"host_port", of_type("integer")},
+                               {"url", of_type("string")},
+                               {"exposed_ports", {{"type", "array"}, {"items", port_item}}}},
+                              {"instance_id", "port", "exposed_ports"}),
+      .hints = {.destructive = false, .idempotent = true, .open_world = false},
+      .handler =
+          [ctx](const json& args, mcp::RequestContext& rc) {
+            const store::Instance inst = ctx.services.store.get(string_arg(args, "instance_id"));
+            const auto port = static_cast<std::uint16_t>(int_arg(args, "port", 0));
+            lifecycle::Lifecycle lc = lifecycle_of(ctx);
+            json out = {{"instance_id", inst.id}, {"port", port}};
+            std::string text;
+            if (args.value("close", false)) {
+              text = lc.unexpose_port(inst, port, actor(rc))
+                         ? fmt::format("Port {} of instance '{}' is no longer exposed.", port, inst.id)
+                         : fmt::format("Port {} of instance '{}' was not exposed.", port, inst.id);
+            } else {
+              const sandbox::ExposedPort e =
+                  lc.expose_port(inst, port, static_cast<std::uint16_t>(int_arg(args, "host_port", 0)), actor(rc));
+              out["host_port"] = e.host_port;
+              out["url"] = fmt::format("http://127.0.0.1:{}/", e.host_port);
+              text = fmt::format("Port {} of instance '{}' is at 127.0.0.1:{} on the host ({}).", port, inst.id,
+                                 e.host_port, out["url"].get<std::string>());
+            }
+            out["exposed_ports"] = ports_json(lc.exposed_ports(inst));
+            return mcp::ToolResult::text(text, out);
           },
   });
 }
@@ -683,6 +743,7 @@ void add_instance_tools(mcp::Server& server, const ToolContext& ctx) {
   add_describe(server, ctx);
   add_update(server, ctx);
   add_set_network_access(server, ctx);
+  add_expose_port(server, ctx);
   add_stop(server, ctx);
   add_restart(server, ctx);
   add_archive(server, ctx);

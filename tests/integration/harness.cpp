@@ -73,6 +73,18 @@ Env::~Env() {
     if (keeper > 1) ::kill(keeper, SIGKILL);
   }
   ec.clear();
+  // So do the network namespaces held for the commands of the others (what serves them ends
+  // with their holder).
+  for (const auto& entry : fs::directory_iterator(instances(), ec)) {
+    std::error_code sec;
+    for (const auto& held : fs::directory_iterator(entry.path() / "status", sec)) {
+      if (held.path().filename().string().rfind("network-", 0) != 0) continue;
+      const pid_t holder = static_cast<pid_t>(std::atoi(read_text(held.path() / "network.holder.pid").c_str()));
+      const std::string cmdline = read_text("/proc/" + std::to_string(holder) + "/cmdline");
+      if (holder > 1 && cmdline.find(held.path().string()) != std::string::npos) ::kill(holder, SIGTERM);
+    }
+  }
+  ec.clear();
   // The listing index this store left in the state folder outside root_ (as root
   // /var/lib/ns-hpc/index): the one whose database names our instances folder.
   for (const auto& entry : fs::directory_iterator("/var/lib/ns-hpc/index", ec)) {

@@ -5,7 +5,10 @@
 #include <linux/tty.h>
 #include <sched.h>
 #include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/mount.h>
 #include <sys/ptrace.h>
 #include <sys/stat.h>
@@ -14,6 +17,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -43,6 +47,31 @@ void dump(const char* path) {
   int c;
   while ((c = std::fgetc(f)) != EOF) std::putchar(c == 0 ? '\n' : c);
   std::fclose(f);
+}
+
+// A TCP server on 127.0.0.1:port, one client at a time: greets with "hello from inside\n", then
+// sends back each line it gets until the client ends. Runs until killed.
+int serve(int port) {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(s, 16) != 0) {
+    std::printf("serve: %s\n", strerrorname_np(errno));
+    return 1;
+  }
+  for (;;) {
+    const int c = ::accept(s, nullptr, nullptr);
+    if (c < 0) continue;
+    (void)!::write(c, "hello from inside\n", 18);
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(c, buf, sizeof buf)) > 0) (void)!::write(c, buf, static_cast<std::size_t>(n));
+    ::close(c);
+  }
 }
 
 }  // namespace
@@ -92,6 +121,8 @@ int main(int argc, char** argv) {
   } else if (cmd == "tiocsetd") {  // switch stdin's terminal to the null line discipline and leave it so
     int ldisc = N_NULL;
     report("tiocsetd", ::ioctl(STDIN_FILENO, TIOCSETD, &ldisc));
+  } else if (cmd == "serve") {
+    return serve(std::atoi(arg.c_str()));
   } else if (cmd == "ids") {
     std::printf("uid %d gid %d\n", ::getuid(), ::getgid());
     dump("/proc/self/uid_map");

@@ -824,15 +824,197 @@ TEST(NetworkModes, FilteredReachesOnlyTheAllowListAndSwitchesAtOnce) {
   EXPECT_FALSE(beating()) << "the instance's process outlived the restart";
 }
 
+// A host address that appears while a nat instance runs is blocked inside within moments (the
+// watcher follows the host's addresses); one that goes is unblocked.
+TEST(NetworkModes, AHostAddressAddedWhileANatInstanceRunsIsBlockedToo) {
+  REQUIRE_PASTA();
+  const std::string link = fmt::format("nshpcd{}", ::getpid() % 100000);
+  const std::string address = fmt::format("10.234.{}.1", ::getpid() % 250);
+  Env env;
+  env.create("natwatch", {"--network", "nat", "--persistent"});
+  ASSERT_EQ(inside(env, "natwatch", "true").exit_code, 0);
+  struct Link {
+    std::string name;
+    ~Link() { nshpc::run_command({"ip", "link", "del", name}); }
+  } added{link};
+  host({"ip", "link", "add", link, "type", "veth", "peer", "name", link + "p"});
+  host({"ip", "addr", "add", address + "/32", "dev", link});
+  host({"ip", "link", "set", link, "up"});
+  Server on_new_address(host_listener(address));
+  auto blocked = [&] { return inside(env, "natwatch", "ip route show type prohibit").out; };
+  EXPECT_TRUE(eventually([&] { return blocked().find(address) != std::string::npos; }, 5s)) << blocked();
+  EXPECT_EQ(inside(env, "natwatch", probe(address, on_new_address.port())).out, "closed\n");
+  EXPECT_EQ(on_new_address.accepted(), 0);
+  host({"ip", "link", "del", link});
+  EXPECT_TRUE(eventually([&] { return blocked().find(address) == std::string::npos; }, 5s)) << blocked();
+}
+
+// An instance whose commands each get a fresh sandbox: one network namespace is held for all of
+// them (one pasta, attached once), served as the mode says, switched at once while a command
+// holds a connection, and ended with the instance.
+TEST(NetworkModes, FreshSandboxesJoinOneHeldNamespaceThatSwitchesAndEndsWithTheInstance) {
+  REQUIRE_PASTA();
+  World world;
+  Server world_server(net::listen_in(world.view(), world.world_ip(), 0, 16));
+  Server host_loopback(host_listener("127.0.0.1"));
+  Env env;
+  env.create("eph", {"--network", "nat", "--no-persistent"});
+  const std::string world_probe = probe(world.world_ip(), world_server.port());
+  Result r = inside(env, "eph", world_probe + "; " + probe("127.0.0.1", host_loopback.port()) + "; readlink /proc/self/ns/net");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string first_ns = r.out.substr(r.out.rfind("net:"));
+  EXPECT_EQ(r.out, "open\nclosed\n" + first_ns) << r.err;
+  r = inside(env, "eph", "readlink /proc/self/ns/net; ip -o link | wc -l");
+  EXPECT_EQ(r.out, first_ns + "2\n") << "the second command did not join the held namespace: " << r.err;
+  const std::string eph_pasta = "^[^ ]*pasta .*" + (env.instances() / "eph/status").string() + "/network-";
+  EXPECT_EQ(nshpc::run_command({"pgrep", "-c", "-f", eph_pasta}).out, "1\n");
+
+  // A command holding a connection; the switch to off cuts it at once and the command goes on.
+  auto held = std::async(std::launch::async, [&] {
+    return inside(env, "eph",
+                  fmt::format("exec 3<>/dev/tcp/{}/{}; while read -r -u 3 line; do :; done; echo cut",
+                              world.world_ip(), world_server.port()));
+  });
+  ASSERT_TRUE(eventually([&] { return world_server.accepted() >= 2; }, 10s));
+  r = env.run({"instance", "update", "eph", "--network", "off"});
+  EXPECT_NE(r.out.find("applied to the running sandbox"), std::string::npos) << r.out << r.err;
+  ASSERT_EQ(held.wait_for(10s), std::future_status::ready) << "the open connection was not cut";
+  EXPECT_EQ(held.get().out, "cut\n");
+  EXPECT_EQ(nshpc::run_command({"pgrep", "-c", "-f", eph_pasta}).out, "0\n");
+  r = inside(env, "eph", world_probe + "; ip -o link | wc -l");
+  EXPECT_EQ(r.out, "closed\n1\n") << r.err;
+  ASSERT_EQ(env.run({"instance", "update", "eph", "--network", "nat"}).exit_code, 0);
+  EXPECT_EQ(inside(env, "eph", world_probe).out, "open\n");
+
+  // To host: the held namespace goes; the commands share the host's network.
+  r = env.run({"instance", "update", "eph", "--network", "host"});
+  EXPECT_NE(r.out.find("applied to the running sandbox"), std::string::npos) << r.out << r.err;
+  EXPECT_TRUE(eventually([&] { return nshpc::run_command({"pgrep", "-c", "-f", eph_pasta}).out == "0\n"; }, 5s));
+  EXPECT_EQ(inside(env, "eph", probe("127.0.0.1", host_loopback.port())).out, "open\n");
+  // Deleted: nothing of its network is left.
+  ASSERT_EQ(env.run({"instance", "update", "eph", "--network", "nat"}).exit_code, 0);
+  EXPECT_EQ(inside(env, "eph", world_probe).out, "open\n");
+  const std::string holder = (env.instances() / "eph/status").string() + "/network-";
+  EXPECT_EQ(nshpc::run_command({"pgrep", "-c", "-f", "__net-hold .*" + holder}).out, "1\n");
+  ASSERT_EQ(env.run({"instance", "delete", "eph", "--force"}).exit_code, 0);
+  EXPECT_TRUE(eventually([&] { return nshpc::run_command({"pgrep", "-f", holder}).exit_code == 1; }, 5s))
+      << "the holder or pasta outlived the deleted instance";
+}
+
+// The same for filtered, which a normal user has too: a fresh sandbox per command reaches the
+// allow list through the held namespace's proxy, and nothing else.
+TEST(NetworkModes, FreshSandboxesOfAFilteredInstanceGoThroughItsProxy) {
+  REQUIRE_USERNS();
+  Server allowed(host_listener("127.0.0.1"));
+  const std::string a = std::to_string(allowed.port());
+  Env env("[network]\nallow = [\"allowed.test:" + a + "\", \"127.0.0.1:" + a +
+          "\"]\nresolve = [\"allowed.test=127.0.0.1\"]\n");
+  env.create("ephf", {"--network", "filtered", "--no-persistent"});
+  const std::string curl = "curl -s -m 5 -o /dev/null -w '%{http_code}\\n' ";
+  Result r = inside(env, "ephf",
+                    "curl -s -m 5 -p http://allowed.test:" + a + "/ -o /dev/null || true; " + curl +
+                        "http://unlisted.test/ ; " + probe("127.0.0.1", allowed.port()));
+  EXPECT_EQ(r.out, "403\nclosed\n") << r.err;
+  EXPECT_EQ(allowed.accepted(), 1);
+  r = inside(env, "ephf", curl + "http://unlisted.test/");
+  EXPECT_EQ(r.out, "403\n") << r.err;
+  const std::string audit = nshpc::test::read_text(env.instances() / "ephf/audit.log");
+  EXPECT_NE(audit.find("unlisted.test"), std::string::npos) << audit;
+  ASSERT_EQ(env.run({"instance", "delete", "ephf", "--force"}).exit_code, 0);
+  const std::string holder = (env.instances() / "ephf/status").string() + "/network-";
+  EXPECT_TRUE(eventually([&] { return nshpc::run_command({"pgrep", "-f", holder}).exit_code == 1; }, 5s))
+      << "the holder or the proxy outlived the deleted instance";
+}
+
+// A client of the host's 127.0.0.1:port: sends "ping\n", returns what came back (the greeting and
+// the echo) until the server closes or 3 s pass; "" when the connection is refused.
+std::string talk_to(std::uint16_t port) {
+  UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
+  (void)!::send(s.get(), "ping\n", 5, MSG_NOSIGNAL);
+  std::string got;
+  const auto deadline = std::chrono::steady_clock::now() + 3s;
+  while (got.size() < 23 && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{s.get(), POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    char buf[256];
+    const ssize_t n = ::read(s.get(), buf, sizeof buf);
+    if (n <= 0) break;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  return got;
+}
+
+std::uint16_t host_port_of(const Result& r) {
+  const auto json = nlohmann::json::parse(r.out);
+  return json.empty() ? 0 : json.at(0).at("host_port").get<std::uint16_t>();
+}
+
+// expose_port: a server inside an instance with a network of its own (off, nat, filtered) is
+// reached from the host's loopback, through a sandbox restart (the same host port), and no
+// longer once closed or the instance is gone; an instance on the host's network is told why not.
+TEST(NetworkModes, ExposedPortsReachAServerInsideAndGoWithTheInstance) {
+  REQUIRE_USERNS();
+  Env env;
+  for (const char* persistence : {"--persistent", "--no-persistent"}) {
+    SCOPED_TRACE(persistence);
+    const std::string id = persistence == std::string("--persistent") ? "web" : "webeph";
+    env.create(id, {"--network", "off", persistence});
+    env.install_probe(id);
+    std::string job;
+    Result r = env.run({"instance", "expose", id, "8000", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::uint16_t host_port = host_port_of(r);
+    ASSERT_NE(host_port, 0) << r.out;
+    EXPECT_EQ(talk_to(host_port), "") << "nothing listens inside yet: the connection is closed";
+    // The server: a background process of a living instance, or a job of the other kind.
+    if (id == "web")
+      ASSERT_EQ(inside(env, id, "./probe serve 8000 >/dev/null 2>&1 &").exit_code, 0);
+    else
+      job = nlohmann::json::parse(
+                env.run({"instance", "run", id, "--timeout", "0", "--json", "--", "./probe", "serve", "8000"}).out)
+                .at("job_id");  // a job left running
+    EXPECT_TRUE(eventually([&] { return talk_to(host_port) == "hello from inside\nping\n"; }, 10s))
+        << talk_to(host_port);
+    // The sandbox's own loopback is not the host's: the port is not simply shared.
+    EXPECT_EQ(inside(env, id, probe("127.0.0.1", host_port)).out, "closed\n");
+    const std::string audit = nshpc::test::read_text(env.instances() / id / "audit.log");
+    EXPECT_NE(audit.find("\"network.port_exposed\""), std::string::npos) << audit;
+    if (id == "web") {
+      // A restart ends the server and the forward; the forward comes back with the sandbox, on the
+      // same port.
+      ASSERT_EQ(env.run({"instance", "restart", id}).exit_code, 0);
+      ASSERT_EQ(inside(env, id, "./probe serve 8000 >/dev/null 2>&1 &").exit_code, 0);
+      EXPECT_TRUE(eventually([&] { return talk_to(host_port) == "hello from inside\nping\n"; }, 10s));
+    }
+    r = env.run({"instance", "expose", id, "8000", "--close"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(eventually([&] { return talk_to(host_port).empty(); }, 5s)) << "the forward outlived --close";
+    EXPECT_EQ(env.run({"instance", "expose", id, "--json"}).out, "[]\n");
+    ASSERT_EQ(env.run({"instance", "expose", id, "8000", "--host-port", std::to_string(host_port)}).exit_code, 0);
+    EXPECT_TRUE(eventually([&] { return !talk_to(host_port).empty(); }, 5s));
+    if (!job.empty()) env.run({"instance", "cancel", id, job});
+    ASSERT_EQ(env.run({"instance", "delete", id, "--force"}).exit_code, 0);
+    EXPECT_TRUE(eventually([&] { return talk_to(host_port).empty(); }, 5s)) << "the forward outlived the instance";
+  }
+  env.create("shared", {"--network", "host"});
+  Result r = env.run({"instance", "expose", "shared", "8000"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("shares the host's network"), std::string::npos) << r.err;
+}
+
 // What cannot be served is refused with the reason, never left half-working.
 TEST(NetworkModes, ModesThatCannotBeServedAreRefusedWithTheReason) {
   Env env;
-  Result r = env.run({"instance", "create", "eph", "--network", "filtered", "--no-persistent"});
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("needs a persistent instance"), std::string::npos) << r.err;
   if (auto why = net::nat_unavailable()) {
-    r = env.run({"instance", "create", "nonat", "--network", "nat", "--persistent"});
+    Result r = env.run({"instance", "create", "nonat", "--network", "nat", "--persistent"});
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find("network 'nat' cannot work here"), std::string::npos) << r.err;
+    r = env.run({"instance", "create", "nonat2", "--network", "nat", "--no-persistent"});
+    EXPECT_NE(r.exit_code, 0);
   }
 }

@@ -152,7 +152,8 @@ TEST_F(ConfigTest, DefaultsOfNamespace) {
   EXPECT_TRUE(ns.seccomp);
   EXPECT_EQ(ns.sandbox_uid, 65534u);
   EXPECT_EQ(ns.sandbox_gid, 65534u);
-  EXPECT_EQ(ns.default_network, config::Network::host);
+  EXPECT_EQ(ns.default_network, config::DefaultNetwork::automatic);
+  EXPECT_FALSE(ns.bwrap_shares_net);  // the built-in bwrap_command has --share-net: it does not count
   EXPECT_EQ(ns.path, "/usr/local/bin:/usr/bin:/bin");
   EXPECT_TRUE(ns.env.empty());
   EXPECT_TRUE(ns.pass_env.empty());
@@ -449,6 +450,27 @@ timeout = 2.5
   EXPECT_EQ(cfg.host_commands.at("x").description, "");
 }
 
+// `auto`: nat where it works, else filtered; host only when the user's own bwrap_command asks for
+// --share-net (the original's way); a mode named is kept as it is.
+TEST_F(ConfigTest, TheDefaultNetworkIsTheSafestThatWorksUnlessTheUserAsksForTheHosts) {
+  using config::DefaultNetwork;
+  using config::Network;
+  const config::Namespace plain = load_text("").config.ns;
+  EXPECT_EQ(plain.default_network, DefaultNetwork::automatic);
+  EXPECT_EQ(config::resolve_default_network(plain.default_network, plain.bwrap_shares_net, true), Network::nat);
+  EXPECT_EQ(config::resolve_default_network(plain.default_network, plain.bwrap_shares_net, false), Network::filtered);
+  const config::Namespace shares =
+      load_text("[namespace]\nbwrap_command = [\"bwrap\", \"--ro-bind\", \"/usr\", \"/usr\", \"--share-net\"]\n")
+          .config.ns;
+  EXPECT_TRUE(shares.bwrap_shares_net);
+  EXPECT_EQ(config::resolve_default_network(shares.default_network, shares.bwrap_shares_net, true), Network::host);
+  const config::Namespace off = load_text("[namespace]\ndefault_network = \"off\"\n").config.ns;
+  EXPECT_EQ(config::resolve_default_network(off.default_network, true, true), Network::off);
+  const config::Namespace no_share =
+      load_text("[namespace]\nbwrap_command = [\"bwrap\", \"--ro-bind\", \"/usr\", \"/usr\"]\n").config.ns;
+  EXPECT_FALSE(no_share.bwrap_shares_net);
+}
+
 TEST_F(ConfigTest, NetworkEntriesAreCheckedAndNamed) {
   EXPECT_EQ(problems_of("[network]\nallow = [\"pypi.org\", \"bad entry\"]\n"),
             Lines{file() + ":2:9: network.allow: \"bad entry\" is not a name, *.domain or address (with an optional "
@@ -466,8 +488,8 @@ TEST_F(ConfigTest, BadEnumValueListsTheAllowedOnes) {
             Lines{file() + ":2:15: mcp.result_type: \"json\" is not allowed; use \"text\", \"structured\" "
                            "or \"both\""});
   EXPECT_EQ(problems_of("[namespace]\ndefault_network = \"none\"\n"),
-            Lines{file() + ":2:19: namespace.default_network: \"none\" is not allowed; use \"host\", \"off\", "
-                           "\"nat\" or \"filtered\""});
+            Lines{file() + ":2:19: namespace.default_network: \"none\" is not allowed; use \"auto\", \"host\", "
+                           "\"off\", \"nat\" or \"filtered\""});
 }
 
 TEST_F(ConfigTest, LimitDefaultAboveMaxAndMissingFieldsAreErrors) {
