@@ -54,6 +54,7 @@ bench: build
 	tests/e2e/install.sh && tests/e2e/bench_files.mjs
 	bench/slurm_polls.sh $(BUILD)/ns-hpc
 	bench/snapshots.sh $(BUILD)/ns-hpc
+	bench/network.sh $(BUILD)/ns-hpc
 
 # libFuzzer over the MCP parser and dispatcher, the HTTP transport and WebDAV requests (paths, If
 # headers, XML bodies) (clang, ASan+UBSan), 60 seconds each by default.
