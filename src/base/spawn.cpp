@@ -95,10 +95,16 @@ struct Prepared {
       if (::dup2(p.staged[i], spec.fds[i].second) < 0) fail(err_fd, Step::dup2);
     }
     if (spec.close_other_fds) {
-      // Keep the error pipe just above the targets, close everything else.
+      // Keep the error pipe just above the targets, close everything else: above them, and what
+      // an ancestor left open between them (a descriptor it did not mark close-on-exec).
       if (::dup3(err_fd, p.highest_target + 1, O_CLOEXEC) < 0) fail(err_fd, Step::dup2);
       err_fd = p.highest_target + 1;
       if (::syscall(SYS_close_range, p.highest_target + 2, ~0U, 0) < 0) fail(err_fd, Step::close);
+      for (int fd = 3; fd < p.highest_target; ++fd) {
+        bool target = false;
+        for (const auto& pair : spec.fds) target = target || pair.second == fd;
+        if (!target) ::close(fd);
+      }
     } else {
       for (size_t i = 0; i < spec.fds.size(); ++i) ::close(p.staged[i]);
     }

@@ -26,4 +26,10 @@ struct Identity {
 // caller). The one place that decides it.
 std::optional<Identity> sandbox_owner(uid_t sandbox_uid, gid_t sandbox_gid, bool as_root = ::geteuid() == 0);
 
+// Gives up every capability for good: the bounding set, the ambient, inheritable, permitted and
+// effective sets, and no_new_privs. For a helper of the server that keeps its uid (root's files
+// stay its own) but handles what a sandbox sends (the network proxy, a port forwarder). Throws
+// SysError.
+void drop_capabilities();
+
 }  // namespace nshpc::users

@@ -168,6 +168,7 @@ struct InstanceArgs {
   std::string new_id;
   int port = 0, host_port = 0;
   bool close = false;
+  std::vector<std::string> allow;
 };
 
 void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
@@ -189,11 +190,15 @@ void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
                   "Run on this image (ns-hpc image list) with a writable root of its own, as its root user: what "
                   "apt-get install adds stays; always persistent")
       ->expected(0, 1);
+  cmd->add_option("--allow", a->allow,
+                  "For filtered: what it may reach besides [network] allow (repeat: --allow pypi.org --allow "
+                  "'*.debian.org:443')");
   cmd->add_flag("--json", a->json, "Print the new instance as JSON");
   cmd->callback([&inv, a] {
     store::CreateOptions options;
     options.description = a->description;
     options.network = a->network;
+    options.network_allow = a->allow;
     options.persistent = a->persistent;
     if (a->image) {
       options.image = a->image->empty() ? inv.config().ns.default_image : *a->image;
@@ -323,15 +328,24 @@ void add_update(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
   add_persistent_option(*cmd, a->persistent,
                         "Make it a living instance, or (--no-persistent, once stopped) one with a fresh sandbox "
                         "per command");
+  auto* allow = cmd->add_option("--allow", a->allow,
+                                 "For filtered: replace what it may reach besides [network] allow (repeat it; "
+                                 "--allow '' clears them)");
   cmd->add_flag("--json", a->json, "Print the updated instance as JSON");
-  cmd->callback([&inv, a] {
+  cmd->callback([&inv, a, allow] {
     store::UpdateOptions options;
     options.description = a->new_description;
     options.network = a->network;
+    if (allow->count() > 0) {
+      std::vector<std::string> entries;
+      for (const std::string& e : a->allow)
+        if (!e.empty()) entries.push_back(e);
+      options.network_allow = std::move(entries);
+    }
     options.persistent = a->persistent;
-    if (!options.description && !options.network && !options.persistent)
-      throw UsageError(
-          "nothing to update; pass --description TEXT, --network MODE and/or --persistent|--no-persistent");
+    if (!options.description && !options.network && !options.network_allow && !options.persistent)
+      throw UsageError("nothing to update; pass --description TEXT, --network MODE, --allow ENTRY and/or "
+                       "--persistent|--no-persistent");
     if (options.persistent == false) {
       // A living sandbox left running would be out of reach of every command after this.
       store::Instance current = inv.store().get(a->id);
@@ -341,7 +355,7 @@ void add_update(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
     }
     store::Instance inst = inv.store().update(a->id, options, users::cli_actor());
     std::string applied;
-    if (options.network) {
+    if (options.network || options.network_allow) {
       switch (lifecycle_of(inv).apply_network(inst, users::cli_actor())) {
         case lifecycle::Lifecycle::NetworkChange::applied: applied = " (applied to the running sandbox)"; break;
         case lifecycle::Lifecycle::NetworkChange::restarted: applied = " (the running sandbox was restarted)"; break;

@@ -12,7 +12,7 @@
 namespace nshpc::cli {
 
 nlohmann::json instance_host_json(const store::Instance& inst) {
-  return {{"id", inst.id},
+  nlohmann::json out = {{"id", inst.id},
           {"created_at", inst.meta.created_at()},
           {"description", inst.meta.description()},
           {"hostname", inst.meta.hostname()},
@@ -23,6 +23,8 @@ nlohmann::json instance_host_json(const store::Instance& inst) {
           {"workspace", inst.workspace.string()},
           {"output", inst.output.string()},
           {"last_activity", timeutil::iso_utc(inst.last_activity())}};
+  if (!inst.network_allow.empty()) out["network_allow"] = inst.network_allow;  // its own additions
+  return out;
 }
 
 nlohmann::json archived_json(const store::ArchivedInstance& a) {

@@ -27,6 +27,7 @@
 #include "audit/audit.hpp"
 #include "base/fd.hpp"
 #include "base/pidfd.hpp"
+#include "base/users.hpp"
 
 namespace nshpc::network {
 
@@ -165,6 +166,13 @@ int forward_main(int argc, char** argv) {
     return 1;
   }
   ::close(kNetFd);
+  // What a sandbox sends passes through here: no capability from now on.
+  try {
+    users::drop_capabilities();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "ns-hpc {}: {}\n", kForwardCommand, e.what());
+    return 1;
+  }
   const UniqueFd watched = open_pidfd(options.watch);
   if (!watched) return 0;  // the sandbox is gone already
   sigset_t stop;

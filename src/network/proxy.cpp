@@ -43,6 +43,7 @@
 #include <nlohmann/json.hpp>
 
 #include "audit/audit.hpp"
+#include "base/users.hpp"
 #include "base/error.hpp"
 #include "base/fd.hpp"
 #include "base/fs.hpp"
@@ -1056,6 +1057,8 @@ int proxy_main(int argc, char** argv) {
       }
       if (!watched) throw SysError(err, "pidfd_open of the process to watch", std::to_string(options.watch_pid));
     }
+    // What a sandbox sends is parsed here: no capability of root's (its own files stay its own).
+    users::drop_capabilities();
   } catch (const std::exception& e) {
     say(fmt::format("{}\nusage: ns-hpc {} --policy FILE --audit FILE [--watch-pid PID], with a listening socket on "
                     "descriptor 3 (started by the ns-hpc server)",

@@ -591,7 +591,7 @@ class BwrapBackend final : public Backend {
       const NetworkPlan plan = held_plan(target);
       if (target.network == config::Network::host) return release_held_network(plan);
       if (!find_held_network(plan)) return false;
-      hold_network(plan, held_idle(), leftovers_);
+      hold_network(plan, held_idle(), leftovers_, /*again=*/true);
       return true;
     }
     fs::make_dirs(target.state_dir, 0700);
@@ -690,7 +690,9 @@ class BwrapBackend final : public Backend {
   }
 
   NetworkPlan network_plan(const Target& target) const {
-    return {target.instance_id, target.network, net_.allow, net_.resolve, target.state_dir, target.audit_log};
+    std::vector<std::string> allow = net_.allow;
+    allow.insert(allow.end(), target.network_allow.begin(), target.network_allow.end());
+    return {target.instance_id, target.network, std::move(allow), net_.resolve, target.state_dir, target.audit_log};
   }
 
   // An instance whose commands each get a fresh sandbox: the records of its held network.
@@ -708,13 +710,14 @@ class BwrapBackend final : public Backend {
   // served from outside), and for `off` only while one is held (a switch from another mode); none
   // for `host`, nor for `off` otherwise (the sandbox unshares its own).
   std::optional<HeldNetwork> held_network_for(const Target& target) {
-    if (target.network == config::Network::host) return std::nullopt;
-    fs::make_dirs(target.state_dir, 0700);
+    // A sandbox of no instance (doctor's) has no state folder: its own namespace, if any.
+    if (target.network == config::Network::host || target.state_dir.empty()) return std::nullopt;
     const NetworkPlan plan = held_plan(target);
     // `off` needs no namespace of its own unless one is held, or ports are exposed (a server of
     // a later command must be where they lead).
     if (target.network == config::Network::off && !find_held_network(plan) && sandbox::exposed_ports(plan).empty())
       return std::nullopt;
+    fs::make_dirs(target.state_dir, 0700);
     return hold_network(plan, held_idle(), leftovers_);
   }
 

@@ -400,10 +400,10 @@ HeldNetwork start_holder(const NetworkPlan& plan, std::chrono::seconds idle, Lef
 
 }  // namespace
 
-HeldNetwork hold_network(const NetworkPlan& plan, std::chrono::seconds idle, Leftovers& leftovers) {
+HeldNetwork hold_network(const NetworkPlan& plan, std::chrono::seconds idle, Leftovers& leftovers, bool again) {
   const UniqueFd lock = lock_held_dir(plan.state_dir);
   if (std::optional<HeldNetwork> held = find_held_network(plan)) {
-    if (served_network(plan.state_dir) != plan.mode) serve_network(plan, held->pid, leftovers);
+    if (again || served_network(plan.state_dir) != plan.mode) serve_network(plan, held->pid, leftovers);
     return std::move(*held);
   }
   end_network(plan);  // what served an earlier holder

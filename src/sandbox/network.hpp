@@ -83,9 +83,10 @@ struct HeldNetwork {
 // The folder of the records of an instance's held network on this host.
 std::filesystem::path held_network_dir(const std::filesystem::path& state_dir);
 
-// The held network of plan (plan.state_dir: held_network_dir), served as plan.mode; a holder is
-// started when none runs. Throws as serve_network does, and Error when the holder cannot start.
-HeldNetwork hold_network(const NetworkPlan& plan, std::chrono::seconds idle, Leftovers& leftovers);
+// The held network of plan (plan.state_dir: held_network_dir), served as plan.mode (`again`: served
+// even when that mode is on record already, for a changed allow list); a holder is started when
+// none runs. Throws as serve_network does, and Error when the holder cannot start.
+HeldNetwork hold_network(const NetworkPlan& plan, std::chrono::seconds idle, Leftovers& leftovers, bool again = false);
 
 // The running holder on record, nullopt when there is none.
 std::optional<HeldNetwork> find_held_network(const NetworkPlan& plan);

@@ -78,6 +78,8 @@ struct Target {
   std::optional<ImageRoot> image;
   // The instance's audit log (what a `filtered` instance's proxy allowed and refused goes there).
   stdfs::path audit_log;
+  // The instance's additions to [network] allow (`filtered`).
+  std::vector<std::string> network_allow;
 };
 
 // Whom a sandbox of `target` runs as on the host, and whom the files made for it belong to: an

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "audit/audit.hpp"
 #include "base/error.hpp"
@@ -23,6 +24,7 @@
 #include "base/time.hpp"
 #include "files/broker.hpp"
 #include "network/netns.hpp"
+#include "network/proxy.hpp"
 #include "sandbox/images.hpp"
 #include "sandbox/layers.hpp"
 
@@ -60,6 +62,19 @@ std::string host_name() {
 
 void write_metadata(const stdfs::path& file, const Metadata& meta) {
   fs::atomic_write(file, meta.raw.dump(2) + "\n", 0644);
+}
+
+// An instance's additions to [network] allow, each checked as the config's are.
+void check_allow(const std::vector<std::string>& entries) {
+  std::vector<std::string> problems;
+  for (const std::string& entry : entries) {
+    std::string why;
+    if (!network::parse_allow_entry(entry, &why)) problems.push_back(fmt::format("'{}': {}", entry, why));
+  }
+  if (!problems.empty())
+    throw UsageError(fmt::format("network allow entries refused: {}; write a name (example.org), *.domain or an "
+                                 "address, each optionally with :port",
+                                 fmt::join(problems, "; ")));
 }
 
 // Whether an instance with this network can be served here (sandbox/network.hpp).
@@ -285,6 +300,9 @@ Instance Store::load(std::string_view id, const stdfs::path& base) const {
   inst.meta.raw = std::move(raw);
   inst.network = inst.meta.network().value_or(default_network_);
   inst.persistent = inst.meta.persistent().value_or(default_persistent_);
+  if (auto it = inst.meta.raw.find("network_allow"); it != inst.meta.raw.end() && it->is_array())
+    for (const auto& entry : *it)
+      if (entry.is_string()) inst.network_allow.push_back(entry.get<std::string>());
   if (inst.meta.root() != "host") {
     inst.image = image_root(inst);
     inst.persistent = true;
@@ -564,6 +582,10 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
     meta.raw["network"] = config::to_string(options.network.value_or(default_network_));
     meta.raw["persistent"] = image ? true : options.persistent.value_or(default_persistent_);
     check_network(id, options.network.value_or(default_network_));
+    if (!options.network_allow.empty()) {
+      check_allow(options.network_allow);
+      meta.raw["network_allow"] = options.network_allow;
+    }
     if (image) {
       meta.raw["root"] = fmt::format("image:{}@{}", image->name, image->version);
       meta.raw["ids"] = {{"map", ids->kind == sandbox::UidMapping::Kind::range ? "range" : "single"},
@@ -607,6 +629,12 @@ Instance Store::update(std::string_view id, const UpdateOptions& options, std::s
     inst.meta.raw["network"] = config::to_string(*options.network);
     inst.network = *options.network;
     changes["network"] = config::to_string(*options.network);
+  }
+  if (options.network_allow) {
+    check_allow(*options.network_allow);
+    inst.meta.raw["network_allow"] = *options.network_allow;
+    inst.network_allow = *options.network_allow;
+    changes["network_allow"] = *options.network_allow;
   }
   if (options.persistent == false && inst.image)
     throw UsageError(fmt::format("instance '{}' runs on an image and is always persistent", inst.id));
@@ -865,7 +893,7 @@ sandbox::Target Store::sandbox_target(const Instance& instance) const {
   return {instance.id,         instance.workspace,       instance.output,
           output_root(),       instance.network,         instance.persistent,
           instance.state_dir(), cgroup_folder(instance.id), instance.image,
-          instance.audit_log()};
+          instance.audit_log(),  instance.network_allow};
 }
 
 void Store::audit(const Instance& instance, std::string_view event, std::string_view actor,

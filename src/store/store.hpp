@@ -72,6 +72,7 @@ struct Instance {
   Metadata meta;
   config::Network network = config::Network::host;  // effective (metadata or default)
   bool persistent = false;                           // effective: a living instance
+  std::vector<std::string> network_allow;            // its additions to [network] allow
   // On an image: the image version, the instance's layer and ids (always persistent then).
   std::optional<sandbox::ImageRoot> image;
 
@@ -131,6 +132,7 @@ class RecordedJobsGuard final : public JobsGuard {
 struct CreateOptions {
   std::string description;
   std::optional<config::Network> network;
+  std::vector<std::string> network_allow;  // added to [network] allow for this instance
   std::optional<bool> persistent;
   std::string image;  // an image name (its current version): the instance runs on it; "": the host's root
 };
@@ -138,6 +140,7 @@ struct CreateOptions {
 struct UpdateOptions {
   std::optional<std::string> description;
   std::optional<config::Network> network;
+  std::optional<std::vector<std::string>> network_allow;  // replaces the instance's additions
   std::optional<bool> persistent;
 };
 

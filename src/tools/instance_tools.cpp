@@ -27,6 +27,19 @@ const json kNetworkArg = {{"type", "string"},
                                           "(HTTP_PROXY is set). 'host': the host's network, its loopback services "
                                           "included (the weakest)."}};
 
+const json kAllowArg = {{"type", "array"},
+                        {"items", {{"type", "string"}}},
+                        {"description", "For 'filtered': what this instance may reach besides [network] allow "
+                                        "(\"pypi.org\", \"*.debian.org\", \"10.1.2.3:8080\"; no port: 80 and 443)."}};
+
+std::vector<std::string> allow_arg(const json& args) {
+  std::vector<std::string> out;
+  if (auto it = args.find("network_allow"); it != args.end() && it->is_array())
+    for (const auto& e : *it)
+      if (e.is_string()) out.push_back(e.get<std::string>());
+  return out;
+}
+
 // ISO 8601, UTC.
 const json kTime = {{"type", "string"}, {"format", "date-time"}};
 
@@ -181,6 +194,7 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
                                                "none: a generated one."}}},
                              {"description", {{"type", "string"}, {"description", "What the instance is for."}}},
                              {"network", kNetworkArg},
+                             {"network_allow", kAllowArg},
                              {"persistent", kPersistentArg},
                              {"image",
                               {{"type", "string"},
@@ -193,6 +207,7 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
             store::CreateOptions options;
             options.description = string_arg(args, "description");
             options.network = arg_network(args);
+            options.network_allow = allow_arg(args);
             options.persistent = arg_persistent(args);
             if (args.contains("image")) {
               options.image = string_arg(args, "image");
@@ -415,7 +430,11 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
             store::Instance inst = ctx.services.store.get(string_arg(args, "instance_id"));
             json out = agent_instance_json(ctx, inst);
             const store::Store::DiskUse use = ctx.services.store.disk_use(inst);
-            if (inst.network == config::Network::filtered) out["network_allow"] = ctx.services.config.network.allow;
+            if (inst.network == config::Network::filtered) {
+              std::vector<std::string> allow = ctx.services.config.network.allow;
+              allow.insert(allow.end(), inst.network_allow.begin(), inst.network_allow.end());
+              out["network_allow"] = allow;
+            }
             if (const auto ports = lifecycle_of(ctx).exposed_ports(inst); !ports.empty())
               out["exposed_ports"] = ports_json(ports);
             out["disk_usage"] = {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes},
@@ -539,6 +558,7 @@ void add_update(mcp::Server& server, const ToolContext& ctx) {
       .input = input_object({{"instance_id", kInstanceIdArg},
                              {"description", {{"type", "string"}, {"description", "New description."}}},
                              {"network", kNetworkArg},
+                             {"network_allow", kAllowArg},
                              {"persistent", kPersistentArg}},
                             {"instance_id"}),
       .output = kInstanceSchema,
@@ -548,9 +568,10 @@ void add_update(mcp::Server& server, const ToolContext& ctx) {
             store::UpdateOptions options;
             if (args.contains("description")) options.description = string_arg(args, "description");
             options.network = arg_network(args);
+            if (args.contains("network_allow")) options.network_allow = allow_arg(args);
             options.persistent = arg_persistent(args);
-            if (!options.description && !options.network && !options.persistent)
-              throw UsageError("nothing to update: give description, network and/or persistent");
+            if (!options.description && !options.network && !options.network_allow && !options.persistent)
+              throw UsageError("nothing to update: give description, network, network_allow and/or persistent");
             const std::string id = string_arg(args, "instance_id");
             if (options.persistent == false) {
               // A living sandbox left running would be out of reach of every command after this.
@@ -562,7 +583,7 @@ void add_update(mcp::Server& server, const ToolContext& ctx) {
             }
             store::Instance inst = ctx.services.store.update(id, options, actor(rc));
             std::string network_note;
-            if (options.network) network_note = network_change_note(ctx, inst, actor(rc));
+            if (options.network || options.network_allow) network_note = network_change_note(ctx, inst, actor(rc));
             server.notify_resource_updated(instance_uri(inst.id));
             return mcp::ToolResult::text(
                 fmt::format("Updated instance '{}': description \"{}\", network {}{}, {}.", inst.id,

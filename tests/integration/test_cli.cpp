@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness.hpp"
+#include "network/netns.hpp"
 
 using namespace nshpc::test;
 using nlohmann::json;
@@ -80,7 +81,8 @@ TEST(Cli, InstanceLifecycleWithJson) {
   json inst = json::parse(created.out);
   EXPECT_EQ(inst["id"], "proj");
   EXPECT_EQ(inst["description"], "analysis");
-  EXPECT_EQ(inst["network"], "host");
+  // [namespace] default_network = "auto": nat where it works, else filtered.
+  EXPECT_EQ(inst["network"], nshpc::network::nat_unavailable() ? "filtered" : "nat");
 
   json list = json::parse(env.run({"instance", "list", "--json"}).out);
   ASSERT_EQ(list.size(), 1u);
@@ -414,7 +416,8 @@ TEST(Cli, ModeRulesNameTheOptionAndWhatToDo) {
     EXPECT_TRUE(r.out.empty()) << what << ": " << r.out;
   }
   EXPECT_FALSE(fs::exists(env.instances() / "y"));
-  EXPECT_EQ(json::parse(env.run({"instance", "describe", "x", "--json"}).out)["network"], "host");
+  EXPECT_EQ(json::parse(env.run({"instance", "describe", "x", "--json"}).out)["network"],
+            nshpc::network::nat_unavailable() ? "filtered" : "nat");
   // A state by its name is still taken.
   Result jobs = env.run({"instance", "jobs", "x", "--status", "completed", "--json"});
   EXPECT_EQ(jobs.exit_code, 0) << jobs.err;

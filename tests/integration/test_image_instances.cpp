@@ -33,7 +33,8 @@ std::string use_local_repo(const nshpc::tests::FileServer& repo) {
 class ImageInstance : public ::testing::Test {
  protected:
   ImageInstance()
-      : env_("images_dir = \"" + (kCache / "images").string() + "\"\nidle_stop = 300\n") {}
+      // apt reaches the test's repository on the host's loopback: the host's network.
+      : env_("images_dir = \"" + (kCache / "images").string() + "\"\nidle_stop = 300\ndefault_network = \"host\"\n") {}
 
   void SetUp() override {
     if (!fs::exists(kCache / "images/test/current"))

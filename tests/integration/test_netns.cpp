@@ -761,7 +761,8 @@ TEST(NetworkModes, NatReachesTheWorldButNotTheHostAndOffCutsItWhileProcessesStay
   EXPECT_EQ(inside(env, "natty", probe(world.world_ip(), world_server.port())).out, "open\n");
   EXPECT_EQ(env.run({"instance", "stop", "natty"}).exit_code, 0);
   const std::string pasta_of_natty = (env.instances() / "natty/status/network.pasta.pid").string();
-  EXPECT_EQ(nshpc::run_command({"pgrep", "-f", pasta_of_natty}).exit_code, 1) << "pasta outlived the stopped instance";
+  EXPECT_TRUE(eventually([&] { return nshpc::run_command({"pgrep", "-f", pasta_of_natty}).exit_code == 1; }, 5s))
+      << "pasta outlived the stopped instance";
   // A sandbox that ends without any server (an idle stop, its init killed): pasta ends with it.
   EXPECT_EQ(inside(env, "natty", probe(world.world_ip(), world_server.port())).out, "open\n");
   ASSERT_EQ(nshpc::run_command({"pgrep", "-f", pasta_of_natty}).exit_code, 0);
@@ -907,9 +908,23 @@ TEST(NetworkModes, FreshSandboxesOfAFilteredInstanceGoThroughItsProxy) {
   REQUIRE_USERNS();
   Server allowed(host_listener("127.0.0.1"));
   const std::string a = std::to_string(allowed.port());
+  Server extra(host_listener("127.0.0.1"));
+  const std::string x = std::to_string(extra.port());
   Env env("[network]\nallow = [\"allowed.test:" + a + "\", \"127.0.0.1:" + a +
-          "\"]\nresolve = [\"allowed.test=127.0.0.1\"]\n");
-  env.create("ephf", {"--network", "filtered", "--no-persistent"});
+          "\"]\nresolve = [\"allowed.test=127.0.0.1\", \"extra.test=127.0.0.1\"]\n");
+  // The instance's own additions to the allow list: checked, applied, replaced at once.
+  Result bad = env.run({"instance", "create", "bad", "--network", "filtered", "--allow", "exa mple.org"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("'exa mple.org'"), std::string::npos) << bad.err;
+  env.create("ephf", {"--network", "filtered", "--no-persistent", "--allow", "extra.test:" + x, "--allow",
+                      "127.0.0.1:" + x});
+  const std::string via_extra = "curl -s -m 5 http://extra.test:" + x + "/ -o /dev/null -w '%{http_code}\\n' ";
+  EXPECT_EQ(inside(env, "ephf", via_extra + "|| true").out, "000\n");  // the tunnel was made
+  EXPECT_EQ(extra.accepted(), 1);
+  Result cleared = env.run({"instance", "update", "ephf", "--allow", ""});
+  EXPECT_NE(cleared.out.find("applied"), std::string::npos) << cleared.out << cleared.err;
+  EXPECT_EQ(inside(env, "ephf", via_extra + "|| true").out, "403\n");
+  EXPECT_EQ(extra.accepted(), 1);
   const std::string curl = "curl -s -m 5 -o /dev/null -w '%{http_code}\\n' ";
   Result r = inside(env, "ephf",
                     "curl -s -m 5 -p http://allowed.test:" + a + "/ -o /dev/null || true; " + curl +
@@ -1005,6 +1020,24 @@ TEST(NetworkModes, ExposedPortsReachAServerInsideAndGoWithTheInstance) {
   Result r = env.run({"instance", "expose", "shared", "8000"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("shares the host's network"), std::string::npos) << r.err;
+}
+
+// The held namespace stays while a command is in it and ends after [namespace] idle_stop without
+// one; the next command makes a new one.
+TEST(NetworkModes, AHeldNamespaceEndsWhenIdleAndComesBackWithTheNextCommand) {
+  REQUIRE_USERNS();
+  Env env("idle_stop = 2\n");
+  env.create("idler", {"--network", "filtered", "--no-persistent"});
+  const std::string holder = "__net-hold .*" + (env.instances() / "idler/status").string() + "/network-";
+  auto holders = [&] { return nshpc::run_command({"pgrep", "-c", "-f", holder}).out; };
+  auto busy = std::async(std::launch::async, [&] { return inside(env, "idler", "sleep 6; echo done"); });
+  ASSERT_TRUE(eventually([&] { return holders() == "1\n"; }, 5s));
+  std::this_thread::sleep_for(4500ms);  // past idle_stop, with the command still in it
+  EXPECT_EQ(holders(), "1\n") << "the holder ended under a running command";
+  EXPECT_EQ(busy.get().out, "done\n");
+  EXPECT_TRUE(eventually([&] { return holders() == "0\n"; }, 10s)) << "the holder outlived idle_stop";
+  EXPECT_EQ(inside(env, "idler", "env | grep -c '^http_proxy='").out, "1\n");
+  EXPECT_EQ(holders(), "1\n");
 }
 
 // What cannot be served is refused with the reason, never left half-working.

@@ -41,7 +41,9 @@ std::string apt_local(std::uint16_t port) {
 
 class SnapshotsOnImage : public ::testing::Test {
  protected:
-  SnapshotsOnImage() : env_("images_dir = \"" + (kCache / "images").string() + "\"\n") {}
+  // apt reaches the test's repository on the host's loopback: the host's network.
+  SnapshotsOnImage()
+      : env_("images_dir = \"" + (kCache / "images").string() + "\"\ndefault_network = \"host\"\n") {}
   void SetUp() override {
     if (const std::string why = image_skip_reason(); !why.empty()) GTEST_SKIP() << why;
   }
