@@ -59,19 +59,22 @@ void write_policy(const NetworkPlan& plan, config::Network mode) {
   fs::atomic_write(plan.state_dir / kPolicyFile, policy.dump(2) + "\n", 0600);
 }
 
-// The proxy on record, when it still runs (its pid, and its command line naming this policy).
-UniqueFd find_proxy(const NetworkPlan& plan) {
-  std::ifstream in(plan.state_dir / kProxyPidFile);
+// A process recorded in `pid_file` that still runs `command` with `marker` in its arguments.
+UniqueFd find_recorded(const stdfs::path& pid_file, std::string_view command, const std::string& marker) {
+  std::ifstream in(pid_file);
   pid_t pid = 0;
   if (!(in >> pid) || pid <= 1) return {};
   UniqueFd fd = open_pidfd(pid);
   if (!fd) return {};
   std::ifstream cmdline(fmt::format("/proc/{}/cmdline", pid));
   const std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-  if (args.find(network::kProxyCommand) == std::string::npos ||
-      args.find((plan.state_dir / kPolicyFile).string()) == std::string::npos)
-    return {};
+  if (args.find(command) == std::string::npos || args.find(marker) == std::string::npos) return {};
   return fd;
+}
+
+// The proxy on record, when it still runs (its pid, and its command line naming this policy).
+UniqueFd find_proxy(const NetworkPlan& plan) {
+  return find_recorded(plan.state_dir / kProxyPidFile, network::kProxyCommand, (plan.state_dir / kPolicyFile).string());
 }
 
 void start_proxy(const NetworkPlan& plan, const network::Netns& ns, pid_t init, Leftovers& leftovers) {
@@ -100,19 +103,6 @@ void start_proxy(const NetworkPlan& plan, const network::Netns& ns, pid_t init, 
   // It ends with the sandbox's init (--watch-pid), whether or not this process still runs.
   leftovers.add(UniqueFd(::fcntl(proxy.pidfd(), F_DUPFD_CLOEXEC, 3)));
   proxy.release();
-}
-
-// A process recorded in `pid_file` that still runs `command` with `marker` in its arguments.
-UniqueFd find_recorded(const stdfs::path& pid_file, std::string_view command, const std::string& marker) {
-  std::ifstream in(pid_file);
-  pid_t pid = 0;
-  if (!(in >> pid) || pid <= 1) return {};
-  UniqueFd fd = open_pidfd(pid);
-  if (!fd) return {};
-  std::ifstream cmdline(fmt::format("/proc/{}/cmdline", pid));
-  const std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-  if (args.find(command) == std::string::npos || args.find(marker) == std::string::npos) return {};
-  return fd;
 }
 
 UniqueFd find_forwarder(const NetworkPlan& plan, std::uint16_t port) {
