@@ -573,15 +573,16 @@ int watch_main(int argc, char** argv) {
 namespace {
 
 // Becomes the only member of a new network namespace (with a user namespace of its own when not
-// root) whose loopback is up. Returns 0 or an errno with *step set.
+// root, mapping this user to itself: sandboxes started in it keep the user's uid) whose loopback
+// is up. The creator holds every capability in a new user namespace whatever its uid there. Returns 0 or an errno with *step set.
 int make_held_netns(const char** step) {
   const uid_t uid = ::geteuid();
   const gid_t gid = ::getegid();
   if (uid != 0) {
     if (::unshare(CLONE_NEWUSER | CLONE_NEWNET) < 0) return *step = "unshare a user and network namespace", errno;
     const std::pair<const char*, std::string> maps[] = {{"/proc/self/setgroups", "deny"},
-                                                        {"/proc/self/uid_map", fmt::format("0 {} 1", uid)},
-                                                        {"/proc/self/gid_map", fmt::format("0 {} 1", gid)}};
+                                                        {"/proc/self/uid_map", fmt::format("{0} {0} 1", uid)},
+                                                        {"/proc/self/gid_map", fmt::format("{0} {0} 1", gid)}};
     for (const auto& [file, text] : maps) {
       const UniqueFd fd(::open(file, O_WRONLY | O_CLOEXEC));
       if (!fd || ::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
@@ -618,7 +619,6 @@ bool others_in(dev_t dev, ino_t ino) {
 }  // namespace
 
 int hold_main(int argc, char** argv) {
-  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   long idle = -1;
   for (int i = 2; i + 1 < argc; i += 2)
     if (std::string_view(argv[i]) == "--idle") idle = std::atol(argv[i + 1]);
@@ -638,6 +638,9 @@ int hold_main(int argc, char** argv) {
     (void)!::write(3, message.data(), message.size());
     return 1;
   }
+  // It stays dumpable: the server opens its namespaces as /proc/PID/ns/*, which a normal user
+  // cannot do to a process that is not (nor could this write its own uid_map). Sandboxes, in
+  // pid namespaces of their own, never see it.
   // It keeps its capabilities: it reads nothing a sandbox writes, and it looks for the
   // sandboxes' processes in /proc (which, of another uid's, takes CAP_SYS_PTRACE).
   (void)!::write(3, "ready\n", 6);
