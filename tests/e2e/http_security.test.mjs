@@ -324,6 +324,38 @@ describe('the sandbox never sees the token and cannot call the server', () => {
     }
   }
 
+  // From every mode but host the server is not even reachable: curl makes no connection (000).
+  // A mode this host cannot serve (nat without /dev/net/tun) is refused at create and skipped.
+  test('off, nat and filtered cannot connect to the server at all', async (t) => {
+    if (!fs.existsSync(CURL)) return t.skip(`no ${CURL} on this host`);
+    const conn = await connectHttp(server.url, { token: server.token });
+    try {
+      for (const network of ['off', 'nat', 'filtered']) {
+        const id = `reach-${network}`;
+        const created = await conn.client.callTool({ name: 'create_instance', arguments: { instance_id: id, network } });
+        if (created.isError) {
+          assert.match(textOf(created), /network|tun|pasta/, textOf(created));
+          t.diagnostic(`${network} is not served here: ${textOf(created)}`);
+          continue;
+        }
+        // --noproxy: in filtered the call goes straight, as a program ignoring the proxy would.
+        const direct = `curl --noproxy '*' -m 5 -s -o /dev/null -w '%{http_code}' -X POST --data '{}' http://127.0.0.1:${server.port}/mcp`;
+        const viaProxy = `curl -m 5 -s -o /dev/null -w '%{http_code}' -X POST --data '{}' http://127.0.0.1:${server.port}/mcp`;
+        for (const command of network === 'filtered' ? [direct, viaProxy] : [direct]) {
+          const r = await conn.client.callTool({ name: 'terminal_execute', arguments: { instance_id: id, command } });
+          assert.notEqual(r.isError, true, textOf(r));
+          const code = r.structuredContent.stdout;
+          // 000: no connection; 403: the filtered proxy refused it (the server never saw it).
+          assert.ok(code === '000' || (command === viaProxy && code === '403'), `${network}: ${command} gave ${code}`);
+        }
+        const removed = await conn.client.callTool({ name: 'delete_instance', arguments: { instance_id: id } });
+        assert.notEqual(removed.isError, true, textOf(removed));
+      }
+    } finally {
+      await conn.close();
+    }
+  });
+
   test('a generated token (file in state_dir)', async (t) => {
     assert.ok(server.tokenFile, 'a token file was generated');
     await check(t, server);
