@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <vector>
 
@@ -143,6 +144,23 @@ void append(const std::filesystem::path& log_file, std::string_view event, std::
   if (n < 0) throw SysError(errno, "write audit log", log_file.string());
   if (static_cast<size_t>(n) != line.size())
     throw Error("short write to audit log " + log_file.string() + "; the disk may be full");
+}
+
+std::string rotation_argument(const Rotation& rotation) {
+  return fmt::format("{},{}", rotation.max_bytes, rotation.keep);
+}
+
+std::optional<Rotation> parse_rotation_argument(std::string_view text) {
+  const auto comma = text.find(',');
+  if (comma == std::string_view::npos) return std::nullopt;
+  Rotation r;
+  const std::string_view bytes = text.substr(0, comma), keep = text.substr(comma + 1);
+  const auto [b_end, b_ec] = std::from_chars(bytes.data(), bytes.data() + bytes.size(), r.max_bytes);
+  const auto [k_end, k_ec] = std::from_chars(keep.data(), keep.data() + keep.size(), r.keep);
+  if (bytes.empty() || keep.empty() || b_ec != std::errc() || k_ec != std::errc() ||
+      b_end != bytes.data() + bytes.size() || k_end != keep.data() + keep.size() || r.keep < 0)
+    return std::nullopt;
+  return r;
 }
 
 }  // namespace nshpc::audit

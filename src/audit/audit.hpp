@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -16,6 +17,11 @@ struct Rotation {
   std::uint64_t max_bytes = 64ull * 1024 * 1024;
   int keep = 3;
 };
+
+// A Rotation as one command-line value, "MAX_BYTES,KEEP" (how the server hands its [audit]
+// settings to the helpers that write an instance's log), and back; nullopt when malformed.
+std::string rotation_argument(const Rotation& rotation);
+std::optional<Rotation> parse_rotation_argument(std::string_view text);
 
 // Every line is at most this long (a long argv or output is cut, never the line).
 inline constexpr std::size_t kMaxLineBytes = 64 * 1024;

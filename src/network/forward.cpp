@@ -107,6 +107,7 @@ void pump(int from, int to, Flow& flow, bool readable, bool writable, bool& brok
 struct Options {
   std::uint16_t port = 0;
   std::string audit_file, instance;
+  audit::Rotation audit_rotation;
   pid_t watch = 0;
 };
 
@@ -120,6 +121,10 @@ bool parse(int argc, char** argv, Options& o) {
       o.port = static_cast<std::uint16_t>(p);
     } else if (flag == "--audit") {
       o.audit_file = value;
+    } else if (flag == "--audit-rotation") {
+      const auto parsed = audit::parse_rotation_argument(value);
+      if (!parsed) return false;
+      o.audit_rotation = *parsed;
     } else if (flag == "--instance") {
       o.instance = value;
     } else if (flag == "--watch-pid") {
@@ -148,7 +153,7 @@ int forward_main(int argc, char** argv) {
   Options options;
   if (!parse(argc, argv, options)) {
     fmt::print(stderr,
-               "usage: ns-hpc {} --port P --audit FILE --instance ID --watch-pid PID, with a listening socket on fd 3 "
+               "usage: ns-hpc {} --port P --audit FILE [--audit-rotation MAX_BYTES,KEEP] --instance ID --watch-pid PID, with a listening socket on fd 3 "
                "and a network namespace on fd 4 (started by the ns-hpc server)\n",
                kForwardCommand);
     return 2;
@@ -203,7 +208,8 @@ int forward_main(int argc, char** argv) {
                      {"refused", refused},
                      {"bytes_to_sandbox", in},
                      {"bytes_from_sandbox", out},
-                     {"final", final}});
+                     {"final", final}},
+                    options.audit_rotation);
     } catch (const std::exception& e) {
       fmt::print(stderr, "ns-hpc {}: cannot write the audit log: {}\n", kForwardCommand, e.what());
     }

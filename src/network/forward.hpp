@@ -1,6 +1,6 @@
 // A port of a sandbox exposed on the host's loopback (expose_port): a process of its own per
 // exposed port, the ns-hpc binary itself, run as
-//   ns-hpc __port-forward --port P --audit FILE --instance ID --watch-pid PID
+//   ns-hpc __port-forward --port P --audit FILE [--audit-rotation MAX_BYTES,KEEP] --instance ID --watch-pid PID
 // with descriptors
 //   3  a listening TCP socket on the host's loopback (the server made it, so the port it reports
 //      is the one bound, and a port in use is refused before anything starts);

@@ -390,14 +390,14 @@ int DeniedLimiter::close_window() {
 
 ProxyOptions parse_proxy_argv(const std::vector<std::string>& argv) {
   ProxyOptions options;
-  bool policy = false, audit = false, watch = false;
+  bool policy = false, audit = false, rotation = false, watch = false;
   for (std::size_t i = 2; i < argv.size(); ++i) {
     const std::string& flag = argv[i];
-    if (flag != "--policy" && flag != "--audit" && flag != "--watch-pid")
+    if (flag != "--policy" && flag != "--audit" && flag != "--audit-rotation" && flag != "--watch-pid")
       throw UsageError(fmt::format("unknown argument \"{}\"", flag));
     if (i + 1 >= argv.size()) throw UsageError(fmt::format("{} needs a value", flag));
     const std::string& value = argv[++i];
-    bool& seen = flag == "--policy" ? policy : flag == "--audit" ? audit : watch;
+    bool& seen = flag == "--policy" ? policy : flag == "--audit" ? audit : flag == "--audit-rotation" ? rotation : watch;
     if (seen) throw UsageError(fmt::format("{} is given twice", flag));
     seen = true;
     if (value.empty()) throw UsageError(fmt::format("{} is empty", flag));
@@ -405,6 +405,10 @@ ProxyOptions parse_proxy_argv(const std::vector<std::string>& argv) {
       options.policy_file = value;
     } else if (flag == "--audit") {
       options.audit_file = value;
+    } else if (flag == "--audit-rotation") {
+      const auto parsed = audit::parse_rotation_argument(value);
+      if (!parsed) throw UsageError(fmt::format("--audit-rotation \"{}\" is not MAX_BYTES,KEEP", value));
+      options.audit_rotation = *parsed;
     } else {
       int pid = 0;
       const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), pid);
@@ -974,7 +978,7 @@ void Proxy::stop(std::string_view why) {
 
 void Proxy::audit(std::string_view event, nlohmann::json fields) {
   try {
-    audit::append(options_.audit_file, event, "network", std::move(fields));
+    audit::append(options_.audit_file, event, "network", std::move(fields), options_.audit_rotation);
   } catch (const std::exception& e) {
     say(fmt::format("cannot write the audit log: {}", e.what()));
   }

@@ -1,6 +1,6 @@
 // The allow-list proxy of the `filtered` network mode: a process of its own per instance, the
 // ns-hpc binary itself, run as
-//   ns-hpc __net-proxy --policy FILE --audit FILE [--watch-pid PID]
+//   ns-hpc __net-proxy --policy FILE --audit FILE [--audit-rotation MAX_BYTES,KEEP] [--watch-pid PID]
 // with a listening TCP socket on descriptor 3. The server makes that socket inside the sandbox's
 // network namespace (127.0.0.1:3128); the proxy runs in the host's, so the connections it opens
 // are the host's. Sandbox programs reach it through HTTP_PROXY/HTTPS_PROXY.
@@ -30,6 +30,8 @@
 #include <vector>
 
 #include <boost/asio/ip/address.hpp>
+
+#include "audit/audit.hpp"
 
 namespace nshpc::network {
 
@@ -130,10 +132,12 @@ class DeniedLimiter {
 struct ProxyOptions {
   std::string policy_file;
   std::string audit_file;
+  audit::Rotation audit_rotation;  // --audit-rotation MAX_BYTES,KEEP; the default when not given
   int watch_pid = 0;  // 0: none
 };
 
-// Reads `ns-hpc __net-proxy --policy FILE --audit FILE [--watch-pid PID]` (argv[0] included).
+// Reads `ns-hpc __net-proxy --policy FILE --audit FILE [--audit-rotation MAX_BYTES,KEEP]
+// [--watch-pid PID]` (argv[0] included).
 // Throws UsageError.
 ProxyOptions parse_proxy_argv(const std::vector<std::string>& argv);
 

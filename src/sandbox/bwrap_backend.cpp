@@ -692,7 +692,8 @@ class BwrapBackend final : public Backend {
   NetworkPlan network_plan(const Target& target) const {
     std::vector<std::string> allow = net_.allow;
     allow.insert(allow.end(), target.network_allow.begin(), target.network_allow.end());
-    return {target.instance_id, target.network, std::move(allow), net_.resolve, target.state_dir, target.audit_log};
+    return {target.instance_id, target.network,   std::move(allow),       net_.resolve,
+            target.state_dir,   target.audit_log, target.audit_rotation};
   }
 
   // An instance whose commands each get a fresh sandbox: the records of its held network.

@@ -87,6 +87,8 @@ void start_proxy(const NetworkPlan& plan, const network::Netns& ns, pid_t init, 
                (plan.state_dir / kPolicyFile).string(),
                "--audit",
                plan.audit_log.string(),
+               "--audit-rotation",
+               audit::rotation_argument(plan.audit_rotation),
                "--watch-pid",
                std::to_string(init)};
   // Nothing of the caller's (an MCP client's stdio): /dev/null, and what it says goes to a log of
@@ -171,6 +173,7 @@ void start_forwarder(const NetworkPlan& plan, const network::NetnsFds& ns, pid_t
   spec.program = fs::self_program("the forwarder of an exposed port");
   spec.argv = {spec.program,  std::string(network::kForwardCommand), "--port", std::to_string(port),
                "--audit",     plan.audit_log.string(),              "--instance", plan.instance_id,
+               "--audit-rotation", audit::rotation_argument(plan.audit_rotation),
                "--watch-pid", std::to_string(init),                  "--record", forward_pid_file(plan, port).string()};
   spec.fds = {{null_fd.get(), 0}, {null_fd.get(), 1}, {log_fd.get(), 2}, {listener.get(), 3}, {ns.net.get(), 4}};
   if (::geteuid() != 0 && ns.userns) spec.fds.emplace_back(ns.userns.get(), 5);

@@ -37,6 +37,7 @@ struct NetworkPlan {
   std::vector<std::string> resolve;  // [network] resolve
   std::filesystem::path state_dir;   // the instance's host-only state folder
   std::filesystem::path audit_log;   // where the proxy writes what it allowed and refused
+  audit::Rotation audit_rotation;    // [audit]: the proxy and the forwarders rotate it as the server does
 };
 
 // Serves the running sandbox whose init is `init` in plan.mode, from whatever serves it now (on

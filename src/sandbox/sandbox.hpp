@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "audit/audit.hpp"
 #include "base/users.hpp"
 #include "config/config.hpp"
 
@@ -80,6 +81,8 @@ struct Target {
   stdfs::path audit_log;
   // The instance's additions to [network] allow (`filtered`).
   std::vector<std::string> network_allow;
+  // How that log is rotated ([audit]): the helpers that write it follow it too.
+  audit::Rotation audit_rotation;
 };
 
 // Whom a sandbox of `target` runs as on the host, and whom the files made for it belong to: an

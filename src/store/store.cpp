@@ -893,7 +893,7 @@ sandbox::Target Store::sandbox_target(const Instance& instance) const {
   return {instance.id,         instance.workspace,       instance.output,
           output_root(),       instance.network,         instance.persistent,
           instance.state_dir(), cgroup_folder(instance.id), instance.image,
-          instance.audit_log(),  instance.network_allow};
+          instance.audit_log(),  instance.network_allow, rotation_};
 }
 
 void Store::audit(const Instance& instance, std::string_view event, std::string_view actor,

@@ -785,7 +785,7 @@ TEST(NetworkModes, FilteredReachesOnlyTheAllowListAndSwitchesAtOnce) {
   const std::string a = std::to_string(allowed.port());
   const std::string f = std::to_string(forbidden.port());
   Env env("[network]\nallow = [\"allowed.test:" + a + "\", \"127.0.0.1:" + a + "\", \"pinned.test:" + f +
-          "\"]\nresolve = [\"allowed.test=127.0.0.1\", \"pinned.test=127.0.0.1\"]\n");
+          "\"]\nresolve = [\"allowed.test=127.0.0.1\", \"pinned.test=127.0.0.1\"]\n[audit]\nmax_size = 5\nkeep = 2\n");
   env.create("filt", {"--network", "filtered", "--persistent"});
   const std::string curl = "curl -s -m 5 -o /dev/null -w '%{http_code}\\n' ";
   Result r = inside(env, "filt",
@@ -800,6 +800,11 @@ TEST(NetworkModes, FilteredReachesOnlyTheAllowListAndSwitchesAtOnce) {
   const std::string audit = nshpc::test::read_text(env.instances() / "filt/audit.log");
   EXPECT_NE(audit.find("\"network.denied\""), std::string::npos) << audit;
   EXPECT_NE(audit.find("unlisted.test"), std::string::npos);
+  // The proxy rotates the instance's log as [audit] says, as the server does.
+  const std::string proxy_pid = nshpc::test::read_text(env.instances() / "filt/status/network.proxy.pid");
+  std::string proxy_args = nshpc::test::read_text(fmt::format("/proc/{}/cmdline", std::atoi(proxy_pid.c_str())));
+  std::replace(proxy_args.begin(), proxy_args.end(), '\0', ' ');
+  EXPECT_NE(proxy_args.find("--audit-rotation 5242880,2"), std::string::npos) << proxy_args;
 
   // Off at once: the proxy refuses everything; processes stay. Back to filtered: allowed again.
   // A background process that shows it runs (a normal user's later commands may not see it in ps).

@@ -62,3 +62,16 @@ TEST(Audit, InvalidUtf8AndHugeFieldsStillGiveOneValidLine) {
   EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1);
   EXPECT_TRUE(j["bad"].get<std::string>().ends_with(" ok"));
 }
+
+// How the server hands its [audit] rotation to the helpers that write an instance's log.
+TEST(Audit, RotationArgumentGoesThereAndBack) {
+  const nshpc::audit::Rotation r{5u * 1024 * 1024, 2};
+  EXPECT_EQ(nshpc::audit::rotation_argument(r), "5242880,2");
+  const auto back = nshpc::audit::parse_rotation_argument("5242880,2");
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->max_bytes, r.max_bytes);
+  EXPECT_EQ(back->keep, r.keep);
+  EXPECT_TRUE(nshpc::audit::parse_rotation_argument("0,0"));  // never rotated
+  for (const char* bad : {"", ",", "5", "5,", ",2", "5,-1", "x,2", "5,2,3", "5 ,2", "-5,2"})
+    EXPECT_FALSE(nshpc::audit::parse_rotation_argument(bad)) << bad;
+}

@@ -270,6 +270,12 @@ TEST(NetworkProxyArgv, ReadsAndRefuses) {
   EXPECT_EQ(o.policy_file, "/p.json");
   EXPECT_EQ(o.audit_file, "/a.log");
   EXPECT_EQ(o.watch_pid, 42);
+  EXPECT_EQ(o.audit_rotation.max_bytes, audit::Rotation{}.max_bytes);  // not given: the default
+  const auto r = parse_proxy_argv({"ns-hpc", "__net-proxy", "--policy", "/p", "--audit", "/a", "--audit-rotation", "1048576,2"});
+  EXPECT_EQ(r.audit_rotation.max_bytes, 1048576u);
+  EXPECT_EQ(r.audit_rotation.keep, 2);
+  EXPECT_THROW(parse_proxy_argv({"ns-hpc", "__net-proxy", "--policy", "/p", "--audit", "/a", "--audit-rotation", "1M,2"}),
+               UsageError);
   EXPECT_THROW(parse_proxy_argv({"ns-hpc", "__net-proxy", "--audit", "/a"}), UsageError);
   EXPECT_THROW(parse_proxy_argv({"ns-hpc", "__net-proxy", "--policy", "/p"}), UsageError);
   EXPECT_THROW(parse_proxy_argv({"ns-hpc", "__net-proxy", "--policy", "/p", "--audit", "/a", "--watch-pid", "x"}),
