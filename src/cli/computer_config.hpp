@@ -1,0 +1,50 @@
+// The mcp-virtual-computer entry point's settings (`ns-hpc computer`, or the binary invoked as
+// `mcp-virtual-computer`): the seed's flags and environment, read and checked as the seed does,
+// with its messages word for word (reference/virtual-computer.md §2.2, §6).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace nshpc::cli {
+
+// What the seed prefixes every start-up error with (exit 1; usage errors exit 2).
+inline constexpr std::string_view kComputerProgram = "mcp-virtual-computer";
+
+struct ComputerConfig {
+  std::string transport = "stdio";  // stdio | http
+  std::string host = "127.0.0.1";
+  std::int64_t port = 8435;
+  std::int64_t timeout = 120;            // seconds, a command's default
+  std::int64_t output_limit = 2097152;   // stdout + stderr bytes of one command
+  std::int64_t session_timeout = 300;    // seconds an HTTP session may idle
+  std::string computer_id;               // COMPUTER_ID, trimmed
+  bool desktop_environment = false;      // DESKTOP_ENVIRONMENT
+  bool network_access = true;            // NETWORK_ACCESS, else --network/--no-network
+  std::optional<std::string> tool_instruction_override;
+  std::optional<std::string> extended_tool_instruction;
+  std::optional<std::string> auth_token;  // --auth-token, else KILNTAINERS_AUTH_TOKEN
+  bool allow_unauthenticated_http = false;
+  std::string shell = "/bin/bash";
+};
+
+// The seed's env_flag: true/false, 1/0, yes/no, on/off, trimmed, any case; nullopt otherwise.
+std::optional<bool> parse_flag(std::string_view text);
+
+// A boolean environment variable: `fallback` when unset, else parse_flag's answer. Throws
+// UsageError naming the variable and the values it takes (the seed ended in a traceback).
+bool env_flag(std::string_view name, const char* value, bool fallback);
+
+// The seed's slug rule (1-63 of [a-z0-9-], alphanumeric at both ends) on the trimmed id; returns
+// it. Throws UsageError with the seed's message ("computer_id must be 1-63 lowercase letters, …").
+std::string validate_computer_id(std::string_view id);
+
+// The seed's validate_config: the first rule `config` breaks, as its message, or nullopt.
+std::optional<std::string> startup_problem(const ComputerConfig& config);
+
+// A readable random id from the seed's word lists: "<adjective>-<noun>-<4 hex digits>".
+std::string random_computer_id();
+
+}  // namespace nshpc::cli

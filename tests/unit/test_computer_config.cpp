@@ -1,0 +1,151 @@
+// The mcp-virtual-computer entry point's start-up checks: the seed's rules and messages, one test
+// per message (reference/virtual-computer.md §2.2, §6; seeds/003 validate_config).
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <set>
+#include <vector>
+
+#include "base/error.hpp"
+#include "cli/computer_config.hpp"
+
+namespace nshpc::cli {
+namespace {
+
+ComputerConfig valid() {
+  ComputerConfig c;
+  c.computer_id = "agent-workstation";
+  return c;
+}
+
+std::string problem(const ComputerConfig& c) { return startup_problem(c).value_or("(none)"); }
+
+TEST(ComputerConfig, TheDefaultsWithAComputerIdStart) { EXPECT_EQ(startup_problem(valid()), std::nullopt); }
+
+TEST(ComputerConfig, HostIsOnlyForHttp) {
+  ComputerConfig c = valid();
+  c.host = "0.0.0.0";
+  EXPECT_EQ(problem(c), "--host is only valid with --transport http. In stdio mode, there is no HTTP server to bind.");
+  c.transport = "http";
+  c.auth_token = "t";
+  EXPECT_EQ(startup_problem(c), std::nullopt);
+}
+
+TEST(ComputerConfig, PortIsOnlyForHttp) {
+  ComputerConfig c = valid();
+  c.port = 9000;
+  EXPECT_EQ(problem(c), "--port is only valid with --transport http. In stdio mode, there is no HTTP server to bind.");
+}
+
+TEST(ComputerConfig, SessionTimeoutIsOnlyForHttp) {
+  ComputerConfig c = valid();
+  c.session_timeout = 60;
+  EXPECT_EQ(problem(c),
+            "--session-timeout is only valid with --transport http. In stdio mode, the session lives as long as the "
+            "process.");
+}
+
+TEST(ComputerConfig, OverrideAndExtendedExcludeEachOther) {
+  ComputerConfig c = valid();
+  c.tool_instruction_override = "a";
+  c.extended_tool_instruction = "b";
+  EXPECT_EQ(problem(c),
+            "Cannot use both --tool-instruction-override and --extended-tool-instruction. Use override to replace the "
+            "description entirely, or extended to append to the backend default.");
+}
+
+TEST(ComputerConfig, TimeoutAtLeastOneSecond) {
+  ComputerConfig c = valid();
+  c.timeout = 0;
+  EXPECT_EQ(problem(c), "--timeout must be at least 1 second.");
+}
+
+TEST(ComputerConfig, OutputLimitAtLeastOneByte) {
+  ComputerConfig c = valid();
+  c.output_limit = -5;
+  EXPECT_EQ(problem(c), "--output-limit must be at least 1 byte.");
+}
+
+TEST(ComputerConfig, ComputerIdIsRequired) {
+  ComputerConfig c = valid();
+  c.computer_id = "";
+  EXPECT_EQ(problem(c), "COMPUTER_ID is required (example: COMPUTER_ID=agent-workstation).");
+}
+
+TEST(ComputerConfig, ComputerIdFollowsTheSlugRuleNamedAsTheVariable) {
+  const std::string rule =
+      "COMPUTER_ID must be 1-63 lowercase letters, numbers, or hyphens; it must start and end with a letter or number.";
+  for (const std::string& bad : std::vector<std::string>{"Agent", "-agent", "agent-", "agent_1", "a b", std::string(64, 'a'), "   "}) {
+    ComputerConfig c = valid();
+    c.computer_id = bad;
+    EXPECT_EQ(problem(c), rule) << bad;
+  }
+  for (const std::string& good : std::vector<std::string>{"a", "7", "agent-workstation", std::string(63, 'z'), "  padded  "}) {
+    ComputerConfig c = valid();
+    c.computer_id = good;
+    EXPECT_EQ(startup_problem(c), std::nullopt) << good;
+  }
+  EXPECT_EQ(validate_computer_id("  padded\n"), "padded");
+  try {
+    validate_computer_id("Bad");
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "computer_id must be 1-63 lowercase letters, numbers, or hyphens; it must start and end with a letter "
+              "or number.");
+  }
+}
+
+TEST(ComputerConfig, ANonLoopbackHttpListenerNeedsATokenOrTheExplicitFlag) {
+  const std::string refusal =
+      "A non-loopback HTTP listener can execute arbitrary sandbox commands. Set KILNTAINERS_AUTH_TOKEN/--auth-token, "
+      "or explicitly pass --allow-unauthenticated-http behind a trusted private network.";
+  ComputerConfig c = valid();
+  c.transport = "http";
+  for (const char* loopback : {"127.0.0.1", "localhost", "::1"}) {
+    c.host = loopback;
+    EXPECT_EQ(startup_problem(c), std::nullopt) << loopback;
+  }
+  c.host = "0.0.0.0";
+  EXPECT_EQ(problem(c), refusal);
+  c.auth_token = "";
+  EXPECT_EQ(problem(c), refusal);  // an empty token is no token
+  c.auth_token = "secret";
+  EXPECT_EQ(startup_problem(c), std::nullopt);
+  c.auth_token.reset();
+  c.allow_unauthenticated_http = true;
+  EXPECT_EQ(startup_problem(c), std::nullopt);
+}
+
+TEST(ComputerConfig, EnvFlagsTakeTheSeedsValuesAndNameTheVariableOtherwise) {
+  for (const char* yes : {"true", "TRUE", " True ", "1", "yes", "On", "\tyes\n"})
+    EXPECT_TRUE(env_flag("NETWORK_ACCESS", yes, false)) << yes;
+  for (const char* no : {"false", "0", "NO", " off "}) EXPECT_FALSE(env_flag("NETWORK_ACCESS", no, true)) << no;
+  EXPECT_TRUE(env_flag("NETWORK_ACCESS", nullptr, true));
+  EXPECT_FALSE(env_flag("DESKTOP_ENVIRONMENT", nullptr, false));
+  for (const char* bad : {"", "maybe", "2", "y", "enabled"}) {
+    try {
+      env_flag("DESKTOP_ENVIRONMENT", bad, false);
+      FAIL() << bad;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("DESKTOP_ENVIRONMENT"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("true or false"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(ComputerConfig, RandomIdsAreReadableSlugsFromTheSeedsWords) {
+  const std::regex shape("(amber|brisk|calm|clever|coral|crisp|gentle|lucky|quiet|rapid|silver|steady)-"
+                         "(badger|comet|falcon|gecko|heron|lynx|otter|panda|raven|tiger|whale|wolf)-[0-9a-f]{4}");
+  std::set<std::string> seen;
+  for (int i = 0; i < 50; ++i) {
+    const std::string id = random_computer_id();
+    EXPECT_TRUE(std::regex_match(id, shape)) << id;
+    EXPECT_EQ(validate_computer_id(id), id);
+    seen.insert(id);
+  }
+  EXPECT_GT(seen.size(), 40u);  // 9.4 million possible ids
+}
+
+}  // namespace
+}  // namespace nshpc::cli
