@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <vector>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,7 +23,7 @@ struct ComputerConfig {
   std::int64_t timeout = 120;            // seconds, a command's default
   std::int64_t output_limit = 2097152;   // stdout + stderr bytes of one command
   std::int64_t session_timeout = 300;    // seconds an HTTP session may idle
-  std::string computer_id;               // COMPUTER_ID, trimmed
+  std::string computer_id;               // COMPUTER_ID as given (validate_computer_id trims it)
   bool desktop_environment = false;      // DESKTOP_ENVIRONMENT
   bool network_access = true;            // NETWORK_ACCESS, else --network/--no-network
   std::optional<std::string> tool_instruction_override;
@@ -28,7 +31,30 @@ struct ComputerConfig {
   std::optional<std::string> auth_token;  // --auth-token, else KILNTAINERS_AUTH_TOKEN
   bool allow_unauthenticated_http = false;
   std::string shell = "/bin/bash";
+  // The seed's Docker resource flags, mapped onto the instance's limits.
+  std::optional<double> cpus;                  // --cpu
+  std::optional<std::int64_t> memory_mib;      // --memory (Docker's 512m, 2g, …)
 };
+
+// A command line the entry point cannot take: argparse's usage errors, exit 2.
+class ComputerArgumentError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What the command line and environment ask for. `help` is set (and nothing else read) for -h/--help.
+struct ComputerStart {
+  ComputerConfig config;
+  std::optional<std::string> help;
+};
+
+// Reads the seed's flags (args without the program name) and its environment through `env`
+// (COMPUTER_ID, DESKTOP_ENVIRONMENT, NETWORK_ACCESS over --network, KILNTAINERS_AUTH_TOKEN under
+// --auth-token). Throws ComputerArgumentError for a flag it does not know, a bad value, or a
+// Docker flag that has no meaning here (saying what to use instead), and UsageError for an
+// environment variable that is not a boolean. startup_problem() is the next check.
+ComputerStart parse_computer_args(const std::vector<std::string>& args,
+                                  const std::function<const char*(const char*)>& env);
 
 // The seed's env_flag: true/false, 1/0, yes/no, on/off, trimmed, any case; nullopt otherwise.
 std::optional<bool> parse_flag(std::string_view text);

@@ -2,6 +2,8 @@
 // per message (reference/virtual-computer.md §2.2, §6; seeds/003 validate_config).
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <map>
 #include <regex>
 #include <set>
 #include <vector>
@@ -145,6 +147,111 @@ TEST(ComputerConfig, RandomIdsAreReadableSlugsFromTheSeedsWords) {
     seen.insert(id);
   }
   EXPECT_GT(seen.size(), 40u);  // 9.4 million possible ids
+}
+
+// The command line and the environment, as the seed reads them.
+struct FakeEnv {
+  std::map<std::string, std::string> vars;
+  std::function<const char*(const char*)> lookup() const {
+    return [this](const char* name) -> const char* {
+      const auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  }
+};
+
+TEST(ComputerArgs, DefaultsAreTheSeeds) {
+  FakeEnv env{{{"COMPUTER_ID", "agent-workstation"}}};
+  const ComputerConfig c = parse_computer_args({}, env.lookup()).config;
+  EXPECT_EQ(c.transport, "stdio");
+  EXPECT_EQ(c.host, "127.0.0.1");
+  EXPECT_EQ(c.port, 8435);
+  EXPECT_EQ(c.timeout, 120);
+  EXPECT_EQ(c.output_limit, 2097152);
+  EXPECT_EQ(c.session_timeout, 300);
+  EXPECT_EQ(c.shell, "/bin/bash");
+  EXPECT_TRUE(c.network_access);
+  EXPECT_FALSE(c.desktop_environment);
+  EXPECT_FALSE(c.auth_token);
+  EXPECT_EQ(c.computer_id, "agent-workstation");
+  EXPECT_EQ(startup_problem(c), std::nullopt);
+}
+
+TEST(ComputerArgs, FlagsAreRead) {
+  FakeEnv env;
+  const ComputerConfig c =
+      parse_computer_args({"--transport", "http", "--host=::1", "--port", "9001", "--timeout", "30", "--output-limit",
+                           "1000", "--session-timeout", "60", "--auth-token", "tok", "--shell", "/bin/sh",
+                           "--no-network", "--extended-tool-instruction", "more", "--cpu", "1.5", "--memory", "2g",
+                           "--allow-unauthenticated-http"},
+                          env.lookup())
+          .config;
+  EXPECT_EQ(c.transport, "http");
+  EXPECT_EQ(c.host, "::1");
+  EXPECT_EQ(c.port, 9001);
+  EXPECT_EQ(c.timeout, 30);
+  EXPECT_EQ(c.output_limit, 1000);
+  EXPECT_EQ(c.session_timeout, 60);
+  EXPECT_EQ(c.auth_token, "tok");
+  EXPECT_EQ(c.shell, "/bin/sh");
+  EXPECT_FALSE(c.network_access);
+  EXPECT_EQ(c.extended_tool_instruction, "more");
+  EXPECT_FALSE(c.tool_instruction_override);
+  EXPECT_EQ(c.cpus, 1.5);
+  EXPECT_EQ(c.memory_mib, 2048);
+  EXPECT_TRUE(c.allow_unauthenticated_http);
+}
+
+TEST(ComputerArgs, TheEnvironmentFillsInAndNetworkAccessWinsOverTheFlag) {
+  FakeEnv env{{{"NETWORK_ACCESS", "off"}, {"DESKTOP_ENVIRONMENT", "Yes"}, {"KILNTAINERS_AUTH_TOKEN", "from-env"}}};
+  ComputerConfig c = parse_computer_args({"--network"}, env.lookup()).config;
+  EXPECT_FALSE(c.network_access);
+  EXPECT_TRUE(c.desktop_environment);
+  EXPECT_EQ(c.auth_token, "from-env");
+  c = parse_computer_args({"--auth-token", "flag"}, env.lookup()).config;
+  EXPECT_EQ(c.auth_token, "flag");
+  env.vars["NETWORK_ACCESS"] = "sometimes";
+  EXPECT_THROW(parse_computer_args({}, env.lookup()), UsageError);
+}
+
+TEST(ComputerArgs, UsageErrorsAreArgumentErrors) {
+  FakeEnv env;
+  for (const std::vector<std::string>& bad :
+       std::vector<std::vector<std::string>>{{"--transport", "sse"},
+                                             {"--port", "x"},
+                                             {"--timeout"},
+                                             {"--bogus"},
+                                             {"extra"},
+                                             {"--memory", "lots"},
+                                             {"--memory", "1m"},
+                                             {"--cpu", "-1"}})
+    EXPECT_THROW(parse_computer_args(bad, env.lookup()), ComputerArgumentError) << bad.front();
+}
+
+TEST(ComputerArgs, DockerOnlyFlagsAreRefusedSayingWhatToUse) {
+  FakeEnv env;
+  for (const std::vector<std::string>& docker :
+       std::vector<std::vector<std::string>>{{"--engine", "podman"},
+                                             {"--docker-host", "unix:///x"},
+                                             {"--docker-run-flag", "--privileged"},
+                                             {"--image", "debian:bookworm"}}) {
+    try {
+      parse_computer_args(docker, env.lookup());
+      FAIL() << docker.front();
+    } catch (const ComputerArgumentError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(docker.front()), std::string::npos) << message;
+      EXPECT_NE(message.find("Drop"), std::string::npos) << message;
+    }
+  }
+}
+
+TEST(ComputerArgs, HelpNamesTheFlags) {
+  FakeEnv env;
+  const ComputerStart start = parse_computer_args({"--help"}, env.lookup());
+  ASSERT_TRUE(start.help);
+  for (const char* flag : {"--transport", "--output-limit", "--no-network", "--tool-instruction-override", "COMPUTER_ID"})
+    EXPECT_NE(start.help->find(flag), std::string::npos) << flag;
 }
 
 }  // namespace
