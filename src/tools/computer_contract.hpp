@@ -1,0 +1,58 @@
+// The mcp-virtual-computer 0.2.3 contract of terminal_execute, kept exactly where ns-hpc's own
+// differs (reference/virtual-computer.md §1.1–1.2): its input rules and messages, its result
+// object, its timeout and output-limit results, and its tool description rules. Pure: the
+// computer entry point's tools use it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace nshpc::tools::computer {
+
+// stdin above this is refused (exactly 2 MiB is allowed).
+inline constexpr std::size_t kMaxStdinBytes = 2 * 1024 * 1024;
+
+// What a terminal_execute call asks for, after the seed's sanitising (an empty command, args,
+// stdin or working_directory counts as absent).
+struct ExecRequest {
+  std::optional<std::string> command;
+  std::optional<std::vector<std::string>> args;
+  std::optional<std::string> stdin_text;
+  std::optional<std::string> working_directory;
+  std::int64_t timeout = 0;  // seconds
+};
+
+// Reads and checks the arguments; throws UsageError with the seed's message, word for word.
+// `default_timeout` is --timeout.
+ExecRequest parse_exec_request(const nlohmann::json& arguments, std::int64_t default_timeout);
+
+// Who answers: the fields every result of the computer carries.
+struct ComputerFacts {
+  std::string computer_id;
+  bool desktop_environment = false;
+  bool network_access = true;
+  std::optional<std::string> desktop_url;
+};
+
+// The result object, as text and as structuredContent: computer_id, operation,
+// desktop_environment, network_access, desktop_url, stdout, stderr, exit_code, exec_duration_ms.
+nlohmann::json exec_result(const ComputerFacts& facts, std::string_view stdout_text, std::string_view stderr_text,
+                           int exit_code, std::int64_t duration_ms);
+
+// A command that ran out of time: no output kept, exit 124, this on stderr.
+std::string timeout_message(std::int64_t seconds);
+// A command whose stdout and stderr together passed --output-limit: stopped, no output, exit 1.
+std::string output_limit_message(std::int64_t limit);
+
+// The tool's description: the override when given; else ours (shell basename, timeout filled in)
+// with "\n\n" + extended when given.
+std::string terminal_description(std::string_view shell, std::int64_t timeout,
+                                 const std::optional<std::string>& override_text,
+                                 const std::optional<std::string>& extended);
+
+}  // namespace nshpc::tools::computer
