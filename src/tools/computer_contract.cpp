@@ -4,59 +4,9 @@
 
 #include <fmt/format.h>
 
-#include "base/error.hpp"
-
 namespace nshpc::tools::computer {
 
-namespace {
-
 using json = nlohmann::json;
-
-// A string argument; null, absent and "" are all absent. Anything else not a string is refused.
-std::optional<std::string> optional_string(const json& arguments, const char* name) {
-  const auto it = arguments.find(name);
-  if (it == arguments.end() || it->is_null()) return std::nullopt;
-  if (!it->is_string()) throw UsageError(fmt::format("{} must be a string.", name));
-  std::string value = it->get<std::string>();
-  if (value.empty()) return std::nullopt;
-  return value;
-}
-
-}  // namespace
-
-ExecRequest parse_exec_request(const json& arguments, std::int64_t default_timeout) {
-  if (!arguments.is_object()) throw UsageError("The arguments must be an object.");
-  ExecRequest r;
-  r.command = optional_string(arguments, "command");
-  if (const auto it = arguments.find("args"); it != arguments.end() && !it->is_null()) {
-    if (!it->is_array()) throw UsageError("args must be a list of strings.");
-    std::vector<std::string> args;
-    for (const json& a : *it) {
-      if (!a.is_string()) throw UsageError("args must be a list of strings.");
-      args.push_back(a.get<std::string>());
-    }
-    if (!args.empty()) r.args = std::move(args);
-  }
-  r.stdin_text = optional_string(arguments, "stdin");
-  r.working_directory = optional_string(arguments, "working_directory");
-  r.timeout = default_timeout;
-  if (const auto it = arguments.find("timeout"); it != arguments.end() && !it->is_null()) {
-    if (!it->is_number_integer()) throw UsageError("timeout must be a whole number of seconds.");
-    r.timeout = it->get<std::int64_t>();
-  }
-  if (r.command && r.args)
-    throw UsageError(
-        "Cannot provide both 'command' and 'args'. Use 'command' for shell commands or 'args' for direct execution.");
-  if (!r.command && !r.args) throw UsageError("Must provide either 'command' or 'args'.");
-  if (r.working_directory && r.working_directory->front() != '/')
-    throw UsageError(fmt::format("working_directory must be an absolute path, got: {}", *r.working_directory));
-  if (r.timeout < 1) throw UsageError("timeout must be at least 1 second.");
-  if (r.stdin_text && r.stdin_text->size() > kMaxStdinBytes)
-    throw UsageError(fmt::format(
-        "stdin content exceeds the 2 MiB limit ({} bytes). Split into smaller chunks or use a different approach.",
-        r.stdin_text->size()));
-  return r;
-}
 
 json exec_result(const ComputerFacts& facts, std::string_view stdout_text, std::string_view stderr_text, int exit_code,
                  std::int64_t duration_ms) {

@@ -1,35 +1,18 @@
 // The mcp-virtual-computer 0.2.3 contract of terminal_execute, kept exactly where ns-hpc's own
-// differs (reference/virtual-computer.md §1.1–1.2): its input rules and messages, its result
-// object, its timeout and output-limit results, and its tool description rules. Pure: the
-// computer entry point's tools use it.
+// differs (reference/virtual-computer.md §1.1–1.2): its result object, its timeout and
+// output-limit results, and its tool description rules. Pure: the computer entry point's tools
+// use it. The input rules and messages are already the seed's in ns-hpc's own terminal_execute
+// (tools/terminal.cpp), which the computer's shares.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
 namespace nshpc::tools::computer {
-
-// stdin above this is refused (exactly 2 MiB is allowed).
-inline constexpr std::size_t kMaxStdinBytes = 2 * 1024 * 1024;
-
-// What a terminal_execute call asks for, after the seed's sanitising (an empty command, args,
-// stdin or working_directory counts as absent).
-struct ExecRequest {
-  std::optional<std::string> command;
-  std::optional<std::vector<std::string>> args;
-  std::optional<std::string> stdin_text;
-  std::optional<std::string> working_directory;
-  std::int64_t timeout = 0;  // seconds
-};
-
-// Reads and checks the arguments; throws UsageError with the seed's message, word for word.
-// `default_timeout` is --timeout.
-ExecRequest parse_exec_request(const nlohmann::json& arguments, std::int64_t default_timeout);
 
 // Who answers: the fields every result of the computer carries.
 struct ComputerFacts {
