@@ -574,7 +574,8 @@ namespace {
 
 // Becomes the only member of a new network namespace (with a user namespace of its own when not
 // root, mapping this user to itself: sandboxes started in it keep the user's uid) whose loopback
-// is up. The creator holds every capability in a new user namespace whatever its uid there. Returns 0 or an errno with *step set.
+// is up. The creator holds every capability in a new user namespace whatever its uid there.
+// Returns 0 or an errno with *step set.
 int make_held_netns(const char** step) {
   const uid_t uid = ::geteuid();
   const gid_t gid = ::getegid();
