@@ -10,6 +10,7 @@
 
 #include "base/error.hpp"
 #include "base/log.hpp"
+#include "cli/computer_config.hpp"
 
 namespace nshpc::cli {
 
@@ -21,6 +22,12 @@ const config::Config& Invocation::config() {
     for (const auto& warning : loaded_->warnings) log::warn("{}", warning);
   }
   return loaded_->config;
+}
+
+void Invocation::adjust_config(const std::function<void(config::Config&)>& change) {
+  if (store_) throw Error("internal: the config was changed after the store was made from it");
+  config();
+  change(loaded_->config);
 }
 
 const std::vector<std::string>& Invocation::config_warnings() {
@@ -115,6 +122,9 @@ log::Level requested_level(const LogRequest& request) {
 int main(int argc, char** argv) {
   log::init();
   Invocation inv;
+  // Invoked as mcp-virtual-computer (the symlink `make install` makes): the seed's command line.
+  if (argc > 0 && std::filesystem::path(argv[0]).filename() == kComputerProgram)
+    return computer_main(inv, std::vector<std::string>(argv + 1, argv + argc));
   CLI::App app{
       "ns-hpc: safe, persistent Linux sandboxes (bubblewrap) for LLM agents and people.\n"
       "Instances keep a workspace; commands run in a hardened sandbox, fresh for each command or, in a\n"
@@ -134,12 +144,30 @@ int main(int argc, char** argv) {
   app.parse_complete_callback([&log_request] { log::set_level(requested_level(log_request)); });
 
   add_run_command(app, inv);
+  add_computer_command(app, inv);
   add_doctor_command(app, inv);
   add_bwrap_command(app, inv);
   add_instance_commands(app, inv);
   add_image_commands(app, inv);
   add_clean_command(app, inv);
   add_config_commands(app, inv);
+
+  // `computer` takes the seed's command line, which CLI11 does not see: the options before it
+  // (--config, the log ones) are parsed here, everything after it goes to computer_main.
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view word = argv[i];
+    if (word == "--") break;
+    if (word != "computer") continue;
+    try {
+      app.require_subcommand(0);
+      app.parse(i, argv);
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e);
+    }
+    if (app.get_subcommands().empty()) return computer_main(inv, std::vector<std::string>(argv + i + 1, argv + argc));
+    break;  // "computer" was the value of an option of another command
+  }
+  app.require_subcommand(1);
 
   // The command after "--" is kept exactly as given; CLI11 parses only what comes before.
   int cli_argc = argc;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +31,9 @@ class Invocation {
 
   const config::Config& config();
   const std::vector<std::string>& config_warnings();
+  // Changes the loaded config before anything is built from it (a command's own settings, such
+  // as `computer`'s --cpu and --memory). Throws Error once the store exists.
+  void adjust_config(const std::function<void(config::Config&)>& change);
   store::Store& store();
   sandbox::Backend& backend();
   // The job engine (it also answers the store's "jobs still running?" from then on).
@@ -50,6 +54,10 @@ void add_doctor_command(CLI::App& app, Invocation& inv);
 void add_bwrap_command(CLI::App& app, Invocation& inv);
 void add_clean_command(CLI::App& app, Invocation& inv);
 void add_run_command(CLI::App& app, Invocation& inv);
+// `ns-hpc computer …`, and the binary invoked as mcp-virtual-computer (computer_main with its
+// arguments): the seed's command line; returns the exit code (usage errors 2, others 1).
+void add_computer_command(CLI::App& app, Invocation& inv);
+int computer_main(Invocation& inv, const std::vector<std::string>& args);
 void add_job_commands(CLI::App& instance, Invocation& inv);  // instance run|status|jobs|cancel
 // instance reset|snapshot|snapshots|snapshot-restore|snapshot-delete
 void add_snapshot_commands(CLI::App& instance, Invocation& inv);

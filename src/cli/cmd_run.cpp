@@ -17,6 +17,7 @@
 #include "base/log.hpp"
 #include "base/random.hpp"
 #include "cli/app.hpp"
+#include "cli/serve.hpp"
 #include "dav/handler.hpp"
 #include "sandbox/limits.hpp"
 #include "tools/tools.hpp"
@@ -67,69 +68,19 @@ std::string stored_token(const std::filesystem::path& state_dir, bool& created) 
   return token;
 }
 
-// The MCP server with every tool, handed to a transport; returns the transport's exit code.
-template <class Serve>
-int serve(Invocation& inv, Serve&& transport) {
-  const config::Config& cfg = inv.config();
-  // Sandbox processes orphaned by bwrap come to us, not to pid 1 (which in containers may
-  // never reap them); the job engine and the sandbox backend reap them.
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  jobs::Engine& engine = inv.jobs();
-  engine.recover();  // jobs left running by an earlier server are watched again
-  // Nothing runs that no record names: living sandboxes of instances that are gone end here.
-  for (const std::string& line : inv.backend().end_stray_sandboxes(cfg.ns.instances_dir)) log::warn("{}", line);
-  // Said once here: an instance's limits this host cannot enforce (describe_instance lists them too).
-  for (const std::string& why : sandbox::instance_limits_unenforced(cfg.ns.limits, cfg.jobs.local.use_cgroups))
-    log::warn("[namespace] limits: {} (not enforced for any instance)", why);
-  // Deletes an earlier run left unfinished, off the start-up path (a big tree must not delay the
-  // first answer); joined when the server ends.
-  std::jthread finish_deletions([&store = inv.store()] {
-    try {
-      if (const std::size_t finished = store.finish_deletions())
-        log::info("finished {} delete(s) an earlier run left unfinished", finished);
-    } catch (const std::exception& e) {
-      log::warn("finishing earlier deletes: {}", e.what());
-    }
-  });
-  // The default image, when it is missing, is built in the background: the first instance on it
-  // then needs no wait for a build (a minute or two), and create_instance says how far it is.
-  sandbox::BackgroundBuilds image_builds(sandbox::ImageStore(cfg.ns.images_dir),
-                                         config::self_command(cfg, "for a background image build"));
-  if (!cfg.ns.default_image.empty()) {
-    try {
-      if (!image_builds.images().current(cfg.ns.default_image)) {
-        image_builds.start({.name = cfg.ns.default_image});
-        log::info("the default image '{}' is not built yet: building it in the background (log: {}/.building/{}.log)",
-                  cfg.ns.default_image, cfg.ns.images_dir.string(), cfg.ns.default_image);
-      }
-    } catch (const std::exception& e) {
-      log::warn("the default image '{}' cannot be built in the background: {}", cfg.ns.default_image, e.what());
-    }
-  }
-  const tools::Services services{cfg, inv.store(), inv.backend(), &engine, &image_builds};
-  mcp::Server server(tools::server_info(), tools::server_options(cfg, services));
-  tools::register_all(server, services);
-  // A subscribed instance resource hears of its living sandbox starting and stopping.
-  tools::LivingStateWatch living_watch(server, services);
-  return transport(server);
-}
-
-// An HTTP server holds a descriptor per connection: the soft open-file limit goes up to the hard
-// one (what the system allows without privileges), so that the connection caps, not the
-// default 1024, decide how many clients fit.
-void raise_open_file_limit() {
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
-  const rlim_t before = rl.rlim_cur;
-  rl.rlim_cur = rl.rlim_max;
-  if (::setrlimit(RLIMIT_NOFILE, &rl) != 0)
-    log::warn("cannot raise the open-file limit from {} to {}: {}", before, rl.rlim_max, std::strerror(errno));
+// What `run` serves: every tool, the resources and prompts.
+ServerParts run_parts() {
+  ServerParts parts;
+  parts.info = tools::server_info();
+  parts.options = [](const tools::Services& services) { return tools::server_options(services.config, services); };
+  parts.register_tools = [](mcp::Server& server, const tools::Services& services) { tools::register_all(server, services); };
+  return parts;
 }
 
 void run_http(Invocation& inv, const RunArgs& a) {
   const config::Config& cfg = inv.config();
   raise_open_file_limit();
-  transport::HttpOptions options;
+  transport::HttpOptions options = http_options(cfg);
   const bool sse = a.transport == Transport::sse;
   options.protocol = sse ? transport::HttpOptions::Protocol::legacy_sse : transport::HttpOptions::Protocol::streamable;
   options.host = a.host.value_or(cfg.server.host);
@@ -138,25 +89,9 @@ void run_http(Invocation& inv, const RunArgs& a) {
   options.path = a.path.value_or(cfg.server.path);
   if (options.path.empty() || options.path.front() != '/')
     throw Error(fmt::format("--path {:?}: the HTTP endpoint path must start with /", options.path));
-  options.allowed_hosts = cfg.server.allowed_hosts;
   options.allowed_hosts.insert(options.allowed_hosts.end(), a.allowed_hosts.begin(), a.allowed_hosts.end());
-  options.allowed_origins = cfg.server.allowed_origins;
   options.allowed_origins.insert(options.allowed_origins.end(), a.allowed_origins.begin(), a.allowed_origins.end());
-  options.session_idle_timeout =
-      std::chrono::seconds(a.session_timeout.value_or(cfg.server.session_idle_timeout));
-  options.max_sessions = static_cast<std::size_t>(cfg.server.max_sessions);
-  options.max_body_bytes = static_cast<std::size_t>(cfg.mcp.max_message_bytes);
-  options.read_timeout = std::chrono::seconds(cfg.server.read_timeout);
-  options.header_timeout = std::chrono::seconds(cfg.server.header_timeout);
-  options.shutdown_grace = std::chrono::seconds(cfg.server.shutdown_grace);
-  options.sse_buffer_bytes = static_cast<std::size_t>(cfg.server.sse_buffer_bytes);
-  options.max_connections = static_cast<std::size_t>(cfg.server.max_connections);
-  options.max_connections_per_peer = static_cast<std::size_t>(cfg.server.max_connections_per_peer);
-  options.max_sessions_per_peer = static_cast<std::size_t>(cfg.server.max_sessions_per_peer);
-  options.max_requests_per_session = static_cast<std::size_t>(cfg.server.max_requests_per_session);
-  options.max_requests_per_peer = static_cast<std::size_t>(cfg.server.max_requests_per_peer);
-  options.max_session_buffer_bytes = static_cast<std::size_t>(cfg.server.max_session_buffer_bytes);
-  options.max_buffer_bytes = static_cast<std::size_t>(cfg.server.max_buffer_bytes);
+  if (a.session_timeout) options.session_idle_timeout = std::chrono::seconds(*a.session_timeout);
 
   // The token: --auth-token, NS_HPC_AUTH_TOKEN, [server] auth_token; otherwise, on loopback or
   // a Unix socket, the one kept in the state folder (generated once).
@@ -226,7 +161,7 @@ void run_http(Invocation& inv, const RunArgs& a) {
     std::fflush(stderr);
   };
 
-  inv.exit_code = serve(inv, [&](mcp::Server& server) { return transport::serve_http(server, options); });
+  inv.exit_code = serve(inv, run_parts(), [&](mcp::Server& server) { return transport::serve_http(server, options); });
 }
 
 void run_stdio(Invocation& inv) {
@@ -234,10 +169,93 @@ void run_stdio(Invocation& inv) {
   options.max_message_bytes = static_cast<std::size_t>(inv.config().mcp.max_message_bytes);
   log::info("serving MCP on stdio");
   if (inv.config().dav.enabled) log::info("[dav] enabled: WebDAV is served by the HTTP transports only, not on stdio");
-  inv.exit_code = serve(inv, [&](mcp::Server& server) { return transport::serve_stdio(server, options); });
+  inv.exit_code = serve(inv, run_parts(), [&](mcp::Server& server) { return transport::serve_stdio(server, options); });
 }
 
 }  // namespace
+
+int serve(Invocation& inv, const ServerParts& parts, const std::function<int(mcp::Server&)>& transport) {
+  const config::Config& cfg = inv.config();
+  // Sandbox processes orphaned by bwrap come to us, not to pid 1 (which in containers may
+  // never reap them); the job engine and the sandbox backend reap them.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  jobs::Engine& engine = inv.jobs();
+  engine.recover();  // jobs left running by an earlier server are watched again
+  // Nothing runs that no record names: living sandboxes of instances that are gone end here.
+  for (const std::string& line : inv.backend().end_stray_sandboxes(cfg.ns.instances_dir)) log::warn("{}", line);
+  // Said once here: an instance's limits this host cannot enforce (describe_instance lists them too).
+  for (const std::string& why : sandbox::instance_limits_unenforced(cfg.ns.limits, cfg.jobs.local.use_cgroups))
+    log::warn("[namespace] limits: {} (not enforced for any instance)", why);
+  // Deletes an earlier run left unfinished, off the start-up path (a big tree must not delay the
+  // first answer); joined when the server ends.
+  std::jthread finish_deletions([&store = inv.store()] {
+    try {
+      if (const std::size_t finished = store.finish_deletions())
+        log::info("finished {} delete(s) an earlier run left unfinished", finished);
+    } catch (const std::exception& e) {
+      log::warn("finishing earlier deletes: {}", e.what());
+    }
+  });
+  // The default image, when it is missing, is built in the background: the first instance on it
+  // then needs no wait for a build (a minute or two), and create_instance says how far it is.
+  sandbox::BackgroundBuilds image_builds(sandbox::ImageStore(cfg.ns.images_dir),
+                                         config::self_command(cfg, "for a background image build"));
+  if (!cfg.ns.default_image.empty()) {
+    try {
+      if (!image_builds.images().current(cfg.ns.default_image)) {
+        image_builds.start({.name = cfg.ns.default_image});
+        log::info("the default image '{}' is not built yet: building it in the background (log: {}/.building/{}.log)",
+                  cfg.ns.default_image, cfg.ns.images_dir.string(), cfg.ns.default_image);
+      }
+    } catch (const std::exception& e) {
+      log::warn("the default image '{}' cannot be built in the background: {}", cfg.ns.default_image, e.what());
+    }
+  }
+  const tools::Services services{cfg, inv.store(), inv.backend(), &engine, &image_builds};
+  mcp::Server server(parts.info, parts.options(services));
+  parts.register_tools(server, services);
+  // A subscribed instance resource hears of its living sandbox starting and stopping.
+  std::optional<tools::LivingStateWatch> living_watch;
+  if (parts.watch_living) living_watch.emplace(server, services);
+  return transport(server);
+}
+
+
+// An HTTP server holds a descriptor per connection: the soft open-file limit goes up to the hard
+// one (what the system allows without privileges), so that the connection caps, not the
+// default 1024, decide how many clients fit.
+void raise_open_file_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  const rlim_t before = rl.rlim_cur;
+  rl.rlim_cur = rl.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &rl) != 0)
+    log::warn("cannot raise the open-file limit from {} to {}: {}", before, rl.rlim_max, std::strerror(errno));
+}
+
+transport::HttpOptions http_options(const config::Config& cfg) {
+  transport::HttpOptions options;
+  options.host = cfg.server.host;
+  options.port = static_cast<std::uint16_t>(cfg.server.port);
+  options.path = cfg.server.path;
+  options.allowed_hosts = cfg.server.allowed_hosts;
+  options.allowed_origins = cfg.server.allowed_origins;
+  options.session_idle_timeout = std::chrono::seconds(cfg.server.session_idle_timeout);
+  options.max_sessions = static_cast<std::size_t>(cfg.server.max_sessions);
+  options.max_body_bytes = static_cast<std::size_t>(cfg.mcp.max_message_bytes);
+  options.read_timeout = std::chrono::seconds(cfg.server.read_timeout);
+  options.header_timeout = std::chrono::seconds(cfg.server.header_timeout);
+  options.shutdown_grace = std::chrono::seconds(cfg.server.shutdown_grace);
+  options.sse_buffer_bytes = static_cast<std::size_t>(cfg.server.sse_buffer_bytes);
+  options.max_connections = static_cast<std::size_t>(cfg.server.max_connections);
+  options.max_connections_per_peer = static_cast<std::size_t>(cfg.server.max_connections_per_peer);
+  options.max_sessions_per_peer = static_cast<std::size_t>(cfg.server.max_sessions_per_peer);
+  options.max_requests_per_session = static_cast<std::size_t>(cfg.server.max_requests_per_session);
+  options.max_requests_per_peer = static_cast<std::size_t>(cfg.server.max_requests_per_peer);
+  options.max_session_buffer_bytes = static_cast<std::size_t>(cfg.server.max_session_buffer_bytes);
+  options.max_buffer_bytes = static_cast<std::size_t>(cfg.server.max_buffer_bytes);
+  return options;
+}
 
 void add_run_command(CLI::App& app, Invocation& inv) {
   auto a = std::make_shared<RunArgs>();

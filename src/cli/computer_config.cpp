@@ -1,22 +1,16 @@
 #include "cli/computer_config.hpp"
 
 #include <algorithm>
-#include <array>
-#include <random>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "lifecycle/computers.hpp"
 
 namespace nshpc::cli {
 
 namespace {
-
-constexpr std::array<std::string_view, 12> kAdjectives = {"amber", "brisk", "calm",  "clever", "coral",  "crisp",
-                                                          "gentle", "lucky", "quiet", "rapid",  "silver", "steady"};
-constexpr std::array<std::string_view, 12> kNouns = {"badger", "comet", "falcon", "gecko", "heron", "lynx",
-                                                     "otter",  "panda", "raven",  "tiger", "whale", "wolf"};
 
 // Python's str.strip(): ASCII whitespace at both ends.
 std::string_view strip(std::string_view s) {
@@ -25,16 +19,6 @@ std::string_view strip(std::string_view s) {
   if (first == std::string_view::npos) return {};
   return s.substr(first, s.find_last_not_of(space) - first + 1);
 }
-
-bool slug_char(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; }
-
-bool is_slug(std::string_view id) {
-  return !id.empty() && id.size() <= 63 && std::all_of(id.begin(), id.end(), slug_char) && id.front() != '-' &&
-         id.back() != '-';
-}
-
-constexpr std::string_view kIdRule =
-    "computer_id must be 1-63 lowercase letters, numbers, or hyphens; it must start and end with a letter or number.";
 
 }  // namespace
 
@@ -53,12 +37,6 @@ bool env_flag(std::string_view name, const char* value, bool fallback) {
   throw UsageError(fmt::format("{} must be true or false (also 1/0, yes/no, on/off), not \"{}\".", name, value));
 }
 
-std::string validate_computer_id(std::string_view id) {
-  const std::string_view value = strip(id);
-  if (!is_slug(value)) throw UsageError(std::string(kIdRule));
-  return std::string(value);
-}
-
 std::optional<std::string> startup_problem(const ComputerConfig& c) {
   if (c.transport == "stdio") {
     if (c.host != "127.0.0.1")
@@ -75,8 +53,8 @@ std::optional<std::string> startup_problem(const ComputerConfig& c) {
   if (c.timeout < 1) return "--timeout must be at least 1 second.";
   if (c.output_limit < 1) return "--output-limit must be at least 1 byte.";
   if (c.computer_id.empty()) return "COMPUTER_ID is required (example: COMPUTER_ID=agent-workstation).";
-  if (!is_slug(strip(c.computer_id))) {
-    std::string message(kIdRule);
+  if (!lifecycle::is_computer_id(strip(c.computer_id))) {
+    std::string message(lifecycle::kComputerIdRule);
     message.replace(0, std::string_view("computer_id").size(), "COMPUTER_ID");
     return message;
   }
@@ -196,13 +174,6 @@ ComputerStart parse_computer_args(const std::vector<std::string>& args,
   c.desktop_environment = env_flag("DESKTOP_ENVIRONMENT", env("DESKTOP_ENVIRONMENT"), false);
   c.network_access = env_flag("NETWORK_ACCESS", env("NETWORK_ACCESS"), network);
   return start;
-}
-
-std::string random_computer_id() {
-  std::random_device source;
-  std::uniform_int_distribution<std::size_t> word(0, kAdjectives.size() - 1);
-  std::uniform_int_distribution<unsigned> hex(0, 0xffff);
-  return fmt::format("{}-{}-{:04x}", kAdjectives[word(source)], kNouns[word(source)], hex(source));
 }
 
 }  // namespace nshpc::cli

@@ -63,14 +63,9 @@ std::optional<bool> parse_flag(std::string_view text);
 // UsageError naming the variable and the values it takes (the seed ended in a traceback).
 bool env_flag(std::string_view name, const char* value, bool fallback);
 
-// The seed's slug rule (1-63 of [a-z0-9-], alphanumeric at both ends) on the trimmed id; returns
-// it. Throws UsageError with the seed's message ("computer_id must be 1-63 lowercase letters, …").
-std::string validate_computer_id(std::string_view id);
 
 // The seed's validate_config: the first rule `config` breaks, as its message, or nullopt.
 std::optional<std::string> startup_problem(const ComputerConfig& config);
 
-// A readable random id from the seed's word lists: "<adjective>-<noun>-<4 hex digits>".
-std::string random_computer_id();
 
 }  // namespace nshpc::cli

@@ -205,6 +205,11 @@ struct Dav {
   std::map<std::string, DavExtra> extras;
 };
 
+// The mcp-virtual-computer entry point (`ns-hpc computer`).
+struct Computer {
+  bool expose_lifecycle_tools = true;
+};
+
 struct ProxiedMcp {
   std::string command;
   std::vector<std::string> args;
@@ -236,6 +241,7 @@ struct Config {
   Mcp mcp;
   Server server;
   Dav dav;
+  Computer computer;
   std::map<std::string, ProxiedMcp> proxied_mcps;
   std::map<std::string, HostCommand> host_commands;
   std::vector<std::filesystem::path> sources;  // the files that were read, in layer order

@@ -492,6 +492,14 @@ Keys<Config> make_config_keys() {
           }, {.help = "Extra folders served at `/dav/<name>/`."}),
       }),
 
+      table("computer", &Config::computer, {
+          value("expose_lifecycle_tools", &Computer::expose_lifecycle_tools, boolean(), {
+              .defaults_to = "true",
+              .help = "`ns-hpc computer` offers the model computer_list, computer_create, computer_restart, "
+                      "computer_factory_reset, computer_delete, set_network_access and set_desktop_environment; "
+                      "false keeps to mcp-virtual-computer 0.2.3's terminal_execute and file tools."}),
+      }),
+
       named("proxied_mcps", &Config::proxied_mcps, kMcpNames, {
           value("command", &ProxiedMcp::command, program(), {
               .help = "The program to run.", .required = "give the program to run (a non-empty string)"}),

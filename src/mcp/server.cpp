@@ -14,6 +14,7 @@
 #include <unordered_set>
 #include <variant>
 
+#include "base/log.hpp"
 #include "base/text.hpp"
 #include "mcp/validate.hpp"
 
@@ -489,6 +490,7 @@ struct Server::Registry {
   std::vector<std::shared_ptr<const Prompt>> prompts;
   std::shared_ptr<ResourceProvider> resources;
   CompletionHandler completion;
+  Server::SessionClosed session_closed;
   std::map<Session*, std::weak_ptr<Session::State>> sessions;
 
   std::shared_ptr<const Tool> find_tool(std::string_view name) { return find(tools, name); }
@@ -583,6 +585,11 @@ void Server::set_resources(std::shared_ptr<ResourceProvider> provider) {
 void Server::set_completion(CompletionHandler handler) {
   std::lock_guard lock(registry_->mu);
   registry_->completion = std::move(handler);
+}
+
+void Server::set_session_closed(SessionClosed handler) {
+  std::lock_guard lock(registry_->mu);
+  registry_->session_closed = std::move(handler);
 }
 
 void Server::notify_resource_list_changed() {
@@ -1183,6 +1190,17 @@ std::string Session::protocol_version() const {
 Session::~Session() {
   server_.detach(this);
   state_->close();
+  Server::SessionClosed closed;
+  {
+    std::lock_guard lock(server_.registry_->mu);
+    closed = server_.registry_->session_closed;
+  }
+  if (!closed) return;
+  try {
+    closed(id_);
+  } catch (const std::exception& e) {
+    log::warn("session {}: after it closed: {}", id_, e.what());
+  }
 }
 
 void Session::receive(std::string_view text) {

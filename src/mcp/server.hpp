@@ -176,6 +176,10 @@ class Server {
   void set_resources(std::shared_ptr<ResourceProvider> provider);
   // Enables the completions capability.
   void set_completion(CompletionHandler handler);
+  // Called with a session's id once it has closed and none of its requests runs any more (the
+  // client or the transport ended it, or it idled out), from the thread that ended it.
+  using SessionClosed = std::function<void(const std::string& session_id)>;
+  void set_session_closed(SessionClosed handler);
 
   // Broadcasts to every open session.
   void notify_resource_list_changed();

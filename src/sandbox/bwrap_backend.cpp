@@ -312,6 +312,20 @@ class BwrapProcess final : public Process {
   ExitStatus result_;
 };
 
+// Reaps the processes of pid namespace `pid_ns` (and those nested in it) that ended as children of
+// this process. A command's process whose parent outside the sandbox died (its joiner, its command
+// init, killed at a timeout) is adopted by the server, a subreaper; unreaped, it would keep the
+// sandbox's init from ever finishing its exit (an init waits for every process of its namespace
+// to be reaped), so a stop would hang and the next start find the old sandbox. waitid on one
+// that runs, or on someone else's child, does nothing.
+void reap_adopted(std::uint64_t pid_ns) {
+  for (const TreeMember& m : tree_members(pid_ns)) {
+    if (m.ppid != ::getpid()) continue;
+    siginfo_t info{};
+    ::waitid(P_PID, static_cast<id_t>(m.pid), &info, WEXITED | WNOHANG);
+  }
+}
+
 // A command in a living sandbox (sandbox/join.hpp). Holds the instance's busy file shared while
 // it runs, so the sandbox is not stopped for idleness under it.
 class JoinedProcess final : public Process {
@@ -353,6 +367,12 @@ class JoinedProcess final : public Process {
     if (joined_.our_child) {
       leftovers_.add(std::move(joined_.pidfd));
       leftovers_.reap_ended();
+    }
+    if (joined_.pid_ns != 0) {
+      try {
+        reap_adopted(joined_.pid_ns);  // what a killed tree left to us
+      } catch (const std::exception&) {
+      }
     }
   }
 
@@ -478,7 +498,7 @@ class BwrapBackend final : public Backend {
       st.last_end = end->first;
       st.ended_at = end->second;
     } else if (auto idle = found.status.idle_stopped()) {
-      st.last_end = fmt::format("stopped after {} s without activity (namespace.idle_stop)", ns_.idle_stop);
+      st.last_end = fmt::format("stopped after {} s without activity (namespace.idle_stop)", target.idle_stop.value_or(ns_.idle_stop));
       st.ended_at = idle;
     } else {
       st.last_end = "its sandbox ended outside ns-hpc (its main process exited or was killed); it starts again on next use";
@@ -574,11 +594,18 @@ class BwrapBackend final : public Backend {
     }
     const auto until = std::chrono::steady_clock::now() + grace;
     while (std::chrono::steady_clock::now() < until) {
+      leftovers_.reap_ended();
+      reap_adopted(pid_ns);  // a command's process that ended is a zombie of ours until reaped
       if (others().empty()) break;
       ::usleep(20000);
     }
     signal_pidfd(found.init.get(), SIGKILL);  // its death takes every process of the sandbox
-    wait_pidfd(found.init.get(), std::chrono::seconds(5));
+    // The init ends once every process of its namespace is reaped, ours included.
+    const auto dead_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    do {
+      leftovers_.reap_ended();
+      reap_adopted(pid_ns);
+    } while (!wait_pidfd(found.init.get(), std::chrono::milliseconds(20)) && std::chrono::steady_clock::now() < dead_by);
     end_network_of(target);
     // The groups commands kept for what they left running are empty now.
     eventually_remove_groups(target.cgroup_folder);
@@ -782,7 +809,7 @@ class BwrapBackend final : public Backend {
     spec.die_with_caller = false;
     spec.status_file = status.get();
     spec.busy_file = busy.get();
-    spec.idle_stop = std::chrono::seconds(ns_.idle_stop);
+    spec.idle_stop = std::chrono::seconds(target.idle_stop.value_or(ns_.idle_stop));
     spec.limits.wall_time_grace = std::chrono::seconds(5);
     std::unique_ptr<Cgroup> group = living_group(target.cgroup_folder);
     if (group) {

@@ -83,6 +83,8 @@ struct Target {
   std::vector<std::string> network_allow;
   // How that log is rotated ([audit]): the helpers that write it follow it too.
   audit::Rotation audit_rotation;
+  // The instance's own idle_stop (seconds, 0 = never); nullopt: [namespace] idle_stop.
+  std::optional<std::int64_t> idle_stop;
 };
 
 // Whom a sandbox of `target` runs as on the host, and whom the files made for it belong to: an

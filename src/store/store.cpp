@@ -105,6 +105,13 @@ std::optional<bool> Metadata::persistent() const {
   return it->get<bool>();
 }
 
+std::optional<bool> Metadata::computer_temporary() const {
+  auto it = raw.find("computer");
+  if (it == raw.end() || !it->is_object()) return std::nullopt;
+  auto temporary = it->find("temporary");
+  return temporary != it->end() && temporary->is_boolean() && temporary->get<bool>();
+}
+
 std::string Metadata::root() const {
   std::string root = string_field(raw, "root");
   return root.empty() ? "host" : root;
@@ -303,6 +310,9 @@ Instance Store::load(std::string_view id, const stdfs::path& base) const {
   if (auto it = inst.meta.raw.find("network_allow"); it != inst.meta.raw.end() && it->is_array())
     for (const auto& entry : *it)
       if (entry.is_string()) inst.network_allow.push_back(entry.get<std::string>());
+  if (auto it = inst.meta.raw.find("idle_stop"); it != inst.meta.raw.end() && it->is_number_integer() &&
+                                                 it->get<std::int64_t>() >= 0)
+    inst.idle_stop = it->get<std::int64_t>();
   if (inst.meta.root() != "host") {
     inst.image = image_root(inst);
     inst.persistent = true;
@@ -586,6 +596,11 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
       check_allow(options.network_allow);
       meta.raw["network_allow"] = options.network_allow;
     }
+    if (options.idle_stop) {
+      if (*options.idle_stop < 0) throw UsageError("idle_stop must be 0 (never) or a number of seconds");
+      meta.raw["idle_stop"] = *options.idle_stop;
+    }
+    if (options.computer_temporary) meta.raw["computer"] = {{"temporary", *options.computer_temporary}};
     if (image) {
       meta.raw["root"] = fmt::format("image:{}@{}", image->name, image->version);
       meta.raw["ids"] = {{"map", ids->kind == sandbox::UidMapping::Kind::range ? "range" : "single"},
@@ -893,7 +908,8 @@ sandbox::Target Store::sandbox_target(const Instance& instance) const {
   return {instance.id,         instance.workspace,       instance.output,
           output_root(),       instance.network,         instance.persistent,
           instance.state_dir(), cgroup_folder(instance.id), instance.image,
-          instance.audit_log(),  instance.network_allow, rotation_};
+          instance.audit_log(),  instance.network_allow, rotation_,
+          instance.idle_stop};
 }
 
 void Store::audit(const Instance& instance, std::string_view event, std::string_view actor,

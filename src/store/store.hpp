@@ -60,6 +60,9 @@ struct Metadata {
   std::string archived_at() const;
   std::optional<config::Network> network() const;  // nullopt: not set (use the default)
   std::optional<bool> persistent() const;           // nullopt: not set (use the default)
+  // A computer of the mcp-virtual-computer entry point (lifecycle/computers.hpp): whether it is
+  // temporary; nullopt for an instance that is not a computer.
+  std::optional<bool> computer_temporary() const;
   // "host", or "image:<name>@<version>" for an instance on an image.
   std::string root() const;
 };
@@ -72,6 +75,8 @@ struct Instance {
   Metadata meta;
   config::Network network = config::Network::host;  // effective (metadata or default)
   bool persistent = false;                           // effective: a living instance
+  // Its own [namespace] idle_stop (seconds; 0 = never stops for idleness); nullopt: the config's.
+  std::optional<std::int64_t> idle_stop;
   std::vector<std::string> network_allow;            // its additions to [network] allow
   // On an image: the image version, the instance's layer and ids (always persistent then).
   std::optional<sandbox::ImageRoot> image;
@@ -135,6 +140,8 @@ struct CreateOptions {
   std::vector<std::string> network_allow;  // added to [network] allow for this instance
   std::optional<bool> persistent;
   std::string image;  // an image name (its current version): the instance runs on it; "": the host's root
+  std::optional<std::int64_t> idle_stop;  // the instance's own idle_stop (0 = never); nullopt: the config's
+  std::optional<bool> computer_temporary;  // set: a computer (lifecycle/computers.hpp), temporary or not
 };
 
 struct UpdateOptions {

@@ -136,14 +136,6 @@ lifecycle::Lifecycle lifecycle_of(const ToolContext& ctx) {
   return {ctx.services.config, ctx.services.store, ctx.services.backend, ctx.services.jobs};
 }
 
-// The network "on" means: the default of new instances unless that is off; else nat where it
-// works, filtered where not.
-config::Network on_mode(const ToolContext& ctx) {
-  const config::Network configured = ctx.services.store.default_network();
-  return configured != config::Network::off ? configured
-         : network::nat_unavailable()      ? config::Network::filtered
-                                           : config::Network::nat;
-}
 
 // A network change applied to the running sandbox, said for the agent: " (applied at once:
 // processes kept)", " (the instance was restarted: ...)", or "" when it does not run.
@@ -485,7 +477,7 @@ void add_set_network_access(mcp::Server& server, const ToolContext& ctx) {
             } else if (current.network != config::Network::off) {
               options.network = current.network;  // on already
             } else {
-              options.network = on_mode(ctx);
+              options.network = network_on_mode(ctx);
             }
             store::Instance inst = ctx.services.store.update(id, options, actor(rc));
             const std::string note = network_change_note(ctx, inst, actor(rc));
@@ -770,6 +762,13 @@ void add_instance_tools(mcp::Server& server, const ToolContext& ctx) {
   add_archive(server, ctx);
   add_restore(server, ctx);
   add_delete(server, ctx);
+}
+
+config::Network network_on_mode(const ToolContext& ctx) {
+  const config::Network configured = ctx.services.store.default_network();
+  return configured != config::Network::off ? configured
+         : network::nat_unavailable()      ? config::Network::filtered
+                                           : config::Network::nat;
 }
 
 }  // namespace nshpc::tools

@@ -8,6 +8,7 @@
 
 #include "base/error.hpp"
 #include "mcp/server.hpp"
+#include "sandbox/capture.hpp"
 #include "tools/tools.hpp"
 
 namespace nshpc::tools {
@@ -72,6 +73,13 @@ std::string string_arg(const mcp::json& args, const char* name);
 
 // Who acts, for the audit log: "mcp:<client name/version>@<session>".
 std::string actor(const mcp::RequestContext& rc);
+// Audits a finished tool call ("mcp.tool_call") in the log of `instance` when given and existing,
+// else of the instance the arguments name, else in the store-level log.
+void audit_tool_call(const ToolContext& ctx, const std::string& tool, const mcp::json& args, mcp::ToolResult& result,
+                     std::chrono::milliseconds duration, mcp::RequestContext& rc, std::string_view instance = {});
+// The network "on" means: the default of new instances unless that is off; else nat where it
+// works, filtered where not.
+config::Network network_on_mode(const ToolContext& ctx);
 
 // An instance as tools and resources show it (sandbox paths, not host paths).
 mcp::json agent_instance_json(const ToolContext& ctx, const store::Instance& inst);
@@ -121,6 +129,25 @@ void add_instance_tools(mcp::Server& server, const ToolContext& ctx);
 void add_snapshot_tools(mcp::Server& server, const ToolContext& ctx);
 void add_prompts(mcp::Server& server, const ToolContext& ctx);
 void add_terminal_tool(mcp::Server& server, const ToolContext& ctx);  // terminal_execute
+
+// terminal_execute's arguments (tools/terminal.cpp), read and checked with the seed's messages:
+// command or args, stdin (at most 2 MiB), working_directory, env, timeout (default_timeout when
+// absent). A command runs as `shell -c COMMAND`.
+struct TerminalRequest {
+  std::string instance_id;
+  std::vector<std::string> argv;
+  std::string stdin_text;  // empty: no stdin (EOF at once)
+  std::string working_directory;
+  std::vector<std::pair<std::string, std::string>> env;
+  std::int64_t timeout = 0;
+};
+TerminalRequest parse_terminal_request(const mcp::json& args, const config::Config& cfg, std::string instance_id,
+                                       const std::string& shell, std::int64_t default_timeout);
+// Runs it in the instance's sandbox ([terminal.limits], stopped by a delete), its stdout and
+// stderr together capped at `output_cap` bytes, with progress and cancellation through `rc`.
+sandbox::CaptureResult run_terminal_request(const ToolContext& ctx, const store::Instance& inst,
+                                            const TerminalRequest& req, std::size_t output_cap,
+                                            mcp::RequestContext& rc);
 void add_job_tools(mcp::Server& server, const ToolContext& ctx);      // submit/poll/list/cancel_job
 // read_file, write_file, edit_file, list_directory, search_files, file_info, move/copy/delete_file
 void add_file_tools(mcp::Server& server, const ToolContext& ctx);

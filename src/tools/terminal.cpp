@@ -32,113 +32,13 @@ constexpr int kNotRunExitCode = 127;  // as a shell's "command not found"
 constexpr std::chrono::milliseconds kPollSlice{50};        // cancellation is noticed within this
 constexpr std::chrono::seconds kProgressInterval{1};
 
-// ---------------------------------------------------------------------------------------------
-// Arguments
-
-struct Request {
-  std::string instance_id;
-  std::vector<std::string> argv;
-  std::string stdin_text;  // empty: no stdin (EOF at once)
-  std::string working_directory;
-  std::vector<std::pair<std::string, std::string>> env;
-  std::int64_t timeout = kDefaultTimeoutSeconds;
-};
-
-// Validation as the original: empty command/args/working_directory/stdin count as absent.
-Request parse_request(const json& args, const config::Config& cfg, const ToolContext& ctx) {
-  Request req;
-  req.instance_id = instance_arg(ctx, args);
-  const std::string command = string_arg(args, "command");
-  std::vector<std::string> argv;
-  if (auto it = args.find("args"); it != args.end() && it->is_array()) {
-    for (const auto& a : *it) {
-      if (!a.is_string()) throw UsageError("args must be a list of strings.");
-      argv.push_back(a.get<std::string>());
-    }
-  }
-  req.stdin_text = string_arg(args, "stdin");
-  req.working_directory = string_arg(args, "working_directory");
-  req.env = env_arg(args);
-  if (auto it = args.find("timeout"); it != args.end() && !it->is_null()) {
-    if (it->is_number_unsigned()) {
-      const auto v = it->get<std::uint64_t>();
-      req.timeout = v > static_cast<std::uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<std::int64_t>(v);
-    } else if (it->is_number_integer()) {
-      req.timeout = it->get<std::int64_t>();
-    } else if (it->is_number_float() && std::isfinite(it->get<double>()) &&
-               std::trunc(it->get<double>()) == it->get<double>()) {
-      // 10.0, or an integer too large for int64 (the JSON parser makes it a double).
-      const double v = it->get<double>();
-      req.timeout = v >= 9.2e18 ? INT64_MAX : v <= -9.2e18 ? INT64_MIN : static_cast<std::int64_t>(v);
-    } else {
-      throw UsageError("timeout must be an integer number of seconds.");
-    }
-  }
-
-  if (!command.empty() && !argv.empty())
-    throw UsageError(
-        "Cannot provide both 'command' and 'args'. Use 'command' for shell commands or 'args' for direct "
-        "execution.");
-  if (command.empty() && argv.empty()) throw UsageError("Must provide either 'command' or 'args'.");
-  if (!req.working_directory.empty() && req.working_directory.front() != '/')
-    throw UsageError("working_directory must be an absolute path, got: " + req.working_directory);
-  if (req.timeout < 1) throw UsageError("timeout must be at least 1 second.");
-  if (req.timeout > cfg.jobs.max_timeout)
-    throw UsageError(fmt::format(
-        "timeout must be at most {} seconds (the server's jobs.max_timeout), got {}. Split the work into "
-        "shorter commands.",
-        cfg.jobs.max_timeout, req.timeout));
-  if (req.stdin_text.size() > kMaxStdinBytes)
-    throw UsageError(fmt::format(
-        "stdin content exceeds the 2 MiB limit ({} bytes). Split into smaller chunks or use a different "
-        "approach.",
-        req.stdin_text.size()));
-  req.argv = command.empty() ? std::move(argv) : std::vector<std::string>{cfg.terminal.shell, "-c", command};
-  return req;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Running: the request as an exec description, through the sandbox's captured-run pump.
-
-sandbox::CaptureResult execute(const ToolContext& ctx, const store::Instance& inst, const Request& req,
-                               mcp::RequestContext& rc) {
-  const config::Config& cfg = ctx.services.config;
-  sandbox::ExecSpec spec;
-  spec.target = ctx.services.store.sandbox_target(inst);
-  spec.argv = req.argv;
-  spec.cwd = req.working_directory;  // empty: the workspace
-  spec.env = req.env;
-  // [terminal.limits]: the same enforcement as a job's (cgroups for cpus/memory/pids, a file
-  // size limit for output), in a group of its own that goes with the command.
-  spec.limits = cfg.terminal.limits;
-  spec.use_cgroups = cfg.jobs.local.use_cgroups;
-  spec.cgroup_name = spec.target.cgroup_folder + "/term-" + jobs::new_job_id();
-
-  sandbox::CaptureOptions options;
-  options.input = req.stdin_text;
-  options.output_cap = kOutputLimitBytes;
-  options.timeout = std::chrono::seconds(req.timeout);
-  options.cancelled = [&rc] { return rc.cancelled(); };
-  options.progress = [&rc, &req](std::chrono::milliseconds elapsed) {
-    rc.progress(std::chrono::duration<double>(elapsed).count(), static_cast<double>(req.timeout), "running");
-  };
-  options.progress_interval = kProgressInterval;
-  options.slice = kPollSlice;
-  // A delete or archive of the instance stops this command first.
-  options.started = [&ctx, &inst](sandbox::Execution& execution) {
-    return std::make_shared<store::Store::Registration>(
-        ctx.services.store.register_execution(inst.id, [&execution] { execution.kill_tree(); }));
-  };
-  return sandbox::capture(ctx.services.backend, std::move(spec), options);
-}
-
 // Appends a note to stderr on its own line.
 void append_note(std::string& err, const std::string& note) {
   if (!err.empty() && err.back() != '\n') err += '\n';
   err += note;
 }
 
-mcp::ToolResult make_result(const ToolContext& ctx, const store::Instance& inst, const Request& req,
+mcp::ToolResult make_result(const ToolContext& ctx, const store::Instance& inst, const TerminalRequest& req,
                             sandbox::CaptureResult o) {
   const config::Config& cfg = ctx.services.config;
   int exit_code = o.status.exit_code;
@@ -222,6 +122,97 @@ json input_properties(const config::Config& cfg) {
 
 }  // namespace
 
+// Validation as the original: empty command/args/working_directory/stdin count as absent.
+TerminalRequest parse_terminal_request(const json& args, const config::Config& cfg, std::string instance_id,
+                                       const std::string& shell, std::int64_t default_timeout) {
+  TerminalRequest req;
+  req.instance_id = std::move(instance_id);
+  req.timeout = default_timeout;
+  const std::string command = string_arg(args, "command");
+  std::vector<std::string> argv;
+  if (auto it = args.find("args"); it != args.end() && it->is_array()) {
+    for (const auto& a : *it) {
+      if (!a.is_string()) throw UsageError("args must be a list of strings.");
+      argv.push_back(a.get<std::string>());
+    }
+  }
+  req.stdin_text = string_arg(args, "stdin");
+  req.working_directory = string_arg(args, "working_directory");
+  req.env = env_arg(args);
+  if (auto it = args.find("timeout"); it != args.end() && !it->is_null()) {
+    if (it->is_number_unsigned()) {
+      const auto v = it->get<std::uint64_t>();
+      req.timeout = v > static_cast<std::uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<std::int64_t>(v);
+    } else if (it->is_number_integer()) {
+      req.timeout = it->get<std::int64_t>();
+    } else if (it->is_number_float() && std::isfinite(it->get<double>()) &&
+               std::trunc(it->get<double>()) == it->get<double>()) {
+      // 10.0, or an integer too large for int64 (the JSON parser makes it a double).
+      const double v = it->get<double>();
+      req.timeout = v >= 9.2e18 ? INT64_MAX : v <= -9.2e18 ? INT64_MIN : static_cast<std::int64_t>(v);
+    } else {
+      throw UsageError("timeout must be an integer number of seconds.");
+    }
+  }
+
+  if (!command.empty() && !argv.empty())
+    throw UsageError(
+        "Cannot provide both 'command' and 'args'. Use 'command' for shell commands or 'args' for direct "
+        "execution.");
+  if (command.empty() && argv.empty()) throw UsageError("Must provide either 'command' or 'args'.");
+  if (!req.working_directory.empty() && req.working_directory.front() != '/')
+    throw UsageError("working_directory must be an absolute path, got: " + req.working_directory);
+  if (req.timeout < 1) throw UsageError("timeout must be at least 1 second.");
+  if (req.timeout > cfg.jobs.max_timeout)
+    throw UsageError(fmt::format(
+        "timeout must be at most {} seconds (the server's jobs.max_timeout), got {}. Split the work into "
+        "shorter commands.",
+        cfg.jobs.max_timeout, req.timeout));
+  if (req.stdin_text.size() > kMaxStdinBytes)
+    throw UsageError(fmt::format(
+        "stdin content exceeds the 2 MiB limit ({} bytes). Split into smaller chunks or use a different "
+        "approach.",
+        req.stdin_text.size()));
+  req.argv = command.empty() ? std::move(argv) : std::vector<std::string>{shell, "-c", command};
+  return req;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running: the request as an exec description, through the sandbox's captured-run pump.
+
+sandbox::CaptureResult run_terminal_request(const ToolContext& ctx, const store::Instance& inst,
+                                            const TerminalRequest& req, std::size_t output_cap,
+                                            mcp::RequestContext& rc) {
+  const config::Config& cfg = ctx.services.config;
+  sandbox::ExecSpec spec;
+  spec.target = ctx.services.store.sandbox_target(inst);
+  spec.argv = req.argv;
+  spec.cwd = req.working_directory;  // empty: the workspace
+  spec.env = req.env;
+  // [terminal.limits]: the same enforcement as a job's (cgroups for cpus/memory/pids, a file
+  // size limit for output), in a group of its own that goes with the command.
+  spec.limits = cfg.terminal.limits;
+  spec.use_cgroups = cfg.jobs.local.use_cgroups;
+  spec.cgroup_name = spec.target.cgroup_folder + "/term-" + jobs::new_job_id();
+
+  sandbox::CaptureOptions options;
+  options.input = req.stdin_text;
+  options.output_cap = output_cap;
+  options.timeout = std::chrono::seconds(req.timeout);
+  options.cancelled = [&rc] { return rc.cancelled(); };
+  options.progress = [&rc, &req](std::chrono::milliseconds elapsed) {
+    rc.progress(std::chrono::duration<double>(elapsed).count(), static_cast<double>(req.timeout), "running");
+  };
+  options.progress_interval = kProgressInterval;
+  options.slice = kPollSlice;
+  // A delete or archive of the instance stops this command first.
+  options.started = [&ctx, &inst](sandbox::Execution& execution) {
+    return std::make_shared<store::Store::Registration>(
+        ctx.services.store.register_execution(inst.id, [&execution] { execution.kill_tree(); }));
+  };
+  return sandbox::capture(ctx.services.backend, std::move(spec), options);
+}
+
 void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
   const config::Config& cfg = ctx.services.config;
   add_tool(server, {
@@ -241,9 +232,11 @@ void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
       .hints = {.destructive = true, .idempotent = false, .open_world = true},
       .handler =
           [ctx](const json& args, mcp::RequestContext& rc) {
-            const Request req = parse_request(args, ctx.services.config, ctx);
+            const TerminalRequest req = parse_terminal_request(args, ctx.services.config, instance_arg(ctx, args),
+                                                               ctx.services.config.terminal.shell,
+                                                               kDefaultTimeoutSeconds);
             const store::Instance inst = ctx.services.store.get(req.instance_id);
-            return make_result(ctx, inst, req, execute(ctx, inst, req, rc));
+            return make_result(ctx, inst, req, run_terminal_request(ctx, inst, req, kOutputLimitBytes, rc));
           },
   });
 }

@@ -21,7 +21,7 @@ std::string actor(const mcp::RequestContext& rc) {
 }
 
 void audit_tool_call(const ToolContext& ctx, const std::string& tool, const mcp::json& args, mcp::ToolResult& result,
-                     std::chrono::milliseconds duration, mcp::RequestContext& rc) {
+                     std::chrono::milliseconds duration, mcp::RequestContext& rc, std::string_view instance) {
   std::string shown_args = args.dump(-1, ' ', false, mcp::json::error_handler_t::replace);
   if (shown_args.size() > kAuditedArgumentBytes) shown_args = shown_args.substr(0, kAuditedArgumentBytes) + "…";
   mcp::json fields = {{"tool", tool}, {"arguments", shown_args}, {"is_error", result.is_error},
@@ -34,8 +34,8 @@ void audit_tool_call(const ToolContext& ctx, const std::string& tool, const mcp:
     // The instance's own log when the call names an existing instance, else the store's.
     auto id = args.find("instance_id");
     std::optional<store::Instance> inst;
-    if (id != args.end() && id->is_string()) {
-      const std::string& name = id->get_ref<const std::string&>();
+    if (!instance.empty() || (id != args.end() && id->is_string())) {
+      const std::string name = !instance.empty() ? std::string(instance) : id->get<std::string>();
       bool valid = true;
       try {
         store::validate_id(name);

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -34,6 +35,26 @@ mcp::ServerOptions server_options(const config::Config& config, Services service
 
 // Registers the instance tools, the context and instance resources, and the prompts.
 void register_all(mcp::Server& server, Services services);
+
+// The mcp-virtual-computer entry point (`ns-hpc computer`; tools/computer_tools.cpp).
+struct ComputerSettings {
+  std::string computer_id;       // COMPUTER_ID: the computer every call works in unless it names another
+  std::int64_t timeout = 120;    // a command's default timeout (--timeout)
+  std::int64_t output_limit = 2097152;  // stdout + stderr bytes of one command (--output-limit)
+  std::string shell = "/bin/bash";
+  std::optional<std::string> tool_instruction_override;
+  std::optional<std::string> extended_tool_instruction;
+  bool network_access = true;    // the network of computers made here (on: the safest on-mode)
+  bool expose_lifecycle_tools = true;  // [computer] expose_lifecycle_tools
+};
+// The server's options for it: results shaped as the seed's (JSON text and structuredContent),
+// every call audited in the computer's log.
+mcp::ServerOptions computer_server_options(const config::Config& config, Services services,
+                                           std::string default_computer);
+// Registers its tools: terminal_execute (and sandbox_exec), read_file, write_file, edit_file, and
+// unless hidden the lifecycle tools. Temporary computers are released when their sessions close
+// (the server's session-closed hook is taken), and those left by ended servers deleted now.
+void register_computer(mcp::Server& server, Services services, ComputerSettings settings);
 
 // While it exists, watches the living state of every persistent instance whose resource a
 // session subscribes to, and sends notifications/resources/updated when it changes (started on

@@ -204,10 +204,11 @@ class Server {
       if (::poll(&p, 1, 50) <= 0) continue;
       UniqueFd c(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
       if (!c) continue;
+      // Counted before the greeting: a client that has read it finds the count already raised.
+      ++accepted_;
       (void)!::send(c.get(), "hello\n", 6, MSG_NOSIGNAL);
       std::lock_guard lock(mutex_);
       connections_.push_back(std::move(c));
-      ++accepted_;
     }
   }
   UniqueFd listener_;

@@ -10,9 +10,13 @@
 
 #include "base/error.hpp"
 #include "cli/computer_config.hpp"
+#include "lifecycle/computers.hpp"
 
 namespace nshpc::cli {
 namespace {
+
+using lifecycle::random_computer_id;
+using lifecycle::validate_computer_id;
 
 ComputerConfig valid() {
   ComputerConfig c;

@@ -1,0 +1,32 @@
+// Serving MCP: what `ns-hpc run` and `ns-hpc computer` share (cli/cmd_run.cpp).
+#pragma once
+
+#include <functional>
+
+#include "cli/app.hpp"
+#include "mcp/server.hpp"
+#include "tools/tools.hpp"
+#include "transport/http.hpp"
+
+namespace nshpc::cli {
+
+// What a server offers: its metadata, its options and its tools, from the services.
+struct ServerParts {
+  mcp::ServerInfo info;
+  std::function<mcp::ServerOptions(const tools::Services&)> options;
+  std::function<void(mcp::Server&, const tools::Services&)> register_tools;
+  bool watch_living = true;  // subscribed instance resources hear of living sandboxes starting and stopping
+};
+
+// Builds the services (jobs recovered, stray sandboxes ended, the default image built in the
+// background when missing), the server of `parts`, and hands it to `transport`; returns its exit code.
+int serve(Invocation& inv, const ServerParts& parts, const std::function<int(mcp::Server&)>& transport);
+
+// The HTTP server's address, limits and timeouts from [server] and [mcp].
+transport::HttpOptions http_options(const config::Config& cfg);
+
+// Up to the hard open-file limit: the connection caps, not the default 1024, decide how many
+// HTTP clients fit.
+void raise_open_file_limit();
+
+}  // namespace nshpc::cli

@@ -1,0 +1,102 @@
+// The computers of the mcp-virtual-computer entry point (`ns-hpc computer`): instances on the
+// default image that never stop for idleness, marked as computers in their metadata, either
+// permanent (the COMPUTER_ID one, kept until deleted) or temporary (held by the MCP sessions
+// that acquired them and deleted when the last one ends).
+//
+// Holders are on record in the instance's folder (<base>/owners/<pid>.<start time>.<session>),
+// so several server processes share one computer (one per stdio client) and a holder whose
+// process is gone (a crash) no longer counts: sweep() deletes what only such holders kept. Every
+// acquire and release holds <instances_dir>/.computers.lock, so a computer being deleted is never
+// acquired half-way. Nothing here knows MCP.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.hpp"
+#include "jobs/jobs.hpp"
+#include "lifecycle/snapshots.hpp"
+#include "sandbox/sandbox.hpp"
+#include "store/store.hpp"
+
+namespace nshpc::lifecycle {
+
+// The seed's computer id rule (1-63 of [a-z0-9-], a letter or digit at both ends), its message
+// word for word.
+inline constexpr std::string_view kComputerIdRule =
+    "computer_id must be 1-63 lowercase letters, numbers, or hyphens; it must start and end with a letter or number.";
+bool is_computer_id(std::string_view id);
+// The rule on the id with surrounding whitespace trimmed (as the seed strips it); returns it.
+// Throws UsageError with kComputerIdRule.
+std::string validate_computer_id(std::string_view id);
+// A readable random id from the seed's word lists: "<adjective>-<noun>-<4 hex digits>".
+std::string random_computer_id();
+
+// "<pid>.<start time>.<session>": a holder in this process (`session` as the MCP session names
+// itself; characters other than [A-Za-z0-9_-] become '_').
+std::string owner_key(std::string_view session);
+// Whether the process a key names still runs (same pid and start time).
+bool owner_alive(std::string_view key);
+
+struct ComputerInfo {
+  std::string computer_id;
+  bool temporary = false;
+  std::string state;  // "running", "stopped" or "unknown"
+  std::string root;   // "image:NAME@VERSION"
+  std::string created_at;
+  config::Network network = config::Network::off;
+  std::size_t holders = 0;  // live sessions holding a temporary computer
+};
+nlohmann::json to_json(const ComputerInfo& info);
+
+class Computers {
+ public:
+  // `image`: what new computers run on (the default image).
+  Computers(const config::Config& config, store::Store& store, sandbox::Backend& backend, jobs::Engine* jobs,
+            std::string image);
+
+  const std::string& image() const { return image_; }
+
+  // The computer `id`, created when there is none (on the image, never idle-stopping, with
+  // `network`), else checked: an instance that is not a computer is refused, and so is one whose
+  // temporary flag differs (the seed's "already exists with temporary=…"). `owner`, when not
+  // empty, holds a temporary computer until release(). `created` says which it was.
+  store::Instance acquire(const std::string& id, bool temporary, config::Network network, std::string_view owner,
+                          std::string_view actor, bool* created = nullptr);
+  // A computer by id; UsageError "Computer 'x' was not found." otherwise (an ordinary instance too).
+  store::Instance get(const std::string& id) const;
+  // Drops `owner`'s hold on every computer; deletes each temporary one no live holder keeps any
+  // more. Returns the ids deleted.
+  std::vector<std::string> release(std::string_view owner, std::string_view actor);
+  // Deletes the temporary computers whose holders have all ended without a release (a crash).
+  std::vector<std::string> sweep(std::string_view actor);
+  std::vector<ComputerInfo> list() const;
+
+  // Every process ends and the sandbox starts again; files (root layer, workspace) kept.
+  store::Instance restart(const std::string& id, std::string_view actor);
+  // Back to the image: the root layer and the workspace emptied; same id, network and flag.
+  store::Instance factory_reset(const std::string& id, Trash& trash, std::string_view actor);
+  // Its jobs and processes end, then it goes with its files.
+  void remove(const std::string& id, std::string_view actor);
+
+ private:
+  ComputerInfo info(const store::Instance& inst) const;
+  // Live holders of a computer (the records of ended processes are removed on the way).
+  std::size_t live_holders(const store::Instance& inst) const;
+  // Deletes `inst` when it is temporary and nothing holds it; true when it did. Lock held.
+  bool delete_if_unheld(const store::Instance& inst, std::string_view actor);
+  void remove_locked(const store::Instance& inst, std::string_view actor);
+  std::filesystem::path lock_file() const;
+
+  const config::Config& config_;
+  store::Store& store_;
+  sandbox::Backend& backend_;
+  jobs::Engine* jobs_;
+  std::string image_;
+};
+
+}  // namespace nshpc::lifecycle
