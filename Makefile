@@ -76,6 +76,7 @@ fuzz: deps
 
 install: build
 	install -s -D -m 0755 $(BUILD)/ns-hpc $(DESTDIR)$(PREFIX)/bin/ns-hpc
+	ln -sf ns-hpc $(DESTDIR)$(PREFIX)/bin/mcp-virtual-computer
 
 clean:
 	rm -rf $(BUILD)
