@@ -9,6 +9,7 @@
 // what the sandbox may do. Calls share no lock: each runs its own process in the living sandbox.
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <fmt/format.h>
@@ -18,6 +19,7 @@
 #include "base/text.hpp"
 #include "files/content.hpp"
 #include "lifecycle/computers.hpp"
+#include "lifecycle/lifecycle.hpp"
 #include "lifecycle/snapshots.hpp"
 #include "tools/computer_contract.hpp"
 #include "tools/internal.hpp"
@@ -39,6 +41,9 @@ struct State {
   ComputerSettings settings;
   lifecycle::Computers computers;
   lifecycle::Trash trash{false};
+  // Whether COMPUTER_ID's network has been set as the command line asks (once per server).
+  std::mutex network_mutex;
+  bool network_settled = false;
 
   State(const ToolContext& c, ComputerSettings s)
       : ctx(c),
@@ -81,13 +86,33 @@ void wait_for_image(const State& st, mcp::RequestContext& rc) {
                             st.ctx.services.config.ns.images_dir.string(), name));
 }
 
+// Switches a computer's network on or off, applied to its running sandbox at once.
+store::Instance set_network(State& st, const store::Instance& inst, bool on, std::string_view who) {
+  if ((inst.network != config::Network::off) == on) return inst;
+  store::UpdateOptions options;
+  options.network = network_for(st, on);
+  store::Instance changed = st.ctx.services.store.update(inst.id, options, who);
+  lifecycle::Lifecycle(st.ctx.services.config, st.ctx.services.store, st.ctx.services.backend, st.ctx.services.jobs)
+      .apply_network(changed, who);
+  return changed;
+}
+
 // The computer a call works in: computer_id when given, else COMPUTER_ID's (made on first use).
 store::Instance computer_for(State& st, const json& args, mcp::RequestContext& rc) {
   const std::string given = string_arg(args, "computer_id");
   const std::string id = given.empty() ? st.settings.computer_id : lifecycle::validate_computer_id(given);
   if (id != st.settings.computer_id) return st.computers.get(id);
   if (!st.ctx.services.store.exists(id)) wait_for_image(st, rc);
-  return st.computers.acquire(id, false, network_for(st, st.settings.network_access), "", actor_of(rc));
+  store::Instance inst =
+      st.computers.acquire(id, false, network_for(st, st.settings.network_access), "", actor_of(rc));
+  // A computer found again takes the network the command line asks for (--no-network means
+  // off, whatever an earlier server left); later set_network_access calls change it.
+  std::lock_guard lock(st.network_mutex);
+  if (!st.network_settled) {
+    st.network_settled = true;
+    inst = set_network(st, inst, st.settings.network_access, actor_of(rc));
+  }
+  return inst;
 }
 
 computer::ComputerFacts facts_of(const store::Instance& inst) {
@@ -544,14 +569,7 @@ void add_lifecycle_tools(mcp::Server& server, const StatePtr& st) {
       .hints = {.destructive = false, .idempotent = true},
       .handler = managing(st, [](State& s, const json& args, mcp::RequestContext& rc) {
         const store::Instance current = computer_for(s, args, rc);
-        const bool on = args.at("enabled").get<bool>();
-        if ((current.network != config::Network::off) == on) return json_result(idle_json(s, current));
-        store::UpdateOptions options;
-        options.network = network_for(s, on);
-        const store::Instance inst = s.ctx.services.store.update(current.id, options, actor(rc));
-        lifecycle::Lifecycle(s.ctx.services.config, s.ctx.services.store, s.ctx.services.backend, s.ctx.services.jobs)
-            .apply_network(inst, actor(rc));
-        return json_result(idle_json(s, inst));
+        return json_result(idle_json(s, set_network(s, current, args.at("enabled").get<bool>(), actor(rc))));
       }),
   });
   add_tool(server, {

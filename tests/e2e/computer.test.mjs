@@ -281,8 +281,11 @@ describe('computer lifetimes', { skip }, () => {
     assert.ok(await until(() => !fs.existsSync(instanceDir(home, temp.body.computer_id)), 15_000),
       'the temporary computer was deleted when its session ended');
 
-    const b = await connectComputer(home, 'keeper');
-    assert.equal((await call(b.client, 'read_file', { path: 'mark.txt' })).body.content, 'kept\n');
+    // Found again by a new server, with the network its command line asks for.
+    const b = await connectComputer(home, 'keeper', [], { NETWORK_ACCESS: 'false' });
+    const mark = (await call(b.client, 'read_file', { path: 'mark.txt' })).body;
+    assert.equal(mark.content, 'kept\n');
+    assert.equal(mark.network_access, false);
     const names = (await call(b.client, 'computer_list')).body.computers.map((x) => x.computer_id);
     assert.deepEqual(names, ['keeper', 'stays']);
     assert.ok((await call(b.client, 'computer_delete', { computer_id: 'stays' })).body.deleted);

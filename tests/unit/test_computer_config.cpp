@@ -2,6 +2,8 @@
 // per message (reference/virtual-computer.md §2.2, §6; seeds/003 validate_config).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <functional>
 #include <map>
 #include <regex>
@@ -260,3 +262,22 @@ TEST(ComputerArgs, HelpNamesTheFlags) {
 
 }  // namespace
 }  // namespace nshpc::cli
+
+namespace nshpc::lifecycle {
+namespace {
+
+// A holder of a temporary computer is this process (pid and start time) and its session; one of
+// a process that is gone, or a name that is not a key, holds nothing.
+TEST(ComputerHolders, AKeyNamesALiveProcessUntilItEnds) {
+  const std::string key = owner_key("0123abcd");
+  EXPECT_EQ(key.rfind(std::to_string(::getpid()) + ".", 0), 0u) << key;
+  EXPECT_TRUE(key.ends_with(".0123abcd")) << key;
+  EXPECT_TRUE(owner_alive(key));
+  EXPECT_TRUE(owner_key("a/b c").ends_with(".a_b_c")) << "no path separators or spaces reach a file name";
+  const std::string pid = std::to_string(::getpid());
+  EXPECT_FALSE(owner_alive(pid + ".1.x")) << "same pid, another start time: a process that reused the pid";
+  for (const char* bad : {"", "stdio", "12", "x.y.z", "-1.2.s", "999999999.5.s"}) EXPECT_FALSE(owner_alive(bad)) << bad;
+}
+
+}  // namespace
+}  // namespace nshpc::lifecycle
