@@ -305,6 +305,19 @@ describe('computer lifetimes', { skip }, () => {
     await b.close();
   });
 
+  test('[computer] expose_lifecycle_tools = false keeps to the seed 0.2.3 surface', async () => {
+    const quiet = computerHome('computer-quiet');
+    fs.appendFileSync(quiet.config, '[computer]\nexpose_lifecycle_tools = false\n');
+    const a = await connectComputer(quiet, 'quiet-box');
+    try {
+      const names = (await a.client.listTools()).tools.map((t) => t.name).sort();
+      assert.deepEqual(names, ['edit_file', 'read_file', 'sandbox_exec', 'terminal_execute', 'write_file']);
+    } finally {
+      await a.close();
+      removeHome(quiet);
+    }
+  });
+
   test('COMPUTER_ID naming an ordinary instance is refused with what to do', async () => {
     execFileSync(NSHPC_BINARY, ['--config', home.config, 'instance', 'create', 'plain'], { env: childEnv(home) });
     const a = await connectComputer(home, 'plain');
