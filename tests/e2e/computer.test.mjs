@@ -318,6 +318,21 @@ describe('computer lifetimes', { skip }, () => {
     }
   });
 
+  test('the description override and extension, and DESKTOP_ENVIRONMENT=true said loudly', async () => {
+    const a = await connectComputer(home, 'keeper', ['--tool-instruction-override', 'A Debian shell.']);
+    let terminal = (await a.client.listTools()).tools.find((t) => t.name === 'terminal_execute');
+    assert.equal(terminal.description, 'A Debian shell.');
+    await a.close();
+    const b = await connectComputer(home, 'keeper', ['--extended-tool-instruction', 'Use /workspace/data.', '--timeout', '30'],
+      { DESKTOP_ENVIRONMENT: 'true' });
+    terminal = (await b.client.listTools()).tools.find((t) => t.name === 'terminal_execute');
+    assert.match(terminal.description, /time out after 30 seconds by default/);
+    assert.ok(terminal.description.endsWith('\n\nUse /workspace/data.'), terminal.description);
+    assert.match(b.stderr.text, /warning: DESKTOP_ENVIRONMENT=true, but ns-hpc has no desktop yet/);
+    assert.equal((await exec(b.client, { command: 'true' })).desktop_environment, false);
+    await b.close();
+  });
+
   test('COMPUTER_ID naming an ordinary instance is refused with what to do', async () => {
     execFileSync(NSHPC_BINARY, ['--config', home.config, 'instance', 'create', 'plain'], { env: childEnv(home) });
     const a = await connectComputer(home, 'plain');
