@@ -153,6 +153,28 @@ MiddleCut cut_middle(std::string_view s, std::size_t max_chars, const std::funct
   return {std::move(out), cut};
 }
 
+std::vector<std::size_t> find_all(std::string_view hay, std::string_view needle) {
+  std::vector<std::size_t> at;
+  if (needle.empty()) return at;
+  for (std::size_t pos = hay.find(needle); pos != std::string_view::npos; pos = hay.find(needle, pos + needle.size()))
+    at.push_back(pos);
+  return at;
+}
+
+std::string replace_at(std::string_view s, const std::vector<std::size_t>& positions, std::size_t old_size,
+                       std::string_view with) {
+  std::string out;
+  out.reserve(s.size() + positions.size() * (with.size() > old_size ? with.size() - old_size : 0));
+  std::size_t from = 0;
+  for (std::size_t pos : positions) {
+    out.append(s.substr(from, pos - from));
+    out.append(with);
+    from = pos + old_size;
+  }
+  out.append(s.substr(from));
+  return out;
+}
+
 std::string truncate_utf8(std::string_view s, size_t max_bytes) {
   if (s.size() <= max_bytes) return std::string(s);
   size_t cut = max_bytes;

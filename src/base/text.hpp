@@ -44,6 +44,12 @@ struct MiddleCut {
 };
 MiddleCut cut_middle(std::string_view s, std::size_t max_chars, const std::function<std::string(std::size_t cut)>& marker);
 
+// Where `needle` (not empty) occurs in `hay`, left to right, without overlaps.
+std::vector<std::size_t> find_all(std::string_view hay, std::string_view needle);
+// `s` with the `old_size` bytes at each of `positions` (find_all's) replaced by `with`.
+std::string replace_at(std::string_view s, const std::vector<std::size_t>& positions, std::size_t old_size,
+                       std::string_view with);
+
 // Cuts `s` to at most `max_bytes` on a UTF-8 boundary, appending "…" when cut.
 std::string truncate_utf8(std::string_view s, size_t max_bytes);
 

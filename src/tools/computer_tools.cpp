@@ -388,21 +388,12 @@ mcp::ToolResult edit_file_tool(State& st, const json& args, mcp::RequestContext&
   const store::Instance inst = computer_for(st, args, rc);
   const std::string shown = shown_path(path);
   const std::string before = checked_utf8(read_in(st, inst, path, rc), shown);
-  std::vector<std::size_t> at;
-  for (std::size_t pos = before.find(old_text); pos != std::string::npos; pos = before.find(old_text, pos + old_text.size()))
-    at.push_back(pos);
+  const std::vector<std::size_t> at = text::find_all(before, old_text);
   if (at.empty()) throw UsageError(fmt::format("old_text was not found in {}", shown));
   if (at.size() > 1 && !replace_all)
     throw UsageError(fmt::format("old_text occurs {} times in {}; provide more surrounding text or set replace_all=true",
                                  at.size(), shown));
-  std::string after;
-  std::size_t from = 0;
-  for (std::size_t pos : at) {
-    after.append(before, from, pos - from);
-    after += new_text;
-    from = pos + old_text.size();
-  }
-  after.append(before, from, std::string::npos);
+  const std::string after = text::replace_at(before, at, old_text.size(), new_text);
   if (after.size() > kFileTextLimit)
     throw UsageError(fmt::format("Content is {} bytes; text tool limit is {} bytes", after.size(), kFileTextLimit));
   write_in(st, inst, path, after, false, files::sha256_hex(before), rc);

@@ -450,14 +450,7 @@ mcp::ToolResult write_file(const ToolContext& ctx, const json& args) {
 // ---------------------------------------------------------------------------------------------
 // edit_file
 
-std::size_t count_matches(const std::string& hay, const std::string& needle, std::vector<std::size_t>* at = nullptr) {
-  std::size_t count = 0;
-  for (std::size_t pos = hay.find(needle); pos != std::string::npos; pos = hay.find(needle, pos + needle.size())) {
-    ++count;
-    if (at) at->push_back(pos);
-  }
-  return count;
-}
+std::size_t count_matches(const std::string& hay, const std::string& needle) { return text::find_all(hay, needle).size(); }
 
 std::size_t line_of(const std::string& s, std::size_t pos) {
   return 1 + static_cast<std::size_t>(std::count(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(pos), '\n'));
@@ -580,8 +573,8 @@ mcp::ToolResult edit_file(const ToolContext& ctx, const json& args) {
     old_text = to_crlf(old_text);
     new_text = to_crlf(new_text);
   }
-  std::vector<std::size_t> positions;
-  const std::size_t matches = count_matches(content, old_text, &positions);
+  const std::vector<std::size_t> positions = text::find_all(content, old_text);
+  const std::size_t matches = positions.size();
   if (matches == 0) throw UsageError(fmt::format("old_text was not found in {}.{}", shown, no_match_hint(content, old_text)));
   if (matches > 1 && !replace_all) {
     std::string lines;
@@ -591,15 +584,7 @@ mcp::ToolResult edit_file(const ToolContext& ctx, const json& args) {
                                  "(at lines {}{})",
                                  matches, shown, lines, matches > 10 ? ", …" : ""));
   }
-  std::string updated;
-  updated.reserve(content.size() + matches * (new_text.size() > old_text.size() ? new_text.size() - old_text.size() : 0));
-  std::size_t from = 0;
-  for (std::size_t pos : positions) {
-    updated.append(content, from, pos - from);
-    updated += new_text;
-    from = pos + old_text.size();
-  }
-  updated.append(content, from, std::string::npos);
+  const std::string updated = text::replace_at(content, positions, old_text.size(), new_text);
   try {
     auto pending = files::begin_write(at, {});
     pending->write(updated);

@@ -223,3 +223,17 @@ TEST(Errors, AnErrorWrappedTwiceKeepsItsErrnoAndBothContexts) {
                            "No such file or directory");
   }
 }
+
+TEST(Text, FindAllAndReplaceAtReplaceEveryOccurrenceWithoutOverlaps) {
+  using nshpc::text::find_all;
+  using nshpc::text::replace_at;
+  EXPECT_EQ(find_all("aaaa", "aa"), (std::vector<std::size_t>{0, 2}));
+  EXPECT_EQ(find_all("héllo héllo", "héllo"), (std::vector<std::size_t>{0, 7}));
+  EXPECT_TRUE(find_all("abc", "").empty());
+  EXPECT_TRUE(find_all("abc", "x").empty());
+  const std::string s = "one two one";
+  EXPECT_EQ(replace_at(s, find_all(s, "one"), 3, "1"), "1 two 1");
+  EXPECT_EQ(replace_at(s, {4}, 3, "three"), "one three one");
+  EXPECT_EQ(replace_at(s, {}, 3, "x"), s);
+  EXPECT_EQ(replace_at("aaaa", find_all("aaaa", "aa"), 2, ""), "");
+}
