@@ -32,5 +32,7 @@ cat <<TXT
 Next:
   $nshpc instance enter demo        # an interactive shell in the sandbox
   $nshpc instance describe demo     # where its workspace lives on the host
+  COMPUTER_ID=agent-workstation $nshpc computer
+                                    # one persistent computer over MCP, as mcp-virtual-computer serves it
   $nshpc --help                     # everything else
 TXT
