@@ -6,24 +6,13 @@
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "base/text.hpp"
 #include "lifecycle/computers.hpp"
 
 namespace nshpc::cli {
 
-namespace {
-
-// Python's str.strip(): ASCII whitespace at both ends.
-std::string_view strip(std::string_view s) {
-  constexpr std::string_view space = " \t\n\r\v\f";
-  const auto first = s.find_first_not_of(space);
-  if (first == std::string_view::npos) return {};
-  return s.substr(first, s.find_last_not_of(space) - first + 1);
-}
-
-}  // namespace
-
 std::optional<bool> parse_flag(std::string_view text) {
-  std::string value(strip(text));
+  std::string value(text::trim(text, lifecycle::kPythonSpace));
   std::transform(value.begin(), value.end(), value.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (value == "true" || value == "1" || value == "yes" || value == "on") return true;
@@ -53,7 +42,7 @@ std::optional<std::string> startup_problem(const ComputerConfig& c) {
   if (c.timeout < 1) return "--timeout must be at least 1 second.";
   if (c.output_limit < 1) return "--output-limit must be at least 1 byte.";
   if (c.computer_id.empty()) return "COMPUTER_ID is required (example: COMPUTER_ID=agent-workstation).";
-  if (!lifecycle::is_computer_id(strip(c.computer_id))) {
+  if (!lifecycle::is_computer_id(text::trim(c.computer_id, lifecycle::kPythonSpace))) {
     std::string message(lifecycle::kComputerIdRule);
     message.replace(0, std::string_view("computer_id").size(), "COMPUTER_ID");
     return message;

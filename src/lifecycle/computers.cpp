@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "base/text.hpp"
 #include "base/fd.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
@@ -31,13 +32,6 @@ constexpr std::array<std::string_view, 12> kNouns = {"badger", "comet", "falcon"
 
 bool slug_char(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; }
 
-std::string_view strip(std::string_view s) {
-  constexpr std::string_view space = " \t\n\r\v\f";
-  const auto first = s.find_first_not_of(space);
-  if (first == std::string_view::npos) return {};
-  return s.substr(first, s.find_last_not_of(space) - first + 1);
-}
-
 // Python's spelling of a bool, as the seed's messages print it.
 const char* py(bool value) { return value ? "True" : "False"; }
 
@@ -51,7 +45,7 @@ bool is_computer_id(std::string_view id) {
 }
 
 std::string validate_computer_id(std::string_view id) {
-  const std::string_view value = strip(id);
+  const std::string_view value = text::trim(id, kPythonSpace);
   if (!is_computer_id(value)) throw UsageError(std::string(kComputerIdRule));
   return std::string(value);
 }

@@ -30,6 +30,8 @@ namespace nshpc::lifecycle {
 inline constexpr std::string_view kComputerIdRule =
     "computer_id must be 1-63 lowercase letters, numbers, or hyphens; it must start and end with a letter or number.";
 bool is_computer_id(std::string_view id);
+// What Python's str.strip() removes: the seed trims ids and flags with it.
+inline constexpr std::string_view kPythonSpace = " \t\n\r\v\f";
 // The rule on the id with surrounding whitespace trimmed (as the seed strips it); returns it.
 // Throws UsageError with kComputerIdRule.
 std::string validate_computer_id(std::string_view id);

@@ -53,9 +53,6 @@ struct State {
 };
 using StatePtr = std::shared_ptr<State>;
 
-// The seed's Python spelling is kept in messages; results are JSON.
-std::string actor_of(mcp::RequestContext& rc) { return actor(rc); }
-
 config::Network network_for(const State& st, bool on) { return on ? network_on_mode(st.ctx) : config::Network::off; }
 
 // The image computers run on, built if missing; waits for a build in progress, with progress.
@@ -69,16 +66,15 @@ void wait_for_image(const State& st, mcp::RequestContext& rc) {
   if (!build) return;  // acquire says there is no such image and how to build it
   const auto start = std::chrono::steady_clock::now();
   double step = 0;
-  while (images.building(name)) {
+  for (; build; build = images.building(name)) {
     const auto waited = std::chrono::steady_clock::now() - start;
     if (waited > kImageWait)
       throw Error(fmt::format("the image '{}' is still being built after {} minutes; try again later", name,
                               kImageWait.count()));
-    const auto now = images.building(name);
     rc.progress(++step, std::nullopt,
                 fmt::format("preparing the computer: building image '{}' ({} s; now: {})", name,
                             std::chrono::duration_cast<std::chrono::seconds>(waited).count(),
-                            text::truncate_utf8(now ? now->line : std::string(), 200)));
+                            text::truncate_utf8(build->line, 200)));
     if (rc.wait_cancelled_for(std::chrono::seconds(1))) throw Error("cancelled");
   }
   if (!images.current(name))
@@ -104,13 +100,13 @@ store::Instance computer_for(State& st, const json& args, mcp::RequestContext& r
   if (id != st.settings.computer_id) return st.computers.get(id);
   if (!st.ctx.services.store.exists(id)) wait_for_image(st, rc);
   store::Instance inst =
-      st.computers.acquire(id, false, network_for(st, st.settings.network_access), "", actor_of(rc));
+      st.computers.acquire(id, false, network_for(st, st.settings.network_access), "", actor(rc));
   // A computer found again takes the network the command line asks for (--no-network means
   // off, whatever an earlier server left); later set_network_access calls change it.
   std::lock_guard lock(st.network_mutex);
   if (!st.network_settled) {
     st.network_settled = true;
-    inst = set_network(st, inst, st.settings.network_access, actor_of(rc));
+    inst = set_network(st, inst, st.settings.network_access, actor(rc));
   }
   return inst;
 }
