@@ -110,15 +110,31 @@ struct Level {
   std::vector<std::string> subdirs;   // still to visit
 };
 
-UniqueFd open_subdir(int parent, const std::string& name, bool make_accessible, const stdfs::path& shown) {
-  int fd = ::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0 && errno == EACCES && make_accessible) {
-    // A folder the sandbox made unreadable (chmod 000): we own it, so open it up first.
-    ::fchmodat(parent, name.c_str(), 0700, 0);
-    fd = ::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+// Opens the folder `name` of `parent` for reading, never following a link; nullopt when the entry
+// is gone or is no longer a folder (a sandbox swapped a link or a file in since it was listed).
+// `make_accessible`: a folder whose mode keeps this process out (chmod 000 by a sandbox) is made
+// 0700 first. The mode is changed on the very inode that was opened (O_PATH | O_NOFOLLOW, then
+// chmod through /proc/self/fd/N), never by name: a link swapped in between cannot redirect it.
+std::optional<UniqueFd> open_subdir(int parent, const std::string& name, bool make_accessible,
+                                    const stdfs::path& shown) {
+  UniqueFd entry(::openat(parent, name.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+  if (!entry) {
+    if (errno == ENOENT) return std::nullopt;
+    throw SysError(errno, "open", shown.string());
   }
-  if (fd < 0) throw SysError(errno, "open", shown.string());
-  return UniqueFd(fd);
+  struct stat st;
+  if (::fstat(entry.get(), &st) < 0) throw SysError(errno, "stat", shown.string());
+  if (!S_ISDIR(st.st_mode)) return std::nullopt;
+  // Re-opened through the O_PATH descriptor: the same inode, now with a permission check.
+  UniqueFd fd(::openat(entry.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd && errno == EACCES && make_accessible) {
+    // A folder the sandbox made unreadable (chmod 000): we own it, so open it up first.
+    const std::string self = fmt::format("/proc/self/fd/{}", entry.get());
+    if (::chmod(self.c_str(), 0700) < 0) throw SysError(errno, "chmod", shown.string());
+    fd.reset(::openat(entry.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  }
+  if (!fd) throw SysError(errno, "open", shown.string());
+  return fd;
 }
 
 // Depth-first walk of the tree at `root` without following any link, holding at most
@@ -172,11 +188,18 @@ void walk_tree(int root_fd, const stdfs::path& root,
     if (!top.subdirs.empty()) {
       std::string name = std::move(top.subdirs.back());
       top.subdirs.pop_back();
-      UniqueFd child;
+      std::optional<UniqueFd> child;
       try {
         child = open_subdir(top.fd.get(), name, make_accessible, shown / name);
+        if (!child) {
+          // Gone meanwhile, or no longer a folder: a link or a file swapped in since the
+          // listing is an entry like the others (removed as itself, never followed).
+          struct stat est;
+          if (::fstatat(top.fd.get(), name.c_str(), &est, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(est.st_mode))
+            on_entry(top.fd.get(), name.c_str(), est);
+          continue;
+        }
       } catch (const SysError& e) {
-        if (e.code() == ENOENT) continue;  // gone meanwhile
         // A count (not a removal) leaves out what this process may not read: in a normal user's
         // image instance, folders of its subordinate uids and the overlay's work folder.
         if (e.code() == EACCES && !make_accessible) {
@@ -186,7 +209,7 @@ void walk_tree(int root_fd, const stdfs::path& root,
         throw;
       }
       shown /= name;
-      enter(std::move(child), std::move(name));
+      enter(std::move(*child), std::move(name));
       continue;
     }
     if (stack.size() == 1) return;
@@ -219,10 +242,13 @@ void remove_tree_at(int parent_fd, const std::string& name, const stdfs::path& s
     if (::unlinkat(parent_fd, name.c_str(), 0) < 0 && errno != ENOENT) throw SysError(errno, "unlink", shown.string());
     return;
   }
-  UniqueFd fd(::openat(parent_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd) throw SysError(errno, "open", shown.string());
+  std::optional<UniqueFd> fd = open_subdir(parent_fd, name, /*make_accessible=*/true, shown);
+  if (!fd) {  // swapped for a link or a file since the stat: removed as itself
+    if (::unlinkat(parent_fd, name.c_str(), 0) < 0 && errno != ENOENT) throw SysError(errno, "unlink", shown.string());
+    return;
+  }
   walk_tree(
-      fd.get(), shown,
+      fd->get(), shown,
       [&](int dirfd, const char* entry, const struct stat&) {
         if (::unlinkat(dirfd, entry, 0) < 0 && errno != ENOENT) throw SysError(errno, "unlink", (shown / entry).string());
       },

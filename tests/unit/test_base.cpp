@@ -1,11 +1,17 @@
+#include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <stdio.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "base/error.hpp"
 #include "base/fd.hpp"
@@ -42,9 +48,84 @@ TEST(Fs, RemoveTreeNeverFollowsSymlinks) {
   fs::create_directory_symlink(victim, dir / "tree/link-to-victim");
   fs::create_symlink(victim / "keep.txt", dir / "tree/sub/file-link");
   ::chmod((dir / "tree/sub").c_str(), 0);  // unreadable folder, as a sandbox could leave it
+  ::chmod(victim.c_str(), 0555);             // a link to it stands where a folder could be
   nshpc::fs::remove_tree(dir / "tree");
   EXPECT_FALSE(fs::exists(dir / "tree"));
   EXPECT_TRUE(fs::exists(victim / "keep.txt"));
+  EXPECT_EQ(fs::status(victim).permissions(), fs::perms(0555));
+  ::chmod(victim.c_str(), 0700);
+}
+
+// The swap of issue 29: a folder the sandbox made 000 is made writable before it is emptied;
+// if a link to one of the user's folders is swapped in just then, the mode must not land on that
+// folder. Raced here as it was found: a thread exchanges t/x (a 000 folder) with t/l (a link to a
+// 0555 folder outside) as fast as it can while remove_tree removes t, 2,000 times. As a normal
+// user (root opens a 000 folder without changing its mode): as root, in a child that becomes
+// uid 65534 and owns both.
+TEST(Fs, RemoveTreeNeverChangesAModeThroughALinkSwappedInForAFolder) {
+  const TempDir tmp("nshpc-unit");
+  const fs::path base = tmp.path() / "base";
+  const fs::path outside = tmp.path() / "outside";
+  fs::create_directories(base);
+  fs::create_directories(outside);
+  std::ofstream(outside / "keep.txt") << "precious";
+  const bool root = ::geteuid() == 0;
+  if (root) {
+    ASSERT_EQ(::chmod(tmp.path().c_str(), 0755), 0);
+    ASSERT_EQ(::chown(base.c_str(), 65534, 65534), 0);
+    ASSERT_EQ(::chown(outside.c_str(), 65534, 65534), 0);
+  }
+  ASSERT_EQ(::chmod(outside.c_str(), 0555), 0);
+  const fs::path t = base / "t";
+  const std::string x = (t / "x").string(), l = (t / "l").string();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (root && (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
+                 ::setresuid(65534, 65534, 65534) != 0))
+      ::_exit(3);
+    std::atomic<bool> stop{false};
+    std::thread swapper([&] {
+      while (!stop.load(std::memory_order_relaxed))
+        ::renameat2(AT_FDCWD, x.c_str(), AT_FDCWD, l.c_str(), RENAME_EXCHANGE);
+    });
+    int changed = 0;
+    for (int round = 0; round < 2000 && !changed; ++round) {
+      for (int tries = 0; fs::exists(fs::symlink_status(t)) && tries < 100; ++tries) {
+        try {
+          nshpc::fs::remove_tree(t);
+        } catch (const nshpc::SysError&) {  // the swapper moved something meanwhile: again
+        }
+      }
+      if (::mkdir(t.c_str(), 0755) != 0 || ::mkdir(x.c_str(), 0) != 0 || ::symlink(outside.c_str(), l.c_str()) != 0)
+        continue;
+      try {
+        nshpc::fs::remove_tree(t);
+      } catch (const nshpc::SysError&) {
+        // a refusal is fine; what matters is the folder outside
+      }
+      struct stat st;
+      if (::stat(outside.c_str(), &st) != 0 || (st.st_mode & 07777) != 0555) changed = 1;
+    }
+    stop = true;
+    swapper.join();
+    try {
+      nshpc::fs::remove_tree(t);
+    } catch (const nshpc::SysError&) {
+    }
+    ::_exit(changed);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  ASSERT_NE(WEXITSTATUS(status), 3) << "could not become uid 65534";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the folder outside the tree had its mode changed through a swapped-in link";
+  struct stat st;
+  ASSERT_EQ(::stat(outside.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0555u);
+  EXPECT_EQ(nshpc::fs::read_file(outside / "keep.txt").value_or(""), "precious");
+  ::chmod(outside.c_str(), 0755);
+  if (fs::exists(t)) nshpc::fs::remove_tree(t);
 }
 
 TEST(Fs, ExpandsHomeAndVariables) {
