@@ -27,6 +27,10 @@ using fs::Resolve;
 // How deep copy() descends (each level holds two descriptors).
 constexpr int kMaxCopyDepth = 128;
 
+// Links InstanceFiles::resolve looks through for one path, absolute and relative together: the
+// kernel follows at most 40 in one resolution (then ELOOP), and this bounds the walk's work.
+constexpr int kMaxLinks = 40;
+
 std::string rel_or_dot(const std::string& rel) { return rel.empty() ? std::string(".") : rel; }
 
 std::string join_shown(const std::string& base, std::string_view rel) {
@@ -181,17 +185,25 @@ void give_to_owner(const Root& root, int fd, const std::string& shown) {
 }
 
 // Every folder of `rel` (a folder path beneath the root) exists afterwards; returns it (O_PATH).
+// One component at a time from the folder reached so far (linear in the path's length); a link
+// on the way (or "..") is taken by opening the path so far from the root, following links inside
+// it as the kernel does (at most 40 of them in one resolution, then ELOOP).
 UniqueFd ensure_dirs(const Root& root, const std::string& rel, mode_t mode) {
   Broker* broker = root.broker().get();
   UniqueFd current = open_in(broker, root.fd(), ".", O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow, root.shown());
   std::string prefix;
   for (const std::string& part : components(rel)) {
-    prefix = prefix.empty() ? part : prefix + "/" + part;
+    if (!prefix.empty()) prefix += '/';
+    prefix += part;
     const std::string shown = join_shown(root.shown(), prefix);
     try {
-      current = open_in(broker, root.fd(), prefix, O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow, shown);
+      current = open_in(broker, current.get(), part, O_PATH | O_DIRECTORY, 0, Resolve::beneath_no_links, shown);
       continue;
     } catch (const SysError& e) {
+      if (e.code() == ELOOP || e.code() == EXDEV) {
+        current = open_in(broker, root.fd(), prefix, O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow, shown);
+        continue;
+      }
       if (e.code() != ENOENT) throw;
     }
     if (const int err = mkdir_in(broker, current.get(), part, mode); err != 0 && err != EEXIST)
@@ -202,6 +214,19 @@ UniqueFd ensure_dirs(const Root& root, const std::string& rel, mode_t mode) {
     current = std::move(made);
   }
   return current;
+}
+
+// EPERM when `st` (a file or a folder beneath `root`) is not the tree's own: read_file and copy
+// hand out only what the sandbox itself owns (a root-owned 0600 file planted in a workspace, or
+// a hard link to someone else's file, stays where it is).
+void refuse_foreign(const Root& root, const struct stat& st, const std::string& shown, const char* what) {
+  if (root.any_owner() || root.owns(st.st_uid)) return;
+  throw SysError(EPERM, what,
+                 fmt::format("{} (it belongs to uid {}, not to the sandbox's uid {})", shown, st.st_uid, root.owner_uid()));
+}
+
+void check_cancelled(const Cancelled& cancelled, const std::string& shown) {
+  if (cancelled && cancelled()) throw SysError(ECANCELED, "copy", shown + " (cancelled)");
 }
 
 void copy_bytes(int from, int to, const std::string& shown) {
@@ -230,19 +255,23 @@ void clear_nonblock(int fd) {
 }
 
 // Copies the folder `src_fd` into the new folder `name` of `dst_parent` (never following links
-// in the source: they are copied as links).
+// in the source: they are copied as links). `src_shown`/`shown`: the source and the destination
+// as people see them. Every file and folder must be the source tree's own (refuse_foreign), as
+// for read_file: the first that is not ends the copy with EPERM naming it.
 void copy_tree(const Root& from, const Root& root, int src_fd, int dst_parent, const std::string& name, mode_t mode,
-               const std::string& shown, int depth) {
-  if (depth > kMaxCopyDepth) throw SysError(ELOOP, "copy", shown + " (more than 128 folders deep)");
+               const std::string& src_shown, const std::string& shown, int depth, const Cancelled& cancelled) {
+  if (depth > kMaxCopyDepth) throw SysError(ELOOP, "copy", src_shown + " (more than 128 folders deep)");
+  check_cancelled(cancelled, src_shown);
   Broker* reader = from.broker().get();
   Broker* writer = root.broker().get();
-  if (const int err = mkdir_in(writer, dst_parent, name, mode & 07777)) throw SysError(err, "mkdir", shown);
+  // Made 0700 and given its mode once its content is in (a read-only folder is copied too).
+  if (const int err = mkdir_in(writer, dst_parent, name, 0700)) throw SysError(err, "mkdir", shown);
   UniqueFd dst = open_in(writer, dst_parent, name, O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, shown);
   give_to_owner(root, dst.get(), shown);
   UniqueFd listing(::fcntl(src_fd, F_DUPFD_CLOEXEC, 3));
-  if (!listing) throw SysError(errno, "dup", shown);
+  if (!listing) throw SysError(errno, "dup", src_shown);
   std::unique_ptr<DIR, int (*)(DIR*)> dir(::fdopendir(listing.get()), &::closedir);
-  if (!dir) throw SysError(errno, "opendir", shown);
+  if (!dir) throw SysError(errno, "opendir", src_shown);
   listing.release();
   std::vector<std::string> names;
   while (const dirent* entry = ::readdir(dir.get())) {
@@ -251,21 +280,26 @@ void copy_tree(const Root& from, const Root& root, int src_fd, int dst_parent, c
   }
   dir.reset();
   for (const std::string& n : names) {
+    const std::string child_src = src_shown + "/" + n;
     const std::string child_shown = shown + "/" + n;
+    check_cancelled(cancelled, child_src);
     struct stat st;
     if (const int err = stat_in(reader, src_fd, n, st)) {
       if (err == ENOENT) continue;
-      throw SysError(err, "stat", child_shown);
+      throw SysError(err, "stat", child_src);
     }
     if (S_ISDIR(st.st_mode)) {
       UniqueFd sub;
       try {
-        sub = open_in(reader, src_fd, n, O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, child_shown);
+        sub = open_in(reader, src_fd, n, O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, child_src);
       } catch (const SysError& e) {
         if (e.code() == ENOENT || e.code() == ELOOP || e.code() == ENOTDIR) continue;  // swapped meanwhile
         throw;
       }
-      copy_tree(from, root, sub.get(), dst.get(), n, st.st_mode, child_shown, depth + 1);
+      struct stat sst;
+      if (::fstat(sub.get(), &sst) < 0) throw SysError(errno, "stat", child_src);
+      refuse_foreign(from, sst, child_src, "copy");
+      copy_tree(from, root, sub.get(), dst.get(), n, sst.st_mode, child_src, child_shown, depth + 1, cancelled);
     } else if (S_ISLNK(st.st_mode)) {
       std::string target;
       if (readlink_in(reader, src_fd, n, target) != 0) continue;
@@ -276,13 +310,14 @@ void copy_tree(const Root& from, const Root& root, int src_fd, int dst_parent, c
     } else if (S_ISREG(st.st_mode)) {
       UniqueFd in;
       try {
-        in = open_in(reader, src_fd, n, O_RDONLY, 0, Resolve::beneath_no_links, child_shown);
+        in = open_in(reader, src_fd, n, O_RDONLY, 0, Resolve::beneath_no_links, child_src);
       } catch (const SysError& e) {
         if (e.code() == ENOENT || e.code() == ELOOP) continue;
         throw;
       }
       struct stat ist;
       if (::fstat(in.get(), &ist) < 0 || !S_ISREG(ist.st_mode)) continue;
+      refuse_foreign(from, ist, child_src, "copy");
       clear_nonblock(in.get());
       UniqueFd out = open_in(writer, dst.get(), n, O_WRONLY | O_CREAT | O_EXCL, ist.st_mode & 01777,
                              Resolve::beneath_no_links, child_shown);
@@ -293,6 +328,7 @@ void copy_tree(const Root& from, const Root& root, int src_fd, int dst_parent, c
     }
     // FIFOs, sockets and devices are not copied.
   }
+  if (const int err = chmod_in(writer, dst.get(), mode & 07777)) throw SysError(err, "chmod", shown);
 }
 
 }  // namespace
@@ -362,10 +398,7 @@ Opened open_read(const Location& at) {
                       Resolve::in_root_follow, at.shown());
   if (::fstat(opened.fd.get(), &opened.st) < 0) throw SysError(errno, "stat", at.shown());
   if (S_ISREG(opened.st.st_mode)) {
-    if (!at.root->any_owner() && !at.root->owns(opened.st.st_uid))
-      throw SysError(EPERM, "read",
-                     fmt::format("{} (it belongs to uid {}, not to the sandbox's uid {})", at.shown(),
-                                 opened.st.st_uid, at.root->owner_uid()));
+    refuse_foreign(*at.root, opened.st, at.shown(), "read");
   } else if (!S_ISDIR(opened.st.st_mode)) {
     throw SysError(ENXIO, "read", at.shown() + " (not a regular file or a folder)");
   }
@@ -566,28 +599,67 @@ void rename(const Location& from, const Location& to, bool overwrite) {
     throw SysError(err, "move", fmt::format("{} to {}", from.shown(), to.shown()));
 }
 
-void copy(const Location& from, const Location& to, bool overwrite) {
+void copy(const Location& from, const Location& to, bool overwrite, const Cancelled& cancelled) {
   refuse_read_only(to);
   Opened src = open_read(from);
   std::string to_leaf;
   UniqueFd to_parent = open_parent(to, to_leaf);
   Broker* broker = to.root->broker().get();
   struct stat existing;
-  if (stat_in(broker, to_parent.get(), to_leaf, existing) == 0) {
-    if (!overwrite) throw SysError(EEXIST, "copy", fmt::format("{} to {}", from.shown(), to.shown()));
-    if (S_ISDIR(existing.st_mode) || src.is_dir()) remove_tree_in(broker, to_parent.get(), to_leaf, to.shown());
-  }
-  if (src.is_dir()) {
-    if (!from.rel.empty() && (to.rel == from.rel || to.rel.starts_with(from.rel + "/")) && to.root == from.root)
-      throw SysError(EINVAL, "copy", fmt::format("{} into itself ({})", from.shown(), to.shown()));
-    copy_tree(*from.root, *to.root, src.fd.get(), to_parent.get(), to_leaf, src.st.st_mode, to.shown(), 0);
+  const bool exists = stat_in(broker, to_parent.get(), to_leaf, existing) == 0;
+  if (exists && !overwrite) throw SysError(EEXIST, "copy", fmt::format("{} to {}", from.shown(), to.shown()));
+  if (!src.is_dir()) {
+    if (exists && S_ISDIR(existing.st_mode)) remove_tree_in(broker, to_parent.get(), to_leaf, to.shown());
+    WriteOptions options;
+    options.mode = src.st.st_mode & 01777;
+    auto pending = begin_write(to, options);
+    pending->write_from(src.fd.get());
+    pending->commit();
     return;
   }
-  WriteOptions options;
-  options.mode = src.st.st_mode & 01777;
-  auto pending = begin_write(to, options);
-  pending->write_from(src.fd.get());
-  pending->commit();
+  if (!from.rel.empty() && (to.rel == from.rel || to.rel.starts_with(from.rel + "/")) && to.root == from.root)
+    throw SysError(EINVAL, "copy", fmt::format("{} into itself ({})", from.shown(), to.shown()));
+  refuse_foreign(*from.root, src.st, from.shown(), "copy");
+  // A folder is copied whole or not at all: into a temporary next to the destination, put in
+  // place with one rename once every file was copied; a refusal, an error or a cancellation
+  // removes the temporary and leaves the destination as it was.
+  const std::string temp = fmt::format(".{}.ns-hpc-{}.tmp", to_leaf.substr(0, 200), random::hex(6));
+  const std::string to_dir = split_leaf(to.rel).first;
+  const std::string temp_shown = join_shown(to.root->shown(), to_dir.empty() ? temp : to_dir + "/" + temp);
+  auto discard = [&](const std::string& name) {
+    try {
+      remove_tree_in(broker, to_parent.get(), name, temp_shown);
+    } catch (const SysError&) {
+      // left as a dot folder named .<name>.ns-hpc-….tmp; the error that ended the copy is what counts
+    }
+  };
+  try {
+    copy_tree(*from.root, *to.root, src.fd.get(), to_parent.get(), temp, src.st.st_mode, from.shown(), to.shown(), 0,
+              cancelled);
+  } catch (...) {
+    discard(temp);
+    throw;
+  }
+  // Overwrite: exchanged with what is there (then that is removed); else only where nothing is.
+  int err = overwrite ? rename_in(broker, to_parent.get(), temp, to_parent.get(), to_leaf, RENAME_EXCHANGE) : ENOENT;
+  if (err == 0) {
+    discard(temp);  // now the replaced destination
+    return;
+  }
+  if (err == EINVAL) {  // a file system without RENAME_EXCHANGE: what is there goes first
+    try {
+      remove_tree_in(broker, to_parent.get(), to_leaf, to.shown());
+    } catch (...) {
+      discard(temp);
+      throw;
+    }
+    err = ENOENT;
+  }
+  if (err == ENOENT) err = rename_in(broker, to_parent.get(), temp, to_parent.get(), to_leaf, RENAME_NOREPLACE);
+  if (err != 0) {
+    discard(temp);
+    throw SysError(err, "copy", fmt::format("{} to {}", from.shown(), to.shown()));
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -612,6 +684,9 @@ InstanceFiles::InstanceFiles(const InstanceView& view)
 
 Location InstanceFiles::map(std::string_view path) const {
   if (path.empty()) throw UsageError("the path is empty; give a path such as 'notes.txt' or '/workspace/notes.txt'");
+  if (path.size() > kMaxPathBytes)
+    throw UsageError(fmt::format("the path is {} bytes; the limit is {} bytes (PATH_MAX): give a shorter path",
+                                 path.size(), kMaxPathBytes));
   std::string full = normalize(path.front() == '/' ? std::string(path) : workspace_.shown() + "/" + std::string(path));
   if (auto rel = under(full, workspace_.shown())) return Location{&workspace_, *rel};
   if (auto rel = under(full, output_.shown())) return Location{&output_, *rel};
@@ -627,31 +702,57 @@ Location InstanceFiles::resolve(std::string_view path, Follow follow) const {
   // open; the open itself (openat2 in the root) keeps every guarantee whatever the sandbox
   // changes meanwhile. Relative links are left to the kernel; a link out is left as it is (the
   // kernel re-roots it, and finds nothing).
-  for (int hops = 0; hops < 40; ++hops) {
-    const std::vector<std::string> parts = components(at.rel);
-    const std::size_t checked = follow == Follow::last ? parts.size() : (parts.empty() ? 0 : parts.size() - 1);
-    std::optional<Location> next;
-    std::string prefix;
-    for (std::size_t i = 0; i < checked && !next; ++i) {
-      prefix = prefix.empty() ? parts[i] : prefix + "/" + parts[i];
-      std::string target;
+  int links = 0;
+  while (std::optional<Location> next = through_absolute_link(at, follow, links)) at = std::move(*next);
+  return at;
+}
+
+std::optional<Location> InstanceFiles::through_absolute_link(const Location& at, Follow follow, int& links) const {
+  // One component at a time from the folder reached so far, so the walk costs a few system
+  // calls per component (never the path so far again for each one). nullopt: no absolute link
+  // on the way, or the walk cannot go on (a missing component, a file, a refusal, too many
+  // links): the open that follows says why.
+  Broker* broker = at.root->broker().get();
+  const std::vector<std::string> parts = components(at.rel);
+  const std::size_t checked = follow == Follow::last ? parts.size() : (parts.empty() ? 0 : parts.size() - 1);
+  if (checked == 0) return std::nullopt;
+  UniqueFd dir;
+  try {
+    dir = open_in(broker, at.root->fd(), ".", O_PATH | O_DIRECTORY, 0, Resolve::beneath_no_links, at.root->shown());
+  } catch (const SysError&) {
+    return std::nullopt;
+  }
+  std::string prefix;
+  for (std::size_t i = 0; i < checked; ++i) {
+    if (!prefix.empty()) prefix += '/';
+    prefix += parts[i];
+    std::string target;
+    const int err = readlink_in(broker, dir.get(), parts[i], target);
+    if (err != 0 && err != EINVAL) return std::nullopt;  // EINVAL: not a link
+    if (err == 0 && ++links > kMaxLinks) return std::nullopt;  // the open says ELOOP
+    if (err == 0 && !target.empty() && target.front() == '/') {
+      for (std::size_t j = i + 1; j < parts.size(); ++j) (target += '/') += parts[j];
+      if (target.size() > kMaxPathBytes)
+        throw SysError(ENAMETOOLONG, "resolve",
+                       fmt::format("{} (through its link {}, the path is {} bytes; the limit is {})", at.shown(),
+                                   join_shown(at.root->shown(), prefix), target.size(), kMaxPathBytes));
       try {
-        target = read_link(Location{at.root, prefix});
-      } catch (const SysError&) {
-        continue;  // not a link (EINVAL), or not there
-      }
-      if (target.empty() || target.front() != '/') continue;
-      for (std::size_t j = i + 1; j < parts.size(); ++j) target += "/" + parts[j];
-      try {
-        next = map(target);
+        return map(target);
       } catch (const UsageError&) {
-        return at;
+        return std::nullopt;
       }
     }
-    if (!next) return at;
-    at = *next;
+    if (i + 1 == checked) break;
+    try {
+      // A relative link is followed as the kernel follows it: the path so far opened again from
+      // the root (at most kMaxLinks times); a folder is entered directly.
+      dir = err == 0 ? open_in(broker, at.root->fd(), prefix, O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow, prefix)
+                     : open_in(broker, dir.get(), parts[i], O_PATH | O_DIRECTORY, 0, Resolve::beneath_no_links, prefix);
+    } catch (const SysError&) {
+      return std::nullopt;
+    }
   }
-  return at;  // a loop: the open says so
+  return std::nullopt;
 }
 
 }  // namespace nshpc::files

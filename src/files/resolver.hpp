@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,6 +41,13 @@ namespace nshpc::files {
 namespace stdfs = std::filesystem;
 
 class Broker;
+
+// The longest path the file tools take (bytes, as given): PATH_MAX, what the kernel takes in one
+// system call. Bounds every walk of a path (at most 2,048 components).
+constexpr std::size_t kMaxPathBytes = 4096;
+
+// Asked between steps of a long operation (a folder copied): true stops it (ECANCELED).
+using Cancelled = std::function<bool()>;
 
 struct Owner {
   uid_t uid;
@@ -206,8 +214,12 @@ void rename(const Location& from, const Location& to, bool overwrite);
 
 // Copies `from` (followed inside its root when it is a symlink) to `to`: a file through a
 // PendingFile (mode kept), a folder recursively (links inside copied as links, FIFOs and
-// devices skipped). `overwrite`: an existing destination is removed first, else EEXIST.
-void copy(const Location& from, const Location& to, bool overwrite);
+// devices skipped). Every file and folder copied must be the source tree's own, as for
+// open_read (EPERM naming the first that is not). A folder is copied whole or not at all: into a
+// temporary beside `to`, renamed into place at the end; a refusal, an error or `cancelled`
+// (asked before each entry; ECANCELED) removes it and leaves `to` as it was. `overwrite`: an
+// existing destination is replaced (a folder: exchanged, then removed), else EEXIST.
+void copy(const Location& from, const Location& to, bool overwrite, const Cancelled& cancelled = {});
 
 // ---------------------------------------------------------------------------------------------
 // An instance's files as its sandbox sees them.
@@ -234,9 +246,11 @@ class InstanceFiles {
   // renames, which never follow the last component).
   enum class Follow { not_last, last };
   // `path` as the sandbox sees it: relative (to the workspace mount) or absolute under the
-  // workspace or output mount. UsageError for an empty path, a NUL byte, or a path outside
-  // both (naming what is reachable). An absolute symlink on the way (`/workspace/data`,
-  // `/output/x`) is followed to the area it names, as in the sandbox.
+  // workspace or output mount. UsageError for an empty path, a NUL byte, a path longer than
+  // kMaxPathBytes (naming the limit), or a path outside both (naming what is reachable). An
+  // absolute symlink on the way (`/workspace/data`, `/output/x`) is followed to the area it
+  // names, as in the sandbox (SysError ENAMETOOLONG when that makes the path too long). Costs a
+  // few system calls per component, and at most 40 links are looked through.
   Location resolve(std::string_view path, Follow follow = Follow::not_last) const;
 
   const Root& workspace() const { return workspace_; }
@@ -244,6 +258,8 @@ class InstanceFiles {
 
  private:
   Location map(std::string_view path) const;  // the mount map alone, no links looked at
+  // `at` taken through the first absolute link on its way, or nullopt; `links` counts the links seen.
+  std::optional<Location> through_absolute_link(const Location& at, Follow follow, int& links) const;
   Root workspace_;
   Root output_;
 };

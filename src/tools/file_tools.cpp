@@ -97,6 +97,8 @@ Scope open_scope(const ToolContext& ctx, const json& args) { return open_scope(c
     case EROFS: throw UsageError(fmt::format("{} is read-only", shown));
     case ENOSPC:
     case EDQUOT: throw UsageError(fmt::format("No space left for {}: {}", shown, e.what()));
+    case ENAMETOOLONG: throw UsageError(fmt::format("A path is too long: {}", e.what()));
+    case ECANCELED: throw UsageError(fmt::format("Cancelled: {} (nothing of it was kept)", shown));
     default: throw UsageError(fmt::format("{}: {}", shown, e.what()));
   }
 }
@@ -982,32 +984,45 @@ mcp::ToolResult file_info(const ToolContext& ctx, const json& args) {
   return mcp::ToolResult::text(std::move(text), std::move(out));
 }
 
-mcp::ToolResult move_or_copy(const ToolContext& ctx, const json& args, bool move) {
+mcp::ToolResult move_or_copy(const ToolContext& ctx, const json& args, bool move, const mcp::RequestContext& rc) {
   Scope s = open_scope(ctx, args);
   const files::Location from =
       s.files->resolve(path_arg(args, "source"), move ? files::InstanceFiles::Follow::not_last : files::InstanceFiles::Follow::last);
   const files::Location to = s.files->resolve(path_arg(args, "destination"));
   const bool overwrite = bool_arg(args, "overwrite", false);
-  try {
-    files::stat_at(from, false);
-  } catch (const SysError& e) {
-    fail(e, from.shown());
-  }
+  // The source must be there (a copy reads what a link there leads to): else the error names it.
+  auto check_source = [&] {
+    try {
+      files::stat_at(from, !move);
+    } catch (const SysError& e) {
+      if (e.code() != ENOENT) fail(e, from.shown());
+      bool dangling = false;
+      try {
+        dangling = !move && S_ISLNK(files::stat_at(from, false).st_mode);
+      } catch (const SysError&) {
+      }
+      if (dangling) throw UsageError(fmt::format("The source {} is a link to something that does not exist", from.shown()));
+      throw UsageError(fmt::format("The source does not exist: {} (list_directory shows what is there)", from.shown()));
+    }
+  };
+  check_source();
+  const files::Cancelled cancelled = [&rc] { return rc.cancelled(); };
   try {
     if (!move) {
-      files::copy(from, to, overwrite);
+      files::copy(from, to, overwrite, cancelled);
     } else {
       try {
         files::rename(from, to, overwrite);
       } catch (const SysError& e) {
         // The workspace and the output folder on different filesystems: copy, then delete.
         if (e.code() != EXDEV) throw;
-        files::copy(from, to, overwrite);
+        files::copy(from, to, overwrite, cancelled);
         files::remove(from, true);
       }
     }
   } catch (const SysError& e) {
     if (e.code() == ENOENT) {
+      check_source();  // gone meanwhile: says so; else the destination's folder is what is missing
       const auto slash = to.rel.rfind('/');
       throw UsageError(fmt::format("The destination's parent directory does not exist: {}",
                                    files::Location{to.root, slash == std::string::npos ? "" : to.rel.substr(0, slash)}.shown()));
@@ -1254,16 +1269,17 @@ void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
       .input = move_input,
       .output = move_output,
       .hints = {.destructive = true, .idempotent = false},
-      .handler = [ctx](const json& args, mcp::RequestContext&) { return move_or_copy(ctx, args, true); },
+      .handler = [ctx](const json& args, mcp::RequestContext& rc) { return move_or_copy(ctx, args, true, rc); },
   });
   add_tool(server, {
       .name = "copy_file",
       .title = "Copy",
-      .description = "Copy a file (mode kept) or a directory tree (links inside copied as links) within an instance.",
+      .description = "Copy a file (mode kept) or a directory tree (links inside copied as links) within an instance. "
+                     "A tree is copied whole or not at all; a file of another uid in it refuses the copy.",
       .input = move_input,
       .output = move_output,
       .hints = {.destructive = false, .idempotent = true},
-      .handler = [ctx](const json& args, mcp::RequestContext&) { return move_or_copy(ctx, args, false); },
+      .handler = [ctx](const json& args, mcp::RequestContext& rc) { return move_or_copy(ctx, args, false, rc); },
   });
   add_tool(server, {
       .name = "delete_file",

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
+#include "base/fs.hpp"
 #include "common/temp_dir.hpp"
 #include "files/broker.hpp"
 #include "harness.hpp"
@@ -189,4 +190,96 @@ TEST(FileBroker, RunByHandSaysItIsStartedByTheServerOnly) {
   const int status = ::pclose(p);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << status;
   EXPECT_NE(said.find("started by ns-hpc only"), std::string::npos) << said;
+}
+
+// Issue 29: copy_file of a folder checks every file as read_file checks one. A root-only file
+// planted from the host in a workspace folder is not handed to the sandbox by copying the
+// folder: the copy is refused naming the file, and nothing of it is made.
+TEST_F(FileTools, ACopiedFolderNeverHandsTheSandboxAFileItMayNotRead) {
+  if (::geteuid() != 0)
+    GTEST_SKIP() << "as a normal user the server plants only files of its own uid, which is the sandbox's: there is "
+                    "no file of another uid for a copy to hand out";
+  McpSession server(env_);
+  ASSERT_FALSE(is_error(call(server, "write_file", {{"path", "dir/sub/mine.txt"}, {"content", "mine\n"}})));
+  const fs::path planted = env_.instances() / kId / "workspace" / "dir" / "sub" / "root-only";
+  std::ofstream(planted) << kSecret << "\n";
+  ASSERT_EQ(::chmod(planted.c_str(), 0600), 0);
+  for (const char* to : {"copy", "/output/copy"}) {
+    json r = call(server, "copy_file", {{"source", "dir"}, {"destination", to}});
+    EXPECT_TRUE(is_error(r)) << r.dump();
+    EXPECT_NE(result_text(r).find("/workspace/dir/sub/root-only (it belongs to uid 0"), std::string::npos) << r.dump();
+    EXPECT_EQ(r.dump().find(kSecret), std::string::npos);
+  }
+  // From inside: no copy to read, nothing half made.
+  Result inside = env_.run({"bwrap", kId, "--", "/bin/sh", "-c",
+                            "cat copy/sub/root-only /output/copy/sub/root-only dir/sub/root-only; ls -A . /output"});
+  EXPECT_EQ(inside.out.find(kSecret), std::string::npos) << inside.out;
+  EXPECT_EQ(inside.out.find("copy"), std::string::npos) << "a copy or its temporary was left: " << inside.out;
+  EXPECT_NE(inside.out.find("dir"), std::string::npos) << inside.out << inside.err;
+  // Without the planted file the folder is copied, whole.
+  ASSERT_TRUE(fs::remove(planted));
+  EXPECT_FALSE(is_error(call(server, "copy_file", {{"source", "dir"}, {"destination", "copy"}})));
+  EXPECT_EQ(env_.run({"bwrap", kId, "--", "cat", "copy/sub/mine.txt"}).out, "mine\n");
+}
+
+// The error of a copy says what is missing: the source (or what a link there leads to), or the
+// destination's folder.
+TEST_F(FileTools, ACopyWithAMissingSourceSaysTheSourceIsMissing) {
+  McpSession server(env_);
+  ASSERT_FALSE(is_error(call(server, "write_file", {{"path", "a.txt"}, {"content", "a\n"}})));
+  ASSERT_EQ(call(server, "terminal_execute", {{"command", "ln -s gone dangling"}})["result"]["structuredContent"]["exit_code"], 0);
+  json missing = call(server, "copy_file", {{"source", "nope.txt"}, {"destination", "b.txt"}});
+  EXPECT_NE(result_text(missing).find("The source does not exist: /workspace/nope.txt"), std::string::npos) << missing.dump();
+  json dangling = call(server, "copy_file", {{"source", "dangling"}, {"destination", "b.txt"}});
+  EXPECT_NE(result_text(dangling).find("The source /workspace/dangling is a link to something that does not exist"),
+            std::string::npos)
+      << dangling.dump();
+  json parent = call(server, "copy_file", {{"source", "a.txt"}, {"destination", "no/such/b.txt"}});
+  EXPECT_NE(result_text(parent).find("The destination's parent directory does not exist: /workspace/no/such"),
+            std::string::npos)
+      << parent.dump();
+  json moved = call(server, "move_file", {{"source", "nope.txt"}, {"destination", "b.txt"}});
+  EXPECT_NE(result_text(moved).find("The source does not exist: /workspace/nope.txt"), std::string::npos) << moved.dump();
+}
+
+// Issue 29: a path is at most 4,096 bytes (the error names the limit), and its walk is linear: 16
+// reads at once of a file 2,000 folders deep each get the file (asserted by result, not time).
+TEST_F(FileTools, PathsAreBoundedAndSixteenDeepReadsAtOnceEachGetTheirFile) {
+  McpSession server(env_);
+  // 4,000 bytes below the workspace: removed by descriptor (a removal by path would pass PATH_MAX).
+  struct RemovedAtEnd {
+    fs::path tree;
+    ~RemovedAtEnd() {
+      try {
+        nshpc::fs::remove_tree(tree);
+      } catch (const nshpc::SysError& e) {
+        ADD_FAILURE() << e.what();
+      }
+    }
+  } removed{env_.instances() / kId / "workspace" / "a"};
+  std::string deep;
+  for (int i = 0; i < 2000; ++i) deep += "a/";
+  json made = call(server, "terminal_execute", {{"command", "mkdir -p " + deep + " && echo deep > " + deep + "f"}});
+  ASSERT_EQ(made["result"]["structuredContent"]["exit_code"], 0) << made.dump().substr(0, 500);
+  std::vector<int> ids;
+  for (int i = 0; i < 16; ++i)
+    ids.push_back(server.call("read_file", {{"instance_id", kId}, {"path", deep + (i % 4 == 3 ? "missing" : "f")}}));
+  for (int i = 0; i < 16; ++i) {
+    json r = server.wait_for(ids[i]);
+    ASSERT_TRUE(r.contains("result")) << r.dump().substr(0, 300);
+    if (i % 4 == 3) {
+      EXPECT_TRUE(is_error(r));
+      EXPECT_NE(result_text(r).find("File does not exist"), std::string::npos) << result_text(r).substr(0, 300);
+    } else {
+      EXPECT_EQ(r["result"]["structuredContent"]["content"], "deep\n") << r.dump().substr(0, 300);
+    }
+  }
+  std::string long_path;
+  while (long_path.size() < 160000) long_path += "a/";  // 80,000 components
+  json r = call(server, "read_file", {{"path", long_path}});
+  EXPECT_TRUE(is_error(r));
+  EXPECT_NE(result_text(r).find("the path is 160000 bytes; the limit is 4096 bytes"), std::string::npos)
+      << result_text(r).substr(0, 300);
+  json c = call(server, "copy_file", {{"source", "a"}, {"destination", long_path}});
+  EXPECT_NE(result_text(c).find("the limit is 4096 bytes"), std::string::npos) << result_text(c).substr(0, 300);
 }

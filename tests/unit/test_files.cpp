@@ -543,3 +543,136 @@ TEST(FilesResolve, AbsoluteLinksToTheSandboxMountsLeadWhereTheyLeadInTheSandbox)
   stdfs::create_symlink("/workspace/loop1", l.ws / "loop2");
   EXPECT_NE(error_of([&] { files::open_read(f.resolve("loop1/x", F::last)); }), 0);
 }
+
+// copy_file of a folder: every file and folder of the copy must be the tree's own, as read_file
+// requires; the first that is not refuses the copy, naming it, and nothing of it is left.
+TEST(FilesOps, ACopiedFolderRefusesFilesOfAnotherUidAndIsWholeOrNothing) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: a file of another uid is planted with chown";
+  Layout l;
+  auto v = l.view();
+  v.owner = files::Owner{4243, 4244};
+  stdfs::create_directories(l.ws / "d" / "sub");
+  std::ofstream(l.ws / "d" / "a.txt") << "A";
+  std::ofstream(l.ws / "d" / "sub" / "b.txt") << "B";
+  std::ofstream(l.ws / "d" / "sub" / "secret") << "root only";  // planted from the host
+  ::chmod((l.ws / "d" / "sub" / "secret").c_str(), 0600);
+  for (auto rel : {"d", "d/a.txt", "d/sub", "d/sub/b.txt"}) ASSERT_EQ(::lchown((l.ws / rel).c_str(), 4243, 4244), 0);
+  stdfs::create_directories(l.out / "kept");
+  std::ofstream(l.out / "kept" / "old") << "old";
+  files::InstanceFiles f(v);
+  auto refusal = [&](const char* to, bool overwrite) -> std::string {
+    try {
+      files::copy(f.resolve("d"), f.resolve(to), overwrite);
+    } catch (const SysError& e) {
+      EXPECT_EQ(e.code(), EPERM) << e.what();
+      return e.what();
+    }
+    return "copied";
+  };
+  const std::string said = refusal("/output/new", false);
+  EXPECT_NE(said.find("/workspace/d/sub/secret (it belongs to uid 0, not to the sandbox's uid 4243)"), std::string::npos)
+      << said;
+  EXPECT_NE(refusal("/output/kept", true), "copied");
+  // Nothing was made, and what was at the destination is still there.
+  std::set<std::string> in_output;
+  for (const auto& e : stdfs::directory_iterator(l.out)) in_output.insert(e.path().filename().string());
+  EXPECT_EQ(in_output, std::set<std::string>{"kept"});
+  EXPECT_EQ(slurp(l.out / "kept" / "old"), "old");
+  // A folder of another uid refuses too (the sandbox may not enter a root 0700 folder).
+  ASSERT_EQ(::lchown((l.ws / "d" / "sub" / "secret").c_str(), 4243, 4244), 0);
+  ASSERT_EQ(::lchown((l.ws / "d" / "sub").c_str(), 0, 0), 0);
+  EXPECT_NE(refusal("/output/new", false).find("/workspace/d/sub (it belongs to uid 0"), std::string::npos);
+  EXPECT_FALSE(stdfs::exists(l.out / "new"));
+  // All the tree's own: copied whole, over what was there, everything the sandbox's.
+  ASSERT_EQ(::lchown((l.ws / "d" / "sub").c_str(), 4243, 4244), 0);
+  files::copy(f.resolve("d"), f.resolve("/output/kept"), true);
+  EXPECT_EQ(slurp(l.out / "kept" / "sub" / "secret"), "root only");
+  EXPECT_FALSE(stdfs::exists(l.out / "kept" / "old"));
+  for (auto rel : {"kept", "kept/a.txt", "kept/sub", "kept/sub/secret"}) {
+    struct stat st;
+    ASSERT_EQ(::lstat((l.out / rel).c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, 4243u) << rel;
+  }
+  in_output.clear();
+  for (const auto& e : stdfs::directory_iterator(l.out)) in_output.insert(e.path().filename().string());
+  EXPECT_EQ(in_output, std::set<std::string>{"kept"});
+}
+
+TEST(FilesOps, ACancelledFolderCopyLeavesNothing) {
+  Layout l;
+  stdfs::create_directories(l.ws / "d" / "sub");
+  for (int i = 0; i < 6; ++i) std::ofstream(l.ws / "d" / "sub" / std::to_string(i)) << i;
+  ::chmod((l.ws / "d" / "sub").c_str(), 0555);  // a read-only folder is copied too
+  files::InstanceFiles f(l.view());
+  int asked = 0;
+  EXPECT_EQ(error_of([&] { files::copy(f.resolve("d"), f.resolve("/output/d"), false, [&] { return ++asked > 4; }); }),
+            ECANCELED);
+  EXPECT_EQ(asked, 5);
+  EXPECT_TRUE(stdfs::is_empty(l.out));
+  files::copy(f.resolve("d"), f.resolve("/output/d"), false, [] { return false; });
+  EXPECT_EQ(slurp(l.out / "d" / "sub" / "5"), "5");
+  EXPECT_EQ(stdfs::status(l.out / "d" / "sub").permissions(), stdfs::perms(0555));
+  ::chmod((l.out / "d" / "sub").c_str(), 0755);
+  ::chmod((l.ws / "d" / "sub").c_str(), 0755);
+}
+
+TEST(FilesResolve, APathLongerThanPathMaxIsRefusedNamingTheLimit) {
+  Layout l;
+  files::InstanceFiles f(l.view());
+  std::string path;
+  while (path.size() < 80000) path += "a/";
+  try {
+    f.resolve(path);
+    ADD_FAILURE() << "resolved a path of " << path.size() << " bytes";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("the path is 80000 bytes; the limit is 4096 bytes"), std::string::npos)
+        << e.what();
+  }
+  // An absolute link that makes the path too long on the way is refused the same.
+  stdfs::create_symlink("/workspace/" + std::string(4000, 'x'), l.ws / "long");
+  try {
+    f.resolve("long/" + std::string(200, 'y'));
+    ADD_FAILURE() << "resolved through a link to a path over 4096 bytes";
+  } catch (const SysError& e) {
+    EXPECT_EQ(e.code(), ENAMETOOLONG) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the limit is 4096"), std::string::npos) << e.what();
+  }
+}
+
+// The walk costs a few system calls per component: 16 concurrent reads of a file 2,000 folders
+// deep (and through an absolute link there) each get the file, and a missing component a clear
+// ENOENT.
+TEST(FilesResolve, SixteenConcurrentWalksOfTwoThousandComponentsEachGetTheirFile) {
+  Layout l;
+  constexpr int kDepth = 2000;
+  std::string deep;
+  {
+    UniqueFd dir(::open(l.ws.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    for (int i = 0; i < kDepth; ++i) {
+      ASSERT_EQ(::mkdirat(dir.get(), "a", 0755), 0);
+      dir = UniqueFd(::openat(dir.get(), "a", O_PATH | O_DIRECTORY | O_CLOEXEC));
+      ASSERT_TRUE(dir);
+      deep += "a/";
+    }
+    UniqueFd file(::openat(dir.get(), "f", O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+    ASSERT_EQ(::write(file.get(), "deep", 4), 4);
+    ASSERT_EQ(::symlinkat("/output/o.txt", dir.get(), "abs"), 0);
+  }
+  std::ofstream(l.out / "o.txt") << "out";
+  files::InstanceFiles f(l.view());
+  using F = files::InstanceFiles::Follow;
+  std::vector<std::string> got(16);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t)
+    threads.emplace_back([&, t] {
+      const std::string path = deep + (t % 4 == 3 ? "missing/f" : t % 2 ? "abs" : "f");
+      try {
+        got[t] = slurp(files::open_read(f.resolve(path, F::last)).fd.get());
+      } catch (const SysError& e) {
+        got[t] = e.code() == ENOENT ? "ENOENT" : e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int t = 0; t < 16; ++t) EXPECT_EQ(got[t], t % 4 == 3 ? "ENOENT" : t % 2 ? "out" : "deep") << t;
+  nshpc::fs::remove_tree(l.ws / "a");
+}
