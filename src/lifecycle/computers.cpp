@@ -16,7 +16,7 @@
 #include "base/fd.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
-#include "jobs/support.hpp"
+#include "base/proc.hpp"
 #include "lifecycle/lifecycle.hpp"
 
 namespace nshpc::lifecycle {
@@ -62,7 +62,8 @@ std::string owner_key(std::string_view session) {
   for (char c : session.substr(0, 64))
     safe += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') ? c : '_';
   const pid_t pid = ::getpid();
-  return fmt::format("{}.{}.{}", pid, jobs::start_time_of(pid), safe.empty() ? "_" : safe);
+  const std::optional<proc::Stat> self = proc::read_stat(pid);
+  return fmt::format("{}.{}.{}", pid, self ? self->start_time : 0, safe.empty() ? "_" : safe);
 }
 
 bool owner_alive(std::string_view key) {
@@ -73,7 +74,9 @@ bool owner_alive(std::string_view key) {
   std::uint64_t start = 0;
   if (std::from_chars(key.data(), key.data() + dot, pid).ec != std::errc() || pid <= 0) return false;
   if (std::from_chars(key.data() + dot + 1, key.data() + dot2, start).ec != std::errc()) return false;
-  return start != 0 && jobs::start_time_of(pid) == start;
+  // A crashed server that nobody reaps stays a zombie with its pid and start time: it holds nothing.
+  const std::optional<proc::Stat> owner = proc::read_stat(pid);
+  return start != 0 && owner && owner->start_time == start && !owner->ended();
 }
 
 nlohmann::json to_json(const ComputerInfo& info) {

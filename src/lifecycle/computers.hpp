@@ -41,7 +41,8 @@ std::string random_computer_id();
 // "<pid>.<start time>.<session>": a holder in this process (`session` as the MCP session names
 // itself; characters other than [A-Za-z0-9_-] become '_').
 std::string owner_key(std::string_view session);
-// Whether the process a key names still runs (same pid and start time).
+// Whether the process a key names still runs: same pid and start time, and not ended (a zombie
+// that was never reaped keeps both).
 bool owner_alive(std::string_view key);
 
 struct ComputerInfo {

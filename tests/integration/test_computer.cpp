@@ -1,13 +1,22 @@
 // The mcp-virtual-computer entry point's command line through the binary: every start-up check of
 // the seed's validate_config with its message word for word (prefix "mcp-virtual-computer:
 // error:", exit 1), usage errors (exit 2), the environment's booleans, the Docker flags, the help,
-// and the binary invoked as mcp-virtual-computer. None of these starts a server or a sandbox.
+// and the binary invoked as mcp-virtual-computer. None of these starts a sandbox; one starts a
+// server, to see which temporary computers it deletes when it starts.
+#include <signal.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "base/pidfd.hpp"
+#include "base/proc.hpp"
 #include "base/process.hpp"
+#include "base/spawn.hpp"
 #include "harness.hpp"
 
 using namespace nshpc::test;
@@ -127,4 +136,48 @@ TEST(ComputerCli, TheBinaryInvokedAsMcpVirtualComputerIsTheSame) {
   r = run_program({link.string(), "--help"}, {}, env.root());
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_EQ(r.out.rfind("MCP server providing one persistent local computer", 0), 0u) << r.out;
+}
+
+namespace {
+
+// An instance made a temporary computer on record, held by the process `holder` (its pid and
+// start time, as a server records its sessions).
+void make_held_computer(const Env& env, const std::string& id, const nshpc::SpawnedChild& holder) {
+  env.create(id);
+  const fs::path base = env.instances() / id;
+  nlohmann::json meta = nlohmann::json::parse(read_text(base / "metadata.json"));
+  meta["computer"] = {{"temporary", true}};
+  std::ofstream(base / "metadata.json") << meta.dump(2);
+  const std::optional<nshpc::proc::Stat> stat = nshpc::proc::read_stat(holder.pid());
+  ASSERT_TRUE(stat);
+  fs::create_directory(base / "owners");
+  std::ofstream(base / "owners" / fmt::format("{}.{}.session", holder.pid(), stat->start_time));
+}
+
+nshpc::SpawnedChild sleeper() {
+  nshpc::SpawnSpec spec;
+  spec.program = "sleep";
+  spec.argv = {"sleep", "1000"};
+  return nshpc::spawn(spec);  // killed and reaped when the test ends, however it ends
+}
+
+}  // namespace
+
+// A server that crashed and was never reaped (an init that reaps nothing, a container without
+// --init) is a zombie that keeps its pid and start time: the temporary computers only it held go
+// when the next server starts; one that a running process holds stays.
+TEST(ComputerHolders, AZombieServersTemporaryComputersGoWhenTheNextServerStarts) {
+  Env env;
+  nshpc::SpawnedChild crashed = sleeper();
+  nshpc::SpawnedChild running = sleeper();
+  make_held_computer(env, "orphan", crashed);
+  make_held_computer(env, "held", running);
+  nshpc::signal_pidfd(crashed.pidfd(), SIGKILL);
+  ASSERT_TRUE(nshpc::wait_pidfd(crashed.pidfd(), std::chrono::seconds(30)));  // ended, not reaped
+  ASSERT_EQ(nshpc::proc::read_stat(crashed.pid()).value_or(nshpc::proc::Stat{}).state, 'Z');
+  // The next server (stdio, no client: it starts, sweeps, and ends with its input).
+  const Result r = env.run({"computer"}, "", std::chrono::seconds(60), {kId});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(env.instances() / "orphan")) << "the zombie holds nothing\n" << r.err;
+  EXPECT_TRUE(fs::exists(env.instances() / "held" / "metadata.json")) << "a running holder keeps it\n" << r.err;
 }

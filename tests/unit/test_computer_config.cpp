@@ -2,6 +2,7 @@
 // per message (reference/virtual-computer.md §2.2, §6; seeds/003 validate_config).
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <functional>
@@ -10,7 +11,12 @@
 #include <set>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "base/error.hpp"
+#include "base/pidfd.hpp"
+#include "base/proc.hpp"
+#include "base/spawn.hpp"
 #include "cli/computer_config.hpp"
 #include "lifecycle/computers.hpp"
 
@@ -277,6 +283,43 @@ TEST(ComputerHolders, AKeyNamesALiveProcessUntilItEnds) {
   const std::string pid = std::to_string(::getpid());
   EXPECT_FALSE(owner_alive(pid + ".1.x")) << "same pid, another start time: a process that reused the pid";
   for (const char* bad : {"", "stdio", "12", "x.y.z", "-1.2.s", "999999999.5.s"}) EXPECT_FALSE(owner_alive(bad)) << bad;
+}
+
+// A server that crashed and was never reaped (an init that reaps nothing, a container without
+// --init) is a zombie with its pid and start time still on show: it holds nothing any more.
+TEST(ComputerHolders, AZombieHoldsNothing) {
+  SpawnSpec spec;
+  spec.program = "sleep";
+  spec.argv = {"sleep", "1000"};
+  SpawnedChild child = spawn(spec);  // killed and reaped however the test ends
+  const std::optional<proc::Stat> stat = proc::read_stat(child.pid());
+  ASSERT_TRUE(stat);
+  const std::string key = fmt::format("{}.{}.session", child.pid(), stat->start_time);
+  EXPECT_TRUE(owner_alive(key)) << "a running process holds its computers";
+  signal_pidfd(child.pidfd(), SIGKILL);
+  ASSERT_TRUE(wait_pidfd(child.pidfd(), std::chrono::seconds(30)));  // exited, not reaped: a zombie
+  const std::optional<proc::Stat> zombie = proc::read_stat(child.pid());
+  ASSERT_TRUE(zombie) << "an unreaped child keeps its /proc entry";
+  EXPECT_EQ(zombie->state, 'Z');
+  EXPECT_EQ(zombie->start_time, stat->start_time);
+  EXPECT_FALSE(owner_alive(key)) << "a zombie keeps its pid and start time but runs nothing";
+  child.wait();
+  EXPECT_FALSE(owner_alive(key)) << "reaped: gone";
+}
+
+// The stat line is read after the last ')': a command name may hold spaces and parentheses.
+TEST(ComputerHolders, TheStatLineIsReadPastAnyCommandName) {
+  std::string line = "4242 (a) Z 1 (x) S 77";
+  for (int field = 5; field <= 21; ++field) line += " 0";
+  line += " 123456 999 1\n";
+  const std::optional<proc::Stat> stat = proc::parse_stat(line);
+  ASSERT_TRUE(stat);
+  EXPECT_EQ(stat->state, 'S');
+  EXPECT_EQ(stat->ppid, 77);
+  EXPECT_EQ(stat->start_time, 123456u);
+  EXPECT_FALSE(stat->ended());
+  EXPECT_FALSE(proc::parse_stat("4242 (sleep) S 1 2 3"));  // cut short
+  EXPECT_FALSE(proc::parse_stat("no parenthesis"));
 }
 
 }  // namespace

@@ -1,0 +1,30 @@
+// What /proc/<pid>/stat says about one process: the one reader of that line for new code (the
+// older readers in jobs/support.cpp, sandbox/members.cpp, sandbox/execution.cpp and
+// sandbox/join.cpp predate it).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace nshpc::proc {
+
+struct Stat {
+  char state = 0;                // field 3: R, S, D, T, t, Z (zombie), X (dead), I, P...
+  pid_t ppid = 0;                // field 4
+  std::uint64_t start_time = 0;  // field 22: clock ticks after boot, with the pid its identity
+  // A zombie waiting to be reaped, or a dead process: it keeps its pid and start time until its
+  // parent reaps it (forever when that parent is an init that reaps nothing), yet runs nothing.
+  bool ended() const { return state == 'Z' || state == 'X'; }
+};
+
+// The line's fields after "pid (comm)" (comm may hold spaces and parentheses: everything up to the
+// last ')' is skipped); nullopt when the line is not one.
+std::optional<Stat> parse_stat(std::string_view line);
+
+// /proc/<pid>/stat of `pid`; nullopt when there is no such process (or its line is unreadable).
+std::optional<Stat> read_stat(pid_t pid);
+
+}  // namespace nshpc::proc
