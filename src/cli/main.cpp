@@ -2,6 +2,7 @@
 
 #include "cli/app.hpp"
 #include "files/broker.hpp"
+#include "files/image.hpp"
 #include "network/forward.hpp"
 #include "network/netns.hpp"
 #include "network/proxy.hpp"
@@ -26,5 +27,8 @@ int main(int argc, char** argv) {
   // And the network proxy of a `filtered` instance (network/proxy.hpp).
   if (argc > 1 && std::string_view(argv[1]) == nshpc::network::kProxyCommand)
     return nshpc::network::proxy_main(argc, argv);
+  // And the decoder of an image preview (files/image.hpp).
+  if (argc > 1 && std::string_view(argv[1]) == nshpc::files::kImagePreviewCommand)
+    return nshpc::files::image_preview_main(argc, argv);
   return nshpc::cli::main(argc, argv);
 }

@@ -162,11 +162,16 @@ std::string human_bytes(std::uint64_t n) {
   return fmt::format("{:.2f} GiB", static_cast<double>(n) / (1ULL << 30));
 }
 
+// Up to `max` bytes from `at`. Room for `max` is reserved, not filled: its pages are touched as
+// data comes, so a limit of 32 MiB costs the server what the file has, not 32 MiB a call.
 std::string pread_some(int fd, std::size_t max, off_t at = 0) {
-  std::string out(max, '\0');
+  std::string out;
+  out.reserve(max);
   std::size_t got = 0;
   while (got < max) {
-    const ssize_t n = ::pread(fd, out.data() + got, max - got, at + static_cast<off_t>(got));
+    const std::size_t room = std::min<std::size_t>(max - got, 1 << 20);
+    out.resize(got + room);
+    const ssize_t n = ::pread(fd, out.data() + got, room, at + static_cast<off_t>(got));
     if (n < 0) {
       if (errno == EINTR) continue;
       throw SysError(errno, "read");
@@ -195,12 +200,18 @@ json image_content(const files::Thumbnail& t) {
   return {{"type", "image"}, {"data", files::base64_encode(t.data)}, {"mimeType", t.mime}};
 }
 
-mcp::ToolResult read_image(const files::Opened& o, const std::string& shown, const files::Kind& kind) {
+mcp::ToolResult read_image(const ToolContext& ctx, const files::Opened& o, const std::string& shown,
+                           const files::Kind& kind) {
   const std::string data = read_whole(o, kMaxImageBytes, shown, "the image");
   const std::string sha = files::sha256_hex(data);
+  // The decoder works for the instance: within its memory limit ([namespace] limits), when smaller.
+  files::ImageLimits limits;
+  const auto& instance_limits = ctx.services.config.ns.limits;
+  if (auto memory = instance_limits.find("memory"); memory != instance_limits.end() && memory->second > 0)
+    limits.max_memory = std::min(limits.max_memory, static_cast<std::size_t>(memory->second) << 20);
   files::Thumbnail t;
   try {
-    t = files::make_thumbnail(data, kind.mime);
+    t = files::make_thumbnail(data, kind.mime, limits);
   } catch (const Error& e) {
     throw UsageError(fmt::format("{} ({}, {} bytes) could not be shown: {}", shown, kind.description, data.size(),
                                  e.what()));
@@ -347,7 +358,7 @@ mcp::ToolResult read_file(const ToolContext& ctx, const json& args) {
   if (o.is_dir()) throw UsageError(fmt::format("{} is a directory (list_directory lists it)", shown));
   const std::string head = pread_some(o.fd.get(), kSniffBytes);
   const files::Kind kind = files::sniff(head, leaf_name(at.rel));
-  if (kind.cls == files::Kind::Class::image) return read_image(o, shown, kind);
+  if (kind.cls == files::Kind::Class::image) return read_image(ctx, o, shown, kind);
   if (kind.cls == files::Kind::Class::binary) {
     const std::uint64_t size = static_cast<std::uint64_t>(o.st.st_size);
     json structured = {{"path", shown}, {"type", "binary"}, {"mime", kind.mime}, {"description", kind.description},

@@ -1,16 +1,23 @@
 // What the agent sees (issue 13, "Result size" and "Jobs"), through the real `ns-hpc run` on
 // stdio: results sized for a model, tool schemas that say their bounds, and jobs that take
-// terminal_execute's options and speak one status vocabulary.
+// terminal_execute's options and speak one status vocabulary. And image previews (issue 29):
+// decoded by the ns-hpc binary in a process of its own, refused from the header when too large.
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <set>
 #include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <webp/encode.h>
 
+#include "base/error.hpp"
 #include "base/text.hpp"
+#include "common/png.hpp"
+#include "files/content.hpp"
+#include "files/image.hpp"
 #include "harness.hpp"
 
 using namespace nshpc::test;
@@ -280,4 +287,146 @@ TEST_F(AgentResults, AFilterMatchingNothingSaysHowManyJobsAreInOtherStates) {
   server.tool("submit_job", {{"instance_id", "agentview"}, {"command", "false"}, {"timeout", 30}});
   json r = call(server, "list_jobs", {{"instance_id", "agentview"}, {"status", "running"}});
   EXPECT_EQ(result_text(r), "No running jobs (2 in other states).") << r.dump();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Image previews: files::make_thumbnail runs this build's ns-hpc as its decoder.
+
+namespace {
+
+using nshpc::tests::declared_png;
+using nshpc::tests::make_png;
+
+nshpc::files::ImageLimits decoder_limits() {
+  nshpc::files::ImageLimits limits;
+  limits.program = binary();
+  return limits;
+}
+
+// The message of the Error make_thumbnail throws ("" when it returns).
+std::string refusal(const std::string& data, const std::string& mime, const nshpc::files::ImageLimits& limits) {
+  try {
+    nshpc::files::make_thumbnail(data, mime, limits);
+  } catch (const nshpc::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The server's peak resident memory (VmHWM of /proc/PID/status), in KiB.
+std::size_t peak_kib(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoul(line.substr(6));
+  return 0;
+}
+
+}  // namespace
+
+TEST(ImagePreviews, DecodedInAProcessOfTheirOwnAndScaledDown) {
+  namespace files = nshpc::files;
+  const files::ImageLimits limits = decoder_limits();
+  const std::string small = make_png(3, 2);
+  files::Thumbnail t = files::make_thumbnail(small, "image/png", limits);
+  EXPECT_EQ(t.original_width, 3);
+  EXPECT_EQ(t.original_height, 2);
+  EXPECT_FALSE(t.scaled);
+  EXPECT_EQ(t.data, small);
+  const std::string wide = make_png(2000, 10);
+  files::Thumbnail s = files::make_thumbnail(wide, "image/png", limits);
+  EXPECT_TRUE(s.scaled);
+  EXPECT_EQ(s.original_width, 2000);
+  EXPECT_EQ(s.width, 1568);
+  EXPECT_EQ(s.height, 8);
+  EXPECT_EQ(s.mime, "image/jpeg");  // no transparency
+  EXPECT_EQ(s.data.substr(0, 3), "\xff\xd8\xff");
+  const std::string corrupt = small.substr(0, 40) + std::string(100, '\xff');
+  EXPECT_NE(refusal(corrupt, "image/png", limits), "");
+  EXPECT_NE(refusal("GIF89a\xff\xff\xff\xff", "image/gif", limits), "");
+  EXPECT_NE(refusal(small, "image/tiff", limits).find("image/tiff images are not decoded"), std::string::npos);
+  files::ImageLimits few = limits;
+  few.max_pixels = 10000;
+  EXPECT_EQ(refusal(wide, "image/png", few),
+            "the image is 2000×10 (20000 pixels); previews are made of images up to 10000 pixels");
+}
+
+TEST(ImagePreviews, WebPIsDecodedAndScaled) {
+  namespace files = nshpc::files;
+  const int w = 1800, h = 20;
+  std::vector<std::uint8_t> rgba(static_cast<std::size_t>(w) * h * 4);
+  for (std::size_t i = 0; i < rgba.size(); ++i) rgba[i] = (i % 4 == 3) ? 255 : static_cast<std::uint8_t>(i * 7);
+  std::uint8_t* out = nullptr;
+  const std::size_t size = WebPEncodeLosslessRGBA(rgba.data(), w, h, w * 4, &out);
+  ASSERT_GT(size, 0u);
+  const std::string webp(reinterpret_cast<const char*>(out), size);
+  WebPFree(out);
+  EXPECT_EQ(files::sniff(webp).mime, "image/webp");
+  files::Thumbnail t = files::make_thumbnail(webp, "image/webp", decoder_limits());
+  EXPECT_EQ(t.original_width, w);
+  EXPECT_EQ(t.original_height, h);
+  EXPECT_TRUE(t.scaled);
+  EXPECT_EQ(t.width, 1568);
+  EXPECT_EQ(t.mime, "image/jpeg");
+  EXPECT_NE(refusal(webp.substr(0, webp.size() / 2), "image/webp", decoder_limits()), "");
+}
+
+// The decoder's memory is a limit of its own process: an image that needs more than it is told
+// so, whatever the server's own size.
+TEST(ImagePreviews, TheDecodersMemoryLimitIsItsOwnAndSaidWhenReached) {
+  nshpc::files::ImageLimits tight = decoder_limits();
+  tight.max_memory = std::size_t{96} << 20;
+  // 16 megapixels (under the size limit): its 48 MB of pixels do not fit in 96 MiB with the binary.
+  const std::string message = refusal(declared_png(4000, 4000), "image/png", tight);
+  EXPECT_NE(message.find("decoding it needs more than the 96 MiB the image decoder may use"), std::string::npos)
+      << message;
+  // With the default limit the same file gets as far as its data: too short, not too large.
+  const std::string short_data = refusal(declared_png(4000, 4000), "image/png", decoder_limits());
+  EXPECT_NE(short_data, "");
+  EXPECT_EQ(short_data.find("MiB"), std::string::npos) << short_data;
+}
+
+// Issue 29: two concurrent previews of a 203 KiB PNG declaring 7000x7000 took the server to ~910
+// MiB, and at 4-8 concurrent calls every preview failed. Now eight at once each get a refusal
+// naming the size (from the header: nothing is decoded), eight normal images at once each come
+// back as an image, and the server stays small.
+TEST_F(AgentResults, EightConcurrentPreviewsEachGetTheImageOrARefusalNamingTheSize) {
+  const fs::path ws = env_.instances() / "agentview" / "workspace";
+  struct stat owner{};
+  ASSERT_EQ(::stat(ws.c_str(), &owner), 0);
+  auto put = [&](const std::string& name, const std::string& data) {
+    std::ofstream(ws / name, std::ios::binary) << data;
+    ASSERT_EQ(::chown((ws / name).c_str(), owner.st_uid, owner.st_gid), 0);  // as if the sandbox wrote it
+  };
+  put("bomb.png", declared_png(7000, 7000));
+  put("photo.png", make_png(1000, 800));
+  McpSession server(env_);
+  auto eight = [&](const std::string& path) {
+    std::vector<int> ids;
+    for (int i = 0; i < 8; ++i) ids.push_back(server.call("read_file", {{"instance_id", "agentview"}, {"path", path}}));
+    std::vector<json> responses;
+    for (int id : ids) responses.push_back(server.wait_for(id, std::chrono::seconds(120)));
+    return responses;
+  };
+  for (const json& r : eight("/workspace/bomb.png")) {
+    ASSERT_TRUE(r.contains("result")) << r.dump().substr(0, 300);
+    EXPECT_TRUE(r["result"].value("isError", false));
+    EXPECT_NE(result_text(r).find("the image is 7000×7000 (49 megapixels); previews are made of images up to 25 "
+                                  "megapixels"),
+              std::string::npos)
+        << result_text(r);
+  }
+  for (const json& r : eight("/workspace/photo.png")) {
+    ASSERT_TRUE(r.contains("result")) << r.dump().substr(0, 300);
+    EXPECT_FALSE(r["result"].value("isError", false)) << result_text(r);
+    bool image = false;
+    for (const json& c : r["result"]["content"]) image = image || (c.value("type", "") == "image");
+    EXPECT_TRUE(image) << r.dump().substr(0, 300);
+    EXPECT_EQ(r["result"]["structuredContent"].value("width", 0), 1000);
+    EXPECT_EQ(r["result"]["structuredContent"].value("height", 0), 800);
+  }
+  const std::size_t peak = peak_kib(server.pid());
+  std::printf("[ the server's peak resident memory: %zu KiB ]\n", peak);
+  EXPECT_GT(peak, 0u);
+  EXPECT_LT(peak, 100u * 1024) << "the server's own memory stays under 100 MiB";
 }

@@ -12,13 +12,10 @@
 
 #include <gtest/gtest.h>
 
-#include <webp/encode.h>
-
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "common/temp_dir.hpp"
 #include "files/content.hpp"
-#include "files/image.hpp"
 #include "files/broker.hpp"
 #include "files/resolver.hpp"
 
@@ -427,92 +424,8 @@ TEST(FilesContent, Base64RoundTripsAndRefusesGarbage) {
   EXPECT_EQ(files::sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
 
-namespace {
-
-std::uint32_t crc32_of(const std::string& data) {
-  std::uint32_t c = 0xffffffffu;
-  for (unsigned char b : data) {
-    c ^= b;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
-  }
-  return c ^ 0xffffffffu;
-}
-
-std::string be32(std::uint32_t v) {
-  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
-}
-
-// A w x h RGB PNG with stored (uncompressed) deflate blocks.
-std::string make_png(std::uint32_t w, std::uint32_t h) {
-  std::string raw;
-  for (std::uint32_t y = 0; y < h; ++y) {
-    raw += '\0';
-    for (std::uint32_t x = 0; x < w; ++x) raw += {static_cast<char>(x), static_cast<char>(y), static_cast<char>(x ^ y)};
-  }
-  std::string z = "\x78\x01";
-  for (std::size_t at = 0; at < raw.size(); at += 65535) {
-    const std::size_t n = std::min<std::size_t>(65535, raw.size() - at);
-    z += static_cast<char>(at + n == raw.size() ? 1 : 0);
-    z += {static_cast<char>(n & 0xff), static_cast<char>(n >> 8), static_cast<char>(~n & 0xff), static_cast<char>((~n >> 8) & 0xff)};
-    z += raw.substr(at, n);
-  }
-  std::uint32_t a = 1, b = 0;
-  for (unsigned char c : raw) {
-    a = (a + c) % 65521;
-    b = (b + a) % 65521;
-  }
-  z += be32((b << 16) | a);
-  auto chunk = [](const std::string& type, const std::string& data) {
-    return be32(static_cast<std::uint32_t>(data.size())) + type + data + be32(crc32_of(type + data));
-  };
-  std::string ihdr = be32(w) + be32(h) + std::string("\x08\x02\0\0\0", 5);
-  return std::string("\x89PNG\r\n\x1a\n", 8) + chunk("IHDR", ihdr) + chunk("IDAT", z) + chunk("IEND", "");
-}
-
-}  // namespace
-
-TEST(FilesImage, DecodesInAChildAndScalesDown) {
-  const std::string small = make_png(3, 2);
-  files::Thumbnail t = files::make_thumbnail(small, "image/png");
-  EXPECT_EQ(t.original_width, 3);
-  EXPECT_EQ(t.original_height, 2);
-  EXPECT_FALSE(t.scaled);
-  EXPECT_EQ(t.data, small);
-  const std::string wide = make_png(2000, 10);
-  files::Thumbnail s = files::make_thumbnail(wide, "image/png");
-  EXPECT_TRUE(s.scaled);
-  EXPECT_EQ(s.original_width, 2000);
-  EXPECT_EQ(s.width, 1568);
-  EXPECT_EQ(s.height, 8);
-  EXPECT_EQ(s.mime, "image/jpeg");  // no transparency
-  EXPECT_EQ(s.data.substr(0, 3), "\xff\xd8\xff");
-  std::string corrupt = small.substr(0, 40) + std::string(100, '\xff');
-  EXPECT_THROW(files::make_thumbnail(corrupt, "image/png"), Error);
-  EXPECT_THROW(files::make_thumbnail("GIF89a\xff\xff\xff\xff", "image/gif"), Error);
-  EXPECT_THROW(files::make_thumbnail(small, "image/tiff"), Error);
-  files::ImageLimits bomb;
-  bomb.max_pixels = 100;
-  EXPECT_THROW(files::make_thumbnail(wide, "image/png", bomb), Error);
-}
-
-TEST(FilesImage, WebPIsDecodedAndScaled) {
-  const int w = 1800, h = 20;
-  std::vector<std::uint8_t> rgba(static_cast<std::size_t>(w) * h * 4);
-  for (std::size_t i = 0; i < rgba.size(); ++i) rgba[i] = (i % 4 == 3) ? 255 : static_cast<std::uint8_t>(i * 7);
-  std::uint8_t* out = nullptr;
-  const std::size_t size = WebPEncodeLosslessRGBA(rgba.data(), w, h, w * 4, &out);
-  ASSERT_GT(size, 0u);
-  const std::string webp(reinterpret_cast<const char*>(out), size);
-  WebPFree(out);
-  EXPECT_EQ(files::sniff(webp).mime, "image/webp");
-  files::Thumbnail t = files::make_thumbnail(webp, "image/webp");
-  EXPECT_EQ(t.original_width, w);
-  EXPECT_EQ(t.original_height, h);
-  EXPECT_TRUE(t.scaled);
-  EXPECT_EQ(t.width, 1568);
-  EXPECT_EQ(t.mime, "image/jpeg");
-  EXPECT_THROW(files::make_thumbnail(webp.substr(0, webp.size() / 2), "image/webp"), Error);
-}
+// Image previews run the ns-hpc binary as their decoder: their tests are in
+// tests/integration/test_agent_results.cpp (ImagePreviews).
 
 TEST(FilesResolve, AbsoluteLinksToTheSandboxMountsLeadWhereTheyLeadInTheSandbox) {
   Layout l;
