@@ -40,22 +40,20 @@ nlohmann::json change_json(const store::Instance& inst, const lifecycle::LayerCh
                         {"layer", change.layer},
                         {"workspace", change.workspace},
                         {"was_running", change.ended.was_running},
-                        {"took_ms", change.took.count() / 1000.0},
-                        {"jobs_ended", nlohmann::json::array()}};
+                        {"restarted", change.restarted},
+                        {"took_ms", change.took.count() / 1000.0}};
   if (change.swap.count() > 0) out["swap_ms"] = change.swap.count() / 1000.0;
   if (change.snapshot) out["snapshot"] = lifecycle::to_json(*change.snapshot);
-  for (const auto& r : change.ended.jobs)
-    out["jobs_ended"].push_back({{"job_id", r.id}, {"command", r.command}, {"status", jobs::to_string(r.state)}});
   if (!change.ended.problems.empty()) out["problems"] = change.ended.problems;
   return out;
 }
 
-void print_stopped(const lifecycle::Ended& ended) {
-  for (const auto& r : ended.jobs)
-    std::printf("Ended job %s (%s): %s\n", r.id.c_str(), text::truncate_utf8(r.command, 60).c_str(),
-                jobs::to_string(r.state).c_str());
-  for (const auto& problem : ended.problems) std::printf("Warning: job %s\n", problem.c_str());
-  if (ended.was_running) std::printf("Stopped its sandbox first: every process ended.\n");
+void print_stopped(const lifecycle::LayerChange& change) {
+  for (const auto& problem : change.ended.problems) std::printf("Warning: %s\n", problem.c_str());
+  if (change.restarted)
+    std::printf("Stopped its sandbox for this (every process ended) and started it again.\n");
+  else if (change.ended.was_running)
+    std::printf("Stopped its sandbox for this (every process ended); it starts again with the next command.\n");
 }
 
 bool confirmed(Invocation& inv, const SnapshotArgs& a, const std::string& question) {
@@ -68,8 +66,8 @@ bool confirmed(Invocation& inv, const SnapshotArgs& a, const std::string& questi
 void add_reset(CLI::App& parent, Invocation& inv) {
   auto a = std::make_shared<SnapshotArgs>();
   auto* cmd = parent.add_subcommand(
-      "reset", "Factory reset: an image instance's root back to its image (its processes end first); the workspace "
-               "stays unless --include-workspace");
+      "reset", "Factory reset: an image instance's root back to its image (refused while a job or command runs; its "
+               "background processes end); the workspace stays unless --include-workspace");
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->add_flag("--include-workspace", a->include_workspace, "Empty the workspace too");
   cmd->add_flag("-f,--force", a->force, "Do not ask for confirmation");
@@ -87,7 +85,7 @@ void add_reset(CLI::App& parent, Invocation& inv) {
     with_snapshots(inv, [&](lifecycle::Snapshots& s) {
       const lifecycle::LayerChange change = s.reset(inst, a->include_workspace, users::cli_actor());
       if (a->json) return print_json(change_json(inst, change));
-      print_stopped(change.ended);
+      print_stopped(change);
       std::printf("Reset instance '%s': %s%s%s in %.1f ms (the trees changed place in %.1f ms).\n", inst.id.c_str(),
                   change.layer ? "its root is back to its image" : "", change.layer && change.workspace ? " and " : "",
                   change.workspace ? "its workspace is empty" : "", change.took.count() / 1000.0,
@@ -99,7 +97,8 @@ void add_reset(CLI::App& parent, Invocation& inv) {
 void add_snapshot(CLI::App& parent, Invocation& inv) {
   auto a = std::make_shared<SnapshotArgs>();
   auto* cmd = parent.add_subcommand(
-      "snapshot", "Save an instance's root layer (image instances) and workspace under NAME (its processes end first)");
+      "snapshot", "Save an instance's root layer (image instances) and workspace under NAME (refused while a job or command "
+                  "runs; its background processes end)");
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->add_option("name", a->name, "Snapshot name: 1-63 of A-Z a-z 0-9 _ . -, starting with a letter or digit")
       ->required();
@@ -110,7 +109,7 @@ void add_snapshot(CLI::App& parent, Invocation& inv) {
     with_snapshots(inv, [&](lifecycle::Snapshots& s) {
       const lifecycle::LayerChange change = s.take(inst, a->name, users::cli_actor());
       if (a->json) return print_json(change_json(inst, change));
-      print_stopped(change.ended);
+      print_stopped(change);
       std::printf("Took snapshot '%s' of instance '%s' (%sworkspace, %.1f MiB) in %.1f ms.\n", a->name.c_str(),
                   inst.id.c_str(), change.layer ? "root layer and " : "", change.snapshot->bytes / 1048576.0,
                   change.took.count() / 1000.0);
@@ -150,8 +149,8 @@ void add_restore(CLI::App& parent, Invocation& inv) {
   auto a = std::make_shared<SnapshotArgs>();
   auto* cmd = parent.add_subcommand(
       "snapshot-restore",
-      "Replace an instance's root layer and workspace by copies of snapshot NAME (its processes end first; the "
-      "snapshot stays)");
+      "Replace an instance's root layer and workspace by copies of snapshot NAME (refused while a job or command "
+      "runs; its background processes end; the snapshot stays)");
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->add_option("name", a->name, "Snapshot name (ns-hpc instance snapshots ID)")->required();
   cmd->add_flag("-f,--force", a->force, "Do not ask for confirmation");
@@ -166,7 +165,7 @@ void add_restore(CLI::App& parent, Invocation& inv) {
     with_snapshots(inv, [&](lifecycle::Snapshots& s) {
       const lifecycle::LayerChange change = s.restore(inst, a->name, users::cli_actor());
       if (a->json) return print_json(change_json(inst, change));
-      print_stopped(change.ended);
+      print_stopped(change);
       std::printf("Restored snapshot '%s' (taken %s) into instance '%s' in %.1f ms.\n", a->name.c_str(),
                   short_time(change.snapshot->created_at).c_str(), inst.id.c_str(), change.took.count() / 1000.0);
     });

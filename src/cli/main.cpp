@@ -1,5 +1,6 @@
 #include <string_view>
 
+#include "base/copy_tree.hpp"
 #include "cli/app.hpp"
 #include "files/broker.hpp"
 #include "files/image.hpp"
@@ -24,6 +25,9 @@ int main(int argc, char** argv) {
   // So does a file broker (files/broker.hpp).
   if (argc > 1 && std::string_view(argv[1]) == nshpc::files::kBrokerCommand)
     return nshpc::files::broker_main(argc, argv);
+  // And the copy of an instance's tree (base/copy_tree.hpp).
+  if (argc > 1 && std::string_view(argv[1]) == nshpc::fs::kCopyTreeCommand)
+    return nshpc::fs::copy_tree_main(argc, argv);
   // And the network proxy of a `filtered` instance (network/proxy.hpp).
   if (argc > 1 && std::string_view(argv[1]) == nshpc::network::kProxyCommand)
     return nshpc::network::proxy_main(argc, argv);

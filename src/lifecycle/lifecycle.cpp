@@ -1,12 +1,16 @@
 #include "lifecycle/lifecycle.hpp"
 
+#include <unistd.h>
+
 #include <future>
 
 #include <fmt/format.h>
 
 #include "base/error.hpp"
 #include "base/log.hpp"
+#include "base/text.hpp"
 #include "base/time.hpp"
+#include "sandbox/gate.hpp"
 #include "sandbox/limits.hpp"
 
 namespace nshpc::lifecycle {
@@ -115,6 +119,64 @@ Ended Lifecycle::restart(const store::Instance& inst, std::string_view actor) {
   store_.audit(inst, "instance.restarted", actor,
                {{"instance_id", inst.id}, {"was_running", ended.was_running}, {"jobs_ended", job_ids(ended.jobs)}});
   return ended;
+}
+
+Lifecycle::Still Lifecycle::hold_still(const store::Instance& inst, std::string_view why, std::string_view actor) {
+  const sandbox::Target target = store_.sandbox_target(inst);
+  // Jobs first (a running job holds the gate too, and is better named by its record), then the
+  // gate, then the jobs once more: one launched in between is on record by now, and none starts
+  // after the gate.
+  auto refuse_while_jobs = [&] {
+    if (!jobs_) return;
+    std::vector<std::string> live;
+    for (const auto& record : jobs_->list(inst.id))
+      if (!jobs::is_final(record.state))
+        live.push_back(fmt::format("{} ({}: `{}`)", record.id, jobs::to_string(record.state),
+                                   text::truncate_utf8(record.command, 60)));
+    if (!live.empty())
+      throw UsageError(fmt::format("instance '{}' has {} job(s) that have not ended: {}; its files are copied only "
+                                   "while nothing of it runs, and no job is cancelled for that: wait for them to end "
+                                   "(or cancel them), then try again",
+                                   inst.id, live.size(), fmt::join(live, ", ")));
+  };
+  refuse_while_jobs();
+  std::vector<pid_t> holders;
+  std::optional<UniqueFd> gate = sandbox::close_gate(target, &holders);
+  if (!gate) {
+    std::vector<std::string> running = store_.executions_of(inst.id);
+    for (const pid_t pid : holders)
+      if (pid != ::getpid()) running.push_back(fmt::format("a command of another ns-hpc process (pid {})", pid));
+    if (running.empty()) running.push_back("a command that is just starting or ending");
+    throw UsageError(fmt::format("instance '{}' is running {}; its files are copied only while nothing of it runs: "
+                                 "wait for that to end (or stop it), then try again",
+                                 inst.id, fmt::join(running, ", ")));
+  }
+  refuse_while_jobs();
+  Still still;
+  still.gate = std::move(*gate);
+  if (inst.persistent) {
+    still.ended.was_running = backend_.stop_living(target, why, grace());
+    still.ended.status = backend_.living_status(target);
+  } else {
+    backend_.release_network(target);
+  }
+  if (still.ended.was_running)
+    store_.audit(inst, "instance.stopped", actor, {{"instance_id", inst.id}, {"was_running", true}, {"why", why}});
+  return still;
+}
+
+bool Lifecycle::resume(const store::Instance& inst, Still& still, std::string_view actor) {
+  still.gate.reset();
+  if (!still.ended.was_running) return false;
+  try {
+    still.ended.status = start(inst, actor);
+    return true;
+  } catch (const std::exception& e) {
+    // What was copied or swapped is done: the start is what failed, and the next command tries again.
+    log::warn("instance '{}': its sandbox did not start again: {}", inst.id, e.what());
+    still.ended.problems.push_back(fmt::format("its sandbox did not start again: {}", e.what()));
+    return false;
+  }
 }
 
 nlohmann::json state_json(const sandbox::LivingStatus& status) {

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/fd.hpp"
 #include "config/config.hpp"
 #include "jobs/jobs.hpp"
 #include "sandbox/sandbox.hpp"
@@ -41,6 +42,19 @@ class Lifecycle {
   Ended stop(const store::Instance& inst, std::string_view actor);
   // stop, then start again. Audited as instance.restarted.
   Ended restart(const store::Instance& inst, std::string_view actor);
+
+  // The instance held still while its trees are copied or swapped (snapshots.hpp): no execution
+  // of it starts until the Still is let go (sandbox/gate.hpp). Refused with UsageError naming
+  // them while a job of it has not ended or a command runs in it: nothing is killed for this.
+  // Its living sandbox, when it runs, is stopped (every process ended; `why` goes on record) and
+  // started again by resume().
+  struct Still {
+    UniqueFd gate;
+    Ended ended;
+  };
+  Still hold_still(const store::Instance& inst, std::string_view why, std::string_view actor);
+  // Lets go of `still`, then starts the living sandbox again when it ran before; true when it did.
+  bool resume(const store::Instance& inst, Still& still, std::string_view actor);
 
   // After the instance's network changed (Store::update): its running living sandbox follows at
   // once among off, nat and filtered (processes kept; what the new mode forbids is cut), and is

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "base/copy_tree.hpp"
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
@@ -117,23 +118,33 @@ void make_layer(const stdfs::path& layer, const std::optional<users::Identity>& 
   make_dir(layer / "work", 0755, owner);
 }
 
-// A copy of the tree `from` at `to` (which must not exist), exact: owners, modes, times, every
-// xattr (the overlay's trusted.overlay.* included, as root), device nodes (the overlay's
-// whiteouts), symlinks as symlinks, hard links as hard links; blocks shared (a reflink) where the
-// filesystem can, a plain copy otherwise. coreutils' cp does all of it, is kept up with every
-// filesystem's quirks (reflink, sparse files, ACLs, xattr namespaces) and never follows a link in
-// the source: a tree walker of our own would do less, worse. The source belongs to a sandbox,
-// which is stopped while cp reads it, so nothing changes under it.
-void copy_tree(const stdfs::path& from, const stdfs::path& to) {
-  // As a normal user, in a user namespace that maps the files of its subordinate uids.
-  const std::vector<std::string> argv =
-      sandbox::as_mapped_root({"cp", "-a", "--reflink=auto", "-T", "--", from.string(), to.string()});
-  // Hours, not seconds: a large tree on a slow disk is not a hang, and a cancelled call has no
-  // better moment to stop it.
+// A copy of the tree `from` at `to` (which must not exist), exact (base/copy_tree.hpp): owners,
+// modes, times, extended attributes (the overlay's trusted.overlay.* as root), whiteouts, links as
+// links, hard links as hard links, blocks shared where the filesystem can. Made through
+// descriptors that never follow a link, so that even a tree changed while it is read (nothing of
+// the instance runs meanwhile: Lifecycle::hold_still) can never bring a file from outside it into
+// the copy. `mapped`: the tree holds files of a normal user's subordinate ids (an image
+// instance's accounts), which only a user namespace mapping them can copy exactly: then
+// `ns-hpc __copy-tree` does it there (sandbox::as_mapped_root).
+void copy_tree(const stdfs::path& from, const stdfs::path& to, bool mapped) {
+  if (!mapped) {
+    try {
+      fs::copy_tree_exact(from, to);
+    } catch (const SysError& e) {
+      throw e.wrapped(fmt::format("copying {} to {}", from.string(), to.string()));
+    }
+    return;
+  }
+  const std::vector<std::string> argv = sandbox::as_mapped_root(
+      {fs::self_program("the copy of an instance's files"), std::string(fs::kCopyTreeCommand), from.string(), to.string()});
+  // Hours, not seconds: a large tree on a slow disk is not a hang.
   const CommandResult r = run_command(argv, {}, std::chrono::hours(12), 64 * 1024);
   if (r.exit_code != 0 || r.timed_out)
     throw Error(fmt::format("copying {} to {} failed: {}", from.string(), to.string(), describe_failure(argv, r)));
 }
+
+// Whether the trees of `inst` need a mapped copy (copy_tree).
+bool needs_mapping(const store::Instance& inst) { return inst.image && ::geteuid() != 0; }
 
 // Puts the tree `staged` in place of `target`; returns where the old tree went (inside
 // `staged`'s folder, so it is thrown away with it), or nullopt when there was none. One
@@ -164,20 +175,7 @@ std::chrono::microseconds since(Steady::time_point start) {
 
 double ms(std::chrono::microseconds us) { return static_cast<double>(us.count()) / 1000.0; }
 
-// A stop's second round (the sandbox started again meanwhile): its jobs and whether it ran join
-// the first round's.
-void merge(Ended& first, Ended again) {
-  first.was_running = first.was_running || again.was_running;
-  for (auto& r : again.jobs) first.jobs.push_back(std::move(r));
-  for (auto& p : again.problems) first.problems.push_back(std::move(p));
-  first.status = std::move(again.status);
-}
-
 }  // namespace
-
-void Snapshots::stop_again(const store::Instance& inst, std::string_view actor, Ended& ended) {
-  if (lifecycle_.running(inst)) merge(ended, lifecycle_.stop(inst, actor));
-}
 
 // ---- Snapshots ------------------------------------------------------------------------------
 
@@ -196,14 +194,13 @@ LayerChange Snapshots::reset(const store::Instance& inst, bool include_workspace
   const auto start = Steady::now();
   fs::FileLock lock(lock_file(inst));
   LayerChange change;
-  change.ended = lifecycle_.stop(inst, actor);
+  Lifecycle::Still still = lifecycle_.hold_still(inst, "stopped for a factory reset", actor);
   const stdfs::path stage = staging(inst, "reset");
   const std::optional<users::Identity> owner = store_.owner_of(inst);
   std::chrono::steady_clock::time_point swap_start;
   try {
     if (inst.image) make_layer(stage / "layer", owner);
     if (include_workspace) make_dir(stage / "workspace", 0700, owner);
-    stop_again(inst, actor, change.ended);  // started since by a command: it would keep the old layer
     swap_start = Steady::now();
     if (inst.image) {
       swap_in(stage / "layer", inst.layer_dir());
@@ -215,17 +212,21 @@ LayerChange Snapshots::reset(const store::Instance& inst, bool include_workspace
     }
   } catch (...) {
     trash_.add(stage);  // what was swapped stays swapped: each swap is whole
+    lifecycle_.resume(inst, still, actor);
     throw;
   }
   change.swap = since(swap_start);
   trash_.add(stage);
+  change.restarted = lifecycle_.resume(inst, still, actor);
+  change.ended = std::move(still.ended);
   change.took = since(start);
   store_.audit(inst, "instance.reset", actor,
                {{"instance_id", inst.id},
                 {"layer", change.layer},
                 {"workspace", change.workspace},
                 {"swap_ms", ms(change.swap)},
-                {"was_running", change.ended.was_running}});
+                {"was_running", change.ended.was_running},
+                {"restarted", change.restarted}});
   return change;
 }
 
@@ -243,17 +244,17 @@ LayerChange Snapshots::take(const store::Instance& inst, const std::string& name
                                  inst.id, name, taken && !taken->created_at.empty() ? taken->created_at : "at an unknown time"));
   }
   LayerChange change;
-  change.ended = lifecycle_.stop(inst, actor);
+  Lifecycle::Still still = lifecycle_.hold_still(inst, "stopped for a snapshot", actor);
   const stdfs::path stage = staging(inst, "snapshot");
   const std::string what = fmt::format("snapshot '{}' of instance '{}' not taken", name, inst.id);
   SnapshotInfo info;
   try {
     try {
       if (inst.image) {
-        copy_tree(inst.layer_dir(), stage / "layer");
+        copy_tree(inst.layer_dir(), stage / "layer", needs_mapping(inst));
         change.layer = info.has_layer = true;
       }
-      copy_tree(inst.workspace, stage / "workspace");
+      copy_tree(inst.workspace, stage / "workspace", needs_mapping(inst));
       change.workspace = true;
     } catch (const SysError&) {
       throw;
@@ -261,13 +262,6 @@ LayerChange Snapshots::take(const store::Instance& inst, const std::string& name
       throw Error(fmt::format("{}: {}; the instance is as it was (free disk space, or delete snapshots, and try again)",
                               what, e.what()));
     }
-    // Nothing stops a command or job from starting the sandbox again while the copy runs (the
-    // backend's start does not wait for this): then the copy may not agree with itself.
-    if (lifecycle_.running(inst))
-      throw Error(fmt::format("{}: a command or job started the instance again while it was being copied, so the "
-                              "copy may not agree with itself; the instance is as it was; try again when nothing "
-                              "uses it",
-                              what));
     info.name = name;
     info.created_at = timeutil::iso_utc();
     info.root = inst.meta.root();
@@ -280,15 +274,24 @@ LayerChange Snapshots::take(const store::Instance& inst, const std::string& name
     fs::sync_dir(inst.snapshots_dir());
   } catch (const SysError& e) {
     trash_.add(stage);
+    lifecycle_.resume(inst, still, actor);
     throw e.wrapped(what + " (the instance is as it was)");
   } catch (...) {
     trash_.add(stage);
+    lifecycle_.resume(inst, still, actor);
     throw;
   }
+  change.restarted = lifecycle_.resume(inst, still, actor);
+  change.ended = std::move(still.ended);
   change.snapshot = info;
   change.took = since(start);
   store_.audit(inst, "instance.snapshot_taken", actor,
-               {{"instance_id", inst.id}, {"snapshot", name}, {"bytes", info.bytes}, {"took_ms", ms(change.took)}});
+               {{"instance_id", inst.id},
+                {"snapshot", name},
+                {"bytes", info.bytes},
+                {"took_ms", ms(change.took)},
+                {"was_running", change.ended.was_running},
+                {"restarted", change.restarted}});
   return change;
 }
 
@@ -330,24 +333,23 @@ LayerChange Snapshots::restore(const store::Instance& inst, const std::string& n
                                  name, info.root, inst.id, inst.meta.root()));
   const stdfs::path from = inst.snapshots_dir() / name;
   LayerChange change;
-  change.ended = lifecycle_.stop(inst, actor);
+  Lifecycle::Still still = lifecycle_.hold_still(inst, "stopped for a snapshot's restore", actor);
   const stdfs::path stage = staging(inst, "restore");
   // The copies first, beside the instance: a copy that fails (a full disk) changes nothing.
   try {
-    if (info.has_layer) copy_tree(from / "layer", stage / "layer");
-    copy_tree(from / "workspace", stage / "workspace");
+    if (info.has_layer) copy_tree(from / "layer", stage / "layer", needs_mapping(inst));
+    copy_tree(from / "workspace", stage / "workspace", needs_mapping(inst));
   } catch (const SysError& e) {
     trash_.add(stage);
+    lifecycle_.resume(inst, still, actor);
     throw e.wrapped(fmt::format("snapshot '{}' of instance '{}' not restored (the instance is as it was)", name, inst.id));
   } catch (const Error& e) {
     trash_.add(stage);
+    lifecycle_.resume(inst, still, actor);
     throw Error(fmt::format("snapshot '{}' of instance '{}' not restored: {}; the instance is as it was (free disk "
                             "space and try again)",
                             name, inst.id, e.what()));
   }
-  // A command or job that started the sandbox again during the copy would keep the old layer
-  // mounted: it ends before the swap.
-  stop_again(inst, actor, change.ended);
   const auto swap_start = Steady::now();
   try {
     std::optional<stdfs::path> old_layer;
@@ -365,14 +367,21 @@ LayerChange Snapshots::restore(const store::Instance& inst, const std::string& n
     }
   } catch (...) {
     trash_.add(stage);
+    lifecycle_.resume(inst, still, actor);
     throw;
   }
   change.swap = since(swap_start);
   trash_.add(stage);
+  change.restarted = lifecycle_.resume(inst, still, actor);
+  change.ended = std::move(still.ended);
   change.snapshot = info;
   change.took = since(start);
   store_.audit(inst, "instance.snapshot_restored", actor,
-               {{"instance_id", inst.id}, {"snapshot", name}, {"took_ms", ms(change.took)}});
+               {{"instance_id", inst.id},
+                {"snapshot", name},
+                {"took_ms", ms(change.took)},
+                {"was_running", change.ended.was_running},
+                {"restarted", change.restarted}});
   return change;
 }
 

@@ -75,7 +75,8 @@ std::optional<SnapshotInfo> parse_snapshot(const std::string& name, const std::s
 
 // What a reset, a snapshot or a restore did.
 struct LayerChange {
-  Ended ended;                        // the sandbox stopped first (its jobs, its processes)
+  Ended ended;                        // the living sandbox stopped for the change (its processes)
+  bool restarted = false;             // ...and started again after it
   std::optional<SnapshotInfo> snapshot;
   bool layer = false;                 // the root layer changed (or was copied)
   bool workspace = false;             // the workspace changed (or was copied)
@@ -88,17 +89,20 @@ class Snapshots {
   Snapshots(Lifecycle& lifecycle, store::Store& store, Trash& trash)
       : lifecycle_(lifecycle), store_(store), trash_(trash) {}
 
+  // reset, take and restore hold the instance still while they change or copy its trees
+  // (Lifecycle::hold_still): refused while a job of it has not ended or a command runs in it
+  // (nothing is killed for them); a running living sandbox is stopped for the change and started
+  // again after it (LayerChange::restarted).
+  //
   // The root layer back to its image (an empty layer), and with `include_workspace` an empty
-  // workspace too; the instance's sandbox is stopped first. Refused for an instance on the host's
-  // root without include_workspace (it has no layer). Audited as instance.reset.
+  // workspace too. Refused for an instance on the host's root without include_workspace (it has
+  // no layer). Audited as instance.reset.
   LayerChange reset(const store::Instance& inst, bool include_workspace, std::string_view actor);
-  // A copy of the root layer and the workspace as they are with the sandbox stopped. Refused when
-  // the name is taken. Audited as instance.snapshot_taken.
+  // A copy of the root layer and the workspace, taken together. Refused when the name is taken. Audited as instance.snapshot_taken.
   LayerChange take(const store::Instance& inst, const std::string& name, std::string_view actor);
   // Newest first.
   std::vector<SnapshotInfo> list(const store::Instance& inst) const;
-  // The layer and workspace replaced by copies of the snapshot (which stays); the sandbox is
-  // stopped first. Audited as instance.snapshot_restored.
+  // The layer and workspace replaced by copies of the snapshot (which stays). Audited as instance.snapshot_restored.
   LayerChange restore(const store::Instance& inst, const std::string& name, std::string_view actor);
   // Audited as instance.snapshot_deleted.
   SnapshotInfo remove(const store::Instance& inst, const std::string& name, std::string_view actor);
@@ -106,8 +110,6 @@ class Snapshots {
  private:
   SnapshotInfo find(const store::Instance& inst, const std::string& name) const;
   std::filesystem::path staging(const store::Instance& inst, std::string_view what) const;
-  // Stops the sandbox again when something started it since `ended` (it would hold the old layer).
-  void stop_again(const store::Instance& inst, std::string_view actor, Ended& ended);
 
   Lifecycle& lifecycle_;
   store::Store& store_;

@@ -30,6 +30,7 @@
 #include "network/netns.hpp"
 #include "sandbox/bwrap_argv.hpp"
 #include "sandbox/cgroups.hpp"
+#include "sandbox/gate.hpp"
 #include "sandbox/join.hpp"
 #include "sandbox/keeper.hpp"
 #include "sandbox/layers.hpp"
@@ -57,6 +58,10 @@ constexpr int kImageUsernsFd = 11;
 // when the server is not root: joined by the child and closed before anything is executed.
 constexpr int kHeldNetFd = 12;
 constexpr int kHeldUsernsFd = 13;
+
+// How long a launch waits while the instance's trees are copied (sandbox/gate.hpp) before it is
+// refused: a snapshot of a small workspace takes well under this.
+constexpr std::chrono::seconds kGatePatience{30};
 
 // In the child, async-signal-safe: joins the held network namespace.
 int join_held_network(int userns_fd, const char** step) {
@@ -469,14 +474,16 @@ class BwrapBackend final : public Backend {
   }
 
   std::unique_ptr<Process> start(const RunSpec& spec) override {
+    // Held until the execution ends: no copy of the instance's trees begins meanwhile.
+    UniqueFd gate = enter_gate(spec.target, kGatePatience);
     limit_instance(spec.target.cgroup_folder);  // before the execution's group gets a process
-    if (spec.target.persistent) return join_living(spec);
+    if (spec.target.persistent) return holding_gate(join_living(spec), std::move(gate));
     if (std::optional<HeldNetwork> held = held_network_for(spec.target)) {
       RunSpec joined = spec;
       joined.network_joined = true;
-      return start_fresh(joined, &*held);
+      return holding_gate(start_fresh(joined, &*held), std::move(gate));
     }
-    return start_fresh(spec, nullptr);
+    return holding_gate(start_fresh(spec, nullptr), std::move(gate));
   }
 
   LivingStatus living_status(const Target& target) override {
@@ -559,6 +566,7 @@ class BwrapBackend final : public Backend {
   }
 
   LivingStatus start_living(const Target& target) override {
+    UniqueFd gate = enter_gate(target, kGatePatience);
     ensure_living(target);
     return living_status(target);
   }
@@ -645,7 +653,10 @@ class BwrapBackend final : public Backend {
       const HeldNetwork held = hold_network(plan, held_idle(), leftovers_);
       return sandbox::expose_port(plan, held.pid, port, host_port, leftovers_);
     }
-    ensure_living(target);
+    {
+      UniqueFd gate = enter_gate(target, kGatePatience);
+      ensure_living(target);
+    }
     fs::FileLock lock(target.state_dir / kLivingLock);
     Living found = find_living(target);
     if (!found.running)

@@ -744,11 +744,20 @@ Store::Registration::~Registration() {
   store_->executions_.erase(key_);
 }
 
-Store::Registration Store::register_execution(std::string_view id, std::function<void()> stop) const {
+Store::Registration Store::register_execution(std::string_view id, std::function<void()> stop,
+                                              std::string what) const {
   std::lock_guard lock(executions_mutex_);
   const std::uint64_t key = next_execution_++;
-  executions_[key] = Execution{std::string(id), std::move(stop)};
+  executions_[key] = Execution{std::string(id), std::move(stop), what.empty() ? "a command" : std::move(what)};
   return Registration(*this, key);
+}
+
+std::vector<std::string> Store::executions_of(std::string_view id) const {
+  std::vector<std::string> out;
+  std::lock_guard lock(executions_mutex_);
+  for (const auto& [key, execution] : executions_)
+    if (execution.instance_id == id) out.push_back(execution.what);
+  return out;
 }
 
 void Store::stop_living(std::string_view id, const stdfs::path& base, std::string_view why) const {

@@ -241,9 +241,12 @@ class Store {
     const Store* store_;
     std::uint64_t key_;
   };
-  Registration register_execution(std::string_view id, std::function<void()> stop) const;
+  // `what`: the execution in a few words for people ("`make test`"); empty: "a command".
+  Registration register_execution(std::string_view id, std::function<void()> stop, std::string what = {}) const;
   // Stops (kills the trees of) the executions of instance `id` that this process registered.
   void stop_executions(std::string_view id) const;
+  // What this process runs in instance `id` now, as registered.
+  std::vector<std::string> executions_of(std::string_view id) const;
 
   // Disk use of an instance's workspace, output folder, root layer (an image instance) and
   // snapshots (walked without following links; a large tree takes a while, so only describe and
@@ -306,6 +309,7 @@ class Store {
   struct Execution {
     std::string instance_id;
     std::function<void()> stop;
+    std::string what;
   };
   mutable std::mutex executions_mutex_;
   mutable std::map<std::uint64_t, Execution> executions_;

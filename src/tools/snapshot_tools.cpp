@@ -25,18 +25,14 @@ const json kSnapshotSchema = output_object({{"name", of_type("string")},
                                             {"has_layer", of_type("boolean")}},
                                            {"name", "created_at", "bytes"});
 
-const json kEndedJobsSchema = {
-    {"type", "array"},
-    {"items", output_object({{"job_id", of_type("string")}, {"command", of_type("string")}, {"status", of_type("string")}},
-                            {"job_id", "status"})}};
-
-// What snapshot_instance and restore_snapshot answer: the snapshot, and what was stopped first.
+// What snapshot_instance and restore_snapshot answer: the snapshot, and whether the living
+// sandbox was stopped for the copy and started again.
 const json kSnapshotChangeSchema = output_object({{"instance_id", of_type("string")},
                                                  {"snapshot", kSnapshotSchema},
                                                  {"was_running", of_type("boolean")},
-                                                 {"jobs_ended", kEndedJobsSchema},
+                                                 {"restarted", of_type("boolean")},
                                                  {"took_ms", of_type("number")}},
-                                                {"instance_id", "snapshot", "was_running"});
+                                                {"instance_id", "snapshot", "was_running", "restarted"});
 
 // The tools share one Trash (lifecycle/snapshots.hpp): old trees go in the background, and what is
 // left when the server stops is finished at its next start.
@@ -53,20 +49,16 @@ struct SnapshotContext {
   }
 };
 
-// " Its sandbox was stopped first (every process ended; 1 job cancelled: 1a2b3c)." and the data.
-std::string stopped_text(const lifecycle::Ended& ended, json& out) {
-  json items = json::array();
-  std::string ids;
-  for (const auto& r : ended.jobs) {
-    items.push_back({{"job_id", r.id}, {"command", r.command}, {"status", jobs::to_string(r.state)}});
-    ids += (ids.empty() ? "" : ", ") + r.id;
-  }
-  out["was_running"] = ended.was_running;
-  out["jobs_ended"] = std::move(items);
+// " Its processes were ended for it; its sandbox runs again (fresh)." and the data.
+std::string stopped_text(const lifecycle::LayerChange& change, json& out) {
+  out["was_running"] = change.ended.was_running;
+  out["restarted"] = change.restarted;
   std::string text;
-  if (ended.was_running) text = " Its sandbox was stopped first: every process ended.";
-  if (!ended.jobs.empty()) text += fmt::format(" Jobs ended: {}.", ids);
-  for (const auto& problem : ended.problems) text += " Warning: job " + problem + ".";
+  if (change.restarted)
+    text = " Its sandbox was stopped for this (every process ended) and runs again.";
+  else if (change.ended.was_running)
+    text = " Its sandbox was stopped for this (every process ended); it starts again with the next command.";
+  for (const auto& problem : change.ended.problems) text += " Warning: " + problem + ".";
   return text;
 }
 
@@ -77,8 +69,8 @@ void add_reset(mcp::Server& server, const SnapshotContext& sc) {
       .name = "factory_reset_instance",
       .title = "Factory reset an instance",
       .description =
-          "Return an image instance's root to its image (what was installed goes) in milliseconds; its processes "
-          "and jobs end first. The workspace stays unless include_workspace.",
+          "Return an image instance's root to its image (what was installed goes) in milliseconds. Refused while "
+          "a job or command runs in it; its background processes end. The workspace stays unless include_workspace.",
       .input = input_object({{"instance_id", kInstanceIdArg},
                              {"include_workspace",
                               {{"type", "boolean"}, {"description", "Empty the workspace too (default false)."}}}},
@@ -87,9 +79,9 @@ void add_reset(mcp::Server& server, const SnapshotContext& sc) {
                                {"layer_reset", of_type("boolean")},
                                {"workspace_emptied", of_type("boolean")},
                                {"was_running", of_type("boolean")},
-                               {"jobs_ended", kEndedJobsSchema},
+                               {"restarted", of_type("boolean")},
                                {"took_ms", of_type("number")}},
-                              {"instance_id", "layer_reset", "workspace_emptied", "was_running"}),
+                              {"instance_id", "layer_reset", "workspace_emptied", "was_running", "restarted"}),
       .hints = {.destructive = true, .idempotent = true},
       .handler =
           [sc, &server](const json& args, mcp::RequestContext& rc) {
@@ -106,7 +98,7 @@ void add_reset(mcp::Server& server, const SnapshotContext& sc) {
                         {"layer_reset", change.layer},
                         {"workspace_emptied", change.workspace},
                         {"took_ms", ms(change.took)}};
-            const std::string stopped = stopped_text(change.ended, out);
+            const std::string stopped = stopped_text(change, out);
             std::string what = change.layer ? "its root is back to its image" : "";
             if (change.workspace) what += what.empty() ? "its workspace is empty" : " and its workspace is empty";
             return mcp::ToolResult::text(
@@ -122,8 +114,8 @@ void add_snapshot(mcp::Server& server, const SnapshotContext& sc) {
       .name = "snapshot_instance",
       .title = "Snapshot an instance",
       .description =
-          "Save an instance's root (image instances) and workspace together under a name; its processes and jobs "
-          "end first. restore_snapshot brings them back.",
+          "Save an instance's root (image instances) and workspace together under a name. Refused while a job or "
+          "command runs in it; its background processes end. restore_snapshot brings them back.",
       .input = input_object({{"instance_id", kInstanceIdArg}, {"name", kNameArg}}, {"instance_id", "name"}),
       .output = kSnapshotChangeSchema,
       .hints = {.destructive = false, .idempotent = false},
@@ -135,7 +127,7 @@ void add_snapshot(mcp::Server& server, const SnapshotContext& sc) {
                 sc.with_snapshots([&](lifecycle::Snapshots& s) { return s.take(inst, name, actor(rc)); });
             server.notify_resource_updated(instance_uri(inst.id));
             json out = {{"instance_id", inst.id}, {"snapshot", to_json(*change.snapshot)}, {"took_ms", ms(change.took)}};
-            const std::string stopped = stopped_text(change.ended, out);
+            const std::string stopped = stopped_text(change, out);
             return mcp::ToolResult::text(
                 fmt::format("Took snapshot '{}' of instance '{}' ({}workspace, {:.1f} MiB, {:.0f} ms).{}", name,
                             inst.id, change.layer ? "root and " : "", change.snapshot->bytes / 1048576.0,
@@ -180,8 +172,8 @@ void add_restore(mcp::Server& server, const SnapshotContext& sc) {
       .name = "restore_snapshot",
       .title = "Restore a snapshot",
       .description =
-          "Put an instance's root and workspace back as a snapshot saved them; its processes and jobs end first. "
-          "The snapshot stays.",
+          "Put an instance's root and workspace back as a snapshot saved them. Refused while a job or command runs "
+          "in it; its background processes end. The snapshot stays.",
       .input = input_object({{"instance_id", kInstanceIdArg}, {"name", kNameArg}}, {"instance_id", "name"}),
       .output = kSnapshotChangeSchema,
       .hints = {.destructive = true, .idempotent = true},
@@ -193,7 +185,7 @@ void add_restore(mcp::Server& server, const SnapshotContext& sc) {
                 sc.with_snapshots([&](lifecycle::Snapshots& s) { return s.restore(inst, name, actor(rc)); });
             server.notify_resource_updated(instance_uri(inst.id));
             json out = {{"instance_id", inst.id}, {"snapshot", to_json(*change.snapshot)}, {"took_ms", ms(change.took)}};
-            const std::string stopped = stopped_text(change.ended, out);
+            const std::string stopped = stopped_text(change, out);
             return mcp::ToolResult::text(
                 fmt::format("Restored snapshot '{}' of instance '{}': its {}workspace are as they were at {} ({:.0f} "
                             "ms).{}",

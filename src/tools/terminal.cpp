@@ -206,9 +206,13 @@ sandbox::CaptureResult run_terminal_request(const ToolContext& ctx, const store:
   options.progress_interval = kProgressInterval;
   options.slice = kPollSlice;
   // A delete or archive of the instance stops this command first.
-  options.started = [&ctx, &inst](sandbox::Execution& execution) {
-    return std::make_shared<store::Store::Registration>(
-        ctx.services.store.register_execution(inst.id, [&execution] { execution.kill_tree(); }));
+  options.started = [&ctx, &inst, &req](sandbox::Execution& execution) {
+    return std::make_shared<store::Store::Registration>(ctx.services.store.register_execution(
+        inst.id, [&execution] { execution.kill_tree(); },
+        fmt::format("a command (`{}`)",
+                    text::truncate_utf8(req.argv.size() == 3 && req.argv[1] == "-c" ? req.argv[2]
+                                                                                     : text::shell_join(req.argv),
+                                        60))));
   };
   return sandbox::capture(ctx.services.backend, std::move(spec), options);
 }

@@ -3,6 +3,8 @@
 // instance through archive and restore. The packages come from the local repository that
 // scripts/test-image.sh (make test's set-up) made, served here on 127.0.0.1: no sandbox talks to
 // anything but this test.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -272,17 +275,157 @@ TEST(Snapshots, AHostRootInstanceResetsOnlyItsWorkspaceAndSnapshotsIt) {
   EXPECT_NE(result_text(agent).find("include_workspace: true empties its workspace"), std::string::npos)
       << agent.dump();
 
-  // A command still running in it (this instance has a sandbox per command) ends before the
-  // snapshot is taken, as its jobs would: the snapshot and the workspace agree.
-  const int running = server.call("terminal_execute", {{"instance_id", "snap-host"},
-                                                       {"command", "echo started > /workspace/mark; sleep 60"}});
+}
+
+// Nothing of an instance runs while its trees are copied, and nothing is killed for a copy: a
+// snapshot, restore or reset is refused while a command or a job runs in it, naming them, and
+// they run on. Then it goes through.
+TEST(Snapshots, RefusedWhileACommandOrJobRunsWhichRunOn) {
+  Env env;
+  env.create("snap-busy");
+  const fs::path ws = env.instances() / "snap-busy" / "workspace";
+  McpSession server(env);
+  const int running = server.call("terminal_execute", {{"instance_id", "snap-busy"},
+                                                       {"command", "echo started > /workspace/mark; sleep 4; echo done"}});
   ASSERT_TRUE(eventually([&] { return fs::exists(ws / "mark"); }, std::chrono::seconds(20)));
-  const auto asked = std::chrono::steady_clock::now();
-  const json taken_now = server.call_and_wait("snapshot_instance", {{"instance_id", "snap-host"}, {"name", "during"}});
-  EXPECT_FALSE(taken_now["result"].value("isError", false)) << taken_now.dump();
-  const json ended = server.wait_for(running, std::chrono::seconds(20));
-  ASSERT_FALSE(ended.is_null()) << "the command was still running after the snapshot";
-  EXPECT_LT(std::chrono::steady_clock::now() - asked, std::chrono::seconds(30));
+  const json refused = server.call_and_wait("snapshot_instance", {{"instance_id", "snap-busy"}, {"name", "during"}});
+  EXPECT_TRUE(refused["result"].value("isError", false)) << refused.dump();
+  EXPECT_NE(result_text(refused).find("is running a command (`echo started > /workspace/mark; sleep 4; echo done`)"),
+            std::string::npos)
+      << refused.dump();
+  const json reset = server.call_and_wait("factory_reset_instance", {{"instance_id", "snap-busy"}, {"include_workspace", true}});
+  EXPECT_TRUE(reset["result"].value("isError", false)) << reset.dump();
+  EXPECT_TRUE(fs::exists(ws / "mark")) << "a refused reset emptied nothing";
+  // From another process (the CLI) too.
+  Result cli = env.run({"instance", "snapshot", "snap-busy", "during"});
+  EXPECT_EQ(cli.exit_code, 1);
+  EXPECT_NE(cli.err.find("a command of another ns-hpc process (pid "), std::string::npos) << cli.err;
+  const json ended = server.wait_for(running, std::chrono::seconds(30));
+  ASSERT_FALSE(ended.is_null());
+  EXPECT_EQ(ended["result"]["structuredContent"]["exit_code"], 0) << "the command was not killed: " << ended.dump();
+  EXPECT_EQ(ended["result"]["structuredContent"]["stdout"], "done\n");
+
+  // A job: refused naming it, and it is still running afterwards.
+  const json job = server.tool("submit_job", {{"instance_id", "snap-busy"}, {"command", "sleep 30"}, {"timeout", 0}});
+  const std::string job_id = job["job_id"];
+  const json refused_job = server.call_and_wait("snapshot_instance", {{"instance_id", "snap-busy"}, {"name", "job"}});
+  EXPECT_TRUE(refused_job["result"].value("isError", false)) << refused_job.dump();
+  EXPECT_NE(result_text(refused_job).find("has 1 job(s) that have not ended: " + job_id + " (running: `sleep 30`)"),
+            std::string::npos)
+      << refused_job.dump();
+  EXPECT_EQ(server.tool("poll_job", {{"instance_id", "snap-busy"}, {"job_id", job_id}})["status"], "running");
+  server.tool("cancel_job", {{"instance_id", "snap-busy"}, {"job_id", job_id}});
+
+  // Nothing runs now: it goes through.
+  const json taken = server.tool("snapshot_instance", {{"instance_id", "snap-busy"}, {"name", "after"}});
+  EXPECT_EQ(taken["snapshot"]["name"], "after") << taken.dump();
+  EXPECT_EQ(taken["restarted"], false);
+}
+
+// While a copy holds the instance still, no execution of it starts: one that is asked for waits
+// until the copy is done. (The test holds the gate itself, as a copy would.)
+TEST(Snapshots, NothingOfTheInstanceStartsWhileItIsHeldStill) {
+  Env env;
+  env.create("snap-gate");
+  const fs::path ws = env.instances() / "snap-gate" / "workspace";
+  ASSERT_EQ(env.run({"bwrap", "snap-gate", "--", "true"}).exit_code, 0);  // its status folder exists
+  const fs::path gate = env.instances() / "snap-gate" / "status" / "exec.lock";
+  int fd = ::open(gate.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << gate << ": " << std::strerror(errno);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  const pid_t waiting = env.start({"bwrap", "snap-gate", "--", "/bin/sh", "-c", "echo ran > /workspace/ran"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_FALSE(fs::exists(ws / "ran")) << "a command ran while the instance was held still";
+  ::close(fd);  // the copy is done
+  EXPECT_EQ(wait_child(waiting, std::chrono::seconds(30)), 0);
+  EXPECT_EQ(read_text(ws / "ran"), "ran\n");
+}
+
+// A living instance's own processes are ended for the copy, and its sandbox runs again after it;
+// the result says so.
+TEST(Snapshots, ALivingInstanceIsStoppedForTheCopyAndStartedAgain) {
+  Env env;
+  env.create("snap-live", {"--persistent"});
+  ASSERT_EQ(env.run({"bwrap", "snap-live", "--", "/bin/sh", "-c", "echo kept > /workspace/k; sleep 1000 >/dev/null 2>&1 &"})
+                .exit_code,
+            0);
+  Result taken = env.run({"instance", "snapshot", "snap-live", "s1", "--json"});
+  ASSERT_EQ(taken.exit_code, 0) << taken.err;
+  const json change = json::parse(taken.out);
+  EXPECT_EQ(change["was_running"], true) << change.dump();
+  EXPECT_EQ(change["restarted"], true) << change.dump();
+  Result text = env.run({"instance", "snapshot", "snap-live", "s2"});
+  EXPECT_NE(text.out.find("Stopped its sandbox for this (every process ended) and started it again."), std::string::npos)
+      << text.out;
+  Result status = env.run({"instance", "describe", "snap-live", "--json"});
+  EXPECT_EQ(json::parse(status.out, nullptr, false)["state"], "running") << status.out << status.err;
+  Result ps = env.run({"instance", "ps", "snap-live"});
+  EXPECT_EQ(ps.out.find("sleep 1000"), std::string::npos) << "the background process ended: " << ps.out;
+  EXPECT_EQ(env.run({"instance", "stop", "snap-live"}).exit_code, 0);
+}
+
+// The attack of the security review: a sandbox swaps a folder of its workspace for a link to a
+// host folder, over and over, while snapshots are taken and restored. Whatever it does, no host
+// file reaches the sandbox through a snapshot: a root-only file as root, the user's own 0600 file
+// in a 0700 folder as a normal user.
+TEST(Snapshots, ASandboxSwappingAFolderForALinkNeverGetsAHostFileThroughASnapshot) {
+  Env env;
+  const fs::path secret = env.root() / "secret";
+  fs::create_directories(secret);
+  fs::permissions(secret, fs::perms::owner_all, fs::perm_options::replace);
+  { std::ofstream(secret / "key") << "the host's secret\n"; }
+  fs::permissions(secret / "key", fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace);
+  env.create("snap-attack", {"--persistent"});
+  const std::string swapper =
+      "mkdir -p /workspace/d && for i in $(seq 100); do echo ordinary > /workspace/d/f$i; done; "
+      "(while :; do mv /workspace/d /workspace/d.x && ln -s " + secret.string() +
+      " /workspace/d && rm /workspace/d && mv /workspace/d.x /workspace/d; done) >/dev/null 2>&1 &";
+  for (int round = 0; round < 5; ++round) {
+    ASSERT_EQ(env.run({"bwrap", "snap-attack", "--", "/bin/sh", "-c", swapper}).exit_code, 0);
+    const std::string name = "s" + std::to_string(round);
+    Result taken = env.run({"instance", "snapshot", "snap-attack", name});
+    ASSERT_EQ(taken.exit_code, 0) << taken.err;
+    Result restored = env.run({"instance", "snapshot-restore", "snap-attack", name, "-f"});
+    ASSERT_EQ(restored.exit_code, 0) << restored.err;
+    Result looked = env.run({"bwrap", "snap-attack", "--", "/bin/sh", "-c",
+                             "grep -rs secret /workspace; find /workspace -name key; cat /workspace/d*/key 2>/dev/null; "
+                             "echo checked"});
+    EXPECT_EQ(looked.out, "checked\n") << "round " << round << ": " << looked.out;
+  }
+  EXPECT_EQ(env.run({"instance", "stop", "snap-attack"}).exit_code, 0);
+
+  // The swapper in the foreground of a command of another process (an instance with a sandbox per
+  // command): every snapshot is refused while it runs, then one is taken once it has ended.
+  env.create("snap-attack2");
+  const pid_t attacker = env.start({"bwrap", "snap-attack2", "--", "/bin/sh", "-c",
+                                    "mkdir -p /workspace/d && echo ordinary > /workspace/d/f && end=$(($(date +%s)+4)); "
+                                    "while [ $(date +%s) -lt $end ]; do mv /workspace/d /workspace/d.x && ln -s " +
+                                        secret.string() +
+                                        " /workspace/d && rm /workspace/d && mv /workspace/d.x /workspace/d; done"});
+  ASSERT_TRUE(eventually([&] { return fs::exists(env.instances() / "snap-attack2" / "workspace" / "d.x") ||
+                                      fs::exists(env.instances() / "snap-attack2" / "workspace" / "d"); },
+                         std::chrono::seconds(20)));
+  int refused = 0;
+  for (int i = 0; i < 5; ++i) {
+    Result taken = env.run({"instance", "snapshot", "snap-attack2", "during" + std::to_string(i)});
+    if (taken.exit_code != 0 && taken.err.find("a command of another ns-hpc process (pid ") != std::string::npos)
+      ++refused;
+  }
+  EXPECT_EQ(refused, 5) << "every snapshot refused while the command runs";
+  EXPECT_EQ(wait_child(attacker, std::chrono::seconds(30)), 0);
+  ASSERT_EQ(env.run({"instance", "snapshot", "snap-attack2", "after"}).exit_code, 0);
+  ASSERT_EQ(env.run({"instance", "snapshot-restore", "snap-attack2", "after", "-f"}).exit_code, 0);
+  Result looked = env.run({"bwrap", "snap-attack2", "--", "/bin/sh", "-c",
+                           "grep -rs secret /workspace; find /workspace -name key; echo checked"});
+  EXPECT_EQ(looked.out, "checked\n") << looked.out;
+
+  // Nor in the snapshots themselves, looked at from the host.
+  for (const char* id : {"snap-attack", "snap-attack2"}) {
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(env.instances() / id / "snapshots", ec);
+         it != fs::recursive_directory_iterator(); it.increment(ec))
+      EXPECT_NE(it->path().filename(), "key") << it->path();
+  }
 }
 
 // A snapshot that does not fit on the disk says so and leaves the instance as it was, with no
@@ -303,7 +446,7 @@ TEST(Snapshots, AFullDiskLeavesTheInstanceAsItWas) {
             0);
   Result full = env.run({"instance", "snapshot", "snap-full", "s1"});
   EXPECT_EQ(full.exit_code, 1);
-  EXPECT_NE(full.err.find("snapshot 's1' of instance 'snap-full' not taken: copying"), std::string::npos) << full.err;
+  EXPECT_NE(full.err.find("snapshot 's1' of instance 'snap-full' not taken (the instance is as it was): copying"), std::string::npos) << full.err;
   EXPECT_NE(full.err.find("No space left on device"), std::string::npos) << full.err;
   EXPECT_NE(full.err.find("the instance is as it was"), std::string::npos) << full.err;
   EXPECT_EQ(fs::file_size(ws / "big"), 1300000u);

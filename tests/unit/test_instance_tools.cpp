@@ -31,7 +31,6 @@ class FakeBackend final : public sandbox::Backend {
   std::map<std::string, sandbox::LivingStatus> status;  // by instance id; absent: never ran
   std::vector<std::string> calls;                        // "status a", "stop a restarted 7000", ...
   bool status_fails = false;
-  bool comes_back = false;  // a stopped sandbox runs again at once (a command started it meanwhile)
 
   std::string_view name() const override { return "fake"; }
   std::unique_ptr<sandbox::Process> start(const sandbox::RunSpec&) override { throw nshpc::Error("fake: no runs"); }
@@ -57,8 +56,7 @@ class FakeBackend final : public sandbox::Backend {
     auto& s = status[t.instance_id];
     const bool was = s.running;
     s = {};
-    s.running = comes_back;
-    if (was && !comes_back) {
+    if (was) {
       s.last_end = std::string(why);
       s.ended_at = std::chrono::system_clock::now();
     }
@@ -302,8 +300,11 @@ TEST_F(InstanceToolsTest, SnapshotsOfAHostRootInstanceStopItFirstAndRestoreItsWo
   ASSERT_FALSE(taken.value("isError", false)) << taken;
   EXPECT_EQ(taken["structuredContent"]["was_running"], true);
   EXPECT_EQ(taken["structuredContent"]["snapshot"]["has_layer"], false);
-  EXPECT_NE(text(taken).find("Its sandbox was stopped first"), std::string::npos) << text(taken);
-  EXPECT_EQ(backend_.calls.front(), "stop liv stopped 7000");
+  EXPECT_EQ(taken["structuredContent"]["restarted"], true);
+  EXPECT_NE(text(taken).find("Its sandbox was stopped for this (every process ended) and runs again."),
+            std::string::npos)
+      << text(taken);
+  EXPECT_EQ(backend_.calls.front(), "stop liv stopped for a snapshot 7000");
 
   std::ofstream(ws / "a") << "two";
   std::ofstream(ws / "b") << "new";
@@ -346,22 +347,27 @@ TEST_F(InstanceToolsTest, SnapshotsOfAHostRootInstanceStopItFirstAndRestoreItsWo
     EXPECT_NE(std::find(events.begin(), events.end(), event), events.end()) << event;
 }
 
-// A sandbox that a command starts again while the copy runs: the snapshot is refused (it may not
-// agree with itself), a restore stops it again before the swap.
-TEST_F(InstanceToolsTest, ASandboxStartedDuringTheCopyFailsTheSnapshotAndIsStoppedBeforeARestore) {
+// A living sandbox is stopped for each copy or swap and started again after it, in that order;
+// one that was not running stays stopped.
+TEST_F(InstanceToolsTest, ALivingSandboxIsStoppedForTheCopyAndStartedAgainAfterIt) {
   create("liv", true);
   json first = call("snapshot_instance", {{"instance_id", "liv"}, {"name", "s1"}});
   ASSERT_FALSE(first.value("isError", false)) << first;
+  EXPECT_EQ(first["structuredContent"]["restarted"], false);
+  EXPECT_EQ(std::count(backend_.calls.begin(), backend_.calls.end(), "start liv"), 0);
+  EXPECT_FALSE(backend_.status["liv"].running);
   backend_.status["liv"].running = true;
-  backend_.comes_back = true;
-  json taken = call("snapshot_instance", {{"instance_id", "liv"}, {"name", "s2"}});
-  EXPECT_TRUE(taken.value("isError", false));
-  EXPECT_NE(text(taken).find("started the instance again while it was being copied"), std::string::npos) << text(taken);
-  EXPECT_EQ(call("list_snapshots", {{"instance_id", "liv"}})["structuredContent"]["count"], 1);
   backend_.calls.clear();
   json restored = call("restore_snapshot", {{"instance_id", "liv"}, {"name", "s1"}});
   ASSERT_FALSE(restored.value("isError", false)) << restored;
-  EXPECT_EQ(std::count(backend_.calls.begin(), backend_.calls.end(), "stop liv stopped 7000"), 2) << restored;
+  EXPECT_EQ(restored["structuredContent"]["was_running"], true);
+  EXPECT_EQ(restored["structuredContent"]["restarted"], true);
+  const auto stop = std::find(backend_.calls.begin(), backend_.calls.end(), "stop liv stopped for a snapshot's restore 7000");
+  const auto start = std::find(backend_.calls.begin(), backend_.calls.end(), "start liv");
+  ASSERT_NE(stop, backend_.calls.end());
+  ASSERT_NE(start, backend_.calls.end());
+  EXPECT_LT(stop, start) << "stopped for the copy, started after it";
+  EXPECT_TRUE(backend_.status["liv"].running);
 }
 
 // An ephemeral instance has no living sandbox to stop: nothing is asked of the backend.
