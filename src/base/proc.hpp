@@ -1,5 +1,5 @@
 // What /proc/<pid>/stat says about one process: the one reader of that line for new code (the
-// older readers in jobs/support.cpp, sandbox/members.cpp, sandbox/execution.cpp and
+// older readers in sandbox/members.cpp, sandbox/execution.cpp and
 // sandbox/join.cpp predate it).
 #pragma once
 

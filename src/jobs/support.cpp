@@ -12,6 +12,7 @@
 
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/proc.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
 
@@ -103,16 +104,8 @@ std::string tail_from(int fd, const TailOptions& opt) {
 
 // This process's start time (field 22 of /proc/<pid>/stat), to recognise it again; 0 if gone.
 std::uint64_t start_time_of(pid_t pid) {
-  auto line = fs::read_file(fmt::format("/proc/{}/stat", pid));
-  if (!line) return 0;
-  auto paren = line->rfind(')');
-  if (paren == std::string::npos) return 0;
-  std::istringstream rest(line->substr(paren + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && rest >> field; ++i) {
-    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
-  }
-  return 0;
+  const std::optional<proc::Stat> stat = proc::read_stat(pid);
+  return stat ? stat->start_time : 0;
 }
 
 std::string sandbox_path(const store::Instance& inst, const config::Config& cfg, const std::string& host) {
@@ -129,7 +122,10 @@ double seconds_between(const std::string& from, const std::string& to) {
 }
 
 bool submitter_alive(const Record& rec) {
-  return rec.owner_pid > 0 && rec.owner_start != 0 && start_time_of(rec.owner_pid) == rec.owner_start;
+  if (rec.owner_pid <= 0 || rec.owner_start == 0) return false;
+  const std::optional<proc::Stat> stat = proc::read_stat(rec.owner_pid);
+  // A zombie keeps its pid and start time until it is reaped, yet submits nothing any more.
+  return stat && stat->start_time == rec.owner_start && !stat->ended();
 }
 
 std::map<std::string, std::int64_t> resolve_limits(const LimitRequest& request, const LimitTable& limits) {

@@ -1,9 +1,15 @@
 // Job records on disk: what earlier releases wrote still loads, and saves back the same.
 #include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
 
 #include <nlohmann/json.hpp>
 
+#include "base/pidfd.hpp"
+#include "base/spawn.hpp"
 #include "jobs/jobs.hpp"
+#include "jobs/support.hpp"
 
 namespace {
 
@@ -203,3 +209,22 @@ TEST(JobRecord, StateAndModeNamesRoundTrip) {
 }
 
 }  // namespace
+
+// A pending job's submitter that crashed and was never reaped (a zombie keeps its pid and start
+// time) submits nothing any more: the job is not left pending for it.
+TEST(JobRecord, AZombieSubmitterIsNotAlive) {
+  nshpc::SpawnSpec spec;
+  spec.program = "sleep";
+  spec.argv = {"sleep", "1000"};
+  nshpc::SpawnedChild child = nshpc::spawn(spec);  // killed and reaped however the test ends
+  nshpc::jobs::Record rec;
+  rec.owner_pid = child.pid();
+  rec.owner_start = nshpc::jobs::start_time_of(child.pid());
+  ASSERT_NE(rec.owner_start, 0u);
+  EXPECT_TRUE(nshpc::jobs::submitter_alive(rec));
+  nshpc::signal_pidfd(child.pidfd(), SIGKILL);
+  ASSERT_TRUE(nshpc::wait_pidfd(child.pidfd(), std::chrono::seconds(30)));  // exited, not reaped
+  EXPECT_FALSE(nshpc::jobs::submitter_alive(rec)) << "a zombie submits nothing";
+  child.wait();
+  EXPECT_FALSE(nshpc::jobs::submitter_alive(rec));
+}
