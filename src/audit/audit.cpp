@@ -83,6 +83,17 @@ UniqueFd open_locked(const std::filesystem::path& path, int lock) {
   }
 }
 
+// One line in a single write(2).
+void write_line(int fd, const std::string& line, const std::filesystem::path& log_file) {
+  ssize_t n;
+  do {
+    n = ::write(fd, line.data(), line.size());
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) throw SysError(errno, "write audit log", log_file.string());
+  if (static_cast<size_t>(n) != line.size())
+    throw Error("short write to audit log " + log_file.string() + "; the disk may be full");
+}
+
 }  // namespace
 
 std::string format_line(std::string_view event, std::string_view actor, nlohmann::json fields) {
@@ -137,13 +148,21 @@ void append(const std::filesystem::path& log_file, std::string_view event, std::
     UniqueFd rotated = std::move(fd);  // held until the line is written: waiting writers then reopen
     fd = open_locked(log_file, LOCK_EX);
   }
-  ssize_t n;
-  do {
-    n = ::write(fd.get(), line.data(), line.size());
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) throw SysError(errno, "write audit log", log_file.string());
-  if (static_cast<size_t>(n) != line.size())
-    throw Error("short write to audit log " + log_file.string() + "; the disk may be full");
+  write_line(fd.get(), line, log_file);
+}
+
+void append_to(int log_fd, const std::filesystem::path& log_file, std::string_view event, std::string_view actor,
+               nlohmann::json fields) {
+  const std::string line = format_line(event, actor, std::move(fields));
+  while (::flock(log_fd, LOCK_EX) < 0)
+    if (errno != EINTR) throw SysError(errno, "lock audit log", log_file.string());
+  try {
+    write_line(log_fd, line, log_file);
+  } catch (...) {
+    ::flock(log_fd, LOCK_UN);
+    throw;
+  }
+  ::flock(log_fd, LOCK_UN);
 }
 
 std::string rotation_argument(const Rotation& rotation) {

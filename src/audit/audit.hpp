@@ -34,6 +34,14 @@ inline constexpr std::size_t kMaxLineBytes = 64 * 1024;
 void append(const std::filesystem::path& log_file, std::string_view event, std::string_view actor,
             nlohmann::json fields = nlohmann::json::object(), const Rotation& rotation = {});
 
+// Appends one event through `log_fd`: a descriptor of the log opened (O_WRONLY | O_APPEND) by a
+// helper that cannot open it by name any more, having given up its uid (a port forwarder). The
+// same line under the same lock as append(), but never rotated by it: once the log has been
+// rotated, the lines go to the rotated file the descriptor still names (<log>.1, ...).
+// `log_file` names it in messages. Throws SysError when the line cannot be written.
+void append_to(int log_fd, const std::filesystem::path& log_file, std::string_view event, std::string_view actor,
+               nlohmann::json fields = nlohmann::json::object());
+
 // Builds the line that append() writes (exposed for tests): at most kMaxLineBytes. A string
 // longer than 8 KiB, and a field whose JSON does not fit, is replaced by its beginning and a
 // marker "…[cut: N bytes, sha256 HEX]" (the hash of the whole value as JSON/text).
