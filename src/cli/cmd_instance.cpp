@@ -526,7 +526,8 @@ void add_expose(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
       "instance is deleted); without PORT, list the exposed ports");
   cmd->add_option("id", a->id, "Instance id")->required();
   cmd->add_option("port", a->port, "The port inside")->check(CLI::Range(1, 65535));
-  cmd->add_option("--host-port", a->host_port, "The port on the host's 127.0.0.1 (default: a free one)")
+  cmd->add_option("--host-port", a->host_port,
+                  "The port on the host's 127.0.0.1, within [network] expose_port_range (default: a free one of it)")
       ->check(CLI::Range(0, 65535));
   cmd->add_flag("--close", a->close, "End the forward of PORT");
   cmd->add_flag("--json", a->json, "Print the exposed ports as JSON");

@@ -225,10 +225,23 @@ struct HostCommand {
   double timeout = 0.0;
 };
 
-// [network]: what `filtered` instances may reach.
+// A range of TCP ports, both ends included; written "FIRST-LAST".
+struct PortRange {
+  std::uint16_t first = 0;
+  std::uint16_t last = 0;
+  bool contains(std::uint16_t port) const { return port >= first && port <= last; }
+  bool operator==(const PortRange&) const = default;
+};
+inline std::string to_string(const PortRange& range) {
+  return std::to_string(range.first) + "-" + std::to_string(range.last);
+}
+inline void to_json(nlohmann::json& out, const PortRange& range) { out = to_string(range); }
+
+// [network]: what `filtered` instances may reach, and the host ports exposed ones may take.
 struct NetworkPolicy {
   std::vector<std::string> allow;    // "name", "*.domain", "10.1.2.3", each optionally ":port"
   std::vector<std::string> resolve;  // "name=address": used instead of DNS for that name
+  PortRange expose_port_range;       // expose_port's host ports (never [server] port)
 };
 
 struct Config {

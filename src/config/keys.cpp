@@ -5,6 +5,7 @@
 #include "config/keys.hpp"
 
 #include <array>
+#include <charconv>
 #include <limits>
 
 namespace nshpc::config {
@@ -128,6 +129,33 @@ Type<std::int64_t> zero_or_local_limit(std::string_view name, std::int64_t max, 
               return std::nullopt;
             }
             return value;
+          }};
+}
+
+// "FIRST-LAST", unprivileged ports (a forwarder binds as an unprivileged user, so it could never
+// take a port below 1024 anyway).
+Type<PortRange> port_range() {
+  static constexpr std::string_view kExpected = "a port range \"FIRST-LAST\", 1024 <= FIRST <= LAST <= 65535";
+  const Type<std::string> base = text({kExpected});
+  return {base.expected, [base](const Field& field, LoadState& state) -> std::optional<PortRange> {
+            const auto value = base.read(field, state);
+            if (!value) return std::nullopt;
+            const auto port = [](std::string_view digits) -> std::optional<std::uint16_t> {
+              unsigned n = 0;
+              const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+              if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || n > 65535)
+                return std::nullopt;
+              return static_cast<std::uint16_t>(n);
+            };
+            const auto dash = value->find('-');
+            const std::string_view text(*value);
+            const auto first = dash == std::string::npos ? std::nullopt : port(text.substr(0, dash));
+            const auto last = dash == std::string::npos ? std::nullopt : port(text.substr(dash + 1));
+            if (!first || !last || *first < 1024 || *first > *last) {
+              state.error(field, fmt::format("{:?} is not {}", *value, kExpected));
+              return std::nullopt;
+            }
+            return PortRange{*first, *last};
           }};
 }
 
@@ -469,11 +497,18 @@ Keys<Config> make_config_keys() {
               .defaults_to = "[]",
               .help = "What instances in the `filtered` network mode may reach, through ns-hpc's proxy: "
                       "`\"pypi.org\"`, `\"*.debian.org\"` (subdomains), an address `\"10.1.2.3\"`, each optionally "
-                      "with `:port` (else ports 80 and 443). A name that resolves to a loopback, link-local, "
-                      "metadata or private address is refused unless that address is listed too."}),
+                      "with `:port` (else ports 80 and 443). A name that resolves to a link-local, metadata or "
+                      "private address is refused unless that address is listed too; one of the host's own "
+                      "(loopback, any address of its interfaces) unless it is listed here (an instance's "
+                      "`network_allow` never opens those)."}),
           value("resolve", &NetworkPolicy::resolve, network_entries(true), {
               .defaults_to = "[]",
               .help = "`\"name=address\"` pairs the proxy uses instead of DNS (pinning, tests)."}),
+          value("expose_port_range", &NetworkPolicy::expose_port_range, port_range(), {
+              .defaults_to = R"("40000-40999")",
+              .help = "The host ports `expose_port` may take on `127.0.0.1` (`host_port` 0: a free one in it; "
+                      "one outside it is refused), never `[server] port`. Keep it clear of the ports your own "
+                      "services use: a forwarded port belongs to the sandbox."}),
       }),
 
       table("dav", &Config::dav, {

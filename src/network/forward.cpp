@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <linux/nsfs.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -15,10 +16,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -107,11 +110,21 @@ void pump(int from, int to, Flow& flow, bool readable, bool writable, bool& brok
 struct Options {
   std::uint16_t port = 0;
   std::string audit_file, instance;
-  audit::Rotation audit_rotation;
   pid_t watch = 0;
+  std::optional<users::Identity> identity;  // --uid/--gid: become it once in the namespace
 };
 
+// A decimal id, 1..4294967294 (never root's 0).
+std::optional<std::uint32_t> parse_id(std::string_view text) {
+  std::uint32_t n = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || n == 0 || n == 4294967295u)
+    return std::nullopt;
+  return n;
+}
+
 bool parse(int argc, char** argv, Options& o) {
+  std::optional<std::uint32_t> uid, gid;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string_view flag = argv[i];
     const char* value = argv[i + 1];
@@ -121,10 +134,10 @@ bool parse(int argc, char** argv, Options& o) {
       o.port = static_cast<std::uint16_t>(p);
     } else if (flag == "--audit") {
       o.audit_file = value;
-    } else if (flag == "--audit-rotation") {
-      const auto parsed = audit::parse_rotation_argument(value);
-      if (!parsed) return false;
-      o.audit_rotation = *parsed;
+    } else if (flag == "--uid" || flag == "--gid") {
+      auto& id = flag == "--uid" ? uid : gid;
+      id = parse_id(value);
+      if (!id) return false;
     } else if (flag == "--instance") {
       o.instance = value;
     } else if (flag == "--watch-pid") {
@@ -133,6 +146,8 @@ bool parse(int argc, char** argv, Options& o) {
       return false;
     }
   }
+  if (uid.has_value() != gid.has_value()) return false;
+  if (uid) o.identity = users::Identity{*uid, *gid};
   struct stat st{};
   return o.port != 0 && !o.audit_file.empty() && o.watch > 1 && ::fstat(kListenFd, &st) == 0 && S_ISSOCK(st.st_mode) &&
          ::fstat(kNetFd, &st) == 0;
@@ -153,10 +168,18 @@ int forward_main(int argc, char** argv) {
   Options options;
   if (!parse(argc, argv, options)) {
     fmt::print(stderr,
-               "usage: ns-hpc {} --port P --audit FILE [--audit-rotation MAX_BYTES,KEEP] --instance ID --watch-pid PID, with a listening socket on fd 3 "
-               "and a network namespace on fd 4 (started by the ns-hpc server)\n",
+               "usage: ns-hpc {} --port P --audit FILE --instance ID --watch-pid PID [--uid U --gid G], with a "
+               "listening socket on fd 3 and a network namespace on fd 4 (started by the ns-hpc server)\n",
                kForwardCommand);
     return 2;
+  }
+  // The log is opened while this process may still open it by name.
+  const UniqueFd audit_log(
+      ::open(options.audit_file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!audit_log) {
+    fmt::print(stderr, "ns-hpc {}: open the audit log {}: {}\n", kForwardCommand, options.audit_file,
+               std::strerror(errno));
+    return 1;
   }
   // The namespaces first (descriptor 5, when given, is a user namespace: checked, not assumed).
   if (::ioctl(kUsernsFd, NS_GET_NSTYPE) == CLONE_NEWUSER) {
@@ -171,7 +194,15 @@ int forward_main(int argc, char** argv) {
     return 1;
   }
   ::close(kNetFd);
-  // What a sandbox sends passes through here: no capability from now on.
+  // What a sandbox sends passes through here: not root (with --uid), no capability from now on.
+  if (options.identity &&
+      (::setgroups(0, nullptr) != 0 || ::setresgid(options.identity->gid, options.identity->gid,
+                                                   options.identity->gid) != 0 ||
+       ::setresuid(options.identity->uid, options.identity->uid, options.identity->uid) != 0)) {
+    fmt::print(stderr, "ns-hpc {}: become uid {} gid {}: {}\n", kForwardCommand, options.identity->uid,
+               options.identity->gid, std::strerror(errno));
+    return 1;
+  }
   try {
     users::drop_capabilities();
   } catch (const std::exception& e) {
@@ -200,16 +231,15 @@ int forward_main(int argc, char** argv) {
       out += c.out.bytes;
     }
     try {
-      audit::append(options.audit_file, "network.port_traffic", "network",
-                    {{"instance_id", options.instance},
-                     {"port", options.port},
-                     {"host_port", host_port},
-                     {"connections", accepted},
-                     {"refused", refused},
-                     {"bytes_to_sandbox", in},
-                     {"bytes_from_sandbox", out},
-                     {"final", final}},
-                    options.audit_rotation);
+      audit::append_to(audit_log.get(), options.audit_file, "network.port_traffic", "network",
+                       {{"instance_id", options.instance},
+                        {"port", options.port},
+                        {"host_port", host_port},
+                        {"connections", accepted},
+                        {"refused", refused},
+                        {"bytes_to_sandbox", in},
+                        {"bytes_from_sandbox", out},
+                        {"final", final}});
     } catch (const std::exception& e) {
       fmt::print(stderr, "ns-hpc {}: cannot write the audit log: {}\n", kForwardCommand, e.what());
     }

@@ -1,20 +1,24 @@
 // A port of a sandbox exposed on the host's loopback (expose_port): a process of its own per
 // exposed port, the ns-hpc binary itself, run as
-//   ns-hpc __port-forward --port P --audit FILE [--audit-rotation MAX_BYTES,KEEP] --instance ID --watch-pid PID
+//   ns-hpc __port-forward --port P --audit FILE --instance ID --watch-pid PID [--uid U --gid G]
 // with descriptors
-//   3  a listening TCP socket on the host's loopback (the server made it, so the port it reports
-//      is the one bound, and a port in use is refused before anything starts);
+//   3  a listening TCP socket on the host's loopback (the server had it bound as the identity
+//      this process runs as, so the port it reports is the one bound, a port in use is refused
+//      before anything starts, and a privileged port cannot be had);
 //   4  the sandbox's network namespace;
 //   5  the user namespace that owns it, when the server is not root (optional).
 // It joins the namespace at start, so every socket it makes afterwards is the sandbox's, while
-// descriptor 3 stays the host's. For each connection accepted there it connects to 127.0.0.1:P
-// inside (else [::1]:P) and copies bytes both ways, half-closes included. A connection refused
-// inside is closed at once.
+// descriptor 3 stays the host's; then, with --uid/--gid (a server running as root), it becomes
+// that user (the sandbox's own uid) and keeps no capability: what the sandbox sends passes
+// through a process that is not root. For each connection accepted on descriptor 3 it connects
+// to 127.0.0.1:P inside (else [::1]:P) and copies bytes both ways, half-closes included. A
+// connection refused inside is closed at once.
 //
-// What it writes to the audit log: a line a minute while there is traffic
-// (network.port_traffic: port, host_port, connections, bytes each way, refused). It ends on
-// SIGTERM, and when the --watch-pid process (the sandbox's init, or its held namespace's holder)
-// ends.
+// What it writes to the audit log, through a descriptor opened before it gave up its uid: a line
+// a minute while there is traffic (network.port_traffic: port, host_port, connections, bytes each
+// way, refused). It never rotates the log (the server and the proxy do); after a rotation its
+// lines go to the rotated file. It ends on SIGTERM, and when the --watch-pid process (the
+// sandbox's init, or its held namespace's holder) ends.
 #pragma once
 
 #include <string_view>

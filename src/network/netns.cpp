@@ -88,11 +88,12 @@ void require(const Netns& ns) {
 
 // ---- listen_in -------------------------------------------------------------------------------
 
-enum class ListenStep : int { ok, user, net, socket, reuse, bind, listen };
+enum class ListenStep : int { ok, user, net, identity, socket, reuse, bind, listen };
 
 struct ListenReport {
   int step;
   int err;
+  int bound;  // the index of the candidate that was bound
 };
 
 struct ParsedAddress {
@@ -141,34 +142,123 @@ void send_report(int channel, ListenReport report, int fd) {
   (void)ignored;
 }
 
-[[noreturn]] void listen_child(const Netns& ns, const ParsedAddress& address, int backlog, int channel) {
-  auto fail = [channel](ListenStep step) {
-    send_report(channel, {static_cast<int>(step), errno}, -1);
+// What a listening socket is made for, all prepared before the fork.
+struct ListenPlan {
+  const Netns* ns = nullptr;                     // joined first; nullptr: this process's namespace
+  const std::optional<users::Identity>* as = nullptr;  // become it (root only); else drop every capability
+  std::vector<ParsedAddress> candidates;         // bound in turn until one is free
+  int backlog = 128;
+  std::string where;                             // "in the sandbox's network namespace", "on the host"
+};
+
+// In the forked child, async-signal-safe: the socket of `plan`, sent over `channel`.
+[[noreturn]] void listen_child(const ListenPlan& plan, int channel) {
+  auto fail = [channel](ListenStep step, int bound = 0) {
+    send_report(channel, {static_cast<int>(step), errno, bound}, -1);
     ::_exit(1);
   };
-  if (ns.userns_fd >= 0 && ::setns(ns.userns_fd, CLONE_NEWUSER) < 0) fail(ListenStep::user);
-  if (::setns(ns.net_fd, CLONE_NEWNET) < 0) fail(ListenStep::net);
-  const int fd = ::socket(address.family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (plan.ns) {
+    if (plan.ns->userns_fd >= 0 && ::setns(plan.ns->userns_fd, CLONE_NEWUSER) < 0) fail(ListenStep::user);
+    if (::setns(plan.ns->net_fd, CLONE_NEWNET) < 0) fail(ListenStep::net);
+  }
+  if (plan.as && *plan.as) {
+    // Raw system calls: glibc's set*id would signal threads the child does not have.
+    const users::Identity& id = **plan.as;
+    if (::syscall(SYS_setgroups, 0, nullptr) < 0 || ::syscall(SYS_setresgid, id.gid, id.gid, id.gid) < 0 ||
+        ::syscall(SYS_setresuid, id.uid, id.uid, id.uid) < 0)
+      fail(ListenStep::identity);
+  } else if (plan.as) {
+    // This process's own uid, without any capability it may hold (CAP_NET_BIND_SERVICE).
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[2] = {};
+    if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 || ::syscall(SYS_capset, &header, data) < 0)
+      fail(ListenStep::identity);
+  }
+  const int family = plan.candidates.front().family;
+  const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) fail(ListenStep::socket);
   const int one = 1;
   if (::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0) fail(ListenStep::reuse);
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&address.storage), address.length) < 0) fail(ListenStep::bind);
-  if (::listen(fd, backlog) < 0) fail(ListenStep::listen);
-  send_report(channel, {static_cast<int>(ListenStep::ok), 0}, fd);
+  std::size_t i = 0;
+  for (;; ++i) {
+    const ParsedAddress& a = plan.candidates[i];
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&a.storage), a.length) == 0) break;
+    if (errno != EADDRINUSE || i + 1 == plan.candidates.size()) fail(ListenStep::bind, static_cast<int>(i));
+  }
+  if (::listen(fd, plan.backlog) < 0) fail(ListenStep::listen, static_cast<int>(i));
+  send_report(channel, {static_cast<int>(ListenStep::ok), 0, static_cast<int>(i)}, fd);
   ::_exit(0);
 }
 
-std::string listen_step_name(ListenStep step, const std::string& where) {
+std::string listen_step_name(ListenStep step, const std::string& where, const std::string& in) {
   switch (step) {
     case ListenStep::user: return kJoinUser;
     case ListenStep::net: return kJoinNet;
-    case ListenStep::socket: return "make a TCP socket in the sandbox's network namespace";
-    case ListenStep::reuse: return "set SO_REUSEADDR in the sandbox's network namespace";
-    case ListenStep::bind: return fmt::format("bind {} in the sandbox's network namespace", where);
-    case ListenStep::listen: return fmt::format("listen on {} in the sandbox's network namespace", where);
+    case ListenStep::identity: return fmt::format("give up privileges to bind {} {}", where, in);
+    case ListenStep::socket: return fmt::format("make a TCP socket {}", in);
+    case ListenStep::reuse: return fmt::format("set SO_REUSEADDR {}", in);
+    case ListenStep::bind: return fmt::format("bind {} {}", where, in);
+    case ListenStep::listen: return fmt::format("listen on {} {}", where, in);
     case ListenStep::ok: break;
   }
   return "?";
+}
+
+std::string address_text(const std::string& address, int family, std::uint16_t port) {
+  return family == AF_INET6 ? fmt::format("[{}]:{}", address, port) : fmt::format("{}:{}", address, port);
+}
+
+// Makes the socket of `plan` in a forked child and receives it. Throws SysError naming the step
+// (and `address` with the port it was at).
+UniqueFd make_listener(const ListenPlan& plan, const std::string& address, const std::vector<std::uint16_t>& ports) {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0)
+    throw SysError(errno, "socketpair", fmt::format("for a socket made {}", plan.where));
+  UniqueFd ours(pair[0]), theirs(pair[1]);
+
+  const pid_t child = ::fork();
+  if (child < 0) throw SysError(errno, "fork", fmt::format("a process to make a socket {}", plan.where));
+  if (child == 0) listen_child(plan, theirs.get());
+  theirs.reset();
+
+  ListenReport report{-1, 0, 0};
+  iovec iov{&report, sizeof report};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = ::recvmsg(ours.get(), &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  const int receive_error = errno;
+  UniqueFd socket;
+  if (n > 0) {
+    for (cmsghdr* cmsg = CMSG_FIRSTHDR(&msg); cmsg; cmsg = CMSG_NXTHDR(&msg, cmsg)) {
+      if (cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(cmsg), sizeof fd);
+        socket.reset(fd);
+      }
+    }
+  }
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (n < 0) throw SysError(receive_error, fmt::format("receive the socket made {}", plan.where));
+  if (n != static_cast<ssize_t>(sizeof report))
+    throw Error(fmt::format("the process making a socket {} ended (status {}) without a report", plan.where, status));
+  if (report.step != static_cast<int>(ListenStep::ok)) {
+    const std::size_t at = std::min<std::size_t>(static_cast<std::size_t>(std::max(report.bound, 0)), ports.size() - 1);
+    std::string where = address_text(address, plan.candidates.front().family, ports[at]);
+    if (report.step == static_cast<int>(ListenStep::bind) && report.err == EADDRINUSE && ports.size() > 1)
+      where = fmt::format("{} (and {} other ports)", where, ports.size() - 1);
+    throw SysError(report.err, listen_step_name(static_cast<ListenStep>(report.step), where, plan.where));
+  }
+  if (!socket) throw Error(fmt::format("the socket made {} did not arrive", plan.where));
+  return socket;
 }
 
 // ---- routes ----------------------------------------------------------------------------------
@@ -262,54 +352,23 @@ NetnsFds open_netns(pid_t pid) {
 
 UniqueFd listen_in(const Netns& ns, const std::string& address, std::uint16_t port, int backlog) {
   require(ns);
-  const ParsedAddress parsed = parse_address(address, port);
-  const std::string where = parsed.family == AF_INET6 ? fmt::format("[{}]:{}", address, port)
-                                                      : fmt::format("{}:{}", address, port);
-  int pair[2];
-  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0)
-    throw SysError(errno, "socketpair", "for a socket made in a sandbox's network namespace");
-  UniqueFd ours(pair[0]), theirs(pair[1]);
+  ListenPlan plan;
+  plan.ns = &ns;
+  plan.candidates.push_back(parse_address(address, port));
+  plan.backlog = backlog;
+  plan.where = "in the sandbox's network namespace";
+  return make_listener(plan, address, {port});
+}
 
-  const pid_t child = ::fork();
-  if (child < 0) throw SysError(errno, "fork", "a process to make a socket in a sandbox's network namespace");
-  if (child == 0) listen_child(ns, parsed, backlog, theirs.get());
-  theirs.reset();
-
-  ListenReport report{-1, 0};
-  iovec iov{&report, sizeof report};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  ssize_t n;
-  do {
-    n = ::recvmsg(ours.get(), &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  const int receive_error = errno;
-  UniqueFd socket;
-  if (n > 0) {
-    for (cmsghdr* cmsg = CMSG_FIRSTHDR(&msg); cmsg; cmsg = CMSG_NXTHDR(&msg, cmsg)) {
-      if (cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(cmsg), sizeof fd);
-        socket.reset(fd);
-      }
-    }
-  }
-  int status = 0;
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (n < 0) throw SysError(receive_error, "receive the socket made in the sandbox's network namespace");
-  if (n != static_cast<ssize_t>(sizeof report))
-    throw Error(fmt::format("the process making a socket in the sandbox's network namespace ended (status {}) "
-                            "without a report",
-                            status));
-  if (report.step != static_cast<int>(ListenStep::ok))
-    throw SysError(report.err, listen_step_name(static_cast<ListenStep>(report.step), where));
-  if (!socket) throw Error("the socket made in the sandbox's network namespace did not arrive");
-  return socket;
+UniqueFd listen_as(const std::optional<users::Identity>& identity, const std::string& address,
+                   const std::vector<std::uint16_t>& ports, int backlog) {
+  if (ports.empty()) throw Error("listen_as: no port to try");
+  ListenPlan plan;
+  plan.as = &identity;
+  for (const std::uint16_t port : ports) plan.candidates.push_back(parse_address(address, port));
+  plan.backlog = backlog;
+  plan.where = identity ? fmt::format("on the host as uid {}", identity->uid) : std::string("on the host");
+  return make_listener(plan, address, ports);
 }
 
 CommandResult run_in(const Netns& ns, const std::vector<std::string>& argv, const std::string& input,
@@ -366,6 +425,35 @@ std::vector<std::string> host_addresses() {
     }
   }
   return {found.begin(), found.end()};
+}
+
+HostAddressWatch::HostAddressWatch()
+    : socket_(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_ROUTE)) {
+  if (!socket_) throw SysError(errno, "socket(AF_NETLINK)", "to follow this host's addresses");
+  sockaddr_nl groups{};
+  groups.nl_family = AF_NETLINK;
+  groups.nl_groups = RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
+  if (::bind(socket_.get(), reinterpret_cast<sockaddr*>(&groups), sizeof groups) != 0)
+    throw SysError(errno, "bind to rtnetlink's address groups", "to follow this host's addresses");
+}
+
+bool HostAddressWatch::changed() {
+  bool any = false;
+  char buf[8192];
+  for (;;) {
+    const ssize_t n = ::recv(socket_.get(), buf, sizeof buf, 0);
+    if (n > 0) {
+      any = true;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    // ENOBUFS: the kernel dropped announcements (and says so once); anything may have changed.
+    if (n < 0 && errno == ENOBUFS) {
+      any = true;
+      continue;
+    }
+    return any;  // EAGAIN: nothing more queued
+  }
 }
 
 int destroy_sockets(const Netns& ns) {
@@ -528,18 +616,16 @@ int watch_main(int argc, char** argv) {
     } catch (const std::exception& e) {
       fmt::print(stderr, "ns-hpc {}: the host's new addresses will not be blocked: {}\n", kWatchCommand, e.what());
     }
-    UniqueFd changes(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_ROUTE));
-    sockaddr_nl groups{};
-    groups.nl_family = AF_NETLINK;
-    groups.nl_groups = RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
-    if (changes && ::bind(changes.get(), reinterpret_cast<sockaddr*>(&groups), sizeof groups) != 0) changes.reset();
-    auto drain = [&] {
-      char buf[8192];
-      while (::recv(changes.get(), buf, sizeof buf, 0) > 0) {
-      }
-    };
+    std::optional<HostAddressWatch> changes;
+    try {
+      changes.emplace();
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "ns-hpc {}: the host's new addresses will not be blocked: {}\n", kWatchCommand, e.what());
+    }
     for (;;) {
-      pollfd fds[3] = {{sandbox.get(), POLLIN, 0}, {pasta->pidfd.get(), POLLIN, 0}, {ns ? changes.get() : -1, POLLIN, 0}};
+      pollfd fds[3] = {{sandbox.get(), POLLIN, 0},
+                       {pasta->pidfd.get(), POLLIN, 0},
+                       {ns && changes ? changes->fd() : -1, POLLIN, 0}};
       if (::poll(fds, 3, -1) < 0) {
         if (errno == EINTR) continue;
         break;
@@ -547,9 +633,9 @@ int watch_main(int argc, char** argv) {
       if (fds[1].revents != 0) return 0;  // pasta ended first
       if (fds[0].revents != 0) break;
       if (fds[2].revents != 0) {
-        drain();
+        changes->changed();
         ::usleep(50000);  // an address change comes as several messages
-        drain();
+        changes->changed();
         try {
           block_addresses(ns->view(), host_addresses());
         } catch (const std::exception& e) {

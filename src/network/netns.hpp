@@ -27,6 +27,7 @@
 
 #include "base/fd.hpp"
 #include "base/process.hpp"
+#include "base/users.hpp"
 
 namespace nshpc::network {
 
@@ -54,6 +55,16 @@ NetnsFds open_netns(pid_t pid);
 // (e.g. "bind 127.0.0.1:3128 in the sandbox's network namespace: Address already in use").
 UniqueFd listen_in(const Netns& ns, const std::string& address, std::uint16_t port, int backlog = 128);
 
+// A TCP socket listening on `address` in this process's own network namespace (the host's), at
+// the first of `ports` that is free, with SO_REUSEADDR; close-on-exec. Bound by a forked child
+// that first becomes `identity` (its uid and gid, no supplementary group: no capability is left)
+// when one is given (root only), or else gives up every capability of its own: the kernel refuses
+// it a privileged port (below net.ipv4.ip_unprivileged_port_start) as it would any user. Throws
+// SysError naming the failing step: EADDRINUSE when every port is taken, EACCES for a privileged
+// one.
+UniqueFd listen_as(const std::optional<users::Identity>& identity, const std::string& address,
+                   const std::vector<std::uint16_t>& ports, int backlog = 128);
+
 // Runs argv (looked up in the host's PATH) inside the namespace, as run_command does (stdin from
 // `input`, stdout and stderr apart, killed after `timeout`). Joining the namespace happens in the
 // child before exec; a failure there is SysError "join the sandbox's network namespace failed: ...".
@@ -71,6 +82,23 @@ void block_addresses(const Netns& ns, const std::vector<std::string>& addresses)
 // (127.0.0.0/8, ::1) and without scope suffixes: what pasta would otherwise let a sandbox reach
 // on the host itself. Sorted, without duplicates.
 std::vector<std::string> host_addresses();
+
+// The host's address changes as the kernel announces them (rtnetlink: the IPv4 and IPv6 address
+// groups), subscribed to when made. The kernel queues an announcement before the call that added
+// or removed the address returns, so reading host_addresses() again whenever changed() says so
+// never misses an address that exists by then. Followed by __net-watch (the blocked set of `nat`)
+// and by the `filtered` proxy (the addresses it refuses).
+class HostAddressWatch {
+ public:
+  HostAddressWatch();  // throws SysError when the subscription cannot be made
+  int fd() const { return socket_.get(); }  // readable when something was announced (for poll)
+  // Takes what was announced, without waiting: true when anything was, or when announcements were
+  // lost (the socket's queue overflowed), i.e. host_addresses() may differ from the last reading.
+  bool changed();
+
+ private:
+  UniqueFd socket_;
+};
 
 // Closes every TCP connection in the namespace whose peer is not loopback (127.0.0.0/8, ::1,
 // ::ffff:127.0.0.0/104): `ss -K` inside it, which uses sock_diag's SOCK_DESTROY (the kernel needs

@@ -1,10 +1,12 @@
 // The allow-list proxy (see proxy.hpp): the policy's pure decisions first, then the process.
 //
-// The request head is read with Beast's request_parser<empty_body> (header only): its tokenizer
-// is strict (a bad method, target, version, header name or obs-fold is an error, not a guess),
-// it enforces the 16 KiB head limit itself, and it leaves whatever follows the head (a body, a
-// TLS ClientHello sent early) in the buffer for us to forward. A hand parser would have to get
-// all of that right again; the Beast one is already compiled into nshpc_transport.
+// Requests and answers are read with Beast's parsers: their tokenizer is strict (a bad method,
+// target, version, header name or obs-fold is an error, not a guess), they enforce the head
+// limits themselves, and they frame a body (Content-Length, chunked, or to the end of an answer)
+// without keeping it: the body type below only counts the bytes, which are passed on raw, so
+// what follows a request (the client's next one, a TLS ClientHello sent early) stays in the
+// buffer to be judged on its own. A hand parser would have to get all of that right again; the
+// Beast one is already compiled into nshpc_transport.
 #include "network/proxy.hpp"
 
 #include <arpa/inet.h>
@@ -29,6 +31,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -36,7 +39,6 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
 #include <fmt/format.h>
@@ -49,6 +51,7 @@
 #include "base/fs.hpp"
 #include "base/pidfd.hpp"
 #include "base/text.hpp"
+#include "network/netns.hpp"
 
 // GCC 12 takes an Asio coroutine frame's own operator delete, inlined where one coroutine awaits
 // another, for a mismatch with the operator new that made the frame (a known false positive of
@@ -122,10 +125,13 @@ bool name_matches(const AllowEntry& e, std::string_view name) {
   return false;
 }
 
-bool address_listed(const Policy& policy, const IpAddress& address, std::uint16_t port) {
+// Whether an address entry allows `address`:`port`; with `configured_only`, only one of the
+// server's configuration.
+bool address_listed(const Policy& policy, const IpAddress& address, std::uint16_t port, bool configured_only = false) {
   const IpAddress a = unmap(address);
   return std::any_of(policy.allow.begin(), policy.allow.end(), [&](const AllowEntry& e) {
-    return e.kind == AllowEntry::Kind::address && e.address == a && port_matches(e.port, port);
+    return e.kind == AllowEntry::Kind::address && !(configured_only && e.instance) && e.address == a &&
+           port_matches(e.port, port);
   });
 }
 
@@ -236,8 +242,8 @@ Policy parse_policy(std::string_view json_text) {
   Policy policy;
   std::vector<std::string> problems;
   for (const auto& [key, value] : doc.items())
-    if (key != "mode" && key != "allow" && key != "resolve")
-      problems.push_back(fmt::format("unknown key \"{}\" (known: mode, allow, resolve)", key));
+    if (key != "mode" && key != "allow" && key != "instance_allow" && key != "resolve")
+      problems.push_back(fmt::format("unknown key \"{}\" (known: mode, allow, instance_allow, resolve)", key));
   if (!doc.contains("mode")) {
     problems.push_back("\"mode\" is missing (\"filtered\" or \"off\")");
   } else if (doc["mode"] == "filtered") {
@@ -247,20 +253,24 @@ Policy parse_policy(std::string_view json_text) {
   } else {
     problems.push_back(fmt::format("\"mode\" is {}; expected \"filtered\" or \"off\"", doc["mode"].dump()));
   }
-  if (doc.contains("allow")) {
-    if (!doc["allow"].is_array()) {
-      problems.push_back("\"allow\" is not a list of strings");
-    } else {
-      for (const auto& item : doc["allow"]) {
-        if (!item.is_string()) {
-          problems.push_back(fmt::format("allow entry {} is not a string", item.dump()));
-          continue;
-        }
-        std::string why;
-        if (auto entry = parse_allow_entry(item.get<std::string>(), &why))
-          policy.allow.push_back(std::move(*entry));
-        else
-          problems.push_back(why);
+  for (const bool instance : {false, true}) {
+    const char* key = instance ? "instance_allow" : "allow";
+    if (!doc.contains(key)) continue;
+    if (!doc[key].is_array()) {
+      problems.push_back(fmt::format("\"{}\" is not a list of strings", key));
+      continue;
+    }
+    for (const auto& item : doc[key]) {
+      if (!item.is_string()) {
+        problems.push_back(fmt::format("{} entry {} is not a string", key, item.dump()));
+        continue;
+      }
+      std::string why;
+      if (auto entry = parse_allow_entry(item.get<std::string>(), &why)) {
+        entry->instance = instance;
+        policy.allow.push_back(std::move(*entry));
+      } else {
+        problems.push_back(instance ? "instance_allow: " + why : why);
       }
     }
   }
@@ -351,15 +361,38 @@ Verdict check_destination(const Policy& policy, const Host& host, std::uint16_t 
                              host_port(host, port))};
 }
 
-Verdict check_address(const Policy& policy, const Host& host, std::uint16_t port, const IpAddress& address) {
+Verdict check_address(const Policy& policy, const Host& host, std::uint16_t port, const IpAddress& address,
+                      const std::vector<IpAddress>& host_addresses) {
   if (policy.mode == Mode::off) return check_destination(policy, host, port);
-  if (address_listed(policy, address, port)) return {true, ""};
-  const AddressClass c = classify(address);
-  if (c == AddressClass::none) return {true, ""};
   const IpAddress a = unmap(address);
+  const AddressClass c = classify(a);
+  // The host itself: its loopback, the unspecified address (a connection to it reaches this
+  // host), every address of its interfaces, whatever range it is in. The proxy runs in the
+  // host's network namespace, so each of them leads to the host's own services.
+  const bool own = c == AddressClass::loopback || c == AddressClass::unspecified ||
+                   std::find(host_addresses.begin(), host_addresses.end(), a) != host_addresses.end();
+  if (own) {
+    if (address_listed(policy, a, port, /*configured_only=*/true)) return {true, ""};
+    const std::string_view what = c == AddressClass::loopback      ? "a loopback address of this host"
+                                  : c == AddressClass::unspecified ? "the unspecified address (this host)"
+                                                                   : "an address of this host itself";
+    return {false, fmt::format("ns-hpc: {} resolved to {}, {}, which is refused unless ns-hpc's own configuration "
+                               "lists that address ([network] allow, e.g. {}); an instance's network_allow cannot "
+                               "open the host's addresses",
+                               host_port(host, port), a.to_string(), what, address_port(a, port))};
+  }
+  if (address_listed(policy, a, port)) return {true, ""};
+  if (c == AddressClass::none) return {true, ""};
   return {false, fmt::format("ns-hpc: {} resolved to {}, {}, which is refused unless that address is itself in the "
                              "network allow list (e.g. {})",
                              host_port(host, port), a.to_string(), describe(c), address_port(a, port))};
+}
+
+std::vector<IpAddress> parse_addresses(const std::vector<std::string>& texts) {
+  std::vector<IpAddress> out;
+  for (const std::string& text : texts)
+    if (const auto a = parse_address(text)) out.push_back(*a);
+  return out;
 }
 
 bool DeniedLimiter::admit(Clock::time_point now) {
@@ -439,6 +472,8 @@ constexpr int kListenFd = 3;
 constexpr std::uint32_t kMaxHead = 16 * 1024;
 constexpr std::size_t kMaxConnections = 256;
 constexpr auto kHeadTimeout = std::chrono::seconds(10);
+// A kept-alive client connection may stay silent this long before its next request.
+constexpr auto kKeepAliveTimeout = std::chrono::seconds(30);
 constexpr auto kConnectTimeout = std::chrono::seconds(10);  // resolution and connection together
 constexpr auto kIdleTimeout = std::chrono::minutes(10);
 // Once one side has ended (its end passed on as a half-close), the other gets this long without
@@ -468,9 +503,11 @@ class Session;
 
 class Proxy {
  public:
-  Proxy(asio::io_context& io, ProxyOptions options, Policy policy, tcp::acceptor acceptor)
+  Proxy(asio::io_context& io, ProxyOptions options, Policy policy, tcp::acceptor acceptor,
+        std::optional<HostAddressWatch> address_watch)
       : io_(io), options_(std::move(options)), policy_(std::make_shared<const Policy>(std::move(policy))),
-        acceptor_(std::move(acceptor)), signals_(io, SIGHUP, SIGTERM, SIGINT), suppressed_timer_(io), watch_(io) {}
+        acceptor_(std::move(acceptor)), signals_(io, SIGHUP, SIGTERM, SIGINT), suppressed_timer_(io), watch_(io),
+        address_watch_(std::move(address_watch)), address_events_(io) {}
 
   void start(UniqueFd watched);
   const Policy& policy() const { return *policy_; }
@@ -478,12 +515,18 @@ class Proxy {
   void forget(std::uint64_t id) { sessions_.erase(id); }
   void audit(std::string_view event, nlohmann::json fields);
   void denied(const Host& host, std::uint16_t port, const std::string& reason);
+  // The host's own addresses as they are now: read again whenever the kernel has announced a
+  // change since the last reading (HostAddressWatch), so an address added a moment ago is in.
+  // nullptr when they cannot be read (*why says why): nothing may be connected then.
+  const std::vector<IpAddress>* host_addresses(std::string* why);
 
  private:
   awaitable<void> accept_loop();
   awaitable<void> signal_loop();
   awaitable<void> watch_loop();
+  awaitable<void> addresses_loop();
   void reload();
+  void recheck_sessions(std::string_view by);
   void stop(std::string_view why);
   void arm_suppressed_timer();
   void flush_suppressed();
@@ -495,6 +538,10 @@ class Proxy {
   asio::signal_set signals_;
   asio::steady_timer suppressed_timer_;
   asio::posix::stream_descriptor watch_;
+  std::optional<HostAddressWatch> address_watch_;  // nullopt: the addresses are read for every check
+  asio::posix::stream_descriptor address_events_;  // the watch's socket, to wake up on a change
+  std::vector<IpAddress> host_addresses_;
+  bool host_addresses_read_ = false;
   std::map<std::uint64_t, std::weak_ptr<Session>> sessions_;
   std::uint64_t next_id_ = 1;
   DeniedLimiter limiter_;
@@ -502,8 +549,28 @@ class Proxy {
   friend class Session;
 };
 
-// One client connection: its request head, the policy's verdict, the origin connection, the
-// tunnel. A single deadline timer covers each phase (head, resolve + connect, reply, idle).
+// A body the parsers only frame: the bytes the parser takes are passed on raw by the caller and
+// never kept (a chunked body keeps its chunks and trailers as the client wrote them).
+struct FramedBody {
+  struct value_type {};
+  struct reader {
+    template <bool isRequest, class Fields>
+    reader(bhttp::header<isRequest, Fields>&, value_type&) {}
+    void init(const boost::optional<std::uint64_t>&, boost::system::error_code& ec) { ec = {}; }
+    template <class Buffers>
+    std::size_t put(const Buffers& buffers, boost::system::error_code& ec) {
+      ec = {};
+      return asio::buffer_size(buffers);
+    }
+    void finish(boost::system::error_code& ec) { ec = {}; }
+  };
+};
+using RequestParser = bhttp::request_parser<FramedBody>;
+using ResponseParser = bhttp::response_parser<FramedBody>;
+
+// One client connection: its requests one after the other (or one CONNECT tunnel), the policy's
+// verdict on each, the origin connection of each. A single deadline timer covers each phase
+// (head, resolve + connect, reply, exchange or tunnel).
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(Proxy& proxy, tcp::socket client, std::uint64_t id)
@@ -526,13 +593,13 @@ class Session : public std::enable_shared_from_this<Session> {
     resolver_.cancel();
   }
 
-  // Closes the connection when `policy` no longer allows its destination (after a reload).
-  void recheck(const Policy& policy) {
+  // Closes the connection when `policy` (or the host's addresses now) no longer allows its
+  // destination (after a reload, or a new address of the host); `by` says which, for the audit.
+  void recheck(const Policy& policy, std::string_view by) {
     if (!connected_ || aborted_) return;
-    Verdict v = check_destination(policy, host_, port_);
-    if (v.allowed) v = check_address(policy, host_, port_, address_);
+    const Verdict v = verdict_on_connection(policy);
     if (v.allowed) return;
-    proxy_.denied(host_, port_, "an open connection was closed by a new policy: " + v.reason);
+    proxy_.denied(host_, port_, fmt::format("an open connection was closed by {}: {}", by, v.reason));
     abort();
   }
 
@@ -568,23 +635,34 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     self->done_ = true;
     self->deadline_.cancel();
+    self->finish_upstream();
     self->abort();
     self->proxy_.forget(self->id_);
-    if (self->connected_) {
-      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - self->connected_at_);
-      self->proxy_.audit("network.allowed", {{"host", self->host_.address ? self->address_.to_string() : self->host_.name},
-                                             {"port", self->port_},
-                                             {"address", self->address_.to_string()},
-                                             {"bytes_up", self->bytes_up_},
-                                             {"bytes_down", self->bytes_down_},
-                                             {"duration_ms", ms.count()}});
-    }
+  }
+
+  // The policy's verdict on the connection made now (its name and the address it went to).
+  Verdict verdict_on_connection(const Policy& policy) {
+    Verdict v = check_destination(policy, host_, port_);
+    if (!v.allowed) return v;
+    std::string why;
+    const std::vector<IpAddress>* own = proxy_.host_addresses(&why);
+    if (!own) return {false, why};
+    return check_address(policy, host_, port_, address_, *own);
   }
 
   awaitable<void> serve();
   awaitable<bool> open_upstream();
+  awaitable<void> tunnel(beast::flat_buffer& buffer);
+  awaitable<bool> exchange(RequestParser& request, beast::flat_buffer& buffer, const std::string& head);
+  awaitable<bool> send_request_body(RequestParser& request, beast::flat_buffer& buffer);
+  awaitable<bool> receive_response(bool head_request, bool client_keeps);
+  template <class Parser>
+  awaitable<bool> pass_body(tcp::socket& from, beast::flat_buffer& buffer, Parser& parser, tcp::socket& to,
+                            std::uint64_t& counter);
   awaitable<void> reply(unsigned status, std::string_view phrase, std::string_view body);
+  awaitable<void> linger();
   awaitable<void> relay(tcp::socket& from, tcp::socket& to, std::uint64_t& counter);
+  void finish_upstream();
 
   std::uint64_t id_;
   Proxy& proxy_;
@@ -596,8 +674,10 @@ class Session : public std::enable_shared_from_this<Session> {
   bool expired_ = false;
   bool aborted_ = false;
   bool done_ = false;
-  bool connected_ = false;
+  bool connected_ = false;    // upstream_ is a connection that was made (and is audited at its end)
   bool half_closed_ = false;  // one direction of the tunnel has ended
+  bool body_sent_ = false;    // the request's body has gone to the origin
+  bool answered_ = false;     // the origin's final answer has gone to the client
   Host host_;
   std::uint16_t port_ = 0;
   IpAddress address_;
@@ -650,102 +730,254 @@ bool hop_by_hop(std::string_view name, const std::vector<std::string>& connectio
   return std::find(connection_tokens.begin(), connection_tokens.end(), n) != connection_tokens.end();
 }
 
+// The tokens of a message's Connection headers, lower-cased.
+template <class Fields>
+std::vector<std::string> connection_tokens(const Fields& fields) {
+  std::vector<std::string> tokens;
+  for (const auto& f : fields)
+    if (iequals(std::string_view(f.name_string().data(), f.name_string().size()), "connection"))
+      for (const auto token : text::split(std::string_view(f.value().data(), f.value().size()), ','))
+        tokens.push_back(lower(text::trim(token)));
+  return tokens;
+}
+
+// `fields` without the hop-by-hop ones, as header lines.
+template <class Fields>
+void append_end_to_end(std::string& out, const Fields& fields) {
+  const std::vector<std::string> tokens = connection_tokens(fields);
+  for (const auto& f : fields) {
+    const std::string_view name(f.name_string().data(), f.name_string().size());
+    if (hop_by_hop(name, tokens)) continue;
+    fmt::format_to(std::back_inserter(out), "{}: {}\r\n", name, std::string_view(f.value().data(), f.value().size()));
+  }
+}
+
+std::string text_answer(unsigned status, std::string_view phrase, std::string_view body) {
+  return fmt::format("HTTP/1.1 {} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n"
+                     "Connection: close\r\n\r\n{}\n",
+                     status, phrase, body.size() + 1, body);
+}
+
 awaitable<void> Session::serve() {
-  phase_ = Phase::head;
-  arm(kHeadTimeout);
+  // What the client sent beyond the request being served: the start of its next one.
   beast::flat_buffer buffer;
-  bhttp::request_parser<bhttp::empty_body> parser;
-  parser.header_limit(kMaxHead);
-  auto [ec, n] = co_await bhttp::async_read_header(client_, buffer, parser, kTuple);
-  if (aborted_) co_return;
-  if (expired_) co_return co_await reply(400, "Bad Request", "ns-hpc: no complete request head within 10 s");
-  if (ec == bhttp::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset)
-    co_return;  // connected and left
-  if (ec == bhttp::error::header_limit)
-    co_return co_await reply(400, "Bad Request", "ns-hpc: the request head is larger than 16 KiB");
-  if (ec)
-    co_return co_await reply(400, "Bad Request",
-                             fmt::format("ns-hpc: this is not an HTTP proxy request ({})", ec.message()));
-
-  const auto& request = parser.get();
-  const std::string_view target(request.target().data(), request.target().size());
-  const bool tunnel = request.method() == bhttp::verb::connect;
-  std::string origin_form, authority_text;
-  if (tunnel) {
-    authority_text = std::string(target);
-  } else {
-    const std::string_view scheme = target.substr(0, std::min<std::size_t>(target.size(), 8));
-    if (target.starts_with('/'))
+  for (bool first = true;; first = false) {
+    phase_ = Phase::head;
+    arm(first ? Clock::duration(kHeadTimeout) : Clock::duration(kKeepAliveTimeout));
+    RequestParser parser;
+    parser.header_limit(kMaxHead);
+    parser.body_limit(boost::none);  // bodies pass through, never kept
+    auto [ec, n] = co_await bhttp::async_read_header(client_, buffer, parser, kTuple);
+    if (aborted_) co_return;
+    if (expired_) {
+      if (!first && buffer.size() == 0) co_return;  // a kept-alive connection left idle: closed quietly
       co_return co_await reply(400, "Bad Request",
-                               "ns-hpc: this is a proxy; ask it for an absolute URL (GET http://host/path) or "
-                               "CONNECT host:port (HTTP_PROXY/HTTPS_PROXY point programs at it)");
-    if (iequals(scheme, "https://"))
+                               fmt::format("ns-hpc: no complete request head within {} s",
+                                           std::chrono::duration_cast<std::chrono::seconds>(
+                                               first ? Clock::duration(kHeadTimeout) : kKeepAliveTimeout)
+                                               .count()));
+    }
+    if (ec == bhttp::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset)
+      co_return;  // connected and left
+    if (ec == bhttp::error::header_limit)
+      co_return co_await reply(400, "Bad Request", "ns-hpc: the request head is larger than 16 KiB");
+    if (ec)
       co_return co_await reply(400, "Bad Request",
-                               "ns-hpc: https:// URLs go through CONNECT (HTTPS_PROXY), not as a plain request");
-    if (!iequals(target.substr(0, std::min<std::size_t>(target.size(), 7)), "http://"))
-      co_return co_await reply(400, "Bad Request", "ns-hpc: the request target is neither http://... nor CONNECT host:port");
-    const std::string_view rest = target.substr(7);
-    const auto path_at = rest.find_first_of("/?#");
-    authority_text = std::string(rest.substr(0, path_at));
-    origin_form = path_at == std::string_view::npos ? "/" : std::string(rest.substr(path_at));
-    if (origin_form.starts_with('?')) origin_form.insert(0, "/");
-    if (origin_form.starts_with('#'))
-      co_return co_await reply(400, "Bad Request", "ns-hpc: a request target may not hold a #fragment");
-  }
-  if (authority_text.find('@') != std::string::npos)
-    co_return co_await reply(400, "Bad Request", "ns-hpc: user info (user@host) in a proxy request is not supported");
-  const Authority authority = parse_authority(authority_text);
-  if (!authority.host)
-    co_return co_await reply(400, "Bad Request",
-                             fmt::format("ns-hpc: \"{}\" does not name a valid host", text::sanitize_utf8(authority_text)));
-  if (authority.port_given ? !authority.port : tunnel)
-    co_return co_await reply(400, "Bad Request",
-                             fmt::format("ns-hpc: \"{}\" needs a port from 1 to 65535", text::sanitize_utf8(authority_text)));
-  host_ = *authority.host;
-  port_ = authority.port.value_or(80);
+                               fmt::format("ns-hpc: this is not an HTTP proxy request ({})", ec.message()));
 
-  if (const Verdict v = check_destination(proxy_.policy(), host_, port_); !v.allowed) {
-    proxy_.denied(host_, port_, v.reason);
-    co_return co_await reply(403, "Forbidden", v.reason);
+    const auto& request = parser.get();
+    const std::string_view target(request.target().data(), request.target().size());
+    const bool connect = request.method() == bhttp::verb::connect;
+    std::string origin_form, authority_text;
+    if (connect) {
+      authority_text = std::string(target);
+    } else {
+      const std::string_view scheme = target.substr(0, std::min<std::size_t>(target.size(), 8));
+      if (target.starts_with('/'))
+        co_return co_await reply(400, "Bad Request",
+                                 "ns-hpc: this is a proxy; ask it for an absolute URL (GET http://host/path) or "
+                                 "CONNECT host:port (HTTP_PROXY/HTTPS_PROXY point programs at it)");
+      if (iequals(scheme, "https://"))
+        co_return co_await reply(400, "Bad Request",
+                                 "ns-hpc: https:// URLs go through CONNECT (HTTPS_PROXY), not as a plain request");
+      if (!iequals(target.substr(0, std::min<std::size_t>(target.size(), 7)), "http://"))
+        co_return co_await reply(400, "Bad Request",
+                                 "ns-hpc: the request target is neither http://... nor CONNECT host:port");
+      const std::string_view rest = target.substr(7);
+      const auto path_at = rest.find_first_of("/?#");
+      authority_text = std::string(rest.substr(0, path_at));
+      origin_form = path_at == std::string_view::npos ? "/" : std::string(rest.substr(path_at));
+      if (origin_form.starts_with('?')) origin_form.insert(0, "/");
+      if (origin_form.starts_with('#'))
+        co_return co_await reply(400, "Bad Request", "ns-hpc: a request target may not hold a #fragment");
+    }
+    if (authority_text.find('@') != std::string::npos)
+      co_return co_await reply(400, "Bad Request", "ns-hpc: user info (user@host) in a proxy request is not supported");
+    const Authority authority = parse_authority(authority_text);
+    if (!authority.host)
+      co_return co_await reply(400, "Bad Request",
+                               fmt::format("ns-hpc: \"{}\" does not name a valid host", text::sanitize_utf8(authority_text)));
+    if (authority.port_given ? !authority.port : connect)
+      co_return co_await reply(400, "Bad Request", fmt::format("ns-hpc: \"{}\" needs a port from 1 to 65535",
+                                                               text::sanitize_utf8(authority_text)));
+    // Every request is judged on its own, a later one on a kept-alive connection as the first.
+    host_ = *authority.host;
+    port_ = authority.port.value_or(80);
+    if (const Verdict v = check_destination(proxy_.policy(), host_, port_); !v.allowed) {
+      proxy_.denied(host_, port_, v.reason);
+      co_return co_await reply(403, "Forbidden", v.reason);
+    }
+    if (!co_await open_upstream()) co_return;
+    if (connect) co_return co_await tunnel(buffer);
+
+    std::string head = fmt::format("{} {} HTTP/{}.{}\r\nHost: {}\r\n", std::string_view(request.method_string()),
+                                   origin_form, request.version() / 10, request.version() % 10, authority_text);
+    append_end_to_end(head, request);
+    head += "Connection: close\r\n\r\n";
+    const bool keep = co_await exchange(parser, buffer, head);
+    finish_upstream();
+    if (!keep) co_return co_await linger();
   }
-  if (!co_await open_upstream()) co_return;
+}
+
+// CONNECT: the answer, then whatever followed the request head (a TLS ClientHello sent early),
+// then bytes both ways. What the bytes say (a ClientHello's server name, a request for another
+// host inside) is the origin's business: they reach only the address that was checked.
+awaitable<void> Session::tunnel(beast::flat_buffer& buffer) {
   phase_ = Phase::tunnel;
   arm(kIdleTimeout);
-
-  // Whatever followed the head (a body, a TLS ClientHello sent early) goes to the origin after it.
-  std::string first;
-  if (tunnel) {
-    static constexpr std::string_view kEstablished = "HTTP/1.1 200 Connection established\r\n\r\n";
-    auto [wec, wn] = co_await asio::async_write(client_, asio::buffer(kEstablished), kTuple);
-    if (wec) co_return;
-  } else {
-    std::vector<std::string> tokens;
-    for (const auto& f : request)
-      if (iequals(std::string_view(f.name_string().data(), f.name_string().size()), "connection"))
-        for (const auto token : text::split(std::string_view(f.value().data(), f.value().size()), ','))
-          tokens.push_back(lower(text::trim(token)));
-    first = fmt::format("{} {} HTTP/{}.{}\r\nHost: {}\r\n", std::string_view(request.method_string()), origin_form,
-                        request.version() / 10, request.version() % 10, authority_text);
-    for (const auto& f : request) {
-      const std::string_view name(f.name_string().data(), f.name_string().size());
-      if (hop_by_hop(name, tokens)) continue;
-      fmt::format_to(std::back_inserter(first), "{}: {}\r\n", name, std::string_view(f.value().data(), f.value().size()));
-    }
-    first += "Connection: close\r\n\r\n";
-  }
-  const auto early = buffer.data();
-  first.append(static_cast<const char*>(early.data()), early.size());
-  if (!first.empty()) {
-    auto [wec, wn] = co_await asio::async_write(upstream_, asio::buffer(first), kTuple);
-    bytes_up_ += wn;
-    if (wec) co_return;
+  static constexpr std::string_view kEstablished = "HTTP/1.1 200 Connection established\r\n\r\n";
+  auto [wec, wn] = co_await asio::async_write(client_, asio::buffer(kEstablished), kTuple);
+  if (wec) co_return;
+  if (buffer.size() > 0) {
+    auto [uec, un] = co_await asio::async_write(upstream_, buffer.data(), kTuple);
+    bytes_up_ += un;
+    if (uec) co_return;
+    buffer.consume(buffer.size());
   }
   using namespace asio::experimental::awaitable_operators;
   co_await (relay(client_, upstream_, bytes_up_) && relay(upstream_, client_, bytes_down_));
 }
 
-// Resolves host_ (or takes the override, or the literal), keeps the addresses the policy allows
-// and connects to the first that answers. On failure the client has its answer: false.
+// A plain request on the origin connection just made: its head, its body as its framing says
+// (not a byte more: what follows is the client's next request), and the origin's answer back.
+// True when the client connection can carry its next request.
+awaitable<bool> Session::exchange(RequestParser& request, beast::flat_buffer& buffer, const std::string& head) {
+  phase_ = Phase::tunnel;
+  arm(kIdleTimeout);
+  body_sent_ = answered_ = false;
+  auto [wec, wn] = co_await asio::async_write(upstream_, asio::buffer(head), kTuple);
+  bytes_up_ += wn;
+  if (wec) co_return false;
+  const bool head_request = request.get().method() == bhttp::verb::head;
+  const bool client_keeps = request.get().keep_alive();
+  using namespace asio::experimental::awaitable_operators;
+  const auto [sent, answered] =
+      co_await (send_request_body(request, buffer) && receive_response(head_request, client_keeps));
+  co_return sent && answered && client_keeps && !aborted_;
+}
+
+awaitable<bool> Session::send_request_body(RequestParser& request, beast::flat_buffer& buffer) {
+  const bool sent = co_await pass_body(client_, buffer, request, upstream_, bytes_up_);
+  body_sent_ = sent;
+  // The client ended or broke its body before any answer: the origin cannot answer what it did
+  // not get.
+  if (!sent && !answered_ && !aborted_) abort();
+  co_return sent;
+}
+
+// The origin's answer: interim answers (100 Continue) and the final one, each under a head of our
+// own (HTTP/1.1, the origin's end-to-end headers, `Connection: close` when the client connection
+// ends with it), each body raw as its framing says. True when the client connection goes on.
+awaitable<bool> Session::receive_response(bool head_request, bool client_keeps) {
+  beast::flat_buffer from_origin;
+  bool answered_any = false;
+  for (;;) {
+    ResponseParser parser;
+    parser.header_limit(4 * kMaxHead);
+    parser.body_limit(boost::none);
+    if (head_request) parser.skip(true);
+    auto [ec, n] = co_await bhttp::async_read_header(upstream_, from_origin, parser, kTuple);
+    if (aborted_) co_return false;
+    if (ec) {
+      if (!answered_any) {
+        const std::string body = ec == asio::error::eof || ec == bhttp::error::end_of_stream
+                                     ? fmt::format("ns-hpc: {} closed the connection without an answer",
+                                                   host_port(host_, port_))
+                                     : fmt::format("ns-hpc: the answer of {} is not HTTP/1.1 ({})",
+                                                   host_port(host_, port_), ec.message());
+        const std::string message = text_answer(502, "Bad Gateway", body);
+        co_await asio::async_write(client_, asio::buffer(message), kTuple);
+      }
+      abort();
+      co_return false;
+    }
+    const auto& answer = parser.get();
+    const unsigned status = answer.result_int();
+    const bool interim = status / 100 == 1 && status != 101;
+    // A body that ends with the connection, a client that asked to close, or a 101 (the request
+    // never asked to switch protocols: Upgrade is not forwarded), and the client connection ends.
+    const bool last = !interim && (parser.need_eof() || !client_keeps || status == 101);
+    std::string head = fmt::format("HTTP/1.1 {} {}\r\n", status, std::string_view(answer.reason()));
+    append_end_to_end(head, answer);
+    if (last) head += "Connection: close\r\n";
+    head += "\r\n";
+    auto [wec, wn] = co_await asio::async_write(client_, asio::buffer(head), kTuple);
+    bytes_down_ += wn;
+    answered_any = true;
+    if (wec) co_return false;
+    if (status == 101) co_return false;
+    if (!co_await pass_body(upstream_, from_origin, parser, client_, bytes_down_)) co_return false;
+    if (interim) continue;
+    answered_ = true;
+    if (!body_sent_) {
+      // The origin answered before it had the whole body (a refusal, a redirect): the rest of
+      // the body is never read, so the client connection cannot carry another request.
+      boost::system::error_code ignored;
+      client_.cancel(ignored);
+      upstream_.close(ignored);
+      co_return false;
+    }
+    co_return !last;
+  }
+}
+
+// Moves the body `parser` frames from `from` to `to`, raw, starting with what `buffer` holds;
+// leaves in `buffer` what follows it. A body that ends with the connection (an answer without
+// a length) ends at `from`'s end. False when it did not arrive whole.
+template <class Parser>
+awaitable<bool> Session::pass_body(tcp::socket& from, beast::flat_buffer& buffer, Parser& parser, tcp::socket& to,
+                                   std::uint64_t& counter) {
+  parser.eager(true);
+  while (!parser.is_done()) {
+    boost::system::error_code ec = bhttp::error::need_more;
+    std::size_t used = 0;
+    if (buffer.size() > 0) used = parser.put(buffer.data(), ec);
+    if (used > 0) {
+      auto [wec, wn] = co_await asio::async_write(to, asio::buffer(buffer.data().data(), used), kTuple);
+      counter += wn;
+      buffer.consume(used);
+      if (wec) co_return false;
+      arm(kIdleTimeout);
+    }
+    if (!ec || (ec == bhttp::error::need_more && used > 0)) continue;
+    if (ec != bhttp::error::need_more) co_return false;
+    auto [rec, rn] = co_await from.async_read_some(buffer.prepare(16 * 1024), kTuple);
+    buffer.commit(rn);
+    if (rn > 0) continue;
+    if (rec == asio::error::eof) {
+      boost::system::error_code end;
+      parser.put_eof(end);
+      co_return !end;
+    }
+    co_return false;
+  }
+  co_return true;
+}
+
+// Resolves host_ (or takes the override, or the literal) once, keeps the addresses the policy
+// allows and connects to the first that answers: the address checked is the address connected
+// to, whatever the name resolves to a moment later. On failure the client has its answer: false.
 awaitable<bool> Session::open_upstream() {
   phase_ = Phase::connect;
   arm(kConnectTimeout);
@@ -771,10 +1003,16 @@ awaitable<bool> Session::open_upstream() {
       if (std::find(candidates.begin(), candidates.end(), a) == candidates.end()) candidates.push_back(a);
     }
   }
+  std::string why;
+  const std::vector<IpAddress>* own = proxy_.host_addresses(&why);
+  if (!own) {
+    co_await reply(503, "Service Unavailable", why);
+    co_return false;
+  }
   std::vector<IpAddress> acceptable;
   std::string refusal;
   for (const auto& a : candidates) {
-    const Verdict v = check_address(proxy_.policy(), host_, port_, a);
+    const Verdict v = check_address(proxy_.policy(), host_, port_, a, *own);
     if (v.allowed)
       acceptable.push_back(unmap(a));
     else if (refusal.empty())
@@ -812,11 +1050,9 @@ awaitable<bool> Session::open_upstream() {
                                acceptable.back().to_string(), last.message()));
     co_return false;
   }
-  // The policy may have changed while this connection was being made (a reload checks only the
-  // connections already made).
-  Verdict v = check_destination(proxy_.policy(), host_, port_);
-  if (v.allowed) v = check_address(proxy_.policy(), host_, port_, address_);
-  if (!v.allowed) {
+  // The policy, or the host's addresses, may have changed while this connection was being made
+  // (a reload and an address change check only the connections already made).
+  if (const Verdict v = verdict_on_connection(proxy_.policy()); !v.allowed) {
     proxy_.denied(host_, port_, v.reason);
     co_await reply(403, "Forbidden", v.reason);
     co_return false;
@@ -827,20 +1063,41 @@ awaitable<bool> Session::open_upstream() {
   co_return true;
 }
 
-// Answers with a short text and closes: the answer first, then a lingering close that reads what
-// the client still sends (closing with unread data would reset the connection, and the client
-// could lose the answer).
+// The connection to the origin has served its request (or tunnel): audited, closed.
+void Session::finish_upstream() {
+  boost::system::error_code ignored;
+  upstream_.close(ignored);
+  if (!connected_) return;
+  connected_ = false;
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - connected_at_);
+  proxy_.audit("network.allowed", {{"host", host_.address ? address_.to_string() : host_.name},
+                                   {"port", port_},
+                                   {"address", address_.to_string()},
+                                   {"bytes_up", bytes_up_},
+                                   {"bytes_down", bytes_down_},
+                                   {"duration_ms", ms.count()}});
+  bytes_up_ = bytes_down_ = 0;
+}
+
+// Answers with a short text and closes (lingering).
 awaitable<void> Session::reply(unsigned status, std::string_view phrase, std::string_view body) {
   phase_ = Phase::reply;
   arm(kReplyTimeout);
   boost::system::error_code ignored;
   upstream_.close(ignored);
-  const std::string message =
-      fmt::format("HTTP/1.1 {} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n"
-                  "Connection: close\r\n\r\n{}\n",
-                  status, phrase, body.size() + 1, body);
+  const std::string message = text_answer(status, phrase, body);
   auto [ec, n] = co_await asio::async_write(client_, asio::buffer(message), kTuple);
   if (ec) co_return;
+  co_await linger();
+}
+
+// A lingering close: the end of what was sent, then what the client still sends is read and
+// dropped (closing with unread data would reset the connection, and the client could lose the
+// last answer).
+awaitable<void> Session::linger() {
+  phase_ = Phase::reply;
+  arm(kReplyTimeout);
+  boost::system::error_code ignored;
   client_.shutdown(tcp::socket::shutdown_send, ignored);
   std::array<char, 4096> sink;
   for (std::size_t drained = 0; drained < 256 * 1024;) {
@@ -885,6 +1142,48 @@ void Proxy::start(UniqueFd watched) {
     watch_.assign(watched.release());
     asio::co_spawn(io_, watch_loop(), asio::detached);
   }
+  if (address_watch_) {
+    address_events_.assign(::fcntl(address_watch_->fd(), F_DUPFD_CLOEXEC, 3));
+    asio::co_spawn(io_, addresses_loop(), asio::detached);
+  }
+}
+
+const std::vector<IpAddress>* Proxy::host_addresses(std::string* why) {
+  // Without a watch every check reads them; with one, only after the kernel said they changed.
+  const bool changed = address_watch_ ? address_watch_->changed() : true;
+  if (!changed && host_addresses_read_) return &host_addresses_;
+  try {
+    host_addresses_ = parse_addresses(network::host_addresses());
+  } catch (const std::exception& e) {
+    host_addresses_read_ = false;
+    if (why)
+      *why = fmt::format("ns-hpc: this host's own addresses cannot be read ({}), so no connection is made (they "
+                         "are refused); try again",
+                         e.what());
+    return nullptr;
+  }
+  const bool first = !host_addresses_read_;
+  host_addresses_read_ = true;
+  // Connections already made to an address that is the host's now are closed (after this check).
+  if (changed && !first) asio::post(io_, [this] { recheck_sessions("a change of the host's addresses"); });
+  return &host_addresses_;
+}
+
+// Wakes up when the kernel announces an address change, so that open connections to a new
+// address of the host are closed without waiting for the next request.
+awaitable<void> Proxy::addresses_loop() {
+  while (!stopping_) {
+    auto [ec] = co_await address_events_.async_wait(asio::posix::stream_descriptor::wait_read, kTuple);
+    if (ec || stopping_) break;
+    host_addresses(nullptr);
+  }
+}
+
+void Proxy::recheck_sessions(std::string_view by) {
+  std::vector<std::shared_ptr<Session>> open;
+  for (const auto& [id, weak] : sessions_)
+    if (auto s = weak.lock()) open.push_back(std::move(s));
+  for (const auto& s : open) s->recheck(*policy_, by);
 }
 
 awaitable<void> Proxy::accept_loop() {
@@ -940,10 +1239,7 @@ void Proxy::reload() {
     say(fmt::format("the policy was not reloaded, the previous one stays in force: {}", e.what()));
     return;
   }
-  std::vector<std::shared_ptr<Session>> open;
-  for (const auto& [id, weak] : sessions_)
-    if (auto s = weak.lock()) open.push_back(std::move(s));
-  for (const auto& s : open) s->recheck(*policy_);
+  recheck_sessions("a new policy");
 }
 
 void Proxy::stop(std::string_view why) {
@@ -954,6 +1250,7 @@ void Proxy::stop(std::string_view why) {
   acceptor_.close(ignored);
   signals_.cancel(ignored);
   watch_.close(ignored);
+  address_events_.close(ignored);
   std::vector<std::shared_ptr<Session>> open;
   for (const auto& [id, weak] : sessions_)
     if (auto s = weak.lock()) open.push_back(std::move(s));
@@ -1069,7 +1366,15 @@ int proxy_main(int argc, char** argv) {
                     e.what(), kProxyCommand));
     return 2;
   }
-  Proxy proxy(io, std::move(options), std::move(policy), std::move(*acceptor));
+  // The host's addresses are followed from before the first connection is taken (without the
+  // subscription they are read again for every check).
+  std::optional<HostAddressWatch> address_watch;
+  try {
+    address_watch.emplace();
+  } catch (const std::exception& e) {
+    say(fmt::format("the host's addresses are read for every connection: {}", e.what()));
+  }
+  Proxy proxy(io, std::move(options), std::move(policy), std::move(*acceptor), std::move(address_watch));
   proxy.start(std::move(watched));
   io.run();
   std::fflush(stderr);

@@ -10,9 +10,23 @@
 //   - GET http://host[:port]/p   → policy → connect → the request in origin-form (Host from the
 //     URI, Proxy-* and hop-by-hop headers removed, Connection: close), then bytes both ways;
 //   - anything else              → 400 with a one-line reason.
+// A plain request is forwarded with its body as its own framing says (Content-Length or chunked)
+// and the answer comes back under a head the proxy writes (the origin's hop-by-hop headers
+// removed); the client connection then stays open for its next request, which is checked again
+// from the start (pipelined ones too: each goes to the destination it names, or is refused).
+// Each request gets a connection of its own to its origin. A CONNECT tunnel is opaque: what goes
+// through it (a TLS ClientHello naming another server, SNI) reaches only the address that was
+// checked for the CONNECT target.
 // Refusals are 403 with a text body that says what was refused and why. Every refusal is audited
 // (network.denied, at most kDeniedPerWindow lines a minute, then one network.denied_suppressed),
 // every connection that was made is audited when it ends (network.allowed).
+//
+// A name is resolved once, and the connection goes to an address that was checked, never to the
+// name again (a name that resolves differently a moment later changes nothing). The host's own
+// addresses (loopback, the unspecified address, and every address of its interfaces, followed
+// as they change: network/netns.hpp HostAddressWatch) are refused whatever name leads there; only
+// an address entry of the server's configuration ([network] allow) opens one, never an
+// instance's own addition (network_allow), which an agent writes.
 //
 // The policy (a JSON file the server writes atomically) is read at start and again on SIGHUP;
 // a policy that cannot be read on SIGHUP leaves the old one in force. Connections the new policy
@@ -45,10 +59,12 @@ using IpAddress = boost::asio::ip::address;
 //   *.domain       any name below domain, not domain itself
 //   10.1.2.3       an address (also `[fd00::1]`, or `fd00::1` without a port)
 // each optionally followed by `:port`; an entry without a port allows ports 80 and 443 only.
-// An address entry allows that destination even when it is loopback, private, link-local...
+// An address entry allows that destination even when it is private, link-local...; one of the
+// host's own addresses only when the entry is the server configuration's (not `instance`).
 struct AllowEntry {
   enum class Kind { name, subdomains, address };
   Kind kind = Kind::name;
+  bool instance = false;              // an instance's own addition (network_allow), not [network] allow
   std::string name;                   // lower case; for `subdomains` the domain without "*."
   IpAddress address;                  // for `address` (an IPv4-mapped IPv6 address is kept as IPv4)
   std::optional<std::uint16_t> port;  // nullopt: 80 and 443
@@ -71,8 +87,11 @@ struct Policy {
 // anything silently):
 //   {"mode": "filtered" | "off",
 //    "allow": ["example.com", "*.example.org:8443", "10.1.2.3:8080", "[fd00::1]:443"],
+//    "instance_allow": ["pypi.org"],
 //    "resolve": {"allowed.test": ["127.0.0.1", "::1"]}}
-// "allow" and "resolve" may be left out (empty). Throws UsageError naming every problem at once.
+// "allow" is the server's configuration, "instance_allow" the instance's own additions (entries
+// with `instance` set). Each of "allow", "instance_allow" and "resolve" may be left out (empty).
+// Throws UsageError naming every problem at once.
 Policy parse_policy(std::string_view json_text);
 
 // A host as a request names it: a lower-case name without a trailing dot, or an address.
@@ -102,9 +121,16 @@ struct Verdict {
 // Whether a request for `host`:`port` may go on to resolution (mode, allow list).
 Verdict check_destination(const Policy& policy, const Host& host, std::uint16_t port);
 
-// Whether `address` (a candidate for `host`:`port`) may be connected to: a public address, or
-// one an address entry allows for that port.
-Verdict check_address(const Policy& policy, const Host& host, std::uint16_t port, const IpAddress& address);
+// Whether `address` (a candidate for `host`:`port`) may be connected to. One of the host's own
+// (a loopback or unspecified address, or one of `host_addresses`: the addresses of the host's
+// interfaces) only when an address entry of the server's configuration allows it for that port;
+// any other: a public address, or one an address entry allows for that port.
+Verdict check_address(const Policy& policy, const Host& host, std::uint16_t port, const IpAddress& address,
+                      const std::vector<IpAddress>& host_addresses);
+
+// The addresses as host_addresses() (network/netns.hpp) lists them, parsed; one that is not an
+// address is left out.
+std::vector<IpAddress> parse_addresses(const std::vector<std::string>& texts);
 
 // The audit's network.denied lines: at most `limit` a window; the ones over it are counted and
 // reported once the window has ended.

@@ -459,7 +459,8 @@ std::chrono::seconds age_of(pid_t pid) {
 class BwrapBackend final : public Backend {
  public:
   explicit BwrapBackend(const config::Config& config)
-      : ns_(config.ns), net_(config.network), use_cgroups_(config.jobs.local.use_cgroups) {
+      : ns_(config.ns), net_(config.network), server_port_(static_cast<std::uint16_t>(config.server.port)),
+        use_cgroups_(config.jobs.local.use_cgroups) {
     drop_to_ = users::sandbox_owner(ns_.sandbox_uid, ns_.sandbox_gid);
   }
 
@@ -728,10 +729,13 @@ class BwrapBackend final : public Backend {
   }
 
   NetworkPlan network_plan(const Target& target) const {
-    std::vector<std::string> allow = net_.allow;
-    allow.insert(allow.end(), target.network_allow.begin(), target.network_allow.end());
-    return {target.instance_id, target.network,   std::move(allow),       net_.resolve,
-            target.state_dir,   target.audit_log, target.audit_rotation};
+    NetworkPlan plan{target.instance_id, target.network,   net_.allow,           net_.resolve,
+                     target.state_dir,   target.audit_log, target.audit_rotation};
+    plan.instance_allow = target.network_allow;
+    plan.expose_ports = net_.expose_port_range;
+    plan.server_port = server_port_;
+    plan.runs_as = identity(target);
+    return plan;
   }
 
   // An instance whose commands each get a fresh sandbox: the records of its held network.
@@ -1286,6 +1290,7 @@ class BwrapBackend final : public Backend {
 
   config::Namespace ns_;
   config::NetworkPolicy net_;
+  std::uint16_t server_port_;  // [server] port: never an exposed port's
   bool use_cgroups_ = true;  // [jobs.local] use_cgroups: off, commands of living instances get pid namespaces
   std::optional<users::Identity> drop_to_;
   mutable std::mutex mutex_;

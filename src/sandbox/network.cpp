@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -55,6 +56,7 @@ void write_policy(const NetworkPlan& plan, config::Network mode) {
   }
   const nlohmann::json policy = {{"mode", mode == config::Network::filtered ? "filtered" : "off"},
                                  {"allow", plan.allow},
+                                 {"instance_allow", plan.instance_allow},
                                  {"resolve", resolve}};
   fs::atomic_write(plan.state_dir / kPolicyFile, policy.dump(2) + "\n", 0600);
 }
@@ -132,26 +134,43 @@ void write_ports(const NetworkPlan& plan, const std::map<std::uint16_t, std::uin
   fs::atomic_write(plan.state_dir / kPortsFile, nlohmann::json{{"ports", list}}.dump(2) + "\n", 0600);
 }
 
-// A listening socket on the host's 127.0.0.1:port (0: any free one).
-UniqueFd host_loopback_listener(std::uint16_t port) {
-  UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!s) throw SysError(errno, "socket", "for an exposed port");
-  const int one = 1;
-  ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    const int err = errno;
-    if (err == EADDRINUSE)
-      throw UsageError(fmt::format("port {} of the host's loopback is in use; choose another host_port, or 0 for a "
-                                   "free one",
-                                   port));
-    throw SysError(err, "bind", fmt::format("127.0.0.1:{}", port));
+// Whom a forwarder binds and runs as: never root, so it can never take a privileged port. As
+// root, the sandbox's own uid (nobody when the sandbox runs as root); otherwise this process's
+// own uid (nullopt), without capabilities.
+std::optional<users::Identity> forwarder_identity(const NetworkPlan& plan) {
+  if (::geteuid() != 0) return std::nullopt;
+  if (plan.runs_as && plan.runs_as->uid != 0) return plan.runs_as;
+  return users::Identity{65534, 65534};
+}
+
+// Why `host_port` cannot be asked for; nullopt when it can.
+std::optional<std::string> unusable_host_port(const NetworkPlan& plan, std::uint16_t host_port) {
+  if (!plan.expose_ports.contains(host_port))
+    return fmt::format("host port {} is outside the ports exposed ports may take here, {} ([network] "
+                       "expose_port_range); give one in it, or 0 for a free one",
+                       host_port, config::to_string(plan.expose_ports));
+  if (host_port == plan.server_port)
+    return fmt::format("host port {} is the ns-hpc server's own HTTP port ([server] port); give another in {}, or 0 "
+                       "for a free one",
+                       host_port, config::to_string(plan.expose_ports));
+  return std::nullopt;
+}
+
+// A listening socket on the host's 127.0.0.1 at the first free one of `ports`, bound as the
+// forwarder's identity. UsageError when every one is in use.
+UniqueFd host_loopback_listener(const NetworkPlan& plan, const std::vector<std::uint16_t>& ports) {
+  try {
+    return network::listen_as(forwarder_identity(plan), "127.0.0.1", ports);
+  } catch (const SysError& e) {
+    if (e.code() != EADDRINUSE) throw;
+    if (ports.size() == 1)
+      throw UsageError(fmt::format("port {} of the host's loopback is in use; choose another host_port in {}, or 0 "
+                                   "for a free one",
+                                   ports.front(), config::to_string(plan.expose_ports)));
+    throw UsageError(fmt::format("every free port of [network] expose_port_range ({}) on the host's loopback is in "
+                                 "use; close exposed ports that are not needed, or widen the range",
+                                 config::to_string(plan.expose_ports)));
   }
-  if (::listen(s.get(), 128) != 0) throw SysError(errno, "listen", fmt::format("127.0.0.1:{}", port));
-  return s;
 }
 
 std::uint16_t bound_port(int fd) {
@@ -173,8 +192,10 @@ void start_forwarder(const NetworkPlan& plan, const network::NetnsFds& ns, pid_t
   spec.program = fs::self_program("the forwarder of an exposed port");
   spec.argv = {spec.program,  std::string(network::kForwardCommand), "--port", std::to_string(port),
                "--audit",     plan.audit_log.string(),              "--instance", plan.instance_id,
-               "--audit-rotation", audit::rotation_argument(plan.audit_rotation),
                "--watch-pid", std::to_string(init),                  "--record", forward_pid_file(plan, port).string()};
+  // It joins the namespace as root, then becomes the identity its socket was bound as.
+  if (const auto identity = forwarder_identity(plan))
+    spec.argv.insert(spec.argv.end(), {"--uid", std::to_string(identity->uid), "--gid", std::to_string(identity->gid)});
   spec.fds = {{null_fd.get(), 0}, {null_fd.get(), 1}, {log_fd.get(), 2}, {listener.get(), 3}, {ns.net.get(), 4}};
   if (::geteuid() != 0 && ns.userns) spec.fds.emplace_back(ns.userns.get(), 5);
   spec.new_session = true;
@@ -201,7 +222,9 @@ void restore_ports(const NetworkPlan& plan, const network::NetnsFds& ns, pid_t i
   for (const auto& [port, host_port] : read_ports(plan)) {
     if (find_forwarder(plan, port)) continue;
     try {
-      start_forwarder(plan, ns, init, port, host_loopback_listener(host_port), leftovers);
+      // A port recorded before the range was what it is now stays closed until exposed again.
+      if (const auto why = unusable_host_port(plan, host_port)) throw UsageError(*why);
+      start_forwarder(plan, ns, init, port, host_loopback_listener(plan, {host_port}), leftovers);
     } catch (const std::exception& e) {
       log::warn("instance {}: port {} is not exposed again on 127.0.0.1:{}: {}", plan.instance_id, port, host_port,
                 e.what());
@@ -268,19 +291,36 @@ void serve_network(const NetworkPlan& plan, pid_t init, Leftovers& leftovers) {
 
 ExposedPort expose_port(const NetworkPlan& plan, pid_t init, std::uint16_t port, std::uint16_t host_port,
                         Leftovers& leftovers) {
+  if (host_port != 0)
+    if (const auto why = unusable_host_port(plan, host_port)) throw UsageError(*why);
   std::map<std::uint16_t, std::uint16_t> ports = read_ports(plan);
   const auto known = ports.find(port);
-  if (known != ports.end() && (host_port == 0 || host_port == known->second))
+  const bool known_usable = known != ports.end() && !unusable_host_port(plan, known->second);
+  if (known_usable && (host_port == 0 || host_port == known->second))
     if (find_forwarder(plan, port)) return {port, known->second, true};
-  if (known != ports.end()) unexpose_port(plan, port);
-  const std::uint16_t wanted = host_port != 0 ? host_port : known != ports.end() ? known->second : 0;
-  UniqueFd listener;
-  try {
-    listener = host_loopback_listener(wanted);
-  } catch (const UsageError&) {
-    if (host_port != 0) throw;
-    listener = host_loopback_listener(0);  // the port it had is taken now: any other
+  // The host ports to try, in order: the one asked for; else the one it had, then the range
+  // (without the server's port, and without those the instance's other exposed ports keep for
+  // when their forwarders start again).
+  std::vector<std::uint16_t> candidates;
+  if (host_port != 0) {
+    candidates.push_back(host_port);
+  } else {
+    if (known_usable) candidates.push_back(known->second);
+    for (std::uint32_t p = plan.expose_ports.first; p <= plan.expose_ports.last; ++p) {
+      const auto candidate = static_cast<std::uint16_t>(p);
+      const bool kept = std::any_of(ports.begin(), ports.end(), [&](const auto& entry) {
+        return entry.first != port && entry.second == candidate;
+      });
+      if (candidate != plan.server_port && !kept && (!known_usable || candidate != known->second))
+        candidates.push_back(candidate);
+    }
+    if (candidates.empty())
+      throw UsageError(fmt::format("[network] expose_port_range ({}) has no port left for this instance; close "
+                                   "exposed ports that are not needed, or widen the range",
+                                   config::to_string(plan.expose_ports)));
   }
+  if (known != ports.end()) unexpose_port(plan, port);
+  UniqueFd listener = host_loopback_listener(plan, candidates);
   const network::NetnsFds ns = network::open_netns(init);
   start_forwarder(plan, ns, init, port, listener, leftovers);
   ports = read_ports(plan);

@@ -37,7 +37,14 @@ struct NetworkPlan {
   std::vector<std::string> resolve;  // [network] resolve
   std::filesystem::path state_dir;   // the instance's host-only state folder
   std::filesystem::path audit_log;   // where the proxy writes what it allowed and refused
-  audit::Rotation audit_rotation;    // [audit]: the proxy and the forwarders rotate it as the server does
+  audit::Rotation audit_rotation;    // [audit]: the proxy rotates it as the server does
+  // The instance's own additions to the allow list (network_allow, which an agent writes): the
+  // proxy never lets them open the host's own addresses.
+  std::vector<std::string> instance_allow;
+  config::PortRange expose_ports;    // [network] expose_port_range: the host ports expose_port may take
+  std::uint16_t server_port = 0;     // [server] port: never taken by an exposed port
+  // Whom the instance's sandbox runs as on the host (host_identity); nullopt: this process's uid.
+  std::optional<users::Identity> runs_as;
 };
 
 // Serves the running sandbox whose init is `init` in plan.mode, from whatever serves it now (on
@@ -49,10 +56,13 @@ struct NetworkPlan {
 // when the mode cannot work here (nat without pasta or /dev/net/tun), SysError/Error otherwise.
 void serve_network(const NetworkPlan& plan, pid_t init, Leftovers& leftovers);
 
-// Forwards 127.0.0.1:host_port on the host (0: a free port) to `port` inside the running
-// sandbox whose init (or holder) is `init`, and records it in plan.state_dir: serve_network starts
-// it again with every new sandbox (the same host port when it is free). Exposing a port again
-// keeps its host port unless another is asked for. Throws UsageError when the host port is in use.
+// Forwards 127.0.0.1:host_port on the host (0: a free one of plan.expose_ports) to `port` inside
+// the running sandbox whose init (or holder) is `init`, and records it in plan.state_dir:
+// serve_network starts it again with every new sandbox (the same host port when it is free).
+// Exposing a port again keeps its host port unless another is asked for. The forwarder binds and
+// runs as an unprivileged user: the sandbox's own uid when this process is root (nobody when
+// that is root too), else this process's uid without capabilities. Throws UsageError when the
+// host port is outside plan.expose_ports, is the server's own port, or is in use.
 ExposedPort expose_port(const NetworkPlan& plan, pid_t init, std::uint16_t port, std::uint16_t host_port,
                         Leftovers& leftovers);
 

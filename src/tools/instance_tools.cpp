@@ -30,7 +30,8 @@ const json kNetworkArg = {{"type", "string"},
 const json kAllowArg = {{"type", "array"},
                         {"items", {{"type", "string"}}},
                         {"description", "For 'filtered': what this instance may reach besides [network] allow "
-                                        "(\"pypi.org\", \"*.debian.org\", \"10.1.2.3:8080\"; no port: 80 and 443)."}};
+                                        "(\"pypi.org\", \"*.debian.org\", \"10.1.2.3:8080\"; no port: 80 and 443). "
+                                        "Never the host's own addresses."}};
 
 std::vector<std::string> allow_arg(const json& args) {
   std::vector<std::string> out;
@@ -499,12 +500,17 @@ void add_expose_port(mcp::Server& server, const ToolContext& ctx) {
       .description =
           "Forward a port a server inside the instance listens on (a notebook, a dev server) to "
           "127.0.0.1:host_port on the host, for the user to open; kept until close=true or the instance is "
-          "deleted. Not for network 'host' (its ports are the host's).",
+          "deleted. The host port belongs to the sandbox: whatever connects to it talks to the sandbox. Not for "
+          "network 'host' (its ports are the host's).",
       .input = input_object(
           {{"instance_id", kInstanceIdArg},
            {"port", {{"type", "integer"}, {"minimum", 1}, {"maximum", 65535}, {"description", "The port inside."}}},
            {"host_port",
-            {{"type", "integer"}, {"minimum", 0}, {"maximum", 65535}, {"description", "Default 0: a free port."}}},
+            {{"type", "integer"},
+             {"minimum", 0},
+             {"maximum", 65535},
+             {"description", fmt::format("Default 0: a free one. Only ports {} ([network] expose_port_range).",
+                                         config::to_string(ctx.services.config.network.expose_port_range))}}},
            {"close", {{"type", "boolean"}, {"description", "End the forward instead."}}}},
           {"instance_id", "port"}),
       .output = output_object({{"instance_id", of_type("string")},

@@ -916,17 +916,25 @@ TEST(NetworkModes, FreshSandboxesOfAFilteredInstanceGoThroughItsProxy) {
   const std::string a = std::to_string(allowed.port());
   Server extra(host_listener("127.0.0.1"));
   const std::string x = std::to_string(extra.port());
-  Env env("[network]\nallow = [\"allowed.test:" + a + "\", \"127.0.0.1:" + a +
+  Server own(host_listener("127.0.0.1"));
+  const std::string o = std::to_string(own.port());
+  // The server's configuration lists extra's address (a service of the host given on purpose),
+  // not its name; the instance adds the name.
+  Env env("[network]\nallow = [\"allowed.test:" + a + "\", \"127.0.0.1:" + a + "\", \"127.0.0.1:" + x +
           "\"]\nresolve = [\"allowed.test=127.0.0.1\", \"extra.test=127.0.0.1\"]\n");
   // The instance's own additions to the allow list: checked, applied, replaced at once.
   Result bad = env.run({"instance", "create", "bad", "--network", "filtered", "--allow", "exa mple.org"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("'exa mple.org'"), std::string::npos) << bad.err;
   env.create("ephf", {"--network", "filtered", "--no-persistent", "--allow", "extra.test:" + x, "--allow",
-                      "127.0.0.1:" + x});
+                      "127.0.0.1:" + o});
   const std::string via_extra = "curl -s -m 5 http://extra.test:" + x + "/ -o /dev/null -w '%{http_code}\\n' ";
   EXPECT_EQ(inside(env, "ephf", via_extra + "|| true").out, "000\n");  // the tunnel was made
   EXPECT_EQ(extra.accepted(), 1);
+  // An address of the host that only the instance lists (as an agent may) stays out of reach.
+  const std::string via_proxy = "curl --noproxy '' -s -m 5 -o /dev/null -w '%{http_code}\\n' ";
+  EXPECT_EQ(inside(env, "ephf", via_proxy + "http://127.0.0.1:" + o + "/ || true").out, "403\n");
+  EXPECT_EQ(own.accepted(), 0);
   Result cleared = env.run({"instance", "update", "ephf", "--allow", ""});
   EXPECT_NE(cleared.out.find("applied"), std::string::npos) << cleared.out << cleared.err;
   EXPECT_EQ(inside(env, "ephf", via_extra + "|| true").out, "403\n");
@@ -1026,6 +1034,109 @@ TEST(NetworkModes, ExposedPortsReachAServerInsideAndGoWithTheInstance) {
   Result r = env.run({"instance", "expose", "shared", "8000"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("shares the host's network"), std::string::npos) << r.err;
+}
+
+// The uid a process runs as (the real one, from /proc/PID/status); -1 when it is gone.
+long uid_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("Uid:", 0) == 0) return std::atol(line.c_str() + 4);
+  return -1;
+}
+
+// expose_port takes host ports from [network] expose_port_range only (default 40000-40999): one
+// outside it (a privileged one too) is refused naming the range, 0 gives a free one in it; the
+// forwarder is never root (the sandbox's uid when the server is root), so it could not take a
+// privileged port even if asked.
+TEST(NetworkModes, ExposedHostPortsComeFromTheRangeAndTheForwarderIsNotRoot) {
+  REQUIRE_USERNS();
+  Env env;
+  env.create("ranged", {"--network", "off", "--persistent"});
+  for (const char* outside : {"81", "39999", "41000", "8000"}) {
+    const Result r = env.run({"instance", "expose", "ranged", "8000", "--host-port", outside});
+    EXPECT_NE(r.exit_code, 0) << outside;
+    EXPECT_NE(r.err.find(fmt::format("host port {} is outside the ports exposed ports may take here, 40000-40999 "
+                                     "([network] expose_port_range)",
+                                     outside)),
+              std::string::npos)
+        << r.err;
+  }
+  EXPECT_EQ(talk_to(81), "");
+  const Result r = env.run({"instance", "expose", "ranged", "8000", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::uint16_t host_port = host_port_of(r);
+  EXPECT_GE(host_port, 40000);
+  EXPECT_LE(host_port, 40999);
+  const std::string record = nshpc::test::read_text(env.instances() / "ranged/status/network.forward.8000.pid");
+  const pid_t forwarder = static_cast<pid_t>(std::atol(record.c_str()));
+  ASSERT_GT(forwarder, 1) << record;
+  if (::geteuid() == 0)
+    EXPECT_EQ(uid_of(forwarder), 65534) << "the forwarder of a root server runs as the sandbox's uid";
+  else
+    EXPECT_EQ(uid_of(forwarder), static_cast<long>(::geteuid()));
+  // The forward works as that user: a server inside is reached.
+  env.install_probe("ranged");
+  ASSERT_EQ(inside(env, "ranged", "./probe serve 8000 >/dev/null 2>&1 &").exit_code, 0);
+  EXPECT_TRUE(eventually([&] { return talk_to(host_port) == "hello from inside\nping\n"; }, 10s)) << talk_to(host_port);
+  ASSERT_EQ(env.run({"instance", "delete", "ranged", "--force"}).exit_code, 0);
+}
+
+// A range of its own, and never the server's port: with [server] port inside the range, 0 skips it
+// and asking for it is refused.
+TEST(NetworkModes, TheServersOwnPortIsNeverExposed) {
+  REQUIRE_USERNS();
+  // Two ports: the server's, and one that is free now.
+  std::uint16_t free = 0;
+  for (std::uint16_t p = 40990; p < 41000 && free == 0; ++p) {
+    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(p);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) free = p;
+  }
+  if (free == 0) GTEST_SKIP() << "no free port in 40990-40999";
+  const std::uint16_t server = free == 40999 ? 40998 : free + 1;
+  const std::uint16_t first = std::min(free, server), last = std::max(free, server);
+  Env env(fmt::format("[server]\nport = {}\n[network]\nexpose_port_range = \"{}-{}\"\n", server, first, last));
+  env.create("own", {"--network", "off", "--persistent"});
+  Result r = env.run({"instance", "expose", "own", "8000", "--host-port", std::to_string(server)});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("is the ns-hpc server's own HTTP port ([server] port)"), std::string::npos) << r.err;
+  r = env.run({"instance", "expose", "own", "8000", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(host_port_of(r), free);
+  // The range's other port is the server's: nothing left for another one.
+  r = env.run({"instance", "expose", "own", "8001"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(fmt::format("[network] expose_port_range ({}-{}) has no port left for this instance", first,
+                                   last)),
+            std::string::npos)
+      << r.err;
+  ASSERT_EQ(env.run({"instance", "delete", "own", "--force"}).exit_code, 0);
+}
+
+// The forwarder's socket is bound as an unprivileged user: the kernel refuses it a privileged
+// port whatever the caller is (root here binds it as nobody).
+TEST(Netns, AForwardersSocketCannotTakeAPrivilegedPort) {
+  const std::optional<nshpc::users::Identity> nobody =
+      ::geteuid() == 0 ? std::optional<nshpc::users::Identity>(nshpc::users::Identity{65534, 65534}) : std::nullopt;
+  try {
+    net::listen_as(nobody, "127.0.0.1", {81});
+    ADD_FAILURE() << "port 81 was bound";
+  } catch (const nshpc::SysError& e) {
+    EXPECT_EQ(e.code(), EACCES) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bind 127.0.0.1:81 on the host"), std::string::npos) << e.what();
+  }
+  // An unprivileged port is bound; a taken one makes it go on to the next.
+  const UniqueFd first = net::listen_as(nobody, "127.0.0.1", {0});
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(first.get(), reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::uint16_t taken = ntohs(a.sin_port);
+  const UniqueFd second = net::listen_as(nobody, "127.0.0.1", {taken, 0});
+  ASSERT_EQ(::getsockname(second.get(), reinterpret_cast<sockaddr*>(&a), &len), 0);
+  EXPECT_NE(ntohs(a.sin_port), taken);
 }
 
 // The held namespace stays while a command is in it and ends after [namespace] idle_stop without

@@ -1,15 +1,22 @@
 // The network proxy of the `filtered` mode (network/proxy.hpp), as the server runs it: the real
 // binary as `ns-hpc __net-proxy` with a listening socket on descriptor 3, curl as the client, a
-// test HTTP server as the origin. Names resolve through the policy's override; every address a
-// test reaches is 127.0.0.1.
+// test HTTP server as the origin. Names resolve through the policy's override (one test through
+// a hosts file of its own); every address a test reaches is one of this host's own (loopback, or
+// an address of its interfaces with a service listening on every address): nothing leaves it.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <fstream>
 #include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
 
 #include "base/fs.hpp"
 #include "base/pidfd.hpp"
@@ -19,6 +26,7 @@
 #include "common/loopback.hpp"
 #include "common/temp_dir.hpp"
 #include "harness.hpp"
+#include "network/netns.hpp"
 
 namespace nshpc::test {
 namespace {
@@ -31,21 +39,54 @@ using nshpc::tests::read_some;
 using nshpc::tests::send_all;
 using nshpc::tests::TempDir;
 
-// A socket listening on 127.0.0.1:<any free port>.
+// A socket listening on address:port (port 0: any free one; "0.0.0.0" or "::" for every address
+// of the host, as a service that listens on all of them).
 struct Listener {
   UniqueFd fd;
   std::uint16_t port = 0;
-  Listener() : fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    if (!fd || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd.get(), 512) != 0 ||
-        ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-      throw std::runtime_error("cannot listen on 127.0.0.1");
-    port = ntohs(addr.sin_port);
+  explicit Listener(const std::string& address = "127.0.0.1", std::uint16_t wanted = 0) {
+    sockaddr_storage storage{};
+    auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
+    socklen_t len = 0;
+    if (::inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
+      v4->sin_family = AF_INET;
+      v4->sin_port = htons(wanted);
+      len = sizeof *v4;
+    } else if (::inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
+      v6->sin6_family = AF_INET6;
+      v6->sin6_port = htons(wanted);
+      len = sizeof *v6;
+    } else {
+      throw std::runtime_error("not an address: " + address);
+    }
+    fd.reset(::socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&storage), len) != 0 || ::listen(fd.get(), 512) != 0 ||
+        ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&storage), &len) != 0)
+      throw std::runtime_error("cannot listen on " + address);
+    port = ntohs(storage.ss_family == AF_INET ? v4->sin_port : v6->sin6_port);
+  }
+  // Whether a connection is waiting to be accepted (one reached this address).
+  bool reached() const {
+    pollfd p{fd.get(), POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
   }
 };
+
+// This host's own addresses that a name could lead to (host_addresses(), link-local ones left
+// out: they need a scope), IPv4 first.
+std::vector<std::string> own_addresses() {
+  std::vector<std::string> out;
+  for (const std::string& a : nshpc::network::host_addresses())
+    if (!a.starts_with("fe80:") && !a.starts_with("169.254.")) out.push_back(a);
+  std::stable_partition(out.begin(), out.end(), [](const std::string& a) { return a.find(':') == std::string::npos; });
+  return out;
+}
+
+std::string with_port(const std::string& address, std::uint16_t port) {
+  return address.find(':') == std::string::npos ? fmt::format("{}:{}", address, port)
+                                                 : fmt::format("[{}]:{}", address, port);
+}
 
 struct CurlResult {
   int exit_code = -1;
@@ -57,14 +98,16 @@ struct CurlResult {
 // The proxy process with its files; SIGKILLed and reaped when the test ends (SpawnedChild).
 class Proxy {
  public:
-  explicit Proxy(const nlohmann::json& policy, int watch_pid = 0) {
+  // `wrapper`: a command that runs the proxy's argv (appended to it) in a setting of its own.
+  explicit Proxy(const nlohmann::json& policy, int watch_pid = 0, std::vector<std::string> wrapper = {}) {
     write_policy(policy);
     std::vector<std::string> argv{binary(), "__net-proxy", "--policy", policy_file().string(), "--audit",
                                   audit_file().string()};
     if (watch_pid > 0) argv.insert(argv.end(), {"--watch-pid", std::to_string(watch_pid)});
     UniqueFd err(::open(stderr_file().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     SpawnSpec spec;
-    spec.program = binary();
+    if (!wrapper.empty()) argv.insert(argv.begin(), wrapper.begin(), wrapper.end());
+    spec.program = argv.front();
     spec.argv = argv;
     spec.fds = {{listener_.fd.get(), 3}, {err.get(), 2}};
     child_ = spawn(spec);
@@ -231,11 +274,14 @@ TEST_F(ProxyTest, ForwardsOriginFormWithoutProxyHeaders) {
   EXPECT_EQ(got.find("wrong.test"), std::string::npos) << got;
   EXPECT_NE(got.find("Content-Length: 4\r\n"), std::string::npos) << got;
   EXPECT_NE(got.find("Connection: close\r\n\r\nbody"), std::string::npos) << got;
-  // The answer streams back; the origin's close ends the exchange.
-  send_all(upstream, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+  // The answer comes back under the proxy's own head: the origin's hop-by-hop headers go, and
+  // the client's connection stays for its next request (it asked for keep-alive).
+  send_all(upstream, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close, X-Origin-Hop\r\n"
+                     "X-Origin-Hop: 1\r\nKeep-Alive: timeout=5\r\nX-Kept: yes\r\n\r\nok");
   upstream_fd.reset();
-  const std::string answer = read_some(client, 5s);
-  EXPECT_EQ(answer, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+  const std::string answer = read_some(client, 5s, [](const std::string& s) { return s.ends_with("ok"); });
+  EXPECT_EQ(answer, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Kept: yes\r\n\r\nok");
+  EXPECT_FALSE(closed_within(client, 300ms));
 }
 
 TEST_F(ProxyTest, UnlistedNameIsRefusedAndAudited) {
@@ -268,8 +314,9 @@ TEST_F(ProxyTest, ListedNameResolvingToAForbiddenAddressIsRefused) {
   const CurlResult r = proxy.curl("http://" + hp + "/file");
   EXPECT_EQ(r.code, "403");
   EXPECT_EQ(r.body, "ns-hpc: " + hp +
-                        " resolved to 127.0.0.1, a loopback address, which is refused unless that address is itself "
-                        "in the network allow list (e.g. 127.0.0.1:" + std::to_string(other.port) + ")\n");
+                        " resolved to 127.0.0.1, a loopback address of this host, which is refused unless ns-hpc's own "
+                        "configuration lists that address ([network] allow, e.g. 127.0.0.1:" +
+                        std::to_string(other.port) + "); an instance's network_allow cannot open the host's addresses\n");
   const CurlResult t = proxy.curl("http://" + hp + "/file", true);
   EXPECT_EQ(t.connect, "403");
   // Nothing reached the address: no connection is waiting to be accepted.
@@ -430,6 +477,267 @@ TEST_F(ProxyTest, EndsWhenTheWatchedProcessEnds) {
   const int status = proxy.exit_status(5s);
   ASSERT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// The host itself is out of reach whatever name leads there: every address of its interfaces
+// (this machine's own "public" one included), with a service listening on all of them, is
+// refused for a listed name, with GET and CONNECT, and for an instance's own address entry; only
+// the server's configuration can list one (which shows the service was reachable).
+TEST_F(ProxyTest, TheHostsOwnAddressesAreRefusedWhateverNameLeadsThere) {
+  const std::vector<std::string> own = own_addresses();
+  if (own.empty()) GTEST_SKIP() << "this host has no address besides loopback and link-local ones";
+  Listener service4("0.0.0.0");
+  Listener service6("::");  // every IPv6 address (and IPv4 too, on another port)
+  auto port_of = [&](const std::string& a) { return a.find(':') == std::string::npos ? service4.port : service6.port; };
+  nlohmann::json allow = nlohmann::json::array(), instance_allow = nlohmann::json::array();
+  nlohmann::json resolve = nlohmann::json::object();
+  for (std::size_t i = 0; i < own.size(); ++i) {
+    const std::string name = fmt::format("self{}.test", i);
+    allow.push_back(fmt::format("{}:{}", name, port_of(own[i])));
+    instance_allow.push_back(with_port(own[i], port_of(own[i])));
+    resolve[name] = nlohmann::json::array({own[i]});
+  }
+  Proxy proxy({{"mode", "filtered"}, {"allow", allow}, {"instance_allow", instance_allow}, {"resolve", resolve}});
+  for (std::size_t i = 0; i < own.size(); ++i) {
+    SCOPED_TRACE(own[i]);
+    const std::string hp = fmt::format("self{}.test:{}", i, port_of(own[i]));
+    const CurlResult get = proxy.curl("http://" + hp + "/");
+    EXPECT_EQ(get.code, "403");
+    EXPECT_EQ(get.body, fmt::format("ns-hpc: {} resolved to {}, an address of this host itself, which is refused "
+                                    "unless ns-hpc's own configuration lists that address ([network] allow, e.g. {}); "
+                                    "an instance's network_allow cannot open the host's addresses\n",
+                                    hp, own[i], with_port(own[i], port_of(own[i]))));
+    EXPECT_EQ(proxy.curl("http://" + hp + "/", true).connect, "403");
+    // The address itself, listed by the instance (as an agent may): refused too.
+    const std::string literal = with_port(own[i], port_of(own[i]));
+    const std::string a =
+        raw_exchange(proxy.port(), "CONNECT " + literal + " HTTP/1.1\r\nHost: " + literal + "\r\n\r\n");
+    EXPECT_TRUE(a.starts_with("HTTP/1.1 403 Forbidden")) << a;
+    EXPECT_NE(a.find("an address of this host itself"), std::string::npos) << a;
+  }
+  EXPECT_FALSE(service4.reached());
+  EXPECT_FALSE(service6.reached());
+  const auto denied = proxy.audit("network.denied");
+  ASSERT_EQ(denied.size(), 3 * own.size());
+  EXPECT_EQ(denied[0]["host"], "self0.test");
+  EXPECT_NE(denied[0]["reason"].get<std::string>().find("an address of this host itself"), std::string::npos);
+
+  // The server's configuration may list the address: then it is reached (the refusals above
+  // were the proxy's, not an unreachable service).
+  const std::string first = with_port(own[0], port_of(own[0]));
+  Proxy configured({{"mode", "filtered"}, {"allow", nlohmann::json::array({first})}});
+  const UniqueFd client(connect_loopback(configured.port()));
+  ASSERT_TRUE(send_all(client.get(), "CONNECT " + first + " HTTP/1.1\r\nHost: " + first + "\r\n\r\n"));
+  EXPECT_EQ(read_some(client.get(), 5s, [](const std::string& s) { return s.ends_with("\r\n\r\n"); }),
+            "HTTP/1.1 200 Connection established\r\n\r\n");
+  EXPECT_TRUE(eventually([&] { return (own[0].find(':') == std::string::npos ? service4 : service6).reached(); }, 5s));
+}
+
+// An address the host gets after the proxy started is refused as well (it follows the host's
+// addresses): here a "public" one (TEST-NET-2) on a veth pair made for the test.
+TEST_F(ProxyTest, AnAddressTheHostGetsLaterIsRefusedToo) {
+  if (::geteuid() != 0) GTEST_SKIP() << "giving the host an address needs root";
+  const std::string link = fmt::format("nshpcp{}", ::getpid() % 100000);
+  const std::string address = fmt::format("198.51.100.{}", 1 + ::getpid() % 250);
+  Listener service("0.0.0.0");
+  const std::string hp = fmt::format("later.test:{}", service.port);
+  Proxy proxy({{"mode", "filtered"},
+               {"allow", nlohmann::json::array({hp})},
+               {"resolve", {{"later.test", nlohmann::json::array({address})}}}});
+  ASSERT_EQ(proxy.curl(origin_url("other.test")).code, "403");  // serving, with the addresses of its start
+  struct Link {
+    std::string name;
+    ~Link() { run_command({"ip", "link", "del", name}); }
+  } added{link};
+  for (const auto& argv : std::vector<std::vector<std::string>>{
+           {"ip", "link", "add", link, "type", "veth", "peer", "name", link + "p"},
+           {"ip", "addr", "add", address + "/32", "dev", link},
+           {"ip", "link", "set", link, "up"}}) {
+    const CommandResult r = run_command(argv);
+    ASSERT_EQ(r.exit_code, 0) << describe_failure(argv, r);
+  }
+  const std::string a = raw_exchange(proxy.port(), "CONNECT " + hp + " HTTP/1.1\r\nHost: " + hp + "\r\n\r\n");
+  EXPECT_TRUE(a.starts_with("HTTP/1.1 403 Forbidden")) << a;
+  EXPECT_NE(a.find("resolved to " + address + ", an address of this host itself"), std::string::npos) << a;
+  EXPECT_EQ(proxy.curl("http://" + hp + "/").code, "403");
+  EXPECT_FALSE(service.reached());
+}
+
+// Requests sent one after the other on one connection (pipelined, or after an answer on a
+// kept-alive connection) are each judged on their own: allowed ones are answered in order, a
+// refused one gets its 403 and reaches nothing.
+TEST_F(ProxyTest, EveryRequestOnAConnectionIsCheckedOnItsOwn) {
+  Proxy proxy(allow_origin());
+  const std::string p = std::to_string(origin_.port());
+  const std::string ok = "HTTP/1.1 200 OK\r\nContent-Length: 23\r\n\r\n" + std::string(kContent);
+  {
+    const UniqueFd fd(connect_loopback(proxy.port()));
+    ASSERT_TRUE(send_all(fd.get(), "GET http://allowed.test:" + p + "/file HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+                                   "GET http://127.0.0.1:" + p + "/file HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                                   "GET http://other.test:" + p + "/file HTTP/1.1\r\nHost: other.test\r\n\r\n"
+                                   "GET http://allowed.test:" + p + "/file HTTP/1.1\r\nHost: allowed.test\r\n\r\n"));
+    const std::string got = read_some(fd.get(), 10s);  // until the proxy closes, after the refusal
+    ASSERT_TRUE(got.starts_with(ok + ok + "HTTP/1.1 403 Forbidden\r\n")) << got;
+    EXPECT_TRUE(got.ends_with("ns-hpc: other.test:" + p + " is not in this instance's network allow list ([network] "
+                              "allow in ns-hpc's config)\n"))
+        << got;
+  }
+  EXPECT_EQ(origin_.requests(), 2);  // the one after the refusal was never sent
+  // On a kept-alive connection, after an answer: the next request to a forbidden place is refused.
+  {
+    const UniqueFd fd(connect_loopback(proxy.port()));
+    ASSERT_TRUE(send_all(fd.get(), "GET http://allowed.test:" + p + "/file HTTP/1.1\r\nHost: allowed.test\r\n\r\n"));
+    EXPECT_EQ(read_some(fd.get(), 5s, [&](const std::string& s) { return s.size() >= ok.size(); }), ok);
+    EXPECT_FALSE(closed_within(fd.get(), 200ms));
+    ASSERT_TRUE(send_all(fd.get(), "GET http://other.test:" + p + "/file HTTP/1.1\r\nHost: other.test\r\n\r\n"));
+    const std::string refused = read_some(fd.get(), 5s);
+    EXPECT_TRUE(refused.starts_with("HTTP/1.1 403 Forbidden\r\n")) << refused;
+  }
+  EXPECT_EQ(origin_.requests(), 3);
+  EXPECT_EQ(proxy.audit("network.denied").size(), 2u);
+  EXPECT_TRUE(eventually([&] { return proxy.audit("network.allowed").size() == 3; }, 5s));
+  // A client that asks to close gets the answer and the end of the connection.
+  {
+    const UniqueFd fd(connect_loopback(proxy.port()));
+    ASSERT_TRUE(send_all(fd.get(), "GET http://allowed.test:" + p + "/file HTTP/1.1\r\nHost: allowed.test\r\n"
+                                   "Connection: close\r\n\r\n"));
+    EXPECT_EQ(read_some(fd.get(), 5s),
+              "HTTP/1.1 200 OK\r\nContent-Length: 23\r\nConnection: close\r\n\r\n" + std::string(kContent));
+  }
+}
+
+// A request's body goes to its origin as its framing says (chunked here, trailer and all), not a
+// byte more: what follows it is the client's next request, judged on its own.
+TEST_F(ProxyTest, ABodyEndsWhereItsFramingSaysAndTheNextRequestIsJudgedOnItsOwn) {
+  Listener origin;
+  auto policy = allow_origin();
+  policy["allow"].push_back("allowed.test:" + std::to_string(origin.port));
+  policy["allow"].push_back("127.0.0.1:" + std::to_string(origin.port));
+  Proxy proxy(policy);
+  const UniqueFd client(connect_loopback(proxy.port()));
+  const std::string authority = "allowed.test:" + std::to_string(origin.port);
+  const std::string body = "4\r\nbody\r\n0\r\nX-Trailer: t\r\n\r\n";
+  ASSERT_TRUE(send_all(client.get(), "POST http://" + authority + "/up HTTP/1.1\r\nHost: " + authority +
+                                         "\r\nTransfer-Encoding: chunked\r\n\r\n" + body +
+                                         "GET http://other.test:" + std::to_string(origin.port) +
+                                         "/ HTTP/1.1\r\nHost: other.test\r\n\r\n"));
+  const UniqueFd upstream(::accept4(origin.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(upstream);
+  const std::string got = read_some(upstream.get(), 5s, [&](const std::string& s) { return s.ends_with(body); });
+  EXPECT_EQ(got, "POST /up HTTP/1.1\r\nHost: " + authority +
+                     "\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + body);
+  EXPECT_EQ(read_some(upstream.get(), 300ms), "") << "bytes after the body reached the origin";
+  send_all(upstream.get(), "HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n");
+  const std::string answer = read_some(client.get(), 10s);
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+                                 "HTTP/1.1 403 Forbidden\r\n"))
+      << answer;
+  EXPECT_FALSE(origin.reached());
+}
+
+// A TLS ClientHello, minimal but well-formed, naming `server` (SNI).
+std::string client_hello(const std::string& server) {
+  auto u16 = [](std::size_t n) { return std::string{static_cast<char>(n >> 8), static_cast<char>(n & 0xff)}; };
+  const std::string name = std::string(1, '\0') + u16(server.size()) + server;  // host_name
+  const std::string sni = u16(0) + u16(name.size() + 2) + u16(name.size()) + name;
+  std::string hello = std::string("\x03\x03", 2) + std::string(32, '\x42') + std::string(1, '\0') + u16(2) +
+                      std::string("\x13\x01", 2) + std::string("\x01\x00", 2) + u16(sni.size()) + sni;
+  hello = std::string(1, '\x01') + std::string(1, '\0') + u16(hello.size()) + hello;
+  return std::string("\x16\x03\x01", 3) + u16(hello.size()) + hello;
+}
+
+// Domain fronting: what a tunnel carries is not read, so a ClientHello naming another server
+// (SNI) reaches only the address checked for the CONNECT target, and a CONNECT to a forbidden
+// name is refused whatever server its ClientHello names.
+TEST_F(ProxyTest, ATunnelGoesToTheCheckedAddressWhateverItsClientHelloNames) {
+  Listener allowed;
+  Listener fronted("127.0.0.2", allowed.port);  // where forbidden.test leads
+  const std::string p = std::to_string(allowed.port);
+  Proxy proxy({{"mode", "filtered"},
+               {"allow", nlohmann::json::array({"allowed.test:" + p, "127.0.0.1:" + p})},
+               {"resolve", {{"allowed.test", nlohmann::json::array({"127.0.0.1"})},
+                            {"forbidden.test", nlohmann::json::array({"127.0.0.2"})}}}});
+  const std::string hello = client_hello("forbidden.test");
+  const UniqueFd client(connect_loopback(proxy.port()));
+  ASSERT_TRUE(send_all(client.get(), "CONNECT allowed.test:" + p + " HTTP/1.1\r\nHost: allowed.test:" + p +
+                                         "\r\n\r\n" + hello));
+  const UniqueFd upstream(::accept4(allowed.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(upstream);
+  EXPECT_EQ(read_some(upstream.get(), 5s, [&](const std::string& s) { return s.size() >= hello.size(); }), hello);
+  EXPECT_EQ(read_some(client.get(), 5s, [](const std::string& s) { return s.ends_with("\r\n\r\n"); }),
+            "HTTP/1.1 200 Connection established\r\n\r\n");
+  for (const std::string& target : {"forbidden.test:" + p, "127.0.0.2:" + p}) {
+    const std::string a = raw_exchange(proxy.port(), "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n" +
+                                                         client_hello("allowed.test"));
+    EXPECT_TRUE(a.starts_with("HTTP/1.1 403 Forbidden")) << a;
+  }
+  EXPECT_FALSE(fronted.reached());
+}
+
+// A name is resolved once per request, and the connection goes to the address that was checked:
+// a name that resolves to another address a moment later (DNS rebinding) does not take it there.
+// The resolver reads a hosts file of the proxy's own (bound over /etc/hosts in a mount namespace
+// of its own) that names a listed address until it has been read once, and an unlisted one from
+// then on (inotify says when a reading ends; the readings are counted).
+TEST_F(ProxyTest, TheConnectionGoesToTheAddressThatWasCheckedNeverToTheNameAgain) {
+  const bool root = ::geteuid() == 0;
+  const std::vector<std::string> unshare = root ? std::vector<std::string>{"unshare", "--mount"}
+                                                : std::vector<std::string>{"unshare", "--mount", "--user",
+                                                                           "--map-root-user"};
+  std::vector<std::string> probe = unshare;
+  probe.push_back("true");
+  if (run_command(probe).exit_code != 0) GTEST_SKIP() << "needs a mount namespace of its own (unshare fails here)";
+  Listener checked;
+  Listener rebound("127.0.0.2", checked.port);
+  const std::string p = std::to_string(checked.port);
+  const fs::path hosts = files_.path() / "hosts";
+  std::ofstream(hosts) << "127.0.0.1 flip.test\n";
+  const UniqueFd watch(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
+  ASSERT_TRUE(watch);
+  ASSERT_GE(::inotify_add_watch(watch.get(), hosts.c_str(), IN_CLOSE_NOWRITE), 0);
+  std::atomic<int> readings{0};
+  std::atomic<bool> stop{false};
+  std::thread rebinder([&] {
+    while (!stop) {
+      pollfd pfd{watch.get(), POLLIN, 0};
+      if (::poll(&pfd, 1, 20) <= 0) continue;
+      alignas(inotify_event) char buf[4096];
+      const ssize_t n = ::read(watch.get(), buf, sizeof buf);
+      for (ssize_t at = 0; at < n;) {
+        const auto* event = reinterpret_cast<const inotify_event*>(buf + at);
+        at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+        // A reading has ended: from now on the name leads elsewhere (the same file, rewritten).
+        if ((event->mask & IN_CLOSE_NOWRITE) && readings++ == 0) std::ofstream(hosts) << "127.0.0.2 flip.test\n";
+      }
+    }
+  });
+  struct Joined {
+    std::atomic<bool>& stop;
+    std::thread& thread;
+    ~Joined() {
+      stop = true;
+      thread.join();
+    }
+  } joined{stop, rebinder};
+  std::vector<std::string> wrapper = unshare;
+  wrapper.insert(wrapper.end(), {"--", "sh", "-c", "mount --bind \"$0\" /etc/hosts && exec \"$@\"", hosts.string()});
+  Proxy proxy({{"mode", "filtered"}, {"allow", nlohmann::json::array({"flip.test:" + p, "127.0.0.1:" + p})}}, 0,
+              wrapper);
+  const UniqueFd client(connect_loopback(proxy.port()));
+  ASSERT_TRUE(send_all(client.get(), "CONNECT flip.test:" + p + " HTTP/1.1\r\nHost: flip.test:" + p + "\r\n\r\n"));
+  EXPECT_EQ(read_some(client.get(), 10s, [](const std::string& s) { return s.ends_with("\r\n\r\n"); }),
+            "HTTP/1.1 200 Connection established\r\n\r\n")
+      << read_text(proxy.stderr_file());
+  EXPECT_TRUE(eventually([&] { return checked.reached(); }, 5s));
+  EXPECT_FALSE(rebound.reached());
+  EXPECT_EQ(readings, 1) << "the name was resolved again for the same connection";
+  // The next request resolves it again, and the new address is judged (refused: not listed).
+  const std::string again =
+      raw_exchange(proxy.port(), "CONNECT flip.test:" + p + " HTTP/1.1\r\nHost: flip.test:" + p + "\r\n\r\n");
+  EXPECT_TRUE(again.starts_with("HTTP/1.1 403 Forbidden")) << again;
+  EXPECT_NE(again.find("resolved to 127.0.0.2"), std::string::npos) << again;
+  EXPECT_FALSE(rebound.reached());
+  EXPECT_EQ(readings, 2);
 }
 
 TEST(ProxyStart, RefusesBadArgumentsAndPolicies) {

@@ -2,7 +2,11 @@
 // address classes, the policy file's errors, the audit's rate limit, the process's arguments.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "base/error.hpp"
+#include "common/temp_dir.hpp"
+#include "config/config.hpp"
 #include "network/proxy.hpp"
 
 namespace nshpc::network {
@@ -23,10 +27,15 @@ std::string entry_error(const char* text) {
   return why;
 }
 
-Policy policy_of(std::initializer_list<const char*> allow, Mode mode = Mode::filtered) {
+Policy policy_of(std::initializer_list<const char*> allow, Mode mode = Mode::filtered,
+                 std::initializer_list<const char*> instance_allow = {}) {
   Policy p;
   p.mode = mode;
   for (const char* a : allow) p.allow.push_back(entry(a));
+  for (const char* a : instance_allow) {
+    p.allow.push_back(entry(a));
+    p.allow.back().instance = true;
+  }
   return p;
 }
 
@@ -37,6 +46,15 @@ Host host(const char* text) {
 }
 
 bool allowed(const Policy& p, const char* h, std::uint16_t port) { return check_destination(p, host(h), port).allowed; }
+
+// The host's own addresses as a test host has them (besides loopback): a "public" one, as the
+// TEST-NET address of the machine the issue was found on, and a private IPv6 one.
+const std::vector<IpAddress> kHostAddresses = {boost::asio::ip::make_address("192.0.2.2"),
+                                               boost::asio::ip::make_address("fd00::2")};
+
+bool reachable(const Policy& p, const char* h, std::uint16_t port, const char* address) {
+  return check_address(p, host(h), port, ip(address), kHostAddresses).allowed;
+}
 
 TEST(NetworkAllowEntry, ParsesNamesSubdomainsAddressesAndPorts) {
   const auto name = entry("Example.COM.");
@@ -127,7 +145,7 @@ TEST(NetworkAllowEntry, ModeOffRefusesEverything) {
   EXPECT_FALSE(v.allowed);
   EXPECT_NE(v.reason.find("network mode \"off\""), std::string::npos);
   EXPECT_FALSE(allowed(p, "127.0.0.1", 80));
-  EXPECT_FALSE(check_address(p, host("example.com"), 443, ip("93.184.216.34")).allowed);
+  EXPECT_FALSE(check_address(p, host("example.com"), 443, ip("93.184.216.34"), {}).allowed);
 }
 
 TEST(NetworkHost, ParsesNamesAndLiterals) {
@@ -186,23 +204,75 @@ TEST(NetworkAddressClass, ClassifiesIPv6AndMappedForms) {
 }
 
 TEST(NetworkAddressClass, ForbiddenAddressesPassOnlyWhenListed) {
-  const Policy p = policy_of({"allowed.test:8080", "127.0.0.1:8080", "fd00::1", "localhost"});
+  const Policy p = policy_of({"allowed.test:8080", "10.1.2.3:8080", "fd00::1", "localhost"});
   const Host h = host("allowed.test");
-  EXPECT_TRUE(check_address(p, h, 8080, ip("127.0.0.1")).allowed);
-  EXPECT_TRUE(check_address(p, h, 8080, ip("::ffff:127.0.0.1")).allowed);
-  EXPECT_TRUE(check_address(p, h, 8080, ip("93.184.216.34")).allowed);
-  const Verdict v = check_address(p, h, 8080, ip("127.0.0.2"));
+  EXPECT_TRUE(check_address(p, h, 8080, ip("10.1.2.3"), kHostAddresses).allowed);
+  EXPECT_TRUE(check_address(p, h, 8080, ip("::ffff:10.1.2.3"), kHostAddresses).allowed);
+  EXPECT_TRUE(check_address(p, h, 8080, ip("93.184.216.34"), kHostAddresses).allowed);
+  const Verdict v = check_address(p, h, 8080, ip("10.1.2.4"), kHostAddresses);
   EXPECT_FALSE(v.allowed);
   EXPECT_EQ(v.reason,
-            "ns-hpc: allowed.test:8080 resolved to 127.0.0.2, a loopback address, which is refused unless that address "
-            "is itself in the network allow list (e.g. 127.0.0.2:8080)");
-  EXPECT_FALSE(check_address(p, h, 8080, ip("::1")).allowed);
-  EXPECT_FALSE(check_address(p, h, 8080, ip("::ffff:169.254.169.254")).allowed);
+            "ns-hpc: allowed.test:8080 resolved to 10.1.2.4, a private address, which is refused unless that address "
+            "is itself in the network allow list (e.g. 10.1.2.4:8080)");
+  EXPECT_FALSE(check_address(p, h, 8080, ip("::ffff:169.254.169.254"), kHostAddresses).allowed);
   // A portless address entry: ports 80 and 443, as every entry without a port.
-  EXPECT_TRUE(check_address(p, h, 443, ip("fd00::1")).allowed);
-  EXPECT_FALSE(check_address(p, h, 8080, ip("fd00::1")).allowed);
+  EXPECT_TRUE(check_address(p, h, 443, ip("fd00::1"), kHostAddresses).allowed);
+  EXPECT_FALSE(check_address(p, h, 8080, ip("fd00::1"), kHostAddresses).allowed);
   // A listed name gives no pass to a forbidden address.
-  EXPECT_FALSE(check_address(p, host("localhost"), 443, ip("127.0.0.1")).allowed);
+  EXPECT_FALSE(check_address(p, host("localhost"), 443, ip("127.0.0.1"), kHostAddresses).allowed);
+}
+
+// The host itself: its loopback, the unspecified address and every address of its interfaces,
+// the "public" ones included, whatever name leads there. Only an address entry of the server's
+// configuration opens one; an instance's own entries (network_allow, written by an agent) never.
+TEST(NetworkHostAddresses, AreRefusedUnlessTheConfigurationListsTheAddress) {
+  const Policy named = policy_of({"allowed.test:8080", "*.allowed.test", "allowed.test"});
+  const Verdict v = check_address(named, host("allowed.test"), 8080, ip("192.0.2.2"), kHostAddresses);
+  EXPECT_FALSE(v.allowed);
+  EXPECT_EQ(v.reason,
+            "ns-hpc: allowed.test:8080 resolved to 192.0.2.2, an address of this host itself, which is refused "
+            "unless ns-hpc's own configuration lists that address ([network] allow, e.g. 192.0.2.2:8080); an "
+            "instance's network_allow cannot open the host's addresses");
+  EXPECT_EQ(classify(ip("192.0.2.2")), AddressClass::none);  // public by its range: refused as the host's
+  EXPECT_FALSE(reachable(named, "x.allowed.test", 443, "192.0.2.2"));
+  EXPECT_FALSE(reachable(named, "allowed.test", 443, "::ffff:192.0.2.2"));  // mapped: the same address
+  EXPECT_FALSE(reachable(named, "allowed.test", 443, "fd00::2"));
+  EXPECT_FALSE(reachable(named, "allowed.test", 443, "0.0.0.0"));
+  EXPECT_FALSE(reachable(named, "allowed.test", 443, "::"));
+  EXPECT_NE(check_address(named, host("allowed.test"), 443, ip("0.0.0.0"), kHostAddresses).reason.find(
+                "the unspecified address (this host)"),
+            std::string::npos);
+  EXPECT_NE(check_address(named, host("allowed.test"), 443, ip("127.0.0.1"), kHostAddresses).reason.find(
+                "a loopback address of this host"),
+            std::string::npos);
+  EXPECT_TRUE(reachable(named, "allowed.test", 443, "192.0.2.3"));  // a neighbour is not the host
+
+  // An instance's own entries: the addresses, loopback included, and the names stay refused.
+  const Policy added = policy_of({}, Mode::filtered,
+                                 {"192.0.2.2:8080", "127.0.0.1:8080", "[fd00::2]:8080", "0.0.0.0:8080", "self.test:8080",
+                                  "10.1.2.3:8080"});
+  for (const char* address : {"192.0.2.2", "127.0.0.1", "fd00::2", "0.0.0.0"}) {
+    const Host literal = address == std::string("fd00::2") ? host("[fd00::2]") : host(address);
+    EXPECT_TRUE(check_destination(added, literal, 8080).allowed) << address;  // listed...
+    EXPECT_FALSE(check_address(added, literal, 8080, ip(address), kHostAddresses).allowed) << address;  // ...refused
+  }
+  EXPECT_FALSE(reachable(added, "self.test", 8080, "192.0.2.2"));
+  EXPECT_TRUE(reachable(added, "10.1.2.3", 8080, "10.1.2.3"));  // a private address it lists is its to reach
+
+  // The server's configuration may list one (a service of the host given to sandboxes on purpose).
+  const Policy configured = policy_of({"192.0.2.2:8080", "127.0.0.1:5432", "svc.test:8080"});
+  EXPECT_TRUE(reachable(configured, "192.0.2.2", 8080, "192.0.2.2"));
+  EXPECT_TRUE(reachable(configured, "svc.test", 8080, "192.0.2.2"));
+  EXPECT_FALSE(reachable(configured, "192.0.2.2", 8081, "192.0.2.2"));  // that port only
+  EXPECT_TRUE(reachable(configured, "127.0.0.1", 5432, "127.0.0.1"));
+  EXPECT_FALSE(reachable(configured, "svc.test", 8080, "127.0.0.2"));
+  // An address that stops being the host's is judged by its range again.
+  EXPECT_TRUE(check_address(named, host("allowed.test"), 8080, ip("192.0.2.2"), {}).allowed);
+}
+
+TEST(NetworkHostAddresses, ParsesTheHostsList) {
+  EXPECT_EQ(parse_addresses({"192.0.2.2", "fd00::2", "::ffff:10.0.0.1", "not an address", "fe80::1%eth0"}),
+            (std::vector<IpAddress>{ip("192.0.2.2"), ip("fd00::2"), ip("10.0.0.1")}));
 }
 
 TEST(NetworkPolicy, ParsesTheFile) {
@@ -213,6 +283,13 @@ TEST(NetworkPolicy, ParsesTheFile) {
   ASSERT_EQ(p.resolve.count("allowed.test"), 1u);
   EXPECT_EQ(p.resolve.at("allowed.test"), (std::vector<IpAddress>{ip("127.0.0.1"), ip("127.0.0.2"), ip("::1")}));
   EXPECT_EQ(parse_policy(R"({"mode": "off"})").mode, Mode::off);
+  // The instance's own additions come marked as such.
+  const Policy q = parse_policy(R"({"mode": "filtered", "allow": ["a.test"], "instance_allow": ["b.test", "10.0.0.1"]})");
+  ASSERT_EQ(q.allow.size(), 3u);
+  EXPECT_FALSE(q.allow[0].instance);
+  EXPECT_TRUE(q.allow[1].instance);
+  EXPECT_EQ(q.allow[1].name, "b.test");
+  EXPECT_TRUE(q.allow[2].instance);
 }
 
 std::string policy_error(const char* text) {
@@ -245,6 +322,8 @@ TEST(NetworkPolicy, NamesEveryProblem) {
   EXPECT_NE(all.find("allow entry 7 is not a string"), std::string::npos) << all;
   EXPECT_NE(all.find("allow entry \"x:99999\""), std::string::npos) << all;
   EXPECT_NE(all.find("\"1.2.3.400\" is not an IP address"), std::string::npos) << all;
+  EXPECT_NE(policy_error(R"({"mode": "off", "instance_allow": ["bad host"]})").find("instance_allow: allow entry"),
+            std::string::npos);
 }
 
 TEST(NetworkDeniedLimiter, AdmitsTwentyAWindowThenCounts) {
@@ -286,6 +365,38 @@ TEST(NetworkProxyArgv, ReadsAndRefuses) {
                UsageError);
   EXPECT_THROW(parse_proxy_argv({"ns-hpc", "__net-proxy", "--policy", "/p", "--audit", "/a", "--verbose"}), UsageError);
   EXPECT_THROW(parse_proxy_argv({"ns-hpc", "__net-proxy", "--policy"}), UsageError);
+}
+
+// [network] expose_port_range: "FIRST-LAST", unprivileged ports; anything else is refused with
+// the file, line and key.
+TEST(NetworkExposePortRange, IsReadAndAMalformedOneIsAConfigError) {
+  const nshpc::tests::TempDir dir("nshpc-port-range");
+  const auto env = [home = dir.path().string()](std::string_view name) -> std::optional<std::string> {
+    if (name == "HOME") return home;
+    return std::nullopt;
+  };
+  EXPECT_EQ(config::built_in(env, false).network.expose_port_range, (config::PortRange{40000, 40999}));
+  const auto file = dir.path() / "c.toml";
+  const auto with = [&](const std::string& value) {
+    std::ofstream(file) << "[network]\nallow = []\nexpose_port_range = " << value << "\n";
+    return file;
+  };
+  EXPECT_EQ(config::check_file(with("\"50000-50009\""), env).config.network.expose_port_range,
+            (config::PortRange{50000, 50009}));
+  EXPECT_EQ(config::check_file(with("\"50000-50000\""), env).config.network.expose_port_range,
+            (config::PortRange{50000, 50000}));
+  for (const char* bad : {"\"40999-40000\"", "\"80-90\"", "\"40000\"", "\"40000-70000\"", "\"a-b\"",
+                          "\"40000-\"", "\" 40000-40999\"", "40000"}) {
+    try {
+      config::check_file(with(bad), env);
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const config::ConfigError& e) {
+      ASSERT_EQ(e.problems().size(), 1u) << bad;
+      EXPECT_TRUE(e.problems()[0].starts_with(file.string() + ":3:")) << e.problems()[0];
+      EXPECT_NE(e.problems()[0].find("network.expose_port_range"), std::string::npos) << e.problems()[0];
+      EXPECT_NE(e.problems()[0].find("FIRST-LAST"), std::string::npos) << e.problems()[0];
+    }
+  }
 }
 
 }  // namespace
