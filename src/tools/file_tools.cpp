@@ -204,11 +204,14 @@ mcp::ToolResult read_image(const ToolContext& ctx, const files::Opened& o, const
                            const files::Kind& kind) {
   const std::string data = read_whole(o, kMaxImageBytes, shown, "the image");
   const std::string sha = files::sha256_hex(data);
-  // The decoder works for the instance: within its memory limit ([namespace] limits), when smaller.
+  // The decoder works for the instance: within its memory limit ([namespace] limits), when smaller
+  // — but never below what the decoder needs to start at all (the program itself, mapped).
+  constexpr std::size_t kDecoderFloor = std::size_t{64} << 20;
   files::ImageLimits limits;
   const auto& instance_limits = ctx.services.config.ns.limits;
   if (auto memory = instance_limits.find("memory"); memory != instance_limits.end() && memory->second > 0)
-    limits.max_memory = std::min(limits.max_memory, static_cast<std::size_t>(memory->second) << 20);
+    limits.max_memory =
+        std::max(kDecoderFloor, std::min(limits.max_memory, static_cast<std::size_t>(memory->second) << 20));
   files::Thumbnail t;
   try {
     t = files::make_thumbnail(data, kind.mime, limits);
