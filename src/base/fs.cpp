@@ -326,6 +326,12 @@ UniqueFd open_dir_path(const stdfs::path& path) {
   return fd;
 }
 
+bool removed(int fd) {
+  struct stat st;
+  if (::fstat(fd, &st) < 0) return errno == ESTALE;
+  return st.st_nlink == 0;
+}
+
 std::string self_program(std::string_view why) {
   std::error_code ec;
   std::string path = stdfs::read_symlink("/proc/self/exe", ec).string();

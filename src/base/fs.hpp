@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -70,6 +71,15 @@ void make_dirs(const stdfs::path& path, mode_t mode = 0755);
 
 // Opens a directory as an O_PATH descriptor without following a final symlink.
 UniqueFd open_dir_path(const stdfs::path& path);
+
+// Whether the file or folder open on `fd` has been removed: no name leads to it any more
+// (st_nlink 0), or its handle went stale (a network file system). How every process ns-hpc leaves
+// running for an instance (a keeper, on its status file; a network helper, on the state folder
+// it serves, opened with open_dir_path) notices that the instance's folder was removed under it
+// (rm -rf of the instance, or of the whole instances folder): each looks every kRemovedCheck and
+// then ends what it runs. A descriptor fstat cannot read for another reason counts as present.
+bool removed(int fd);
+inline constexpr std::chrono::seconds kRemovedCheck{1};
 
 // The first executable `name` on $PATH (or `name` itself when it contains a '/').
 std::optional<std::string> find_program(const std::string& name);

@@ -51,4 +51,22 @@ std::optional<Stat> read_stat(pid_t pid) {
   return parse_stat(*line);
 }
 
+std::vector<std::string> read_cmdline(pid_t pid) {
+  std::optional<std::string> raw;
+  try {
+    raw = fs::read_file(fmt::format("/proc/{}/cmdline", pid));
+  } catch (const SysError&) {
+    return {};  // gone between the open and the read, or not ours to read
+  }
+  std::vector<std::string> args;
+  if (!raw) return args;
+  std::string_view rest = *raw;
+  while (!rest.empty()) {
+    const auto end = std::min(rest.find('\0'), rest.size());
+    args.emplace_back(rest.substr(0, end));
+    rest.remove_prefix(std::min(end + 1, rest.size()));
+  }
+  return args;
+}
+
 }  // namespace nshpc::proc

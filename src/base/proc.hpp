@@ -1,13 +1,15 @@
-// What /proc/<pid>/stat says about one process: the one reader of that line for new code (the
-// older readers in sandbox/members.cpp, sandbox/execution.cpp and
-// sandbox/join.cpp predate it).
+// What /proc/<pid>/stat and /proc/<pid>/cmdline say about one process: the one reader of each for
+// new code (the older readers in sandbox/members.cpp, sandbox/execution.cpp, sandbox/join.cpp and
+// sandbox/network.cpp predate it).
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace nshpc::proc {
 
@@ -26,5 +28,10 @@ std::optional<Stat> parse_stat(std::string_view line);
 
 // /proc/<pid>/stat of `pid`; nullopt when there is no such process (or its line is unreadable).
 std::optional<Stat> read_stat(pid_t pid);
+
+// The arguments of `pid` (argv[0] first; a process may rewrite them, so a caller that trusts them
+// reads them while a pidfd says the process it means still runs); none when it is gone, or a
+// kernel thread.
+std::vector<std::string> read_cmdline(pid_t pid);
 
 }  // namespace nshpc::proc

@@ -63,13 +63,14 @@ int in_child(F body) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-// Living sandboxes that no record names (an instance deleted or archived behind a running
-// sandbox's back) are ended here, as at every server start.
+// Sandboxes that no record names (an instance deleted, archived or removed behind a running
+// sandbox's back) and the network helpers of instances whose folder is gone are ended here, as at
+// every server start.
 Check check_living(Invocation& inv, const config::Config& cfg) {
-  Check c{"no stray living sandboxes", true, false};
+  Check c{"no stray sandboxes or network helpers", true, false};
   try {
     const std::vector<std::string> ended = inv.backend().end_stray_sandboxes(cfg.ns.instances_dir);
-    c.detail = ended.empty() ? "every running living sandbox belongs to an instance"
+    c.detail = ended.empty() ? "every running sandbox and network helper belongs to an instance"
                              : fmt::format("{}", fmt::join(ended, "; "));
     c.detail += inv.backend().commands_share_pids()
                     ? "; commands of a living instance share its pid namespace (cgroup v2 kill)"

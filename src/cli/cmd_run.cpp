@@ -5,8 +5,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -27,6 +29,9 @@
 namespace nshpc::cli {
 
 namespace {
+
+// How often the server reaps what it started and let run (serve()).
+constexpr auto kReapEvery = std::chrono::seconds(5);
 
 enum class Transport { stdio, streamable_http, sse };
 
@@ -183,6 +188,18 @@ int serve(Invocation& inv, const ServerParts& parts, const std::function<int(mcp
   engine.recover();  // jobs left running by an earlier server are watched again
   // Nothing runs that no record names: living sandboxes of instances that are gone end here.
   for (const std::string& line : inv.backend().end_stray_sandboxes(cfg.ns.instances_dir)) log::warn("{}", line);
+  // What it started and let run (a living sandbox's keeper, a network helper) is reaped within
+  // seconds of its end, whether or not its instance is used again: a zombie would otherwise stay
+  // until then, and go to a PID 1 that may reap nothing when the server ends.
+  std::jthread reaper([&backend = inv.backend()](std::stop_token stop) {
+    std::mutex mutex;
+    std::condition_variable_any wake;
+    std::unique_lock lock(mutex);
+    while (!stop.stop_requested()) {
+      wake.wait_for(lock, stop, kReapEvery, [] { return false; });
+      backend.reap_ended();  // once more as the server ends
+    }
+  });
   // Said once here: an instance's limits this host cannot enforce (describe_instance lists them too).
   for (const std::string& why : sandbox::instance_limits_unenforced(cfg.ns.limits, cfg.jobs.local.use_cgroups))
     log::warn("[namespace] limits: {} (not enforced for any instance)", why);

@@ -28,7 +28,9 @@
 #include <nlohmann/json.hpp>
 
 #include "audit/audit.hpp"
+#include "base/error.hpp"
 #include "base/fd.hpp"
+#include "base/fs.hpp"
 #include "base/pidfd.hpp"
 #include "base/users.hpp"
 
@@ -109,7 +111,7 @@ void pump(int from, int to, Flow& flow, bool readable, bool writable, bool& brok
 
 struct Options {
   std::uint16_t port = 0;
-  std::string audit_file, instance;
+  std::string audit_file, instance, record;
   pid_t watch = 0;
   std::optional<users::Identity> identity;  // --uid/--gid: become it once in the namespace
 };
@@ -142,14 +144,17 @@ bool parse(int argc, char** argv, Options& o) {
       o.instance = value;
     } else if (flag == "--watch-pid") {
       o.watch = static_cast<pid_t>(std::atol(value));
-    } else if (flag != "--record") {  // the pid file's path: it names the forwarder for the server
+    } else if (flag == "--record") {  // the pid file's path: it names the forwarder for the server
+      o.record = value;
+    } else {
       return false;
     }
   }
   if (uid.has_value() != gid.has_value()) return false;
   if (uid) o.identity = users::Identity{*uid, *gid};
   struct stat st{};
-  return o.port != 0 && !o.audit_file.empty() && o.watch > 1 && ::fstat(kListenFd, &st) == 0 && S_ISSOCK(st.st_mode) &&
+  return o.port != 0 && !o.audit_file.empty() && !o.record.empty() && o.watch > 1 && ::fstat(kListenFd, &st) == 0 &&
+         S_ISSOCK(st.st_mode) &&
          ::fstat(kNetFd, &st) == 0;
 }
 
@@ -168,8 +173,8 @@ int forward_main(int argc, char** argv) {
   Options options;
   if (!parse(argc, argv, options)) {
     fmt::print(stderr,
-               "usage: ns-hpc {} --port P --audit FILE --instance ID --watch-pid PID [--uid U --gid G], with a "
-               "listening socket on fd 3 and a network namespace on fd 4 (started by the ns-hpc server)\n",
+               "usage: ns-hpc {} --port P --audit FILE --instance ID --watch-pid PID --record FILE [--uid U --gid G], "
+               "with a listening socket on fd 3 and a network namespace on fd 4 (started by the ns-hpc server)\n",
                kForwardCommand);
     return 2;
   }
@@ -179,6 +184,14 @@ int forward_main(int argc, char** argv) {
   if (!audit_log) {
     fmt::print(stderr, "ns-hpc {}: open the audit log {}: {}\n", kForwardCommand, options.audit_file,
                std::strerror(errno));
+    return 1;
+  }
+  // So is the folder of its record (the instance's state folder): it ends once that is removed.
+  UniqueFd folder;
+  try {
+    folder = fs::open_dir_path(std::filesystem::absolute(options.record).parent_path());
+  } catch (const SysError& e) {
+    fmt::print(stderr, "ns-hpc {}: {}\n", kForwardCommand, e.what());
     return 1;
   }
   // The namespaces first (descriptor 5, when given, is a user namespace: checked, not assumed).
@@ -261,9 +274,9 @@ int forward_main(int argc, char** argv) {
       fds.push_back({c.outside.get(), outside_events, 0});
       fds.push_back({c.inside.get(), inside_events, 0});
     }
-    const int n = ::poll(fds.data(), fds.size(), 5000);
+    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(std::chrono::milliseconds(fs::kRemovedCheck).count()));
     if (n < 0 && errno != EINTR) return 1;
-    if (fds[1].revents != 0 || fds[2].revents != 0) break;
+    if (fds[1].revents != 0 || fds[2].revents != 0 || fs::removed(folder.get())) break;
     std::size_t i = 3;
     for (Connection& c : connections) {
       const pollfd& o = fds[i++];

@@ -1,6 +1,6 @@
 // A port of a sandbox exposed on the host's loopback (expose_port): a process of its own per
 // exposed port, the ns-hpc binary itself, run as
-//   ns-hpc __port-forward --port P --audit FILE --instance ID --watch-pid PID [--uid U --gid G]
+//   ns-hpc __port-forward --port P --audit FILE --instance ID --watch-pid PID --record FILE [--uid U --gid G]
 // with descriptors
 //   3  a listening TCP socket on the host's loopback (the server had it bound as the identity
 //      this process runs as, so the port it reports is the one bound, a port in use is refused
@@ -17,8 +17,9 @@
 // What it writes to the audit log, through a descriptor opened before it gave up its uid: a line
 // a minute while there is traffic (network.port_traffic: port, host_port, connections, bytes each
 // way, refused). It never rotates the log (the server and the proxy do); after a rotation its
-// lines go to the rotated file. It ends on SIGTERM, and when the --watch-pid process (the
-// sandbox's init, or its held namespace's holder) ends.
+// lines go to the rotated file. It ends on SIGTERM, when the --watch-pid process (the sandbox's
+// init, or its held namespace's holder) ends, and when the folder of its --record (its pid file,
+// in the instance's state folder) is removed (fs::removed).
 #pragma once
 
 #include <string_view>

@@ -33,6 +33,7 @@
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "base/pidfd.hpp"
+#include "base/proc.hpp"
 #include "base/text.hpp"
 
 #ifndef P_PIDFD
@@ -312,14 +313,6 @@ std::optional<std::string> read_first_line(const std::filesystem::path& file) {
   return line;
 }
 
-std::vector<std::string> cmdline_of(pid_t pid) {
-  std::ifstream in(fmt::format("/proc/{}/cmdline", pid), std::ios::binary);
-  std::vector<std::string> args;
-  std::string arg;
-  while (std::getline(in, arg, '\0')) args.push_back(arg);
-  return args;
-}
-
 // pasta's stderr without the lines about a missing syslog (it logs to both).
 std::string pasta_message(const CommandResult& r) {
   const std::string said = r.err + r.out;
@@ -499,7 +492,7 @@ std::optional<PastaProcess> find_pasta(const std::filesystem::path& pid_file) {
   p.pid = pid;
   p.pidfd = open_pidfd(pid);
   if (!p.pidfd) return std::nullopt;
-  const std::vector<std::string> args = cmdline_of(pid);
+  const std::vector<std::string> args = proc::read_cmdline(pid);
   // Read while the pidfd's process was alive: the command line was its own, not a later
   // process's with the same pid.
   if (wait_pidfd(p.pidfd.get(), std::chrono::milliseconds(0))) return std::nullopt;
@@ -607,7 +600,13 @@ int watch_main(int argc, char** argv) {
   const UniqueFd sandbox = open_pidfd(init);
   std::optional<PastaProcess> pasta = find_pasta(pid_file);
   if (!pasta) return 0;  // detached already
-  if (sandbox) {
+  // The folder of the pid file: when it is removed (the instance's folder was), pasta is ended.
+  UniqueFd folder;
+  try {
+    folder = fs::open_dir_path(std::filesystem::absolute(pid_file).parent_path());
+  } catch (const SysError&) {
+  }
+  if (sandbox && folder) {
     // The host's addresses are watched (rtnetlink): when they change, the sandbox's blocked set
     // follows within moments.
     std::optional<NetnsFds> ns;
@@ -626,12 +625,13 @@ int watch_main(int argc, char** argv) {
       pollfd fds[3] = {{sandbox.get(), POLLIN, 0},
                        {pasta->pidfd.get(), POLLIN, 0},
                        {ns && changes ? changes->fd() : -1, POLLIN, 0}};
-      if (::poll(fds, 3, -1) < 0) {
+      const int ready = ::poll(fds, 3, static_cast<int>(std::chrono::milliseconds(fs::kRemovedCheck).count()));
+      if (ready < 0) {
         if (errno == EINTR) continue;
         break;
       }
       if (fds[1].revents != 0) return 0;  // pasta ended first
-      if (fds[0].revents != 0) break;
+      if (fds[0].revents != 0 || fs::removed(folder.get())) break;
       if (fds[2].revents != 0) {
         changes->changed();
         ::usleep(50000);  // an address change comes as several messages
@@ -707,13 +707,25 @@ bool others_in(dev_t dev, ino_t ino) {
 
 int hold_main(int argc, char** argv) {
   long idle = -1;
-  for (int i = 2; i + 1 < argc; i += 2)
+  std::filesystem::path record;
+  for (int i = 2; i + 1 < argc; i += 2) {
     if (std::string_view(argv[i]) == "--idle") idle = std::atol(argv[i + 1]);
+    if (std::string_view(argv[i]) == "--record") record = argv[i + 1];
+  }
   struct stat ready{};
-  if (idle < 0 || ::fstat(3, &ready) < 0 || !S_ISFIFO(ready.st_mode)) {
-    fmt::print(stderr, "usage: ns-hpc {} --idle SECONDS, fd 3 a pipe (started by the ns-hpc server)\n",
+  if (idle < 0 || record.empty() || ::fstat(3, &ready) < 0 || !S_ISFIFO(ready.st_mode)) {
+    fmt::print(stderr, "usage: ns-hpc {} --idle SECONDS --record FILE, fd 3 a pipe (started by the ns-hpc server)\n",
                kHoldCommand);
     return 2;
+  }
+  // The folder of its record: the holder ends when it is removed (the instance's folder was).
+  UniqueFd folder;
+  try {
+    folder = fs::open_dir_path(std::filesystem::absolute(record).parent_path());
+  } catch (const SysError& e) {
+    const std::string message = fmt::format("{}\n", e.what());
+    (void)!::write(3, message.data(), message.size());
+    return 1;
   }
   sigset_t stop;
   ::sigemptyset(&stop);
@@ -735,14 +747,16 @@ int hold_main(int argc, char** argv) {
   struct stat own{};
   if (::stat("/proc/self/ns/net", &own) < 0) return 1;
   // Checked every few seconds: a command ending does not end the namespace at once, only after
-  // `idle` seconds with nothing in it.
+  // `idle` seconds with nothing in it. Its record's folder is looked at every kRemovedCheck.
   const auto period = std::chrono::seconds(idle > 0 ? std::min<long>(idle, 5) : 3600);
   auto last_busy = Clock::now();
+  auto next_look = last_busy + period;
   for (;;) {
-    const timespec wait{static_cast<time_t>(period.count()), 0};
+    const timespec wait{static_cast<time_t>(fs::kRemovedCheck.count()), 0};
     const int sig = ::sigtimedwait(&stop, nullptr, &wait);
-    if (sig > 0) return 0;
-    if (idle == 0) continue;
+    if (sig > 0 || fs::removed(folder.get())) return 0;
+    if (idle == 0 || Clock::now() < next_look) continue;
+    next_look = Clock::now() + period;
     if (others_in(own.st_dev, own.st_ino)) last_busy = Clock::now();
     else if (Clock::now() - last_busy >= std::chrono::seconds(idle)) return 0;
   }

@@ -169,8 +169,9 @@ std::optional<std::string> nat_unavailable();
 // binary itself, run as
 //   ns-hpc __net-watch --watch-pid INIT --pasta-pid-file FILE
 // (own session, /dev/null for its standard descriptors, the server's uid), which detaches the
-// pasta of FILE once INIT (the sandbox's init) has ended, and ends by itself when that pasta
-// ends first (a switch to another mode detached it). Meanwhile it follows the host's addresses
+// pasta of FILE once INIT (the sandbox's init) has ended or FILE's folder has been removed (the
+// instance's folder was: fs::removed), and ends by itself when that pasta ends first (a switch
+// to another mode detached it). Meanwhile it follows the host's addresses
 // (rtnetlink): when one is added or removed, block_addresses() sets the sandbox's blocked set
 // again (a new address is reachable from the sandbox for the moments this takes).
 inline constexpr std::string_view kWatchCommand = "__net-watch";
@@ -179,12 +180,14 @@ int watch_main(int argc, char** argv);
 // An instance whose commands each get a fresh sandbox still has one network namespace, made and
 // kept by a holder that every command's sandbox joins (so a command pays no pasta start). The
 // holder is the ns-hpc binary itself, run as
-//   ns-hpc __net-hold --idle SECONDS
-// (own session, /dev/null for 0-2, fd 3 a pipe): it unshares a network namespace (as a normal
-// user with a user namespace of its own that maps only its uid, to 0, and owns it), brings its
-// loopback up, writes "ready\n" to fd 3 and closes it. It then ends on SIGTERM, or once no other
-// process has been in its namespace for SECONDS (0: never); what serves the namespace (pasta's
-// watcher, the proxy) watches its pid and ends with it.
+//   ns-hpc __net-hold --idle SECONDS --record FILE
+// (own session, /dev/null for 0-2, fd 3 a pipe; FILE its pid file, which the server writes): it
+// unshares a network namespace (as a normal user with a user namespace of its own that maps only
+// its uid, to 0, and owns it), brings its loopback up, writes "ready\n" to fd 3 and closes it. It
+// then ends on SIGTERM, once FILE's folder has been removed (the instance's folder was:
+// fs::removed), or once no other process has been in its namespace for SECONDS (0: never); what
+// serves the namespace (pasta's watcher, the proxy, the forwarders) watches its pid and ends
+// with it.
 inline constexpr std::string_view kHoldCommand = "__net-hold";
 int hold_main(int argc, char** argv);
 

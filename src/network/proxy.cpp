@@ -507,9 +507,11 @@ class Proxy {
         std::optional<HostAddressWatch> address_watch)
       : io_(io), options_(std::move(options)), policy_(std::make_shared<const Policy>(std::move(policy))),
         acceptor_(std::move(acceptor)), signals_(io, SIGHUP, SIGTERM, SIGINT), suppressed_timer_(io), watch_(io),
-        address_watch_(std::move(address_watch)), address_events_(io) {}
+        address_watch_(std::move(address_watch)), address_events_(io), folder_timer_(io) {}
 
-  void start(UniqueFd watched);
+  // `watched`: the --watch-pid process's pidfd (or none); `folder`: the policy's folder (the
+  // instance's state folder), whose removal ends the proxy too.
+  void start(UniqueFd watched, UniqueFd folder);
   const Policy& policy() const { return *policy_; }
   bool stopping() const { return stopping_; }
   void forget(std::uint64_t id) { sessions_.erase(id); }
@@ -524,6 +526,7 @@ class Proxy {
   awaitable<void> accept_loop();
   awaitable<void> signal_loop();
   awaitable<void> watch_loop();
+  awaitable<void> folder_loop();
   awaitable<void> addresses_loop();
   void reload();
   void recheck_sessions(std::string_view by);
@@ -540,6 +543,8 @@ class Proxy {
   asio::posix::stream_descriptor watch_;
   std::optional<HostAddressWatch> address_watch_;  // nullopt: the addresses are read for every check
   asio::posix::stream_descriptor address_events_;  // the watch's socket, to wake up on a change
+  UniqueFd folder_;
+  asio::steady_timer folder_timer_;
   std::vector<IpAddress> host_addresses_;
   bool host_addresses_read_ = false;
   std::map<std::uint64_t, std::weak_ptr<Session>> sessions_;
@@ -1135,12 +1140,16 @@ awaitable<void> Session::relay(tcp::socket& from, tcp::socket& to, std::uint64_t
   }
 }
 
-void Proxy::start(UniqueFd watched) {
+void Proxy::start(UniqueFd watched, UniqueFd folder) {
   asio::co_spawn(io_, accept_loop(), asio::detached);
   asio::co_spawn(io_, signal_loop(), asio::detached);
   if (watched) {
     watch_.assign(watched.release());
     asio::co_spawn(io_, watch_loop(), asio::detached);
+  }
+  if (folder) {
+    folder_ = std::move(folder);
+    asio::co_spawn(io_, folder_loop(), asio::detached);
   }
   if (address_watch_) {
     address_events_.assign(::fcntl(address_watch_->fd(), F_DUPFD_CLOEXEC, 3));
@@ -1232,6 +1241,15 @@ awaitable<void> Proxy::watch_loop() {
   if (!ec) stop(fmt::format("process {} ended", options_.watch_pid));
 }
 
+awaitable<void> Proxy::folder_loop() {
+  while (!stopping_) {
+    folder_timer_.expires_after(fs::kRemovedCheck);
+    auto [ec] = co_await folder_timer_.async_wait(kTuple);
+    if (ec || stopping_) break;
+    if (fs::removed(folder_.get())) stop("the instance's state folder was removed");
+  }
+}
+
 void Proxy::reload() {
   try {
     policy_ = std::make_shared<const Policy>(load_policy(options_.policy_file));
@@ -1250,6 +1268,7 @@ void Proxy::stop(std::string_view why) {
   acceptor_.close(ignored);
   signals_.cancel(ignored);
   watch_.close(ignored);
+  folder_timer_.cancel();
   address_events_.close(ignored);
   std::vector<std::shared_ptr<Session>> open;
   for (const auto& [id, weak] : sessions_)
@@ -1341,11 +1360,12 @@ int proxy_main(int argc, char** argv) {
   asio::io_context io(1);
   ProxyOptions options;
   Policy policy;
-  UniqueFd watched;
+  UniqueFd watched, folder;
   std::optional<tcp::acceptor> acceptor;
   try {
     options = parse_proxy_argv(std::vector<std::string>(argv, argv + argc));
     policy = load_policy(options.policy_file);
+    folder = fs::open_dir_path(std::filesystem::absolute(options.policy_file).parent_path());
     UniqueFd log(::open(options.audit_file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!log) throw SysError(errno, "open the audit log", options.audit_file);
     acceptor.emplace(listening_socket(io));
@@ -1375,7 +1395,7 @@ int proxy_main(int argc, char** argv) {
     say(fmt::format("the host's addresses are read for every connection: {}", e.what()));
   }
   Proxy proxy(io, std::move(options), std::move(policy), std::move(*acceptor), std::move(address_watch));
-  proxy.start(std::move(watched));
+  proxy.start(std::move(watched), std::move(folder));
   io.run();
   std::fflush(stderr);
   // A resolver thread may still be inside getaddrinfo, which nothing can interrupt; the io_context's

@@ -30,7 +30,8 @@
 //
 // The policy (a JSON file the server writes atomically) is read at start and again on SIGHUP;
 // a policy that cannot be read on SIGHUP leaves the old one in force. Connections the new policy
-// forbids are closed. The proxy ends on SIGTERM, and when the --watch-pid process ends.
+// forbids are closed. The proxy ends on SIGTERM, when the --watch-pid process ends, and when the
+// policy's folder (the instance's state folder) is removed (fs::removed).
 //
 // The policy's decisions are pure functions below (unit-tested); the process is proxy_main().
 #pragma once

@@ -25,6 +25,7 @@
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
+#include "base/proc.hpp"
 #include "base/random.hpp"
 #include "base/text.hpp"
 #include "network/netns.hpp"
@@ -58,6 +59,8 @@ constexpr int kImageUsernsFd = 11;
 // when the server is not root: joined by the child and closed before anything is executed.
 constexpr int kHeldNetFd = 12;
 constexpr int kHeldUsernsFd = 13;
+// A keeper's descriptor of the store's audit log (KeeperOptions::audit_fd).
+constexpr int kStoreAuditFd = 14;
 
 // How long a launch waits while the instance's trees are copied (sandbox/gate.hpp) before it is
 // refused: a snapshot of a small workspace takes well under this.
@@ -515,47 +518,62 @@ class BwrapBackend final : public Backend {
   }
 
   std::vector<std::string> end_stray_sandboxes(const stdfs::path& instances_dir) override {
-    std::vector<std::string> ended;
-    const std::string root = instances_dir.lexically_normal().string();
+    const std::string root = instances_dir.lexically_normal().string() + "/";
+    struct Stray {
+      UniqueFd pidfd;
+      UniqueFd init;  // a keeper's sandbox init: ended first, so that the keeper reaps and exits
+      std::string line;
+    };
+    std::vector<Stray> strays;
     std::error_code ec;
     for (const auto& entry : stdfs::directory_iterator("/proc", ec)) {
       const std::string name = entry.path().filename().string();
       if (name.empty() || name[0] < '0' || name[0] > '9') continue;
       const pid_t pid = static_cast<pid_t>(std::atoi(name.c_str()));
-      const std::string argv = command_line(pid);
-      if (argv.find(std::string(kKeeperCommand) + " ") == std::string::npos) continue;
-      if (argv.find("--idle-stop-ms") == std::string::npos && argv.find("--busy-fd") == std::string::npos) continue;
-      UniqueFd keeper = open_pidfd(pid);
-      if (!keeper) continue;
-      // Its status file (descriptor 3, the living sandbox's record) says whose it is.
-      std::error_code lec;
-      std::string status = stdfs::read_symlink(fmt::format("/proc/{}/fd/{}", pid, kChildFds.status), lec).string();
-      if (lec) continue;
-      constexpr std::string_view deleted = " (deleted)";
-      const bool gone = status.ends_with(deleted);
-      if (gone) status.resize(status.size() - deleted.size());
-      const stdfs::path file(status);
-      if (file.filename() != kLivingStatus || !status.starts_with(root + "/")) continue;  // not ours, or a job's
-      bool named = false;
-      if (!gone) {
-        Target target;
-        target.state_dir = file.parent_path();
-        Living found = find_living(target);
-        // A keeper that has not written its first document yet is starting (in another process,
-        // at this moment), not a stray.
-        named = !found.status.keeper_pid() ||
-                (found.status.keeper_pid() == pid && stdfs::exists(file.parent_path().parent_path() / "metadata.json"));
-      }
-      if (named) continue;
-      try {
-        signal_pidfd(keeper.get(), SIGKILL);  // bwrap dies with it, and the sandbox with bwrap
-      } catch (const std::exception&) {
+      Stray stray{open_pidfd(pid), {}, {}};
+      if (!stray.pidfd) continue;
+      const std::vector<std::string> argv = proc::read_cmdline(pid);
+      if (wait_pidfd(stray.pidfd.get(), std::chrono::milliseconds(0))) continue;  // gone: argv may be another's
+      if (argv.size() > 1 && argv[1] == kKeeperCommand) {
+        std::optional<std::string> line = stray_keeper(pid, root, stray.init);
+        if (!line) continue;
+        stray.line = std::move(*line);
+      } else if (const auto folder = network_helper_folder(argv)) {
+        std::error_code fec;
+        if (!folder->string().starts_with(root) || stdfs::exists(*folder, fec) || fec) continue;
+        const std::string what = argv[1].starts_with("__") ? argv[1] : "pasta";
+        stray.line = fmt::format("ended {} (pid {}) of {}: its instance's folder is gone", what, pid, folder->string());
+      } else {
         continue;
       }
-      ended.push_back(fmt::format("ended the living sandbox of keeper {} ({}): no instance names it", pid, status));
+      strays.push_back(std::move(stray));
+    }
+    // Helpers and keepers without a known sandbox at once; a keeper, once its sandbox has ended
+    // (it reaps what it leaves and exits), or after a little while.
+    for (Stray& stray : strays) {
+      try {
+        signal_pidfd(stray.init ? stray.init.get() : stray.pidfd.get(), SIGKILL);
+      } catch (const std::exception&) {
+      }
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    std::vector<std::string> ended;
+    for (Stray& stray : strays) {
+      if (stray.init) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+        if (!wait_pidfd(stray.pidfd.get(), std::max(left, std::chrono::milliseconds(0)))) {
+          try {
+            signal_pidfd(stray.pidfd.get(), SIGKILL);
+          } catch (const std::exception&) {
+          }
+        }
+      }
+      ended.push_back(std::move(stray.line));
     }
     return ended;
   }
+
+  void reap_ended() override { leftovers_.reap_ended(); }
 
   bool commands_share_pids() const override {
     if (!drop_to_ || !use_cgroups_) return false;
@@ -711,6 +729,45 @@ class BwrapBackend final : public Backend {
     UniqueFd init;  // pidfd of the sandbox's init while it runs
     bool running = false;
   };
+
+  // Whether the keeper `pid` is a stray of the store at `root` (its record was removed, or no
+  // instance names it): then the line that says so, and its sandbox's init in `init` when its
+  // record says which; nullopt when it is not (or not this store's, or its record cannot be read:
+  // another user's).
+  static std::optional<std::string> stray_keeper(pid_t pid, const std::string& root, UniqueFd& init) {
+    // Its status file (descriptor 3, the sandbox's record) says whose it is.
+    const std::string fd = fmt::format("/proc/{}/fd/{}", pid, kChildFds.status);
+    std::error_code ec;
+    std::string status = stdfs::read_symlink(fd, ec).string();
+    if (ec) return std::nullopt;
+    constexpr std::string_view deleted = " (deleted)";
+    const bool gone = status.ends_with(deleted);
+    if (gone) status.resize(status.size() - deleted.size());
+    if (!status.starts_with(root)) return std::nullopt;
+    const stdfs::path file(status);
+    StatusStream record;
+    if (const UniqueFd in(::open(fd.c_str(), O_RDONLY | O_CLOEXEC)); in) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::read(in.get(), buf, sizeof buf)) > 0) record.feed(std::string_view(buf, static_cast<size_t>(n)));
+    }
+    if (!gone) {
+      if (file.filename() != kLivingStatus) return std::nullopt;  // a job's, on record
+      Target target;
+      target.state_dir = file.parent_path();
+      const Living found = find_living(target);
+      // A keeper that has not written its first document yet is starting (in another process,
+      // at this moment), not a stray.
+      if (!found.status.keeper_pid() ||
+          (found.status.keeper_pid() == pid && stdfs::exists(file.parent_path().parent_path() / "metadata.json")))
+        return std::nullopt;
+    }
+    if (record.child_pid() && record.pid_namespace() && !record.ended())
+      init = open_member(*record.child_pid(), *record.pid_namespace());
+    return fmt::format("ended the {} sandbox of keeper {} ({}): no instance names it{}",
+                       file.filename() == kLivingStatus ? "living" : "job", pid, status,
+                       gone ? " (its record was removed)" : "");
+  }
 
   static Living find_living(const Target& target) {
     Living found;
@@ -1080,8 +1137,17 @@ class BwrapBackend final : public Backend {
   // caller or has a wall-time limit), the checks, the descriptors, then one spawn.
   std::unique_ptr<Process> start_fresh(const RunSpec& spec, const HeldNetwork* held = nullptr) {
     const bool keeper = needs_keeper(spec);
-    const std::vector<std::string> argv =
-        keeper ? keeper_argv(self_path(), keeper_options(spec)) : build_bwrap_argv(ns_, spec, fd_numbers(spec), argv_options());
+    // A keeper says in the store's audit log when it ends a sandbox whose record was removed.
+    UniqueFd store_audit;
+    if (keeper) store_audit = open_store_audit(spec.target);
+    std::vector<std::string> argv;
+    if (keeper) {
+      KeeperOptions options = keeper_options(spec);
+      if (!store_audit) options.audit_fd = -1;
+      argv = keeper_argv(self_path(), options);
+    } else {
+      argv = build_bwrap_argv(ns_, spec, fd_numbers(spec), argv_options());
+    }
     const std::vector<std::string> envp = build_sandbox_env(ns_, spec, host_env);
 
     const std::optional<users::Identity> drop_to = identity(spec.target);
@@ -1137,6 +1203,7 @@ class BwrapBackend final : public Backend {
     if (seccomp) setup.fds.emplace_back(seccomp.get(), kChildFds.seccomp);
     if (shared) setup.fds.emplace_back(shared.get(), kChildFds.shared_output);
     if (spec.busy_file >= 0) setup.fds.emplace_back(spec.busy_file, kChildFds.busy);
+    if (store_audit) setup.fds.emplace_back(store_audit.get(), kStoreAuditFd);
     // A shell command travels on a descriptor, not in an argv that every local user can read.
     UniqueFd script;
     if (auto command = shell_script_of(spec.argv)) {
@@ -1222,6 +1289,8 @@ class BwrapBackend final : public Backend {
     options.grace = spec.limits.wall_time_grace;
     if (spec.busy_file >= 0) options.busy_fd = kChildFds.busy;
     options.idle_stop = spec.idle_stop;
+    if (!spec.target.store_audit_log.empty()) options.audit_fd = kStoreAuditFd;
+    options.instance_id = spec.target.instance_id;
     if (spec.join_init > 0) {
       // A job in a living instance: the keeper joins it and runs the command itself.
       options.join_init = spec.join_init;
@@ -1269,6 +1338,16 @@ class BwrapBackend final : public Backend {
     std::lock_guard lock(mutex_);
     if (seccomp_bpf_.empty()) seccomp_bpf_ = build_seccomp_bpf();
     return seccomp_bpf_;
+  }
+
+  // The store's audit log, for appending (created as audit::append does); none when the target
+  // has no store, or when it cannot be opened (the keeper then ends an orphaned sandbox unsaid).
+  static UniqueFd open_store_audit(const Target& target) {
+    if (target.store_audit_log.empty()) return {};
+    UniqueFd fd(::open(target.store_audit_log.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd) log::debug("{}: {}; a keeper of instance {} cannot write to it", target.store_audit_log.string(),
+                        std::strerror(errno), target.instance_id);
+    return fd;
   }
 
   static UniqueFd open_instance_dir(const stdfs::path& dir, std::string_view what) {

@@ -16,12 +16,15 @@
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 
 #include <fmt/format.h>
 
+#include "audit/audit.hpp"
 #include "base/error.hpp"
 #include "base/fd.hpp"
+#include "base/fs.hpp"
 #include "base/pidfd.hpp"
 #include "base/spawn.hpp"
 #include "sandbox/join.hpp"
@@ -45,6 +48,19 @@ constexpr auto kEscalation = std::chrono::seconds(2);
 
 // Where a shell command's script is (as for bwrap: FdNumbers::script).
 constexpr int kScriptFd = 62;
+
+// A sandbox whose record was removed: from SIGTERM to SIGKILL at most this (nothing can use it
+// any more, so its processes get less than a deadline's grace).
+constexpr auto kOrphanGrace = std::chrono::seconds(2);
+
+// What descriptor `fd` of this process names (its path; " (deleted)" taken off).
+std::string path_of_fd(int fd) {
+  std::error_code ec;
+  std::string path = std::filesystem::read_symlink(fmt::format("/proc/self/fd/{}", fd), ec).string();
+  constexpr std::string_view deleted = " (deleted)";
+  if (path.ends_with(deleted)) path.resize(path.size() - deleted.size());
+  return path;
+}
 
 std::int64_t epoch_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -82,6 +98,7 @@ class Keeper {
     ::sigaddset(&chld, SIGCHLD);
     ::sigprocmask(SIG_BLOCK, &chld, nullptr);  // taken with sigtimedwait
     for (int sig : kIgnored) ::signal(sig, SIG_IGN);
+    if (opt_.audit_fd >= 0) ::fcntl(opt_.audit_fd, F_SETFD, FD_CLOEXEC);  // the keeper's alone, never bwrap's
 
     // The status file (a pipe works too, but then the keeper cannot read the sandbox's pid
     // namespace back, and the wall-time limit kills without a graceful SIGTERM first).
@@ -95,6 +112,7 @@ class Keeper {
     if (opt_.busy_fd >= 0 && opt_.idle_stop.count() == 0) ::flock(opt_.busy_fd, LOCK_SH);  // a job: in use
     if (opt_.join_init > 0) return run_joined();
     if (!start_bwrap()) return 127;
+    guard_audit_fd();
     drop_descriptors();
     supervise(chld);
     if (deadline_untold_) append(fmt::format("{{\"{}\": {}}}\n", kDeadlineKey, *deadline_untold_));
@@ -138,6 +156,36 @@ class Keeper {
   // as stdio, so it holds none of the job's output or pipes open).
   void drop_descriptors() { drop_descriptors_except({}); }
 
+  // The store's audit log was opened by the server: when this uid could not open it (as root the
+  // keeper runs as the sandbox's uid), no other process of this uid may take the descriptor from
+  // it (ptrace, /proc/PID/fd). After the sandbox has started: its children were made dumpable.
+  void guard_audit_fd() const {
+    struct stat st;
+    if (opt_.audit_fd >= 0 && ::fstat(opt_.audit_fd, &st) == 0 && st.st_uid != ::geteuid())
+      ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  }
+
+  // The status file has no name any more: the instance's folder was removed under the sandbox.
+  bool record_removed() const { return fs::removed(opt_.status_fd); }
+
+  // Says in the store's audit log that the sandbox is being ended because its record is gone.
+  void audit_record_removed(std::string_view sandbox, std::size_t signalled, std::chrono::milliseconds grace) const {
+    if (opt_.audit_fd < 0) return;
+    try {
+      audit::append_to(opt_.audit_fd, path_of_fd(opt_.audit_fd), "sandbox.record_removed", "ns-hpc:keeper",
+                       {{"instance_id", opt_.instance_id},
+                        {"sandbox", sandbox},
+                        {"record", path_of_fd(opt_.status_fd)},
+                        {"keeper_pid", ::getpid()},
+                        {"processes_signalled", signalled},
+                        {"grace_ms", grace.count()},
+                        {"why", "the instance's folder was removed while its sandbox ran: nothing could find or stop "
+                                "it any more, so it was ended (SIGTERM, then SIGKILL)"}});
+    } catch (const std::exception&) {
+      // Best effort: the sandbox ends all the same.
+    }
+  }
+
   // Epoch time of the last sign of use: the busy file held (now) or touched.
   std::int64_t last_use() {
     if (::flock(opt_.busy_fd, LOCK_EX | LOCK_NB) < 0) return epoch_ms();  // held by a user
@@ -177,13 +225,23 @@ class Keeper {
     }
     append(fmt::format("{{\"child-pid\": {}, \"pid-namespace\": {}, \"{}\": true}}\n", joined.pid, joined.pid_ns,
                        kJoinedKey));
+    guard_audit_fd();
     drop_descriptors_except({joined.pidfd.get(), joined.status.get(), joined.release.get()});
     std::optional<Steady::time_point> deadline, hard_kill;
     if (opt_.time_limit.count() > 0) deadline = Steady::now() + opt_.time_limit;
+    bool orphaned = false;
     int code = 128 + SIGKILL;
     for (;;) {
-      int wait_ms = -1;
       const auto now = Steady::now();
+      // Looked at every kRemovedCheck (the poll below wakes up for it).
+      int wait_ms = orphaned ? -1 : static_cast<int>(std::chrono::milliseconds(fs::kRemovedCheck).count());
+      if (!orphaned && !hard_kill && record_removed()) {
+        orphaned = true;
+        deadline.reset();
+        const auto grace = std::min<std::chrono::milliseconds>(opt_.grace, kOrphanGrace);
+        audit_record_removed("job", signal_members(joined.pid_ns, SIGTERM), grace);
+        hard_kill = now + grace;
+      }
       if (deadline && now >= *deadline) {
         deadline.reset();
         append(fmt::format("{{\"{}\": {}}}\n", kDeadlineKey, epoch_ms()));
@@ -214,10 +272,11 @@ class Keeper {
     return code;
   }
 
-  // Keeps the status file, the busy file and `also`; stdio becomes /dev/null.
+  // Keeps the status file, the busy file, the audit log and `also`; stdio becomes /dev/null.
   void drop_descriptors_except(const std::vector<int>& also) {
     std::vector<int> keep{opt_.status_fd};
     if (opt_.busy_fd >= 0) keep.push_back(opt_.busy_fd);
+    if (opt_.audit_fd >= 0) keep.push_back(opt_.audit_fd);
     keep.insert(keep.end(), also.begin(), also.end());
     std::sort(keep.begin(), keep.end());
     int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -250,6 +309,11 @@ class Keeper {
       std::optional<Steady::time_point> next;
       if (!bwrap_status_) {
         const auto now = Steady::now();
+        if (!orphaned_ && !hard_kill && !escalate && record_removed() && sandbox_runs()) {
+          orphaned_ = true;
+          deadline.reset();
+          hard_kill = now + end_orphan();
+        }
         if (deadline && now >= *deadline) {
           deadline.reset();
           reach_deadline();
@@ -275,7 +339,9 @@ class Keeper {
           escalate.reset();
           ::kill(bwrap_, SIGKILL);  // our child, not reaped yet: the pid is still bwrap's
         }
-        for (const auto& t : {deadline, hard_kill, escalate, deadline_idle})
+        std::optional<Steady::time_point> look_again;  // at the record
+        if (!orphaned_) look_again = now + fs::kRemovedCheck;
+        for (const auto& t : {deadline, hard_kill, escalate, deadline_idle, look_again})
           if (t && (!next || *t < *next)) next = t;
         deadline_idle.reset();
       }
@@ -312,6 +378,24 @@ class Keeper {
     if (!status.child_pid() || !status.pid_namespace()) return;
     pid_ns_ = status.pid_namespace();
     init_ = open_member(*status.child_pid(), *pid_ns_);
+  }
+
+  // Whether the sandbox still runs (not only its bwrap finishing): its init has not ended, or is
+  // not known yet (bwrap is setting the sandbox up).
+  bool sandbox_runs() {
+    learn_sandbox();
+    return !init_ || !wait_pidfd(init_.get(), std::chrono::milliseconds(0));
+  }
+
+  // The record is gone: SIGTERM to every process of the sandbox, said in the audit log; returns
+  // the grace until SIGKILL (none when the sandbox is not set up yet: bwrap is killed at once).
+  std::chrono::milliseconds end_orphan() {
+    const auto grace = std::min<std::chrono::milliseconds>(opt_.grace, kOrphanGrace);
+    const bool set_up = pid_ns_.has_value();
+    const std::size_t signalled = set_up ? signal_members(*pid_ns_, SIGTERM) : 0;
+    audit_record_removed(opt_.idle_stop.count() > 0 || opt_.busy_fd >= 0 ? "living" : "job", signalled,
+                         set_up ? grace : std::chrono::milliseconds(0));
+    return set_up ? grace : std::chrono::milliseconds(0);
   }
 
   bool kill_init() {
@@ -387,6 +471,7 @@ class Keeper {
   UniqueFd init_;                           // pidfd of the sandbox init, once known
   std::optional<std::uint64_t> pid_ns_;
   bool init_stopped_ = false;
+  bool orphaned_ = false;  // its record was removed: being ended
   std::optional<std::int64_t> deadline_untold_;
 };
 
@@ -403,6 +488,8 @@ std::vector<std::string> keeper_argv(const std::string& self, const KeeperOption
                                 std::to_string(options.grace.count())};
   if (options.busy_fd >= 0) argv.insert(argv.end(), {"--busy-fd", std::to_string(options.busy_fd)});
   if (options.idle_stop.count() > 0) argv.insert(argv.end(), {"--idle-stop-ms", std::to_string(options.idle_stop.count())});
+  if (options.audit_fd >= 0) argv.insert(argv.end(), {"--audit-fd", std::to_string(options.audit_fd)});
+  if (!options.instance_id.empty()) argv.insert(argv.end(), {"--instance", options.instance_id});
   if (options.join_init > 0) {
     argv.insert(argv.end(), {"--join-init", std::to_string(options.join_init), "--join-pid-ns",
                              std::to_string(options.join_pid_ns), "--join-cwd", options.join_cwd});
@@ -426,6 +513,10 @@ KeeperOptions parse_keeper_argv(const std::vector<std::string>& argv) {
       options.join_cwd = argv[i + 1];
       continue;
     }
+    if (option == "--instance") {
+      options.instance_id = argv[i + 1];
+      continue;
+    }
     const std::int64_t value = parse_count(argv[i + 1], option);
     if (option == "--status-fd")
       options.status_fd = static_cast<int>(value);
@@ -445,6 +536,8 @@ KeeperOptions parse_keeper_argv(const std::vector<std::string>& argv) {
       options.seccomp_fd = static_cast<int>(value);
     else if (option == "--keep-caps")
       options.keep_caps = static_cast<std::uint64_t>(value);
+    else if (option == "--audit-fd")
+      options.audit_fd = static_cast<int>(value);
     else
       throw UsageError(fmt::format("unknown option {}", option));
   }

@@ -9,7 +9,13 @@
 //     {"ns-hpc-deadline": <epoch ms>} to the status file, sends SIGTERM to every process of the
 //     sandbox, and after the grace SIGKILL;
 //   - appends {"ns-hpc-ended": <epoch ms>} once nothing of the sandbox is left, and exits with
-//     bwrap's status (re-raising the signal that killed bwrap).
+//     bwrap's status (re-raising the signal that killed bwrap);
+//   - ends the sandbox when its record is gone: once a second it looks whether the status file
+//     still has a name (fs::removed); when the instance's folder was removed under it (rm -rf of
+//     the instance or of the whole instances folder), nothing can find or stop the sandbox any
+//     more, so the keeper sends SIGTERM to every process of it, SIGKILL after at most 2 s, and
+//     writes "sandbox.record_removed" to the store's audit log (through --audit-fd, a descriptor
+//     the server opened: as root the keeper runs as the sandbox's uid, which may not open it).
 // It has no parent-death signal (it must survive the server) and lives outside the sandbox's pid
 // namespace, so nothing inside can see or signal it. Terminal signals do not reach it (own
 // session); SIGTERM, SIGINT, SIGHUP and SIGQUIT are ignored: only SIGKILL ends it, and then
@@ -49,6 +55,10 @@ struct KeeperOptions {
   std::string join_cwd;
   int seccomp_fd = -1;
   std::uint64_t keep_caps = 0;  // JoinSetup::keep_caps (an image instance's job)
+  // The store's audit log (<instances_dir>/.audit.log), opened for appending by the server, and
+  // the instance it is for: where the keeper says it ended a sandbox whose record was removed.
+  int audit_fd = -1;
+  std::string instance_id;
 };
 
 // The keeper's argv for `self` (argv[0], the ns-hpc binary) and `options`.

@@ -270,6 +270,25 @@ std::optional<config::Network> served_network(const stdfs::path& state_dir) {
   return config::parse_network(name);
 }
 
+std::optional<stdfs::path> network_helper_folder(const std::vector<std::string>& argv) {
+  // Each helper's command (argv[1]; pasta: its program) and the option naming a file in its folder.
+  static const std::pair<std::string_view, std::string_view> kRecordOption[] = {
+      {network::kHoldCommand, "--record"},
+      {network::kProxyCommand, "--policy"},
+      {network::kWatchCommand, "--pasta-pid-file"},
+      {network::kForwardCommand, "--record"},
+  };
+  if (argv.size() < 2) return std::nullopt;
+  std::string_view option;
+  if (stdfs::path(argv[0]).filename().string().starts_with("pasta")) option = "--pid";
+  for (const auto& [command, record] : kRecordOption)
+    if (argv[1] == command) option = record;
+  if (option.empty()) return std::nullopt;
+  for (std::size_t i = 1; i + 1 < argv.size(); ++i)
+    if (argv[i] == option && stdfs::path(argv[i + 1]).is_absolute()) return stdfs::path(argv[i + 1]).parent_path();
+  return std::nullopt;
+}
+
 void serve_network(const NetworkPlan& plan, pid_t init, Leftovers& leftovers) {
   if (plan.mode == config::Network::host)
     throw Error("internal: a sandbox that shares the host's network is not served; restart it");

@@ -79,6 +79,12 @@ void end_network(const NetworkPlan& plan);
 // The mode on record as serving the sandbox now; nullopt: none (a fresh sandbox, or `host`).
 std::optional<config::Network> served_network(const std::filesystem::path& state_dir);
 
+// The state folder that a process serving an instance's network was started for, read from its
+// command line `argv` (the holder, the proxy, pasta's watcher and the forwarders name a file in
+// it, and so does pasta its pid file); nullopt when `argv` is none of theirs. Each of them ends by
+// itself once that folder is removed (fs::removed); `doctor` ends those that did not.
+std::optional<std::filesystem::path> network_helper_folder(const std::vector<std::string>& argv);
+
 // An instance whose commands each get a fresh sandbox keeps one network namespace for them while
 // it is used: a holder process (network/netns.hpp, `__net-hold`) makes it, every command's sandbox
 // joins it, and it is served as a living sandbox's is (the holder's pid in place of the init).

@@ -85,6 +85,9 @@ struct Target {
   audit::Rotation audit_rotation;
   // The instance's own idle_stop (seconds, 0 = never); nullopt: [namespace] idle_stop.
   std::optional<std::int64_t> idle_stop;
+  // The store's audit log (<instances_dir>/.audit.log): a keeper that ends a sandbox whose
+  // instance folder was removed under it says so there.
+  stdfs::path store_audit_log;
 };
 
 // Whom a sandbox of `target` runs as on the host, and whom the files made for it belong to: an
@@ -255,11 +258,18 @@ class Backend {
   // Whether the commands of a living instance share one pid namespace (a later command can ps and
   // kill what an earlier one left running): as root with cgroup v2. Otherwise each has its own.
   virtual bool commands_share_pids() const = 0;
-  // Living sandboxes that no record names (their keeper writes a status file under
-  // `instances_dir` that is gone or names another keeper: the instance was deleted, archived or
-  // started again behind their back) are ended; returns one line for each. Found by the record
-  // their keeper holds open, never by uid.
+  // Sandboxes that no record names are ended, and so are the processes serving an instance's
+  // network whose state folder is gone; returns one line for each. A living sandbox's keeper
+  // writes a status file under `instances_dir` that is gone or names another keeper (the instance
+  // was deleted, archived or started again behind its back); a job's keeper one that was removed.
+  // Found by the record a keeper holds open and by the folder a helper names, never by uid. A
+  // keeper and a helper end by themselves once their record is removed (fs::removed): this ends
+  // those that did not (stopped, or of an older version).
   virtual std::vector<std::string> end_stray_sandboxes(const stdfs::path& instances_dir) = 0;
+  // Reaps what this backend started and let run that has ended since (a living sandbox's keeper,
+  // a network helper, an adopted pasta); never waits. A server calls it every few seconds, so
+  // that nothing it started stays a zombie until the next use of its instance.
+  virtual void reap_ended() {}
   // The program and arguments start() would execute, with placeholder descriptor numbers.
   virtual std::vector<std::string> describe(const RunSpec& spec) const = 0;
   // Where the groups of finished commands wait for the next ones of their instance; null: none.

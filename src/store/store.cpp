@@ -918,7 +918,7 @@ sandbox::Target Store::sandbox_target(const Instance& instance) const {
           output_root(),       instance.network,         instance.persistent,
           instance.state_dir(), cgroup_folder(instance.id), instance.image,
           instance.audit_log(),  instance.network_allow, rotation_,
-          instance.idle_stop};
+          instance.idle_stop,    root_ / ".audit.log"};
 }
 
 void Store::audit(const Instance& instance, std::string_view event, std::string_view actor,

@@ -16,8 +16,10 @@
 #include "base/error.hpp"
 #include "base/fd.hpp"
 #include "base/fs.hpp"
+#include "base/proc.hpp"
 #include "base/process.hpp"
 #include "base/random.hpp"
+#include "base/spawn.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
 #include "base/users.hpp"
@@ -36,6 +38,37 @@ TEST(Fs, AtomicWriteReplacesWholeFileAndLeavesNoTemporaries) {
   nshpc::fs::atomic_write(dir / "f.json", "second");
   EXPECT_EQ(nshpc::fs::read_file(dir / "f.json").value(), "second");
   EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+}
+
+// What a keeper and the network helpers watch: their record's folder removed under them (rm -rf of
+// the instance) is seen through the descriptor they hold, whatever happens to the path; renamed,
+// it is still there.
+TEST(Fs, RemovedSaysWhenAHeldFolderOrFileHasNoNameLeft) {
+  const TempDir tmp("nshpc-unit");
+  const fs::path& dir = tmp.path();
+  fs::create_directories(dir / "inst/status");
+  std::ofstream(dir / "inst/status/sandbox.status") << "{}";
+  const nshpc::UniqueFd folder = nshpc::fs::open_dir_path(dir / "inst/status");
+  const nshpc::UniqueFd file(::open((dir / "inst/status/sandbox.status").c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(file);
+  EXPECT_FALSE(nshpc::fs::removed(folder.get()));
+  EXPECT_FALSE(nshpc::fs::removed(file.get()));
+  fs::rename(dir / "inst", dir / "moved");
+  EXPECT_FALSE(nshpc::fs::removed(folder.get()));
+  fs::remove_all(dir / "moved");
+  EXPECT_TRUE(nshpc::fs::removed(folder.get()));
+  EXPECT_TRUE(nshpc::fs::removed(file.get()));
+}
+
+TEST(Proc, ReadCmdlineGivesEveryArgumentEmptyOnesIncluded) {
+  nshpc::SpawnSpec spec;
+  spec.program = "/bin/sleep";
+  spec.argv = {"sleep", "30", ""};
+  nshpc::SpawnedChild child = nshpc::spawn(spec);
+  EXPECT_EQ(nshpc::proc::read_cmdline(child.pid()), (std::vector<std::string>{"sleep", "30", ""}));
+  ::kill(child.pid(), SIGKILL);
+  child.wait("sleep");
+  EXPECT_TRUE(nshpc::proc::read_cmdline(child.pid()).empty());
 }
 
 TEST(Fs, RemoveTreeNeverFollowsSymlinks) {

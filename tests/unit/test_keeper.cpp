@@ -18,6 +18,8 @@ TEST(KeeperArgv, RoundTripsAndKeepsBwrapsArgvWordForWord) {
   in.join_pid_ns = 4026531836;
   in.join_cwd = "/workspace";
   in.keep_caps = 0xa80405fb;  // an image instance's job keeps its capabilities inside
+  in.audit_fd = 14;
+  in.instance_id = "calm-otter-3f2a";
   const auto argv = keeper_argv("/opt/ns-hpc", in);
   EXPECT_EQ(argv[0], "/opt/ns-hpc");
   EXPECT_EQ(argv[1], "__keeper");
@@ -28,6 +30,8 @@ TEST(KeeperArgv, RoundTripsAndKeepsBwrapsArgvWordForWord) {
   EXPECT_EQ(out.bwrap_argv, in.bwrap_argv);
   EXPECT_EQ(out.join_init, 42);
   EXPECT_EQ(out.keep_caps, 0xa80405fbU);
+  EXPECT_EQ(out.audit_fd, 14);
+  EXPECT_EQ(out.instance_id, "calm-otter-3f2a");
 }
 
 TEST(KeeperArgv, RefusesWhatItDidNotWrite) {

@@ -8,6 +8,7 @@
 #include "common/temp_dir.hpp"
 #include "config/config.hpp"
 #include "network/proxy.hpp"
+#include "sandbox/network.hpp"
 
 namespace nshpc::network {
 namespace {
@@ -365,6 +366,31 @@ TEST(NetworkProxyArgv, ReadsAndRefuses) {
                UsageError);
   EXPECT_THROW(parse_proxy_argv({"ns-hpc", "__net-proxy", "--policy", "/p", "--audit", "/a", "--verbose"}), UsageError);
   EXPECT_THROW(parse_proxy_argv({"ns-hpc", "__net-proxy", "--policy"}), UsageError);
+}
+
+// What `doctor` reads from a command line to tell whose network helper a process is: the folder
+// of the file each helper (and pasta) names; nothing for anything else.
+TEST(NetworkHelperFolder, ReadsTheFolderEachHelperNames) {
+  using sandbox::network_helper_folder;
+  const std::string s = "/srv/i/a/status";
+  const std::filesystem::path folder(s);
+  EXPECT_EQ(network_helper_folder({"/usr/bin/ns-hpc", "__net-hold", "--idle", "600", "--record",
+                                   s + "/network-h/network.holder.pid"}),
+            folder / "network-h");
+  EXPECT_EQ(network_helper_folder({"ns-hpc", "__net-proxy", "--policy", s + "/network.policy.json", "--audit", "/a"}),
+            folder);
+  EXPECT_EQ(network_helper_folder({"ns-hpc", "__net-watch", "--watch-pid", "7", "--pasta-pid-file",
+                                   s + "/network.pasta.pid"}),
+            folder);
+  EXPECT_EQ(network_helper_folder({"ns-hpc", "__port-forward", "--port", "80", "--audit", "/a", "--record",
+                                   s + "/network.forward.80.pid"}),
+            folder);
+  EXPECT_EQ(network_helper_folder({"pasta", "--quiet", "--netns", "/proc/self/fd/3", "--pid", s + "/network.pasta.pid"}),
+            folder);
+  EXPECT_FALSE(network_helper_folder({"ns-hpc", "__keeper", "--status-fd", "3", "--", "bwrap"}));
+  EXPECT_FALSE(network_helper_folder({"ns-hpc", "__net-proxy", "--policy", "relative/network.policy.json"}));
+  EXPECT_FALSE(network_helper_folder({"sleep", "--record", "/srv/i/a/status/x"}));
+  EXPECT_FALSE(network_helper_folder({}));
 }
 
 // [network] expose_port_range: "FIRST-LAST", unprivileged ports; anything else is refused with
