@@ -71,6 +71,7 @@ class GatedProcess final : public Process {
 }  // namespace
 
 UniqueFd enter_gate(const Target& target, std::chrono::milliseconds patience) {
+  if (target.state_dir.empty()) return UniqueFd();  // no instance (doctor's smoke run): nothing to hold
   UniqueFd gate = open_gate(target);
   const auto until = std::chrono::steady_clock::now() + patience;
   for (;;) {

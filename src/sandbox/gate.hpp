@@ -19,7 +19,8 @@
 namespace nshpc::sandbox {
 
 // The gate entered shared for one execution. Waits up to `patience` while a copy holds it, then
-// throws UsageError saying the instance's trees are being copied or reset.
+// throws UsageError saying the instance's trees are being copied or reset. A target of no instance
+// (no state_dir: doctor's smoke run) has no gate: an invalid descriptor.
 UniqueFd enter_gate(const Target& target, std::chrono::milliseconds patience);
 
 // The gate held exclusively: nothing of the instance starts until it is closed. nullopt when
