@@ -6,44 +6,72 @@ BUILD  ?= build
 BUILD_TYPE ?= RelWithDebInfo
 JOBS   ?= $(shell nproc)
 
-# Debian 12 packages needed to build, test and run.
-DEPS := g++ cmake ninja-build ccache pkg-config \
-        nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev \
-        libboost1.81-dev libseccomp-dev libsqlite3-dev libexpat1-dev libssl-dev libgtest-dev bubblewrap util-linux passwd procps jq \
-        mmdebstrap uidmap fakechroot fakeroot dpkg-dev libstb-dev libwebp-dev ripgrep litmus rclone curl \
-        passt iproute2
+# Debian 12 packages by purpose. The build and run groups are all that `make build` and the server
+# need: a normal user (an HPC login node) who has them builds and runs ns-hpc. Each optional
+# feature's group is installed by `make run` and `make test` when they run as root; a normal user
+# is shown the one line to ask an administrator for, and `ns-hpc doctor` names what a feature lacks.
+DEPS_BUILD  := g++ cmake ninja-build ccache pkg-config nlohmann-json3-dev libtomlplusplus-dev libcli11-dev \
+               libspdlog-dev libfmt-dev libboost1.81-dev libseccomp-dev libsqlite3-dev libexpat1-dev libssl-dev \
+               libstb-dev libwebp-dev
+DEPS_RUN    := bubblewrap util-linux passwd procps iproute2
+DEPS_IMAGES := mmdebstrap uidmap fakechroot fakeroot dpkg-dev
+DEPS_NAT    := passt
+DEPS_SEARCH := ripgrep
+DEPS_OPTIONAL := $(DEPS_IMAGES) $(DEPS_NAT) $(DEPS_SEARCH)
+# The tests: GoogleTest, the tools they drive (litmus, rclone, curl, jq) and Node.js for the
+# end-to-end tests (official MCP SDK; any packaged node >= 18 will do).
+DEPS_TEST   := libgtest-dev jq litmus rclone curl
 
-.PHONY: all deps configure build test unit integration test-as-user run bench fuzz install clean
+.PHONY: all deps deps-build deps-run deps-optional deps-test configure build test test-build unit integration \
+        test-as-user run bench fuzz install clean
 
 all: build
 
-deps:
-	@scripts/deps.sh $(DEPS)
-	@# Node.js runs the end-to-end tests (official MCP SDK); any packaged node >= 18 will do.
+# What `make build` needs; missing run packages are named, not required, to build.
+deps-build:
+	@scripts/deps.sh $(DEPS_BUILD)
+deps-run:
+	@scripts/deps.sh $(DEPS_RUN)
+deps-optional:
+	@scripts/deps.sh --optional $(DEPS_OPTIONAL)
+deps-test:
+	@scripts/deps.sh $(DEPS_TEST)
 	@command -v node >/dev/null && command -v npm >/dev/null || scripts/deps.sh nodejs npm
+# Everything: what make run and make test install.
+deps: deps-build deps-run deps-optional deps-test
 
-$(BUILD)/build.ninja: CMakeLists.txt | deps
+$(BUILD)/build.ninja: CMakeLists.txt | deps-build
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
 
 configure: $(BUILD)/build.ninja
 
-build: deps configure
+build: deps-build configure
+	@scripts/deps.sh --optional $(DEPS_RUN)
 	cmake --build $(BUILD) -j $(JOBS)
 
 # Units and integration tests (real bwrap) as the current user; when run as root, the
 # integration suite also runs as an unprivileged user (the HPC login-node case).
-test: build
+test: deps
+	@# The tests are configured only where GoogleTest is installed: again now that it is.
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
 	@# Set-up, like deps: the Debian image and local apt repository the image tests use (cached).
 	scripts/test-image.sh $(BUILD)
-	cd $(BUILD) && ctest --output-on-failure -j 2
+	@# Every suite, then a check that the tests left nothing of ours running.
+	scripts/run-tests.sh $(BUILD)
 
-unit: build
+unit: test-build
 	cd $(BUILD) && ctest --output-on-failure -L unit
 
-integration: build
+integration: test-build
 	cd $(BUILD) && ctest --output-on-failure -L integration
 
-run: build
+test-build: deps-build deps-test
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: deps-build deps-run deps-optional configure
+	cmake --build $(BUILD) -j $(JOBS)
 	@scripts/demo.sh $(BUILD)/ns-hpc
 
 bench: build
@@ -59,7 +87,7 @@ bench: build
 # libFuzzer over the MCP parser and dispatcher, the HTTP transport and WebDAV requests (paths, If
 # headers, XML bodies) (clang, ASan+UBSan), 60 seconds each by default.
 FUZZ_SECONDS ?= 60
-fuzz: deps
+fuzz: deps-build
 	@scripts/deps.sh clang libclang-rt-14-dev
 	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
 	  -DNSHPC_FUZZ=ON -DNSHPC_TESTS=OFF
