@@ -384,6 +384,20 @@ Check check_network_modes(const config::Config& cfg) {
   return c;
 }
 
+// search_files runs ripgrep inside the sandbox (from the host's /usr).
+Check check_search() {
+  Check c{"file search (ripgrep)"};
+  c.required = false;
+  if (const auto rg = fs::find_program("rg")) {
+    c.ok = true;
+    c.detail = fmt::format("{}: search_files works", *rg);
+  } else {
+    c.detail = "rg is not installed: search_files fails until it is";
+    c.fix = "apt-get install ripgrep";
+  }
+  return c;
+}
+
 // `ns-hpc image build`: mmdebstrap, and how a build runs for this user (sandbox/images.hpp).
 Check check_image_builds() {
   Check c{"image builds (mmdebstrap)"};
@@ -391,7 +405,7 @@ Check check_image_builds() {
   const auto mmdebstrap = fs::find_program("mmdebstrap");
   if (!mmdebstrap) {
     c.detail = "mmdebstrap is not installed";
-    c.fix = "apt-get install mmdebstrap";
+    c.fix = "apt-get install mmdebstrap uidmap fakechroot fakeroot dpkg-dev";
     return c;
   }
   try {
@@ -526,6 +540,7 @@ void add_doctor_command(CLI::App& app, Invocation& inv) {
     checks.push_back(check_cgroups());
     checks.push_back(check_living(inv, *cfg));
     checks.push_back(check_network_modes(*cfg));
+    checks.push_back(check_search());
     checks.push_back(check_image_builds());
     checks.push_back(check_image_layers(*cfg));
     checks.push_back(check_default_image(*cfg, *fix));

@@ -260,6 +260,10 @@ TEST(Cli, DoctorChecksTheRealSandbox) {
   }
   ASSERT_TRUE(by_name.count("Slurm tools"));
   EXPECT_FALSE(by_name["Slurm tools"]["required"]);  // Slurm is optional
+  // Optional features name what they need (make test installs ripgrep).
+  ASSERT_TRUE(by_name.count("file search (ripgrep)"));
+  EXPECT_FALSE(by_name["file search (ripgrep)"]["required"]);
+  EXPECT_TRUE(by_name["file search (ripgrep)"]["ok"]) << by_name["file search (ripgrep)"].dump();
   EXPECT_EQ(r.exit_code, report["ok"] ? 0 : 1);
   EXPECT_TRUE(report["ok"]) << r.out;
   Result text = env.run({"doctor"});
