@@ -9,7 +9,7 @@
 set -uo pipefail
 base=$1
 shift
-export CCACHE_BASEDIR=$base CCACHE_NOHASHDIR=1 CCACHE_PCH_EXTERNAL_CHECKSUM=1
+export CCACHE_BASEDIR=$base CCACHE_NOHASHDIR=1 CCACHE_PCH_EXTSUM=1
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 if ! command -v ccache >/dev/null; then exec "$@"; fi
 ccache "$@" || exit

@@ -651,8 +651,13 @@ int watch_main(int argc, char** argv) {
     fmt::print(stderr, "ns-hpc {}: {}\n", kWatchCommand, e.what());
     return 1;
   }
-  std::error_code ignored;
-  std::filesystem::remove(pid_file, ignored);
+  // Only while it still names this pasta: a sandbox started again meanwhile has a new pasta that
+  // wrote the same file, and removing it would leave that pasta unfindable.
+  const auto line = read_first_line(pid_file);
+  if (line && text::trim(*line) == std::to_string(pasta->pid)) {
+    std::error_code ignored;
+    std::filesystem::remove(pid_file, ignored);
+  }
   return 0;
 }
 
