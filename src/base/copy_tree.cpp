@@ -33,25 +33,6 @@ namespace stdfs = std::filesystem;
 
 bool unsupported(int err) { return err == ENOTSUP || err == EOPNOTSUPP; }
 
-// The names of a folder's entries ("." and ".." left out), read through a duplicate of `dir`.
-std::vector<std::string> entry_names(int dir, const std::string& shown) {
-  UniqueFd listing(::fcntl(dir, F_DUPFD_CLOEXEC, 3));
-  if (!listing) throw SysError(errno, "dup", shown);
-  std::unique_ptr<DIR, int (*)(DIR*)> stream(::fdopendir(listing.get()), &::closedir);
-  if (!stream) throw SysError(errno, "opendir", shown);
-  listing.release();
-  ::rewinddir(stream.get());
-  std::vector<std::string> names;
-  errno = 0;
-  while (const dirent* entry = ::readdir(stream.get())) {
-    const std::string_view n = entry->d_name;
-    if (n != "." && n != "..") names.emplace_back(n);
-    errno = 0;
-  }
-  if (errno != 0) throw SysError(errno, "read folder", shown);
-  return names;
-}
-
 // Extended attributes, read from one entry and written to another: by descriptor for files and
 // folders, through /proc/self/fd/<folder>/<name> (the folder held by descriptor, the last
 // component never followed) for links and nodes.

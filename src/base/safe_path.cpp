@@ -122,6 +122,25 @@ UniqueFd create_beneath(int dir_fd, std::string_view relative, mode_t mode,
   return fd;
 }
 
+std::vector<std::string> entry_names(int dir_fd, std::string_view shown) {
+  // fdopendir owns the descriptor it is given: a duplicate, so `dir_fd` stays the caller's.
+  UniqueFd listing(::fcntl(dir_fd, F_DUPFD_CLOEXEC, 3));
+  if (!listing) throw SysError(errno, "dup", shown);
+  std::unique_ptr<DIR, int (*)(DIR*)> stream(::fdopendir(listing.get()), &::closedir);
+  if (!stream) throw SysError(errno, "opendir", shown);
+  listing.release();
+  ::rewinddir(stream.get());  // the duplicate shares the offset of a folder read before
+  std::vector<std::string> names;
+  errno = 0;
+  while (const dirent* entry = ::readdir(stream.get())) {
+    const std::string_view name = entry->d_name;
+    if (name != "." && name != "..") names.emplace_back(name);
+    errno = 0;
+  }
+  if (errno != 0) throw SysError(errno, "read folder", shown);
+  return names;
+}
+
 void prune_beneath(int dir_fd, std::string_view relative, std::string_view prefix, std::string_view suffix,
                    std::size_t keep) {
   UniqueFd folder;
@@ -131,20 +150,10 @@ void prune_beneath(int dir_fd, std::string_view relative, std::string_view prefi
     if (e.code() == ENOENT) return;
     throw;
   }
-  // fdopendir owns the descriptor it is given: a duplicate, so `folder` stays ours.
-  UniqueFd listing(::fcntl(folder.get(), F_DUPFD_CLOEXEC, 0));
-  if (!listing) throw SysError(errno, "dup", relative);
-  std::unique_ptr<DIR, int (*)(DIR*)> dir(::fdopendir(listing.get()), &::closedir);
-  if (!dir) throw SysError(errno, "fdopendir", relative);
-  listing.release();
   std::vector<std::string> names;
-  while (const dirent* entry = ::readdir(dir.get())) {
-    std::string_view name = entry->d_name;
-    if (name.size() >= prefix.size() + suffix.size() && name.substr(0, prefix.size()) == prefix &&
-        name.substr(name.size() - suffix.size()) == suffix)
-      names.emplace_back(name);
-  }
-  dir.reset();
+  for (std::string& name : entry_names(folder.get(), relative))
+    if (name.size() >= prefix.size() + suffix.size() && name.starts_with(prefix) && name.ends_with(suffix))
+      names.push_back(std::move(name));
   if (names.size() <= keep) return;
   std::sort(names.begin(), names.end());
   for (std::size_t i = 0; i + keep < names.size(); ++i)

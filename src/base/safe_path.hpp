@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/fd.hpp"
 
@@ -69,6 +70,10 @@ UniqueFd open_untrusted_file(int dir_fd, std::string_view relative, const Expect
 // are given to that uid/gid (by descriptor). Opened O_RDWR | O_APPEND. Throws SysError.
 UniqueFd create_beneath(int dir_fd, std::string_view relative, mode_t mode,
                         std::optional<std::pair<uid_t, gid_t>> owner, std::string_view shown = {});
+
+// The names of the entries of the folder `dir_fd` ("." and ".." left out), read through a
+// duplicate so `dir_fd` stays the caller's. Throws SysError with `shown`.
+std::vector<std::string> entry_names(int dir_fd, std::string_view shown);
 
 // Removes the entries of the folder `relative` beneath `dir_fd` whose names start with `prefix`
 // and end with `suffix`, all but the last `keep` in name order. Never follows a link (a link is removed as a link);

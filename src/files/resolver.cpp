@@ -268,18 +268,7 @@ void copy_tree(const Root& from, const Root& root, int src_fd, int dst_parent, c
   if (const int err = mkdir_in(writer, dst_parent, name, 0700)) throw SysError(err, "mkdir", shown);
   UniqueFd dst = open_in(writer, dst_parent, name, O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, shown);
   give_to_owner(root, dst.get(), shown);
-  UniqueFd listing(::fcntl(src_fd, F_DUPFD_CLOEXEC, 3));
-  if (!listing) throw SysError(errno, "dup", src_shown);
-  std::unique_ptr<DIR, int (*)(DIR*)> dir(::fdopendir(listing.get()), &::closedir);
-  if (!dir) throw SysError(errno, "opendir", src_shown);
-  listing.release();
-  std::vector<std::string> names;
-  while (const dirent* entry = ::readdir(dir.get())) {
-    std::string_view n = entry->d_name;
-    if (n != "." && n != "..") names.emplace_back(n);
-  }
-  dir.reset();
-  for (const std::string& n : names) {
+  for (const std::string& n : fs::entry_names(src_fd, src_shown)) {
     const std::string child_src = src_shown + "/" + n;
     const std::string child_shown = shown + "/" + n;
     check_cancelled(cancelled, child_src);
