@@ -24,8 +24,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "sandbox/seccomp.hpp"
 
 namespace fs = std::filesystem;

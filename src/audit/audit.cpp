@@ -15,6 +15,7 @@
 
 #include "base/error.hpp"
 #include "base/fd.hpp"
+#include "base/json.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
 

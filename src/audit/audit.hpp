@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 namespace nshpc::audit {
 
@@ -32,7 +32,7 @@ inline constexpr std::size_t kMaxLineBytes = 64 * 1024;
 // interleave, and across a rotation no line is lost or written twice. Throws SysError when the
 // log cannot be written.
 void append(const std::filesystem::path& log_file, std::string_view event, std::string_view actor,
-            nlohmann::json fields = nlohmann::json::object(), const Rotation& rotation = {});
+            nlohmann::json fields, const Rotation& rotation = {});
 
 // Appends one event through `log_fd`: a descriptor of the log opened (O_WRONLY | O_APPEND) by a
 // helper that cannot open it by name any more, having given up its uid (a port forwarder). The
@@ -40,7 +40,7 @@ void append(const std::filesystem::path& log_file, std::string_view event, std::
 // rotated, the lines go to the rotated file the descriptor still names (<log>.1, ...).
 // `log_file` names it in messages. Throws SysError when the line cannot be written.
 void append_to(int log_fd, const std::filesystem::path& log_file, std::string_view event, std::string_view actor,
-               nlohmann::json fields = nlohmann::json::object());
+               nlohmann::json fields);
 
 // Builds the line that append() writes (exposed for tests): at most kMaxLineBytes. A string
 // longer than 8 KiB, and a field whose JSON does not fit, is replaced by its beginning and a

@@ -6,9 +6,9 @@
 #include <cstdlib>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
+#include "base/json.hpp"
 #include "base/log.hpp"
 #include "cli/app.hpp"
 #include "cli/computer_config.hpp"

@@ -7,9 +7,9 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
+#include "base/json.hpp"
 #include "cli/app.hpp"
 #include "cli/output.hpp"
 #include "sandbox/images.hpp"

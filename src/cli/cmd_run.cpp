@@ -12,10 +12,10 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/json.hpp"
 #include "base/log.hpp"
 #include "base/random.hpp"
 #include "cli/app.hpp"

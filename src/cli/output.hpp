@@ -3,8 +3,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "sandbox/images.hpp"
 #include "store/store.hpp"
 

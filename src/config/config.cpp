@@ -10,11 +10,11 @@
 #include <utility>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/json.hpp"
 #include "base/log.hpp"
 #include "base/text.hpp"
 #include "config/keys.hpp"
@@ -22,6 +22,57 @@
 namespace nshpc::config {
 
 namespace stdfs = std::filesystem;
+
+namespace names {
+NLOHMANN_JSON_SERIALIZE_ENUM(ResultType, {{ResultType::text, "text"},
+                                          {ResultType::structured, "structured"},
+                                          {ResultType::both, "both"}})
+NLOHMANN_JSON_SERIALIZE_ENUM(Network, {{Network::host, "host"},
+                                       {Network::off, "off"},
+                                       {Network::nat, "nat"},
+                                       {Network::filtered, "filtered"}})
+NLOHMANN_JSON_SERIALIZE_ENUM(DefaultNetwork, {{DefaultNetwork::automatic, "auto"},
+                                              {DefaultNetwork::host, "host"},
+                                              {DefaultNetwork::off, "off"},
+                                              {DefaultNetwork::nat, "nat"},
+                                              {DefaultNetwork::filtered, "filtered"}})
+NLOHMANN_JSON_SERIALIZE_ENUM(StatusSource, {{StatusSource::automatic, "auto"},
+                                            {StatusSource::sacct, "sacct"},
+                                            {StatusSource::squeue, "squeue"}})
+}  // namespace names
+
+void to_json(nlohmann::json& out, const ResultType& value) { names::to_json(out, value); }
+void from_json(const nlohmann::json& in, ResultType& value) { names::from_json(in, value); }
+void to_json(nlohmann::json& out, const Network& value) { names::to_json(out, value); }
+void from_json(const nlohmann::json& in, Network& value) { names::from_json(in, value); }
+void to_json(nlohmann::json& out, const DefaultNetwork& value) { names::to_json(out, value); }
+void from_json(const nlohmann::json& in, DefaultNetwork& value) { names::from_json(in, value); }
+void to_json(nlohmann::json& out, const StatusSource& value) { names::to_json(out, value); }
+void from_json(const nlohmann::json& in, StatusSource& value) { names::from_json(in, value); }
+void to_json(nlohmann::json& out, const PortRange& range) { out = to_string(range); }
+
+template <class E>
+  requires std::is_enum_v<E>
+std::string to_string(E value) {
+  return nlohmann::json(value).get<std::string>();
+}
+
+template <class E>
+  requires std::is_enum_v<E>
+std::optional<E> from_string(std::string_view name) {
+  const E value = nlohmann::json(name).get<E>();  // the first value when no value has this name
+  if (to_string(value) != name) return std::nullopt;
+  return value;
+}
+
+template std::string to_string(ResultType);
+template std::string to_string(Network);
+template std::string to_string(DefaultNetwork);
+template std::string to_string(StatusSource);
+template std::optional<ResultType> from_string<ResultType>(std::string_view);
+template std::optional<Network> from_string<Network>(std::string_view);
+template std::optional<DefaultNetwork> from_string<DefaultNetwork>(std::string_view);
+template std::optional<StatusSource> from_string<StatusSource>(std::string_view);
 
 ConfigError::ConfigError(std::vector<std::string> problems)
     : std::runtime_error(fmt::format("{}", fmt::join(problems, "\n"))), problems_(std::move(problems)) {}

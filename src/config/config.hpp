@@ -21,53 +21,41 @@
 #include <type_traits>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 namespace nshpc::config {
 
 // The enumerations of the configuration, each value with its TOML/JSON name.
 enum class ResultType { text, structured, both };
-NLOHMANN_JSON_SERIALIZE_ENUM(ResultType, {{ResultType::text, "text"},
-                                          {ResultType::structured, "structured"},
-                                          {ResultType::both, "both"}})
 
 // An instance's network (sandbox/network: how each is made). Every mode but `host` gives the
 // sandbox a network namespace of its own.
 enum class Network { host, off, nat, filtered };
-NLOHMANN_JSON_SERIALIZE_ENUM(Network, {{Network::host, "host"},
-                                       {Network::off, "off"},
-                                       {Network::nat, "nat"},
-                                       {Network::filtered, "filtered"}})
 
 // [namespace] default_network: a mode, or `auto` (resolve_default_network).
 enum class DefaultNetwork { automatic, host, off, nat, filtered };
-NLOHMANN_JSON_SERIALIZE_ENUM(DefaultNetwork, {{DefaultNetwork::automatic, "auto"},
-                                              {DefaultNetwork::host, "host"},
-                                              {DefaultNetwork::off, "off"},
-                                              {DefaultNetwork::nat, "nat"},
-                                              {DefaultNetwork::filtered, "filtered"}})
 
 // Where the ends of Slurm jobs that the controller has forgotten come from.
 enum class StatusSource { automatic, sacct, squeue };
-NLOHMANN_JSON_SERIALIZE_ENUM(StatusSource, {{StatusSource::automatic, "auto"},
-                                            {StatusSource::sacct, "sacct"},
-                                            {StatusSource::squeue, "squeue"}})
 
-// The name of a value of one of the enumerations above.
+// Their names as JSON (config.cpp), and as text: the name of a value, and the value named `name`
+// (nullopt for any other name), for the enumerations above.
+void to_json(nlohmann::json& out, const ResultType& value);
+void from_json(const nlohmann::json& in, ResultType& value);
+void to_json(nlohmann::json& out, const Network& value);
+void from_json(const nlohmann::json& in, Network& value);
+void to_json(nlohmann::json& out, const DefaultNetwork& value);
+void from_json(const nlohmann::json& in, DefaultNetwork& value);
+void to_json(nlohmann::json& out, const StatusSource& value);
+void from_json(const nlohmann::json& in, StatusSource& value);
+
 template <class E>
   requires std::is_enum_v<E>
-std::string to_string(E value) {
-  return nlohmann::json(value).get<std::string>();
-}
+std::string to_string(E value);
 
-// The value of one of the enumerations above named `name`; nullopt for any other name.
 template <class E>
   requires std::is_enum_v<E>
-std::optional<E> from_string(std::string_view name) {
-  const E value = nlohmann::json(name).get<E>();  // the first value when no value has this name
-  if (to_string(value) != name) return std::nullopt;
-  return value;
-}
+std::optional<E> from_string(std::string_view name);
 
 inline std::optional<Network> parse_network(std::string_view name) { return from_string<Network>(name); }
 
@@ -235,7 +223,7 @@ struct PortRange {
 inline std::string to_string(const PortRange& range) {
   return std::to_string(range.first) + "-" + std::to_string(range.last);
 }
-inline void to_json(nlohmann::json& out, const PortRange& range) { out = to_string(range); }
+void to_json(nlohmann::json& out, const PortRange& range);
 
 // [network]: what `filtered` instances may reach, and the host ports exposed ones may take.
 struct NetworkPolicy {

@@ -17,8 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "config/config.hpp"
 #include "config/reader.hpp"
 

@@ -202,7 +202,7 @@ std::size_t Engine::active_jobs(const stdfs::path& instance_base) {
     if (entry.path().extension() != ".state") continue;
     auto text = fs::read_file(entry.path());
     if (!text) continue;
-    auto rec = Record::from_json(nlohmann::json::parse(*text, nullptr, false));
+    auto rec = Record::from_json(parse_json_or_discarded(*text));
     if (!rec || is_final(rec->state)) continue;
     // Held here (watched, or being submitted), or by what its executor finds on the host.
     if (jobs_->held(rec->instance_id, rec->id) || jobs_->submitting(rec->instance_id, rec->id) ||

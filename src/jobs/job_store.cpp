@@ -15,7 +15,7 @@ JobStore::JobStore(const config::Config& config, store::Store& instances) : conf
 std::optional<Record> JobStore::load(const store::Instance& inst, const std::string& job_id) const {
   auto text = fs::read_file(state_file(inst, job_id));
   if (!text) return std::nullopt;
-  return Record::from_json(nlohmann::json::parse(*text, nullptr, false));
+  return Record::from_json(parse_json_or_discarded(*text));
 }
 
 void JobStore::save(const store::Instance& inst, const Record& record) const {

@@ -22,8 +22,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "config/config.hpp"
 #include "jobs/slurm.hpp"
 #include "jobs/state.hpp"

@@ -7,6 +7,28 @@
 
 namespace nshpc::jobs {
 
+namespace names {
+// The first pair is what an unknown name reads as: an unknown mode runs locally, an unknown
+// state is lost.
+NLOHMANN_JSON_SERIALIZE_ENUM(Mode, {{Mode::local, "local"}, {Mode::slurm, "slurm"}})
+NLOHMANN_JSON_SERIALIZE_ENUM(State, {{State::lost, "lost"},
+                                     {State::pending, "pending"},
+                                     {State::running, "running"},
+                                     {State::completed, "completed"},
+                                     {State::failed, "failed"},
+                                     {State::cancelled, "cancelled"},
+                                     {State::timed_out, "timed_out"},
+                                     {State::out_of_memory, "out_of_memory"},
+                                     {State::node_fail, "node_fail"},
+                                     {State::preempted, "preempted"},
+                                     {State::output_limit, "output_limit"}})
+}  // namespace names
+
+void to_json(nlohmann::json& out, const Mode& mode) { names::to_json(out, mode); }
+void from_json(const nlohmann::json& in, Mode& mode) { names::from_json(in, mode); }
+void to_json(nlohmann::json& out, const State& state) { names::to_json(out, state); }
+void from_json(const nlohmann::json& in, State& state) { names::from_json(in, state); }
+
 std::string to_string(State state) { return nlohmann::json(state).get<std::string>(); }
 std::string to_string(Mode mode) { return nlohmann::json(mode).get<std::string>(); }
 

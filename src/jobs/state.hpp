@@ -1,12 +1,12 @@
 // A job's mode and state: enums everywhere, their names (on disk, in tool results, in the audit
-// log) defined once here for nlohmann-json.
+// log) defined once, in record.cpp.
 #pragma once
 
 #include <optional>
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 namespace nshpc::jobs {
 
@@ -20,20 +20,12 @@ enum class State {
   pending, running, completed, failed, cancelled, timed_out, lost, out_of_memory, node_fail, preempted, output_limit
 };
 
-// The first pair is what an unknown name reads as: an unknown mode runs locally, an unknown
-// state is lost.
-NLOHMANN_JSON_SERIALIZE_ENUM(Mode, {{Mode::local, "local"}, {Mode::slurm, "slurm"}})
-NLOHMANN_JSON_SERIALIZE_ENUM(State, {{State::lost, "lost"},
-                                     {State::pending, "pending"},
-                                     {State::running, "running"},
-                                     {State::completed, "completed"},
-                                     {State::failed, "failed"},
-                                     {State::cancelled, "cancelled"},
-                                     {State::timed_out, "timed_out"},
-                                     {State::out_of_memory, "out_of_memory"},
-                                     {State::node_fail, "node_fail"},
-                                     {State::preempted, "preempted"},
-                                     {State::output_limit, "output_limit"}})
+// Their names (on disk, in tool results, in the audit log), as JSON: an unknown mode reads as
+// local, an unknown state as lost (record.cpp).
+void to_json(nlohmann::json& out, const Mode& mode);
+void from_json(const nlohmann::json& in, Mode& mode);
+void to_json(nlohmann::json& out, const State& state);
+void from_json(const nlohmann::json& in, State& state);
 
 std::string to_string(State state);
 std::string to_string(Mode mode);

@@ -15,8 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "config/config.hpp"
 #include "jobs/jobs.hpp"
 #include "lifecycle/snapshots.hpp"

@@ -8,9 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "base/fd.hpp"
+#include "base/json.hpp"
 #include "config/config.hpp"
 #include "jobs/jobs.hpp"
 #include "sandbox/sandbox.hpp"

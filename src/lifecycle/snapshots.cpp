@@ -87,7 +87,7 @@ nlohmann::json to_json(const SnapshotInfo& info) {
 }
 
 std::optional<SnapshotInfo> parse_snapshot(const std::string& name, const std::string& text) {
-  const auto raw = nlohmann::json::parse(text, nullptr, false);
+  const auto raw = parse_json_or_discarded(text);
   if (!raw.is_object()) return std::nullopt;
   SnapshotInfo info;
   info.name = name;

@@ -25,8 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "lifecycle/lifecycle.hpp"
 #include "store/store.hpp"
 

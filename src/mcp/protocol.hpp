@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
+#include "base/json.hpp"
 
 namespace nshpc::mcp {
 

@@ -25,12 +25,12 @@
 #include <string>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "audit/audit.hpp"
 #include "base/error.hpp"
 #include "base/fd.hpp"
 #include "base/fs.hpp"
+#include "base/json.hpp"
 #include "base/pidfd.hpp"
 #include "base/users.hpp"
 

@@ -28,10 +28,10 @@
 #include <set>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/json.hpp"
 #include "base/pidfd.hpp"
 #include "base/proc.hpp"
 #include "base/text.hpp"
@@ -290,7 +290,7 @@ std::set<std::string> prohibit_routes(const Netns& ns) {
   for (const char* family : {"-4", "-6"}) {
     const std::vector<std::string> argv{"ip", "-j", family, "route", "show", "table", "main", "type", "prohibit"};
     const CommandResult r = checked_run_in(ns, argv);
-    const auto routes = nlohmann::json::parse(r.out.empty() ? std::string("[]") : r.out, nullptr, false);
+    const auto routes = parse_json_or_discarded(r.out.empty() ? std::string("[]") : r.out);
     if (!routes.is_array()) throw Error(fmt::format("ip {} route show printed no JSON list: {}", family, r.out));
     for (const auto& route : routes) {
       const std::string dst = route.value("dst", "");

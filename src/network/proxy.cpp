@@ -42,9 +42,9 @@
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "audit/audit.hpp"
+#include "base/json.hpp"
 #include "base/users.hpp"
 #include "base/error.hpp"
 #include "base/fd.hpp"
@@ -232,7 +232,7 @@ std::optional<AllowEntry> parse_allow_entry(std::string_view text, std::string* 
 Policy parse_policy(std::string_view json_text) {
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(json_text);
+    doc = parse_json(json_text);
   } catch (const nlohmann::json::parse_error& e) {
     std::string_view what = e.what();
     if (const auto end = what.find("] "); end != std::string_view::npos) what.remove_prefix(end + 2);

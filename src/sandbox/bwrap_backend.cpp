@@ -17,13 +17,13 @@
 #include <memory>
 #include <mutex>
 
-#include <nlohmann/json.hpp>
 #include <sys/file.h>
 
 #include <fmt/format.h>
 
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/json.hpp"
 #include "base/log.hpp"
 #include "base/proc.hpp"
 #include "base/random.hpp"
@@ -838,9 +838,9 @@ class BwrapBackend final : public Backend {
   }
 
   static std::optional<std::pair<std::string, LivingStatus::TimePoint>> read_end(const Target& target) {
-    std::ifstream in(target.state_dir / kLivingEnd);
-    if (!in) return std::nullopt;
-    auto end = nlohmann::json::parse(in, nullptr, false);
+    const auto text = fs::read_file(target.state_dir / kLivingEnd);
+    if (!text) return std::nullopt;
+    auto end = parse_json_or_discarded(*text);
     if (!end.is_object() || !end.contains("why") || !end["why"].is_string() || !end.contains("at_ms") ||
         !end["at_ms"].is_number_integer())
       return std::nullopt;

@@ -18,9 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "base/error.hpp"
+#include "base/json.hpp"
 #include "sandbox/sandbox.hpp"
 
 namespace nshpc::sandbox {

@@ -13,10 +13,10 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/json.hpp"
 #include "base/log.hpp"
 #include "base/process.hpp"
 #include "base/random.hpp"
@@ -140,7 +140,7 @@ std::optional<ImageVersion> read_version(const stdfs::path& dir, const std::stri
   v.rootfs = dir / name / version / "rootfs";
   v.current = version == current;
   try {
-    const json meta = json::parse(*text);
+    const json meta = parse_json(*text);
     v.suite = meta.value("suite", "");
     v.include = meta.value("include", std::vector<std::string>{});
     v.built_at = meta.value("built_at", "");
@@ -604,7 +604,7 @@ std::optional<BuildProgress> ImageStore::building(std::string_view name) const {
   if (!text && current(name)) return std::nullopt;
   BuildProgress p;
   p.started = std::chrono::system_clock::now();
-  const json doc = json::parse(text.value_or(""), nullptr, false);
+  const json doc = parse_json_or_discarded(text.value_or(""));
   if (doc.is_object()) {
     p.line = doc.value("line", "");
     p.pid = doc.value("pid", 0);

@@ -15,10 +15,10 @@
 #include <map>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/json.hpp"
 #include "base/log.hpp"
 #include "base/spawn.hpp"
 #include "base/text.hpp"
@@ -115,10 +115,10 @@ UniqueFd find_forwarder(const NetworkPlan& plan, std::uint16_t port) {
 
 std::map<std::uint16_t, std::uint16_t> read_ports(const NetworkPlan& plan) {
   std::map<std::uint16_t, std::uint16_t> ports;
-  std::ifstream in(plan.state_dir / kPortsFile);
-  if (!in) return ports;
+  const auto text = fs::read_file(plan.state_dir / kPortsFile);
+  if (!text) return ports;
   try {
-    const nlohmann::json doc = nlohmann::json::parse(in);
+    const nlohmann::json doc = parse_json(*text);
     for (const auto& entry : doc.at("ports"))
       ports[entry.at("port").get<std::uint16_t>()] = entry.at("host_port").get<std::uint16_t>();
   } catch (const std::exception& e) {

@@ -1,6 +1,6 @@
 #include "sandbox/status.hpp"
 
-#include <nlohmann/json.hpp>
+#include "base/json.hpp"
 
 namespace nshpc::sandbox {
 
@@ -36,7 +36,7 @@ void StatusStream::feed(std::string_view bytes) {
 }
 
 void StatusStream::take_document(std::string_view doc) {
-  auto json = nlohmann::json::parse(doc, nullptr, false);
+  auto json = parse_json_or_discarded(doc);
   if (!json.is_object()) {
     malformed_ = true;
     return;

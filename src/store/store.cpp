@@ -134,7 +134,7 @@ std::size_t RecordedJobsGuard::active_jobs(const stdfs::path& instance_base) {
     if (entry.path().extension() != ".state") continue;
     auto text = fs::read_file(entry.path());
     if (!text) continue;
-    auto state = nlohmann::json::parse(*text, nullptr, false);
+    auto state = parse_json_or_discarded(*text);
     if (!state.is_object()) continue;
     std::string status = string_field(state, "status");
     if (status == "running" || status == "pending") ++count;
@@ -300,7 +300,7 @@ Instance Store::load(std::string_view id, const stdfs::path& base) const {
   inst.output = output_root() / std::string(id);
   auto text = fs::read_file(inst.metadata_file());
   if (!text) throw instance_not_found(id);
-  auto raw = nlohmann::json::parse(*text, nullptr, false);
+  auto raw = parse_json_or_discarded(*text);
   if (!raw.is_object())
     throw Error(fmt::format("instance '{}' has a corrupt metadata.json ({}); repair or delete it",
                             id, inst.metadata_file().string()));
@@ -361,7 +361,7 @@ std::vector<ArchivedInstance> Store::list_archived() const {
     auto sep = name.rfind("__");
     a.id = sep == std::string::npos ? name : name.substr(0, sep);
     if (auto text = fs::read_file(a.base / "metadata.json")) {
-      auto raw = nlohmann::json::parse(*text, nullptr, false);
+      auto raw = parse_json_or_discarded(*text);
       if (raw.is_object()) a.meta.raw = std::move(raw);
     }
     out.push_back(std::move(a));
@@ -426,7 +426,7 @@ std::optional<ArchivedInstance> Store::latest_archive(std::string_view id) const
   a.id = std::string(id);
   a.base = archive_root() / *newest;
   if (auto text = fs::read_file(a.base / "metadata.json")) {
-    auto raw = nlohmann::json::parse(*text, nullptr, false);
+    auto raw = parse_json_or_discarded(*text);
     if (raw.is_object()) a.meta.raw = std::move(raw);
   }
   return a;
@@ -486,7 +486,7 @@ Instance Store::restore(std::string_view archive, std::string_view new_id, std::
   // The metadata first (in the archive, where a failure changes nothing), then the renames.
   Metadata meta;
   if (auto text = fs::read_file(from / "metadata.json")) {
-    auto raw = nlohmann::json::parse(*text, nullptr, false);
+    auto raw = parse_json_or_discarded(*text);
     if (raw.is_object()) meta.raw = std::move(raw);
   }
   meta.raw["id"] = id;

@@ -27,11 +27,10 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "audit/audit.hpp"
 #include "base/error.hpp"
 #include "base/fd.hpp"
+#include "base/json.hpp"
 #include "base/safe_path.hpp"
 #include "base/users.hpp"
 #include "config/config.hpp"

@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
+#include "base/json.hpp"
 
 namespace nshpc::tools::computer {
 

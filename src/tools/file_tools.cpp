@@ -872,8 +872,7 @@ mcp::ToolResult search_files(const ToolContext& ctx, const json& args, mcp::Requ
     while (start < o.out.size()) {
       auto nl = o.out.find('\n', start);
       if (nl == std::string::npos) nl = o.out.size();
-      json ev = json::parse(o.out.begin() + static_cast<std::ptrdiff_t>(start),
-                            o.out.begin() + static_cast<std::ptrdiff_t>(nl), nullptr, false);
+      json ev = parse_json_or_discarded(std::string_view(o.out).substr(start, nl - start));
       start = nl + 1;
       if (ev.is_discarded() || !ev.is_object()) continue;
       const std::string type = ev.value("type", "");

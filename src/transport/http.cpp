@@ -1,4 +1,4 @@
-// The HTTP transports: listener, connections (Beast on Asio coroutines, one template for TCP and
+// The HTTP transports: listener, connections (Beast on Asio coroutines, one class for TCP and
 // Unix sockets), request checks (Host, Origin, token, limits) and the MCP endpoints. Sessions
 // and streams are in http_session.cpp.
 #include <linux/inet_diag.h>
@@ -26,6 +26,7 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/connect_pair.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
@@ -458,15 +459,17 @@ class PipeReader final : public BodyReader {
   BodyPipe& pipe_;
 };
 
-template <class Socket>
-class Connection : public std::enable_shared_from_this<Connection<Socket>> {
+// One connection, TCP or Unix socket alike (a generic stream socket: this class is compiled once).
+class Connection : public std::enable_shared_from_this<Connection> {
  public:
+  using Socket = asio::generic::stream_protocol::socket;
+
   Connection(Listener& listener, Socket socket, bool local_socket, Peer peer)
       : listener_(listener), hub_(listener.hub), opt_(listener.options), socket_(std::move(socket)),
         local_(local_socket), peer_(std::move(peer)), deadline_(socket_.get_executor()) {}
 
   void start() {
-    auto self = this->shared_from_this();
+    auto self = shared_from_this();
     id_ = listener_.next_connection++;
     ConnectionEntry entry;
     entry.peer = peer_.key;
@@ -1178,7 +1181,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
     // stream is free at once for a resume on a new connection.
     auto gone = std::make_shared<bool>(false);
     auto watching = std::make_shared<bool>(true);
-    socket_.async_wait(Socket::wait_read, [self = this->shared_from_this(), gone, watching,
+    socket_.async_wait(Socket::wait_read, [self = shared_from_this(), gone, watching,
                                            stream](const boost::system::error_code& ec) {
       if (!*watching) return;
       bool closed = static_cast<bool>(ec);
@@ -1193,7 +1196,7 @@ class Connection : public std::enable_shared_from_this<Connection<Socket>> {
         stream->wake();
       }
     });
-    stream->cut_writer = [weak = std::weak_ptr<Connection>(this->shared_from_this())] {
+    stream->cut_writer = [weak = std::weak_ptr<Connection>(shared_from_this())] {
       if (auto c = weak.lock()) c->abort();
     };
     struct Detach {
@@ -1328,7 +1331,7 @@ awaitable<void> accept_loop(Listener& listener, Acceptor& acceptor, bool local) 
       socket.close(ignored);
       continue;
     }
-    std::make_shared<Connection<SocketT>>(listener, std::move(socket), local, std::move(peer))->start();
+    std::make_shared<Connection>(listener, Connection::Socket(std::move(socket)), local, std::move(peer))->start();
   }
 }
 
@@ -1501,7 +1504,7 @@ std::string exchange(mcp::Server& server, const HttpOptions& options, const std:
     asio::local::connect_pair(server_side, client);
     // Treated as TCP so that the Host/Origin checks run too.
     Peer peer = peer_of(server_side, listener);
-    std::make_shared<Connection<unix_socket::socket>>(listener, std::move(server_side), false, std::move(peer))->start();
+    std::make_shared<Connection>(listener, Connection::Socket(std::move(server_side)), false, std::move(peer))->start();
     asio::co_spawn(io, [&]() -> awaitable<void> {
       co_await asio::async_write(client, asio::buffer(bytes), kTuple);
       boost::system::error_code ignored;

@@ -394,7 +394,7 @@ void HttpSession::answer_unfinished(const std::string& why) {
   auto pending = std::move(by_request_);
   by_request_.clear();
   for (auto& [key, stream] : pending) {
-    const json id = json::parse(key, nullptr, false);
+    const json id = parse_json_or_discarded(key);
     stream->push(mcp::make_error(id, -32000, why).dump(-1, ' ', false, json::error_handler_t::replace),
                  Outbound::Kind::response, legacy_);
     stream->finish();

@@ -296,7 +296,7 @@ nlohmann::json McpSession::wait_for(int id, std::chrono::seconds timeout) {
       }
     }
     if (auto nl = buffer_.find('\n'); nl != std::string::npos) {
-      auto message = nlohmann::json::parse(buffer_.substr(0, nl), nullptr, false);
+      auto message = nshpc::parse_json_or_discarded(buffer_.substr(0, nl));
       buffer_.erase(0, nl + 1);
       if (message.is_object()) pending_.push_back(std::move(message));
       continue;

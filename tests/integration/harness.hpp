@@ -10,7 +10,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
+
+#include "base/json.hpp"
 
 namespace nshpc::test {
 

@@ -10,10 +10,10 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <webp/encode.h>
 
 #include "base/error.hpp"
+#include "base/json.hpp"
 #include "base/text.hpp"
 #include "common/png.hpp"
 #include "files/content.hpp"

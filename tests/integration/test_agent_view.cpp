@@ -10,8 +10,7 @@
 #include <set>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "harness.hpp"
 
 using namespace nshpc::test;

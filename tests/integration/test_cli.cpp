@@ -10,8 +10,8 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include "base/json.hpp"
 #include "harness.hpp"
 #include "network/netns.hpp"
 
@@ -58,7 +58,7 @@ TEST(Cli, InstanceListPagesFiltersAndSorts) {
     Result r = env.run(args);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     std::vector<std::string> out;
-    for (const auto& i : json::parse(r.out)) out.push_back(i["id"]);
+    for (const auto& i : nshpc::parse_json(r.out)) out.push_back(i["id"]);
     return out;
   };
   EXPECT_EQ(ids({}), (std::vector<std::string>{"alpha", "bravo", "charlie", "delta"}));
@@ -78,13 +78,13 @@ TEST(Cli, InstanceLifecycleWithJson) {
   Env env;
   Result created = env.run({"instance", "create", "proj", "-d", "analysis", "--json"});
   ASSERT_EQ(created.exit_code, 0) << created.err;
-  json inst = json::parse(created.out);
+  json inst = nshpc::parse_json(created.out);
   EXPECT_EQ(inst["id"], "proj");
   EXPECT_EQ(inst["description"], "analysis");
   // [namespace] default_network = "auto": nat where it works, else filtered.
   EXPECT_EQ(inst["network"], nshpc::network::nat_unavailable() ? "filtered" : "nat");
 
-  json list = json::parse(env.run({"instance", "list", "--json"}).out);
+  json list = nshpc::parse_json(env.run({"instance", "list", "--json"}).out);
   ASSERT_EQ(list.size(), 1u);
   EXPECT_EQ(list[0]["id"], "proj");
 
@@ -94,25 +94,25 @@ TEST(Cli, InstanceLifecycleWithJson) {
 
   Result updated = env.run({"instance", "update", "proj", "-d", "new", "--network", "off", "--json"});
   ASSERT_EQ(updated.exit_code, 0) << updated.err;
-  json desc = json::parse(env.run({"instance", "describe", "proj", "--json"}).out);
+  json desc = nshpc::parse_json(env.run({"instance", "describe", "proj", "--json"}).out);
   EXPECT_EQ(desc["description"], "new");
   EXPECT_EQ(desc["network"], "off");
   EXPECT_NE(env.run({"instance", "describe", "proj"}).out.find("Network:       off"), std::string::npos);
 
   EXPECT_EQ(env.run({"instance", "archive", "proj", "--force"}).exit_code, 0);
-  EXPECT_EQ(json::parse(env.run({"instance", "list", "--json"}).out).size(), 0u);
-  json archived = json::parse(env.run({"instance", "list-archived", "--json"}).out);
+  EXPECT_EQ(nshpc::parse_json(env.run({"instance", "list", "--json"}).out).size(), 0u);
+  json archived = nshpc::parse_json(env.run({"instance", "list-archived", "--json"}).out);
   ASSERT_EQ(archived.size(), 1u);
   EXPECT_EQ(archived[0]["id"], "proj");
 
   Result purge = env.run({"instance", "delete", "--archived", archived[0]["name"], "--force"});
   EXPECT_EQ(purge.exit_code, 0) << purge.err;
-  EXPECT_EQ(json::parse(env.run({"instance", "list-archived", "--json"}).out).size(), 0u);
+  EXPECT_EQ(nshpc::parse_json(env.run({"instance", "list-archived", "--json"}).out).size(), 0u);
 }
 
 TEST(Cli, CreateWithoutIdGeneratesAReadableOne) {
   Env env;
-  json inst = json::parse(env.run({"instance", "create", "--json"}).out);
+  json inst = nshpc::parse_json(env.run({"instance", "create", "--json"}).out);
   const std::string id = inst["id"];
   EXPECT_EQ(std::count(id.begin(), id.end(), '-'), 2) << id;
   EXPECT_TRUE(fs::exists(env.instances() / id / "metadata.json"));
@@ -144,7 +144,7 @@ TEST(Cli, InvalidAndReservedIdsAreClearErrors) {
     expect_one_error_line(r, "id");
   }
   EXPECT_FALSE(fs::exists(env.instances() / "output/../evil"));
-  EXPECT_EQ(json::parse(env.run({"instance", "list", "--json"}).out).size(), 0u);
+  EXPECT_EQ(nshpc::parse_json(env.run({"instance", "list", "--json"}).out).size(), 0u);
 }
 
 TEST(Cli, UnknownInstanceIsAnErrorNamingIt) {
@@ -176,7 +176,7 @@ TEST(Cli, CorruptMetadataIsReportedByIdAndSkipped) {
   std::ofstream(env.instances() / "bad/metadata.json", std::ios::trunc) << "{\"id\": ";
   Result list = env.run({"instance", "list", "--json"});
   EXPECT_EQ(list.exit_code, 0);
-  EXPECT_EQ(json::parse(list.out).size(), 1u);
+  EXPECT_EQ(nshpc::parse_json(list.out).size(), 1u);
   EXPECT_NE(list.err.find("instance 'bad' skipped"), std::string::npos) << list.err;
   Result describe = env.run({"instance", "describe", "bad"});
   EXPECT_EQ(describe.exit_code, 1);
@@ -208,7 +208,7 @@ TEST(Cli, MissingOrUnreadableConfigIsAnError) {
 
 TEST(Cli, ConfigShowReflectsTheLayers) {
   Env env("[jobs]\nmax_timeout = 120\n");
-  json cfg = json::parse(env.run({"config", "show", "--json"}).out);
+  json cfg = nshpc::parse_json(env.run({"config", "show", "--json"}).out);
   EXPECT_EQ(cfg["jobs"]["max_timeout"], 120);
   EXPECT_EQ(cfg["namespace"]["instances_dir"], env.instances().string());
   Result toml = env.run({"config", "show"});
@@ -224,7 +224,7 @@ TEST(Cli, MissingBwrapIsAClearErrorAndLeavesNothingRunning) {
   expect_one_error_line(r, "/nonexistent/bwrap");
   Result doctor = env.run({"doctor", "--json"});
   EXPECT_EQ(doctor.exit_code, 1);
-  json report = json::parse(doctor.out);
+  json report = nshpc::parse_json(doctor.out);
   EXPECT_FALSE(report["ok"]);
   EXPECT_EQ(report["checks"][1]["name"], "bwrap found");
   EXPECT_FALSE(report["checks"][1]["ok"]);
@@ -248,7 +248,7 @@ TEST(Cli, HardeningOffStillRunsACustomBaseCommand) {
 TEST(Cli, DoctorChecksTheRealSandbox) {
   Env env;
   Result r = env.run({"doctor", "--json"});
-  json report = json::parse(r.out);
+  json report = nshpc::parse_json(r.out);
   std::map<std::string, json> by_name;
   for (const auto& c : report["checks"]) by_name[c["name"]] = c;
   for (const char* required : {"config is valid", "bwrap found", "user namespaces", "seccomp filter loads",
@@ -278,11 +278,11 @@ TEST(Cli, CleanDryRunListsIdleInstancesWithoutTouchingThem) {
   for (const char* f : {"metadata.json", "audit.log"})
     ::utimensat(AT_FDCWD, (env.instances() / "idle" / f).c_str(), old, 0);
   // created_at is now, so only last activity can make it idle: rewrite it old.
-  auto meta = json::parse(read_text(env.instances() / "idle/metadata.json"));
+  auto meta = nshpc::parse_json(read_text(env.instances() / "idle/metadata.json"));
   meta["created_at"] = "2020-01-01T00:00:00+00:00";
   std::ofstream(env.instances() / "idle/metadata.json", std::ios::trunc) << meta.dump();
   ::utimensat(AT_FDCWD, (env.instances() / "idle/metadata.json").c_str(), old, 0);
-  json report = json::parse(env.run({"clean", "--days", "30", "--dry-run", "--json"}).out);
+  json report = nshpc::parse_json(env.run({"clean", "--days", "30", "--dry-run", "--json"}).out);
   ASSERT_EQ(report["candidates"].size(), 1u);
   EXPECT_EQ(report["candidates"][0]["id"], "idle");
   EXPECT_TRUE(fs::exists(env.instances() / "idle/metadata.json"));
@@ -366,7 +366,7 @@ TEST(Cli, DebugLogOfTheStdioServerStaysOffItsMcpChannel) {
   while (start < r.out.size()) {
     std::size_t end = r.out.find('\n', start);
     ASSERT_NE(end, std::string::npos) << r.out;
-    json message = json::parse(r.out.substr(start, end - start), nullptr, false);
+    json message = nshpc::parse_json_or_discarded(r.out.substr(start, end - start));
     ASSERT_FALSE(message.is_discarded()) << "not an MCP message on stdout: " << r.out.substr(start, end - start);
     EXPECT_EQ(message["jsonrpc"], "2.0");
     if (message.contains("id")) ++answers;
@@ -420,7 +420,7 @@ TEST(Cli, ModeRulesNameTheOptionAndWhatToDo) {
     EXPECT_TRUE(r.out.empty()) << what << ": " << r.out;
   }
   EXPECT_FALSE(fs::exists(env.instances() / "y"));
-  EXPECT_EQ(json::parse(env.run({"instance", "describe", "x", "--json"}).out)["network"],
+  EXPECT_EQ(nshpc::parse_json(env.run({"instance", "describe", "x", "--json"}).out)["network"],
             nshpc::network::nat_unavailable() ? "filtered" : "nat");
   // A state by its name is still taken.
   Result jobs = env.run({"instance", "jobs", "x", "--status", "completed", "--json"});
@@ -433,10 +433,10 @@ TEST(Cli, PersistentFlagStateColumnAndRefusals) {
   Env env;
   Result created = env.run({"instance", "create", "eph", "--json"});
   ASSERT_EQ(created.exit_code, 0) << created.err;
-  EXPECT_EQ(json::parse(created.out)["persistent"], false);
+  EXPECT_EQ(nshpc::parse_json(created.out)["persistent"], false);
   Result living = env.run({"instance", "create", "liv", "--persistent", "--json"});
   ASSERT_EQ(living.exit_code, 0) << living.err;
-  EXPECT_EQ(json::parse(living.out)["persistent"], true);
+  EXPECT_EQ(nshpc::parse_json(living.out)["persistent"], true);
 
   Result list = env.run({"instance", "list"});
   ASSERT_EQ(list.exit_code, 0) << list.err;
@@ -453,6 +453,6 @@ TEST(Cli, PersistentFlagStateColumnAndRefusals) {
 
   Result updated = env.run({"instance", "update", "eph", "--persistent", "--json"});
   ASSERT_EQ(updated.exit_code, 0) << updated.err;
-  EXPECT_EQ(json::parse(updated.out)["persistent"], true);
+  EXPECT_EQ(nshpc::parse_json(updated.out)["persistent"], true);
   EXPECT_EQ(env.run({"instance", "update", "eph"}).exit_code, 1);  // nothing to update
 }

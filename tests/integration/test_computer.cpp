@@ -11,8 +11,8 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include "base/json.hpp"
 #include "base/pidfd.hpp"
 #include "base/proc.hpp"
 #include "base/process.hpp"
@@ -145,7 +145,7 @@ namespace {
 void make_held_computer(const Env& env, const std::string& id, const nshpc::SpawnedChild& holder) {
   env.create(id);
   const fs::path base = env.instances() / id;
-  nlohmann::json meta = nlohmann::json::parse(read_text(base / "metadata.json"));
+  nlohmann::json meta = nshpc::parse_json(read_text(base / "metadata.json"));
   meta["computer"] = {{"temporary", true}};
   std::ofstream(base / "metadata.json") << meta.dump(2);
   const std::optional<nshpc::proc::Stat> stat = nshpc::proc::read_stat(holder.pid());

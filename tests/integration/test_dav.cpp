@@ -128,7 +128,7 @@ std::vector<nlohmann::json> audit_lines(const Env& env, const std::string& id, c
   std::ifstream in(env.instances() / id / "audit.log");
   std::string line;
   while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
+    auto j = nshpc::parse_json_or_discarded(line);
     if (j.is_object() && j.value("event", "") == event) out.push_back(j);
   }
   return out;
@@ -485,7 +485,7 @@ TEST(ImageInstanceDav, FilesClosedToTheServerAreServedReplacedAndDeleted) {
     GTEST_SKIP() << "no test image in " << cache << " (scripts/test-image.sh, run by make test, builds it)";
   DavEnv d("", "images_dir = \"" + (cache / "images").string() + "\"\n");
   d.env.create("dav-img", {"--image", "test"});
-  const auto meta = nlohmann::json::parse(read_text(d.env.instances() / "dav-img/metadata.json"));
+  const auto meta = nshpc::parse_json(read_text(d.env.instances() / "dav-img/metadata.json"));
   const bool range = meta["ids"]["map"] != "single";
   std::string setup = "mkdir shut && echo in > shut/x && chmod 000 shut";
   if (range)

@@ -9,10 +9,9 @@
 #include <cstdio>
 #include <fstream>
 
-#include <nlohmann/json.hpp>
-
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/json.hpp"
 #include "common/temp_dir.hpp"
 #include "files/broker.hpp"
 #include "harness.hpp"

@@ -12,8 +12,7 @@
 #include <fstream>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "harness.hpp"
 
 using namespace nshpc::test;
@@ -35,7 +34,7 @@ fs::path make_secret(const Env& env) {
 }
 
 json parse_json(const Result& r) {
-  auto j = json::parse(r.out, nullptr, false);
+  auto j = nshpc::parse_json_or_discarded(r.out);
   EXPECT_TRUE(j.is_object()) << r.out << r.err;
   return j;
 }

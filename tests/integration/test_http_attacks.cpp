@@ -21,8 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "common/loopback.hpp"
 #include "harness.hpp"
 
@@ -113,7 +112,7 @@ Answer parse_answer(const std::string& raw) {
   const std::string body = raw.substr(head_end + 4);
   for (std::size_t pos = 0; (pos = body.find("{\"", pos)) != std::string::npos; ++pos) {
     const auto end = body.find('\n', pos);
-    json j = json::parse(body.substr(pos, end == std::string::npos ? std::string::npos : end - pos), nullptr, false);
+    json j = nshpc::parse_json_or_discarded(body.substr(pos, end == std::string::npos ? std::string::npos : end - pos));
     if (j.is_object() && j.contains("id") && (j.contains("result") || j.contains("error"))) {
       a.rpc = j;
       break;

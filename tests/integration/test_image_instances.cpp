@@ -10,8 +10,7 @@
 #include <fstream>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "common/file_server.hpp"
 #include "common/temp_dir.hpp"
 #include "harness.hpp"
@@ -43,7 +42,7 @@ class ImageInstance : public ::testing::Test {
 
   Result in(const std::string& id, const std::string& script) { return env_.run({"bwrap", id, "--", "/bin/sh", "-c", script}); }
 
-  json metadata(const std::string& id) { return json::parse(read_text(env_.instances() / id / "metadata.json")); }
+  json metadata(const std::string& id) { return nshpc::parse_json(read_text(env_.instances() / id / "metadata.json")); }
 
   Env env_;
 };
@@ -278,17 +277,17 @@ TEST_F(ImageInstance, FilesClosedToTheServerAreManagedThroughTheFileTools) {
   ok("terminal_execute", {{"command", closed_output}});
   mcp.crash();
   ASSERT_EQ(env_.run({"instance", "archive", "-f", "img-closed"}).exit_code, 0);
-  json archives = json::parse(env_.run({"instance", "list-archived", "--json"}).out);
+  json archives = nshpc::parse_json(env_.run({"instance", "list-archived", "--json"}).out);
   ASSERT_EQ(archives.size(), 1u) << archives.dump();
   ASSERT_EQ(env_.run({"instance", "restore", archives[0]["name"].get<std::string>()}).exit_code, 0);
   EXPECT_EQ(in("img-closed", "cat private/a.txt 2>/dev/null; chmod 700 /output/shut; cat /output/shut/f").out,
             range ? "edited\no\n" : "o\n");
   ASSERT_EQ(env_.run({"instance", "archive", "-f", "img-closed"}).exit_code, 0);
-  archives = json::parse(env_.run({"instance", "list-archived", "--json"}).out);
+  archives = nshpc::parse_json(env_.run({"instance", "list-archived", "--json"}).out);
   ASSERT_EQ(archives.size(), 1u) << archives.dump();
   const Result purged = env_.run({"instance", "delete", "--archived", "-f", archives[0]["name"].get<std::string>()});
   EXPECT_EQ(purged.exit_code, 0) << purged.out << purged.err;
-  EXPECT_EQ(json::parse(env_.run({"instance", "list-archived", "--json"}).out).size(), 0u);
+  EXPECT_EQ(nshpc::parse_json(env_.run({"instance", "list-archived", "--json"}).out).size(), 0u);
 }
 
 TEST_F(ImageInstance, WhatCannotWorkIsRefusedWithTheReason) {
@@ -362,7 +361,7 @@ TEST_F(StandInImages, AnImageUsedByAnArchivedInstanceIsKeptUntilTheArchiveIsGone
   fs::create_directories(stand_in("mini") / "rootfs/usr");
   env.create("img-kept", {"--image", "mini"});
   ASSERT_EQ(env.run({"instance", "archive", "-f", "img-kept"}).exit_code, 0);
-  const json archives = json::parse(env.run({"instance", "list-archived", "--json"}).out);
+  const json archives = nshpc::parse_json(env.run({"instance", "list-archived", "--json"}).out);
   ASSERT_EQ(archives.size(), 1u) << archives.dump();
   const std::string archive = archives[0]["name"].get<std::string>();
 

@@ -9,8 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "harness.hpp"
 
 using namespace nshpc::test;
@@ -25,7 +24,7 @@ json listed_test_image(Env& env) {
   Result listed = env.run({"image", "list", "--json"});
   EXPECT_EQ(listed.exit_code, 0) << listed.err;
   json test;
-  for (const auto& v : json::parse(listed.out, nullptr, false))
+  for (const auto& v : nshpc::parse_json_or_discarded(listed.out))
     if (v.is_object() && v["name"] == "test" && v["current"] == true) test = v;
   return test;
 }
@@ -151,7 +150,7 @@ TEST(Images, DoctorTriesALayerOverAnImageAndNamesTheUidMapping) {
           "\"\n");
   Result r = env.run({"doctor", "--json"});
   json layers, builds;
-  const json doc = json::parse(r.out);
+  const json doc = nshpc::parse_json(r.out);
   for (const auto& c : doc["checks"]) {
     if (c["name"].get<std::string>().rfind("image roots", 0) == 0) layers = c;
     if (c["name"].get<std::string>().rfind("image builds", 0) == 0) builds = c;
@@ -234,6 +233,6 @@ TEST(Images, TheServerBuildsAMissingDefaultImageInTheBackgroundAndSaysHowFarItIs
   EXPECT_NE(read_text(dir / "images/.building/fakeimg.log").find("I: success"), std::string::npos);
   // One build only, though two calls and a listing looked while it ran.
   Result versions = env.run({"image", "list", "--json"}, "", std::chrono::seconds(60), {path});
-  EXPECT_EQ(json::parse(versions.out).size(), 1u) << versions.out;
+  EXPECT_EQ(nshpc::parse_json(versions.out).size(), 1u) << versions.out;
   fs::remove_all(dir);
 }

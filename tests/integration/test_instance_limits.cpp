@@ -9,8 +9,8 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include "base/json.hpp"
 #include "harness.hpp"
 #include "sandbox/cgroups.hpp"
 
@@ -89,7 +89,7 @@ struct GroupsGone {
 
 json describe(const Env& env, const std::string& id) {
   Result r = env.run({"instance", "describe", id, "--json"});
-  json j = json::parse(r.out, nullptr, false);
+  json j = nshpc::parse_json_or_discarded(r.out);
   EXPECT_TRUE(j.is_object()) << r.out << r.err;
   return j;
 }
@@ -240,7 +240,7 @@ TEST(InstanceLimits, AJobKeepsItsOwnLimitBelowTheInstances) {
     args.insert(args.end(), limit.begin(), limit.end());
     args.insert(args.end(), {"--", hog(100)});
     Result r = env.run(args);
-    json j = json::parse(r.out, nullptr, false);
+    json j = nshpc::parse_json_or_discarded(r.out);
     EXPECT_TRUE(j.is_object()) << r.out << r.err;
     return j;
   };

@@ -5,8 +5,7 @@
 #include <fstream>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "harness.hpp"
 
 using namespace nshpc::test;
@@ -26,7 +25,7 @@ class Jobs : public ::testing::Test {
     args.insert(args.end(), command.begin(), command.end());
     Result r = env_.run(args);
     if (exit_code) *exit_code = r.exit_code;
-    auto j = json::parse(r.out, nullptr, false);
+    auto j = nshpc::parse_json_or_discarded(r.out);
     EXPECT_TRUE(j.is_object()) << r.out << r.err;
     return j;
   }
@@ -34,7 +33,7 @@ class Jobs : public ::testing::Test {
     std::vector<std::string> args{"instance", "status", "alpha", job, "--json"};
     args.insert(args.end(), extra.begin(), extra.end());
     Result r = env_.run(args);
-    auto j = json::parse(r.out, nullptr, false);
+    auto j = nshpc::parse_json_or_discarded(r.out);
     EXPECT_TRUE(j.is_object()) << r.out << r.err;
     return j;
   }
@@ -74,9 +73,9 @@ TEST_F(Jobs, DetachedJobKeepsRunningAndIsCancelledOnRequest) {
   const std::string id = j["job_id"];
   EXPECT_EQ(status(id)["status"], "running");  // another process re-attaches to it
   Result c = env_.run({"instance", "cancel", "alpha", id, "--json"});
-  EXPECT_EQ(json::parse(c.out)["status"], "cancelled") << c.out << c.err;
+  EXPECT_EQ(nshpc::parse_json(c.out)["status"], "cancelled") << c.out << c.err;
   Result list = env_.run({"instance", "jobs", "alpha", "--json"});
-  EXPECT_EQ(json::parse(list.out)[0]["status"], "cancelled");
+  EXPECT_EQ(nshpc::parse_json(list.out)[0]["status"], "cancelled");
 }
 
 TEST_F(Jobs, NoDetachCancelsWhenTheWaitRunsOut) {
@@ -90,7 +89,7 @@ TEST_F(Jobs, CancelKillsASetsidTreeThatIgnoresSigterm) {
   ASSERT_EQ(j["status"], "running");
   ASSERT_TRUE(eventually([] { return processes_with("55555.").size() >= 2; }, std::chrono::seconds(5)));
   Result c = env_.run({"instance", "cancel", "alpha", j["job_id"], "--json"});
-  EXPECT_EQ(json::parse(c.out)["status"], "cancelled");
+  EXPECT_EQ(nshpc::parse_json(c.out)["status"], "cancelled");
   EXPECT_TRUE(eventually([] { return processes_with("55555.").empty(); }, std::chrono::seconds(5)))
       << processes_with("55555.").size() << " survivors";
 }
@@ -115,7 +114,7 @@ TEST_F(Jobs, LimitsOverTheirMaximumOrUnknownAreRefusedAndNothingRuns) {
   EXPECT_NE(unknown.err.find("unknown limit 'gpus'"), std::string::npos) << unknown.err;
   Result notnum = env_.run({"instance", "run", "alpha", "-l", "cpus=two", "--", "true"});
   EXPECT_NE(notnum.err.find("whole numbers"), std::string::npos) << notnum.err;
-  EXPECT_EQ(json::parse(env_.run({"instance", "jobs", "alpha", "--json"}).out).size(), 0u);
+  EXPECT_EQ(nshpc::parse_json(env_.run({"instance", "jobs", "alpha", "--json"}).out).size(), 0u);
 }
 
 TEST_F(Jobs, EmptyCommandUnknownInstanceAndUnknownJobAreClearErrors) {
@@ -198,7 +197,7 @@ TEST(JobsPrefix, CgroupsCommandIsPutInFrontOfBwrap) {
   Env env("[jobs.local]\ncgroups_command = [\"/usr/bin/env\", \"NSHPC_PREFIX_SEEN=yes\"]\n");
   env.create("alpha");
   Result r = env.run({"instance", "run", "alpha", "--json", "--", "echo prefix=$NSHPC_PREFIX_SEEN"});
-  json j = json::parse(r.out, nullptr, false);
+  json j = nshpc::parse_json_or_discarded(r.out);
   ASSERT_TRUE(j.is_object()) << r.out << r.err;
   EXPECT_EQ(j["status"], "completed");
   EXPECT_EQ(j["stdout_tail"], "prefix=yes");  // env ran first and passed its variable through bwrap
@@ -209,7 +208,7 @@ TEST(JobsAsUser, LimitsThisHostCannotEnforceAreReportedNotIgnored) {
   Env env;
   env.create("alpha");
   Result r = env.run({"instance", "run", "alpha", "--json", "-l", "memory=100", "--", "true"});
-  json j = json::parse(r.out);
+  json j = nshpc::parse_json(r.out);
   EXPECT_EQ(j["status"], "completed");
   ASSERT_FALSE(j["unenforced"].empty()) << r.out;
   EXPECT_NE(j["unenforced"].dump().find("memory"), std::string::npos) << r.out;

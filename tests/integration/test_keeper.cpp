@@ -12,8 +12,7 @@
 #include <sstream>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "harness.hpp"
 
 using namespace nshpc::test;
@@ -116,7 +115,7 @@ TEST_F(Keeper, IsOutOfReachFromInsideTheSandbox) {
                        "while [ ! -s /workspace/keeper.pid ]; do sleep 0.05; done; k=$(cat /workspace/keeper.pid); "
                        "grep -l '[_]_keeper' /proc/[0-9]*/cmdline 2>/dev/null | wc -l; "
                        "kill -KILL $k 2>/dev/null; echo kill=$?; [ -e /proc/$k ]; echo visible=$?"});
-  json j = json::parse(r.out, nullptr, false);
+  json j = nshpc::parse_json_or_discarded(r.out);
   ASSERT_TRUE(j.is_object()) << r.out << r.err;
   ASSERT_EQ(j["status"], "running") << r.out;
   const std::string id = j["job_id"];
@@ -124,7 +123,7 @@ TEST_F(Keeper, IsOutOfReachFromInsideTheSandbox) {
   pid_t keeper = 0;
   ASSERT_TRUE(eventually([&] {
     const std::string text = read_text(status_file);
-    json doc = json::parse(text.substr(0, text.find('\n')), nullptr, false);
+    json doc = nshpc::parse_json_or_discarded(text.substr(0, text.find('\n')));
     if (doc.is_object() && doc.contains("ns-hpc-keeper")) keeper = doc["ns-hpc-keeper"].get<pid_t>();
     return keeper > 0;
   }, std::chrono::seconds(5))) << read_text(status_file);
@@ -134,7 +133,7 @@ TEST_F(Keeper, IsOutOfReachFromInsideTheSandbox) {
     ::chmod(pid_file.c_str(), 0644);
   }
   Result done = env_.run({"instance", "status", "alpha", id, "--json", "--timeout", "20"});
-  json d = json::parse(done.out, nullptr, false);
+  json d = nshpc::parse_json_or_discarded(done.out);
   ASSERT_TRUE(d.is_object()) << done.out << done.err;
   EXPECT_EQ(d["status"], "completed") << done.out;
   EXPECT_EQ(d["stdout_tail"], "0\nkill=1\nvisible=1") << done.out;  // not listed, not killable, not there

@@ -39,11 +39,11 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
 #include "base/fd.hpp"
 #include "base/fs.hpp"
+#include "base/json.hpp"
 #include "base/pidfd.hpp"
 #include "base/process.hpp"
 #include "base/spawn.hpp"
@@ -685,7 +685,7 @@ TEST(Netns, PastaServesAHardenedBwrapSandbox) {
   info.write.reset();
   std::string json;
   for (std::string l; !(l = read_line(info.read.get(), 5s)).empty();) json += l;
-  const auto child = nlohmann::json::parse(json, nullptr, false);
+  const auto child = nshpc::parse_json_or_discarded(json);
   ASSERT_TRUE(child.contains("child-pid")) << json;
   const net::NetnsFds fds = net::open_netns(child["child-pid"].get<pid_t>());
   ASSERT_TRUE(fds.userns.valid());
@@ -979,7 +979,7 @@ std::string talk_to(std::uint16_t port) {
 }
 
 std::uint16_t host_port_of(const Result& r) {
-  const auto json = nlohmann::json::parse(r.out);
+  const auto json = nshpc::parse_json(r.out);
   return json.empty() ? 0 : json.at(0).at("host_port").get<std::uint16_t>();
 }
 
@@ -1004,8 +1004,7 @@ TEST(NetworkModes, ExposedPortsReachAServerInsideAndGoWithTheInstance) {
     if (id == "web")
       ASSERT_EQ(inside(env, id, "./probe serve 8000 >/dev/null 2>&1 &").exit_code, 0);
     else
-      job = nlohmann::json::parse(
-                env.run({"instance", "run", id, "--timeout", "0", "--json", "--", "./probe", "serve", "8000"}).out)
+      job = nshpc::parse_json(env.run({"instance", "run", id, "--timeout", "0", "--json", "--", "./probe", "serve", "8000"}).out)
                 .at("job_id");  // a job left running
     EXPECT_TRUE(eventually([&] { return talk_to(host_port) == "hello from inside\nping\n"; }, 10s))
         << talk_to(host_port);

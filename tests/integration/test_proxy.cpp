@@ -142,7 +142,7 @@ class Proxy {
     std::vector<nlohmann::json> out;
     std::ifstream in(audit_file());
     for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line, nullptr, false);
+      const auto j = nshpc::parse_json_or_discarded(line);
       if (!j.is_discarded() && j.value("event", "") == event) out.push_back(j);
     }
     return out;

@@ -12,8 +12,7 @@
 
 #include <fstream>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "harness.hpp"
 
 using namespace nshpc::test;
@@ -176,7 +175,7 @@ TEST_P(Sandbox, EachRunIsAudited) {
   std::ifstream in(env_.instances() / "alpha/audit.log");
   std::string line, last;
   while (std::getline(in, line)) last = line;
-  auto event = nlohmann::json::parse(last);
+  auto event = nshpc::parse_json(last);
   EXPECT_EQ(event["event"], "sandbox.exec");
   EXPECT_EQ(event["exit_code"], 3);
   EXPECT_EQ(event["command"], nlohmann::json({"/bin/sh", "-c", "exit 3"}));

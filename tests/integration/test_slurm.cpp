@@ -9,8 +9,7 @@
 #include <fstream>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "harness.hpp"
 
 using namespace nshpc::test;
@@ -67,7 +66,7 @@ class Slurm : public ::testing::Test {
     Result r = env_->run(args, "", std::chrono::seconds(180));
     if (exit_code) *exit_code = r.exit_code;
     if (err) *err = r.err;
-    auto j = json::parse(r.out, nullptr, false);
+    auto j = nshpc::parse_json_or_discarded(r.out);
     if (!err) EXPECT_TRUE(j.is_object()) << r.out << r.err;
     return j;
   }
@@ -75,7 +74,7 @@ class Slurm : public ::testing::Test {
     std::vector<std::string> args{"instance", "status", "alpha", job, "--json"};
     args.insert(args.end(), extra.begin(), extra.end());
     Result r = env_->run(args, "", std::chrono::seconds(180));
-    auto j = json::parse(r.out, nullptr, false);
+    auto j = nshpc::parse_json_or_discarded(r.out);
     EXPECT_TRUE(j.is_object()) << r.out << r.err;
     return j;
   }
@@ -126,7 +125,7 @@ TEST_F(Slurm, CancelOfARunningJob) {
   // Wait until Slurm runs it.
   ASSERT_TRUE(eventually([&] { return status(id)["status"] == "running"; }, std::chrono::seconds(60)));
   Result r = env_->run({"instance", "cancel", "alpha", id, "--json"}, "", std::chrono::seconds(120));
-  json c = json::parse(r.out, nullptr, false);
+  json c = nshpc::parse_json_or_discarded(r.out);
   ASSERT_TRUE(c.is_object()) << r.out << r.err;
   EXPECT_EQ(c["status"], "cancelled") << c.dump(2);
   EXPECT_EQ(c["scheduler_state"], "CANCELLED");
@@ -144,7 +143,7 @@ TEST_F(Slurm, MoreCpusThanTheNodeHasIsPendingWithItsReason) {
   Result list = env_->run({"instance", "jobs", "alpha"});
   EXPECT_NE(list.out.find("PENDING"), std::string::npos) << list.out;
   Result r = env_->run({"instance", "cancel", "alpha", id, "--json"}, "", std::chrono::seconds(120));
-  EXPECT_EQ(json::parse(r.out, nullptr, false)["status"], "cancelled") << r.out << r.err;
+  EXPECT_EQ(nshpc::parse_json_or_discarded(r.out)["status"], "cancelled") << r.out << r.err;
 }
 
 TEST_F(Slurm, BadResourcesAreRefusedBeforeSbatch) {
@@ -176,7 +175,7 @@ static void expect_submit_refused(const std::string& sbatch_command, const std::
   EXPECT_NE(r.exit_code, 0);
   for (const auto& s : says) EXPECT_NE(r.err.find(s), std::string::npos) << r.err;
   Result list = env.run({"instance", "jobs", "alpha", "--json"});
-  EXPECT_EQ(json::parse(list.out, nullptr, false).size(), 0u) << list.out;
+  EXPECT_EQ(nshpc::parse_json_or_discarded(list.out).size(), 0u) << list.out;
 }
 
 TEST_F(Slurm, SbatchMissingOrFailingIsAClearErrorWithNothingLeft) {
@@ -192,7 +191,7 @@ TEST_F(Slurm, QueryFailureIsReportedAsSuchNotAsJobNotFound) {
       << "sbatch_command = [\"sbatch\", \"--partition\", \"cpu\", \"--mem=100M\"]\n";
   broken.create("alpha");
   Result r = broken.run({"instance", "run", "alpha", "--slurm", "-t", "3", "--json", "--", "true"});
-  json j = json::parse(r.out, nullptr, false);
+  json j = nshpc::parse_json_or_discarded(r.out);
   ASSERT_TRUE(j.is_object()) << r.out << r.err;
   EXPECT_EQ(j["status"], "pending");
   EXPECT_NE(j["scheduler_error"].get<std::string>().find("/bin/false exited with 1"), std::string::npos) << j.dump(2);
@@ -234,7 +233,7 @@ TEST_F(Slurm, FiftyJobsAtOnceAllReachTheirFinalStateWithOneQueryPerPoll) {
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::size_t queries = calls(env_->root(), "sacct") + calls(env_->root(), "squeue") - before;
   Result list = env_->run({"instance", "jobs", "alpha", "--json"}, "", std::chrono::seconds(120));
-  json all = json::parse(list.out, nullptr, false);
+  json all = nshpc::parse_json_or_discarded(list.out);
   ASSERT_TRUE(all.is_array()) << list.out;
   ASSERT_EQ(all.size(), 50u);
   int completed = 0, failed = 0;
@@ -277,7 +276,7 @@ TEST_F(Slurm, SandboxRunsAsANonRootUser) {
   };
   as_user("instance create beta");
   const std::string out = as_user("instance run beta --slurm -t 120 --json -- 'id -u; echo user-ok'");
-  json j = json::parse(out, nullptr, false);
+  json j = nshpc::parse_json_or_discarded(out);
   ASSERT_TRUE(j.is_object()) << out;
   EXPECT_EQ(j["status"], "completed") << out;
   const std::string uid = std::to_string(::getpwnam(user.c_str())->pw_uid);

@@ -15,8 +15,7 @@
 #include <sstream>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "common/file_server.hpp"
 #include "harness.hpp"
 
@@ -65,7 +64,7 @@ class SnapshotsOnImage : public ::testing::Test {
   json cli_json(const std::vector<std::string>& args) {
     Result r = env_.run(args);
     EXPECT_EQ(r.exit_code, 0) << r.err;
-    return json::parse(r.out, nullptr, false);
+    return nshpc::parse_json_or_discarded(r.out);
   }
   std::vector<std::string> leftovers() const {
     std::vector<std::string> names;
@@ -246,7 +245,7 @@ TEST(Snapshots, AHostRootInstanceResetsOnlyItsWorkspaceAndSnapshotsIt) {
 
   Result taken = env.run({"instance", "snapshot", "snap-host", "ws1", "--json"});
   ASSERT_EQ(taken.exit_code, 0) << taken.err;
-  EXPECT_EQ(json::parse(taken.out)["snapshot"]["has_layer"], false);
+  EXPECT_EQ(nshpc::parse_json(taken.out)["snapshot"]["has_layer"], false);
   Result wiped = env.run({"instance", "reset", "snap-host", "--include-workspace", "-f"});
   EXPECT_EQ(wiped.exit_code, 0) << wiped.err;
   EXPECT_TRUE(fs::is_empty(ws));
@@ -351,14 +350,14 @@ TEST(Snapshots, ALivingInstanceIsStoppedForTheCopyAndStartedAgain) {
             0);
   Result taken = env.run({"instance", "snapshot", "snap-live", "s1", "--json"});
   ASSERT_EQ(taken.exit_code, 0) << taken.err;
-  const json change = json::parse(taken.out);
+  const json change = nshpc::parse_json(taken.out);
   EXPECT_EQ(change["was_running"], true) << change.dump();
   EXPECT_EQ(change["restarted"], true) << change.dump();
   Result text = env.run({"instance", "snapshot", "snap-live", "s2"});
   EXPECT_NE(text.out.find("Stopped its sandbox for this (every process ended) and started it again."), std::string::npos)
       << text.out;
   Result status = env.run({"instance", "describe", "snap-live", "--json"});
-  EXPECT_EQ(json::parse(status.out, nullptr, false)["state"], "running") << status.out << status.err;
+  EXPECT_EQ(nshpc::parse_json_or_discarded(status.out)["state"], "running") << status.out << status.err;
   Result ps = env.run({"instance", "ps", "snap-live"});
   EXPECT_EQ(ps.out.find("sleep 1000"), std::string::npos) << "the background process ended: " << ps.out;
   EXPECT_EQ(env.run({"instance", "stop", "snap-live"}).exit_code, 0);

@@ -14,9 +14,8 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "base/fd.hpp"
+#include "base/json.hpp"
 #include "base/pidfd.hpp"
 #include "base/proc.hpp"
 #include "harness.hpp"
@@ -127,7 +126,7 @@ std::vector<nlohmann::json> audit_lines(const Env& env, const std::string& event
   std::vector<nlohmann::json> lines;
   std::ifstream in(env.instances() / ".audit.log");
   for (std::string line; std::getline(in, line);) {
-    const nlohmann::json doc = nlohmann::json::parse(line, nullptr, false);
+    const nlohmann::json doc = nshpc::parse_json_or_discarded(line);
     if (doc.is_object() && doc.value("event", "") == event) lines.push_back(doc);
   }
   return lines;

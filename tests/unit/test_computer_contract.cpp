@@ -10,7 +10,7 @@ using json = nlohmann::json;
 
 TEST(ComputerTerminal, TheResultHasTheSeedsFields) {
   const json r = exec_result({"agent-workstation", false, true, std::nullopt}, "out", "err", 3, 12);
-  EXPECT_EQ(r, json::parse(R"({"computer_id": "agent-workstation", "operation": "terminal_execute",
+  EXPECT_EQ(r, nshpc::parse_json(R"({"computer_id": "agent-workstation", "operation": "terminal_execute",
       "desktop_environment": false, "network_access": true, "desktop_url": null,
       "stdout": "out", "stderr": "err", "exit_code": 3, "exec_duration_ms": 12})"));
 }

@@ -11,8 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "config/config.hpp"
 #include "config/keys.hpp"
 #include "common/temp_dir.hpp"

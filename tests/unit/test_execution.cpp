@@ -14,8 +14,8 @@
 #include <string>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include "base/json.hpp"
 #include "common/temp_dir.hpp"
 #include "sandbox/execution.hpp"
 #include "sandbox/status.hpp"

@@ -26,8 +26,8 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include "base/json.hpp"
 #include "common/loopback.hpp"
 #include "mcp/protocol.hpp"
 #include "mcp/server.hpp"
@@ -151,7 +151,7 @@ std::vector<json> sse_messages(const std::string& body) {
     if (line.rfind("data:", 0) != 0) continue;
     std::string data = line.substr(5);
     if (!data.empty() && data.front() == ' ') data.erase(0, 1);
-    json j = json::parse(data, nullptr, false);
+    json j = nshpc::parse_json_or_discarded(data);
     if (!j.is_discarded()) out.push_back(std::move(j));
   }
   return out;
@@ -166,7 +166,7 @@ json rpc_of(const Reply& r) {
       if (m.contains("id") && (m.contains("result") || m.contains("error"))) found = m;
     return found;
   }
-  json j = json::parse(r.body, nullptr, false);
+  json j = nshpc::parse_json_or_discarded(r.body);
   return j.is_discarded() ? json() : j;
 }
 
@@ -334,7 +334,7 @@ class Http : public ::testing::Test {
 void expect_refusal(const Reply& r, int status, int code, const std::string& message_part = "") {
   EXPECT_EQ(r.status, status) << r.body;
   EXPECT_EQ(r.header("content-type"), "application/json");
-  const json body = json::parse(r.body, nullptr, false);
+  const json body = nshpc::parse_json_or_discarded(r.body);
   ASSERT_TRUE(body.is_object()) << r.body;
   EXPECT_EQ(body.value("jsonrpc", ""), "2.0");
   EXPECT_TRUE(body.contains("id") && body["id"].is_null()) << r.body;
@@ -461,7 +461,7 @@ TEST_F(Http, HealthzIsOpen) {
   r.auth.reset();
   Reply reply = one(r);
   EXPECT_EQ(reply.status, 200);
-  EXPECT_EQ(json::parse(reply.body, nullptr, false), json({{"status", "ok"}}));
+  EXPECT_EQ(nshpc::parse_json_or_discarded(reply.body), json({{"status", "ok"}}));
 
   r.method = "HEAD";
   reply = one(r);
@@ -750,7 +750,7 @@ TEST_F(Http, InitializeAnswersJsonWithASessionId) {
   EXPECT_EQ(reply.status, 200);
   EXPECT_EQ(reply.header("content-type"), "application/json");
   EXPECT_TRUE(is_hex32(reply.header("mcp-session-id"))) << reply.header("mcp-session-id");
-  const json body = json::parse(reply.body);
+  const json body = nshpc::parse_json(reply.body);
   EXPECT_EQ(body["id"], 7);
   EXPECT_EQ(body["result"]["protocolVersion"], "2025-06-18");
   EXPECT_EQ(body["result"]["serverInfo"]["name"], "http-unit");
@@ -780,7 +780,7 @@ TEST_F(Http, SessionCapPerPeerIs429NamingTheKeyAndThePeer) {
   EXPECT_EQ(replies[0].status, 200);
   // The peer of a Unix socket (here a socketpair) is its uid.
   expect_refusal(replies[1], 429, -32000, fmt::format("too many sessions for uid {}", ::getuid()));
-  const json body = json::parse(replies[1].body, nullptr, false);
+  const json body = nshpc::parse_json_or_discarded(replies[1].body);
   EXPECT_EQ(body["error"]["data"]["limit"], "server.max_sessions_per_peer") << replies[1].body;
   EXPECT_NE(replies[1].body.find("[server] max_sessions_per_peer"), std::string::npos) << replies[1].body;
 }

@@ -9,9 +9,9 @@
 #include <mutex>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
+#include "base/json.hpp"
 #include "common/temp_dir.hpp"
 #include "mcp/server.hpp"
 #include "store/store.hpp"
@@ -122,7 +122,7 @@ class InstanceToolsTest : public ::testing::Test {
   std::vector<std::string> audit_events(const std::string& id) {
     std::vector<std::string> events;
     std::ifstream in(config_.ns.instances_dir / id / "audit.log");
-    for (std::string line; std::getline(in, line);) events.push_back(json::parse(line)["event"]);
+    for (std::string line; std::getline(in, line);) events.push_back(nshpc::parse_json(line)["event"]);
     return events;
   }
 

@@ -18,10 +18,11 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
 #include "base/fd.hpp"
+#include "base/fs.hpp"
+#include "base/json.hpp"
 #include "base/time.hpp"
 #include "common/temp_dir.hpp"
 #include "jobs/jobs.hpp"
@@ -192,7 +193,7 @@ class JobEngine : public ::testing::Test {
     std::ifstream in(base() / "audit.log");
     std::size_t n = 0;
     for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
+      auto j = nshpc::parse_json_or_discarded(line);
       if (j.is_object() && j.value("event", "") == event && j.value("job_id", "") == job_id) ++n;
     }
     return n;
@@ -225,8 +226,7 @@ TEST_F(JobEngine, TheRecordKeepsTheBackendsNameAndAnOpaqueHandle) {
   const auto rec = submit();
   EXPECT_EQ(rec.backend, "fake");
   EXPECT_TRUE(rec.handle.is_object());
-  std::ifstream in(state_file(rec.id));
-  const auto on_disk = nlohmann::json::parse(in);
+  const auto on_disk = nshpc::parse_json(nshpc::fs::read_file(state_file(rec.id)).value_or(""));
   EXPECT_EQ(on_disk["backend"], "fake");
   EXPECT_EQ(on_disk["handle"], rec.handle);
   EXPECT_FALSE(on_disk.contains("bwrap_pid"));

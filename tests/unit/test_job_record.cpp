@@ -4,8 +4,7 @@
 
 #include <chrono>
 
-#include <nlohmann/json.hpp>
-
+#include "base/json.hpp"
 #include "base/pidfd.hpp"
 #include "base/spawn.hpp"
 #include "jobs/jobs.hpp"
@@ -75,7 +74,7 @@ constexpr const char* kOldSlurm = R"({
 // The old file as it is written now: its bwrap fields ("pid", "status_path") in the handle of
 // backend "bwrap", or neither key when they were empty (a Slurm job).
 nlohmann::json as_written_now(const char* old) {
-  nlohmann::json j = nlohmann::json::parse(old);
+  nlohmann::json j = nshpc::parse_json(old);
   nlohmann::json handle = nlohmann::json::object();
   if (j["pid"] != 0) handle["pid"] = j["pid"];
   if (j["status_path"] != "") handle["status_path"] = j["status_path"];
@@ -89,7 +88,7 @@ nlohmann::json as_written_now(const char* old) {
 }
 
 TEST(JobRecord, AnOldLocalRecordLoadsAndSavesBackTheSame) {
-  auto r = Record::from_json(nlohmann::json::parse(kOldLocal));
+  auto r = Record::from_json(nshpc::parse_json(kOldLocal));
   ASSERT_TRUE(r);
   EXPECT_EQ(r->id, "0123456789ab");
   EXPECT_EQ(r->instance_id, "demo");
@@ -109,7 +108,7 @@ TEST(JobRecord, AnOldLocalRecordLoadsAndSavesBackTheSame) {
 }
 
 TEST(JobRecord, AnOldSlurmRecordLoadsAndSavesBackTheSame) {
-  auto r = Record::from_json(nlohmann::json::parse(kOldSlurm));
+  auto r = Record::from_json(nshpc::parse_json(kOldSlurm));
   ASSERT_TRUE(r);
   EXPECT_EQ(r->mode, Mode::slurm);
   EXPECT_EQ(r->state, State::failed);
@@ -149,7 +148,7 @@ constexpr const char* kCurrentLocal = R"({
 })";
 
 TEST(JobRecord, ARecordOfTheCurrentReleaseLoadsWithItsBwrapFieldsAsTheHandle) {
-  auto r = Record::from_json(nlohmann::json::parse(kCurrentLocal));
+  auto r = Record::from_json(nshpc::parse_json(kCurrentLocal));
   ASSERT_TRUE(r);
   EXPECT_EQ(r->state, State::running);
   EXPECT_EQ(r->backend, "bwrap");
@@ -161,7 +160,7 @@ TEST(JobRecord, ARecordOfTheCurrentReleaseLoadsWithItsBwrapFieldsAsTheHandle) {
   EXPECT_FALSE(j.contains("pid"));
   EXPECT_EQ(Record::from_json(j)->to_json(), j);
   // A pending job's record (no pid yet) keeps its status file.
-  auto pending = nlohmann::json::parse(kCurrentLocal);
+  auto pending = nshpc::parse_json(kCurrentLocal);
   pending["bwrap_pid"] = 0;
   pending["status"] = "pending";
   EXPECT_EQ(Record::from_json(pending)->handle,

@@ -11,12 +11,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/json.hpp"
 #include "base/text.hpp"
 #include "mcp/protocol.hpp"
 #include "mcp/server.hpp"
@@ -589,7 +589,7 @@ TEST(McpValidate, MessagesNameTheFieldAndTheExpectation) {
 
 TEST(McpValidate, LocalReferencesAreFollowed) {
   using mcp::detail::validate_arguments;
-  const json schema = json::parse(R"({
+  const json schema = nshpc::parse_json(R"({
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
     "$defs": {"address": {"type": "object", "properties": {"street": {"type": "string"}},

@@ -8,10 +8,9 @@
 #include <fstream>
 #include <regex>
 
-#include <nlohmann/json.hpp>
-
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/json.hpp"
 #include "common/temp_dir.hpp"
 #include "store/store.hpp"
 #include "base/text.hpp"
@@ -42,7 +41,7 @@ class StoreTest : public ::testing::Test {
     std::vector<nlohmann::json> out;
     std::ifstream in(file);
     std::string line;
-    while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+    while (std::getline(in, line)) out.push_back(nshpc::parse_json(line));
     return out;
   }
   void age(const fs::path& file, int days) {
@@ -104,7 +103,7 @@ TEST_F(StoreTest, CreateLaysOutTheInstanceAsTheOriginalDid) {
   auto inst = s.create("alpha", {.description = "first", .network = config::Network::off}, "cli:test");
   EXPECT_TRUE(fs::is_directory(root_ / "alpha/workspace"));
   EXPECT_TRUE(fs::is_directory(root_ / "output/alpha"));
-  auto meta = nlohmann::json::parse(nshpc::fs::read_file(root_ / "alpha/metadata.json").value());
+  auto meta = nshpc::parse_json(nshpc::fs::read_file(root_ / "alpha/metadata.json").value());
   EXPECT_EQ(meta["id"], "alpha");
   EXPECT_EQ(meta["description"], "first");
   EXPECT_EQ(meta["network"], "off");
@@ -167,7 +166,7 @@ TEST_F(StoreTest, ListIsSortedAndSkipsCorruptMetadataByName) {
 TEST_F(StoreTest, UpdatePersistsAndKeepsUnknownFields) {
   auto s = make();
   s.create("alpha", {}, "t");
-  auto meta = nlohmann::json::parse(nshpc::fs::read_file(root_ / "alpha/metadata.json").value());
+  auto meta = nshpc::parse_json(nshpc::fs::read_file(root_ / "alpha/metadata.json").value());
   meta["custom"] = "kept";
   nshpc::fs::atomic_write(root_ / "alpha/metadata.json", meta.dump());
   s.update("alpha", {.description = std::string("new text"), .network = config::Network::off}, "t");
@@ -247,11 +246,11 @@ TEST_F(StoreTest, CleanSelectsByLastActivityNotCreation) {
     age(root_ / id / "audit.log", 30);
   }
   // "active" was created long ago but used today.
-  auto meta = nlohmann::json::parse(nshpc::fs::read_file(root_ / "idle/metadata.json").value());
+  auto meta = nshpc::parse_json(nshpc::fs::read_file(root_ / "idle/metadata.json").value());
   meta["created_at"] = "2020-01-01T00:00:00+00:00";
   nshpc::fs::atomic_write(root_ / "idle/metadata.json", meta.dump());
   age(root_ / "idle/metadata.json", 30);
-  auto active_meta = nlohmann::json::parse(nshpc::fs::read_file(root_ / "active/metadata.json").value());
+  auto active_meta = nshpc::parse_json(nshpc::fs::read_file(root_ / "active/metadata.json").value());
   active_meta["created_at"] = "2020-01-01T00:00:00+00:00";
   nshpc::fs::atomic_write(root_ / "active/metadata.json", active_meta.dump());
   age(root_ / "active/metadata.json", 30);

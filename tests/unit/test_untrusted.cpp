@@ -14,11 +14,11 @@
 #include <thread>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "audit/audit.hpp"
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/json.hpp"
 #include "base/safe_path.hpp"
 #include "common/temp_dir.hpp"
 #include "config/config.hpp"
@@ -204,7 +204,7 @@ TEST(AuditLine, ALongArgvMakesABoundedLineWithAMarkerAndTheHash) {
   const std::string line = audit::format_line("job.running", "mcp:x", {{"command", argv}, {"job_id", "abc"}});
   EXPECT_LE(line.size(), audit::kMaxLineBytes);
   EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1);
-  auto j = nlohmann::json::parse(line);
+  auto j = nshpc::parse_json(line);
   EXPECT_EQ(j["job_id"], "abc");
   const std::string command = j["command"].get<std::string>();
   EXPECT_NE(command.find("…[cut: "), std::string::npos);
@@ -237,7 +237,7 @@ TEST(AuditLog, RotationUnderConcurrentWritersLosesAndDuplicatesNothing) {
     std::ifstream in(entry.path());
     std::string line;
     while (std::getline(in, line)) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
+      auto j = nshpc::parse_json_or_discarded(line);
       ASSERT_TRUE(j.is_object()) << "interleaved line in " << entry.path();
       EXPECT_TRUE(seen.emplace(j["w"].get<int>(), j["i"].get<int>()).second) << "duplicated " << line.substr(0, 40);
     }
