@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <stdio.h>
+#include <sys/fsuid.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -32,6 +34,67 @@ constexpr int kMaxCopyDepth = 128;
 constexpr int kMaxLinks = 40;
 
 std::string rel_or_dot(const std::string& rel) { return rel.empty() ? std::string(".") : rel; }
+
+// ---------------------------------------------------------------------------------------------
+// The identity regime (resolver.hpp): while an Acting lives, this thread's file system calls run
+// with `who`'s filesystem uid and gid and no supplementary group (the sandbox's user has none), so
+// the kernel grants exactly what that user may do. Per thread: setfsuid/setfsgid are, and the
+// groups are set with the raw system call (glibc's setgroups would change every thread's). From
+// root, a non-zero fsuid also drops the filesystem capabilities (CAP_DAC_OVERRIDE, CAP_FOWNER,
+// CAP_CHOWN, ...); going back to 0 raises them again. nullopt: nothing changes. A scope inside
+// one of the same identity costs two system calls; scopes of two different identities are never
+// nested (copy() switches per call instead), so nullopt never has to mean "back to root".
+class Acting {
+ public:
+  explicit Acting(const std::optional<users::Identity>& who) {
+    if (!who) return;
+    const auto uid_now = static_cast<uid_t>(::setfsuid(static_cast<uid_t>(-1)));
+    const auto gid_now = static_cast<gid_t>(::setfsgid(static_cast<gid_t>(-1)));
+    if (uid_now == who->uid && gid_now == who->gid) return;  // an enclosing operation's
+    const int count = ::getgroups(0, nullptr);
+    if (count < 0) throw SysError(errno, "getgroups", "of this thread");
+    groups_.resize(static_cast<std::size_t>(count));
+    if (count > 0 && ::getgroups(count, groups_.data()) < 0) throw SysError(errno, "getgroups", "of this thread");
+    if (::syscall(SYS_setgroups, 0, nullptr) < 0)
+      throw SysError(errno, "setgroups", fmt::format("(none, to act as uid {})", who->uid));
+    old_uid_ = uid_now;
+    old_gid_ = gid_now;
+    active_ = true;
+    ::setfsgid(who->gid);
+    ::setfsuid(who->uid);
+    // setfsuid says nothing of a failure: asked again, the kernel answers with what is in force.
+    if (static_cast<uid_t>(::setfsuid(static_cast<uid_t>(-1))) != who->uid ||
+        static_cast<gid_t>(::setfsgid(static_cast<gid_t>(-1))) != who->gid) {
+      restore();
+      throw SysError(EPERM, "setfsuid", fmt::format("{}:{} (the identity of the instance's files)", who->uid, who->gid));
+    }
+  }
+  ~Acting() {
+    if (active_) restore();
+  }
+  Acting(const Acting&) = delete;
+  Acting& operator=(const Acting&) = delete;
+
+ private:
+  void restore() noexcept {
+    ::setfsuid(old_uid_);  // first: back to 0 gives the capabilities back (setgroups needs CAP_SETGID)
+    ::setfsgid(old_gid_);
+    ::syscall(SYS_setgroups, groups_.size(), groups_.data());
+    active_ = false;
+  }
+  bool active_ = false;
+  uid_t old_uid_ = 0;
+  gid_t old_gid_ = 0;
+  std::vector<gid_t> groups_;
+};
+
+bool same_identity(const std::optional<users::Identity>& a, const std::optional<users::Identity>& b) {
+  if (!a || !b) return !a && !b;
+  return a->uid == b->uid && a->gid == b->gid;
+}
+
+// No identity: this process's own (a scope that changes nothing).
+const std::optional<users::Identity> kOwnIdentity;
 
 std::string join_shown(const std::string& base, std::string_view rel) {
   if (rel.empty()) return base.empty() ? "/" : base;
@@ -258,28 +321,43 @@ void clear_nonblock(int fd) {
 // in the source: they are copied as links). `src_shown`/`shown`: the source and the destination
 // as people see them. Every file and folder must be the source tree's own (refuse_foreign), as
 // for read_file: the first that is not ends the copy with EPERM naming it.
+//
+// `reading`/`writing`: the identity of each side's system calls (see Acting), switched per call;
+// both kOwnIdentity when the caller holds one scope for the whole copy (the two roots act alike).
+// A file or folder of another uid is refused before it is opened: named as such even where its
+// mode would refuse the open too.
 void copy_tree(const Root& from, const Root& root, int src_fd, int dst_parent, const std::string& name, mode_t mode,
-               const std::string& src_shown, const std::string& shown, int depth, const Cancelled& cancelled) {
+               const std::string& src_shown, const std::string& shown, int depth, const Cancelled& cancelled,
+               const std::optional<users::Identity>& reading, const std::optional<users::Identity>& writing) {
   if (depth > kMaxCopyDepth) throw SysError(ELOOP, "copy", src_shown + " (more than 128 folders deep)");
   check_cancelled(cancelled, src_shown);
   Broker* reader = from.broker().get();
   Broker* writer = root.broker().get();
-  // Made 0700 and given its mode once its content is in (a read-only folder is copied too).
-  if (const int err = mkdir_in(writer, dst_parent, name, 0700)) throw SysError(err, "mkdir", shown);
-  UniqueFd dst = open_in(writer, dst_parent, name, O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, shown);
-  give_to_owner(root, dst.get(), shown);
+  UniqueFd dst;
+  {
+    Acting as(writing);
+    // Made 0700 and given its mode once its content is in (a read-only folder is copied too).
+    if (const int err = mkdir_in(writer, dst_parent, name, 0700)) throw SysError(err, "mkdir", shown);
+    dst = open_in(writer, dst_parent, name, O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, shown);
+    give_to_owner(root, dst.get(), shown);
+  }
   for (const std::string& n : fs::entry_names(src_fd, src_shown)) {
     const std::string child_src = src_shown + "/" + n;
     const std::string child_shown = shown + "/" + n;
     check_cancelled(cancelled, child_src);
     struct stat st;
-    if (const int err = stat_in(reader, src_fd, n, st)) {
+    if (const int err = [&] {
+          Acting as(reading);
+          return stat_in(reader, src_fd, n, st);
+        }()) {
       if (err == ENOENT) continue;
       throw SysError(err, "stat", child_src);
     }
     if (S_ISDIR(st.st_mode)) {
+      refuse_foreign(from, st, child_src, "copy");
       UniqueFd sub;
       try {
+        Acting as(reading);
         sub = open_in(reader, src_fd, n, O_RDONLY | O_DIRECTORY, 0, Resolve::beneath_no_links, child_src);
       } catch (const SysError& e) {
         if (e.code() == ENOENT || e.code() == ELOOP || e.code() == ENOTDIR) continue;  // swapped meanwhile
@@ -288,17 +366,21 @@ void copy_tree(const Root& from, const Root& root, int src_fd, int dst_parent, c
       struct stat sst;
       if (::fstat(sub.get(), &sst) < 0) throw SysError(errno, "stat", child_src);
       refuse_foreign(from, sst, child_src, "copy");
-      copy_tree(from, root, sub.get(), dst.get(), n, sst.st_mode, child_src, child_shown, depth + 1, cancelled);
+      copy_tree(from, root, sub.get(), dst.get(), n, sst.st_mode, child_src, child_shown, depth + 1, cancelled, reading,
+                writing);
     } else if (S_ISLNK(st.st_mode)) {
       std::string target;
-      if (readlink_in(reader, src_fd, n, target) != 0) continue;
+      if (Acting as(reading); readlink_in(reader, src_fd, n, target) != 0) continue;
+      Acting as(writing);
       if (const int err = symlink_in(writer, target, dst.get(), n)) throw SysError(err, "symlink", child_shown);
       if (root.chown_new() &&
           ::fchownat(dst.get(), n.c_str(), root.owner_uid(), root.owner_gid(), AT_SYMLINK_NOFOLLOW) < 0)
         throw SysError(errno, "chown", child_shown);
     } else if (S_ISREG(st.st_mode)) {
+      refuse_foreign(from, st, child_src, "copy");
       UniqueFd in;
       try {
+        Acting as(reading);
         in = open_in(reader, src_fd, n, O_RDONLY, 0, Resolve::beneath_no_links, child_src);
       } catch (const SysError& e) {
         if (e.code() == ENOENT || e.code() == ELOOP) continue;
@@ -308,21 +390,44 @@ void copy_tree(const Root& from, const Root& root, int src_fd, int dst_parent, c
       if (::fstat(in.get(), &ist) < 0 || !S_ISREG(ist.st_mode)) continue;
       refuse_foreign(from, ist, child_src, "copy");
       clear_nonblock(in.get());
-      UniqueFd out = open_in(writer, dst.get(), n, O_WRONLY | O_CREAT | O_EXCL, ist.st_mode & 01777,
-                             Resolve::beneath_no_links, child_shown);
-      clear_nonblock(out.get());
-      if (const int err = chmod_in(writer, out.get(), ist.st_mode & 01777)) throw SysError(err, "chmod", child_shown);
-      give_to_owner(root, out.get(), child_shown);
+      UniqueFd out;
+      {
+        Acting as(writing);
+        out = open_in(writer, dst.get(), n, O_WRONLY | O_CREAT | O_EXCL, ist.st_mode & 01777, Resolve::beneath_no_links,
+                      child_shown);
+        clear_nonblock(out.get());
+        if (const int err = chmod_in(writer, out.get(), ist.st_mode & 01777)) throw SysError(err, "chmod", child_shown);
+        give_to_owner(root, out.get(), child_shown);
+      }
       copy_bytes(in.get(), out.get(), child_shown);
     }
     // FIFOs, sockets and devices are not copied.
   }
+  Acting as(writing);
   if (const int err = chmod_in(writer, dst.get(), mode & 07777)) throw SysError(err, "chmod", shown);
+}
+
+// EACCES (or EPERM) when the regular file `leaf` of `dir` may not be written by this thread's
+// identity: a file's content is replaced as `echo > file` in the sandbox replaces it, though the
+// new content is put in place by a rename that needs only the folder's permission. A broker's
+// namespace root may write every file of the instance's ids, as the sandbox's root may.
+// faccessat2 (Linux 5.8) with AT_EACCESS asks with the filesystem identity; glibc's emulation on an
+// older kernel asks with the effective uid (root: allowed, as before the regime).
+void refuse_unwritable(Broker* broker, int dir, const std::string& leaf, const struct stat& st, const std::string& shown) {
+  if (::faccessat(dir, leaf.c_str(), W_OK, AT_EACCESS | AT_SYMLINK_NOFOLLOW) == 0) return;
+  const int err = errno;
+  if (err == ENOENT || (broker && refused(err))) return;  // gone meanwhile: the write creates it
+  throw SysError(err, "write", fmt::format("{} (mode {:04o}, uid {})", shown, st.st_mode & 07777, st.st_uid));
 }
 
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+
+std::optional<users::Identity> acting_identity(const std::optional<Owner>& owner, bool as_root) {
+  if (!as_root || !owner || owner->uid == 0 || owner->others > 0) return std::nullopt;
+  return users::Identity{owner->uid, owner->gid};
+}
 
 Root::Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool read_only, bool any_owner,
            std::shared_ptr<Broker> broker)
@@ -330,7 +435,10 @@ Root::Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool rea
       shown_(std::move(shown)),
       owner_uid_(owner ? owner->uid : ::geteuid()),
       owner_gid_(owner ? owner->gid : ::getegid()),
-      chown_new_(owner.has_value() && ::geteuid() == 0),
+      acts_as_(acting_identity(owner)),
+      // Acting as the owner, what is made is the owner's already (and in a set-group-id folder of
+      // the folder's group, as the sandbox's own would be).
+      chown_new_(owner.has_value() && ::geteuid() == 0 && !acts_as_),
       read_only_(read_only),
       any_owner_(any_owner),
       others_from_(owner ? owner->others_from : 0),
@@ -382,9 +490,26 @@ EntryType entry_type(mode_t mode) {
 }
 
 Opened open_read(const Location& at) {
+  Acting as(at.root->acts_as());
   Opened opened;
-  opened.fd = open_in(at.root->broker().get(), at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_NOCTTY, 0,
-                      Resolve::in_root_follow, at.shown());
+  try {
+    opened.fd = open_in(at.root->broker().get(), at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_NOCTTY, 0,
+                        Resolve::in_root_follow, at.shown());
+  } catch (const SysError& e) {
+    // A file of another uid is refused as such, whatever its mode (as copy() refuses it).
+    if (e.code() != EACCES) throw;
+    struct stat st {};
+    bool known = false;
+    try {
+      UniqueFd path = open_in(at.root->broker().get(), at.root->fd(), rel_or_dot(at.rel), O_PATH, 0,
+                              Resolve::in_root_follow, at.shown());
+      known = ::fstat(path.get(), &st) == 0;
+    } catch (const SysError&) {
+      // a folder on the way is closed too: the open's refusal stands
+    }
+    if (known && S_ISREG(st.st_mode)) refuse_foreign(*at.root, st, at.shown(), "read");
+    throw;
+  }
   if (::fstat(opened.fd.get(), &opened.st) < 0) throw SysError(errno, "stat", at.shown());
   if (S_ISREG(opened.st.st_mode)) {
     refuse_foreign(*at.root, opened.st, at.shown(), "read");
@@ -396,6 +521,7 @@ Opened open_read(const Location& at) {
 }
 
 struct stat stat_at(const Location& at, bool follow) {
+  Acting as(at.root->acts_as());
   struct stat st;
   if (follow || at.rel.empty()) {
     UniqueFd fd = open_in(at.root->broker().get(), at.root->fd(), rel_or_dot(at.rel), O_PATH, 0, Resolve::in_root_follow,
@@ -410,6 +536,7 @@ struct stat stat_at(const Location& at, bool follow) {
 }
 
 std::string read_link(const Location& at) {
+  Acting as(at.root->acts_as());
   std::string leaf;
   UniqueFd parent = open_parent(at, leaf);
   std::string target;
@@ -419,6 +546,7 @@ std::string read_link(const Location& at) {
 }
 
 std::vector<Entry> list_dir(const Location& at, std::size_t max_entries) {
+  Acting as(at.root->acts_as());
   Broker* broker = at.root->broker().get();
   UniqueFd fd = open_in(broker, at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_DIRECTORY, 0, Resolve::in_root_follow,
                         at.shown());
@@ -449,9 +577,10 @@ std::vector<Entry> list_dir(const Location& at, std::size_t max_entries) {
 
 // ---------------------------------------------------------------------------------------------
 
-PendingFile::PendingFile(std::shared_ptr<Broker> broker, UniqueFd dir, UniqueFd fd, std::string temp,
-                         std::string leaf, std::string shown, bool no_replace)
-    : broker_(std::move(broker)),
+PendingFile::PendingFile(std::optional<users::Identity> acts_as, std::shared_ptr<Broker> broker, UniqueFd dir,
+                         UniqueFd fd, std::string temp, std::string leaf, std::string shown, bool no_replace)
+    : acts_as_(std::move(acts_as)),
+      broker_(std::move(broker)),
       dir_(std::move(dir)),
       fd_(std::move(fd)),
       temp_(std::move(temp)),
@@ -462,9 +591,11 @@ PendingFile::PendingFile(std::shared_ptr<Broker> broker, UniqueFd dir, UniqueFd 
 PendingFile::~PendingFile() {
   if (committed_) return;
   try {
+    Acting as(acts_as_);
     unlink_in(broker_.get(), dir_.get(), temp_);
   } catch (const SysError&) {
-    // the broker could not be reached: the temporary stays (a dot file named .ns-hpc-…tmp)
+    // the broker could not be reached, or the identity not taken: the temporary stays (a dot file
+    // named .ns-hpc-…tmp)
   }
 }
 
@@ -482,6 +613,7 @@ void PendingFile::write(std::string_view data) {
 void PendingFile::write_from(int from) { copy_bytes(from, fd_.get(), shown_); }
 
 std::optional<UniqueFd> PendingFile::open_current() const {
+  Acting as(acts_as_);
   try {
     UniqueFd fd = open_in(broker_.get(), dir_.get(), leaf_, O_RDONLY | O_NOCTTY, 0, Resolve::beneath_no_links, shown_);
     struct stat st;
@@ -497,6 +629,7 @@ std::optional<UniqueFd> PendingFile::open_current() const {
 
 struct stat PendingFile::commit() {
   if (committed_) throw SysError(EINVAL, "commit", shown_ + " (already committed)");
+  Acting as(acts_as_);
   if (::fsync(fd_.get()) < 0) throw SysError(errno, "fsync", shown_);
   const unsigned flags = no_replace_ ? RENAME_NOREPLACE : 0;
   if (const int err = rename_in(broker_.get(), dir_.get(), temp_, dir_.get(), leaf_, flags))
@@ -518,6 +651,7 @@ std::unique_ptr<PendingFile> begin_write(const Location& at, const WriteOptions&
   if (at.rel.empty()) throw SysError(EISDIR, "write", at.shown());
   auto [parent_rel, leaf] = split_leaf(at.rel);
   if (leaf == ".." || leaf == ".") throw SysError(EINVAL, "write", at.shown() + " (ends in '..')");
+  Acting as(at.root->acts_as());
   Broker* broker = at.root->broker().get();
   UniqueFd parent;
   if (options.create_parents)
@@ -532,6 +666,7 @@ std::unique_ptr<PendingFile> begin_write(const Location& at, const WriteOptions&
     if (S_ISDIR(st.st_mode)) throw SysError(EISDIR, "write", at.shown() + " (a folder)");
     if (options.no_replace) throw SysError(EEXIST, "create", at.shown());
     replaces = S_ISREG(st.st_mode) && at.root->owns(st.st_uid);
+    if (S_ISREG(st.st_mode)) refuse_unwritable(broker, parent.get(), leaf, st, at.shown());
     if (S_ISREG(st.st_mode) && !options.mode) mode = st.st_mode & 01777;  // no set-id bits
   } else if (err != ENOENT) {
     throw SysError(err, "stat", at.shown());
@@ -541,7 +676,8 @@ std::unique_ptr<PendingFile> begin_write(const Location& at, const WriteOptions&
                         at.shown());
   clear_nonblock(fd.get());
   std::unique_ptr<PendingFile> pending(
-      new PendingFile(at.root->broker(), std::move(parent), std::move(fd), temp, leaf, at.shown(), options.no_replace));
+      new PendingFile(at.root->acts_as(), at.root->broker(), std::move(parent), std::move(fd), temp, leaf, at.shown(),
+                      options.no_replace));
   if (const int err = chmod_in(broker, pending->fd(), mode)) throw SysError(err, "chmod", at.shown());
   give_to_owner(*at.root, pending->fd(), at.shown());
   if (replaces) keep_owner(broker, pending->fd(), st, pending->dir_.get(), leaf);
@@ -550,6 +686,7 @@ std::unique_ptr<PendingFile> begin_write(const Location& at, const WriteOptions&
 
 void make_dir(const Location& at, bool parents, mode_t mode) {
   refuse_read_only(at);
+  Acting as(at.root->acts_as());
   if (parents) {
     ensure_dirs(*at.root, at.rel, mode);
     return;
@@ -564,6 +701,7 @@ void make_dir(const Location& at, bool parents, mode_t mode) {
 
 void remove(const Location& at, bool recursive) {
   refuse_read_only(at);
+  Acting as(at.root->acts_as());
   std::string leaf;
   UniqueFd parent = open_parent(at, leaf);
   Broker* broker = at.root->broker().get();
@@ -580,6 +718,11 @@ void remove(const Location& at, bool recursive) {
 void rename(const Location& from, const Location& to, bool overwrite) {
   refuse_read_only(from);
   refuse_read_only(to);
+  // One system call cannot run as two identities: trees of two owners are copied, then removed,
+  // each side as its own (the callers do so on EXDEV, as across file systems).
+  if (!same_identity(from.root->acts_as(), to.root->acts_as()))
+    throw SysError(EXDEV, "move", fmt::format("{} to {} (trees of two owners)", from.shown(), to.shown()));
+  Acting as(to.root->acts_as());
   std::string from_leaf, to_leaf;
   UniqueFd from_parent = open_parent(from, from_leaf);
   UniqueFd to_parent = open_parent(to, to_leaf);
@@ -590,15 +733,28 @@ void rename(const Location& from, const Location& to, bool overwrite) {
 
 void copy(const Location& from, const Location& to, bool overwrite, const Cancelled& cancelled) {
   refuse_read_only(to);
-  Opened src = open_read(from);
+  Opened src = open_read(from);  // as the source's identity
+  // What follows is the destination's, as its identity; a folder's entries are read as the
+  // source's, switched per call only when the two differ (Acting: scopes of two identities are
+  // never nested).
+  const bool alike = same_identity(from.root->acts_as(), to.root->acts_as());
+  const std::optional<users::Identity>& as_to = to.root->acts_as();
   std::string to_leaf;
-  UniqueFd to_parent = open_parent(to, to_leaf);
   Broker* broker = to.root->broker().get();
+  UniqueFd to_parent;
   struct stat existing;
-  const bool exists = stat_in(broker, to_parent.get(), to_leaf, existing) == 0;
+  bool exists = false;
+  {
+    Acting as(as_to);
+    to_parent = open_parent(to, to_leaf);
+    exists = stat_in(broker, to_parent.get(), to_leaf, existing) == 0;
+  }
   if (exists && !overwrite) throw SysError(EEXIST, "copy", fmt::format("{} to {}", from.shown(), to.shown()));
   if (!src.is_dir()) {
-    if (exists && S_ISDIR(existing.st_mode)) remove_tree_in(broker, to_parent.get(), to_leaf, to.shown());
+    if (exists && S_ISDIR(existing.st_mode)) {
+      Acting as(as_to);
+      remove_tree_in(broker, to_parent.get(), to_leaf, to.shown());
+    }
     WriteOptions options;
     options.mode = src.st.st_mode & 01777;
     auto pending = begin_write(to, options);
@@ -609,6 +765,9 @@ void copy(const Location& from, const Location& to, bool overwrite, const Cancel
   if (!from.rel.empty() && (to.rel == from.rel || to.rel.starts_with(from.rel + "/")) && to.root == from.root)
     throw SysError(EINVAL, "copy", fmt::format("{} into itself ({})", from.shown(), to.shown()));
   refuse_foreign(*from.root, src.st, from.shown(), "copy");
+  Acting as(alike ? as_to : kOwnIdentity);  // the whole copy, when the two sides act alike
+  const auto& reading = alike ? kOwnIdentity : from.root->acts_as();
+  const auto& writing = alike ? kOwnIdentity : as_to;
   // A folder is copied whole or not at all: into a temporary next to the destination, put in
   // place with one rename once every file was copied; a refusal, an error or a cancellation
   // removes the temporary and leaves the destination as it was.
@@ -617,6 +776,7 @@ void copy(const Location& from, const Location& to, bool overwrite, const Cancel
   const std::string temp_shown = join_shown(to.root->shown(), to_dir.empty() ? temp : to_dir + "/" + temp);
   auto discard = [&](const std::string& name) {
     try {
+      Acting as(writing);
       remove_tree_in(broker, to_parent.get(), name, temp_shown);
     } catch (const SysError&) {
       // left as a dot folder named .<name>.ns-hpc-….tmp; the error that ended the copy is what counts
@@ -624,11 +784,12 @@ void copy(const Location& from, const Location& to, bool overwrite, const Cancel
   };
   try {
     copy_tree(*from.root, *to.root, src.fd.get(), to_parent.get(), temp, src.st.st_mode, from.shown(), to.shown(), 0,
-              cancelled);
+              cancelled, reading, writing);
   } catch (...) {
     discard(temp);
     throw;
   }
+  Acting as_destination(writing);
   // Overwrite: exchanged with what is there (then that is removed); else only where nothing is.
   int err = overwrite ? rename_in(broker, to_parent.get(), temp, to_parent.get(), to_leaf, RENAME_EXCHANGE) : ENOENT;
   if (err == 0) {
@@ -700,7 +861,8 @@ std::optional<Location> InstanceFiles::through_absolute_link(const Location& at,
   // One component at a time from the folder reached so far, so the walk costs a few system
   // calls per component (never the path so far again for each one). nullopt: no absolute link
   // on the way, or the walk cannot go on (a missing component, a file, a refusal, too many
-  // links): the open that follows says why.
+  // links): the open that follows says why. Looked at as the root's identity, as the open is.
+  Acting as(at.root->acts_as());
   Broker* broker = at.root->broker().get();
   const std::vector<std::string> parts = components(at.rel);
   const std::size_t checked = follow == Follow::last ? parts.size() : (parts.empty() ? 0 : parts.size() - 1);

@@ -13,6 +13,24 @@
 //   - a read opens without blocking (a FIFO, a device) and refuses what is not a regular file or
 //     a folder, and a file that does not belong to the tree's owner (a hard link to someone else's);
 //   - whatever the server creates is given to the tree's owner (the sandbox uid).
+//
+// One identity regime for every face (the file tools, WebDAV, resources): an operation beneath an
+// instance's root may do what the instance's own user could do from inside its sandbox, no more,
+// so what one face refuses the other refuses too, with the same errno. Decided in one place
+// (acting_identity below), applied by every operation here:
+//   - a plain instance of a server running as root: its sandbox runs as an unprivileged uid with
+//     no capability and no supplementary group, so each operation runs with that filesystem
+//     identity (setfsuid/setfsgid, supplementary groups dropped, this thread only, for the
+//     operation's system calls alone); the kernel then applies exactly the sandbox's permissions
+//     (a 0444 file is not written, a 0555 folder not added to, a 0000 file not read);
+//   - an image instance: its user is root of a user namespace mapping the instance's ids, which
+//     may do anything to their files; a root server acts as itself (the same power over them) and
+//     a normal user's server has the broker do what it may not (below);
+//   - a normal user's plain instance: the sandbox runs as this very uid, without capabilities:
+//     this process's own identity is already the sandbox's.
+// Replacing a file's content (write_file, edit_file, a WebDAV PUT, a copy over it) needs write
+// permission on that file, as `echo > file` in the sandbox would, though the new content is put in
+// place by a rename.
 // The instance's metadata, audit log, job records (.ns_hpc_jobs) and status folder live beside
 // the workspace, never beneath a root, so no path reaches them.
 //
@@ -35,6 +53,7 @@
 #include <vector>
 
 #include "base/fd.hpp"
+#include "base/users.hpp"
 
 namespace nshpc::files {
 
@@ -54,10 +73,18 @@ struct Owner {
   gid_t gid;
   // More ids whose files are the tree's own and are read (an image instance's other accounts:
   // its range above uid 0 on the host): others_from .. others_from + others - 1. New entries
-  // still go to `uid`.
+  // still go to `uid`. Set only for an image instance, whose user (uid) is root of a user
+  // namespace mapping all of these: acting_identity tells the two kinds apart by it.
   uid_t others_from = 0;
   std::uint32_t others = 0;
 };
+
+// The filesystem identity that operations beneath a tree of `owner` run with (see the regime
+// above): the owner's uid and gid when this process is root (`as_root`) and the owner is an
+// unprivileged uid with no accounts of its own (a plain instance's sandbox user); nullopt (this
+// process's own identity) otherwise: no owner (this process's own files, a WebDAV extra), an
+// owner that is this process or root, an image instance's (others > 0).
+std::optional<users::Identity> acting_identity(const std::optional<Owner>& owner, bool as_root = ::geteuid() == 0);
 
 // A directory tree whose content is hostile: an instance's workspace or output folder, later its
 // root, or a WebDAV extra. Holds an O_PATH descriptor of the folder, opened once.
@@ -67,7 +94,8 @@ class Root {
   // must belong to and new entries are given to (nullopt: this process's own uid, nothing chowned);
   // `read_only`: every write is refused with EROFS; `any_owner`: files of any uid are read (for
   // a folder no sandbox writes, such as a WebDAV extra; else a file must belong to the owner).
-  // `broker`: who does what the server may not (see above); null: nobody.
+  // `broker`: who does what the server may not (see above); null: nobody. Operations beneath it
+  // run with acting_identity(owner).
   Root(UniqueFd dir, std::string shown, std::optional<Owner> owner, bool read_only = false, bool any_owner = false,
        std::shared_ptr<Broker> broker = nullptr);
   // Opens `dir` (never following a final symlink). Throws SysError.
@@ -80,6 +108,9 @@ class Root {
   uid_t owner_uid() const { return owner_uid_; }
   gid_t owner_gid() const { return owner_gid_; }
   bool chown_new() const { return chown_new_; }
+  // The filesystem identity operations beneath this root run with (acting_identity); nullopt:
+  // this process's own.
+  const std::optional<users::Identity>& acts_as() const { return acts_as_; }
   bool read_only() const { return read_only_; }
   bool any_owner() const { return any_owner_; }
   const std::shared_ptr<Broker>& broker() const { return broker_; }
@@ -93,6 +124,7 @@ class Root {
   std::string shown_;
   uid_t owner_uid_;
   gid_t owner_gid_;
+  std::optional<users::Identity> acts_as_;
   bool chown_new_;
   bool read_only_;
   bool any_owner_;
@@ -119,8 +151,10 @@ std::string normalize(std::string_view path);
 // Operations beneath a root (host side). All throw SysError keeping the errno, with the shown
 // path in the message: ENOENT missing; ENOTDIR/EISDIR a file or folder where the other was
 // needed; EXDEV the path leaves the root (refused); ELOOP too many links; ENXIO neither a
-// regular file nor a folder (a FIFO, a socket, a device); EPERM a file of another uid; EROFS a
-// read-only root; EEXIST the destination exists; EBUSY the root itself.
+// regular file nor a folder (a FIFO, a socket, a device); EPERM a file of another uid (whatever
+// its mode); EACCES what the root's identity may not do (its mode bits); EROFS a read-only root;
+// EEXIST the destination exists; EBUSY the root itself. Each runs with the root's identity
+// (Root::acts_as) and restores this thread's own before it returns or throws.
 
 enum class EntryType { file, directory, symlink, other };
 const char* to_string(EntryType type);
@@ -182,8 +216,9 @@ class PendingFile {
 
  private:
   friend std::unique_ptr<PendingFile> begin_write(const Location& at, const WriteOptions& options);
-  PendingFile(std::shared_ptr<Broker> broker, UniqueFd dir, UniqueFd fd, std::string temp, std::string leaf,
-              std::string shown, bool no_replace);
+  PendingFile(std::optional<users::Identity> acts_as, std::shared_ptr<Broker> broker, UniqueFd dir, UniqueFd fd,
+              std::string temp, std::string leaf, std::string shown, bool no_replace);
+  std::optional<users::Identity> acts_as_;  // the root's (Root::acts_as), for the rename and the cleanup
   std::shared_ptr<Broker> broker_;
   UniqueFd dir_;
   UniqueFd fd_;
@@ -195,7 +230,8 @@ class PendingFile {
 };
 // Starts writing the file at `at` (the parent resolved inside the root, the last component
 // never followed: a symlink there is replaced, not written through). EISDIR when a folder is
-// there; ENOENT when the parent is missing and !create_parents.
+// there; ENOENT when the parent is missing and !create_parents; EACCES when a regular file there
+// may not be written by the root's identity (a 0444 file), or the folder may not be added to.
 std::unique_ptr<PendingFile> begin_write(const Location& at, const WriteOptions& options);
 
 // Creates the folder at `at` (with `parents`, missing parents too; then an existing folder is

@@ -1,6 +1,7 @@
 // The files resolver: paths as the sandbox sees them, and every operation beneath a root that a
 // hostile sandbox controls (links, "..", swaps between check and use, FIFOs, hard links).
 #include <fcntl.h>
+#include <sys/fsuid.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -66,7 +67,21 @@ struct Layout {
     v.output = out;
     return v;
   }
+  // The view of a sandbox user's instance (root only): its workspace and output folder are that
+  // user's, as the store makes them, and every operation acts as it (files::acting_identity).
+  files::InstanceView owned_by(uid_t uid, gid_t gid) const {
+    EXPECT_EQ(::chown(ws.c_str(), uid, gid), 0);
+    EXPECT_EQ(::chown(out.c_str(), uid, gid), 0);
+    files::InstanceView v = view();
+    v.owner = files::Owner{uid, gid};
+    return v;
+  }
 };
+
+// This thread's filesystem uid and gid (setfsuid/setfsgid with an invalid id change nothing).
+std::pair<uid_t, gid_t> fs_ids() {
+  return {static_cast<uid_t>(::setfsuid(static_cast<uid_t>(-1))), static_cast<gid_t>(::setfsgid(static_cast<gid_t>(-1)))};
+}
 
 std::string read_at(const files::InstanceFiles& f, std::string_view path) {
   files::Opened o = files::open_read(f.resolve(path));
@@ -304,9 +319,7 @@ TEST(FilesWrite, ParentsOnlyWhenAskedAndCreateOnlyRefusesExisting) {
 TEST(FilesWrite, NewFilesAndFoldersBelongToTheSandboxUid) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to give files away";
   Layout l;
-  auto v = l.view();
-  v.owner = files::Owner{4243, 4244};
-  files::InstanceFiles f(v);
+  files::InstanceFiles f(l.owned_by(4243, 4244));
   files::WriteOptions parents;
   parents.create_parents = true;
   auto p = files::begin_write(f.resolve("x/y/z.txt"), parents);
@@ -462,8 +475,7 @@ TEST(FilesResolve, AbsoluteLinksToTheSandboxMountsLeadWhereTheyLeadInTheSandbox)
 TEST(FilesOps, ACopiedFolderRefusesFilesOfAnotherUidAndIsWholeOrNothing) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root: a file of another uid is planted with chown";
   Layout l;
-  auto v = l.view();
-  v.owner = files::Owner{4243, 4244};
+  auto v = l.owned_by(4243, 4244);
   stdfs::create_directories(l.ws / "d" / "sub");
   std::ofstream(l.ws / "d" / "a.txt") << "A";
   std::ofstream(l.ws / "d" / "sub" / "b.txt") << "B";
@@ -472,6 +484,7 @@ TEST(FilesOps, ACopiedFolderRefusesFilesOfAnotherUidAndIsWholeOrNothing) {
   for (auto rel : {"d", "d/a.txt", "d/sub", "d/sub/b.txt"}) ASSERT_EQ(::lchown((l.ws / rel).c_str(), 4243, 4244), 0);
   stdfs::create_directories(l.out / "kept");
   std::ofstream(l.out / "kept" / "old") << "old";
+  for (auto rel : {"kept", "kept/old"}) ASSERT_EQ(::lchown((l.out / rel).c_str(), 4243, 4244), 0);
   files::InstanceFiles f(v);
   auto refusal = [&](const char* to, bool overwrite) -> std::string {
     try {
@@ -588,4 +601,114 @@ TEST(FilesResolve, SixteenConcurrentWalksOfTwoThousandComponentsEachGetTheirFile
   for (auto& t : threads) t.join();
   for (int t = 0; t < 16; ++t) EXPECT_EQ(got[t], t % 4 == 3 ? "ENOENT" : t % 2 ? "out" : "deep") << t;
   nshpc::fs::remove_tree(l.ws / "a");
+}
+
+// Issue 31: one identity regime for an instance's files, decided in one place.
+TEST(FilesIdentity, OnlyARootServerActsAndOnlyAsAPlainInstancesUser) {
+  const files::Owner plain{4243, 4244};
+  auto acting = files::acting_identity(plain, /*as_root=*/true);
+  ASSERT_TRUE(acting.has_value());
+  EXPECT_EQ(acting->uid, 4243u);
+  EXPECT_EQ(acting->gid, 4244u);
+  EXPECT_FALSE(files::acting_identity(plain, /*as_root=*/false)) << "a normal user's server is the sandbox's uid";
+  EXPECT_FALSE(files::acting_identity(std::nullopt, true)) << "no owner: this process's own files (a WebDAV extra)";
+  EXPECT_FALSE(files::acting_identity(files::Owner{0, 0}, true));
+  files::Owner image{1u << 20, 1u << 20, (1u << 20) + 1, 65535};
+  EXPECT_FALSE(files::acting_identity(image, true)) << "an image instance's user is root of its namespace";
+}
+
+// As root, every operation beneath a plain instance's root has exactly its sandbox user's
+// permissions: mode bits that keep that user out keep the server out too, with the errno the
+// sandbox would get; afterwards the thread is root again.
+TEST(FilesIdentity, AsRootOperationsHaveTheSandboxUsersPermissions) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: a normal user's server already is its sandbox's user";
+  Layout l;
+  files::InstanceFiles f(l.owned_by(4243, 4244));
+  auto own = [&](const stdfs::path& p, mode_t mode) {
+    ASSERT_EQ(::lchown(p.c_str(), 4243, 4244), 0);
+    ASSERT_EQ(::chmod(p.c_str(), mode), 0);
+  };
+  std::ofstream(l.ws / "ro.txt") << "frozen";
+  own(l.ws / "ro.txt", 0444);
+  std::ofstream(l.ws / "closed.txt") << "closed";
+  own(l.ws / "closed.txt", 0000);
+  stdfs::create_directories(l.ws / "shut");
+  std::ofstream(l.ws / "shut" / "keep.txt") << "kept";
+  own(l.ws / "shut" / "keep.txt", 0644);
+  own(l.ws / "shut", 0555);
+  std::ofstream(l.ws / "roots.txt") << "root's";  // a file of another uid, 0600
+  ::chmod((l.ws / "roots.txt").c_str(), 0600);
+  const auto before = fs_ids();
+  ASSERT_EQ(before.first, 0u);
+  std::vector<gid_t> groups(static_cast<std::size_t>(::getgroups(0, nullptr)));
+  ::getgroups(static_cast<int>(groups.size()), groups.data());
+
+  EXPECT_EQ(error_of([&] { files::begin_write(f.resolve("ro.txt"), {}); }), EACCES);
+  EXPECT_EQ(error_of([&] { files::copy(f.resolve("closed.txt"), f.resolve("ro.txt"), true); }), EACCES);
+  EXPECT_EQ(error_of([&] { files::open_read(f.resolve("closed.txt")); }), EACCES);
+  EXPECT_EQ(error_of([&] { files::begin_write(f.resolve("shut/new.txt"), {}); }), EACCES);
+  EXPECT_EQ(error_of([&] { files::make_dir(f.resolve("shut/sub"), false); }), EACCES);
+  EXPECT_EQ(error_of([&] { files::remove(f.resolve("shut/keep.txt"), false); }), EACCES);
+  EXPECT_EQ(error_of([&] { files::rename(f.resolve("shut/keep.txt"), f.resolve("moved.txt"), false); }), EACCES);
+  EXPECT_EQ(error_of([&] { files::copy(f.resolve("shut/keep.txt"), f.resolve("shut/copy.txt"), false); }), EACCES);
+  // A file of another uid is refused as such (EPERM), though its mode would refuse it too.
+  try {
+    files::open_read(f.resolve("roots.txt"));
+    ADD_FAILURE() << "read a root-only file";
+  } catch (const SysError& e) {
+    EXPECT_EQ(e.code(), EPERM) << e.what();
+    EXPECT_NE(std::string(e.what()).find("belongs to uid 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(slurp(l.ws / "ro.txt"), "frozen");
+  EXPECT_EQ(slurp(l.ws / "shut" / "keep.txt"), "kept");
+  EXPECT_FALSE(stdfs::exists(l.ws / "shut" / "new.txt"));
+  EXPECT_FALSE(stdfs::exists(l.ws / "moved.txt"));
+
+  // What the user may do works, and what is made is the user's.
+  EXPECT_EQ(slurp(files::open_read(f.resolve("shut/keep.txt")).fd.get()), "kept");
+  auto p = files::begin_write(f.resolve("new/file.txt"), {.create_parents = true});
+  p->write("new");
+  p->commit();
+  files::rename(f.resolve("new/file.txt"), f.resolve("/output/moved.txt"), false);
+  files::copy(f.resolve("shut"), f.resolve("/output/shut-copy"), false);
+  for (auto path : {l.ws / "new", l.out / "moved.txt", l.out / "shut-copy", l.out / "shut-copy" / "keep.txt"}) {
+    struct stat st;
+    ASSERT_EQ(::lstat(path.c_str(), &st), 0) << path;
+    EXPECT_EQ(st.st_uid, 4243u) << path;
+    EXPECT_EQ(st.st_gid, 4244u) << path;
+  }
+  files::remove(f.resolve("/output/shut-copy"), true);  // a 0555 folder of its own: made writable, then removed
+  EXPECT_FALSE(stdfs::exists(l.out / "shut-copy"));
+
+  // Back to root, with its groups, whatever succeeded or failed.
+  EXPECT_EQ(fs_ids(), before);
+  std::vector<gid_t> now(static_cast<std::size_t>(::getgroups(0, nullptr)));
+  ::getgroups(static_cast<int>(now.size()), now.data());
+  EXPECT_EQ(now, groups);
+  ::chmod((l.ws / "shut").c_str(), 0755);
+}
+
+// A normal user's server is its sandbox's user: a 0444 file of its own is not written either.
+TEST(FilesIdentity, AReadOnlyFileIsNotReplaced) {
+  Layout l;
+  std::ofstream(l.ws / "ro.txt") << "frozen";
+  ::chmod((l.ws / "ro.txt").c_str(), 0444);
+  files::InstanceFiles f(::geteuid() == 0 ? l.owned_by(4243, 4244) : l.view());
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown((l.ws / "ro.txt").c_str(), 4243, 4244), 0);
+  }
+  try {
+    files::begin_write(f.resolve("ro.txt"), {});
+    ADD_FAILURE() << "a 0444 file was opened for replacing";
+  } catch (const SysError& e) {
+    EXPECT_EQ(e.code(), EACCES);
+    EXPECT_NE(std::string(e.what()).find("/workspace/ro.txt (mode 0444"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(slurp(l.ws / "ro.txt"), "frozen");
+  // Made writable (as a command in the instance would), it is.
+  ::chmod((l.ws / "ro.txt").c_str(), 0644);
+  auto p = files::begin_write(f.resolve("ro.txt"), {});
+  p->write("thawed");
+  p->commit();
+  EXPECT_EQ(slurp(l.ws / "ro.txt"), "thawed");
 }
