@@ -280,9 +280,7 @@ struct DavHandler::Impl {
       t.kind = Target::Kind::tree;
       t.tree = std::make_shared<Tree>();
       const std::filesystem::path dir = workspace ? t.instance->workspace : t.instance->output;
-      // As the sandbox's own user, so its permissions apply; an image instance's user is root
-      // inside, whom no mode keeps out: as the server (new entries are given to it all the same).
-      if (!t.instance->image) t.tree->owner = store.owner_of(*t.instance);
+      // With the one identity regime of an instance's files (files/resolver.hpp), as the file tools.
       t.tree->shown = fmt::format("{}/instances/{}/{}/", settings.prefix, segs[1], segs[2]);
       auto access = store.file_access(*t.instance);
       try {

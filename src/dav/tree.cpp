@@ -2,7 +2,6 @@
 #include "dav/tree.hpp"
 
 #include <fcntl.h>
-#include <sys/fsuid.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,19 +21,6 @@ std::string join(const RelPath& path) {
     out += segment;
   }
   return out;
-}
-
-FsIdentity::FsIdentity(const std::optional<users::Identity>& who) {
-  if (!who) return;
-  old_gid_ = static_cast<gid_t>(::setfsgid(who->gid));
-  old_uid_ = static_cast<uid_t>(::setfsuid(who->uid));
-  active_ = true;
-}
-
-FsIdentity::~FsIdentity() {
-  if (!active_) return;
-  ::setfsuid(old_uid_);  // back to 0 restores the filesystem capabilities
-  ::setfsgid(old_gid_);
 }
 
 void fail_with_errno(int err, const std::string& what, const std::string& shown) {
@@ -99,7 +85,6 @@ void refuse_link(const Tree& tree, const RelPath& path) {
 }  // namespace
 
 std::optional<struct stat> stat_path(const Tree& tree, const RelPath& path, bool parent_must_exist) {
-  FsIdentity as(tree.owner);
   try {
     struct stat st = files::stat_at(at(tree, path), false);
     if (S_ISLNK(st.st_mode)) fail_with_errno(ELOOP, "stat", shown_of(tree, path));
@@ -114,7 +99,6 @@ std::optional<struct stat> stat_path(const Tree& tree, const RelPath& path, bool
 }
 
 UniqueFd open_file(const Tree& tree, const RelPath& path, struct stat& st) {
-  FsIdentity as(tree.owner);
   if (path.empty()) throw DavError(405, fmt::format("{} is a folder", tree.shown));
   refuse_link(tree, path);
   files::Opened opened = step(tree, path, "open", [&] { return files::open_read(at(tree, path)); });
@@ -124,7 +108,6 @@ UniqueFd open_file(const Tree& tree, const RelPath& path, struct stat& st) {
 }
 
 std::vector<DirEntry> list_dir(const Tree& tree, const RelPath& path, std::size_t limit, bool& truncated) {
-  FsIdentity as(tree.owner);
   truncated = false;
   refuse_link(tree, path);
   const std::vector<files::Entry> entries = step(tree, path, "list", [&] { return files::list_dir(at(tree, path)); });
@@ -149,7 +132,6 @@ std::vector<DirEntry> list_dir(const Tree& tree, const RelPath& path, std::size_
 }
 
 bool write_file(const Tree& tree, const RelPath& path, const std::function<std::size_t(char*, std::size_t)>& source) {
-  FsIdentity as(tree.owner);
   if (path.empty()) throw DavError(405, fmt::format("{} is a folder", tree.shown));
   const bool created = !stat_path(tree, path, true);
   auto pending = step(tree, path, "write", [&] { return files::begin_write(at(tree, path), {}); });
@@ -167,7 +149,6 @@ bool write_file(const Tree& tree, const RelPath& path, const std::function<std::
 }
 
 bool create_empty(const Tree& tree, const RelPath& path) {
-  FsIdentity as(tree.owner);
   if (path.empty()) return false;
   files::WriteOptions options;
   options.no_replace = true;
@@ -182,7 +163,6 @@ bool create_empty(const Tree& tree, const RelPath& path) {
 }
 
 void make_dir(const Tree& tree, const RelPath& path) {
-  FsIdentity as(tree.owner);
   if (path.empty()) throw DavError(405, fmt::format("{} already exists", tree.shown));
   if (!parent_exists(tree, path)) throw DavError(409, fmt::format("{}: its parent folder does not exist", shown_of(tree, path)));
   step(tree, path, "mkdir", [&] {
@@ -192,7 +172,6 @@ void make_dir(const Tree& tree, const RelPath& path) {
 }
 
 void remove_path(const Tree& tree, const RelPath& path) {
-  FsIdentity as(tree.owner);
   if (path.empty()) throw DavError(403, fmt::format("{} is a mount point and cannot be deleted", tree.shown));
   step(tree, path, "delete", [&] {
     files::remove(at(tree, path), true);
@@ -201,7 +180,6 @@ void remove_path(const Tree& tree, const RelPath& path) {
 }
 
 void copy_path(const Tree& from_tree, const RelPath& from, const Tree& to_tree, const RelPath& to, bool recursive) {
-  FsIdentity as(to_tree.owner);
   if (to.empty()) throw DavError(403, fmt::format("{} is a mount point", to_tree.shown));
   if (!parent_exists(to_tree, to)) throw DavError(409, fmt::format("{}: its parent folder does not exist", shown_of(to_tree, to)));
   refuse_link(from_tree, from);
@@ -222,17 +200,15 @@ void copy_path(const Tree& from_tree, const RelPath& from, const Tree& to_tree, 
 
 void move_path(const Tree& from_tree, const RelPath& from, const Tree& to_tree, const RelPath& to) {
   if (from.empty() || to.empty()) throw DavError(403, "a mount point cannot be moved or replaced");
-  {
-    FsIdentity as(to_tree.owner);
-    if (!parent_exists(to_tree, to)) throw DavError(409, fmt::format("{}: its parent folder does not exist", shown_of(to_tree, to)));
-    try {
-      files::rename(at(from_tree, from), at(to_tree, to), false);
-      return;
-    } catch (const SysError& e) {
-      if (e.code() != EXDEV) fail_with_errno(e.code(), "move", shown_of(from_tree, from));
-    }
+  if (!parent_exists(to_tree, to)) throw DavError(409, fmt::format("{}: its parent folder does not exist", shown_of(to_tree, to)));
+  try {
+    files::rename(at(from_tree, from), at(to_tree, to), false);
+    return;
+  } catch (const SysError& e) {
+    if (e.code() != EXDEV) fail_with_errno(e.code(), "move", shown_of(from_tree, from));
   }
-  copy_path(from_tree, from, to_tree, to, true);  // another filesystem: copy, then remove
+  // Another filesystem, or trees of two owners (an extra and an instance): copied, then removed.
+  copy_path(from_tree, from, to_tree, to, true);
   remove_path(from_tree, from);
 }
 

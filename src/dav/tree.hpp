@@ -2,9 +2,9 @@
 // extra), which a sandbox may change at any moment. Every one goes through the `files` module's
 // resolver (files/resolver.hpp: beneath the folder's descriptor with openat2, a link never
 // leaving the folder, the last component of a write never followed, new entries given to the
-// sandbox user); this file maps its errors to HTTP statuses and adds what WebDAV wants on top:
-// a symbolic link as the last component is refused (403) and never listed, and the work runs
-// with the sandbox user's filesystem identity (its own permissions apply).
+// sandbox user, and the one identity regime of an instance's files: what the instance's own user
+// could do, as for the file tools); this file maps its errors to HTTP statuses and adds what
+// WebDAV wants on top: a symbolic link as the last component is refused (403) and never listed.
 #pragma once
 
 #include <sys/stat.h>
@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "base/fd.hpp"
-#include "base/users.hpp"
 #include "files/resolver.hpp"
 
 namespace nshpc::dav {
@@ -39,27 +38,11 @@ std::string join(const RelPath& path);  // "a/b/c" ("" for the folder itself)
 
 // One served folder.
 struct Tree {
-  std::optional<files::Root> root;  // its descriptor, owner and read-only flag (the resolver's)
+  // Its descriptor, owner, identity and read-only flag (the resolver's): every operation on it
+  // runs as the resolver's regime says (files::acting_identity), as the file tools' do.
+  std::optional<files::Root> root;
   bool read_only = false;
-  // Whose files these are: file operations run with this fs uid/gid (setfsuid), so the sandbox's
-  // own permissions apply and what is created belongs to it. nullopt: as the server.
-  std::optional<users::Identity> owner;
   std::string shown;     // the URL prefix people know it by, for messages
-};
-
-// Sets this thread's filesystem uid/gid for as long as it lives (per thread: other workers are
-// not affected).
-class FsIdentity {
- public:
-  explicit FsIdentity(const std::optional<users::Identity>& who);
-  ~FsIdentity();
-  FsIdentity(const FsIdentity&) = delete;
-  FsIdentity& operator=(const FsIdentity&) = delete;
-
- private:
-  bool active_ = false;
-  uid_t old_uid_ = 0;
-  gid_t old_gid_ = 0;
 };
 
 // Throws the DavError for a failed step on `path` (403 for links and escapes, 404 missing, ...).

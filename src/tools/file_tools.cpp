@@ -84,8 +84,12 @@ Scope open_scope(const ToolContext& ctx, const json& args) { return open_scope(c
     case ENOTDIR: throw UsageError(fmt::format("A part of {} is not a directory", shown));
     case EISDIR: throw UsageError(fmt::format("{} is a directory (list_directory lists it)", shown));
     case ENXIO: throw UsageError(fmt::format("Path is not a regular file: {} (a FIFO, socket or device)", shown));
-    case EPERM:
-    case EACCES: throw UsageError(fmt::format("{} is not accessible: {}", shown, e.what()));
+    case EPERM: throw UsageError(fmt::format("{} is not accessible: {}", shown, e.what()));
+    case EACCES:
+      // The file tools (and WebDAV) act as the instance's own user: its permissions apply.
+      throw UsageError(fmt::format("{} is not accessible: {}. The file tools have the permissions a command in this "
+                                   "instance has; a command can change them (chmod) if this is meant",
+                                   shown, e.what()));
     case EXDEV:
     case ELOOP:
       throw UsageError(fmt::format("{} leads outside the instance's files through a link or '..', or has too many "

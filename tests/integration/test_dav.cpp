@@ -1,6 +1,7 @@
 // WebDAV at /dav against the real ns-hpc binary on 127.0.0.1, driven by the clients people use:
 // litmus (the WebDAV conformance suite), rclone, curl; and by hostile requests and a hostile
-// sandbox (symlinks planted in the workspace).
+// sandbox (symlinks planted in the workspace). OneFileIdentity: WebDAV and the file tools side by
+// side on the same files, with one identity regime (what the instance's own user could do).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -10,7 +11,9 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -521,5 +524,193 @@ TEST(ImageInstanceDav, FilesClosedToTheServerAreServedReplacedAndDeleted) {
   if (range) {
     EXPECT_NE(seen.out.find("agent-600\nput by a person\n"), std::string::npos) << seen.out << seen.err;
   }
+  std::filesystem::remove_all(tmp);
+}
+
+// Issue 31: one identity regime for an instance's files. The file tools and WebDAV touch them as
+// the instance's own user could from inside (as root: with the sandbox user's filesystem
+// identity; as a normal user: the server is that user), so for each case a file tool and a
+// WebDAV request on the same file have the same outcome, the same errno (EACCES: "Permission
+// denied" / 403), and the sandbox sees that nothing happened. (Before, as root, the file tools
+// wrote a 0444 file, added to a 0555 folder, read a 0000 file and deleted in a 0555 folder.)
+TEST(OneFileIdentity, FileToolsAndWebDavRefuseWhatTheSandboxUserMayNotDo) {
+  DavEnv d;
+  const std::string id = "same-rules";
+  d.env.create(id);
+  const Result made = d.env.run({"bwrap", id, "--", "/bin/sh", "-c",
+                                 "echo frozen > ro.txt && chmod 444 ro.txt && echo closed > closed.txt && "
+                                 "chmod 000 closed.txt && mkdir shut && echo kept > shut/keep.txt && chmod 555 shut && "
+                                 "mkdir open && echo a > open/a.txt"});
+  ASSERT_EQ(made.exit_code, 0) << made.out << made.err;
+  DavServer server(d.env);
+  ASSERT_TRUE(server.ready());
+  McpSession mcp(d.env);
+  const std::string ws = server.base() + "/dav/instances/" + id + "/workspace/";
+  char dir[] = "/tmp/nshpc-dav-same-XXXXXX";
+  const std::string tmp = ::mkdtemp(dir);
+  std::ofstream(tmp + "/body.txt") << "changed\n";
+  const std::string body = quote(tmp + "/body.txt");
+  auto tool = [&](const std::string& name, nlohmann::json args) {
+    args["instance_id"] = id;
+    return mcp.call_and_wait(name, args);
+  };
+  // A tool refused with EACCES, as the sandbox's own command would be.
+  auto tool_refused = [](const nlohmann::json& r) {
+    return r.contains("result") && r["result"].value("isError", false) &&
+           result_text(r).find("Permission denied") != std::string::npos;
+  };
+  auto dav_refused = [](const Reply& r) { return r.status == 403 && r.body.find("permission denied") != std::string::npos; };
+
+  // Writing a 0444 file of the sandbox user.
+  nlohmann::json r = tool("write_file", {{"path", "ro.txt"}, {"content", "changed\n"}});
+  EXPECT_TRUE(tool_refused(r)) << r.dump();
+  r = tool("edit_file", {{"path", "ro.txt"}, {"old_text", "frozen"}, {"new_text", "thawed"}});
+  EXPECT_TRUE(tool_refused(r)) << r.dump();
+  r = tool("copy_file", {{"source", "open/a.txt"}, {"destination", "ro.txt"}, {"overwrite", true}});
+  EXPECT_TRUE(tool_refused(r)) << r.dump();
+  Reply put = server.curl("-T " + body + " " + quote(ws + "ro.txt"));
+  EXPECT_TRUE(dav_refused(put)) << put.status << " " << put.body;
+  // Creating a file (or folder) in a 0555 folder.
+  r = tool("write_file", {{"path", "shut/new.txt"}, {"content", "new\n"}});
+  EXPECT_TRUE(tool_refused(r)) << r.dump();
+  r = tool("copy_file", {{"source", "open/a.txt"}, {"destination", "shut/a.txt"}});
+  EXPECT_TRUE(tool_refused(r)) << r.dump();
+  put = server.curl("-T " + body + " " + quote(ws + "shut/new.txt"));
+  EXPECT_TRUE(dav_refused(put)) << put.status << " " << put.body;
+  Reply dav = server.curl("-X COPY -H " + quote("Destination: " + ws + "shut/a.txt") + " " + quote(ws + "open/a.txt"));
+  EXPECT_TRUE(dav_refused(dav)) << dav.status << " " << dav.body;
+  dav = server.curl("-X MKCOL " + quote(ws + "shut/sub"));
+  EXPECT_TRUE(dav_refused(dav)) << dav.status << " " << dav.body;
+  // Reading a 0000 file.
+  r = tool("read_file", {{"path", "closed.txt"}});
+  EXPECT_TRUE(tool_refused(r)) << r.dump();
+  EXPECT_EQ(r.dump().find("closed\\n"), std::string::npos);
+  dav = server.curl(quote(ws + "closed.txt"));
+  EXPECT_TRUE(dav_refused(dav)) << dav.status << " " << dav.body;
+  EXPECT_EQ(dav.body.find("closed\n"), std::string::npos);
+  // Deleting (or moving away) in a 0555 folder.
+  r = tool("delete_file", {{"path", "shut/keep.txt"}});
+  EXPECT_TRUE(tool_refused(r)) << r.dump();
+  r = tool("move_file", {{"source", "shut/keep.txt"}, {"destination", "moved.txt"}});
+  EXPECT_TRUE(tool_refused(r)) << r.dump();
+  dav = server.curl("-X DELETE " + quote(ws + "shut/keep.txt"));
+  EXPECT_TRUE(dav_refused(dav)) << dav.status << " " << dav.body;
+  dav = server.curl("-X MOVE -H " + quote("Destination: " + ws + "moved.txt") + " " + quote(ws + "shut/keep.txt"));
+  EXPECT_TRUE(dav_refused(dav)) << dav.status << " " << dav.body;
+
+  // From inside: none of it happened.
+  const Result seen = d.env.run({"bwrap", id, "--", "/bin/sh", "-c",
+                                 "cat ro.txt; ls -A shut; ls moved.txt 2>&1; stat -c %a ro.txt closed.txt shut"});
+  EXPECT_EQ(seen.out, "frozen\nkeep.txt\nls: cannot access 'moved.txt': No such file or directory\n444\n0\n555\n")
+      << seen.err;
+  // Once the sandbox's user allows it, both faces may.
+  ASSERT_EQ(d.env.run({"bwrap", id, "--", "chmod", "644", "ro.txt"}).exit_code, 0);
+  r = tool("write_file", {{"path", "ro.txt"}, {"content", "by the tool\n"}});
+  EXPECT_FALSE(r["result"].value("isError", false)) << r.dump();
+  put = server.curl("-T " + body + " " + quote(ws + "ro.txt"));
+  EXPECT_EQ(put.status, 204) << put.body;
+  std::filesystem::remove_all(tmp);
+}
+
+// What the sandbox's user may do, both faces do, and what they make is that user's.
+TEST(OneFileIdentity, FileToolsAndWebDavWriteReadEditAndMoveAsTheSandboxUser) {
+  DavEnv d;
+  const std::string id = "same-work";
+  d.env.create(id);
+  ASSERT_EQ(d.env.run({"bwrap", id, "--", "/bin/sh", "-c", "mkdir open && echo a > open/a.txt"}).exit_code, 0);
+  DavServer server(d.env);
+  ASSERT_TRUE(server.ready());
+  McpSession mcp(d.env);
+  const std::string ws = server.base() + "/dav/instances/" + id + "/workspace/";
+  char dir[] = "/tmp/nshpc-dav-work-XXXXXX";
+  const std::string tmp = ::mkdtemp(dir);
+  std::ofstream(tmp + "/body.txt") << "put\n";
+  auto ok = [&](const std::string& name, nlohmann::json args) {
+    args["instance_id"] = id;
+    const nlohmann::json r = mcp.call_and_wait(name, args);
+    EXPECT_TRUE(r.contains("result") && !r["result"].value("isError", false)) << name << ": " << r.dump();
+    return r;
+  };
+  ok("write_file", {{"path", "open/tool.txt"}, {"content", "tool\n"}});
+  EXPECT_EQ(ok("read_file", {{"path", "open/a.txt"}})["result"]["structuredContent"]["content"], "a\n");
+  ok("edit_file", {{"path", "open/tool.txt"}, {"old_text", "tool"}, {"new_text", "edited"}});
+  ok("move_file", {{"source", "open/tool.txt"}, {"destination", "open/tool-moved.txt"}});
+  ok("write_file", {{"path", "new/dir/deep.txt"}, {"content", "deep\n"}});
+  EXPECT_EQ(server.curl("-T " + quote(tmp + "/body.txt") + " " + quote(ws + "open/put.txt")).status, 201);
+  const Reply get = server.curl(quote(ws + "open/a.txt"));
+  EXPECT_EQ(get.status, 200);
+  EXPECT_EQ(get.body, "a\n");
+  EXPECT_EQ(server.curl("-X MOVE -H " + quote("Destination: " + ws + "open/put-moved.txt") + " " + quote(ws + "open/put.txt"))
+                .status,
+            201);
+  EXPECT_EQ(server.curl("-X MKCOL " + quote(ws + "made")).status, 201);
+  EXPECT_EQ(server.curl("-X DELETE " + quote(ws + "open/a.txt")).status, 204);
+  // Inside: the files are there, the sandbox's own, and it may change them.
+  const Result seen = d.env.run(
+      {"bwrap", id, "--", "/bin/sh", "-c",
+       "id -u; stat -c %u open/tool-moved.txt open/put-moved.txt new new/dir new/dir/deep.txt made; "
+       "cat open/tool-moved.txt open/put-moved.txt; ls open; echo more >> open/put-moved.txt && echo appended"});
+  std::istringstream lines(seen.out);
+  std::string uid, line;
+  std::getline(lines, uid);
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(std::getline(lines, line)) << seen.out << seen.err;
+    EXPECT_EQ(line, uid) << "not the sandbox user's: line " << i << "\n" << seen.out;
+  }
+  std::string rest((std::istreambuf_iterator<char>(lines)), {});
+  EXPECT_EQ(rest, "edited\nput\nput-moved.txt\ntool-moved.txt\nappended\n") << seen.out << seen.err;
+  std::filesystem::remove_all(tmp);
+}
+
+// In an image instance the sandbox's user is root of a namespace mapping the instance's ids: a
+// 0444 file of its own is written and a 0000 one read, by both faces alike; a file of an id the
+// instance does not map (planted from the host) is refused by both alike.
+TEST(ImageInstanceDav, FileToolsAndWebDavTreatItsFilesAlike) {
+  const std::filesystem::path cache = test_image_cache();
+  if (!std::filesystem::exists(cache / "images/test/current"))
+    GTEST_SKIP() << "no test image in " << cache << " (scripts/test-image.sh, run by make test, builds it)";
+  DavEnv d("", "images_dir = \"" + (cache / "images").string() + "\"\n");
+  const std::string id = "same-img";
+  d.env.create(id, {"--image", "test"});
+  const Result made = d.env.run({"bwrap", id, "--", "/bin/sh", "-c",
+                                 "echo frozen > ro.txt && chmod 444 ro.txt && echo frozen > ro2.txt && chmod 444 ro2.txt"
+                                 " && echo closed > closed.txt && chmod 000 closed.txt"});
+  ASSERT_EQ(made.exit_code, 0) << made.out << made.err;
+  const std::filesystem::path foreign = d.env.instances() / id / "workspace" / "foreign.txt";
+  if (::geteuid() == 0) {
+    std::ofstream(foreign) << "not the instance's\n";
+    ASSERT_EQ(::chown(foreign.c_str(), 12345, 12345), 0);  // below the instance's range: not mapped
+  }
+  DavServer server(d.env);
+  ASSERT_TRUE(server.ready());
+  McpSession mcp(d.env);
+  const std::string ws = server.base() + "/dav/instances/" + id + "/workspace/";
+  char dir[] = "/tmp/nshpc-dav-sameimg-XXXXXX";
+  const std::string tmp = ::mkdtemp(dir);
+  std::ofstream(tmp + "/body.txt") << "put\n";
+  auto tool = [&](const std::string& name, nlohmann::json args) {
+    args["instance_id"] = id;
+    return mcp.call_and_wait(name, args);
+  };
+  auto failed = [](const nlohmann::json& r) { return !r.contains("result") || r["result"].value("isError", false); };
+
+  nlohmann::json r = tool("write_file", {{"path", "ro.txt"}, {"content", "tool\n"}});
+  EXPECT_FALSE(failed(r)) << r.dump();
+  EXPECT_EQ(server.curl("-T " + quote(tmp + "/body.txt") + " " + quote(ws + "ro2.txt")).status, 204);
+  r = tool("read_file", {{"path", "closed.txt"}});
+  EXPECT_FALSE(failed(r)) << r.dump();
+  const Reply get = server.curl(quote(ws + "closed.txt"));
+  EXPECT_EQ(get.status, 200);
+  EXPECT_EQ(get.body, "closed\n");
+  if (::geteuid() == 0) {
+    r = tool("read_file", {{"path", "foreign.txt"}});
+    EXPECT_TRUE(failed(r)) << r.dump();
+    EXPECT_NE(result_text(r).find("belongs to uid 12345"), std::string::npos) << r.dump();
+    const Reply theirs = server.curl(quote(ws + "foreign.txt"));
+    EXPECT_EQ(theirs.status, 403) << theirs.body;
+    EXPECT_EQ(theirs.body.find("not the instance's"), std::string::npos);
+  }
+  const Result seen = d.env.run({"bwrap", id, "--", "/bin/sh", "-c", "cat ro.txt ro2.txt; stat -c %a ro.txt ro2.txt"});
+  EXPECT_EQ(seen.out, "tool\nput\n444\n444\n") << seen.err;
   std::filesystem::remove_all(tmp);
 }
