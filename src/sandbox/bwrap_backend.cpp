@@ -433,21 +433,28 @@ class JoinedProcess final : public Process {
 };
 
 std::uint64_t resident_bytes(pid_t pid) {
-  std::ifstream in(fmt::format("/proc/{}/statm", pid));
-  std::uint64_t size = 0, resident = 0;
-  if (!(in >> size >> resident)) return 0;
-  return resident * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  try {
+    const std::optional<proc::Statm> statm = proc::read_statm(pid);
+    return statm ? statm->resident_bytes() : 0;
+  } catch (const SysError&) {
+    return 0;  // unreadable: counted as nothing
+  }
 }
 
-// A process's command line, NULs as spaces, at most 512 characters (the sandbox wrote it).
+// A process's command line, its arguments separated by spaces, at most 512 characters (the
+// sandbox wrote it).
 std::string command_line(pid_t pid) {
-  std::ifstream in(fmt::format("/proc/{}/cmdline", pid), std::ios::binary);
-  std::string line(512, '\0');
-  in.read(line.data(), static_cast<std::streamsize>(line.size()));
-  line.resize(static_cast<std::size_t>(in.gcount()));
-  while (!line.empty() && line.back() == '\0') line.pop_back();
+  std::vector<std::string> args = proc::read_cmdline(pid);
+  while (!args.empty() && args.back().empty()) args.pop_back();
+  std::string line;
+  for (const std::string& arg : args) {
+    if (line.size() >= 512) break;
+    if (!line.empty()) line += ' ';
+    line += arg;
+  }
+  if (line.size() > 512) line.resize(512);
   for (char& c : line)
-    if (c == '\0' || static_cast<unsigned char>(c) < 0x20) c = ' ';
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
   return text::sanitize_utf8(line);
 }
 
@@ -920,12 +927,14 @@ class BwrapBackend final : public Backend {
 
   // The main process runs its loop (its sleep has started): the sandbox's setup is done.
   static bool runs_main_command(pid_t init) {
-    std::ifstream children(fmt::format("/proc/{}/task/{}/children", init, init));
-    pid_t child = 0;
-    if (!(children >> child)) return false;
-    std::ifstream comm(fmt::format("/proc/{}/comm", child));
-    std::string name;
-    return static_cast<bool>(comm >> name) && name == "sleep";
+    const std::vector<pid_t> children = proc::read_children(init);
+    if (children.empty()) return false;
+    try {
+      const std::optional<proc::Stat> child = proc::read_stat(children.front());
+      return child && child->comm == "sleep";
+    } catch (const SysError&) {
+      return false;
+    }
   }
 
   static UniqueFd open_busy(const Target& target) {

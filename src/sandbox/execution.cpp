@@ -18,6 +18,7 @@
 #include "base/fs.hpp"
 #include "base/log.hpp"
 #include "base/pidfd.hpp"
+#include "base/proc.hpp"
 #include "base/safe_path.hpp"
 #include "sandbox/cgroups.hpp"
 #include "sandbox/limits.hpp"
@@ -52,10 +53,9 @@ UniqueFd open_sandbox_init(const StatusStream& status) {
   UniqueFd pidfd = open_member(*status.child_pid(), *status.pid_namespace());
   if (!pidfd) return {};
   // An exited init waiting to be reaped still has its namespace: it is not running.
-  auto stat_line = fs::read_file(fmt::format("/proc/{}/stat", *status.child_pid()));
-  if (!stat_line) return {};
-  auto paren = stat_line->rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat_line->size() || (*stat_line)[paren + 2] == 'Z') {
+  const std::optional<proc::Stat> stat = proc::read_stat(*status.child_pid());
+  if (!stat) return {};
+  if (stat->ended()) {
     ::waitpid(*status.child_pid(), nullptr, WNOHANG);  // ours to reap when we are its subreaper
     return {};
   }

@@ -36,6 +36,7 @@
 
 #include "base/error.hpp"
 #include "base/pidfd.hpp"
+#include "base/proc.hpp"
 #include "sandbox/members.hpp"
 #include "sandbox/spawn.hpp"
 
@@ -156,23 +157,14 @@ struct Prepared {
 
 // The arg area of this process, from fields 48 and 49 of /proc/self/stat.
 std::pair<char*, std::size_t> own_arg_area() {
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen("/proc/self/stat", "re"), std::fclose);
-  if (!f) return {nullptr, 0};
-  char buf[2048];
-  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f.get());
-  buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');
-  if (!p) return {nullptr, 0};
-  unsigned long long start = 0, end = 0;
-  int field = 2;
-  for (const char* c = p + 1; *c; ++c) {
-    if (*c != ' ') continue;
-    ++field;
-    if (field == 48) start = std::strtoull(c + 1, nullptr, 10);
-    if (field == 49) end = std::strtoull(c + 1, nullptr, 10);
+  std::optional<proc::Stat> stat;
+  try {
+    stat = proc::read_own_stat();
+  } catch (const SysError&) {
+    return {nullptr, 0};  // then the command init leaves the arguments as they are
   }
-  if (start == 0 || end <= start) return {nullptr, 0};
-  return {reinterpret_cast<char*>(start), static_cast<std::size_t>(end - start)};
+  if (!stat || stat->arg_start == 0 || stat->arg_end <= stat->arg_start) return {nullptr, 0};
+  return {reinterpret_cast<char*>(stat->arg_start), static_cast<std::size_t>(stat->arg_end - stat->arg_start)};
 }
 
 void fail(const Prepared& p, Step step) { fail_to(p.error_fd, step); }

@@ -8,16 +8,19 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include <fcntl.h>
 #include <linux/nsfs.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include "base/error.hpp"
 #include "base/pidfd.hpp"
+#include "base/proc.hpp"
 
 namespace nshpc::sandbox {
 
@@ -59,35 +62,18 @@ std::size_t signal_members(std::uint64_t pid_ns, int sig) {
 }
 
 pid_t parent_of(pid_t pid) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path, "re"), std::fclose);
-  if (!f) return 0;
-  char buf[1024];
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f.get());
-  buf[n] = '\0';
-  // "pid (comm) state ppid ...": comm may contain anything, so look after the last ')'.
-  char* paren = nullptr;
-  for (char* p = buf; *p; ++p)
-    if (*p == ')') paren = p;
-  if (!paren) return 0;
-  char state = 0;
-  int ppid = 0;
-  if (std::sscanf(paren + 1, " %c %d", &state, &ppid) != 2) return 0;
-  return static_cast<pid_t>(ppid);
+  try {
+    const std::optional<proc::Stat> stat = proc::read_stat(pid);
+    return stat ? stat->ppid : 0;
+  } catch (const SysError&) {
+    return 0;  // unreadable: as good as gone for a walk of the tree
+  }
 }
 
 bool living_main_process(const TreeMember& member, pid_t init) {
   if (member.pid == init) return true;
   if (member.ppid != init) return false;
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/cmdline", static_cast<int>(member.pid));
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path, "re"), std::fclose);
-  if (!f) return false;
-  char buf[32] = {};
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f.get());
-  static constexpr char kIdler[] = "sleep\0" "86400";
-  return n == sizeof kIdler && std::memcmp(buf, kIdler, sizeof kIdler) == 0;
+  return proc::read_cmdline(member.pid) == std::vector<std::string>{"sleep", "86400"};  // kLivingMain's idler
 }
 
 std::vector<TreeMember> tree_members(std::uint64_t pid_ns) {

@@ -20,6 +20,7 @@
 #include "base/fs.hpp"
 #include "base/json.hpp"
 #include "base/log.hpp"
+#include "base/proc.hpp"
 #include "base/spawn.hpp"
 #include "base/text.hpp"
 #include "network/forward.hpp"
@@ -61,6 +62,11 @@ void write_policy(const NetworkPlan& plan, config::Network mode) {
   fs::atomic_write(plan.state_dir / kPolicyFile, policy.dump(2) + "\n", 0600);
 }
 
+// Whether one of `args` holds `text`.
+bool mentions(const std::vector<std::string>& args, std::string_view text) {
+  return std::any_of(args.begin(), args.end(), [&](const std::string& arg) { return arg.find(text) != std::string::npos; });
+}
+
 // A process recorded in `pid_file` that still runs `command` with `marker` in its arguments.
 UniqueFd find_recorded(const stdfs::path& pid_file, std::string_view command, const std::string& marker) {
   std::ifstream in(pid_file);
@@ -68,9 +74,8 @@ UniqueFd find_recorded(const stdfs::path& pid_file, std::string_view command, co
   if (!(in >> pid) || pid <= 1) return {};
   UniqueFd fd = open_pidfd(pid);
   if (!fd) return {};
-  std::ifstream cmdline(fmt::format("/proc/{}/cmdline", pid));
-  const std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-  if (args.find(command) == std::string::npos || args.find(marker) == std::string::npos) return {};
+  const std::vector<std::string> args = proc::read_cmdline(pid);
+  if (!mentions(args, command) || !mentions(args, marker)) return {};
   return fd;
 }
 
@@ -383,10 +388,8 @@ std::optional<HeldNetwork> find_held_network(const NetworkPlan& plan) {
   if (!held.pidfd) return std::nullopt;
   // The pid is the holder of this folder (its command line, which names it), and its namespaces
   // are opened while the pidfd says it still lives.
-  std::ifstream cmdline(fmt::format("/proc/{}/cmdline", pid));
-  const std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-  if (args.find(network::kHoldCommand) == std::string::npos ||
-      args.find((plan.state_dir / kHolderPidFile).string()) == std::string::npos)
+  const std::vector<std::string> args = proc::read_cmdline(pid);
+  if (!mentions(args, network::kHoldCommand) || !mentions(args, (plan.state_dir / kHolderPidFile).string()))
     return std::nullopt;
   try {
     held.ns = network::open_netns(pid);

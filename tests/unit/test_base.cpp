@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -69,6 +70,96 @@ TEST(Proc, ReadCmdlineGivesEveryArgumentEmptyOnesIncluded) {
   ::kill(child.pid(), SIGKILL);
   child.wait("sleep");
   EXPECT_TRUE(nshpc::proc::read_cmdline(child.pid()).empty());
+}
+
+// A stat line with `comm`, fields 3.. as given, then zeros up to field `fields`.
+std::string stat_line(const std::string& comm, const std::string& from_state, int given_up_to, int fields) {
+  std::string line = "4242 (" + comm + ") " + from_state;
+  for (int field = given_up_to + 1; field <= fields; ++field) line += " " + std::to_string(field == 22 ? 123456 : 0);
+  return line + "\n";
+}
+
+// comm is whatever the process named itself (prctl PR_SET_NAME, or its file name): spaces,
+// parentheses and newlines included. Only what comes after the last ')' is fields.
+TEST(Proc, TheStatLineIsReadPastAHostileCommandName) {
+  for (const std::string comm : {"a) Z 1 (x", "sleep 9) R 1", ")", "((", "two\nlines) X 7", "", "a b c"}) {
+    const std::optional<nshpc::proc::Stat> stat = nshpc::proc::parse_stat(stat_line(comm, "S 77", 4, 52));
+    ASSERT_TRUE(stat) << comm;
+    EXPECT_EQ(stat->comm, comm);
+    EXPECT_EQ(stat->state, 'S') << comm;
+    EXPECT_EQ(stat->ppid, 77) << comm;
+    EXPECT_EQ(stat->start_time, 123456u) << comm;
+    EXPECT_FALSE(stat->ended()) << comm;
+  }
+}
+
+TEST(Proc, AStatLineCutShortOrMalformedIsNoStat) {
+  using nshpc::proc::parse_stat;
+  EXPECT_FALSE(parse_stat(""));
+  EXPECT_FALSE(parse_stat("no parenthesis"));
+  EXPECT_FALSE(parse_stat("4242 (sleep"));                     // cut inside comm
+  EXPECT_FALSE(parse_stat("4242 (sleep)"));                    // nothing after it
+  EXPECT_FALSE(parse_stat("4242 (sleep) S 1 2 3"));            // cut before the start time
+  EXPECT_FALSE(parse_stat(stat_line("sleep", "S 1", 4, 21)));  // one field short
+  EXPECT_FALSE(parse_stat(stat_line("sleep", "SS 1", 4, 52))); // a state of two letters
+  EXPECT_FALSE(parse_stat(stat_line("sleep", "S 1x", 4, 52)));  // ppid not a number
+  EXPECT_FALSE(parse_stat(stat_line("sleep", "S  1", 4, 52)));  // an empty field
+  // The start time not a number: the line is not one.
+  std::string line = "4242 (sleep) S 1";
+  for (int field = 5; field <= 21; ++field) line += " 0";
+  EXPECT_FALSE(parse_stat(line + " 12z 0 0"));
+  // An older kernel's line (no argument area, 44 fields) is one, its argument area unknown.
+  const auto old = parse_stat(stat_line("sleep", "Z 1", 4, 44));
+  ASSERT_TRUE(old);
+  EXPECT_TRUE(old->ended());
+  EXPECT_EQ(old->arg_start, 0u);
+  // Fields 48 and 49: where the arguments are.
+  std::string full = "1 (init) S 0";
+  for (int field = 5; field <= 47; ++field) full += " 0";
+  const auto with_args = parse_stat(full + " 140737488351000 140737488351100 0 0 0\n");
+  ASSERT_TRUE(with_args);
+  EXPECT_EQ(with_args->arg_start, 140737488351000u);
+  EXPECT_EQ(with_args->arg_end, 140737488351100u);
+}
+
+TEST(Proc, StatmIsReadInPagesAndCutShortIsNone) {
+  const auto statm = nshpc::proc::parse_statm("2000 300 100 10 0 500 0\n");
+  ASSERT_TRUE(statm);
+  EXPECT_EQ(statm->size, 2000u);
+  EXPECT_EQ(statm->resident, 300u);
+  EXPECT_EQ(statm->resident_bytes(), 300u * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)));
+  EXPECT_FALSE(nshpc::proc::parse_statm(""));
+  EXPECT_FALSE(nshpc::proc::parse_statm("2000"));
+  EXPECT_FALSE(nshpc::proc::parse_statm("2000 x 1"));
+  EXPECT_FALSE(nshpc::proc::parse_statm("-1 3 1"));
+}
+
+// The real files: a child's stat, memory, arguments and place among this process's children;
+// this process's own argument area is where its argv is.
+TEST(Proc, ARunningChildAsTheKernelDescribesIt) {
+  nshpc::SpawnSpec spec;
+  spec.program = "/bin/sleep";
+  spec.argv = {"sleep", "30"};
+  nshpc::SpawnedChild child = nshpc::spawn(spec);
+  const auto stat = nshpc::proc::read_stat(child.pid());
+  ASSERT_TRUE(stat);
+  EXPECT_EQ(stat->comm, "sleep");
+  EXPECT_EQ(stat->ppid, ::getpid());
+  EXPECT_NE(stat->start_time, 0u);
+  const auto statm = nshpc::proc::read_statm(child.pid());
+  ASSERT_TRUE(statm);
+  EXPECT_GT(statm->resident_bytes(), 0u);
+  const std::vector<pid_t> children = nshpc::proc::read_children(::getpid());
+  EXPECT_NE(std::find(children.begin(), children.end(), child.pid()), children.end());
+  const auto own = nshpc::proc::read_own_stat();
+  ASSERT_TRUE(own);
+  ASSERT_GT(own->arg_end, own->arg_start);
+  const std::string first(reinterpret_cast<const char*>(own->arg_start));  // argv[0], NUL-terminated
+  EXPECT_EQ(first, nshpc::proc::read_cmdline(::getpid()).at(0));
+  ::kill(child.pid(), SIGKILL);
+  child.wait("sleep");
+  EXPECT_FALSE(nshpc::proc::read_stat(child.pid()));
+  EXPECT_FALSE(nshpc::proc::read_statm(child.pid()));
 }
 
 TEST(Fs, RemoveTreeNeverFollowsSymlinks) {
