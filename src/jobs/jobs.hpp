@@ -26,6 +26,7 @@
 #include "config/config.hpp"
 #include "jobs/slurm.hpp"
 #include "jobs/state.hpp"
+#include "sandbox/handle.hpp"
 #include "sandbox/sandbox.hpp"
 #include "store/store.hpp"
 
@@ -53,14 +54,13 @@ struct Record {
   std::string created_at, started_at, finished_at;  // ISO 8601 UTC
   std::map<std::string, std::int64_t> limits;       // effective
   std::vector<std::string> unenforced;              // limits this host could not enforce
-  // The previous release's cgroup folders of a local job (now in its handle); read, never written.
-  std::vector<std::string> cgroups;
   std::string stdout_path, stderr_path;  // host paths
-  // Local jobs: the sandbox backend that runs the job (its name()) and its handle on that
-  // execution (sandbox::Execution::handle(), opaque here; given back to sandbox::attach()).
-  // Records of earlier releases kept these as "status_path" and "bwrap_pid" (or "pid").
-  std::string backend;
-  nlohmann::json handle = nlohmann::json::object();
+  // Local jobs: the handle on its execution (sandbox::Execution::handle(): the backend that runs
+  // it and that backend's data, opaque here; given back to the backend's attach()). On disk
+  // {"handle": {"backend", "version", "data"}}. Records of earlier releases load too (record.cpp):
+  // "backend" beside an untyped "handle" object, or the bwrap fields "status_path" and
+  // "bwrap_pid" (or "pid"), with the job's cgroups beside them in "cgroups".
+  sandbox::ExecutionHandle handle;
   pid_t owner_pid = 0;             // the process that submitted it, and that process's start
   std::uint64_t owner_start = 0;   // time: a pending job whose submitter is gone never started
   bool cancel_requested = false;

@@ -171,8 +171,9 @@ LimitTable LocalExecutor::limits() const {
 
 void LocalExecutor::prepare(const store::Instance&, Record& rec) {
   // The handle is the execution's: on record from before anything it names exists (start()).
-  rec.backend = std::string(backend_.name());
-  rec.handle = nlohmann::json::object();
+  // Until then it says which backend will run the job, and nothing else.
+  rec.handle = sandbox::ExecutionHandle{std::string(backend_.name()), sandbox::ExecutionHandle::kVersion,
+                                        nlohmann::json::object()};
 }
 
 std::vector<stdfs::path> LocalExecutor::folders(const store::Instance& inst) const { return {inst.base / "status"}; }
@@ -212,7 +213,7 @@ Record LocalExecutor::start(const store::Instance& inst, Record record, std::str
   spec.status_path = (inst.base / "status" / (rec.id + ".status")).string();
   spec.command_prefix = config_.jobs.local.cgroups_command;
   // On record before anything it names exists: whoever finishes the job after a crash removes it.
-  spec.on_handle = [&](const nlohmann::json& handle) {
+  spec.on_handle = [&](const sandbox::ExecutionHandle& handle) {
     rec.handle = handle;
     jobs_.save(inst, rec);
   };
@@ -386,6 +387,10 @@ void LocalExecutor::finish(const std::shared_ptr<Running>& job) {
     rec.reason = rec.signal ? fmt::format("killed by signal {} (SIG{})", *rec.signal,
                                           ::sigabbrev_np(*rec.signal) ? ::sigabbrev_np(*rec.signal) : "?")
                             : fmt::format("exit code {}", *code);
+  } else if (job->execution->seen() == sandbox::Seen::unreadable) {
+    // Nothing here can watch, signal or cancel it: its end is not ours to know.
+    rec.state = State::lost;
+    rec.reason = fmt::format("{}: how the job ended is unknown here", error);
   } else if (!error.empty()) {
     rec.state = State::failed;
     rec.reason = error;
@@ -491,8 +496,9 @@ void LocalExecutor::adopt(const store::Instance& inst, const Record& record) {
   auto job = std::make_shared<Running>();
   job->inst = inst;
   job->record = *rec;
-  // Records of the previous release keep the job's cgroups beside the handle.
-  job->execution = sandbox::attach(rec->handle, rec->cgroups);
+  // Through the backend that made it (a handle of another is Seen::unreadable, never read as
+  // this backend's).
+  job->execution = backend_.attach(rec->handle);
   const sandbox::Seen seen = job->execution->seen();
   if (seen != sandbox::Seen::running && seen != sandbox::Seen::exited) {
     // No sandbox and no exit code: still starting (or watched) in the process that submitted
@@ -521,7 +527,7 @@ void LocalExecutor::adopt(const store::Instance& inst, const Record& record) {
 bool LocalExecutor::holds_instance(const Record& rec) {
   // A job whose sandbox is gone does not hold the instance (its record is finished on the next
   // look).
-  return rec.state == State::pending || sandbox::attach(rec.handle, rec.cgroups)->seen() == sandbox::Seen::running;
+  return rec.state == State::pending || backend_.attach(rec.handle)->seen() == sandbox::Seen::running;
 }
 
 }  // namespace nshpc::jobs

@@ -57,23 +57,25 @@ bool valid_job_id(std::string_view id) {
   return true;
 }
 
-// Every member by its name; missing keys take the defaults of Record.
+// Every member by its name but the handle (below); missing keys take the defaults of Record.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Record, id, instance_id, command, argv, cwd, env, mode, state, reason, exit_code,
-                                                created_at, started_at, finished_at, limits, unenforced, cgroups,
-                                                stdout_path, stderr_path, backend, handle, owner_pid,
-                                                owner_start, cancel_requested, slurm_job_id, scheduler_state,
-                                                scheduler_reason, signal, scheduler_error)
+                                                created_at, started_at, finished_at, limits, unenforced,
+                                                stdout_path, stderr_path, owner_pid, owner_start, cancel_requested,
+                                                slurm_job_id, scheduler_state, scheduler_reason, signal,
+                                                scheduler_error)
 
 namespace {
 
 // Members stored under another key, as since the first release: (member, key on disk).
 constexpr std::pair<const char*, const char*> kKeyOnDisk[] = {{"id", "job_id"}, {"state", "status"}};
-// The bwrap fields of earlier releases' records, now in the handle: (key on disk, key in the
-// handle). "pid" is the oldest name of "bwrap_pid".
+// The bwrap fields of the oldest records, now in the handle's data: (key on disk, key in the
+// data). "pid" is the oldest name of "bwrap_pid".
 constexpr std::pair<const char*, const char*> kOldHandleKeys[] = {
     {"status_path", "status_path"}, {"bwrap_pid", "pid"}, {"pid", "pid"}};
-// The backend every record without a "backend" key ran on.
-constexpr const char* kOldBackend = "bwrap";
+// The keys of earlier releases that the handle takes in: the backend's name beside an untyped
+// handle, and the job's cgroups (which execute() now keeps in the handle's data).
+constexpr const char* kBackendKey = "backend";
+constexpr const char* kCgroupsKey = "cgroups";
 // Written for Slurm jobs only.
 constexpr const char* kSlurmOnly[] = {"slurm_job_id", "scheduler_state", "scheduler_reason", "scheduler_error"};
 
@@ -94,37 +96,59 @@ nlohmann::json Record::to_json() const {
   if (!signal) j.erase("signal");
   if (cwd.empty()) j.erase("cwd");
   if (env.empty()) j.erase("env");
-  if (backend.empty() && handle.empty()) {
-    j.erase("backend");
-    j.erase("handle");
-  }
+  if (!handle.empty()) j["handle"] = handle.to_json();
   return j;
 }
+
+namespace {
+
+// The job's handle as any release wrote it (see Record::handle); an empty one when there is
+// none (a Slurm job's, or a job that never started), nullopt when it is corrupt.
+std::optional<sandbox::ExecutionHandle> handle_on_record(const nlohmann::json& rec) {
+  const auto it = rec.find("handle");
+  if (it != rec.end() && sandbox::ExecutionHandle::typed(*it)) return sandbox::ExecutionHandle::from_json(*it);
+  // An earlier release's: bwrap's (or the backend named beside it), version 0, the same data.
+  nlohmann::json data = nlohmann::json::object();
+  if (it != rec.end()) {
+    if (!it->is_object()) return std::nullopt;
+    data = *it;
+  } else {
+    // Its bwrap fields (empty or zero ones are none: a Slurm job's, or a job that never started).
+    for (const auto& [old_key, key] : kOldHandleKeys) {
+      auto field = rec.find(old_key);
+      if (field == rec.end()) continue;
+      const bool none = (field->is_string() && field->get_ref<const std::string&>().empty()) ||
+                        (field->is_number() && *field == 0) || field->is_null();
+      if (!none && !data.contains(key)) data[key] = *field;
+    }
+  }
+  if (auto cgroups = rec.find(kCgroupsKey); cgroups != rec.end()) {
+    if (!cgroups->is_array()) return std::nullopt;
+    if (!cgroups->empty() && !data.contains(kCgroupsKey)) data[kCgroupsKey] = *cgroups;
+  }
+  sandbox::ExecutionHandle handle = sandbox::ExecutionHandle::untyped(std::move(data));
+  const auto backend = rec.find(kBackendKey);
+  if (backend != rec.end() && !backend->is_string()) return std::nullopt;
+  const bool named = backend != rec.end() && !backend->get_ref<const std::string&>().empty();
+  if (named) handle.backend = backend->get<std::string>();
+  if (!named && handle.data.empty()) return sandbox::ExecutionHandle{};  // nothing on record
+  return handle;
+}
+
+}  // namespace
 
 std::optional<Record> Record::from_json(const nlohmann::json& j) {
   if (!j.is_object()) return std::nullopt;
   nlohmann::json by_member = j;
   for (const auto& [member, key] : kKeyOnDisk) rename_key(by_member, key, member);
-  if (!by_member.contains("handle")) {
-    // An earlier release's record: its bwrap fields become the handle (empty or zero ones are
-    // none: a Slurm job's, or a job that never started).
-    nlohmann::json handle = nlohmann::json::object();
-    for (const auto& [old_key, key] : kOldHandleKeys) {
-      auto it = by_member.find(old_key);
-      if (it == by_member.end()) continue;
-      const bool none = (it->is_string() && it->get_ref<const std::string&>().empty()) ||
-                        (it->is_number() && *it == 0) || it->is_null();
-      if (!none && !handle.contains(key)) handle[key] = *it;
-    }
-    if (!handle.empty()) {
-      by_member["handle"] = std::move(handle);
-      if (!by_member.contains("backend")) by_member["backend"] = kOldBackend;
-    }
-  }
+  std::optional<sandbox::ExecutionHandle> handle = handle_on_record(by_member);
+  if (!handle) return std::nullopt;  // a handle of the wrong shape: treated as corrupt
+  for (const char* key : {"handle", kBackendKey, kCgroupsKey}) by_member.erase(key);
   for (const auto& [old_key, key] : kOldHandleKeys) by_member.erase(old_key);
   try {
     auto r = by_member.get<Record>();
-    if (!valid_job_id(r.id) || !r.handle.is_object()) return std::nullopt;
+    if (!valid_job_id(r.id)) return std::nullopt;
+    r.handle = std::move(*handle);
     return r;
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;  // a field of the wrong type: treated as corrupt

@@ -31,6 +31,7 @@
 #include "network/netns.hpp"
 #include "sandbox/bwrap_argv.hpp"
 #include "sandbox/cgroups.hpp"
+#include "sandbox/execution.hpp"
 #include "sandbox/gate.hpp"
 #include "sandbox/join.hpp"
 #include "sandbox/keeper.hpp"
@@ -474,7 +475,8 @@ class BwrapBackend final : public Backend {
     drop_to_ = users::sandbox_owner(ns_.sandbox_uid, ns_.sandbox_gid);
   }
 
-  std::string_view name() const override { return "bwrap"; }
+  static constexpr const char* kName = "bwrap";
+  std::string_view name() const override { return kName; }
   std::optional<users::Identity> runs_as(const Target& target) const override { return identity(target); }
 
   CgroupPool* spare_groups() override { return &spare_groups_; }
@@ -497,6 +499,14 @@ class BwrapBackend final : public Backend {
     return holding_gate(start_fresh(spec, nullptr), std::move(gate));
   }
 
+  // What execute() recorded of an execution under the job keeper; versions 0 (an earlier
+  // release's untyped handle) and 1 hold the same data. Any other handle: Backend::attach says
+  // whose it is.
+  std::unique_ptr<Execution> attach(const ExecutionHandle& handle) override {
+    if (handle.backend == name() && handle.version <= ExecutionHandle::kVersion) return attach_by_status_file(handle);
+    return Backend::attach(handle);
+  }
+
   LivingStatus living_status(const Target& target) override {
     leftovers_.reap_ended();
     Living found = find_living(target);
@@ -508,6 +518,10 @@ class BwrapBackend final : public Backend {
         ++st.processes;
         st.memory_bytes += resident_bytes(m.pid);
       }
+      return st;
+    }
+    if (found.unreadable) {
+      st.last_end = unreadable_living(*found.unreadable);
       return st;
     }
     if (!found.status.keeper()) return st;  // never ran
@@ -605,6 +619,12 @@ class BwrapBackend final : public Backend {
     fs::make_dirs(target.state_dir, 0700);
     fs::FileLock lock(target.state_dir / kLivingLock);
     Living found = find_living(target);
+    if (found.unreadable) {
+      // Nothing here can reach it: a stop lets the instance start again here, on this backend.
+      log::warn("instance {}: {}; forgotten as it was stopped", target.instance_id, unreadable_living(*found.unreadable));
+      ::unlink((target.state_dir / kLivingHandleFile).c_str());
+      return false;
+    }
     if (!found.running) {
       eventually_remove_groups(target.cgroup_folder, /*attempts=*/1);  // left by an idle stop
       return false;
@@ -725,7 +745,7 @@ class BwrapBackend final : public Backend {
 
  private:
   // The files of a living instance in its state folder.
-  static constexpr const char* kLivingStatus = "sandbox.status";  // the keeper's and bwrap's documents
+  static constexpr const char* kLivingStatus = kLivingStatusFile;  // status.hpp
   static constexpr const char* kLivingLock = "sandbox.lock";      // held while starting or stopping
   static constexpr const char* kLivingBusy = "sandbox.busy";      // held shared and touched by users
   static constexpr const char* kLivingEnd = "sandbox.end";        // why the server stopped it
@@ -735,7 +755,17 @@ class BwrapBackend final : public Backend {
     StatusStream status;
     UniqueFd init;  // pidfd of the sandbox's init while it runs
     bool running = false;
+    // A record that is not this backend's to read (another backend's, a newer release's): nothing
+    // of that sandbox is known here.
+    std::optional<ExecutionHandle> unreadable;
   };
+
+  // What living_status and a refused start say of such a record.
+  static std::string unreadable_living(const ExecutionHandle& handle) {
+    return fmt::format("its living sandbox is on record as started by the '{}' backend (handle version {}), which "
+                       "this server cannot follow",
+                       handle.backend, handle.version);
+  }
 
   // Whether the keeper `pid` is a stray of the store at `root` (its record was removed, or no
   // instance names it): then the line that says so, and its sandbox's init in `init` when its
@@ -778,7 +808,16 @@ class BwrapBackend final : public Backend {
 
   static Living find_living(const Target& target) {
     Living found;
-    UniqueFd fd(::open((target.state_dir / kLivingStatus).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    const std::optional<ExecutionHandle> handle = read_living_handle(target.state_dir);
+    if (!handle) return found;  // never ran
+    if (handle->backend != kName || handle->version > ExecutionHandle::kVersion) {
+      found.unreadable = handle;
+      return found;
+    }
+    stdfs::path status_path = target.state_dir / kLivingStatus;
+    if (auto it = handle->data.find("status_path"); it != handle->data.end() && it->is_string())
+      status_path = it->get<std::string>();
+    UniqueFd fd(::open(status_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
     if (!fd) return found;
     char buf[4096];
     ssize_t n;
@@ -862,7 +901,13 @@ class BwrapBackend final : public Backend {
     if (Living found = find_living(target); found.running) return found;
     fs::make_dirs(target.state_dir, 0700);
     fs::FileLock lock(target.state_dir / kLivingLock);
-    if (Living found = find_living(target); found.running) return found;
+    if (Living found = find_living(target); found.running) {
+      return found;
+    } else if (found.unreadable) {
+      // Never a second sandbox beside one this server cannot see.
+      throw Error(fmt::format("instance '{}': {} ({}); it is left alone", target.instance_id,
+                              unreadable_living(*found.unreadable), (target.state_dir / kLivingHandleFile).string()));
+    }
     end_network_of(target);  // what served an earlier sandbox (pasta outlives it)
     if (target.network == config::Network::nat)
       if (auto why = network::nat_unavailable())
@@ -876,6 +921,8 @@ class BwrapBackend final : public Backend {
     UniqueFd status(::open((target.state_dir / kLivingStatus).c_str(),
                            O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!status) throw SysError(errno, "create", (target.state_dir / kLivingStatus).string());
+    write_living_handle(target.state_dir, ExecutionHandle{kName, ExecutionHandle::kVersion,
+                                                          {{"status_path", (target.state_dir / kLivingStatus).string()}}});
     UniqueFd busy = open_busy(target);
     ::unlink((target.state_dir / kLivingEnd).c_str());
     RunSpec spec;

@@ -32,9 +32,9 @@ namespace {
 namespace stdfs = std::filesystem;
 using SystemTime = std::chrono::system_clock::time_point;
 
-// The handle: the sandbox's status file (bwrap's JSON status and the job keeper's documents),
-// the cgroups it uses (on record before they exist), and the pid of what was started (bwrap or
-// the keeper; for people reading the record only).
+// The handle's data: the sandbox's status file (bwrap's JSON status and the job keeper's
+// documents), the cgroups it uses (on record before they exist), and the pid of what was started
+// (bwrap or the keeper; for people reading the record only). The same in versions 0 and 1.
 constexpr const char* kStatusPath = "status_path";
 constexpr const char* kCgroups = "cgroups";
 constexpr const char* kPid = "pid";
@@ -183,7 +183,7 @@ class SandboxExecution final : public Execution {
     }
   }
 
-  nlohmann::json handle() const override { return handle_; }
+  ExecutionHandle handle() const override { return handle_; }
 
   void release() override {
     if (waited_) return;
@@ -200,8 +200,7 @@ class SandboxExecution final : public Execution {
 
  private:
   friend std::unique_ptr<Execution> sandbox::execute(Backend& backend, ExecSpec spec);
-  friend std::unique_ptr<Execution> sandbox::attach(const nlohmann::json& handle,
-                                                    const std::vector<std::string>& legacy_cgroups);
+  friend std::unique_ptr<Execution> sandbox::attach_by_status_file(const ExecutionHandle& handle);
 
   // An execution another process started: it ended (its watch is readable), or its exit code is
   // on record. Nothing of the sandbox outlives it (an earlier release's init waits for
@@ -271,7 +270,7 @@ class SandboxExecution final : public Execution {
   bool killed_ = false;         // kill_tree() ran: its group is not used again (Cgroup::killed())
   std::string pool_key_;
   UniqueFd out_, err_;
-  nlohmann::json handle_ = nlohmann::json::object();
+  ExecutionHandle handle_;
   std::vector<std::string> unenforced_;
   Seen seen_ = Seen::running;
   bool waited_ = false;
@@ -301,6 +300,7 @@ bool Execution::ended() const {
 // then the sandbox.
 std::unique_ptr<Execution> execute(Backend& backend, ExecSpec spec) {
   auto exec = std::make_unique<SandboxExecution>();
+  exec->handle_.backend = std::string(backend.name());
   exec->instance_id_ = spec.target.instance_id;
   exec->outlives_ = spec.outlives_caller;
   exec->persistent_ = spec.target.persistent;
@@ -326,7 +326,7 @@ std::unique_ptr<Execution> execute(Backend& backend, ExecSpec spec) {
     status.reset(::open(spec.status_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!status) throw SysError(errno, "create", spec.status_path);
     exec->status_path_ = spec.status_path;
-    exec->handle_[kStatusPath] = spec.status_path;
+    exec->handle_.data[kStatusPath] = spec.status_path;
   }
 
   // Limits: cgroups for cpus/memory/pids, rlimit for output, the keeper for time. The groups'
@@ -352,16 +352,16 @@ std::unique_ptr<Execution> execute(Backend& backend, ExecSpec spec) {
   } else {
     applied = apply_limits(spec.limits, spec.cgroup_name, cgroups, [&](const auto& paths) {
       if (paths.empty()) return;
-      auto& list = exec->handle_[kCgroups] = nlohmann::json::array();
+      auto& list = exec->handle_.data[kCgroups] = nlohmann::json::array();
       for (const auto& p : paths) list.push_back(p.string());
       publish();
     });
   }
   exec->cgroup_ = std::move(applied.cgroup);
   exec->unenforced_ = applied.unenforced;
-  exec->handle_.erase(kCgroups);
+  exec->handle_.data.erase(kCgroups);
   if (exec->cgroup_ && !exec->cgroup_->paths().empty()) {
-    auto& list = exec->handle_[kCgroups] = nlohmann::json::array();
+    auto& list = exec->handle_.data[kCgroups] = nlohmann::json::array();
     for (const auto& p : exec->cgroup_->paths()) list.push_back(p.string());
   }
   publish();  // exactly the groups in use
@@ -391,17 +391,17 @@ std::unique_ptr<Execution> execute(Backend& backend, ExecSpec spec) {
   exec->process_ = backend.start(run);
   exec->watch_ = UniqueFd(::fcntl(exec->process_->pidfd(), F_DUPFD_CLOEXEC, 3));
   if (!exec->watch_) throw SysError(errno, "dup", "the sandbox's process descriptor");
-  exec->handle_[kPid] = exec->process_->pid();  // the final handle: handle()
+  exec->handle_.data[kPid] = exec->process_->pid();  // the final handle: handle()
   return exec;
 }
 
-std::unique_ptr<Execution> attach(const nlohmann::json& handle, const std::vector<std::string>& legacy_cgroups) {
+std::unique_ptr<Execution> attach_by_status_file(const ExecutionHandle& handle) {
   auto exec = std::make_unique<SandboxExecution>();
   exec->outlives_ = true;
-  exec->handle_ = handle.is_object() ? handle : nlohmann::json::object();
-  if (auto it = exec->handle_.find(kStatusPath); it != exec->handle_.end() && it->is_string())
-    exec->status_path_ = it->get<std::string>();
-  if (!exec->handle_.contains(kCgroups) && !legacy_cgroups.empty()) exec->handle_[kCgroups] = legacy_cgroups;
+  exec->handle_ = handle;
+  if (!exec->handle_.data.is_object()) exec->handle_.data = nlohmann::json::object();
+  const nlohmann::json& data = exec->handle_.data;
+  if (auto it = data.find(kStatusPath); it != data.end() && it->is_string()) exec->status_path_ = it->get<std::string>();
 
   const StatusStream status = read_status(exec->status_path_);
   exec->pid_ns_ = status.pid_namespace();
@@ -421,7 +421,7 @@ std::unique_ptr<Execution> attach(const nlohmann::json& handle, const std::vecto
   else
     exec->seen_ = Seen::never_started;
 
-  const std::vector<std::string> cgroups = strings_of(exec->handle_, kCgroups);
+  const std::vector<std::string> cgroups = strings_of(data, kCgroups);
   if (!cgroups.empty()) {
     try {
       exec->cgroup_ = Cgroup::attach(std::vector<stdfs::path>(cgroups.begin(), cgroups.end()));
@@ -437,10 +437,51 @@ std::unique_ptr<Execution> attach(const nlohmann::json& handle, const std::vecto
 namespace nshpc::sandbox {
 
 namespace {
+
+// An execution whose handle this backend cannot read: nothing of it is known, nothing is done to
+// it.
+class UnreadableExecution final : public Execution {
+ public:
+  UnreadableExecution(ExecutionHandle handle, std::string why) : handle_(std::move(handle)), why_(std::move(why)) {}
+  int wait_fd() const override { return -1; }  // ended, as far as this backend can tell
+  ExitStatus wait() override {
+    ExitStatus status;
+    status.error = why_;
+    return status;
+  }
+  void signal(int) override {}
+  void kill_tree(bool) override {}
+  ExecutionHandle handle() const override { return handle_; }
+  bool enforces_time_limit() const override { return false; }
+  Seen seen() const override { return Seen::unreadable; }
+
+ private:
+  ExecutionHandle handle_;
+  std::string why_;
+};
+
 [[noreturn]] void no_ports(const Backend& backend) {
   throw UsageError(fmt::format("the {} backend cannot expose an instance's ports", backend.name()));
 }
 }  // namespace
+
+std::unique_ptr<Execution> unreadable_execution(const ExecutionHandle& handle, std::string why) {
+  return std::make_unique<UnreadableExecution>(handle, std::move(why));
+}
+
+std::unique_ptr<Execution> Backend::attach(const ExecutionHandle& handle) {
+  if (handle.empty()) return attach_by_status_file(handle);  // nothing on record: never_started
+  if (handle.backend != name())
+    return unreadable_execution(handle, fmt::format("its execution was recorded by the '{}' backend, which this server "
+                                                    "does not have (it runs '{}')",
+                                                    handle.backend, name()));
+  if (handle.version > ExecutionHandle::kVersion)
+    return unreadable_execution(handle, fmt::format("its execution was recorded by a newer release ('{}' handle of "
+                                                    "version {}; this release reads up to version {})",
+                                                    handle.backend, handle.version, ExecutionHandle::kVersion));
+  return unreadable_execution(handle, fmt::format("the '{}' backend cannot find its executions again after a restart",
+                                                  handle.backend));
+}
 
 ExposedPort Backend::expose_port(const Target&, std::uint16_t, std::uint16_t) { no_ports(*this); }
 bool Backend::unexpose_port(const Target&, std::uint16_t) { no_ports(*this); }

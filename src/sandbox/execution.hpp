@@ -1,8 +1,9 @@
 // The execution seam: an exec description in, an execution out. Everything a caller needs to run
 // a command in an instance's sandbox and to follow it — its limits (cgroups, rlimits, the wall
 // time), its output files, its status file, its identity in the kernel (pid namespace, pidfds),
-// and finding it again after a restart — lives behind this header. Callers keep the opaque
-// handle() and never read status files, /proc or cgroup files themselves.
+// and finding it again after a restart — lives behind this header. Callers keep its handle()
+// (sandbox/handle.hpp: which backend made it, and that backend's data), give it back to that
+// backend's Backend::attach(), and never read status files, /proc or cgroup files themselves.
 //
 // The low-level layer below it (sandbox.hpp: Backend::start, RunSpec, Process) spawns one
 // sandbox; execute() is the one way callers above `sandbox` start one.
@@ -20,6 +21,7 @@
 
 #include "base/error.hpp"
 #include "base/json.hpp"
+#include "sandbox/handle.hpp"
 #include "sandbox/sandbox.hpp"
 
 namespace nshpc::sandbox {
@@ -50,8 +52,8 @@ struct ExecSpec {
   // processes running keeps its group; with a name "<instance>/<kind>-<id>" the empty groups of
   // earlier commands of that kind are swept then.
   std::string cgroup_name;
-  // Keeps running when the caller (the server) goes, under a job keeper; attach() finds it
-  // again from its handle. Otherwise it dies with the caller.
+  // Keeps running when the caller (the server) goes, under a job keeper; Backend::attach() finds
+  // it again from its handle. Otherwise it dies with the caller.
   bool outlives_caller = false;
   // An outliving execution's status file (its handle names it); required then. Created afresh.
   std::string status_path;
@@ -59,7 +61,7 @@ struct ExecSpec {
   // Called with the handle before anything named in it exists (the cgroup paths it may use), and
   // again with exactly the groups in use: a caller that persists it finds and removes everything
   // after a crash at any point. Once the sandbox runs, Execution::handle() is the final one.
-  std::function<void(const nlohmann::json& handle)> on_handle;
+  std::function<void(const ExecutionHandle& handle)> on_handle;
 };
 
 // execute() could not create an output file (a link or a file where a folder should be, ...):
@@ -76,13 +78,16 @@ class OutputFileError : public Error {
   int code_;
 };
 
-// What attach() found of an execution on record.
+// What Backend::attach() found of an execution on record.
 enum class Seen {
   running,        // the sandbox runs (its init, identified by pid and pid namespace)
   keeper,         // no sandbox (yet), but its job keeper runs: it starts it or reports its end
   exited,         // the command's exit code is on record
   vanished,       // it ran, but nothing of it is left and no exit code is on record
   never_started,  // nothing on record at all: still starting in another process, or never will
+  // Its handle is not this backend's to read (another backend made it, or a newer release):
+  // nothing of it is known here. wait()'s ExitStatus::error says whose it is.
+  unreadable,
 };
 
 // A command running (or run) in a sandbox. Not thread-safe: one caller at a time.
@@ -102,8 +107,8 @@ class Execution {
   // SIGKILL to the whole tree, setsid'd and signal-ignoring processes included. `everything`:
   // also the keeper and every process of its cgroups (the last resort). Idempotent.
   virtual void kill_tree(bool everything = false) = 0;
-  // What a caller persists to attach() again after a restart.
-  virtual nlohmann::json handle() const { return nlohmann::json::object(); }
+  // What a caller persists to find it again after a restart (Backend::attach).
+  virtual ExecutionHandle handle() const { return {}; }
   // Whether it has ended, without blocking (also when only the record says so: an earlier
   // release's sandbox init outlives its command).
   virtual bool ended() const;
@@ -119,7 +124,7 @@ class Execution {
   // Whether a keeper enforces the time limit (else, an earlier release's sandbox, the caller
   // must).
   virtual bool enforces_time_limit() const { return true; }
-  // What attach() found (running for a started execution).
+  // What Backend::attach() found (running for a started execution).
   virtual Seen seen() const { return Seen::running; }
   // The master of the command's terminal when the backend made one inside the sandbox (a
   // command joining a living sandbox with `terminal`): the one to relay in place of the
@@ -132,9 +137,15 @@ class Execution {
 // running then).
 std::unique_ptr<Execution> execute(Backend& backend, ExecSpec spec);
 
-// Re-attaches to an execution from its handle (after a server restart), or reports how it ended
-// while nobody watched. Handles of the previous release ({"status_path", "pid"} with the cgroup
-// paths in `legacy_cgroups`) load too. Never throws for what it cannot find (seen() says).
-std::unique_ptr<Execution> attach(const nlohmann::json& handle, const std::vector<std::string>& legacy_cgroups = {});
+// For backends, in their Backend::attach() (callers use that): an execution that execute()
+// started under the job keeper, found again from the data execute() put in its handle — the
+// keeper's status file, the cgroups, the pid started ({"status_path", "cgroups", "pid"}). Reports
+// how it ended while nobody watched; never throws for what it cannot find (seen() says). Empty
+// data: never_started.
+std::unique_ptr<Execution> attach_by_status_file(const ExecutionHandle& handle);
+
+// For backends: the execution of a handle that is not theirs to read (Seen::unreadable); `why`
+// names whose it is, as wait() reports it. Its handle() is `handle`, kept as it was.
+std::unique_ptr<Execution> unreadable_execution(const ExecutionHandle& handle, std::string why);
 
 }  // namespace nshpc::sandbox

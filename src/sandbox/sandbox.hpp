@@ -28,6 +28,8 @@ namespace stdfs = std::filesystem;
 
 class Cgroup;
 class CgroupPool;
+class Execution;         // sandbox/execution.hpp
+struct ExecutionHandle;  // sandbox/handle.hpp
 
 // The host folders of one instance that a sandbox binds, and its network mode.
 struct Target {
@@ -200,6 +202,12 @@ class Backend {
   // For a persistent target the command joins the instance's living sandbox, which is started
   // first when it is not running.
   virtual std::unique_ptr<Process> start(const RunSpec& spec) = 0;
+  // Finds an execution again from the handle it had (Execution::handle(); after a restart), or
+  // reports how it ended while nobody watched. Never throws for what it cannot find (seen()
+  // says). A handle of another backend, or of a version newer than this release writes, is never
+  // read as this backend's: Seen::unreadable, its error naming whose it is. This default reads
+  // none but an empty handle (nothing on record: never_started).
+  virtual std::unique_ptr<Execution> attach(const ExecutionHandle& handle);
 
   // Living instances (target.persistent). Each is safe across processes: a start, stop or join
   // in one server or CLI process sees what another did.

@@ -1,5 +1,9 @@
 #include "sandbox/status.hpp"
 
+#include <system_error>
+
+#include "base/error.hpp"
+#include "base/fs.hpp"
 #include "base/json.hpp"
 
 namespace nshpc::sandbox {
@@ -61,6 +65,23 @@ void StatusStream::take_document(std::string_view doc) {
   if (json.contains(kKeeperKey)) {
     if (auto t = epoch_ms(kStartedKey)) started_ = t;
   }
+}
+
+std::optional<ExecutionHandle> read_living_handle(const std::filesystem::path& state_dir) {
+  try {
+    if (const auto text = fs::read_file(state_dir / kLivingHandleFile))
+      if (auto handle = ExecutionHandle::from_json(parse_json_or_discarded(*text))) return handle;
+  } catch (const SysError&) {
+    // Unreadable: as if it were not there.
+  }
+  const std::filesystem::path status = state_dir / kLivingStatusFile;
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(status, ec))) return std::nullopt;
+  return ExecutionHandle::untyped({{"status_path", status.string()}});
+}
+
+void write_living_handle(const std::filesystem::path& state_dir, const ExecutionHandle& handle) {
+  fs::atomic_write(state_dir / kLivingHandleFile, handle.to_json().dump() + "\n", 0600);
 }
 
 }  // namespace nshpc::sandbox

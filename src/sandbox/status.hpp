@@ -6,16 +6,22 @@
 // stream: {"ns-hpc-keeper": <keeper pid>, ...} before bwrap's, {"ns-hpc-deadline": <epoch ms>}
 // when the wall-time limit was reached, and {"ns-hpc-ended": <epoch ms>} once nothing of the
 // sandbox is left.
+//
+// A living instance's sandbox keeps its record in the instance's state folder: its handle
+// (sandbox/handle.hpp) in sandbox.handle, naming its status file, sandbox.status.
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "sandbox/handle.hpp"
 
 namespace nshpc::sandbox {
 
@@ -75,5 +81,18 @@ class StatusStream {
   bool malformed_ = false;
   bool joined_ = false;
 };
+
+// A living sandbox's record, in its instance's state folder (Target::state_dir).
+inline constexpr const char* kLivingHandleFile = "sandbox.handle";  // its ExecutionHandle
+inline constexpr const char* kLivingStatusFile = "sandbox.status";  // the keeper's and bwrap's documents
+
+// The handle of the living sandbox on record in `state_dir`: sandbox.handle when it holds one. A
+// folder an earlier release wrote has the status file alone: read as bwrap's handle of version 0,
+// {"status_path": "<state_dir>/sandbox.status"}. nullopt: neither (it never ran here). Never
+// throws (what cannot be read is not on record).
+std::optional<ExecutionHandle> read_living_handle(const std::filesystem::path& state_dir);
+
+// Puts `handle` on record in `state_dir` (atomically, 0600). Throws SysError.
+void write_living_handle(const std::filesystem::path& state_dir, const ExecutionHandle& handle);
 
 }  // namespace nshpc::sandbox

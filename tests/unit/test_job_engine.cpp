@@ -26,6 +26,7 @@
 #include "base/time.hpp"
 #include "common/temp_dir.hpp"
 #include "jobs/jobs.hpp"
+#include "sandbox/execution.hpp"
 #include "store/store.hpp"
 
 namespace {
@@ -135,6 +136,12 @@ class FakeBackend final : public sandbox::Backend {
   bool commands_share_pids() const override { return false; }
   std::vector<std::string> end_stray_sandboxes(const std::filesystem::path&) override { return {}; }
   std::vector<std::string> describe(const sandbox::RunSpec& spec) const override { return spec.argv; }
+  // Its runs are execute()'s, with execute()'s status file: found again from it, as bwrap's are.
+  // Another backend's handle is not its to read.
+  std::unique_ptr<sandbox::Execution> attach(const sandbox::ExecutionHandle& handle) override {
+    if (handle.backend == name()) return sandbox::attach_by_status_file(handle);
+    return Backend::attach(handle);
+  }
 
   std::shared_ptr<FakeRun> run(std::size_t i) {
     std::lock_guard lock(mu_);
@@ -222,15 +229,18 @@ TEST_F(JobEngine, AJobRunsAndItsEndIsRecordedOnce) {
   EXPECT_EQ(engine().tracked(), 0u);
 }
 
-TEST_F(JobEngine, TheRecordKeepsTheBackendsNameAndAnOpaqueHandle) {
+// On disk {"handle": {"backend", "version", "data"}}: whose it is, beside what only that backend
+// reads.
+TEST_F(JobEngine, TheRecordKeepsATypedHandleThatNamesItsBackend) {
   const auto rec = submit();
-  EXPECT_EQ(rec.backend, "fake");
-  EXPECT_TRUE(rec.handle.is_object());
+  EXPECT_EQ(rec.handle.backend, "fake");
+  EXPECT_EQ(rec.handle.version, sandbox::ExecutionHandle::kVersion);
+  EXPECT_TRUE(rec.handle.data.contains("status_path"));
   const auto on_disk = nshpc::parse_json(nshpc::fs::read_file(state_file(rec.id)).value_or(""));
-  EXPECT_EQ(on_disk["backend"], "fake");
-  EXPECT_EQ(on_disk["handle"], rec.handle);
-  EXPECT_FALSE(on_disk.contains("bwrap_pid"));
-  EXPECT_FALSE(on_disk.contains("status_path"));
+  EXPECT_EQ(on_disk["handle"], rec.handle.to_json());
+  EXPECT_EQ(on_disk["handle"]["backend"], "fake");
+  for (const char* old : {"backend", "cgroups", "bwrap_pid", "status_path", "pid"})
+    EXPECT_FALSE(on_disk.contains(old)) << old;
 }
 
 TEST_F(JobEngine, CancelKillsARunningJobAndRecordsItCancelled) {
@@ -306,11 +316,13 @@ TEST_F(JobEngine, AJobLeftByAnotherProcessIsAdoptedOnceWhenTwoLookAtOnce) {
                                                   {"status", "running"},
                                                   {"created_at", now},
                                                   {"started_at", now},
-                                                  {"backend", "bwrap"},
-                                                  // As the previous release wrote them: the cgroups
-                                                  // beside the handle (these are gone already).
-                                                  {"cgroups", {"/sys/fs/cgroup/ns-hpc/demo/" + id}},
-                                                  {"handle", {{"status_path", status.string()}, {"pid", 1}}}}
+                                                  // Its cgroups are gone already.
+                                                  {"handle", sandbox::ExecutionHandle{
+                                                                 "fake", 1,
+                                                                 {{"status_path", status.string()},
+                                                                  {"pid", 1},
+                                                                  {"cgroups", {"/sys/fs/cgroup/ns-hpc/demo/" + id}}}}
+                                                                 .to_json()}}
                                        .dump();
   std::atomic<int> adoptions{0};
   std::future<jobs::View> other;
@@ -331,6 +343,39 @@ TEST_F(JobEngine, AJobLeftByAnotherProcessIsAdoptedOnceWhenTwoLookAtOnce) {
   EXPECT_EQ(wait(id).record.state, jobs::State::completed);
   EXPECT_EQ(audited("job.completed", id), 1u);
   ::waitpid(init, nullptr, WNOHANG);
+}
+
+// A job on record as another backend's (its exit code in a status file this backend could
+// read): never read as this backend's, nor signalled. Its submitter is gone, so nobody can follow
+// it: it is lost, and the reason says whose it was.
+TEST_F(JobEngine, AJobOfABackendThisServerDoesNotHaveIsLostNamingIt) {
+  const std::string id = "00aa11bb22cc";
+  const fs::path status = base() / "status" / (id + ".status");
+  fs::create_directories(status.parent_path());
+  fs::create_directories(base() / ".ns_hpc_jobs");
+  std::ofstream(status) << nlohmann::json{{"child-pid", 999999}, {"pid-namespace", 4026531836u}}.dump() << "\n"
+                        << nlohmann::json{{"exit-code", 0}}.dump() << "\n";
+  const std::string now = nshpc::timeutil::iso_utc();
+  std::ofstream(state_file(id)) << nlohmann::json{{"job_id", id},
+                                                  {"instance_id", "demo"},
+                                                  {"command", "true"},
+                                                  {"mode", "local"},
+                                                  {"status", "running"},
+                                                  {"created_at", now},
+                                                  {"started_at", now},
+                                                  {"owner_pid", 0},
+                                                  {"handle", {{"backend", "crun"},
+                                                              {"version", 1},
+                                                              {"data", {{"status_path", status.string()}}}}}}
+                                       .dump();
+  const auto v = wait(id);
+  EXPECT_EQ(v.record.state, jobs::State::lost);
+  EXPECT_NE(v.record.reason.find("'crun' backend"), std::string::npos) << v.record.reason;
+  EXPECT_FALSE(v.record.exit_code) << "another backend's status was read as this one's";
+  EXPECT_EQ(audited("job.lost", id), 1u);
+  // Its handle stays on record as it was.
+  const auto on_disk = nshpc::parse_json(nshpc::fs::read_file(state_file(id)).value_or(""));
+  EXPECT_EQ(on_disk["handle"]["backend"], "crun");
 }
 
 // A job that ends by itself while a cancel waits out its grace, its finish slow: the cancel must

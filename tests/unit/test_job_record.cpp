@@ -1,20 +1,27 @@
-// Job records on disk: what earlier releases wrote still loads, and saves back the same.
+// Job records on disk: what earlier releases wrote still loads (their handles as bwrap's untyped
+// ones, found by the bwrap backend), and saves back in the typed form.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <chrono>
+#include <fstream>
 
 #include "base/json.hpp"
 #include "base/pidfd.hpp"
 #include "base/spawn.hpp"
+#include "base/text.hpp"
+#include "common/temp_dir.hpp"
+#include "config/config.hpp"
 #include "jobs/jobs.hpp"
 #include "jobs/support.hpp"
+#include "sandbox/execution.hpp"
 
 namespace {
 
 using nshpc::jobs::Mode;
 using nshpc::jobs::Record;
 using nshpc::jobs::State;
+using nshpc::sandbox::ExecutionHandle;
 
 // Written by the release before records were serialised by nlohmann-json (a local job that
 // completed and a Slurm job that failed), byte for byte.
@@ -71,19 +78,19 @@ constexpr const char* kOldSlurm = R"({
   "unenforced": []
 })";
 
-// The old file as it is written now: its bwrap fields ("pid", "status_path") in the handle of
-// backend "bwrap", or neither key when they were empty (a Slurm job).
+// The old file as it is written now: its bwrap fields ("pid", "status_path") and its cgroups in
+// the data of a typed handle of backend "bwrap", version 0; no handle when they were empty (a
+// Slurm job).
 nlohmann::json as_written_now(const char* old) {
   nlohmann::json j = nshpc::parse_json(old);
-  nlohmann::json handle = nlohmann::json::object();
-  if (j["pid"] != 0) handle["pid"] = j["pid"];
-  if (j["status_path"] != "") handle["status_path"] = j["status_path"];
+  nlohmann::json data = nlohmann::json::object();
+  if (j["pid"] != 0) data["pid"] = j["pid"];
+  if (j["status_path"] != "") data["status_path"] = j["status_path"];
+  if (!j["cgroups"].empty()) data["cgroups"] = j["cgroups"];
   j.erase("pid");
   j.erase("status_path");
-  if (!handle.empty()) {
-    j["backend"] = "bwrap";
-    j["handle"] = handle;
-  }
+  j.erase("cgroups");
+  if (!data.empty()) j["handle"] = {{"backend", "bwrap"}, {"version", 0}, {"data", data}};
   return j;
 }
 
@@ -95,9 +102,10 @@ TEST(JobRecord, AnOldLocalRecordLoadsAndSavesBackTheSame) {
   EXPECT_EQ(r->mode, Mode::local);
   EXPECT_EQ(r->state, State::completed);
   EXPECT_EQ(r->exit_code, 0);
-  EXPECT_EQ(r->backend, "bwrap");
-  EXPECT_EQ(r->handle, (nlohmann::json{{"pid", 4343},  // read from "pid"
-                                       {"status_path", "/var/lib/ns-hpc/instances/demo/status/0123456789ab.status"}}));
+  EXPECT_EQ(r->handle, (ExecutionHandle{"bwrap", 0,
+                                        {{"pid", 4343},  // read from "pid"
+                                         {"status_path", "/var/lib/ns-hpc/instances/demo/status/0123456789ab.status"},
+                                         {"cgroups", {"/sys/fs/cgroup/ns-hpc/demo/0123456789ab"}}}}));
   EXPECT_EQ(r->owner_start, 987654u);
   EXPECT_EQ(r->limits.at("memory"), 1024);
   EXPECT_EQ(r->argv, (std::vector<std::string>{"/bin/sh", "-c", "echo hi"}));
@@ -117,7 +125,6 @@ TEST(JobRecord, AnOldSlurmRecordLoadsAndSavesBackTheSame) {
   EXPECT_EQ(r->signal, 0);
   EXPECT_EQ(r->exit_code, 3);
   EXPECT_EQ(r->to_json(), as_written_now(kOldSlurm));
-  EXPECT_TRUE(r->backend.empty());
   EXPECT_TRUE(r->handle.empty());
 }
 
@@ -151,24 +158,154 @@ TEST(JobRecord, ARecordOfTheCurrentReleaseLoadsWithItsBwrapFieldsAsTheHandle) {
   auto r = Record::from_json(nshpc::parse_json(kCurrentLocal));
   ASSERT_TRUE(r);
   EXPECT_EQ(r->state, State::running);
-  EXPECT_EQ(r->backend, "bwrap");
-  EXPECT_EQ(r->handle, (nlohmann::json{{"pid", 5151},
-                                       {"status_path", "/var/lib/ns-hpc/instances/demo/status/00112233aabb.status"}}));
+  EXPECT_EQ(r->handle, (ExecutionHandle{
+                           "bwrap", 0, {{"pid", 5151}, {"status_path", "/var/lib/ns-hpc/instances/demo/status/00112233aabb.status"}}}));
   const auto j = r->to_json();
   EXPECT_FALSE(j.contains("bwrap_pid"));
   EXPECT_FALSE(j.contains("status_path"));
   EXPECT_FALSE(j.contains("pid"));
+  EXPECT_FALSE(j.contains("cgroups"));
+  EXPECT_FALSE(j.contains("backend"));
+  EXPECT_EQ(j["handle"]["backend"], "bwrap");
   EXPECT_EQ(Record::from_json(j)->to_json(), j);
   // A pending job's record (no pid yet) keeps its status file.
   auto pending = nshpc::parse_json(kCurrentLocal);
   pending["bwrap_pid"] = 0;
   pending["status"] = "pending";
   EXPECT_EQ(Record::from_json(pending)->handle,
-            (nlohmann::json{{"status_path", "/var/lib/ns-hpc/instances/demo/status/00112233aabb.status"}}));
+            (ExecutionHandle{"bwrap", 0, {{"status_path", "/var/lib/ns-hpc/instances/demo/status/00112233aabb.status"}}}));
 }
 
-TEST(JobRecord, AHandleThatIsNoObjectIsCorrupt) {
+// Written by the release before handles were typed: the backend's name beside an untyped handle
+// (its data as now), the cgroups of an even earlier record beside both; a running job, byte for
+// byte.
+constexpr const char* kUntypedHandle = R"({
+  "argv": ["/bin/sh", "-c", "sleep 100"],
+  "backend": "bwrap",
+  "cancel_requested": false,
+  "cgroups": ["/sys/fs/cgroup/ns-hpc/demo@x/44556677ccdd"],
+  "command": "sleep 100",
+  "created_at": "2025-06-07T08:09:10.000Z",
+  "exit_code": null,
+  "finished_at": "",
+  "handle": {"pid": 6161, "status_path": "@STATUS@"},
+  "instance_id": "demo",
+  "job_id": "44556677ccdd",
+  "limits": {"cpus": 1, "memory": 512, "output": 100, "pids": 256, "time": 3600},
+  "mode": "local",
+  "owner_pid": 4242,
+  "owner_start": 987654,
+  "reason": "",
+  "started_at": "2025-06-07T08:09:10.100Z",
+  "status": "running",
+  "stderr_path": "/var/lib/ns-hpc/instances/demo/workspace/.ns_hpc_output/44556677ccdd.err",
+  "stdout_path": "/var/lib/ns-hpc/instances/demo/workspace/.ns_hpc_output/44556677ccdd.out",
+  "unenforced": []
+})";
+
+// As this release writes it: the handle typed.
+constexpr const char* kTypedHandle = R"({
+  "argv": ["/bin/sh", "-c", "sleep 100"],
+  "cancel_requested": false,
+  "command": "sleep 100",
+  "created_at": "2026-01-02T03:04:05.000Z",
+  "exit_code": null,
+  "finished_at": "",
+  "handle": {"backend": "bwrap", "version": 1,
+             "data": {"cgroups": ["/sys/fs/cgroup/ns-hpc/demo@x/8899aabbccdd"], "pid": 7171, "status_path": "@STATUS@"}},
+  "instance_id": "demo",
+  "job_id": "8899aabbccdd",
+  "limits": {"cpus": 1},
+  "mode": "local",
+  "owner_pid": 4242,
+  "owner_start": 987654,
+  "reason": "",
+  "started_at": "2026-01-02T03:04:05.100Z",
+  "status": "running",
+  "stderr_path": "/w/.ns_hpc_output/8899aabbccdd.err",
+  "stdout_path": "/w/.ns_hpc_output/8899aabbccdd.out",
+  "unenforced": []
+})";
+
+TEST(JobRecord, AnUntypedHandleLoadsAsBwrapsWithTheCgroupsBesideItInItsData) {
+  auto r = Record::from_json(nshpc::parse_json(kUntypedHandle));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->handle, (ExecutionHandle{"bwrap", 0,
+                                        {{"pid", 6161},
+                                         {"status_path", "@STATUS@"},
+                                         {"cgroups", {"/sys/fs/cgroup/ns-hpc/demo@x/44556677ccdd"}}}}));
+  const auto j = r->to_json();
+  EXPECT_FALSE(j.contains("backend"));
+  EXPECT_FALSE(j.contains("cgroups"));
+  EXPECT_EQ(Record::from_json(j)->to_json(), j);
+  // A handle that has cgroups of its own keeps them.
+  auto own = nshpc::parse_json(kUntypedHandle);
+  own["handle"]["cgroups"] = nlohmann::json::array();
+  EXPECT_EQ(Record::from_json(own)->handle.data["cgroups"], nlohmann::json::array());
+  // The name beside it says whose it is (a test's backend, say).
+  auto named = nshpc::parse_json(kUntypedHandle);
+  named["backend"] = "fake";
+  EXPECT_EQ(Record::from_json(named)->handle.backend, "fake");
+  // A pending job's: the backend that was to run it, nothing else.
+  auto pending = nshpc::parse_json(kUntypedHandle);
+  pending["handle"] = nlohmann::json::object();
+  pending["cgroups"] = nlohmann::json::array();
+  pending["status"] = "pending";
+  EXPECT_EQ(Record::from_json(pending)->handle, (ExecutionHandle{"bwrap", 0, nlohmann::json::object()}));
+}
+
+TEST(JobRecord, ATypedHandleLoadsAndSavesBackTheSame) {
+  const auto j = nshpc::parse_json(kTypedHandle);
+  auto r = Record::from_json(j);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->handle.backend, "bwrap");
+  EXPECT_EQ(r->handle.version, 1);
+  EXPECT_EQ(r->handle.data["pid"], 7171);
+  EXPECT_EQ(r->to_json(), j);
+}
+
+// What the bwrap backend finds from each shape a release wrote: the job's exit code on record in
+// its status file; the same record naming another backend is never read as bwrap's.
+TEST(JobRecord, EveryShapeOnRecordIsFoundByTheBackendThatMadeIt) {
+  const nshpc::tests::TempDir tmp("nshpc-job-record");
+  const std::string status = (tmp.path() / "job.status").string();
+  std::ofstream(status) << R"({"child-pid": 999999, "pid-namespace": 4026531836})" << "\n"
+                        << R"({"exit-code": 5})" << "\n";
+  const auto backend = nshpc::sandbox::make_bwrap_backend(nshpc::config::built_in());
+  const auto with_status = [&](const char* text) {
+    std::string out = text;
+    // The oldest shapes name their status file at the top level.
+    for (const char* old : {"/var/lib/ns-hpc/instances/demo/status/0123456789ab.status",
+                            "/var/lib/ns-hpc/instances/demo/status/00112233aabb.status", "@STATUS@"})
+      out = nshpc::text::replace_at(out, nshpc::text::find_all(out, old), std::string_view(old).size(), status);
+    return nshpc::parse_json(out);
+  };
+  for (const char* shape : {kOldLocal, kCurrentLocal, kUntypedHandle, kTypedHandle}) {
+    auto r = Record::from_json(with_status(shape));
+    ASSERT_TRUE(r) << shape;
+    auto exec = backend->attach(r->handle);
+    ASSERT_EQ(exec->seen(), nshpc::sandbox::Seen::exited) << shape;
+    EXPECT_EQ(exec->wait().exit_code, 5) << shape;
+  }
+  for (auto foreign : {with_status(kUntypedHandle), with_status(kTypedHandle)}) {
+    if (foreign.contains("backend"))
+      foreign["backend"] = "crun";
+    else
+      foreign["handle"]["backend"] = "crun";
+    auto exec = backend->attach(Record::from_json(foreign)->handle);
+    EXPECT_EQ(exec->seen(), nshpc::sandbox::Seen::unreadable);
+    const std::string error = exec->wait().error;
+    EXPECT_NE(error.find("'crun' backend"), std::string::npos) << error;
+  }
+}
+
+TEST(JobRecord, AHandleOfTheWrongShapeIsCorrupt) {
   EXPECT_FALSE(Record::from_json({{"job_id", "00000000000a"}, {"backend", "bwrap"}, {"handle", 7}}));
+  EXPECT_FALSE(Record::from_json({{"job_id", "00000000000a"}, {"backend", 7}, {"handle", {{"pid", 1}}}}));
+  EXPECT_FALSE(Record::from_json({{"job_id", "00000000000a"}, {"cgroups", "/sys/fs/cgroup/x"}, {"pid", 1}}));
+  EXPECT_FALSE(Record::from_json({{"job_id", "00000000000a"}, {"handle", {{"backend", "bwrap"}, {"version", 1}, {"data", 7}}}}));
+  EXPECT_FALSE(Record::from_json({{"job_id", "00000000000a"}, {"handle", {{"backend", ""}, {"version", 1}, {"data", {}}}}}));
+  EXPECT_FALSE(Record::from_json({{"job_id", "00000000000a"}, {"handle", {{"backend", "bwrap"}, {"data", {}}}}}));
 }
 
 TEST(JobRecord, MissingKeysTakeTheDefaultsAndNullIsNoValue) {
@@ -177,7 +314,6 @@ TEST(JobRecord, MissingKeysTakeTheDefaultsAndNullIsNoValue) {
   EXPECT_EQ(r->mode, Mode::local);
   EXPECT_EQ(r->state, State::pending);
   EXPECT_FALSE(r->exit_code);
-  EXPECT_TRUE(r->backend.empty());
   EXPECT_TRUE(r->handle.empty());
   EXPECT_TRUE(r->argv.empty());
   const auto j = r->to_json();
