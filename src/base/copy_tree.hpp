@@ -2,7 +2,7 @@
 // descriptors only: every entry is opened beneath the descriptor of its folder with
 // O_NOFOLLOW (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS), so a folder swapped for a symlink at any
 // moment is copied as that symlink or skipped, never followed out of the tree. What an instance's
-// snapshot, restore and reset copy (lifecycle/snapshots.hpp).
+// snapshot, restore and reset copy (instances/snapshots.hpp).
 //
 // Exact: owners, modes (set-id bits included), times, every extended attribute this process may
 // read and write (the overlay's trusted.overlay.* as root, POSIX ACLs), symlinks as symlinks, hard

@@ -26,7 +26,7 @@ class UsageError : public Error {
 // and for an instance an archive of that id (its name and when it was archived).
 class NotFound : public UsageError {
  public:
-  enum class Kind { instance, job, archive };
+  enum class Kind { instance, job, archive, image };
   struct Facts {
     std::string near_miss;     // "" when none is close
     std::string archive_name;  // "" when the id was never archived

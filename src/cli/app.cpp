@@ -25,7 +25,7 @@ const config::Config& Invocation::config() {
 }
 
 void Invocation::adjust_config(const std::function<void(config::Config&)>& change) {
-  if (store_) throw Error("internal: the config was changed after the store was made from it");
+  if (instances_) throw Error("internal: the config was changed after the instances service was made from it");
   config();
   change(loaded_->config);
 }
@@ -35,29 +35,9 @@ const std::vector<std::string>& Invocation::config_warnings() {
   return loaded_->warnings;
 }
 
-store::Store& Invocation::store() {
-  if (!store_) {
-    jobs_guard_ = std::make_unique<store::RecordedJobsGuard>();
-    store_ = std::make_unique<store::Store>(config(), *jobs_guard_);
-    // Archive and delete stop a living instance's sandbox first (the backend made only then).
-    store_->set_living_stop([this](const sandbox::Target& target, std::string_view why) {
-      backend().stop_living(target, why, std::chrono::seconds(config().jobs.cancel_grace));
-    });
-  }
-  return *store_;
-}
-
-sandbox::Backend& Invocation::backend() {
-  if (!backend_) backend_ = sandbox::make_bwrap_backend(config());
-  return *backend_;
-}
-
-jobs::Engine& Invocation::jobs() {
-  if (!jobs_) {
-    jobs_ = std::make_unique<jobs::Engine>(config(), store(), backend());
-    store().set_jobs_guard(*jobs_);
-  }
-  return *jobs_;
+instances::Service& Invocation::instances() {
+  if (!instances_) instances_ = std::make_unique<instances::Service>(config());
+  return *instances_;
 }
 
 bool confirm(const std::string& question) {
@@ -216,6 +196,7 @@ std::string not_found_advice(const NotFound& e) {
     case NotFound::Kind::instance: return advice + "'ns-hpc instance list' lists the active ones";
     case NotFound::Kind::job: return advice + "'ns-hpc instance jobs ID' lists an instance's jobs";
     case NotFound::Kind::archive: return advice + "'ns-hpc instance list-archived' lists the archives";
+    case NotFound::Kind::image: return advice + "'ns-hpc image list' lists the images, 'ns-hpc image build NAME' builds one";
   }
   return advice;
 }

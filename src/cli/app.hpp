@@ -14,8 +14,8 @@
 
 #include "base/error.hpp"
 #include "config/config.hpp"
+#include "instances/instances.hpp"
 #include "jobs/jobs.hpp"
-#include "sandbox/sandbox.hpp"
 #include "store/store.hpp"
 
 namespace nshpc::cli {
@@ -34,17 +34,16 @@ class Invocation {
   // Changes the loaded config before anything is built from it (a command's own settings, such
   // as `computer`'s --cpu and --memory). Throws Error once the store exists.
   void adjust_config(const std::function<void(config::Config&)>& change);
-  store::Store& store();
-  sandbox::Backend& backend();
-  // The job engine (it also answers the store's "jobs still running?" from then on).
-  jobs::Engine& jobs();
+  // The instances service: everything a command does to an instance goes through it.
+  instances::Service& instances();
+  // Its store, to read (instances, listings, archives).
+  const store::Store& store() { return instances().store(); }
+  // Its job engine (made on first use).
+  jobs::Engine& jobs() { return instances().jobs(); }
 
  private:
   std::optional<config::Loaded> loaded_;
-  std::unique_ptr<store::RecordedJobsGuard> jobs_guard_;
-  std::unique_ptr<store::Store> store_;
-  std::unique_ptr<sandbox::Backend> backend_;
-  std::unique_ptr<jobs::Engine> jobs_;
+  std::unique_ptr<instances::Service> instances_;
 };
 
 void add_instance_commands(CLI::App& app, Invocation& inv);

@@ -76,7 +76,7 @@ int run_with_timeout(Invocation& inv, const store::Instance& inst, const std::ve
     return stop_signal != 0;
   };
   const auto started = std::chrono::steady_clock::now();
-  const sandbox::CaptureResult run = sandbox::capture(inv.backend(), std::move(spec), options);
+  const sandbox::CaptureResult run = sandbox::capture(inv.instances().backend(), std::move(spec), options);
   const bool timed_out = run.ending == sandbox::Ending::timed_out;
   const int code = finish_sandbox_run(inv, inst, command, "sandbox.exec", run.status,
                                       std::chrono::steady_clock::now() - started, stop_signal, timed_out);
@@ -91,7 +91,7 @@ int run_with_timeout(Invocation& inv, const store::Instance& inst, const std::ve
 int run_in_sandbox(Invocation& inv, const store::Instance& inst, const std::vector<std::string>& command,
                    std::string_view event) {
   const auto started = std::chrono::steady_clock::now();
-  AttachedRun run = run_attached(inv.backend(), make_exec_spec(inv, inst, command));
+  AttachedRun run = run_attached(inv.instances().backend(), make_exec_spec(inv, inst, command));
   return finish_sandbox_run(inv, inst, command, event, run.status, std::chrono::steady_clock::now() - started,
                             run.stop_signal);
 }

@@ -13,7 +13,7 @@
 #include "cli/app.hpp"
 #include "cli/computer_config.hpp"
 #include "cli/serve.hpp"
-#include "lifecycle/computers.hpp"
+#include "instances/computers.hpp"
 #include "transport/stdio.hpp"
 
 namespace nshpc::cli {
@@ -165,7 +165,7 @@ int computer_main(Invocation& inv, const std::vector<std::string>& args) {
   const ComputerConfig& c = start.config;
   if (auto problem = startup_problem(c)) return fail(*problem, 1);
   try {
-    const std::string id = lifecycle::validate_computer_id(c.computer_id);
+    const std::string id = instances::validate_computer_id(c.computer_id);
     // Docker's --cpus and --memory: the computer's [namespace] limits (every process of it together).
     inv.adjust_config([&c](config::Config& cfg) {
       if (c.cpus) cfg.ns.limits["cpus"] = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(*c.cpus)));

@@ -12,7 +12,7 @@
 #include "base/users.hpp"
 #include "cli/app.hpp"
 #include "cli/output.hpp"
-#include "lifecycle/lifecycle.hpp"
+#include "instances/instances.hpp"
 
 namespace nshpc::cli {
 
@@ -29,13 +29,13 @@ void add_persistent_option(CLI::App& cmd, std::optional<bool>& persistent, const
   cmd.add_flag_function("--persistent,!--no-persistent", [&persistent](std::int64_t n) { persistent = n > 0; }, help);
 }
 
-// A persistent instance's living state as data (lifecycle::state_json), added to `out`; state
+// A persistent instance's living state as data (instances::state_json), added to `out`; state
 // "unknown" (and a warning) when the backend cannot tell, so one instance never fails a listing.
 // Nothing is asked for an instance that is not persistent.
 void add_living_state(Invocation& inv, const store::Instance& inst, nlohmann::json& out) {
   if (!inst.persistent) return;
   try {
-    out.update(lifecycle::state_json(inv.backend().living_status(inv.store().sandbox_target(inst))));
+    out.update(instances::state_json(inv.instances().living_status(inst)));
   } catch (const std::exception& e) {
     log::warn("instance '{}': state unknown: {}", inst.id, e.what());
     out["state"] = "unknown";
@@ -100,20 +100,18 @@ store::Instance living_instance(Invocation& inv, const std::string& id, std::str
   return inst;
 }
 
-lifecycle::Lifecycle lifecycle_of(Invocation& inv) {
-  return {inv.config(), inv.store(), inv.backend(), &inv.jobs()};
-}
+
 
 // What a stop or restart did, for people.
-void print_ended(const lifecycle::Ended& ended) {
+void print_ended(const instances::Ended& ended) {
   for (const auto& r : ended.jobs)
     std::printf("Ended job %s (%s): %s\n", r.id.c_str(), text::truncate_utf8(r.command, 60).c_str(),
                 jobs::to_string(r.state).c_str());
   for (const auto& problem : ended.problems) std::printf("Warning: job %s\n", problem.c_str());
 }
 
-nlohmann::json ended_json(const store::Instance& inst, const lifecycle::Ended& ended) {
-  nlohmann::json out = lifecycle::state_json(ended.status);
+nlohmann::json ended_json(const store::Instance& inst, const instances::Ended& ended) {
+  nlohmann::json out = instances::state_json(ended.status);
   out["id"] = inst.id;
   out["was_running"] = ended.was_running;
   out["jobs_ended"] = nlohmann::json::array();
@@ -148,7 +146,7 @@ void describe_text(const store::Instance& inst, const nlohmann::json& state) {
   std::printf("Output:        %s\n", inst.output.c_str());
 }
 
-nlohmann::json disk_use_json(const store::Store::DiskUse& use) {
+nlohmann::json disk_use_json(const instances::Service::DiskUse& use) {
   return {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes}, {"files", use.files},
           {"layer_bytes", use.layer_bytes}, {"snapshots_bytes", use.snapshots_bytes}};
 }
@@ -205,7 +203,7 @@ void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
       if (options.image.empty())
         throw UsageError("--image without a name uses [namespace] default_image, which is empty; give an image name");
     }
-    store::Instance inst = inv.store().create(a->id, options, users::cli_actor());
+    store::Instance inst = inv.instances().create(a->id, options, users::cli_actor());
     const auto archive = a->id.empty() ? std::nullopt : inv.store().latest_archive(inst.id);
     if (a->json) {
       nlohmann::json out = instance_host_json(inst);
@@ -243,7 +241,7 @@ void add_list(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceA
       nlohmann::json item = instance_host_json(inst);
       add_living_state(inv, inst, item);  // persistent instances only
       // For scripts only: a walk of every instance's trees is too slow for the table.
-      if (a->json) item["disk_usage"] = disk_use_json(inv.store().disk_use(inst));
+      if (a->json) item["disk_usage"] = disk_use_json(inv.instances().disk_use(inst));
       out.push_back(std::move(item));
     }
     if (a->json) {
@@ -300,10 +298,10 @@ void add_describe(CLI::App& parent, Invocation& inv, const std::shared_ptr<Insta
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([&inv, a] {
     store::Instance inst = inv.store().get(a->id);
-    const store::Store::DiskUse use = inv.store().disk_use(inst);
+    const instances::Service::DiskUse use = inv.instances().disk_use(inst);
     nlohmann::json out = instance_host_json(inst);
     add_living_state(inv, inst, out);
-    out["limits"] = lifecycle::limits_json(inv.config(), inv.store().cgroup_folder(inst.id));
+    out["limits"] = instances::limits_json(inv.config(), inv.store().cgroup_folder(inst.id));
     if (a->json) {
       out["disk_usage"] = disk_use_json(use);
       print_json(out);
@@ -313,7 +311,7 @@ void add_describe(CLI::App& parent, Invocation& inv, const std::shared_ptr<Insta
                   mib(use.workspace_bytes).c_str(), mib(use.output_bytes).c_str(),
                   static_cast<unsigned long long>(use.files), inst.image ? mib(use.layer_bytes).c_str() : "no",
                   mib(use.snapshots_bytes).c_str());
-      std::printf("Limits:        %s\n", lifecycle::limits_line(out["limits"]).c_str());
+      std::printf("Limits:        %s\n", instances::limits_line(out["limits"]).c_str());
     }
   });
 }
@@ -349,17 +347,17 @@ void add_update(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
     if (options.persistent == false) {
       // A living sandbox left running would be out of reach of every command after this.
       store::Instance current = inv.store().get(a->id);
-      if (current.persistent && inv.backend().living_status(inv.store().sandbox_target(current)).running)
+      if (current.persistent && inv.instances().living_status(current).running)
         throw UsageError(fmt::format("instance '{}' is running; stop it first ('ns-hpc instance stop {}')",
                                      current.id, current.id));
     }
-    store::Instance inst = inv.store().update(a->id, options, users::cli_actor());
+    store::Instance inst = inv.instances().update(a->id, options, users::cli_actor());
     std::string applied;
     if (options.network || options.network_allow) {
-      switch (lifecycle_of(inv).apply_network(inst, users::cli_actor())) {
-        case lifecycle::Lifecycle::NetworkChange::applied: applied = " (applied to the running sandbox)"; break;
-        case lifecycle::Lifecycle::NetworkChange::restarted: applied = " (the running sandbox was restarted)"; break;
-        case lifecycle::Lifecycle::NetworkChange::not_running: break;
+      switch (inv.instances().apply_network(inst, users::cli_actor())) {
+        case instances::Service::NetworkChange::applied: applied = " (applied to the running sandbox)"; break;
+        case instances::Service::NetworkChange::restarted: applied = " (the running sandbox was restarted)"; break;
+        case instances::Service::NetworkChange::not_running: break;
       }
     }
     if (a->json) {
@@ -379,8 +377,8 @@ void add_start(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instance
   cmd->add_flag("--json", a->json, "Print the state as JSON");
   cmd->callback([&inv, a] {
     store::Instance inst = living_instance(inv, a->id, "start");
-    const sandbox::LivingStatus status = lifecycle_of(inv).start(inst, users::cli_actor());
-    nlohmann::json out = lifecycle::state_json(status);
+    const sandbox::LivingStatus status = inv.instances().start(inst, users::cli_actor());
+    nlohmann::json out = instances::state_json(status);
     out["id"] = inst.id;
     if (a->json)
       print_json(out);
@@ -396,7 +394,7 @@ void add_stop(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceA
   cmd->add_flag("--json", a->json, "Print what was done as JSON");
   cmd->callback([&inv, a] {
     store::Instance inst = living_instance(inv, a->id, "stop");
-    const lifecycle::Ended ended = lifecycle_of(inv).stop(inst, users::cli_actor());
+    const instances::Ended ended = inv.instances().stop(inst, users::cli_actor());
     if (a->json) {
       print_json(ended_json(inst, ended));
       return;
@@ -416,7 +414,7 @@ void add_restart(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instan
   cmd->add_flag("--json", a->json, "Print what was done as JSON");
   cmd->callback([&inv, a] {
     store::Instance inst = living_instance(inv, a->id, "restart");
-    const lifecycle::Ended ended = lifecycle_of(inv).restart(inst, users::cli_actor());
+    const instances::Ended ended = inv.instances().restart(inst, users::cli_actor());
     const nlohmann::json out = ended_json(inst, ended);
     if (a->json) {
       print_json(out);
@@ -433,7 +431,7 @@ void add_ps(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArg
   cmd->add_flag("--json", a->json, "Print a JSON array");
   cmd->callback([&inv, a] {
     store::Instance inst = living_instance(inv, a->id, "list");
-    const auto processes = inv.backend().living_processes(inv.store().sandbox_target(inst));
+    const auto processes = inv.instances().processes(inst);
     if (a->json) {
       nlohmann::json out = nlohmann::json::array();
       for (const auto& p : processes)
@@ -466,8 +464,7 @@ void add_archive(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instan
       inv.exit_code = 1;
       return;
     }
-    inv.jobs();  // running jobs are checked against their real processes
-    store::ArchivedInstance archived = inv.store().archive(a->id, users::cli_actor());
+    store::ArchivedInstance archived = inv.instances().archive(a->id, users::cli_actor());
     if (a->json)
       print_json(archived_json(archived));
     else
@@ -483,7 +480,7 @@ void add_restore(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instan
   cmd->add_option("--as", a->new_id, "The id it gets (default: its old id)");
   cmd->add_flag("--json", a->json, "Print the restored instance as JSON");
   cmd->callback([&inv, a] {
-    store::Instance inst = inv.store().restore(a->id, a->new_id, users::cli_actor());
+    store::Instance inst = inv.instances().restore(a->id, a->new_id, users::cli_actor());
     if (a->json) {
       print_json(instance_host_json(inst));
       return;
@@ -510,11 +507,10 @@ void add_delete(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
       inv.exit_code = 1;
       return;
     }
-    inv.jobs();
     if (a->archived)
-      inv.store().remove_archived(a->id, users::cli_actor());
+      inv.instances().remove_archived(a->id, users::cli_actor());
     else
-      inv.store().remove(a->id, users::cli_actor());
+      inv.instances().remove(a->id, users::cli_actor());
     std::printf("Deleted %s.\n", what.c_str());
   });
 }
@@ -533,7 +529,7 @@ void add_expose(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
   cmd->add_flag("--json", a->json, "Print the exposed ports as JSON");
   cmd->callback([&inv, a] {
     const store::Instance inst = inv.store().get(a->id);
-    lifecycle::Lifecycle lc = lifecycle_of(inv);
+    instances::Service& lc = inv.instances();
     const auto port = static_cast<std::uint16_t>(a->port);
     if (a->port != 0 && a->close) {
       if (!lc.unexpose_port(inst, port, users::cli_actor()))
@@ -620,11 +616,11 @@ void add_clean_command(CLI::App& app, Invocation& inv) {
                              {"candidates", nlohmann::json::array()}};
     // What each candidate holds on disk (an archive keeps all of it: workspace, output, root
     // layer and snapshots); unknown for one whose metadata.json cannot be read.
-    std::vector<std::optional<store::Store::DiskUse>> uses;
+    std::vector<std::optional<instances::Service::DiskUse>> uses;
     for (const auto& c : candidates) {
-      std::optional<store::Store::DiskUse> use;
+      std::optional<instances::Service::DiskUse> use;
       try {
-        if (c.note.empty()) use = inv.store().disk_use(inv.store().get(c.id));
+        if (c.note.empty()) use = inv.instances().disk_use(inv.store().get(c.id));
       } catch (const Error& e) {
         log::warn("instance '{}': disk use unknown: {}", c.id, e.what());
       }
@@ -662,7 +658,7 @@ void add_clean_command(CLI::App& app, Invocation& inv) {
     }
     for (const auto& c : candidates) {
       try {
-        auto archived = inv.store().archive(c.id, users::cli_actor());
+        auto archived = inv.instances().archive(c.id, users::cli_actor());
         report["archived"].push_back({{"id", c.id}, {"archive", archived.name}});
         if (!a->json) std::printf("  Archived %s\n", c.id.c_str());
       } catch (const Error& e) {

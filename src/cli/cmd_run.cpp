@@ -132,7 +132,7 @@ void run_http(Invocation& inv, const RunArgs& a) {
   std::shared_ptr<dav::DavHandler> dav_handler;
   if (cfg.dav.enabled) {
     fs::make_dirs(cfg.server.state_dir, 0711);
-    dav_handler = std::make_shared<dav::DavHandler>(inv.store(), dav::DavHandler::settings_from(cfg));
+    dav_handler = std::make_shared<dav::DavHandler>(inv.instances(), dav::DavHandler::settings_from(cfg));
     options.stream_routes.push_back(dav::make_route(dav_handler, static_cast<std::uint64_t>(cfg.dav.max_upload_bytes)));
   }
 
@@ -187,11 +187,11 @@ int serve(Invocation& inv, const ServerParts& parts, const std::function<int(mcp
   jobs::Engine& engine = inv.jobs();
   engine.recover();  // jobs left running by an earlier server are watched again
   // Nothing runs that no record names: living sandboxes of instances that are gone end here.
-  for (const std::string& line : inv.backend().end_stray_sandboxes(cfg.ns.instances_dir)) log::warn("{}", line);
+  for (const std::string& line : inv.instances().backend().end_stray_sandboxes(cfg.ns.instances_dir)) log::warn("{}", line);
   // What it started and let run (a living sandbox's keeper, a network helper) is reaped within
   // seconds of its end, whether or not its instance is used again: a zombie would otherwise stay
   // until then, and go to a PID 1 that may reap nothing when the server ends.
-  std::jthread reaper([&backend = inv.backend()](std::stop_token stop) {
+  std::jthread reaper([&backend = inv.instances().backend()](std::stop_token stop) {
     std::mutex mutex;
     std::condition_variable_any wake;
     std::unique_lock lock(mutex);
@@ -205,9 +205,9 @@ int serve(Invocation& inv, const ServerParts& parts, const std::function<int(mcp
     log::warn("[namespace] limits: {} (not enforced for any instance)", why);
   // Deletes an earlier run left unfinished, off the start-up path (a big tree must not delay the
   // first answer); joined when the server ends.
-  std::jthread finish_deletions([&store = inv.store()] {
+  std::jthread finish_deletions([&instances = inv.instances()] {
     try {
-      if (const std::size_t finished = store.finish_deletions())
+      if (const std::size_t finished = instances.finish_deletions())
         log::info("finished {} delete(s) an earlier run left unfinished", finished);
     } catch (const std::exception& e) {
       log::warn("finishing earlier deletes: {}", e.what());
@@ -228,7 +228,7 @@ int serve(Invocation& inv, const ServerParts& parts, const std::function<int(mcp
       log::warn("the default image '{}' cannot be built in the background: {}", cfg.ns.default_image, e.what());
     }
   }
-  const tools::Services services{cfg, inv.store(), inv.backend(), &engine, &image_builds};
+  const tools::Services services{cfg, inv.instances(), &image_builds};
   mcp::Server server(parts.info, parts.options(services));
   parts.register_tools(server, services);
   // A subscribed instance resource hears of its living sandbox starting and stopping.

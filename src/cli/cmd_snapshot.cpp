@@ -9,7 +9,7 @@
 #include "base/users.hpp"
 #include "cli/app.hpp"
 #include "cli/output.hpp"
-#include "lifecycle/snapshots.hpp"
+#include "instances/snapshots.hpp"
 
 namespace nshpc::cli {
 
@@ -28,14 +28,13 @@ struct SnapshotArgs {
 // start would otherwise be what frees the space.
 template <typename F>
 void with_snapshots(Invocation& inv, F&& f) {
-  lifecycle::Trash trash(/*finish_on_exit=*/true);
-  lifecycle::Lifecycle life{inv.config(), inv.store(), inv.backend(), &inv.jobs()};
-  lifecycle::Snapshots snapshots{life, inv.store(), trash};
+  instances::Trash trash(/*finish_on_exit=*/true);
+  instances::Snapshots snapshots{inv.instances(), trash};
   f(snapshots);
   std::fflush(stdout);
 }
 
-nlohmann::json change_json(const store::Instance& inst, const lifecycle::LayerChange& change) {
+nlohmann::json change_json(const store::Instance& inst, const instances::LayerChange& change) {
   nlohmann::json out = {{"id", inst.id},
                         {"layer", change.layer},
                         {"workspace", change.workspace},
@@ -43,12 +42,12 @@ nlohmann::json change_json(const store::Instance& inst, const lifecycle::LayerCh
                         {"restarted", change.restarted},
                         {"took_ms", change.took.count() / 1000.0}};
   if (change.swap.count() > 0) out["swap_ms"] = change.swap.count() / 1000.0;
-  if (change.snapshot) out["snapshot"] = lifecycle::to_json(*change.snapshot);
+  if (change.snapshot) out["snapshot"] = instances::to_json(*change.snapshot);
   if (!change.ended.problems.empty()) out["problems"] = change.ended.problems;
   return out;
 }
 
-void print_stopped(const lifecycle::LayerChange& change) {
+void print_stopped(const instances::LayerChange& change) {
   for (const auto& problem : change.ended.problems) std::printf("Warning: %s\n", problem.c_str());
   if (change.restarted)
     std::printf("Stopped its sandbox for this (every process ended) and started it again.\n");
@@ -82,8 +81,8 @@ void add_reset(CLI::App& parent, Invocation& inv) {
                              (inst.image && a->include_workspace ? " and " : "") +
                              (a->include_workspace ? "its workspace" : "");
     if (!confirmed(inv, *a, fmt::format("Reset instance '{}'? This discards {}.", inst.id, what))) return;
-    with_snapshots(inv, [&](lifecycle::Snapshots& s) {
-      const lifecycle::LayerChange change = s.reset(inst, a->include_workspace, users::cli_actor());
+    with_snapshots(inv, [&](instances::Snapshots& s) {
+      const instances::LayerChange change = s.reset(inst, a->include_workspace, users::cli_actor());
       if (a->json) return print_json(change_json(inst, change));
       print_stopped(change);
       std::printf("Reset instance '%s': %s%s%s in %.1f ms (the trees changed place in %.1f ms).\n", inst.id.c_str(),
@@ -105,9 +104,9 @@ void add_snapshot(CLI::App& parent, Invocation& inv) {
   cmd->add_flag("--json", a->json, "Print the snapshot as JSON");
   cmd->callback([&inv, a] {
     const store::Instance inst = inv.store().get(a->id);
-    lifecycle::validate_snapshot_name(a->name);
-    with_snapshots(inv, [&](lifecycle::Snapshots& s) {
-      const lifecycle::LayerChange change = s.take(inst, a->name, users::cli_actor());
+    instances::validate_snapshot_name(a->name);
+    with_snapshots(inv, [&](instances::Snapshots& s) {
+      const instances::LayerChange change = s.take(inst, a->name, users::cli_actor());
       if (a->json) return print_json(change_json(inst, change));
       print_stopped(change);
       std::printf("Took snapshot '%s' of instance '%s' (%sworkspace, %.1f MiB) in %.1f ms.\n", a->name.c_str(),
@@ -124,11 +123,11 @@ void add_list(CLI::App& parent, Invocation& inv) {
   cmd->add_flag("--json", a->json, "Print a JSON array");
   cmd->callback([&inv, a] {
     const store::Instance inst = inv.store().get(a->id);
-    with_snapshots(inv, [&](lifecycle::Snapshots& s) {
+    with_snapshots(inv, [&](instances::Snapshots& s) {
       const auto all = s.list(inst);
       if (a->json) {
         nlohmann::json out = nlohmann::json::array();
-        for (const auto& info : all) out.push_back(lifecycle::to_json(info));
+        for (const auto& info : all) out.push_back(instances::to_json(info));
         return print_json(out);
       }
       if (all.empty()) {
@@ -157,13 +156,13 @@ void add_restore(CLI::App& parent, Invocation& inv) {
   cmd->add_flag("--json", a->json, "Print what was done as JSON");
   cmd->callback([&inv, a] {
     const store::Instance inst = inv.store().get(a->id);
-    lifecycle::validate_snapshot_name(a->name);
+    instances::validate_snapshot_name(a->name);
     if (!confirmed(inv, *a,
                    fmt::format("Restore snapshot '{}' of instance '{}'? Its current {}workspace are discarded.",
                                a->name, inst.id, inst.image ? "root layer and " : "")))
       return;
-    with_snapshots(inv, [&](lifecycle::Snapshots& s) {
-      const lifecycle::LayerChange change = s.restore(inst, a->name, users::cli_actor());
+    with_snapshots(inv, [&](instances::Snapshots& s) {
+      const instances::LayerChange change = s.restore(inst, a->name, users::cli_actor());
       if (a->json) return print_json(change_json(inst, change));
       print_stopped(change);
       std::printf("Restored snapshot '%s' (taken %s) into instance '%s' in %.1f ms.\n", a->name.c_str(),
@@ -180,11 +179,11 @@ void add_delete(CLI::App& parent, Invocation& inv) {
   cmd->add_flag("-f,--force", a->force, "Do not ask for confirmation");
   cmd->callback([&inv, a] {
     const store::Instance inst = inv.store().get(a->id);
-    lifecycle::validate_snapshot_name(a->name);
+    instances::validate_snapshot_name(a->name);
     if (!confirmed(inv, *a, fmt::format("Delete snapshot '{}' of instance '{}'? This cannot be undone.", a->name,
                                         inst.id)))
       return;
-    with_snapshots(inv, [&](lifecycle::Snapshots& s) {
+    with_snapshots(inv, [&](instances::Snapshots& s) {
       s.remove(inst, a->name, users::cli_actor());
       std::printf("Deleted snapshot '%s' of instance '%s'.\n", a->name.c_str(), inst.id.c_str());
     });

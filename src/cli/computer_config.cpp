@@ -7,12 +7,12 @@
 
 #include "base/error.hpp"
 #include "base/text.hpp"
-#include "lifecycle/computers.hpp"
+#include "instances/computers.hpp"
 
 namespace nshpc::cli {
 
 std::optional<bool> parse_flag(std::string_view text) {
-  std::string value(text::trim(text, lifecycle::kPythonSpace));
+  std::string value(text::trim(text, instances::kPythonSpace));
   std::transform(value.begin(), value.end(), value.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (value == "true" || value == "1" || value == "yes" || value == "on") return true;
@@ -42,8 +42,8 @@ std::optional<std::string> startup_problem(const ComputerConfig& c) {
   if (c.timeout < 1) return "--timeout must be at least 1 second.";
   if (c.output_limit < 1) return "--output-limit must be at least 1 byte.";
   if (c.computer_id.empty()) return "COMPUTER_ID is required (example: COMPUTER_ID=agent-workstation).";
-  if (!lifecycle::is_computer_id(text::trim(c.computer_id, lifecycle::kPythonSpace))) {
-    std::string message(lifecycle::kComputerIdRule);
+  if (!instances::is_computer_id(text::trim(c.computer_id, instances::kPythonSpace))) {
+    std::string message(instances::kComputerIdRule);
     message.replace(0, std::string_view("computer_id").size(), "COMPUTER_ID");
     return message;
   }

@@ -189,13 +189,15 @@ const std::vector<std::string> kAllProps = {"resourcetype", "getcontentlength", 
 // ------------------------------------------------------------------------------------------------
 
 struct DavHandler::Impl {
+  const instances::Service& instances;
   const store::Store& store;
   DavSettings settings;
   std::map<std::string, UniqueFd> extra_dirs;
   mutable PropStore props;
   mutable LockManager locks;
 
-  Impl(const store::Store& s, DavSettings st) : store(s), settings(std::move(st)), props(settings.props_file) {
+  Impl(const instances::Service& i, DavSettings st)
+      : instances(i), store(i.store()), settings(std::move(st)), props(settings.props_file) {
     for (const auto& [name, extra] : settings.extras) {
       UniqueFd fd(::open(extra.path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
       if (!fd) {
@@ -282,7 +284,7 @@ struct DavHandler::Impl {
       const std::filesystem::path dir = workspace ? t.instance->workspace : t.instance->output;
       // With the one identity regime of an instance's files (files/resolver.hpp), as the file tools.
       t.tree->shown = fmt::format("{}/instances/{}/{}/", settings.prefix, segs[1], segs[2]);
-      auto access = store.file_access(*t.instance);
+      auto access = instances.file_access(*t.instance);
       try {
         t.tree->root.emplace(files::Root::open(dir, t.tree->shown, access.owner, false, false, std::move(access.broker)));
       } catch (const SysError&) {
@@ -964,8 +966,8 @@ struct DavHandler::Impl {
   }
 };
 
-DavHandler::DavHandler(const store::Store& store, DavSettings settings)
-    : impl_(std::make_unique<Impl>(store, std::move(settings))) {}
+DavHandler::DavHandler(const instances::Service& instances, DavSettings settings)
+    : impl_(std::make_unique<Impl>(instances, std::move(settings))) {}
 
 DavHandler::~DavHandler() = default;
 

@@ -24,7 +24,7 @@
 #include "config/config.hpp"
 #include "dav/locks.hpp"
 #include "dav/props.hpp"
-#include "store/store.hpp"
+#include "instances/instances.hpp"
 #include "transport/http.hpp"
 
 namespace nshpc::dav {
@@ -41,7 +41,7 @@ class DavHandler {
  public:
   // Checks every extra folder (it must exist, be a folder, be readable and traversable) and
   // opens the property database; throws Error naming what is wrong.
-  DavHandler(const store::Store& store, DavSettings settings);
+  DavHandler(const instances::Service& instances, DavSettings settings);
   ~DavHandler();
   DavHandler(const DavHandler&) = delete;
   DavHandler& operator=(const DavHandler&) = delete;

@@ -116,10 +116,10 @@ struct EngineHooks {
 // The facade the tools and the CLI use: checks a request, writes the pending record through the
 // job store (jobs/job_store.hpp) and hands the job to the executor of its mode
 // (jobs/executor.hpp).
-class Engine final : public store::JobsGuard {
+class Engine final {
  public:
   Engine(const config::Config& config, store::Store& store, sandbox::Backend& backend);
-  ~Engine() override;  // stops watching; never kills jobs
+  ~Engine();  // stops watching; never kills jobs
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -145,8 +145,9 @@ class Engine final : public store::JobsGuard {
   // Finds jobs left running by an earlier server (or CLI) and watches them again.
   void recover();
 
-  // store::JobsGuard: pending or running jobs of an instance.
-  std::size_t active_jobs(const std::filesystem::path& instance_base) override;
+  // Pending or running jobs of an instance (archive and delete refuse then): held here, or found
+  // running on the host by their executor.
+  std::size_t active_jobs(const std::filesystem::path& instance_base);
 
   std::size_t tracked() const;
 

@@ -31,46 +31,6 @@ class CgroupPool;
 class Execution;         // sandbox/execution.hpp
 struct ExecutionHandle;  // sandbox/handle.hpp
 
-// The host folders of one instance that a sandbox binds, and its network mode.
-struct Target {
-  std::string instance_id;
-  stdfs::path workspace;           // bound read-write at namespace.workspace_mount
-  stdfs::path output;              // bound read-write at namespace.output_mount
-  stdfs::path shared_output_root;  // bound read-only at shared_output_mount when enabled
-  config::Network network = config::Network::host;
-  // A living instance: one long-lived sandbox per instance that every execution joins (started
-  // on first use; see LivingStatus). Its status file and locks live in `state_dir`, a host-only
-  // folder of the instance (<instance>/status) that the sandbox never sees.
-  bool persistent = false;
-  stdfs::path state_dir;
-  // The instance's folder below "ns-hpc" in every cgroup hierarchy ([namespace] limits; its
-  // commands' and jobs' groups below it): "<id>@<store>", so two stores (instances_dir) with an
-  // instance of the same id never share limits or kill each other's processes.
-  std::string cgroup_folder;
-  // An instance on an image (always persistent); nullopt: the host's own root, read-only.
-  std::optional<ImageRoot> image;
-  // The instance's audit log (what a `filtered` instance's proxy allowed and refused goes there).
-  stdfs::path audit_log;
-  // The instance's additions to [network] allow (`filtered`).
-  std::vector<std::string> network_allow;
-  // How that log is rotated ([audit]): the helpers that write it follow it too.
-  audit::Rotation audit_rotation;
-  // The instance's own idle_stop (seconds, 0 = never); nullopt: [namespace] idle_stop.
-  std::optional<std::int64_t> idle_stop;
-  // The store's audit log (<instances_dir>/.audit.log): a keeper that ends a sandbox whose
-  // instance folder was removed under it says so there.
-  stdfs::path store_audit_log;
-};
-
-// Whom a sandbox of `target` runs as on the host, and whom the files made for it belong to: an
-// image instance's uid 0 as root (its own range), the caller as a normal user; otherwise
-// `plain` (users::sandbox_owner). The one place that decides it per instance.
-inline std::optional<users::Identity> host_identity(const Target& target, const std::optional<users::Identity>& plain) {
-  if (!target.image) return plain;
-  if (::geteuid() != 0) return std::nullopt;
-  return users::Identity{target.image->ids.host_base, target.image->ids.host_gid};
-}
-
 // Per-process limits applied with setrlimit before bwrap starts (inherited by the whole tree),
 // and the wall-time limit of the whole run. cgroup-backed limits (memory, cpus, pids) belong to
 // the jobs engine.

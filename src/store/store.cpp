@@ -16,17 +16,13 @@
 
 #include "audit/audit.hpp"
 #include "base/error.hpp"
+#include "base/json.hpp"
 #include "base/fs.hpp"
 #include "base/log.hpp"
 #include "base/random.hpp"
 #include "base/safe_path.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
-#include "files/broker.hpp"
-#include "network/netns.hpp"
-#include "network/proxy.hpp"
-#include "sandbox/images.hpp"
-#include "sandbox/layers.hpp"
 
 namespace nshpc::store {
 
@@ -62,27 +58,6 @@ std::string host_name() {
 
 void write_metadata(const stdfs::path& file, const Metadata& meta) {
   fs::atomic_write(file, meta.raw.dump(2) + "\n", 0644);
-}
-
-// An instance's additions to [network] allow, each checked as the config's are.
-void check_allow(const std::vector<std::string>& entries) {
-  std::vector<std::string> problems;
-  for (const std::string& entry : entries) {
-    std::string why;
-    if (!network::parse_allow_entry(entry, &why)) problems.push_back(fmt::format("'{}': {}", entry, why));
-  }
-  if (!problems.empty())
-    throw UsageError(fmt::format("network allow entries refused: {}; write a name (example.org), *.domain or an "
-                                 "address, each optionally with :port",
-                                 fmt::join(problems, "; ")));
-}
-
-// Whether an instance with this network can be served here (sandbox/network.hpp).
-void check_network(std::string_view id, config::Network network) {
-  if (network == config::Network::nat)
-    if (auto why = network::nat_unavailable())
-      throw UsageError(fmt::format("instance '{}': network 'nat' cannot work here: {}; use 'filtered' or 'off'", id,
-                                   *why));
 }
 
 }  // namespace
@@ -126,33 +101,15 @@ Clock::time_point Instance::last_activity() const {
   return newest;
 }
 
-std::size_t RecordedJobsGuard::active_jobs(const stdfs::path& instance_base) {
-  std::size_t count = 0;
-  const stdfs::path dir = instance_base / ".ns_hpc_jobs";
-  std::error_code ec;
-  for (const auto& entry : stdfs::directory_iterator(dir, ec)) {
-    if (entry.path().extension() != ".state") continue;
-    auto text = fs::read_file(entry.path());
-    if (!text) continue;
-    auto state = parse_json_or_discarded(*text);
-    if (!state.is_object()) continue;
-    std::string status = string_field(state, "status");
-    if (status == "running" || status == "pending") ++count;
-  }
-  return count;
-}
-
 // ---- Store ----------------------------------------------------------------------------------
 
-Store::Store(const config::Config& config, JobsGuard& jobs)
+Store::Store(const config::Config& config, config::Network default_network)
     : root_(config.ns.instances_dir),
-      default_network_(config::resolve_default_network(config.ns.default_network, config.ns.bwrap_shares_net,
-                                                       !network::nat_unavailable())),
+      default_network_(default_network),
       default_persistent_(config.ns.persistent),
       rotation_{static_cast<std::uint64_t>(config.audit.max_size) * 1024 * 1024, static_cast<int>(config.audit.keep)},
       workspace_mount_(config.ns.workspace_mount),
-      images_dir_(config.ns.images_dir),
-      jobs_(&jobs) {
+      images_dir_(config.ns.images_dir) {
   owner_ = users::sandbox_owner(config.ns.sandbox_uid, config.ns.sandbox_gid);
   std::error_code ec;
   stdfs::path canonical = stdfs::weakly_canonical(root_, ec);
@@ -211,41 +168,6 @@ std::optional<users::Identity> Store::owner_of(const Instance& instance) const {
   sandbox::Target target;
   target.image = instance.image;
   return sandbox::host_identity(target, owner_);
-}
-
-Store::FileAccess Store::file_access(const Instance& instance) const {
-  FileAccess access;
-  if (auto owner = owner_of(instance)) access.owner = files::Owner{owner->uid, owner->gid};
-  if (!instance.image) return access;
-  if (!access.owner) access.owner = files::Owner{::geteuid(), ::getegid()};
-  std::tie(access.owner->others_from, access.owner->others) = sandbox::other_ids(instance.image->ids);
-  if (::geteuid() != 0)  // root manages every file from outside
-    access.broker = std::make_shared<files::Broker>(sandbox::as_mapped_root(
-        {fs::self_program("the helper that manages an instance's files"), std::string(files::kBrokerCommand)}));
-  return access;
-}
-
-sandbox::UidMapping Store::allocate_ids() const {
-  sandbox::UidMapping ids = sandbox::image_uid_mapping();
-  if (::geteuid() != 0) return ids;  // the user's own range (or uid), shared by their instances
-  std::set<uid_t> used;
-  auto note = [&used](const Metadata& meta) {
-    const auto it = meta.raw.find("ids");
-    if (it != meta.raw.end() && it->is_object() && it->contains("host_base") && (*it)["host_base"].is_number_unsigned())
-      used.insert((*it)["host_base"].get<uid_t>());
-  };
-  for (const Instance& inst : list().instances) note(inst.meta);
-  for (const ArchivedInstance& arch : list_archived()) note(arch.meta);
-  constexpr std::uint64_t kTop = 0xFFFF0000u;
-  for (std::uint64_t base = ids.host_base; base + ids.count <= kTop; base += ids.count) {
-    if (used.count(static_cast<uid_t>(base))) continue;
-    ids.host_base = static_cast<uid_t>(base);
-    ids.host_gid = static_cast<gid_t>(base);
-    ids.source = fmt::format("root's range for this instance: host ids {}-{} (above every account and /etc/subuid "
-                             "range)", base, base + ids.count - 1);
-    return ids;
-  }
-  throw Error("no free range of 65536 host ids is left for a new image instance; delete or purge image instances");
 }
 
 sandbox::ImageRoot Store::image_root(const Instance& instance) const {
@@ -512,7 +434,8 @@ Instance Store::restore(std::string_view archive, std::string_view new_id, std::
   return inst;
 }
 
-Instance Store::create(std::string id, const CreateOptions& options, std::string_view actor) {
+Instance Store::create(std::string id, const CreateOptions& options, std::string_view actor,
+                       const ChooseRoot& choose_root) {
   ensure_layout();
   fs::FileLock lock(lock_file());
   const auto root_before = Index::mtime_ns(root_);
@@ -529,28 +452,12 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
         "a folder named '{}' exists in {} but is not an instance; remove it or choose another id",
         id, root_.string()));
   }
-  // An instance on an image: its version now, and ids of its own.
-  std::optional<sandbox::ImageVersion> image;
-  std::optional<sandbox::UidMapping> ids;
+  // An instance on an image: its version and ids of its own, chosen while no other create can.
+  const std::optional<NewRoot> image = choose_root ? choose_root(*this) : std::nullopt;
   std::optional<users::Identity> owner = owner_;
-  if (!options.image.empty()) {
-    if (options.persistent == false)
-      throw UsageError("an instance on an image is always persistent (its root layer is mounted once for all its "
-                       "commands); leave persistent unset");
-    image = sandbox::ImageStore(images_dir_).current(options.image);
-    if (!image)
-      throw UsageError(fmt::format("there is no image '{}' in {}; build it with: ns-hpc image build {}", options.image,
-                                   images_dir_.string(), options.image));
-    // Never an instance that cannot start: this host must give it a writable layer (tried for
-    // real once per process, as doctor does).
-    if (!layer_support_) layer_support_ = sandbox::probe_layers(images_dir_);
-    if (!layer_support_->ok)
-      throw UsageError(fmt::format("this host cannot give an instance a writable layer over an image: {}; {}",
-                                   layer_support_->detail, layer_support_->fix));
-    ids = allocate_ids();
-    sandbox::check_image_owner(image->rootfs, *ids);
+  if (image) {
     sandbox::Target target;
-    target.image = sandbox::ImageRoot{.ids = *ids};
+    target.image = sandbox::ImageRoot{.ids = image->ids};
     owner = sandbox::host_identity(target, owner_);
   }
   const stdfs::path output = output_root() / id;
@@ -591,26 +498,23 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
     if (!options.description.empty()) meta.raw["description"] = options.description;
     meta.raw["network"] = config::to_string(options.network.value_or(default_network_));
     meta.raw["persistent"] = image ? true : options.persistent.value_or(default_persistent_);
-    check_network(id, options.network.value_or(default_network_));
-    if (!options.network_allow.empty()) {
-      check_allow(options.network_allow);
-      meta.raw["network_allow"] = options.network_allow;
-    }
+    if (!options.network_allow.empty()) meta.raw["network_allow"] = options.network_allow;
     if (options.idle_stop) {
       if (*options.idle_stop < 0) throw UsageError("idle_stop must be 0 (never) or a number of seconds");
       meta.raw["idle_stop"] = *options.idle_stop;
     }
     if (options.computer_temporary) meta.raw["computer"] = {{"temporary", *options.computer_temporary}};
     if (image) {
-      meta.raw["root"] = fmt::format("image:{}@{}", image->name, image->version);
-      meta.raw["ids"] = {{"map", ids->kind == sandbox::UidMapping::Kind::range ? "range" : "single"},
-                         {"host_base", ids->host_base},
-                         {"host_gid", ids->host_gid},
-                         {"count", ids->count},
-                         {"source", ids->source}};
-      if (ids->sub_uid != 0) {
-        meta.raw["ids"]["sub_uid"] = ids->sub_uid;
-        meta.raw["ids"]["sub_gid"] = ids->sub_gid;
+      const sandbox::UidMapping& ids = image->ids;
+      meta.raw["root"] = image->root;
+      meta.raw["ids"] = {{"map", ids.kind == sandbox::UidMapping::Kind::range ? "range" : "single"},
+                         {"host_base", ids.host_base},
+                         {"host_gid", ids.host_gid},
+                         {"count", ids.count},
+                         {"source", ids.source}};
+      if (ids.sub_uid != 0) {
+        meta.raw["ids"]["sub_uid"] = ids.sub_uid;
+        meta.raw["ids"]["sub_gid"] = ids.sub_gid;
       }
     }
     write_metadata(staging / "metadata.json", meta);
@@ -646,7 +550,6 @@ Instance Store::update(std::string_view id, const UpdateOptions& options, std::s
     changes["network"] = config::to_string(*options.network);
   }
   if (options.network_allow) {
-    check_allow(*options.network_allow);
     inst.meta.raw["network_allow"] = *options.network_allow;
     inst.network_allow = *options.network_allow;
     changes["network_allow"] = *options.network_allow;
@@ -659,29 +562,38 @@ Instance Store::update(std::string_view id, const UpdateOptions& options, std::s
     changes["persistent"] = *options.persistent;
   }
   if (changes.empty()) return inst;
-  if (options.network) check_network(inst.id, inst.network);
   write_metadata(inst.metadata_file(), inst.meta);
   audit(inst, "instance.updated", actor, {{"instance_id", inst.id}, {"changes", changes}});
   index_changed(inst.id, Index::mtime_ns(root_));
   return inst;
 }
 
-stdfs::path Store::removable_base(std::string_view id, std::string_view action) const {
+stdfs::path Store::removable_base(std::string_view id, const RemovalSteps& steps) const {
   if (!exists(id)) throw instance_not_found(id);
   const stdfs::path base = root_ / std::string(id);
-  if (std::size_t n = jobs_->active_jobs(base); n > 0)
-    throw UsageError(fmt::format(
-        "cannot {} instance '{}': {} job(s) still running; cancel them first", action, id, n));
+  if (steps.before_move) {
+    Instance inst;
+    try {
+      inst = load(id, base);
+    } catch (const Error&) {
+      // Nothing is known of it: taken for persistent, so that whatever may run of it is ended.
+      inst.id = std::string(id);
+      inst.base = base;
+      inst.workspace = base / "workspace";
+      inst.output = output_root() / std::string(id);
+      inst.network = default_network_;
+      inst.persistent = true;
+    }
+    steps.before_move(inst);
+  }
   return base;
 }
 
-ArchivedInstance Store::archive(std::string_view id, std::string_view actor) {
+ArchivedInstance Store::archive(std::string_view id, std::string_view actor, const RemovalSteps& steps) {
   ensure_layout();
   fs::FileLock lock(lock_file());
   const auto root_before = Index::mtime_ns(root_);
-  const stdfs::path base = removable_base(id, "archive");
-  stop_executions(id);
-  stop_living(id, base, "archived");
+  const stdfs::path base = removable_base(id, steps);
 
   const auto now = Clock::now();
   ArchivedInstance archived;
@@ -719,13 +631,12 @@ ArchivedInstance Store::archive(std::string_view id, std::string_view actor) {
   return archived;
 }
 
-void Store::remove(std::string_view id, std::string_view actor) {
+void Store::remove(std::string_view id, std::string_view actor, const RemovalSteps& steps) {
   ensure_layout();
   fs::FileLock lock(lock_file());
   const auto root_before = Index::mtime_ns(root_);
-  const stdfs::path base = removable_base(id, "delete");
-  stop_executions(id);  // nothing of the instance may still run (and write) while its files go
-  stop_living(id, base, "deleted");
+  // Nothing of the instance may still run (and write) while its files go: steps.before_move.
+  const stdfs::path base = removable_base(id, steps);
   // Rename first so the instance disappears at once, then remove the trees.
   const stdfs::path doomed = root_ / fmt::format(".deleting-{}-{}", id, random::hex(4));
   check_sys(::rename(base.c_str(), doomed.c_str()), "rename", base.string());
@@ -733,70 +644,15 @@ void Store::remove(std::string_view id, std::string_view actor) {
   const stdfs::path doomed_output = output_root() / fmt::format(".deleting-{}-{}", id, random::hex(4));
   bool had_output = ::rename(output.c_str(), doomed_output.c_str()) == 0;
   audit::append(root_ / ".audit.log", "instance.deleted", actor, {{"instance_id", std::string(id)}}, rotation_);
-  remove_doomed(doomed);
-  if (had_output) remove_doomed(doomed_output);
+  remove_doomed(doomed, steps);
+  if (had_output) remove_doomed(doomed_output, steps);
   index_changed(std::string(id), root_before);  // after the doomed tree is gone: the folder's last change
 }
 
-Store::Registration::~Registration() {
-  if (!store_) return;
-  std::lock_guard lock(store_->executions_mutex_);
-  store_->executions_.erase(key_);
-}
-
-Store::Registration Store::register_execution(std::string_view id, std::function<void()> stop,
-                                              std::string what) const {
-  std::lock_guard lock(executions_mutex_);
-  const std::uint64_t key = next_execution_++;
-  executions_[key] = Execution{std::string(id), std::move(stop), what.empty() ? "a command" : std::move(what)};
-  return Registration(*this, key);
-}
-
-std::vector<std::string> Store::executions_of(std::string_view id) const {
-  std::vector<std::string> out;
-  std::lock_guard lock(executions_mutex_);
-  for (const auto& [key, execution] : executions_)
-    if (execution.instance_id == id) out.push_back(execution.what);
-  return out;
-}
-
-void Store::stop_living(std::string_view id, const stdfs::path& base, std::string_view why) const {
-  if (!living_stop_) return;
-  Instance inst;
-  try {
-    inst = load(id, base);
-  } catch (const Error&) {
-    inst.id = std::string(id);
-    inst.base = base;
-    inst.workspace = base / "workspace";
-    inst.output = output_root() / std::string(id);
-    inst.network = default_network_;
-    inst.persistent = true;
-  }
-  // Not only a living sandbox's: whatever groups the instance's commands left go too.
-  living_stop_(sandbox_target(inst), why);
-}
-
-void Store::stop_executions(std::string_view id) const {
-  std::vector<std::function<void()>> stops;
-  {
-    std::lock_guard lock(executions_mutex_);
-    for (const auto& [key, execution] : executions_)
-      if (execution.instance_id == id) stops.push_back(execution.stop);
-  }
-  for (const auto& stop : stops) {
-    try {
-      stop();
-    } catch (const std::exception& e) {
-      log::warn("instance {}: stopping one of its commands failed: {}", id, e.what());
-    }
-  }
-}
-
-bool Store::remove_doomed(const stdfs::path& tree) const {
+bool Store::remove_doomed(const stdfs::path& tree, const RemovalSteps& steps) const {
   for (int attempt = 0;; ++attempt) {
     try {
-      sandbox::remove_owned_tree(tree);
+      steps.remove_tree(tree);
       return true;
     } catch (const SysError& e) {
       // ENOTEMPTY/EBUSY: a process this server does not own still writes there; try again a
@@ -810,18 +666,18 @@ bool Store::remove_doomed(const stdfs::path& tree) const {
   }
 }
 
-std::size_t Store::finish_deletions() const {
+std::size_t Store::finish_deletions(const RemovalSteps& steps) const {
   std::size_t done = 0;
   for (const stdfs::path& dir : {root_, output_root()}) {
     for (const std::string& name : fs::folder_names(dir)) {
       if (!name.starts_with(".deleting-")) continue;
-      if (remove_doomed(dir / name)) ++done;
+      if (remove_doomed(dir / name, steps)) ++done;
     }
   }
   return done;
 }
 
-void Store::remove_archived(std::string_view name, std::string_view actor) {
+void Store::remove_archived(std::string_view name, std::string_view actor, const RemovalSteps& steps) {
   ensure_layout();
   fs::FileLock lock(lock_file());
   auto sep = name.rfind("__");
@@ -838,8 +694,8 @@ void Store::remove_archived(std::string_view name, std::string_view actor) {
                    {.near_miss = text::closest(name, names).value_or("")});
   }
   audit::append(root_ / ".audit.log", "instance.archive_deleted", actor, {{"archive", std::string(name)}}, rotation_);
-  sandbox::remove_owned_tree(base);
-  sandbox::remove_owned_tree(output_root() / std::string(name));
+  steps.remove_tree(base);
+  steps.remove_tree(output_root() / std::string(name));
 }
 
 std::vector<CleanCandidate> Store::clean_candidates(std::chrono::hours older_than) const {
@@ -856,30 +712,6 @@ std::vector<CleanCandidate> Store::clean_candidates(std::chrono::hours older_tha
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
   return out;
-}
-
-Store::DiskUse Store::disk_use(const Instance& instance) const {
-  // Folders this process may not open (an account's made inside a normal user's image instance)
-  // are counted by the broker, which may.
-  std::shared_ptr<files::Broker> broker;
-  auto measure = [&](const stdfs::path& path) {
-    const fs::TreeUsage usage = fs::tree_usage(path);
-    if (usage.skipped == 0) return usage;
-    if (!broker) broker = file_access(instance).broker;
-    if (!broker) return usage;
-    try {
-      UniqueFd dir = fs::open_dir_path(path);
-      return broker->tree_usage(dir.get(), path.string());
-    } catch (const SysError& e) {
-      log::warn("instance {}: {} folders of {} were left out of its disk use: {}", instance.id, usage.skipped,
-                path.string(), e.what());
-      return usage;
-    }
-  };
-  const fs::TreeUsage ws = measure(instance.workspace);
-  const fs::TreeUsage out = measure(instance.output);
-  return {ws.bytes, out.bytes, ws.files + out.files, measure(instance.layer_dir()).bytes,
-          measure(instance.snapshots_dir()).bytes};
 }
 
 UniqueFd Store::open_workspace_file(const Instance& instance, const std::string& relative, WorkspaceOpen how,

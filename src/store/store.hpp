@@ -12,6 +12,9 @@
 //
 // Every write is atomic (temp + fsync + rename) and every mutation holds an exclusive flock on
 // <instances_dir>/.lock, so several processes (CLI, server) can share one store.
+//
+// Persistence only: what runs in an instance, its sandbox and its jobs are the instances service's
+// (src/instances/), which passes the steps an archive or delete needs per call.
 #pragma once
 
 #include <sys/types.h>
@@ -34,9 +37,7 @@
 #include "base/safe_path.hpp"
 #include "base/users.hpp"
 #include "config/config.hpp"
-#include "files/resolver.hpp"
-#include "sandbox/layers.hpp"
-#include "sandbox/sandbox.hpp"
+#include "sandbox/types.hpp"
 #include "store/index.hpp"
 
 namespace nshpc::store {
@@ -59,7 +60,7 @@ struct Metadata {
   std::string archived_at() const;
   std::optional<config::Network> network() const;  // nullopt: not set (use the default)
   std::optional<bool> persistent() const;           // nullopt: not set (use the default)
-  // A computer of the mcp-virtual-computer entry point (lifecycle/computers.hpp): whether it is
+  // A computer of the mcp-virtual-computer entry point (instances/computers.hpp): whether it is
   // temporary; nullopt for an instance that is not a computer.
   std::optional<bool> computer_temporary() const;
   // "host", or "image:<name>@<version>" for an instance on an image.
@@ -119,28 +120,37 @@ struct Page {
   bool indexed = true;                   // false: the index could not be used, the tree was walked
 };
 
-// The jobs layer answers whether an instance still has live jobs (archive/delete refuse then).
-class JobsGuard {
- public:
-  virtual ~JobsGuard() = default;
-  virtual std::size_t active_jobs(const stdfs::path& instance_base) = 0;
-};
-
-// Counts the jobs recorded as "pending" or "running" in <base>/.ns_hpc_jobs/*.state, taking the
-// records at their word (no look at the sandboxes): for processes without a job engine.
-class RecordedJobsGuard final : public JobsGuard {
- public:
-  std::size_t active_jobs(const stdfs::path& instance_base) override;
-};
-
 struct CreateOptions {
   std::string description;
   std::optional<config::Network> network;
   std::vector<std::string> network_allow;  // added to [network] allow for this instance
   std::optional<bool> persistent;
-  std::string image;  // an image name (its current version): the instance runs on it; "": the host's root
+  // An image name: the instance runs on its current version ("": the host's root). The instances
+  // service resolves it (ChooseRoot); the store records what that chose.
+  std::string image;
   std::optional<std::int64_t> idle_stop;  // the instance's own idle_stop (0 = never); nullopt: the config's
-  std::optional<bool> computer_temporary;  // set: a computer (lifecycle/computers.hpp), temporary or not
+  std::optional<bool> computer_temporary;  // set: a computer (instances/computers.hpp), temporary or not
+};
+
+// An image instance's root, chosen with the store's lock held (its ids must be no other
+// instance's or archive's): "image:NAME@VERSION" and the ids it runs with.
+struct NewRoot {
+  std::string root;
+  sandbox::UidMapping ids;
+};
+// Called by create() with the lock held, before anything is made; nullopt: the host's root.
+using ChooseRoot = std::function<std::optional<NewRoot>(const class Store&)>;
+
+// What archive() and remove() do at their fixed points, passed by the caller (the instances
+// service), with the store's lock held.
+struct RemovalSteps {
+  // Once the instance is known to exist and before anything moves: throws to refuse (jobs still
+  // running), else ends what runs in it. `inst` as on record, or only its id and folders (and
+  // persistent) when its metadata cannot be read.
+  std::function<void(const struct Instance& inst)> before_move;
+  // Removes a tree the instance leaves (its folder, its output); it may hold files of ids this
+  // process cannot remove by itself. Throws SysError (ENOTEMPTY, EBUSY: retried a while).
+  std::function<void(const std::filesystem::path& tree)> remove_tree;
 };
 
 struct UpdateOptions {
@@ -158,40 +168,23 @@ struct CleanCandidate {
 
 class Store {
  public:
-  // `owner_uid/gid`: when set, the workspace and output folders are chowned to them (the server
-  // runs as root and bwrap runs as this unprivileged uid).
-  Store(const config::Config& config, JobsGuard& jobs);
+  // `default_network`: of instances whose metadata names none ([namespace] default_network,
+  // `auto` resolved by the caller, which knows whether NAT works here). The workspace and output
+  // folders are given to users::sandbox_owner (the server runs as root, sandboxes as that uid).
+  Store(const config::Config& config, config::Network default_network);
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
   const stdfs::path& root() const { return root_; }
-  // The network of new instances ([namespace] default_network, `auto` resolved here).
+  // The network of new instances ([namespace] default_network, `auto` resolved).
   config::Network default_network() const { return default_network_; }
-  // Whom the instance's sandboxes run as on the host and its files belong to (sandbox.hpp:
-  // host_identity); nullopt: this process's own uid.
-  std::optional<users::Identity> owner_of(const Instance& instance) const;
-  // Whom the instance's files belong to (its accounts' ids included), and, for a normal user's
-  // image instance, the broker that does what the server may not do to them from outside (files
-  // of accounts made inside, folders closed to their owner): the view of the file tools and
-  // WebDAV.
-  struct FileAccess {
-    std::optional<files::Owner> owner;
-    std::shared_ptr<files::Broker> broker;
-  };
-  FileAccess file_access(const Instance& instance) const;
   // The instance's cgroup folder (sandbox::Target::cgroup_folder): "<id>@<8 hex digits of this
   // store's instances_dir>".
   std::string cgroup_folder(std::string_view id) const;
-  // Who answers "does this instance still have jobs?" (the job engine, once it exists).
-  void set_jobs_guard(JobsGuard& jobs) { jobs_ = &jobs; }
-  // Who stops a living instance's sandbox (the sandbox backend): archive() and remove() call it
-  // for a persistent instance after the jobs check and before its files move, with `why`
-  // "archived" or "deleted". Unset: nothing is stopped (a process that starts no sandboxes).
-  using LivingStop = std::function<void(const sandbox::Target& target, std::string_view why)>;
-  void set_living_stop(LivingStop stop) { living_stop_ = std::move(stop); }
-
-  Instance create(std::string id, const CreateOptions& options, std::string_view actor);
+  // `choose_root` picks an image instance's root and ids (nullopt: the host's root); checks of the
+  // options that need more than the store (network modes, allow entries) are the caller's.
+  Instance create(std::string id, const CreateOptions& options, std::string_view actor, const ChooseRoot& choose_root);
   Instance get(std::string_view id) const;  // UsageError when unknown, Error when corrupt
   // Runs `step` with the instance as it is now, while no archive or delete of it can begin or be
   // half done (the store's lock is held): for what must be on record before either looks, such
@@ -213,53 +206,18 @@ class Store {
   // id, or when that is taken now "<id>-restored", "<id>-restored-2", ...
   Instance restore(std::string_view archive, std::string_view new_id, std::string_view actor);
   Instance update(std::string_view id, const UpdateOptions& options, std::string_view actor);
-  ArchivedInstance archive(std::string_view id, std::string_view actor);
-  // Purges an instance: refused while it has jobs; stops the executions registered for it, then
-  // renames it away and removes its trees. A tree that cannot be removed now (a process outside
-  // this server still writing) is left as <instances_dir>/.deleting-* and finished by
-  // finish_deletions() at the next start.
-  void remove(std::string_view id, std::string_view actor);
-  void remove_archived(std::string_view name, std::string_view actor);    // purge an archive
+  // Moves the instance to .archived/ after steps.before_move (remove_tree is not used).
+  ArchivedInstance archive(std::string_view id, std::string_view actor, const RemovalSteps& steps);
+  // Purges an instance: steps.before_move, then renames it away and removes its trees. A tree that
+  // cannot be removed now (a process outside this server still writing) is left as
+  // <instances_dir>/.deleting-* and finished by finish_deletions() at the next start.
+  void remove(std::string_view id, std::string_view actor, const RemovalSteps& steps);
+  // Purges an archive.
+  void remove_archived(std::string_view name, std::string_view actor, const RemovalSteps& steps);
   std::vector<CleanCandidate> clean_candidates(std::chrono::hours older_than) const;
 
   // Removes what earlier deletes left behind (.deleting-* trees); returns how many it finished.
-  std::size_t finish_deletions() const;
-
-  // A running execution of an instance (a terminal command, ...) is registered while it runs, with
-  // what stops it: remove() and archive() stop it before the files go.
-  class Registration {
-   public:
-    Registration(const Store& store, std::uint64_t key) : store_(&store), key_(key) {}
-    Registration(Registration&& other) noexcept : store_(std::exchange(other.store_, nullptr)), key_(other.key_) {}
-    Registration(const Registration&) = delete;
-    Registration& operator=(const Registration&) = delete;
-    Registration& operator=(Registration&&) = delete;
-    ~Registration();
-
-   private:
-    const Store* store_;
-    std::uint64_t key_;
-  };
-  // `what`: the execution in a few words for people ("`make test`"); empty: "a command".
-  Registration register_execution(std::string_view id, std::function<void()> stop, std::string what = {}) const;
-  // Stops (kills the trees of) the executions of instance `id` that this process registered.
-  void stop_executions(std::string_view id) const;
-  // What this process runs in instance `id` now, as registered.
-  std::vector<std::string> executions_of(std::string_view id) const;
-
-  // Disk use of an instance's workspace, output folder, root layer (an image instance) and
-  // snapshots (walked without following links; a large tree takes a while, so only describe and
-  // listings for scripts ask). Allocated blocks: a snapshot's reflinked copy shares its blocks
-  // with the layer but counts in both. No quota is set: the filesystem here has none that an
-  // unprivileged server could use. `files`: of the workspace and output.
-  struct DiskUse {
-    std::uint64_t workspace_bytes = 0;
-    std::uint64_t output_bytes = 0;
-    std::uint64_t files = 0;
-    std::uint64_t layer_bytes = 0;
-    std::uint64_t snapshots_bytes = 0;
-  };
-  DiskUse disk_use(const Instance& instance) const;
+  std::size_t finish_deletions(const RemovalSteps& steps) const;
 
   // A file of an instance's workspace, which its sandbox writes (so it is hostile): opened beneath
   // the workspace without following links and without blocking (base/safe_path.hpp).
@@ -274,6 +232,9 @@ class Store {
 
   // What a sandbox of this instance binds: its workspace, output and network.
   sandbox::Target sandbox_target(const Instance& instance) const;
+  // Whom the instance's sandboxes run as on the host and its files belong to
+  // (sandbox::host_identity); nullopt: this process's own uid.
+  std::optional<users::Identity> owner_of(const Instance& instance) const;
 
   // Appends an event to the instance's audit log.
   void audit(const Instance& instance, std::string_view event, std::string_view actor,
@@ -293,26 +254,11 @@ class Store {
   void index_changed(const std::string& id, std::optional<std::int64_t> root_mtime_before) const;
   Instance load(std::string_view id, const stdfs::path& base) const;
   void give_to(const stdfs::path& dir, const std::optional<users::Identity>& owner) const;
-  // The ids a new image instance gets (as root: the lowest free range above root_range_floor,
-  // none used by an instance or archive of this store); called with the store's lock held.
-  sandbox::UidMapping allocate_ids() const;
   sandbox::ImageRoot image_root(const Instance& instance) const;
-  // The folder of an existing instance that has no live jobs (archive/delete), else UsageError.
-  stdfs::path removable_base(std::string_view id, std::string_view action) const;
-  // Stops the instance's living sandbox (living_stop_) when it is persistent, or when its
-  // metadata cannot be read (then nothing is known, and a stop of what never ran is harmless).
-  void stop_living(std::string_view id, const stdfs::path& base, std::string_view why) const;
-  // remove_tree, retried while something still writes there; false (and logged) when it stays.
-  bool remove_doomed(const stdfs::path& tree) const;
-
-  struct Execution {
-    std::string instance_id;
-    std::function<void()> stop;
-    std::string what;
-  };
-  mutable std::mutex executions_mutex_;
-  mutable std::map<std::uint64_t, Execution> executions_;
-  mutable std::uint64_t next_execution_ = 0;
+  // The folder of an existing instance, after steps.before_move (archive/delete).
+  stdfs::path removable_base(std::string_view id, const RemovalSteps& steps) const;
+  // steps.remove_tree, retried while something still writes there; false (and logged) when it stays.
+  bool remove_doomed(const stdfs::path& tree, const RemovalSteps& steps) const;
 
   stdfs::path root_;
   std::string cgroup_tag_;  // of cgroup_folder()
@@ -321,10 +267,7 @@ class Store {
   audit::Rotation rotation_;
   std::string workspace_mount_;
   stdfs::path images_dir_;
-  mutable std::optional<sandbox::LayerSupport> layer_support_;  // probed at the first image instance
   std::optional<users::Identity> owner_;  // users::sandbox_owner
-  JobsGuard* jobs_;
-  LivingStop living_stop_;
   std::unique_ptr<Index> index_;  // the listing index, opened at the first listing
 };
 

@@ -2,7 +2,7 @@
 // (terminal_execute with sandbox_exec as Kilntainers' alias, read_file, write_file, edit_file),
 // each with an optional computer_id, and the lifecycle tools (computer_list, computer_create,
 // computer_restart, computer_factory_reset, computer_delete, set_network_access,
-// set_desktop_environment) over lifecycle::Computers.
+// set_desktop_environment) over instances::Computers.
 //
 // The file tools work inside the computer, as its own user, like the seed's `docker exec`: every
 // path of the computer is reachable (not only /workspace), and what the server does is bounded by
@@ -18,9 +18,9 @@
 #include "base/log.hpp"
 #include "base/text.hpp"
 #include "files/content.hpp"
-#include "lifecycle/computers.hpp"
-#include "lifecycle/lifecycle.hpp"
-#include "lifecycle/snapshots.hpp"
+#include "instances/computers.hpp"
+#include "instances/instances.hpp"
+#include "instances/snapshots.hpp"
 #include "tools/computer_contract.hpp"
 #include "tools/internal.hpp"
 
@@ -39,8 +39,8 @@ const std::string kWorkspace = "/workspace";
 struct State {
   ToolContext ctx;
   ComputerSettings settings;
-  lifecycle::Computers computers;
-  lifecycle::Trash trash{false};
+  instances::Computers computers;
+  instances::Trash trash{false};
   // Whether COMPUTER_ID's network has been set as the command line asks (once per server).
   std::mutex network_mutex;
   bool network_settled = false;
@@ -48,8 +48,7 @@ struct State {
   State(const ToolContext& c, ComputerSettings s)
       : ctx(c),
         settings(std::move(s)),
-        computers(c.services.config, c.services.store, c.services.backend, c.services.jobs,
-                  c.services.config.ns.default_image) {}
+        computers(c.services.instances, c.services.config.ns.default_image) {}
 };
 using StatePtr = std::shared_ptr<State>;
 
@@ -87,18 +86,17 @@ store::Instance set_network(State& st, const store::Instance& inst, bool on, std
   if ((inst.network != config::Network::off) == on) return inst;
   store::UpdateOptions options;
   options.network = network_for(st, on);
-  store::Instance changed = st.ctx.services.store.update(inst.id, options, who);
-  lifecycle::Lifecycle(st.ctx.services.config, st.ctx.services.store, st.ctx.services.backend, st.ctx.services.jobs)
-      .apply_network(changed, who);
+  store::Instance changed = st.ctx.services.instances.update(inst.id, options, who);
+  st.ctx.services.instances.apply_network(changed, who);
   return changed;
 }
 
 // The computer a call works in: computer_id when given, else COMPUTER_ID's (made on first use).
 store::Instance computer_for(State& st, const json& args, mcp::RequestContext& rc) {
   const std::string given = string_arg(args, "computer_id");
-  const std::string id = given.empty() ? st.settings.computer_id : lifecycle::validate_computer_id(given);
+  const std::string id = given.empty() ? st.settings.computer_id : instances::validate_computer_id(given);
   if (id != st.settings.computer_id) return st.computers.get(id);
-  if (!st.ctx.services.store.exists(id)) wait_for_image(st, rc);
+  if (!st.ctx.services.instances.store().exists(id)) wait_for_image(st, rc);
   store::Instance inst =
       st.computers.acquire(id, false, network_for(st, st.settings.network_access), "", actor(rc));
   // A computer found again takes the network the command line asks for (--no-network means
@@ -418,8 +416,8 @@ const json kComputerArg = {{"type", "string"},
 // ---------------------------------------------------------------------------------------------
 // Lifecycle
 
-json computer_json(const lifecycle::ComputerInfo& c) {
-  json out = lifecycle::to_json(c);
+json computer_json(const instances::ComputerInfo& c) {
+  json out = instances::to_json(c);
   out["sandbox_id"] = c.computer_id;
   out["backend"] = "ns-hpc";
   out["image"] = c.root;
@@ -443,7 +441,7 @@ json idle_json(const State& st, const store::Instance& inst) {
 std::string required_id(const json& args) {
   const std::string id = string_arg(args, "computer_id");
   if (id.empty()) throw UsageError("computer_id is required");
-  return lifecycle::validate_computer_id(id);
+  return instances::validate_computer_id(id);
 }
 
 void add_lifecycle_tools(mcp::Server& server, const StatePtr& st) {
@@ -486,13 +484,13 @@ void add_lifecycle_tools(mcp::Server& server, const StatePtr& st) {
         const bool temporary = !args.contains("temporary") || args["temporary"].is_null() || args["temporary"].get<bool>();
         std::string id = string_arg(args, "computer_id");
         if (id.empty()) {
-          do id = lifecycle::random_computer_id();
-          while (s.ctx.services.store.exists(id));
+          do id = instances::random_computer_id();
+          while (s.ctx.services.instances.store().exists(id));
         } else {
-          id = lifecycle::validate_computer_id(id);
+          id = instances::validate_computer_id(id);
         }
-        if (!s.ctx.services.store.exists(id)) wait_for_image(s, rc);
-        const std::string owner = temporary ? lifecycle::owner_key(rc.session_id()) : std::string();
+        if (!s.ctx.services.instances.store().exists(id)) wait_for_image(s, rc);
+        const std::string owner = temporary ? instances::owner_key(rc.session_id()) : std::string();
         const store::Instance inst =
             s.computers.acquire(id, temporary, network_for(s, s.settings.network_access), owner, actor(rc));
         return json_result(created_json(inst));
@@ -603,7 +601,7 @@ void register_computer(mcp::Server& server, Services services, ComputerSettings 
   for (const std::string& id : st->computers.sweep("ns-hpc computer (start)"))
     log::info("deleted the temporary computer '{}': the sessions that held it are gone", id);
   server.set_session_closed([st](const std::string& session) {
-    for (const std::string& id : st->computers.release(lifecycle::owner_key(session), "mcp:session-end@" + session))
+    for (const std::string& id : st->computers.release(instances::owner_key(session), "mcp:session-end@" + session))
       log::info("deleted the temporary computer '{}': its last session ended", id);
   });
 

@@ -63,14 +63,14 @@ files::InstanceView view_of(const ToolContext& ctx, const store::Instance& inst)
   v.output_mount = cfg.ns.output_mount;
   v.workspace = inst.workspace;
   v.output = inst.output;
-  auto access = ctx.services.store.file_access(inst);
+  auto access = ctx.services.instances.file_access(inst);
   v.owner = access.owner;
   v.broker = std::move(access.broker);
   return v;
 }
 
 Scope open_scope(const ToolContext& ctx, const std::string& id) {
-  Scope s{ctx.services.store.get(id), nullptr};
+  Scope s{ctx.services.instances.store().get(id), nullptr};
   s.files = std::make_unique<files::InstanceFiles>(view_of(ctx, s.inst));
   return s;
 }
@@ -754,7 +754,7 @@ struct Hit {
 mcp::ToolResult search_files(const ToolContext& ctx, const json& args, mcp::RequestContext& rc) {
   const config::Config& cfg = ctx.services.config;
   const std::string id = instance_arg(ctx, args);
-  const store::Instance inst = ctx.services.store.get(id);
+  const store::Instance inst = ctx.services.instances.store().get(id);
   const std::string pattern = string_arg(args, "pattern");
   const auto globs = strings_arg(args, "glob");
   const std::string path = string_arg(args, "path").empty() ? "." : string_arg(args, "path");
@@ -799,7 +799,7 @@ mcp::ToolResult search_files(const ToolContext& ctx, const json& args, mcp::Requ
   if (!string_arg(args, "path").empty()) argv.push_back(path);  // else the workspace, paths shown without "./"
 
   sandbox::ExecSpec spec;
-  spec.target = ctx.services.store.sandbox_target(inst);
+  spec.target = ctx.services.instances.store().sandbox_target(inst);
   spec.argv = argv;
   spec.limits = cfg.terminal.limits;
   spec.use_cgroups = cfg.jobs.local.use_cgroups;
@@ -809,10 +809,10 @@ mcp::ToolResult search_files(const ToolContext& ctx, const json& args, mcp::Requ
   options.timeout = kSearchTimeout;
   options.cancelled = [&rc] { return rc.cancelled(); };
   options.started = [&ctx, &inst](sandbox::Execution& execution) {
-    return std::make_shared<store::Store::Registration>(
-        ctx.services.store.register_execution(inst.id, [&execution] { execution.kill_tree(); }));
+    return std::make_shared<instances::Service::Registration>(
+        ctx.services.instances.register_execution(inst.id, [&execution] { execution.kill_tree(); }));
   };
-  sandbox::CaptureResult o = sandbox::capture(ctx.services.backend, std::move(spec), options);
+  sandbox::CaptureResult o = sandbox::capture(ctx.services.instances.backend(), std::move(spec), options);
   if (o.ending == sandbox::Ending::cancelled) return mcp::ToolResult::error("cancelled");
   if (!o.status.started || o.status.exit_code == 127)
     throw UsageError(fmt::format("ripgrep (rg) could not run in the instance's sandbox: {}",
@@ -1335,7 +1335,7 @@ std::optional<std::vector<mcp::ResourceContents>> read_file_resource(const ToolC
   } catch (const UsageError&) {
     return std::nullopt;
   }
-  if (!ctx.services.store.exists(id)) return std::nullopt;
+  if (!ctx.services.instances.store().exists(id)) return std::nullopt;
   Scope s = open_scope(ctx, id);
   files::Location at;
   try {

@@ -8,7 +8,7 @@
 #include "base/error.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
-#include "lifecycle/lifecycle.hpp"
+#include "instances/instances.hpp"
 #include "network/netns.hpp"
 #include "tools/internal.hpp"
 
@@ -100,7 +100,7 @@ std::string describe_line(const store::Instance& inst, const json& item) {
 }
 
 // " Ended 1 job(s) first: 1a2b3c4d5e6f (sleep 100, now cancelled)." or "", and the jobs as data.
-std::string ended_jobs_text(const lifecycle::Ended& ended, json& items) {
+std::string ended_jobs_text(const instances::Ended& ended, json& items) {
   items = json::array();
   std::string list;
   for (const auto& r : ended.jobs) {
@@ -123,7 +123,7 @@ std::string idle_stop_words(const config::Config& cfg) {
 
 // The instance that stop_instance and restart_instance act on: an active, persistent one.
 store::Instance living_instance(const ToolContext& ctx, const json& args, std::string_view action) {
-  store::Instance inst = ctx.services.store.get(string_arg(args, "instance_id"));
+  store::Instance inst = ctx.services.instances.store().get(string_arg(args, "instance_id"));
   if (!inst.persistent)
     throw UsageError(fmt::format(
         "instance '{}' is not persistent: each command runs in a fresh sandbox that ends with it, so there is "
@@ -133,21 +133,17 @@ store::Instance living_instance(const ToolContext& ctx, const json& args, std::s
   return inst;
 }
 
-lifecycle::Lifecycle lifecycle_of(const ToolContext& ctx) {
-  return {ctx.services.config, ctx.services.store, ctx.services.backend, ctx.services.jobs};
-}
-
 
 // A network change applied to the running sandbox, said for the agent: " (applied at once:
 // processes kept)", " (the instance was restarted: ...)", or "" when it does not run.
 std::string network_change_note(const ToolContext& ctx, const store::Instance& inst, std::string_view who) {
-  switch (lifecycle_of(ctx).apply_network(inst, who)) {
-    case lifecycle::Lifecycle::NetworkChange::applied:
+  switch (ctx.services.instances.apply_network(inst, who)) {
+    case instances::Service::NetworkChange::applied:
       return " (applied at once: its processes keep running; connections the new mode forbids were cut)";
-    case lifecycle::Lifecycle::NetworkChange::restarted:
+    case instances::Service::NetworkChange::restarted:
       return " (the instance was restarted: a change to or from 'host' needs a new sandbox; its files are kept, "
              "its processes ended)";
-    case lifecycle::Lifecycle::NetworkChange::not_running: break;
+    case instances::Service::NetworkChange::not_running: break;
   }
   return "";
 }
@@ -211,7 +207,7 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
               refuse_while_building(ctx, options.image, rc);
             }
             const std::string asked = string_arg(args, "instance_id");
-            store::Instance inst = ctx.services.store.create(asked, options, actor(rc));
+            store::Instance inst = ctx.services.instances.create(asked, options, actor(rc));
             server.notify_resource_list_changed();
             std::string text = fmt::format(
                 "Created instance '{}' ({}network {}, {}). Its workspace is {} inside the sandbox and "
@@ -222,7 +218,7 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
                                 : "not persistent: a fresh sandbox per command",
                 ctx.services.config.ns.workspace_mount, ctx.services.config.ns.output_mount);
             json out = agent_instance_json(ctx, inst);
-            if (auto archive = asked.empty() ? std::nullopt : ctx.services.store.latest_archive(inst.id)) {
+            if (auto archive = asked.empty() ? std::nullopt : ctx.services.instances.store().latest_archive(inst.id)) {
               text += fmt::format(
                   " Note: an archive of '{}' exists ({}, archived {}); this is a new, empty instance. "
                   "restore_instance with archive_name '{}' and a new instance_id brings the archive back.",
@@ -296,7 +292,7 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
                 throw UsageError(fmt::format("cursor '{}' is not one list_instances gave; pass its next_cursor as it is",
                                              text::truncate_utf8(cursor, 40)));
             }
-            store::Page page = ctx.services.store.list_page(query);
+            store::Page page = ctx.services.instances.store().list_page(query);
             json items = json::array();
             std::string text;
             if (page.total == 0) {
@@ -362,7 +358,7 @@ void add_list_archived(mcp::Server& server, const ToolContext& ctx) {
       .hints = {.read_only = true},
       .handler =
           [ctx](const json&, mcp::RequestContext&) {
-            auto archived = ctx.services.store.list_archived();
+            auto archived = ctx.services.instances.store().list_archived();
             json items = json::array();
             std::string text =
                 archived.empty() ? "No archived instances." : fmt::format("{} archived instance(s):", archived.size());
@@ -420,21 +416,21 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
       .hints = {.read_only = true},
       .handler =
           [ctx](const json& args, mcp::RequestContext&) {
-            store::Instance inst = ctx.services.store.get(string_arg(args, "instance_id"));
+            store::Instance inst = ctx.services.instances.store().get(string_arg(args, "instance_id"));
             json out = agent_instance_json(ctx, inst);
-            const store::Store::DiskUse use = ctx.services.store.disk_use(inst);
+            const instances::Service::DiskUse use = ctx.services.instances.disk_use(inst);
             if (inst.network == config::Network::filtered) {
               std::vector<std::string> allow = ctx.services.config.network.allow;
               allow.insert(allow.end(), inst.network_allow.begin(), inst.network_allow.end());
               out["network_allow"] = allow;
             }
-            if (const auto ports = lifecycle_of(ctx).exposed_ports(inst); !ports.empty())
+            if (const auto ports = ctx.services.instances.exposed_ports(inst); !ports.empty())
               out["exposed_ports"] = ports_json(ports);
             out["disk_usage"] = {{"workspace_bytes", use.workspace_bytes}, {"output_bytes", use.output_bytes},
                                  {"files", use.files}, {"layer_bytes", use.layer_bytes},
                                  {"snapshots_bytes", use.snapshots_bytes}};
             add_living_state(ctx, inst, out);
-            out["limits"] = lifecycle::limits_json(ctx.services.config, ctx.services.store.cgroup_folder(inst.id));
+            out["limits"] = instances::limits_json(ctx.services.config, ctx.services.instances.store().cgroup_folder(inst.id));
             std::string text = fmt::format(
                 "Instance '{}'\nDescription: {}\nCreated: {}\nLast activity: {}\nNetwork: {}\nPersistent: {}\n"
                 "Workspace: {} ({:.1f} MiB)\nOutput: {} ({:.1f} MiB)\nFiles: {}\nRoot: {}\nSnapshots: {:.1f} MiB\n"
@@ -448,7 +444,7 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
                 inst.image ? fmt::format("image {}, its own layer {:.1f} MiB", inst.image->image,
                                          use.layer_bytes / 1048576.0)
                            : std::string("the host's, read-only"),
-                use.snapshots_bytes / 1048576.0, lifecycle::limits_line(out["limits"]));
+                use.snapshots_bytes / 1048576.0, instances::limits_line(out["limits"]));
             // What being root there means (a single-uid map cannot hold other users).
             if (inst.image) text += fmt::format("\nIds: you are root (uid 0) inside; {}", inst.image->ids.source);
             return mcp::ToolResult::text(text, out);
@@ -471,7 +467,7 @@ void add_set_network_access(mcp::Server& server, const ToolContext& ctx) {
       .handler =
           [ctx, &server](const json& args, mcp::RequestContext& rc) {
             const std::string id = string_arg(args, "instance_id");
-            const store::Instance current = ctx.services.store.get(id);
+            const store::Instance current = ctx.services.instances.store().get(id);
             store::UpdateOptions options;
             if (!args.at("enabled").get<bool>()) {
               options.network = config::Network::off;
@@ -480,7 +476,7 @@ void add_set_network_access(mcp::Server& server, const ToolContext& ctx) {
             } else {
               options.network = network_on_mode(ctx);
             }
-            store::Instance inst = ctx.services.store.update(id, options, actor(rc));
+            store::Instance inst = ctx.services.instances.update(id, options, actor(rc));
             const std::string note = network_change_note(ctx, inst, actor(rc));
             server.notify_resource_updated(instance_uri(inst.id));
             return mcp::ToolResult::text(fmt::format("Instance '{}': network {}{}.", inst.id,
@@ -522,9 +518,9 @@ void add_expose_port(mcp::Server& server, const ToolContext& ctx) {
       .hints = {.destructive = false, .idempotent = true, .open_world = false},
       .handler =
           [ctx](const json& args, mcp::RequestContext& rc) {
-            const store::Instance inst = ctx.services.store.get(string_arg(args, "instance_id"));
+            const store::Instance inst = ctx.services.instances.store().get(string_arg(args, "instance_id"));
             const auto port = static_cast<std::uint16_t>(int_arg(args, "port", 0));
-            lifecycle::Lifecycle lc = lifecycle_of(ctx);
+            instances::Service& lc = ctx.services.instances;
             json out = {{"instance_id", inst.id}, {"port", port}};
             std::string text;
             if (args.value("close", false)) {
@@ -573,13 +569,13 @@ void add_update(mcp::Server& server, const ToolContext& ctx) {
             const std::string id = string_arg(args, "instance_id");
             if (options.persistent == false) {
               // A living sandbox left running would be out of reach of every command after this.
-              store::Instance current = ctx.services.store.get(id);
+              store::Instance current = ctx.services.instances.store().get(id);
               if (current.persistent &&
-                  ctx.services.backend.living_status(ctx.services.store.sandbox_target(current)).running)
+                  ctx.services.instances.living_status(current).running)
                 throw UsageError(fmt::format("instance '{}' is running; stop it first with stop_instance, then "
                                              "set persistent=false", id));
             }
-            store::Instance inst = ctx.services.store.update(id, options, actor(rc));
+            store::Instance inst = ctx.services.instances.update(id, options, actor(rc));
             std::string network_note;
             if (options.network || options.network_allow) network_note = network_change_note(ctx, inst, actor(rc));
             server.notify_resource_updated(instance_uri(inst.id));
@@ -594,8 +590,8 @@ void add_update(mcp::Server& server, const ToolContext& ctx) {
 
 // The result of stop_instance and restart_instance: the living state, whether it ran, the jobs
 // ended (also as a sentence for the text).
-std::pair<json, std::string> ended_result(const store::Instance& inst, const lifecycle::Ended& ended) {
-  json out = lifecycle::state_json(ended.status);
+std::pair<json, std::string> ended_result(const store::Instance& inst, const instances::Ended& ended) {
+  json out = instances::state_json(ended.status);
   out["instance_id"] = inst.id;
   out["was_running"] = ended.was_running;
   json items;
@@ -622,7 +618,7 @@ void add_stop(mcp::Server& server, const ToolContext& ctx) {
       .handler =
           [ctx, &server](const json& args, mcp::RequestContext& rc) {
             store::Instance inst = living_instance(ctx, args, "stop");
-            lifecycle::Ended ended = lifecycle_of(ctx).stop(inst, actor(rc));
+            instances::Ended ended = ctx.services.instances.stop(inst, actor(rc));
             server.notify_resource_updated(instance_uri(inst.id));
             auto [out, jobs_text] = ended_result(inst, ended);
             return mcp::ToolResult::text(
@@ -655,7 +651,7 @@ void add_restart(mcp::Server& server, const ToolContext& ctx) {
       .handler =
           [ctx, &server](const json& args, mcp::RequestContext& rc) {
             store::Instance inst = living_instance(ctx, args, "restart");
-            lifecycle::Ended ended = lifecycle_of(ctx).restart(inst, actor(rc));
+            instances::Ended ended = ctx.services.instances.restart(inst, actor(rc));
             server.notify_resource_updated(instance_uri(inst.id));
             auto [out, jobs_text] = ended_result(inst, ended);
             return mcp::ToolResult::text(
@@ -683,7 +679,7 @@ void add_archive(mcp::Server& server, const ToolContext& ctx) {
       .handler =
           [ctx, &server](const json& args, mcp::RequestContext& rc) {
             const std::string id = string_arg(args, "instance_id");
-            store::ArchivedInstance archived = ctx.services.store.archive(id, actor(rc));
+            store::ArchivedInstance archived = ctx.services.instances.archive(id, actor(rc));
             server.notify_resource_list_changed();
             server.notify_resource_updated(instance_uri(id));
             return mcp::ToolResult::text(
@@ -709,7 +705,7 @@ void add_restore(mcp::Server& server, const ToolContext& ctx) {
       .hints = {.destructive = false, .idempotent = false},
       .handler =
           [ctx, &server](const json& args, mcp::RequestContext& rc) {
-            store::Instance inst = ctx.services.store.restore(string_arg(args, "archive_name"),
+            store::Instance inst = ctx.services.instances.restore(string_arg(args, "archive_name"),
                                                               string_arg(args, "instance_id"), actor(rc));
             server.notify_resource_list_changed();
             json out = agent_instance_json(ctx, inst);
@@ -739,11 +735,11 @@ void add_delete(mcp::Server& server, const ToolContext& ctx) {
             const std::string archive = string_arg(args, "archive_name");
             if (id.empty() == archive.empty()) throw UsageError("give exactly one of instance_id and archive_name");
             if (!id.empty()) {
-              ctx.services.store.remove(id, actor(rc));
+              ctx.services.instances.remove(id, actor(rc));
               server.notify_resource_list_changed();
               server.notify_resource_updated(instance_uri(id));
             } else {
-              ctx.services.store.remove_archived(archive, actor(rc));
+              ctx.services.instances.remove_archived(archive, actor(rc));
             }
             const std::string what = id.empty() ? archive : id;
             return mcp::ToolResult::text(
@@ -771,7 +767,7 @@ void add_instance_tools(mcp::Server& server, const ToolContext& ctx) {
 }
 
 config::Network network_on_mode(const ToolContext& ctx) {
-  const config::Network configured = ctx.services.store.default_network();
+  const config::Network configured = ctx.services.instances.store().default_network();
   return configured != config::Network::off ? configured
          : network::nat_unavailable()      ? config::Network::filtered
                                            : config::Network::nat;

@@ -85,7 +85,7 @@ config::Network network_on_mode(const ToolContext& ctx);
 mcp::json agent_instance_json(const ToolContext& ctx, const store::Instance& inst);
 std::string instance_uri(const std::string& id);  // resource://ns-hpc/instances/<id>
 
-// A persistent instance's living state (lifecycle::state_json), added to `out`; "unknown" with
+// A persistent instance's living state (instances::state_json), added to `out`; "unknown" with
 // state_error when the backend cannot tell (one instance never fails a listing). Returns the
 // status when there is one; nullopt for an instance that is not persistent (nothing is asked).
 std::optional<sandbox::LivingStatus> add_living_state(const ToolContext& ctx, const store::Instance& inst,

@@ -129,7 +129,7 @@ mcp::ToolResult result_of(const jobs::View& view) {
 // (timeout > 0) ran out. Returns the result to send.
 mcp::ToolResult wait_for(const ToolContext& ctx, const std::string& instance, const std::string& job,
                          std::int64_t timeout_s, const json& args, mcp::RequestContext& rc) {
-  jobs::Engine& engine = *ctx.services.jobs;
+  jobs::Engine& engine = ctx.services.instances.jobs();
   bool interrupted = false;
   jobs::View v = engine.wait(
       instance, job, std::chrono::seconds(timeout_s), tail_of(ctx, args),
@@ -157,7 +157,7 @@ std::string job_line(const jobs::Record& r) {
 // A Slurm submit that fails says what Slurm said, in words an agent can act on.
 jobs::Record submit_or_say_why(const ToolContext& ctx, const jobs::SubmitRequest& req, const std::string& who) {
   try {
-    return ctx.services.jobs->submit(req, who);
+    return ctx.services.instances.jobs().submit(req, who);
   } catch (const jobs::SchedulerError& e) {
     if (req.mode != jobs::Mode::slurm) throw;
     throw UsageError(fmt::format(
@@ -272,13 +272,13 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
             std::optional<jobs::State> filter;
             if (auto it = args.find("status"); it != args.end()) filter = jobs::parse_state(it->get<std::string>());
             const std::string instance = instance_arg(ctx, args);
-            auto all = ctx.services.jobs->list(instance, filter);
+            auto all = ctx.services.instances.jobs().list(instance, filter);
             const std::size_t offset = args.value("offset", 0);
             const std::size_t limit = args.value("limit", 15);
             json items = json::array();
             std::string text;
             if (all.empty() && filter) {
-              const std::size_t others = ctx.services.jobs->list(instance).size();
+              const std::size_t others = ctx.services.instances.jobs().list(instance).size();
               text = fmt::format("No {} jobs ({} in other states).", jobs::to_string(*filter), others);
             } else if (all.empty()) {
               text = "No jobs.";
@@ -321,8 +321,8 @@ void add_cancel(mcp::Server& server, const ToolContext& ctx) {
           [ctx](const json& args, mcp::RequestContext& rc) {
             const std::string instance = instance_arg(ctx, args);
             const std::string job = string_arg(args, "job_id");
-            ctx.services.jobs->cancel(instance, job, actor(rc));
-            return result_of(ctx.services.jobs->view(instance, job, tail_of(ctx, args)));
+            ctx.services.instances.jobs().cancel(instance, job, actor(rc));
+            return result_of(ctx.services.instances.jobs().view(instance, job, tail_of(ctx, args)));
           },
   });
 }

@@ -83,10 +83,10 @@ class Resources final : public mcp::ResourceProvider {
     query.limit = count == 0 ? 0 : count - out.size();
     store::Page page;
     if (count == 0 || query.limit > 0) {
-      page = ctx_.services.store.list_page(query);
+      page = ctx_.services.instances.store().list_page(query);
     } else {
       query.limit = 1;  // only the total is needed
-      page = ctx_.services.store.list_page(query);
+      page = ctx_.services.instances.store().list_page(query);
       page.instances.clear();
     }
     for (const auto& inst : page.instances) {
@@ -171,8 +171,8 @@ class Resources final : public mcp::ResourceProvider {
 
   std::optional<std::vector<mcp::ResourceContents>> read_instance(const std::string& uri, const std::string& id) {
     try {
-      if (!ctx_.services.store.exists(id)) return std::nullopt;
-      store::Instance inst = ctx_.services.store.get(id);
+      if (!ctx_.services.instances.store().exists(id)) return std::nullopt;
+      store::Instance inst = ctx_.services.instances.store().get(id);
       return std::vector<mcp::ResourceContents>{
           {uri, "application/json", agent_instance_json(ctx_, inst).dump(2), std::nullopt}};
     } catch (const UsageError&) {
@@ -204,9 +204,9 @@ void LivingStateWatch::run(std::stop_token stop) {
       if (!uri.starts_with(prefix)) continue;
       std::string state = "gone";
       try {
-        const store::Instance inst = services_.store.get(uri.substr(prefix.size()));
+        const store::Instance inst = services_.instances.store().get(uri.substr(prefix.size()));
         if (!inst.persistent) continue;
-        const sandbox::LivingStatus st = services_.backend.living_status(services_.store.sandbox_target(inst));
+        const sandbox::LivingStatus st = services_.instances.living_status(inst);
         state = st.running ? fmt::format("running {}", st.since ? st.since->time_since_epoch().count() : 0) : "stopped";
       } catch (const std::exception&) {
       }

@@ -100,7 +100,7 @@ BoundedOutput bound_output(const ToolContext& ctx, const store::Instance& inst, 
     const std::string relative = stem + "." + ext;
     const std::string shown = cfg.ns.workspace_mount + "/" + relative;
     try {
-      UniqueFd fd = ctx.services.store.open_workspace_file(inst, relative, store::Store::WorkspaceOpen::create);
+      UniqueFd fd = ctx.services.instances.store().open_workspace_file(inst, relative, store::Store::WorkspaceOpen::create);
       write_all(fd.get(), data, shown);
       return shown;
     } catch (const std::exception& e) {

@@ -1,12 +1,12 @@
 // factory_reset_instance, snapshot_instance, list_snapshots, restore_snapshot, delete_snapshot:
-// adapters to lifecycle::Snapshots.
+// adapters to instances::Snapshots.
 #include <memory>
 
 #include <fmt/format.h>
 
 #include "base/error.hpp"
 #include "base/text.hpp"
-#include "lifecycle/snapshots.hpp"
+#include "instances/snapshots.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -34,23 +34,22 @@ const json kSnapshotChangeSchema = output_object({{"instance_id", of_type("strin
                                                  {"took_ms", of_type("number")}},
                                                 {"instance_id", "snapshot", "was_running", "restarted"});
 
-// The tools share one Trash (lifecycle/snapshots.hpp): old trees go in the background, and what is
+// The tools share one Trash (instances/snapshots.hpp): old trees go in the background, and what is
 // left when the server stops is finished at its next start.
 struct SnapshotContext {
   ToolContext ctx;
-  std::shared_ptr<lifecycle::Trash> trash;
+  std::shared_ptr<instances::Trash> trash;
 
-  store::Instance instance(const json& args) const { return ctx.services.store.get(string_arg(args, "instance_id")); }
+  store::Instance instance(const json& args) const { return ctx.services.instances.store().get(string_arg(args, "instance_id")); }
   template <typename F>
   auto with_snapshots(F&& f) const {
-    lifecycle::Lifecycle life{ctx.services.config, ctx.services.store, ctx.services.backend, ctx.services.jobs};
-    lifecycle::Snapshots snapshots{life, ctx.services.store, *trash};
+    instances::Snapshots snapshots{ctx.services.instances, *trash};
     return f(snapshots);
   }
 };
 
 // " Its processes were ended for it; its sandbox runs again (fresh)." and the data.
-std::string stopped_text(const lifecycle::LayerChange& change, json& out) {
+std::string stopped_text(const instances::LayerChange& change, json& out) {
   out["was_running"] = change.ended.was_running;
   out["restarted"] = change.restarted;
   std::string text;
@@ -91,8 +90,8 @@ void add_reset(mcp::Server& server, const SnapshotContext& sc) {
               throw UsageError(fmt::format("instance '{}' runs on the host's root (read-only): it has no root of its "
                                            "own to reset; include_workspace: true empties its workspace",
                                            inst.id));
-            const lifecycle::LayerChange change =
-                sc.with_snapshots([&](lifecycle::Snapshots& s) { return s.reset(inst, workspace, actor(rc)); });
+            const instances::LayerChange change =
+                sc.with_snapshots([&](instances::Snapshots& s) { return s.reset(inst, workspace, actor(rc)); });
             server.notify_resource_updated(instance_uri(inst.id));
             json out = {{"instance_id", inst.id},
                         {"layer_reset", change.layer},
@@ -123,8 +122,8 @@ void add_snapshot(mcp::Server& server, const SnapshotContext& sc) {
           [sc, &server](const json& args, mcp::RequestContext& rc) {
             const store::Instance inst = sc.instance(args);
             const std::string name = string_arg(args, "name");
-            const lifecycle::LayerChange change =
-                sc.with_snapshots([&](lifecycle::Snapshots& s) { return s.take(inst, name, actor(rc)); });
+            const instances::LayerChange change =
+                sc.with_snapshots([&](instances::Snapshots& s) { return s.take(inst, name, actor(rc)); });
             server.notify_resource_updated(instance_uri(inst.id));
             json out = {{"instance_id", inst.id}, {"snapshot", to_json(*change.snapshot)}, {"took_ms", ms(change.took)}};
             const std::string stopped = stopped_text(change, out);
@@ -151,7 +150,7 @@ void add_list(mcp::Server& server, const SnapshotContext& sc) {
       .handler =
           [sc](const json& args, mcp::RequestContext&) {
             const store::Instance inst = sc.instance(args);
-            const auto all = sc.with_snapshots([&](lifecycle::Snapshots& s) { return s.list(inst); });
+            const auto all = sc.with_snapshots([&](instances::Snapshots& s) { return s.list(inst); });
             json items = json::array();
             std::string text = all.empty() ? fmt::format("Instance '{}' has no snapshots.", inst.id)
                                            : fmt::format("Instance '{}' has {} snapshot(s), newest first:", inst.id,
@@ -181,8 +180,8 @@ void add_restore(mcp::Server& server, const SnapshotContext& sc) {
           [sc, &server](const json& args, mcp::RequestContext& rc) {
             const store::Instance inst = sc.instance(args);
             const std::string name = string_arg(args, "name");
-            const lifecycle::LayerChange change =
-                sc.with_snapshots([&](lifecycle::Snapshots& s) { return s.restore(inst, name, actor(rc)); });
+            const instances::LayerChange change =
+                sc.with_snapshots([&](instances::Snapshots& s) { return s.restore(inst, name, actor(rc)); });
             server.notify_resource_updated(instance_uri(inst.id));
             json out = {{"instance_id", inst.id}, {"snapshot", to_json(*change.snapshot)}, {"took_ms", ms(change.took)}};
             const std::string stopped = stopped_text(change, out);
@@ -209,8 +208,8 @@ void add_delete(mcp::Server& server, const SnapshotContext& sc) {
           [sc](const json& args, mcp::RequestContext& rc) {
             const store::Instance inst = sc.instance(args);
             const std::string name = string_arg(args, "name");
-            const lifecycle::SnapshotInfo gone =
-                sc.with_snapshots([&](lifecycle::Snapshots& s) { return s.remove(inst, name, actor(rc)); });
+            const instances::SnapshotInfo gone =
+                sc.with_snapshots([&](instances::Snapshots& s) { return s.remove(inst, name, actor(rc)); });
             return mcp::ToolResult::text(
                 fmt::format("Deleted snapshot '{}' of instance '{}' ({:.1f} MiB).", name, inst.id, gone.bytes / 1048576.0),
                 json{{"instance_id", inst.id}, {"deleted", name}});
@@ -221,7 +220,7 @@ void add_delete(mcp::Server& server, const SnapshotContext& sc) {
 }  // namespace
 
 void add_snapshot_tools(mcp::Server& server, const ToolContext& ctx) {
-  const SnapshotContext sc{ctx, std::make_shared<lifecycle::Trash>(/*finish_on_exit=*/false)};
+  const SnapshotContext sc{ctx, std::make_shared<instances::Trash>(/*finish_on_exit=*/false)};
   add_reset(server, sc);
   add_snapshot(server, sc);
   add_list(server, sc);

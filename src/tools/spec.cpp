@@ -45,6 +45,9 @@ std::string not_found_advice(const NotFound& e) {
     case NotFound::Kind::instance: return advice + "list_instances lists the active ones";
     case NotFound::Kind::job: return advice + "list_jobs lists the instance's jobs";
     case NotFound::Kind::archive: return advice + "list_archived_instances lists the archives";
+    case NotFound::Kind::image:
+      return advice + "create the instance without an image (on the host's root), or ask the server's operator for "
+                      "the image";
   }
   return advice;
 }

@@ -185,7 +185,7 @@ sandbox::CaptureResult run_terminal_request(const ToolContext& ctx, const store:
                                             mcp::RequestContext& rc) {
   const config::Config& cfg = ctx.services.config;
   sandbox::ExecSpec spec;
-  spec.target = ctx.services.store.sandbox_target(inst);
+  spec.target = ctx.services.instances.store().sandbox_target(inst);
   spec.argv = req.argv;
   spec.cwd = req.working_directory;  // empty: the workspace
   spec.env = req.env;
@@ -207,14 +207,14 @@ sandbox::CaptureResult run_terminal_request(const ToolContext& ctx, const store:
   options.slice = kPollSlice;
   // A delete or archive of the instance stops this command first.
   options.started = [&ctx, &inst, &req](sandbox::Execution& execution) {
-    return std::make_shared<store::Store::Registration>(ctx.services.store.register_execution(
+    return std::make_shared<instances::Service::Registration>(ctx.services.instances.register_execution(
         inst.id, [&execution] { execution.kill_tree(); },
         fmt::format("a command (`{}`)",
                     text::truncate_utf8(req.argv.size() == 3 && req.argv[1] == "-c" ? req.argv[2]
                                                                                      : text::shell_join(req.argv),
                                         60))));
   };
-  return sandbox::capture(ctx.services.backend, std::move(spec), options);
+  return sandbox::capture(ctx.services.instances.backend(), std::move(spec), options);
 }
 
 void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
@@ -222,7 +222,7 @@ void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "terminal_execute",
       .title = "Run a command in an instance",
-      .description = tool_description(cfg, ctx.services.backend.commands_share_pids()),
+      .description = tool_description(cfg, ctx.services.instances.commands_share_pids()),
       .input = instance_input(cfg, input_properties(cfg)),
       .output = output_object({{"stdout", of_type("string")},
                                {"stderr", of_type("string")},
@@ -239,7 +239,7 @@ void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
             const TerminalRequest req = parse_terminal_request(args, ctx.services.config, instance_arg(ctx, args),
                                                                ctx.services.config.terminal.shell,
                                                                kDefaultTimeoutSeconds);
-            const store::Instance inst = ctx.services.store.get(req.instance_id);
+            const store::Instance inst = ctx.services.instances.store().get(req.instance_id);
             return make_result(ctx, inst, req, run_terminal_request(ctx, inst, req, kOutputLimitBytes, rc));
           },
   });

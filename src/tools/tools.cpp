@@ -7,7 +7,7 @@
 #include "base/error.hpp"
 #include "base/log.hpp"
 #include "base/time.hpp"
-#include "lifecycle/lifecycle.hpp"
+#include "instances/instances.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -42,12 +42,12 @@ void audit_tool_call(const ToolContext& ctx, const std::string& tool, const mcp:
       } catch (const UsageError&) {
         valid = false;
       }
-      if (valid && ctx.services.store.exists(name)) inst = ctx.services.store.get(name);
+      if (valid && ctx.services.instances.store().exists(name)) inst = ctx.services.instances.store().get(name);
     }
     if (inst)
-      ctx.services.store.audit(*inst, "mcp.tool_call", actor(rc), fields);
+      ctx.services.instances.store().audit(*inst, "mcp.tool_call", actor(rc), fields);
     else
-      ctx.services.store.audit_store("mcp.tool_call", actor(rc), fields);
+      ctx.services.instances.store().audit_store("mcp.tool_call", actor(rc), fields);
   } catch (const std::exception& e) {
     // The call already happened: tell the agent too, so the gap in the record is not silent.
     log::error("audit log not written for {}: {}", tool, e.what());
@@ -72,8 +72,8 @@ std::optional<sandbox::LivingStatus> add_living_state(const ToolContext& ctx, co
                                                       mcp::json& out) {
   if (!inst.persistent) return std::nullopt;
   try {
-    sandbox::LivingStatus status = ctx.services.backend.living_status(ctx.services.store.sandbox_target(inst));
-    out.update(lifecycle::state_json(status));
+    sandbox::LivingStatus status = ctx.services.instances.living_status(inst);
+    out.update(instances::state_json(status));
     return status;
   } catch (const std::exception& e) {
     log::warn("instance '{}': living state unknown: {}", inst.id, e.what());
@@ -148,7 +148,7 @@ void register_all(mcp::Server& server, Services services) {
   add_snapshot_tools(server, ctx);
   add_terminal_tool(server, ctx);
   add_file_tools(server, ctx);
-  if (services.jobs) add_job_tools(server, ctx);
+  if (services.job_tools) add_job_tools(server, ctx);
   server.set_resources(make_resources(ctx));
   add_prompts(server, ctx);
 }

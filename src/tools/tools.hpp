@@ -1,5 +1,5 @@
-// The MCP tool surface: thin adapters from tool calls, resources and prompts to the modules
-// below (store, sandbox, audit). The only module that knows both MCP and instances.
+// The MCP tool surface: thin adapters from tool calls, resources and prompts to the instances
+// service (src/instances/). The only module that knows both MCP and instances.
 #pragma once
 
 #include <chrono>
@@ -9,21 +9,18 @@
 #include <thread>
 
 #include "config/config.hpp"
-#include "jobs/jobs.hpp"
+#include "instances/instances.hpp"
 #include "mcp/server.hpp"
 #include "sandbox/images.hpp"
-#include "sandbox/sandbox.hpp"
-#include "store/store.hpp"
 
 namespace nshpc::tools {
 
 struct Services {
   const config::Config& config;
-  store::Store& store;
-  sandbox::Backend& backend;
-  jobs::Engine* jobs = nullptr;  // the job tools are registered when set
+  instances::Service& instances;  // everything a tool does to an instance goes through it
   // Where a missing default image is built in the background (create_instance); null: it is not.
   sandbox::BackgroundBuilds* image_builds = nullptr;
+  bool job_tools = true;  // the job tools are registered
 };
 
 // Server metadata (name, version, instructions for the agent).

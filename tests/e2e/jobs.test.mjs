@@ -625,10 +625,13 @@ describe('jobs across server restarts', () => {
       created_at: rec.created_at.replace(/^.{19}/, new Date().toISOString().slice(0, 19)),
       started_at: '',
       finished_at: '',
-      cgroups: [],
       stdout_path: swap(rec.stdout_path),
       stderr_path: swap(rec.stderr_path),
-      handle: { status_path: swap(rec.handle.status_path) },
+      handle: {
+        backend: rec.handle.backend,
+        version: rec.handle.version,
+        data: { status_path: swap(rec.handle.data.status_path) },
+      },
     });
     return { id, rec };
   }
@@ -663,7 +666,7 @@ describe('jobs across server restarts', () => {
     // the keeper goes on and reports the end. A stand-in keeper (a shell holding the job's status
     // file open, as the keeper does) plays that part, from a real record of a finished job.
     const { id, rec } = await pendingRecord('cafe00');
-    const status = fs.openSync(rec.handle.status_path, 'a', 0o600);
+    const status = fs.openSync(rec.handle.data.status_path, 'a', 0o600);
     const keeper = spawn(
       'sh',
       ['-c', 'printf \'{"ns-hpc-keeper": %d}\\n\' $$ >&3; sleep 2; printf \'{"exit-code": 0}\\n{"ns-hpc-ended": %s000}\\n\' "$(date +%s)" >&3'],

@@ -20,7 +20,7 @@
 
 #include "config/config.hpp"
 #include "dav/handler.hpp"
-#include "store/store.hpp"
+#include "instances/instances.hpp"
 
 namespace stdfs = std::filesystem;
 using namespace nshpc;
@@ -48,8 +48,7 @@ class MemoryBody final : public transport::BodyReader {
 struct World {
   stdfs::path root;
   config::Config config = config::built_in();
-  store::RecordedJobsGuard guard;
-  std::unique_ptr<store::Store> store;
+  std::unique_ptr<nshpc::instances::Service> instances;
   std::unique_ptr<dav::DavHandler> handler;
   stdfs::path outside;
 
@@ -61,8 +60,8 @@ struct World {
     config.ns.sandbox_gid = static_cast<std::uint32_t>(::getgid());
     config.server.state_dir = root / "state";
     stdfs::create_directories(config.server.state_dir);
-    store = std::make_unique<store::Store>(config, guard);
-    const store::Instance inst = store->create("fz", {}, "fuzz");
+    instances = std::make_unique<nshpc::instances::Service>(config);
+    const store::Instance inst = instances->create("fz", {}, "fuzz");
     std::ofstream(inst.workspace / "a.txt") << "alpha";
     stdfs::create_directories(inst.workspace / "dir/sub");
     std::ofstream(inst.workspace / "dir/b.txt") << "beta";
@@ -70,7 +69,7 @@ struct World {
     std::ofstream(outside) << "outside";
     stdfs::create_symlink(outside, inst.workspace / "link");
     dav::DavSettings settings = dav::DavHandler::settings_from(config);
-    handler = std::make_unique<dav::DavHandler>(*store, settings);
+    handler = std::make_unique<dav::DavHandler>(*instances, settings);
   }
 };
 

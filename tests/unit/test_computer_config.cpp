@@ -18,13 +18,13 @@
 #include "base/proc.hpp"
 #include "base/spawn.hpp"
 #include "cli/computer_config.hpp"
-#include "lifecycle/computers.hpp"
+#include "instances/computers.hpp"
 
 namespace nshpc::cli {
 namespace {
 
-using lifecycle::random_computer_id;
-using lifecycle::validate_computer_id;
+using instances::random_computer_id;
+using instances::validate_computer_id;
 
 ComputerConfig valid() {
   ComputerConfig c;
@@ -269,7 +269,7 @@ TEST(ComputerArgs, HelpNamesTheFlags) {
 }  // namespace
 }  // namespace nshpc::cli
 
-namespace nshpc::lifecycle {
+namespace nshpc::instances {
 namespace {
 
 // A holder of a temporary computer is this process (pid and start time) and its session; one of
@@ -323,4 +323,4 @@ TEST(ComputerHolders, TheStatLineIsReadPastAnyCommandName) {
 }
 
 }  // namespace
-}  // namespace nshpc::lifecycle
+}  // namespace nshpc::instances

@@ -14,6 +14,7 @@
 #include "base/json.hpp"
 #include "common/temp_dir.hpp"
 #include "mcp/server.hpp"
+#include "instances/instances.hpp"
 #include "store/store.hpp"
 #include "tools/tools.hpp"
 
@@ -53,6 +54,7 @@ class FakeBackend final : public sandbox::Backend {
   bool change_network(const sandbox::Target&) override { return false; }
   bool stop_living(const sandbox::Target& t, std::string_view why, std::chrono::milliseconds grace) override {
     record(fmt::format("stop {} {} {}", t.instance_id, why, grace.count()));
+    EXPECT_TRUE(std::filesystem::exists(t.workspace)) << "stopped after its files moved: " << t.instance_id;
     auto& s = status[t.instance_id];
     const bool was = s.running;
     s = {};
@@ -87,8 +89,8 @@ class InstanceToolsTest : public ::testing::Test {
     config_.ns.sandbox_gid = static_cast<uint32_t>(::getgid());
     config_.ns.idle_stop = 900;
     config_.jobs.cancel_grace = 7;
-    store_ = std::make_unique<store::Store>(config_, guard_);
-    const tools::Services services{config_, *store_, backend_, nullptr};
+    instances_ = std::make_unique<nshpc::instances::Service>(config_, std::move(owned_backend_));
+    const tools::Services services{config_, *instances_, nullptr, /*job_tools=*/false};
     server_ = std::make_unique<mcp::Server>(tools::server_info(), tools::server_options(config_, services));
     tools::register_all(*server_, services);
     session_ = std::make_unique<mcp::Session>(
@@ -117,7 +119,7 @@ class InstanceToolsTest : public ::testing::Test {
   void create(const std::string& id, bool persistent) {
     store::CreateOptions options;
     options.persistent = persistent;
-    store_->create(id, options, "test");
+    instances_->create(id, options, "test");
   }
   std::vector<std::string> audit_events(const std::string& id) {
     std::vector<std::string> events;
@@ -128,9 +130,9 @@ class InstanceToolsTest : public ::testing::Test {
 
   nshpc::tests::TempDir tmp_;
   nshpc::config::Config config_;
-  store::RecordedJobsGuard guard_;
-  FakeBackend backend_;
-  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<FakeBackend> owned_backend_ = std::make_unique<FakeBackend>();
+  FakeBackend& backend_ = *owned_backend_;  // owned by instances_ once it is made
+  std::unique_ptr<nshpc::instances::Service> instances_;
   std::unique_ptr<mcp::Server> server_;
   std::unique_ptr<mcp::Session> session_;
   std::vector<json> replies_;
@@ -154,14 +156,14 @@ TEST_F(InstanceToolsTest, CreateAndUpdateTakePersistent) {
   json created = call("create_instance", {{"instance_id", "liv"}, {"persistent", true}});
   ASSERT_FALSE(created.value("isError", false)) << created;
   EXPECT_EQ(created["structuredContent"]["persistent"], true);
-  EXPECT_TRUE(store_->get("liv").persistent);
+  EXPECT_TRUE(instances_->store().get("liv").persistent);
   json plain = call("create_instance", {{"instance_id", "eph"}});
   EXPECT_EQ(plain["structuredContent"]["persistent"], false);
 
   json updated = call("update_instance", {{"instance_id", "eph"}, {"persistent", true}});
   ASSERT_FALSE(updated.value("isError", false)) << updated;
   EXPECT_EQ(updated["structuredContent"]["persistent"], true);
-  EXPECT_TRUE(store_->get("eph").persistent);
+  EXPECT_TRUE(instances_->store().get("eph").persistent);
 }
 
 TEST_F(InstanceToolsTest, MakingARunningInstanceNonPersistentIsRefused) {
@@ -170,12 +172,12 @@ TEST_F(InstanceToolsTest, MakingARunningInstanceNonPersistentIsRefused) {
   json refused = call("update_instance", {{"instance_id", "liv"}, {"persistent", false}});
   EXPECT_TRUE(refused.value("isError", false));
   EXPECT_NE(text(refused).find("stop_instance"), std::string::npos) << text(refused);
-  EXPECT_TRUE(store_->get("liv").persistent);
+  EXPECT_TRUE(instances_->store().get("liv").persistent);
 
   backend_.status["liv"].running = false;
   json done = call("update_instance", {{"instance_id", "liv"}, {"persistent", false}});
   EXPECT_FALSE(done.value("isError", false)) << done;
-  EXPECT_FALSE(store_->get("liv").persistent);
+  EXPECT_FALSE(instances_->store().get("liv").persistent);
 }
 
 TEST_F(InstanceToolsTest, ListAsksTheBackendOnlyAboutPersistentInstances) {
@@ -272,18 +274,16 @@ TEST_F(InstanceToolsTest, StopAndRestartRefuseWhatIsNotLiving) {
 // Every instance's sandbox side is ended before its files move: a living sandbox, and the groups
 // an ephemeral instance's commands left.
 TEST_F(InstanceToolsTest, ArchiveAndDeleteStopALivingInstanceFirst) {
-  std::vector<std::string> stops;
-  store_->set_living_stop([&](const sandbox::Target& t, std::string_view why) {
-    EXPECT_TRUE(std::filesystem::exists(t.workspace)) << "stopped after its files moved";
-    stops.push_back(t.instance_id + " " + std::string(why));
-  });
   create("liv", true);
   create("gone", true);
   create("eph", false);
   EXPECT_FALSE(call("archive_instance", {{"instance_id", "liv"}}).value("isError", false));
   EXPECT_FALSE(call("delete_instance", {{"instance_id", "gone"}}).value("isError", false));
   EXPECT_FALSE(call("archive_instance", {{"instance_id", "eph"}}).value("isError", false));
-  EXPECT_EQ(stops, (std::vector<std::string>{"liv archived", "gone deleted", "eph archived"}));
+  std::vector<std::string> stops;
+  for (const std::string& c : backend_.calls)
+    if (c.starts_with("stop ")) stops.push_back(c);
+  EXPECT_EQ(stops, (std::vector<std::string>{"stop liv archived 7000", "stop gone deleted 7000", "stop eph archived 7000"}));
 }
 
 // Reset and snapshots of instances on the host's root (their workspace only), through the tools,

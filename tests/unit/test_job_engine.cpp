@@ -24,6 +24,7 @@
 #include "base/fs.hpp"
 #include "base/json.hpp"
 #include "base/time.hpp"
+#include "instances/instances.hpp"
 #include "common/temp_dir.hpp"
 #include "jobs/jobs.hpp"
 #include "sandbox/execution.hpp"
@@ -166,8 +167,8 @@ class JobEngine : public ::testing::Test {
     config_.ns.sandbox_gid = static_cast<uint32_t>(::getgid());
     config_.jobs.local.use_cgroups = false;
     config_.jobs.cancel_grace = 1;
-    store_ = std::make_unique<store::Store>(config_, recorded_);
-    store_->create("demo", {}, "test");
+    instances_ = std::make_unique<nshpc::instances::Service>(config_, std::move(owned_backend_));
+    instances_->create("demo", {}, "test");
   }
   void TearDown() override {
     // Whatever a test left running ends, so the watcher has nothing to wait for.
@@ -175,15 +176,10 @@ class JobEngine : public ::testing::Test {
       backend_.run(i)->set_gate(true);
       backend_.run(i)->end(0);
     }
-    engine_.reset();
+    instances_.reset();
   }
-  jobs::Engine& engine() {
-    if (!engine_) {
-      engine_ = std::make_unique<jobs::Engine>(config_, *store_, backend_);
-      store_->set_jobs_guard(*engine_);
-    }
-    return *engine_;
-  }
+  // The instances service's engine (archive and delete ask it whether jobs still run).
+  jobs::Engine& engine() { return instances_->jobs(); }
   jobs::Record submit(const std::string& command = "echo hi") {
     jobs::SubmitRequest req;
     req.instance_id = "demo";
@@ -208,10 +204,9 @@ class JobEngine : public ::testing::Test {
 
   nshpc::tests::TempDir tmp_{"nshpc-jobengine"};
   nshpc::config::Config config_ = nshpc::config::built_in();
-  store::RecordedJobsGuard recorded_;
-  std::unique_ptr<store::Store> store_;
-  FakeBackend backend_;
-  std::unique_ptr<jobs::Engine> engine_;
+  std::unique_ptr<FakeBackend> owned_backend_ = std::make_unique<FakeBackend>();
+  FakeBackend& backend_ = *owned_backend_;  // owned by instances_ once it is made
+  std::unique_ptr<nshpc::instances::Service> instances_;
 };
 
 TEST_F(JobEngine, AJobRunsAndItsEndIsRecordedOnce) {
@@ -262,10 +257,10 @@ TEST_F(JobEngine, TheCapsRefuseOneJobTooMany) {
 
 TEST_F(JobEngine, AnArchiveIsRefusedWhileAJobRuns) {
   const auto rec = submit();
-  EXPECT_THROW(store_->archive("demo", "test"), nshpc::UsageError);
+  EXPECT_THROW(instances_->archive("demo", "test"), nshpc::UsageError);
   backend_.run(0)->end(0);
   EXPECT_EQ(wait(rec.id).record.state, jobs::State::completed);
-  store_->archive("demo", "test");
+  instances_->archive("demo", "test");
   EXPECT_FALSE(fs::exists(base()));
 }
 
@@ -278,7 +273,7 @@ TEST_F(JobEngine, AnArchiveDuringASubmitWaitsForItAndIsRefused) {
   hooks.instance_found = [&](const std::string&) {
     if (archive.valid()) return;
     archive = std::async(std::launch::async, [&] {
-      store_->archive("demo", "test");
+      instances_->archive("demo", "test");
       archived = true;
     });
     // Unless the submit holds archives off, the archive runs to its end here.

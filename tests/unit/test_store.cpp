@@ -26,6 +26,28 @@ namespace config = nshpc::config;
 
 namespace {
 
+// The store with the steps the instances service would pass: no image roots, nothing running to
+// stop, trees removed by this process.
+class TestStore : public store::Store {
+ public:
+  explicit TestStore(const config::Config& config) : Store(config, config::Network::nat) {}
+  using Store::archive;
+  using Store::create;
+  using Store::finish_deletions;
+  using Store::remove;
+  using Store::remove_archived;
+  store::Instance create(std::string id, const store::CreateOptions& options, std::string_view actor) {
+    return Store::create(std::move(id), options, actor, nullptr);
+  }
+  store::ArchivedInstance archive(std::string_view id, std::string_view actor) { return Store::archive(id, actor, steps()); }
+  void remove(std::string_view id, std::string_view actor) { Store::remove(id, actor, steps()); }
+  void remove_archived(std::string_view name, std::string_view actor) { Store::remove_archived(name, actor, steps()); }
+  std::size_t finish_deletions() const { return Store::finish_deletions(steps()); }
+  static store::RemovalSteps steps() {
+    return {.before_move = {}, .remove_tree = [](const fs::path& tree) { nshpc::fs::remove_tree(tree); }};
+  }
+};
+
 class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -36,7 +58,7 @@ class StoreTest : public ::testing::Test {
     config_.server.state_dir = tmp_.path() / "state";  // the listing index, outside instances_dir
   }
 
-  store::Store make() { return store::Store(config_, guard_); }
+  TestStore make() { return TestStore(config_); }
   std::vector<nlohmann::json> audit_lines(const fs::path& file) {
     std::vector<nlohmann::json> out;
     std::ifstream in(file);
@@ -50,15 +72,10 @@ class StoreTest : public ::testing::Test {
     times[0].tv_nsec = times[1].tv_nsec = 0;
     ASSERT_EQ(::utimensat(AT_FDCWD, file.c_str(), times, 0), 0);
   }
-  void fake_job(const store::Instance& inst, const std::string& status) {
-    fs::create_directories(inst.base / ".ns_hpc_jobs");
-    std::ofstream(inst.base / ".ns_hpc_jobs" / "abc123def456.state") << nlohmann::json{{"status", status}}.dump();
-  }
 
   nshpc::tests::TempDir tmp_{"nshpc-store"};
   fs::path root_;
   config::Config config_ = config::built_in();
-  store::RecordedJobsGuard guard_;
 };
 
 template <typename F>
@@ -200,14 +217,23 @@ TEST_F(StoreTest, ArchiveMovesInstanceAndOutputAndFreesTheName) {
   EXPECT_EQ(s.list_archived().size(), 2u);
 }
 
-TEST_F(StoreTest, ArchiveAndDeleteRefuseWhileJobsRun) {
+// The instances service refuses an archive or delete in the step before anything moves (jobs
+// still running): the store then leaves the instance exactly where it was.
+TEST_F(StoreTest, ArchiveAndDeleteRefusedByTheirStepMoveNothing) {
   auto s = make();
-  auto inst = s.create("busy", {}, "t");
-  fake_job(inst, "running");
-  EXPECT_NE(usage_error([&] { s.archive("busy", "t"); }).find("1 job(s) still running"), std::string::npos);
-  EXPECT_NE(usage_error([&] { s.remove("busy", "t"); }).find("still running"), std::string::npos);
+  s.create("busy", {.description = "kept"}, "t");
+  std::vector<std::string> seen;
+  store::RemovalSteps refuse = TestStore::steps();
+  refuse.before_move = [&](const store::Instance& inst) {
+    seen.push_back(inst.id + ":" + inst.meta.description());
+    throw UsageError("cannot: 1 job(s) still running");
+  };
+  EXPECT_NE(usage_error([&] { s.archive("busy", "t", refuse); }).find("still running"), std::string::npos);
+  EXPECT_NE(usage_error([&] { s.remove("busy", "t", refuse); }).find("still running"), std::string::npos);
+  EXPECT_EQ(seen, (std::vector<std::string>{"busy:kept", "busy:kept"}));
   EXPECT_TRUE(fs::exists(root_ / "busy/metadata.json"));
-  fake_job(inst, "completed");
+  EXPECT_TRUE(fs::exists(root_ / "output/busy"));
+  EXPECT_TRUE(s.list_archived().empty());
   EXPECT_NO_THROW(s.archive("busy", "t"));
 }
 

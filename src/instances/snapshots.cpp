@@ -1,4 +1,4 @@
-#include "lifecycle/snapshots.hpp"
+#include "instances/snapshots.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -21,7 +21,7 @@
 #include "base/time.hpp"
 #include "sandbox/layers.hpp"
 
-namespace nshpc::lifecycle {
+namespace nshpc::instances {
 
 namespace stdfs = std::filesystem;
 using Steady = std::chrono::steady_clock;
@@ -122,7 +122,7 @@ void make_layer(const stdfs::path& layer, const std::optional<users::Identity>& 
 // modes, times, extended attributes (the overlay's trusted.overlay.* as root), whiteouts, links as
 // links, hard links as hard links, blocks shared where the filesystem can. Made through
 // descriptors that never follow a link, so that even a tree changed while it is read (nothing of
-// the instance runs meanwhile: Lifecycle::hold_still) can never bring a file from outside it into
+// the instance runs meanwhile: Service::hold_still) can never bring a file from outside it into
 // the copy. `mapped`: the tree holds files of a normal user's subordinate ids (an image
 // instance's accounts), which only a user namespace mapping them can copy exactly: then
 // `ns-hpc __copy-tree` does it there (sandbox::as_mapped_root).
@@ -194,7 +194,7 @@ LayerChange Snapshots::reset(const store::Instance& inst, bool include_workspace
   const auto start = Steady::now();
   fs::FileLock lock(lock_file(inst));
   LayerChange change;
-  Lifecycle::Still still = lifecycle_.hold_still(inst, "stopped for a factory reset", actor);
+  Service::Still still = instances_.hold_still(inst, "stopped for a factory reset", actor);
   const stdfs::path stage = staging(inst, "reset");
   const std::optional<users::Identity> owner = store_.owner_of(inst);
   std::chrono::steady_clock::time_point swap_start;
@@ -212,12 +212,12 @@ LayerChange Snapshots::reset(const store::Instance& inst, bool include_workspace
     }
   } catch (...) {
     trash_.add(stage);  // what was swapped stays swapped: each swap is whole
-    lifecycle_.resume(inst, still, actor);
+    instances_.resume(inst, still, actor);
     throw;
   }
   change.swap = since(swap_start);
   trash_.add(stage);
-  change.restarted = lifecycle_.resume(inst, still, actor);
+  change.restarted = instances_.resume(inst, still, actor);
   change.ended = std::move(still.ended);
   change.took = since(start);
   store_.audit(inst, "instance.reset", actor,
@@ -244,7 +244,7 @@ LayerChange Snapshots::take(const store::Instance& inst, const std::string& name
                                  inst.id, name, taken && !taken->created_at.empty() ? taken->created_at : "at an unknown time"));
   }
   LayerChange change;
-  Lifecycle::Still still = lifecycle_.hold_still(inst, "stopped for a snapshot", actor);
+  Service::Still still = instances_.hold_still(inst, "stopped for a snapshot", actor);
   const stdfs::path stage = staging(inst, "snapshot");
   const std::string what = fmt::format("snapshot '{}' of instance '{}' not taken", name, inst.id);
   SnapshotInfo info;
@@ -274,14 +274,14 @@ LayerChange Snapshots::take(const store::Instance& inst, const std::string& name
     fs::sync_dir(inst.snapshots_dir());
   } catch (const SysError& e) {
     trash_.add(stage);
-    lifecycle_.resume(inst, still, actor);
+    instances_.resume(inst, still, actor);
     throw e.wrapped(what + " (the instance is as it was)");
   } catch (...) {
     trash_.add(stage);
-    lifecycle_.resume(inst, still, actor);
+    instances_.resume(inst, still, actor);
     throw;
   }
-  change.restarted = lifecycle_.resume(inst, still, actor);
+  change.restarted = instances_.resume(inst, still, actor);
   change.ended = std::move(still.ended);
   change.snapshot = info;
   change.took = since(start);
@@ -333,7 +333,7 @@ LayerChange Snapshots::restore(const store::Instance& inst, const std::string& n
                                  name, info.root, inst.id, inst.meta.root()));
   const stdfs::path from = inst.snapshots_dir() / name;
   LayerChange change;
-  Lifecycle::Still still = lifecycle_.hold_still(inst, "stopped for a snapshot's restore", actor);
+  Service::Still still = instances_.hold_still(inst, "stopped for a snapshot's restore", actor);
   const stdfs::path stage = staging(inst, "restore");
   // The copies first, beside the instance: a copy that fails (a full disk) changes nothing.
   try {
@@ -341,11 +341,11 @@ LayerChange Snapshots::restore(const store::Instance& inst, const std::string& n
     copy_tree(from / "workspace", stage / "workspace", needs_mapping(inst));
   } catch (const SysError& e) {
     trash_.add(stage);
-    lifecycle_.resume(inst, still, actor);
+    instances_.resume(inst, still, actor);
     throw e.wrapped(fmt::format("snapshot '{}' of instance '{}' not restored (the instance is as it was)", name, inst.id));
   } catch (const Error& e) {
     trash_.add(stage);
-    lifecycle_.resume(inst, still, actor);
+    instances_.resume(inst, still, actor);
     throw Error(fmt::format("snapshot '{}' of instance '{}' not restored: {}; the instance is as it was (free disk "
                             "space and try again)",
                             name, inst.id, e.what()));
@@ -367,12 +367,12 @@ LayerChange Snapshots::restore(const store::Instance& inst, const std::string& n
     }
   } catch (...) {
     trash_.add(stage);
-    lifecycle_.resume(inst, still, actor);
+    instances_.resume(inst, still, actor);
     throw;
   }
   change.swap = since(swap_start);
   trash_.add(stage);
-  change.restarted = lifecycle_.resume(inst, still, actor);
+  change.restarted = instances_.resume(inst, still, actor);
   change.ended = std::move(still.ended);
   change.snapshot = info;
   change.took = since(start);
@@ -396,4 +396,4 @@ SnapshotInfo Snapshots::remove(const store::Instance& inst, const std::string& n
   return info;
 }
 
-}  // namespace nshpc::lifecycle
+}  // namespace nshpc::instances

@@ -18,11 +18,11 @@
 #include "base/json.hpp"
 #include "config/config.hpp"
 #include "jobs/jobs.hpp"
-#include "lifecycle/snapshots.hpp"
+#include "instances/snapshots.hpp"
 #include "sandbox/sandbox.hpp"
 #include "store/store.hpp"
 
-namespace nshpc::lifecycle {
+namespace nshpc::instances {
 
 // The seed's computer id rule (1-63 of [a-z0-9-], a letter or digit at both ends), its message
 // word for word.
@@ -58,8 +58,7 @@ nlohmann::json to_json(const ComputerInfo& info);
 class Computers {
  public:
   // `image`: what new computers run on (the default image).
-  Computers(const config::Config& config, store::Store& store, sandbox::Backend& backend, jobs::Engine* jobs,
-            std::string image);
+  Computers(Service& instances, std::string image);
 
   const std::string& image() const { return image_; }
 
@@ -94,11 +93,9 @@ class Computers {
   void remove_locked(const store::Instance& inst, std::string_view actor);
   std::filesystem::path lock_file() const;
 
-  const config::Config& config_;
-  store::Store& store_;
-  sandbox::Backend& backend_;
-  jobs::Engine* jobs_;
+  Service& instances_;
+  const store::Store& store_;
   std::string image_;
 };
 
-}  // namespace nshpc::lifecycle
+}  // namespace nshpc::instances

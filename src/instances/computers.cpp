@@ -1,4 +1,4 @@
-#include "lifecycle/computers.hpp"
+#include "instances/computers.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -17,9 +17,9 @@
 #include "base/fs.hpp"
 #include "base/log.hpp"
 #include "base/proc.hpp"
-#include "lifecycle/lifecycle.hpp"
+#include "instances/instances.hpp"
 
-namespace nshpc::lifecycle {
+namespace nshpc::instances {
 
 namespace {
 
@@ -91,9 +91,8 @@ nlohmann::json to_json(const ComputerInfo& info) {
   return out;
 }
 
-Computers::Computers(const config::Config& config, store::Store& store, sandbox::Backend& backend, jobs::Engine* jobs,
-                     std::string image)
-    : config_(config), store_(store), backend_(backend), jobs_(jobs), image_(std::move(image)) {}
+Computers::Computers(Service& instances, std::string image)
+    : instances_(instances), store_(instances.store()), image_(std::move(image)) {}
 
 stdfs::path Computers::lock_file() const { return store_.root() / ".computers.lock"; }
 
@@ -125,7 +124,7 @@ store::Instance Computers::acquire(const std::string& id, bool temporary, config
     options.image = image_;
     options.idle_stop = 0;
     options.computer_temporary = temporary;
-    inst = store_.create(id, options, actor);
+    inst = instances_.create(id, options, actor);
     if (created) *created = true;
   }
   if (temporary && !owner.empty()) {
@@ -164,10 +163,9 @@ std::size_t Computers::live_holders(const store::Instance& inst) const {
 
 void Computers::remove_locked(const store::Instance& inst, std::string_view actor) {
   // Its jobs first (the store refuses to delete an instance with live jobs), and its sandbox.
-  Lifecycle life(config_, store_, backend_, jobs_);
-  const Ended ended = life.stop(inst, actor);
+  const Ended ended = instances_.stop(inst, actor);
   for (const std::string& problem : ended.problems) log::warn("computer '{}': job {}", inst.id, problem);
-  store_.remove(inst.id, actor);
+  instances_.remove(inst.id, actor);
 }
 
 bool Computers::delete_if_unheld(const store::Instance& inst, std::string_view actor) {
@@ -214,7 +212,7 @@ ComputerInfo Computers::info(const store::Instance& inst) const {
   info.created_at = inst.meta.created_at();
   info.network = inst.network;
   try {
-    info.state = backend_.living_status(store_.sandbox_target(inst)).running ? "running" : "stopped";
+    info.state = instances_.living_status(inst).running ? "running" : "stopped";
   } catch (const std::exception& e) {
     log::warn("computer '{}': living state unknown: {}", inst.id, e.what());
     info.state = "unknown";
@@ -232,17 +230,15 @@ std::vector<ComputerInfo> Computers::list() const {
 
 store::Instance Computers::restart(const std::string& id, std::string_view actor) {
   const store::Instance inst = get(id);
-  Lifecycle life(config_, store_, backend_, jobs_);
-  life.restart(inst, actor);
+  instances_.restart(inst, actor);
   return store_.get(inst.id);
 }
 
 store::Instance Computers::factory_reset(const std::string& id, Trash& trash, std::string_view actor) {
   const store::Instance inst = get(id);
-  Lifecycle life(config_, store_, backend_, jobs_);
-  Snapshots snapshots(life, store_, trash);
+  Snapshots snapshots(instances_, trash);
   snapshots.reset(inst, /*include_workspace=*/true, actor);
-  life.start(store_.get(inst.id), actor);
+  instances_.start(store_.get(inst.id), actor);
   return store_.get(inst.id);
 }
 
@@ -251,4 +247,4 @@ void Computers::remove(const std::string& id, std::string_view actor) {
   remove_locked(get(id), actor);
 }
 
-}  // namespace nshpc::lifecycle
+}  // namespace nshpc::instances

@@ -1,4 +1,6 @@
-#include "lifecycle/lifecycle.hpp"
+// The instances service: its sandbox's lifecycle (start, stop, restart, hold still, network,
+// ports) and the state as data.
+#include "instances/instances.hpp"
 
 #include <unistd.h>
 
@@ -13,7 +15,7 @@
 #include "sandbox/gate.hpp"
 #include "sandbox/limits.hpp"
 
-namespace nshpc::lifecycle {
+namespace nshpc::instances {
 
 namespace {
 
@@ -33,58 +35,67 @@ nlohmann::json job_ids(const std::vector<jobs::Record>& records) {
 
 }  // namespace
 
-std::chrono::milliseconds Lifecycle::grace() const { return std::chrono::seconds(config_.jobs.cancel_grace); }
+std::chrono::milliseconds Service::grace() const { return std::chrono::seconds(config_.jobs.cancel_grace); }
 
-Lifecycle::NetworkChange Lifecycle::apply_network(const store::Instance& inst, std::string_view actor) {
+sandbox::LivingStatus Service::living_status(const store::Instance& inst) { return backend().living_status(target(inst)); }
+
+std::vector<sandbox::LivingProcess> Service::processes(const store::Instance& inst) {
+  return backend().living_processes(target(inst));
+}
+
+bool Service::commands_share_pids() { return backend().commands_share_pids(); }
+
+Service::NetworkChange Service::apply_network(const store::Instance& inst, std::string_view actor) {
   if (!inst.persistent)  // the namespace held for its commands, if one is
-    return backend_.change_network(store_.sandbox_target(inst)) ? NetworkChange::applied : NetworkChange::not_running;
+    return backend().change_network(target(inst)) ? NetworkChange::applied : NetworkChange::not_running;
   if (!running(inst)) return NetworkChange::not_running;
-  if (backend_.change_network(store_.sandbox_target(inst))) return NetworkChange::applied;
+  if (backend().change_network(target(inst))) return NetworkChange::applied;
   restart(inst, actor);
   return NetworkChange::restarted;
 }
 
-sandbox::ExposedPort Lifecycle::expose_port(const store::Instance& inst, std::uint16_t port, std::uint16_t host_port,
+sandbox::ExposedPort Service::expose_port(const store::Instance& inst, std::uint16_t port, std::uint16_t host_port,
                                            std::string_view actor) {
   if (port == 0) throw UsageError("port must be 1-65535: the port a server inside the instance listens on");
-  const sandbox::ExposedPort exposed = backend_.expose_port(store_.sandbox_target(inst), port, host_port);
-  store_.audit(inst, "network.port_exposed", actor,
+  const sandbox::ExposedPort exposed = backend().expose_port(target(inst), port, host_port);
+  store_->audit(inst, "network.port_exposed", actor,
                {{"instance_id", inst.id}, {"port", exposed.port}, {"host_port", exposed.host_port}});
   return exposed;
 }
 
-bool Lifecycle::unexpose_port(const store::Instance& inst, std::uint16_t port, std::string_view actor) {
-  if (!backend_.unexpose_port(store_.sandbox_target(inst), port)) return false;
-  store_.audit(inst, "network.port_closed", actor, {{"instance_id", inst.id}, {"port", port}});
+bool Service::unexpose_port(const store::Instance& inst, std::uint16_t port, std::string_view actor) {
+  if (!backend().unexpose_port(target(inst), port)) return false;
+  store_->audit(inst, "network.port_closed", actor, {{"instance_id", inst.id}, {"port", port}});
   return true;
 }
 
-std::vector<sandbox::ExposedPort> Lifecycle::exposed_ports(const store::Instance& inst) const {
-  return backend_.exposed_ports(store_.sandbox_target(inst));
+std::vector<sandbox::ExposedPort> Service::exposed_ports(const store::Instance& inst) {
+  return backend().exposed_ports(target(inst));
 }
 
-bool Lifecycle::running(const store::Instance& inst) const {
-  return inst.persistent && backend_.living_status(store_.sandbox_target(inst)).running;
+bool Service::running(const store::Instance& inst) {
+  return inst.persistent && backend().living_status(target(inst)).running;
 }
 
-sandbox::LivingStatus Lifecycle::start(const store::Instance& inst, std::string_view actor) {
-  const sandbox::Target target = store_.sandbox_target(inst);
-  const bool was_running = backend_.living_status(target).running;
-  sandbox::LivingStatus status = backend_.start_living(target);
-  if (!was_running) store_.audit(inst, "instance.started", actor, {{"instance_id", inst.id}});
+sandbox::LivingStatus Service::start(const store::Instance& inst, std::string_view actor) {
+  const sandbox::Target target = this->target(inst);
+  const bool was_running = backend().living_status(target).running;
+  sandbox::LivingStatus status = backend().start_living(target);
+  if (!was_running) store_->audit(inst, "instance.started", actor, {{"instance_id", inst.id}});
   return status;
 }
 
-Ended Lifecycle::end_all(const store::Instance& inst, std::string_view why, std::string_view actor) {
+Ended Service::end_all(const store::Instance& inst, std::string_view why, std::string_view actor) {
   Ended ended;
   // 1. The jobs first, through the engine, so each gets its final state and its cgroups go; in
   //    parallel, so N jobs take one cancel_grace, not N.
-  if (jobs_) {
-    std::vector<jobs::Record> live = live_local_jobs(*jobs_, inst.id);
+  {
+    jobs::Engine* engine = &jobs();
+    std::vector<jobs::Record> live = live_local_jobs(*engine, inst.id);
     std::vector<std::future<jobs::Record>> cancels;
     for (const auto& record : live)
-      cancels.push_back(std::async(std::launch::async, [this, &inst, &record, actor] {
-        return jobs_->cancel(inst.id, record.id, actor);
+      cancels.push_back(std::async(std::launch::async, [engine, &inst, &record, actor] {
+        return engine->cancel(inst.id, record.id, actor);
       }));
     for (std::size_t i = 0; i < cancels.size(); ++i) {
       try {
@@ -98,38 +109,37 @@ Ended Lifecycle::end_all(const store::Instance& inst, std::string_view why, std:
   }
   // 2. The commands this server runs in it (terminal_execute, search_files): an instance that is
   //    not persistent has a sandbox per command, which nothing else ends.
-  store_.stop_executions(inst.id);
+  stop_executions(inst.id);
   // 3. Everything else in the living sandbox (an instance that is not persistent has none).
-  if (inst.persistent) ended.was_running = backend_.stop_living(store_.sandbox_target(inst), why, grace());
-  else backend_.release_network(store_.sandbox_target(inst));
+  if (inst.persistent) ended.was_running = backend().stop_living(target(inst), why, grace());
+  else backend().release_network(target(inst));
   return ended;
 }
 
-Ended Lifecycle::stop(const store::Instance& inst, std::string_view actor) {
+Ended Service::stop(const store::Instance& inst, std::string_view actor) {
   Ended ended = end_all(inst, "stopped", actor);
-  if (inst.persistent) ended.status = backend_.living_status(store_.sandbox_target(inst));
-  store_.audit(inst, "instance.stopped", actor,
+  if (inst.persistent) ended.status = backend().living_status(target(inst));
+  store_->audit(inst, "instance.stopped", actor,
                {{"instance_id", inst.id}, {"was_running", ended.was_running}, {"jobs_ended", job_ids(ended.jobs)}});
   return ended;
 }
 
-Ended Lifecycle::restart(const store::Instance& inst, std::string_view actor) {
+Ended Service::restart(const store::Instance& inst, std::string_view actor) {
   Ended ended = end_all(inst, "restarted", actor);
-  ended.status = backend_.start_living(store_.sandbox_target(inst));
-  store_.audit(inst, "instance.restarted", actor,
+  ended.status = backend().start_living(target(inst));
+  store_->audit(inst, "instance.restarted", actor,
                {{"instance_id", inst.id}, {"was_running", ended.was_running}, {"jobs_ended", job_ids(ended.jobs)}});
   return ended;
 }
 
-Lifecycle::Still Lifecycle::hold_still(const store::Instance& inst, std::string_view why, std::string_view actor) {
-  const sandbox::Target target = store_.sandbox_target(inst);
+Service::Still Service::hold_still(const store::Instance& inst, std::string_view why, std::string_view actor) {
+  const sandbox::Target target = this->target(inst);
   // Jobs first (a running job holds the gate too, and is better named by its record), then the
   // gate, then the jobs once more: one launched in between is on record by now, and none starts
   // after the gate.
   auto refuse_while_jobs = [&] {
-    if (!jobs_) return;
     std::vector<std::string> live;
-    for (const auto& record : jobs_->list(inst.id))
+    for (const auto& record : jobs().list(inst.id))
       if (!jobs::is_final(record.state))
         live.push_back(fmt::format("{} ({}: `{}`)", record.id, jobs::to_string(record.state),
                                    text::truncate_utf8(record.command, 60)));
@@ -143,7 +153,7 @@ Lifecycle::Still Lifecycle::hold_still(const store::Instance& inst, std::string_
   std::vector<pid_t> holders;
   std::optional<UniqueFd> gate = sandbox::close_gate(target, &holders);
   if (!gate) {
-    std::vector<std::string> running = store_.executions_of(inst.id);
+    std::vector<std::string> running = executions_of(inst.id);
     for (const pid_t pid : holders)
       if (pid != ::getpid()) running.push_back(fmt::format("a command of another ns-hpc process (pid {})", pid));
     if (running.empty()) running.push_back("a command that is just starting or ending");
@@ -155,17 +165,17 @@ Lifecycle::Still Lifecycle::hold_still(const store::Instance& inst, std::string_
   Still still;
   still.gate = std::move(*gate);
   if (inst.persistent) {
-    still.ended.was_running = backend_.stop_living(target, why, grace());
-    still.ended.status = backend_.living_status(target);
+    still.ended.was_running = backend().stop_living(target, why, grace());
+    still.ended.status = backend().living_status(target);
   } else {
-    backend_.release_network(target);
+    backend().release_network(target);
   }
   if (still.ended.was_running)
-    store_.audit(inst, "instance.stopped", actor, {{"instance_id", inst.id}, {"was_running", true}, {"why", why}});
+    store_->audit(inst, "instance.stopped", actor, {{"instance_id", inst.id}, {"was_running", true}, {"why", why}});
   return still;
 }
 
-bool Lifecycle::resume(const store::Instance& inst, Still& still, std::string_view actor) {
+bool Service::resume(const store::Instance& inst, Still& still, std::string_view actor) {
   still.gate.reset();
   if (!still.ended.was_running) return false;
   try {
@@ -228,4 +238,4 @@ std::string limits_line(const nlohmann::json& limits) {
   return line;
 }
 
-}  // namespace nshpc::lifecycle
+}  // namespace nshpc::instances

@@ -7,7 +7,7 @@
 //   <instances_dir>/.deleting-<id>-<what>-<hex>    what is being made or thrown away
 //
 // Every tree that is being made or thrown away lives under a `.deleting-` name in the instances
-// folder, which Store::finish_deletions() removes at the next start of the server: a crash at any
+// folder, which Service::finish_deletions() removes at the next start of the server: a crash at any
 // moment leaves either the old tree or the new one in place, never half of one, and no litter.
 // Trees change place by rename (an exchange where the filesystem has one), so a reset takes the
 // same few milliseconds whatever the layer holds; the old tree is removed afterwards (Trash).
@@ -26,15 +26,15 @@
 #include <vector>
 
 #include "base/json.hpp"
-#include "lifecycle/lifecycle.hpp"
+#include "instances/instances.hpp"
 #include "store/store.hpp"
 
-namespace nshpc::lifecycle {
+namespace nshpc::instances {
 
 // Removes thrown-away trees on a thread of its own, one at a time, so no call waits for them.
 // Destroyed with work left: with `finish_on_exit` (a CLI command: nothing else would free the
 // space before the next server start) it waits for all of it; otherwise (the server) it finishes
-// the tree in progress and leaves the rest to Store::finish_deletions() at the next start (their
+// the tree in progress and leaves the rest to Service::finish_deletions() at the next start (their
 // `.deleting-` names say so).
 class Trash {
  public:
@@ -85,11 +85,10 @@ struct LayerChange {
 
 class Snapshots {
  public:
-  Snapshots(Lifecycle& lifecycle, store::Store& store, Trash& trash)
-      : lifecycle_(lifecycle), store_(store), trash_(trash) {}
+  Snapshots(Service& instances, Trash& trash) : instances_(instances), store_(instances.store()), trash_(trash) {}
 
   // reset, take and restore hold the instance still while they change or copy its trees
-  // (Lifecycle::hold_still): refused while a job of it has not ended or a command runs in it
+  // (Service::hold_still): refused while a job of it has not ended or a command runs in it
   // (nothing is killed for them); a running living sandbox is stopped for the change and started
   // again after it (LayerChange::restarted).
   //
@@ -110,9 +109,9 @@ class Snapshots {
   SnapshotInfo find(const store::Instance& inst, const std::string& name) const;
   std::filesystem::path staging(const store::Instance& inst, std::string_view what) const;
 
-  Lifecycle& lifecycle_;
-  store::Store& store_;
+  Service& instances_;
+  const store::Store& store_;
   Trash& trash_;
 };
 
-}  // namespace nshpc::lifecycle
+}  // namespace nshpc::instances
