@@ -42,6 +42,31 @@ class NotFound : public UsageError {
   Facts facts_;
 };
 
+// A failure that only an action on the instance or on the host mends. As with NotFound, what()
+// says only what was found; the face that knows its audience words the action (the CLI names its
+// commands, the MCP tools name a tool or the server's operator), so no layer below the faces
+// tells anyone to run a command they may not have. None of these has an errno of its own: each is
+// a decision on what was found (a failed system call stays a SysError).
+class NeedsAction : public Error {
+ public:
+  enum class Action {
+    choose_network,   // the instance's network mode ('nat') cannot work on this host: 'filtered' or 'off' can
+    reset_instance,   // an image instance's layer was changed outside ns-hpc: a factory reset or a snapshot mends it
+    build_image,      // the image belongs to another user: it must be built by the user who runs ns-hpc
+    check_id_ranges,  // the subordinate id ranges (/etc/subuid, /etc/subgid) did not map: the host's to fix
+    check_host,       // a sandbox could not be set up on this host: the host's checks (doctor) say why
+  };
+  // instance_id: the instance it concerns, "" where the failing layer does not know it.
+  NeedsAction(Action action, std::string message, std::string instance_id = {})
+      : Error(std::move(message)), action_(action), instance_id_(std::move(instance_id)) {}
+  Action action() const noexcept { return action_; }
+  const std::string& instance_id() const noexcept { return instance_id_; }
+
+ private:
+  Action action_;
+  std::string instance_id_;
+};
+
 // A failed system call; keeps errno so callers can branch on it, through every layer: a layer
 // that adds what it was doing wraps the error (as crun's crun_error_wrap) instead of turning it
 // into text. what(): "<context>: ... <operation> <subject>: <strerror>".

@@ -173,6 +173,9 @@ int main(int argc, char** argv) {
   } catch (const NotFound& e) {
     print_error(fmt::format("{}; {}", e.what(), not_found_advice(e)));
     return 1;
+  } catch (const NeedsAction& e) {
+    print_error(fmt::format("{}; {}", e.what(), needs_action_advice(e)));
+    return 1;
   } catch (const UsageError& e) {
     print_error(e.what());
     return 1;
@@ -199,6 +202,25 @@ std::string not_found_advice(const NotFound& e) {
     case NotFound::Kind::image: return advice + "'ns-hpc image list' lists the images, 'ns-hpc image build NAME' builds one";
   }
   return advice;
+}
+
+std::string needs_action_advice(const NeedsAction& e) {
+  const std::string id = e.instance_id().empty() ? "ID" : e.instance_id();
+  switch (e.action()) {
+    case NeedsAction::Action::choose_network:
+      return fmt::format("choose 'filtered' or 'off' (ns-hpc instance update {} --network filtered)", id);
+    case NeedsAction::Action::reset_instance:
+      return fmt::format("reset the instance (ns-hpc instance reset {}) or restore a snapshot (ns-hpc instance "
+                         "snapshot-restore {} NAME)",
+                         id, id);
+    case NeedsAction::Action::build_image:
+      return "build the image as the user who runs ns-hpc (ns-hpc image build NAME)";
+    case NeedsAction::Action::check_id_ranges:
+      return "check your ranges in /etc/subuid and /etc/subgid ('ns-hpc doctor' checks them)";
+    case NeedsAction::Action::check_host:
+      return "run 'ns-hpc doctor' and try again";
+  }
+  return "run 'ns-hpc doctor'";
 }
 
 }  // namespace nshpc::cli

@@ -106,5 +106,7 @@ bool confirm(const std::string& question);
 int main(int argc, char** argv);
 // What a person does about something not found, naming commands (the CLI side of the tools' advice).
 std::string not_found_advice(const NotFound& e);
+// What a person does about a NeedsAction, naming commands (the CLI side of the tools' advice).
+std::string needs_action_advice(const NeedsAction& e);
 
 }  // namespace nshpc::cli

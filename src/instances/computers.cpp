@@ -109,7 +109,8 @@ store::Instance Computers::acquire(const std::string& id, bool temporary, config
     if (!was)
       throw UsageError(fmt::format(
           "'{}' is an ns-hpc instance that is not a computer: a computer is made by this entry point on the image "
-          "'{}' and never stops for idleness. Choose another computer_id (ns-hpc run serves that instance)",
+          "'{}' and never stops for idleness. Choose another computer_id (that instance is served by ns-hpc's "
+          "instance tools)",
           id, image_));
     if (*was != temporary)
       throw UsageError(fmt::format("Computer '{}' already exists with temporary={}; requested temporary={}.", id,

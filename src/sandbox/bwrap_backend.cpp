@@ -911,9 +911,9 @@ class BwrapBackend final : public Backend {
     end_network_of(target);  // what served an earlier sandbox (pasta outlives it)
     if (target.network == config::Network::nat)
       if (auto why = network::nat_unavailable())
-        throw UsageError(fmt::format("instance '{}': network 'nat' cannot work here: {}; choose 'filtered' or "
-                                     "'off' (ns-hpc instance update {} --network filtered)",
-                                     target.instance_id, *why, target.instance_id));
+        throw NeedsAction(NeedsAction::Action::choose_network,
+                          fmt::format("instance '{}': network 'nat' cannot work here: {}", target.instance_id, *why),
+                          target.instance_id);
 
     // A new file, never the old one truncated: the keeper of a sandbox that just stopped may
     // still append its last document to the file it holds.
@@ -955,9 +955,10 @@ class BwrapBackend final : public Backend {
       found = find_living(target);
     }
     if (!found.running || !runs_main_command(*found.status.child_pid()))
-      throw Error(fmt::format("the living sandbox of instance '{}' ended or did not come up as it started; run "
-                              "'ns-hpc doctor' and try again",
-                              target.instance_id));
+      throw NeedsAction(NeedsAction::Action::check_host,
+                        fmt::format("the living sandbox of instance '{}' ended or did not come up as it started",
+                                    target.instance_id),
+                        target.instance_id);
     if (target.network != config::Network::host) {
       try {
         serve_network(network_plan(target), *found.status.child_pid(), leftovers_);

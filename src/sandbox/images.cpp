@@ -659,8 +659,8 @@ void ImageStore::remove(std::string_view name_view, std::optional<std::string_vi
   for (const auto& v : list())
     if (v.name == name) (only && v.version != *only ? kept : doomed).push_back(v.version);
   if (doomed.empty())
-    throw UsageError(only ? fmt::format("image '{}' has no version '{}'; 'ns-hpc image list' shows them", name, *only)
-                          : fmt::format("there is no image '{}'; 'ns-hpc image list' shows them", name));
+    throw NotFound(NotFound::Kind::image, only ? fmt::format("image '{}' has no version '{}'", name, *only)
+                                               : fmt::format("there is no image '{}'", name));
   std::vector<std::string> users;
   for (const auto& v : doomed)
     if (auto it = in_use.find(name + "@" + v); it != in_use.end())

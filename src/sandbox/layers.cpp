@@ -176,9 +176,8 @@ UniqueFd mapped_user_namespace(const UidMapping& ids, bool owned) {
                                                         std::to_string(ids.sub_gid), rest}}) {
         const CommandResult r = run_command(argv, {}, std::chrono::seconds(10));
         if (r.exit_code != 0)
-          throw Error(fmt::format("could not map the instance's ids: {}; check your ranges in /etc/subuid and "
-                                  "/etc/subgid (ns-hpc doctor)",
-                                  describe_failure(argv, r)));
+          throw NeedsAction(NeedsAction::Action::check_id_ranges,
+                            fmt::format("could not map the instance's ids: {}", describe_failure(argv, r)));
       }
     } else {
       write_proc(child, "setgroups", "deny");
@@ -206,10 +205,10 @@ void check_image_owner(const stdfs::path& rootfs, const UidMapping& ids) {
   if (::stat((rootfs / "usr").c_str(), &st) != 0) throw SysError(errno, "find the image", rootfs.string());
   const uid_t expected = ::geteuid() == 0 ? 0 : ids.host_base;
   if (st.st_uid == expected) return;
-  throw UsageError(fmt::format(
-      "the image at {} belongs to uid {}, but an instance's root here must be uid {} (uid 0 inside: {}); build the "
-      "image as the user who runs ns-hpc (ns-hpc image build NAME)",
-      rootfs.string(), st.st_uid, expected, ids.source));
+  throw NeedsAction(NeedsAction::Action::build_image,
+                    fmt::format("the image at {} belongs to uid {}, but an instance's root here must be uid {} (uid 0 "
+                                "inside: {})",
+                                rootfs.string(), st.st_uid, expected, ids.source));
 }
 
 std::vector<std::string> as_mapped_root(std::vector<std::string> argv) {
@@ -280,9 +279,10 @@ ImageRootSetup prepare_image_root(const ImageRoot& image) {
     struct stat st{};
     if (::lstat(dir.c_str(), &st) != 0) throw SysError(errno, "find the instance's layer", dir.string());
     if (!S_ISDIR(st.st_mode) || st.st_uid != image.ids.host_base)
-      throw Error(fmt::format("{} is not a folder of the instance's root (uid {}): the layer was changed outside "
-                              "ns-hpc; reset the instance (ns-hpc instance reset) or restore a snapshot",
-                              dir.string(), image.ids.host_base));
+      throw NeedsAction(NeedsAction::Action::reset_instance,
+                        fmt::format("{} is not a folder of the instance's root (uid {}): the layer was changed "
+                                    "outside ns-hpc",
+                                    dir.string(), image.ids.host_base));
   }
   check_image_owner(image.rootfs, image.ids);
   setup.userns = mapped_user_namespace(image.ids, /*owned=*/true);

@@ -244,7 +244,9 @@ void leave_nat(const NetworkPlan& plan, const network::Netns& ns) {
 
 void enter_nat(const NetworkPlan& plan, const network::Netns& ns, pid_t init, Leftovers& leftovers) {
   if (auto why = network::nat_unavailable())
-    throw UsageError(fmt::format("network 'nat' cannot work here: {}; use 'filtered' or 'off'", *why));
+    throw NeedsAction(NeedsAction::Action::choose_network,
+                      fmt::format("instance '{}': network 'nat' cannot work here: {}", plan.instance_id, *why),
+                      plan.instance_id);
   // The host's own addresses first: pasta would reach the host's services through them.
   network::block_addresses(ns, network::host_addresses());
   network::PastaProcess pasta = network::attach_pasta(ns, {.pid_file = plan.state_dir / kPastaPidFile});

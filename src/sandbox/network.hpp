@@ -52,7 +52,7 @@ struct NetworkPlan {
 // policy (SIGHUP). Connections the new mode forbids are cut (a detach destroys every socket of
 // the namespace with a peer off its loopback; the proxy closes tunnels it no longer allows). A
 // process this one starts and must reap goes to `leftovers`. `host` cannot be served this way
-// (the sandbox has no namespace of its own then): the caller restarts it. Throws UsageError
+// (the sandbox has no namespace of its own then): the caller restarts it. Throws NeedsAction
 // when the mode cannot work here (nat without pasta or /dev/net/tun), SysError/Error otherwise.
 void serve_network(const NetworkPlan& plan, pid_t init, Leftovers& leftovers);
 

@@ -180,7 +180,7 @@ class Backend {
   // The network of a running living sandbox is now target.network: served at once among off,
   // nat and filtered (sandbox/network.hpp), its processes kept. False when it does not run, or
   // when the change is to or from `host` (its namespace is the host's: only a restart changes
-  // that). Throws UsageError when the new mode cannot work here.
+  // that). Throws NeedsAction (choose_network) when the new mode cannot work here.
   // An instance whose commands each get a fresh sandbox: its held network namespace, when one
   // is held, is served so (a change to `host` releases it); false when none is held.
   virtual bool change_network(const Target& target) = 0;

@@ -45,6 +45,9 @@ void add_tool(mcp::Server& server, ToolSpec spec);
 // What an agent does about something not found, naming tools: "restore_instance brings it back
 // (archive_name 'x__...')", "did you mean 'x'? list_instances lists the active ones".
 std::string not_found_advice(const NotFound& e);
+// What an agent does about a NeedsAction: the tool that does it ("update_instance with network
+// 'filtered' ..."), or what to ask of the server's operator. Never a command to run itself.
+std::string needs_action_advice(const NeedsAction& e);
 
 // ---------------------------------------------------------------------------------------------
 // Schema fragments.

@@ -25,12 +25,15 @@ void add_tool(mcp::Server& server, ToolSpec spec) {
   tool.output_schema = std::move(spec.output);
   tool.annotations = annotations(spec.hints);
   tool.accept_input_wrapper = true;
-  // What is not found is said with the tool that brings it back or lists what there is.
+  // What is not found is said with the tool that brings it back or lists what there is; what
+  // needs an action, with the tool that does it or the operator who can.
   tool.handler = [handler = std::move(spec.handler)](const json& args, mcp::RequestContext& rc) {
     try {
       return handler(args, rc);
     } catch (const NotFound& e) {
       throw UsageError(fmt::format("{}; {}", e.what(), not_found_advice(e)));
+    } catch (const NeedsAction& e) {
+      throw Error(fmt::format("{}; {}", e.what(), needs_action_advice(e)));
     }
   };
   server.add_tool(std::move(tool));
@@ -50,6 +53,25 @@ std::string not_found_advice(const NotFound& e) {
                       "the image";
   }
   return advice;
+}
+
+std::string needs_action_advice(const NeedsAction& e) {
+  switch (e.action()) {
+    case NeedsAction::Action::choose_network:
+      return "update_instance with network 'filtered' or 'off' gives it a network that works here";
+    case NeedsAction::Action::reset_instance:
+      return "factory_reset_instance puts its root back to the image, or restore_snapshot to a snapshot's";
+    case NeedsAction::Action::build_image:
+      return "create the instance without an image, or ask the server's operator to build the image as the user "
+             "who runs the server";
+    case NeedsAction::Action::check_id_ranges:
+      return "ask the server's operator to check the ranges in /etc/subuid and /etc/subgid (`ns-hpc doctor` checks "
+             "them)";
+    case NeedsAction::Action::check_host:
+      return "try again; if it fails again, ask the server's operator to run `ns-hpc doctor`, which checks what "
+             "sandboxes need here";
+  }
+  return "ask the server's operator to run `ns-hpc doctor`";
 }
 
 json of_type(const char* type) { return {{"type", type}}; }

@@ -314,7 +314,18 @@ TEST_F(ImageInstance, WhatCannotWorkIsRefusedWithTheReason) {
   Result broken = in("img-slurm", "true");
   EXPECT_NE(broken.exit_code, 0);
   EXPECT_NE(broken.err.find("is not a folder of the instance's root"), std::string::npos) << broken.err;
-  EXPECT_NE(broken.err.find("instance reset"), std::string::npos) << broken.err;
+  // Each face words the remedy for its reader: the person a command, the agent a tool.
+  EXPECT_NE(broken.err.find("reset the instance (ns-hpc instance reset"), std::string::npos) << broken.err;
+  EXPECT_EQ(broken.err.find("factory_reset_instance"), std::string::npos) << broken.err;
+  McpSession server(env_);
+  const json refused = server.call_and_wait("terminal_execute", {{"instance_id", "img-slurm"}, {"command", "true"}});
+  const std::string said = result_text(refused);
+  EXPECT_TRUE(refused["result"].value("isError", false)) << refused.dump();
+  EXPECT_NE(said.find("is not a folder of the instance's root"), std::string::npos) << said;
+  EXPECT_NE(said.find("factory_reset_instance puts its root back to the image, or restore_snapshot"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("ns-hpc instance"), std::string::npos) << said;
 }
 
 // Images made by hand for a test: a version folder with an empty image.json, current.
@@ -350,7 +361,19 @@ TEST_F(StandInImages, AnImageOfAnotherOwnerIsRefusedWithTheReasonAndLeavesNothin
   Result r = env.run({"instance", "create", "img-foreign", "--image", "fake"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("belongs to uid " + std::to_string(owner)), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("build the image as the user who runs ns-hpc"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("build the image as the user who runs ns-hpc (ns-hpc image build NAME)"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(env.instances() / "img-foreign"));
+  // An agent is told what to ask of the operator, never to run the build itself.
+  McpSession server(env);
+  const json refused = server.call_and_wait("create_instance", {{"instance_id", "img-foreign"}, {"image", "fake"}});
+  const std::string said = result_text(refused);
+  EXPECT_TRUE(refused["result"].value("isError", false)) << refused.dump();
+  EXPECT_NE(said.find("belongs to uid " + std::to_string(owner)), std::string::npos) << said;
+  EXPECT_NE(said.find("ask the server's operator to build the image as the user who runs the server"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("ns-hpc"), std::string::npos) << said;
   EXPECT_FALSE(fs::exists(env.instances() / "img-foreign"));
 }
 

@@ -136,8 +136,8 @@ TEST(Images, BadNamesAndMissingImagesAreClearErrorsBeforeAnythingRuns) {
   EXPECT_NE(pkg.err.find("'-o=evil' is not a package name"), std::string::npos) << pkg.err;
   Result missing = env.run({"image", "rm", "nothing"});
   EXPECT_EQ(missing.exit_code, 1);
-  EXPECT_NE(missing.err.find("there is no image 'nothing'; 'ns-hpc image list' shows them"), std::string::npos)
-      << missing.err;
+  EXPECT_NE(missing.err.find("there is no image 'nothing'; "), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("'ns-hpc image list' lists the images"), std::string::npos) << missing.err;
   Result none = env.run({"image", "list"});
   EXPECT_EQ(none.exit_code, 0);
   EXPECT_NE(none.out.find("No images; build one with 'ns-hpc image build NAME'."), std::string::npos) << none.out;

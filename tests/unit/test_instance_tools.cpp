@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <fstream>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "base/error.hpp"
 #include "base/json.hpp"
+#include "cli/app.hpp"
 #include "common/temp_dir.hpp"
 #include "mcp/server.hpp"
 #include "instances/instances.hpp"
@@ -32,6 +34,7 @@ class FakeBackend final : public sandbox::Backend {
   std::map<std::string, sandbox::LivingStatus> status;  // by instance id; absent: never ran
   std::vector<std::string> calls;                        // "status a", "stop a restarted 7000", ...
   bool status_fails = false;
+  std::optional<nshpc::NeedsAction> start_fails;  // thrown by start_living when set
 
   std::string_view name() const override { return "fake"; }
   std::unique_ptr<sandbox::Process> start(const sandbox::RunSpec&) override { throw nshpc::Error("fake: no runs"); }
@@ -43,6 +46,7 @@ class FakeBackend final : public sandbox::Backend {
   }
   sandbox::LivingStatus start_living(const sandbox::Target& t) override {
     record("start " + t.instance_id);
+    if (start_fails) throw *start_fails;
     auto& s = status[t.instance_id];
     s = {};
     s.running = true;
@@ -377,6 +381,54 @@ TEST_F(InstanceToolsTest, SnapshotsOfAnEphemeralInstanceAskNothingOfTheBackend) 
   ASSERT_FALSE(taken.value("isError", false)) << taken;
   EXPECT_EQ(taken["structuredContent"]["was_running"], false);
   EXPECT_TRUE(backend_.calls.empty()) << backend_.calls.front();
+}
+
+// What only an action mends is found below the faces and worded by each face for its audience:
+// the tool result names the tool that does it, or what to ask of the server's operator, and never
+// a command for the agent to run; the CLI names its commands and no tool.
+TEST_F(InstanceToolsTest, WhatNeedsAnActionIsWordedForTheAgentAndForThePerson) {
+  using Action = nshpc::NeedsAction::Action;
+  struct Case {
+    Action action;
+    std::string tool;  // in the tool result
+    std::string cli;   // in the CLI's advice
+  };
+  const std::vector<Case> cases = {
+      {Action::choose_network, "update_instance with network 'filtered' or 'off'",
+       "choose 'filtered' or 'off' (ns-hpc instance update liv --network filtered)"},
+      {Action::reset_instance, "factory_reset_instance puts its root back to the image, or restore_snapshot",
+       "(ns-hpc instance reset liv) or restore a snapshot (ns-hpc instance snapshot-restore liv NAME)"},
+      {Action::build_image, "ask the server's operator to build the image as the user who runs the server",
+       "build the image as the user who runs ns-hpc (ns-hpc image build NAME)"},
+      {Action::check_id_ranges, "ask the server's operator to check the ranges in /etc/subuid and /etc/subgid",
+       "check your ranges in /etc/subuid and /etc/subgid ('ns-hpc doctor' checks them)"},
+      {Action::check_host, "try again; if it fails again, ask the server's operator to run `ns-hpc doctor`",
+       "run 'ns-hpc doctor' and try again"},
+  };
+  create("liv", true);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.cli);
+    backend_.start_fails = nshpc::NeedsAction(c.action, "instance 'liv': what was found", "liv");
+    const json result = call("restart_instance", {{"instance_id", "liv"}});
+    ASSERT_TRUE(result.value("isError", false)) << result;
+    const std::string said = text(result);
+    EXPECT_EQ(said.rfind("instance 'liv': what was found; ", 0), 0u) << said;
+    EXPECT_NE(said.find(c.tool), std::string::npos) << said;
+    // An agent runs no CLI: a command is named only as what the operator is asked to run.
+    const auto named = said.find("ns-hpc ");
+    if (named != std::string::npos) EXPECT_LT(said.find("the server's operator"), named) << said;
+    for (const char* command : {"ns-hpc instance", "ns-hpc image", "--network"})
+      EXPECT_EQ(said.find(command), std::string::npos) << said;
+
+    const std::string advice = nshpc::cli::needs_action_advice(*backend_.start_fails);
+    EXPECT_NE(advice.find(c.cli), std::string::npos) << advice;
+    for (const char* tool : {"_instance", "_snapshot", "operator"})
+      EXPECT_EQ(advice.find(tool), std::string::npos) << advice;
+  }
+  // Where the failing layer does not know the instance, the CLI names the argument to give.
+  EXPECT_NE(nshpc::cli::needs_action_advice(nshpc::NeedsAction(Action::reset_instance, "a layer"))
+                .find("ns-hpc instance reset ID"),
+            std::string::npos);
 }
 
 }  // namespace
