@@ -48,4 +48,25 @@ std::string terminal_description(std::string_view shell, std::int64_t timeout,
   return text;
 }
 
+std::string action_advice(const NeedsAction& e, bool lifecycle_tools) {
+  switch (e.action()) {
+    case NeedsAction::Action::choose_network:
+      return lifecycle_tools
+                 ? "set_network_access with enabled=false and then enabled=true gives it a network that works here"
+                 : "ask the server's operator to give the computer a network that works here ('filtered' or 'off')";
+    case NeedsAction::Action::reset_instance:
+      return lifecycle_tools ? "computer_factory_reset returns it to a fresh image (its installs and /workspace go)"
+                             : "ask the server's operator to factory reset the computer";
+    case NeedsAction::Action::build_image:
+      return "ask the server's operator to build the image as the user who runs the server";
+    case NeedsAction::Action::check_id_ranges:
+      return "ask the server's operator to check the ranges in /etc/subuid and /etc/subgid (`ns-hpc doctor` checks "
+             "them)";
+    case NeedsAction::Action::check_host:
+      return "try again; if it fails again, ask the server's operator to run `ns-hpc doctor`, which checks what "
+             "sandboxes need here";
+  }
+  return "ask the server's operator to run `ns-hpc doctor`";
+}
+
 }  // namespace nshpc::tools::computer

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/error.hpp"
 #include "base/json.hpp"
 
 namespace nshpc::tools::computer {
@@ -37,5 +38,10 @@ std::string output_limit_message(std::int64_t limit);
 std::string terminal_description(std::string_view shell, std::int64_t timeout,
                                  const std::optional<std::string>& override_text,
                                  const std::optional<std::string>& extended);
+
+// What the computer's agent does about a NeedsAction: the computer's own tool that does it (it has
+// no update_instance or factory_reset_instance) when `lifecycle_tools` are offered, else what to
+// ask of the server's operator.
+std::string action_advice(const NeedsAction& e, bool lifecycle_tools);
 
 }  // namespace nshpc::tools::computer

@@ -126,6 +126,13 @@ mcp::ToolResult json_result(json object) {
   return mcp::ToolResult::text(std::move(text), std::move(object));
 }
 
+// An error's text for the agent: what needs an action says which of the computer's tools does it.
+std::string error_text(const State& st, const std::exception& e) {
+  if (const auto* needs = dynamic_cast<const NeedsAction*>(&e))
+    return fmt::format("{}; {}", e.what(), computer::action_advice(*needs, st.settings.expose_lifecycle_tools));
+  return e.what();
+}
+
 // An error as the seed answers it: isError with a JSON payload.
 mcp::ToolResult json_error(json payload) {
   mcp::ToolResult r;
@@ -147,7 +154,7 @@ ToolHandler working(StatePtr st, const char* operation,
       return json_error({{"operation", operation},
                          {"computer_id", given.empty() ? st->settings.computer_id : given},
                          {"desktop_environment", false},
-                         {"error", e.what()}});
+                         {"error", error_text(*st, e)}});
     }
   };
 }
@@ -160,7 +167,7 @@ ToolHandler managing(StatePtr st, std::function<mcp::ToolResult(State&, const js
     } catch (const mcp::ProtocolError&) {
       throw;
     } catch (const std::exception& e) {
-      return json_error({{"error", e.what()}});
+      return json_error({{"error", error_text(*st, e)}});
     }
   };
 }

@@ -32,5 +32,28 @@ TEST(ComputerTerminal, DescriptionOverrideAndExtension) {
   EXPECT_EQ(terminal_description("/bin/bash", 120, std::string("Just this."), std::nullopt), "Just this.");
 }
 
+// The computer's agent is pointed at the computer's own tools or at the operator: never at a tool
+// this entry point does not offer, nor at a command to run.
+TEST(ComputerTerminal, WhatNeedsAnActionNamesTheComputersOwnTools) {
+  using Action = NeedsAction::Action;
+  const NeedsAction reset(Action::reset_instance, "layer changed"), network(Action::choose_network, "no nat");
+  EXPECT_EQ(action_advice(reset, true).rfind("computer_factory_reset", 0), 0u);
+  EXPECT_EQ(action_advice(network, true).rfind("set_network_access", 0), 0u);
+  // Without the lifecycle tools the agent has neither: the operator does it.
+  EXPECT_EQ(action_advice(reset, false), "ask the server's operator to factory reset the computer");
+  EXPECT_EQ(action_advice(network, false).rfind("ask the server's operator", 0), 0u);
+  for (bool lifecycle : {true, false}) {
+    for (Action a : {Action::choose_network, Action::reset_instance, Action::build_image, Action::check_id_ranges,
+                     Action::check_host}) {
+      const std::string said = action_advice(NeedsAction(a, "facts"), lifecycle);
+      for (const char* other : {"_instance", "restore_snapshot", "ns-hpc instance", "ns-hpc image", "without an image"})
+        EXPECT_EQ(said.find(other), std::string::npos) << said;
+      if (!lifecycle) EXPECT_EQ(said.find("computer_"), std::string::npos) << said;
+      if (const auto named = said.find("ns-hpc "); named != std::string::npos)
+        EXPECT_LT(said.find("the server's operator"), named) << said;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace nshpc::tools::computer
