@@ -31,6 +31,7 @@ class NotFound : public UsageError {
     std::string near_miss;     // "" when none is close
     std::string archive_name;  // "" when the id was never archived
     std::string archived_at;   // ISO 8601, when known
+    std::string name;          // what was looked for, when the advice names it (an image)
   };
   NotFound(Kind kind, std::string message, Facts facts = {})
       : UsageError(std::move(message)), kind_(kind), facts_(std::move(facts)) {}

@@ -199,7 +199,9 @@ std::string not_found_advice(const NotFound& e) {
     case NotFound::Kind::instance: return advice + "'ns-hpc instance list' lists the active ones";
     case NotFound::Kind::job: return advice + "'ns-hpc instance jobs ID' lists an instance's jobs";
     case NotFound::Kind::archive: return advice + "'ns-hpc instance list-archived' lists the archives";
-    case NotFound::Kind::image: return advice + "'ns-hpc image list' lists the images, 'ns-hpc image build NAME' builds one";
+    case NotFound::Kind::image:
+      return advice + fmt::format("build it with 'ns-hpc image build {}' ('ns-hpc image list' lists the images)",
+                                  f.name.empty() ? "NAME" : f.name);
   }
   return advice;
 }

@@ -21,10 +21,7 @@ namespace {
 constexpr int kTimeoutExitCode = 124;  // timeout(1)'s
 
 sandbox::ExecSpec make_exec_spec(Invocation& inv, const store::Instance& inst, std::vector<std::string> command) {
-  sandbox::ExecSpec spec;
-  spec.target = inv.store().sandbox_target(inst);
-  spec.argv = std::move(command);
-  return spec;
+  return inv.instances().command(inst, instances::Service::Command::person, std::move(command));
 }
 
 // Audits a finished sandbox run and turns it into the exit code to return.
@@ -76,7 +73,7 @@ int run_with_timeout(Invocation& inv, const store::Instance& inst, const std::ve
     return stop_signal != 0;
   };
   const auto started = std::chrono::steady_clock::now();
-  const sandbox::CaptureResult run = sandbox::capture(inv.instances().backend(), std::move(spec), options);
+  const sandbox::CaptureResult run = inv.instances().run_captured(inst, std::move(spec), std::move(options));
   const bool timed_out = run.ending == sandbox::Ending::timed_out;
   const int code = finish_sandbox_run(inv, inst, command, "sandbox.exec", run.status,
                                       std::chrono::steady_clock::now() - started, stop_signal, timed_out);
@@ -91,7 +88,7 @@ int run_with_timeout(Invocation& inv, const store::Instance& inst, const std::ve
 int run_in_sandbox(Invocation& inv, const store::Instance& inst, const std::vector<std::string>& command,
                    std::string_view event) {
   const auto started = std::chrono::steady_clock::now();
-  AttachedRun run = run_attached(inv.instances().backend(), make_exec_spec(inv, inst, command));
+  AttachedRun run = run_attached(inv.instances(), make_exec_spec(inv, inst, command));
   return finish_sandbox_run(inv, inst, command, event, run.status, std::chrono::steady_clock::now() - started,
                             run.stop_signal);
 }

@@ -180,12 +180,12 @@ AttachedRun ended(sandbox::Execution& execution, int stop_signal) {
 
 }  // namespace
 
-AttachedRun run_attached(sandbox::Backend& backend, sandbox::ExecSpec spec) {
+AttachedRun run_attached(instances::Service& instances, sandbox::ExecSpec spec) {
   const std::optional<CallerTerminal> caller = caller_terminal();
   if (!caller) {  // pipes and files are handed over as they are
     spec.stdio = {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO};
     StopSignals signals;  // SIGINT/SIGTERM/SIGHUP/SIGQUIT now arrive on a descriptor
-    auto execution = sandbox::execute(backend, std::move(spec));
+    auto execution = instances.execute(std::move(spec));
     return ended(*execution, signals.wait_for_exit_or_signal(execution->wait_fd()));
   }
 
@@ -194,7 +194,7 @@ AttachedRun run_attached(sandbox::Backend& backend, sandbox::ExecSpec spec) {
   spec.stdio = {in_place(STDIN_FILENO), in_place(STDOUT_FILENO), in_place(STDERR_FILENO)};
   spec.terminal = caller->on[STDIN_FILENO];
   StopSignals signals({SIGWINCH});
-  auto execution = sandbox::execute(backend, std::move(spec));
+  auto execution = instances.execute(std::move(spec));
   pty.slave.reset();  // only the sandbox holds it now
   // A command joining a living sandbox has a terminal of the sandbox's own instead (made like
   // this one): that is the one to relay.

@@ -2,6 +2,7 @@
 // `instance enter`), with a private PTY relayed in place of the caller's terminal.
 #pragma once
 
+#include "instances/instances.hpp"
 #include "sandbox/execution.hpp"
 
 namespace nshpc::cli {
@@ -16,6 +17,6 @@ struct AttachedRun {
 // its place, relayed to the caller's terminal (raw while the command runs when stdin is on it,
 // restored exactly afterwards; window size forwarded), so nothing the sandbox does to its
 // terminal (stty, TIOCSETD) reaches the caller's. Pipes and files are passed as they are.
-AttachedRun run_attached(sandbox::Backend& backend, sandbox::ExecSpec spec);
+AttachedRun run_attached(instances::Service& instances, sandbox::ExecSpec spec);
 
 }  // namespace nshpc::cli

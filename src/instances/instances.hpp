@@ -26,6 +26,8 @@
 #include "config/config.hpp"
 #include "files/resolver.hpp"
 #include "jobs/jobs.hpp"
+#include "sandbox/capture.hpp"
+#include "sandbox/execution.hpp"
 #include "sandbox/layers.hpp"
 #include "sandbox/sandbox.hpp"
 #include "store/store.hpp"
@@ -126,6 +128,21 @@ class Service {
   std::chrono::milliseconds grace() const;
 
   // ---- What runs in it -----------------------------------------------------------------------
+  // Every command a face runs in an instance is described here, once: its target, a cgroup of its
+  // own below the instance's ("<kind>-<id>", gone with it) and its limits. An agent's command
+  // (terminal_execute, search_files, the file tools' helpers) runs under [terminal.limits]; a
+  // person's (ns-hpc bwrap, instance enter) only under the instance's [namespace] limits, as the
+  // original's bwrap, so that a batch job on a Slurm node keeps its allocation. (A job is
+  // described by the job engine, from its request.)
+  enum class Command { terminal, search, person };
+  sandbox::ExecSpec command(const store::Instance& inst, Command kind, std::vector<std::string> argv) const;
+  // Runs `spec` through the captured-run pump (sandbox/capture.hpp), registered as `what` (the
+  // command in a few words) while it runs.
+  sandbox::CaptureResult run_captured(const store::Instance& inst, sandbox::ExecSpec spec,
+                                      sandbox::CaptureOptions options, std::string what = {});
+  // Starts `spec` for a caller that follows it itself (a terminal relayed to a person).
+  std::unique_ptr<sandbox::Execution> execute(sandbox::ExecSpec spec);
+
   // A running execution of an instance (a terminal command, a search, ...) is registered while it
   // runs, with what stops it: remove(), archive() and stop() stop it, hold_still() names it.
   class Registration {

@@ -98,7 +98,8 @@ std::optional<store::NewRoot> Service::choose_root(const store::Store& store, co
   const auto image = sandbox::ImageStore(config_.ns.images_dir).current(options.image);
   if (!image)
     throw NotFound(NotFound::Kind::image,
-                   fmt::format("there is no image '{}' in {}", options.image, config_.ns.images_dir.string()));
+                   fmt::format("there is no image '{}' in {}", options.image, config_.ns.images_dir.string()),
+                   {.name = options.image});
   // Never an instance that cannot start: this host must give it a writable layer (tried for real
   // once per process, as doctor does).
   {

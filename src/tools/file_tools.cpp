@@ -798,21 +798,13 @@ mcp::ToolResult search_files(const ToolContext& ctx, const json& args, mcp::Requ
   argv.push_back("--");
   if (!string_arg(args, "path").empty()) argv.push_back(path);  // else the workspace, paths shown without "./"
 
-  sandbox::ExecSpec spec;
-  spec.target = ctx.services.instances.store().sandbox_target(inst);
-  spec.argv = argv;
-  spec.limits = cfg.terminal.limits;
-  spec.use_cgroups = cfg.jobs.local.use_cgroups;
-  spec.cgroup_name = spec.target.cgroup_folder + "/search-" + jobs::new_job_id();
+  sandbox::ExecSpec spec = ctx.services.instances.command(inst, instances::Service::Command::search, argv);
   sandbox::CaptureOptions options;
   options.output_cap = kSearchOutputCap;
   options.timeout = kSearchTimeout;
   options.cancelled = [&rc] { return rc.cancelled(); };
-  options.started = [&ctx, &inst](sandbox::Execution& execution) {
-    return std::make_shared<instances::Service::Registration>(
-        ctx.services.instances.register_execution(inst.id, [&execution] { execution.kill_tree(); }));
-  };
-  sandbox::CaptureResult o = sandbox::capture(ctx.services.instances.backend(), std::move(spec), options);
+  sandbox::CaptureResult o =
+      ctx.services.instances.run_captured(inst, std::move(spec), std::move(options), "a search of its files");
   if (o.ending == sandbox::Ending::cancelled) return mcp::ToolResult::error("cancelled");
   if (!o.status.started || o.status.exit_code == 127)
     throw UsageError(fmt::format("ripgrep (rg) could not run in the instance's sandbox: {}",

@@ -183,17 +183,9 @@ TerminalRequest parse_terminal_request(const json& args, const config::Config& c
 sandbox::CaptureResult run_terminal_request(const ToolContext& ctx, const store::Instance& inst,
                                             const TerminalRequest& req, std::size_t output_cap,
                                             mcp::RequestContext& rc) {
-  const config::Config& cfg = ctx.services.config;
-  sandbox::ExecSpec spec;
-  spec.target = ctx.services.instances.store().sandbox_target(inst);
-  spec.argv = req.argv;
+  sandbox::ExecSpec spec = ctx.services.instances.command(inst, instances::Service::Command::terminal, req.argv);
   spec.cwd = req.working_directory;  // empty: the workspace
   spec.env = req.env;
-  // [terminal.limits]: the same enforcement as a job's (cgroups for cpus/memory/pids, a file
-  // size limit for output), in a group of its own that goes with the command.
-  spec.limits = cfg.terminal.limits;
-  spec.use_cgroups = cfg.jobs.local.use_cgroups;
-  spec.cgroup_name = spec.target.cgroup_folder + "/term-" + jobs::new_job_id();
 
   sandbox::CaptureOptions options;
   options.input = req.stdin_text;
@@ -205,16 +197,10 @@ sandbox::CaptureResult run_terminal_request(const ToolContext& ctx, const store:
   };
   options.progress_interval = kProgressInterval;
   options.slice = kPollSlice;
-  // A delete or archive of the instance stops this command first.
-  options.started = [&ctx, &inst, &req](sandbox::Execution& execution) {
-    return std::make_shared<instances::Service::Registration>(ctx.services.instances.register_execution(
-        inst.id, [&execution] { execution.kill_tree(); },
-        fmt::format("a command (`{}`)",
-                    text::truncate_utf8(req.argv.size() == 3 && req.argv[1] == "-c" ? req.argv[2]
-                                                                                     : text::shell_join(req.argv),
-                                        60))));
-  };
-  return sandbox::capture(ctx.services.instances.backend(), std::move(spec), options);
+  const std::string shown =
+      req.argv.size() == 3 && req.argv[1] == "-c" ? req.argv[2] : text::shell_join(req.argv);
+  return ctx.services.instances.run_captured(inst, std::move(spec), std::move(options),
+                                             fmt::format("a command (`{}`)", text::truncate_utf8(shown, 60)));
 }
 
 void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
