@@ -69,10 +69,10 @@ int in_child(F body) {
 Check check_living(Invocation& inv, const config::Config& cfg) {
   Check c{"no stray sandboxes or network helpers", true, false};
   try {
-    const std::vector<std::string> ended = inv.instances().backend().end_stray_sandboxes(cfg.ns.instances_dir);
+    const std::vector<std::string> ended = inv.instances().end_strays();
     c.detail = ended.empty() ? "every running sandbox and network helper belongs to an instance"
                              : fmt::format("{}", fmt::join(ended, "; "));
-    c.detail += inv.instances().backend().commands_share_pids()
+    c.detail += inv.instances().commands_share_pids()
                     ? "; commands of a living instance share its pid namespace (cgroup v2 kill)"
                     : "; each command of a living instance has a pid namespace of its own (no cgroup kill here)";
   } catch (const std::exception& e) {

@@ -301,7 +301,7 @@ void add_describe(CLI::App& parent, Invocation& inv, const std::shared_ptr<Insta
     const instances::Service::DiskUse use = inv.instances().disk_use(inst);
     nlohmann::json out = instance_host_json(inst);
     add_living_state(inv, inst, out);
-    out["limits"] = instances::limits_json(inv.config(), inv.store().cgroup_folder(inst.id));
+    out["limits"] = inv.instances().limits(inst);
     if (a->json) {
       out["disk_usage"] = disk_use_json(use);
       print_json(out);

@@ -187,17 +187,17 @@ int serve(Invocation& inv, const ServerParts& parts, const std::function<int(mcp
   jobs::Engine& engine = inv.jobs();
   engine.recover();  // jobs left running by an earlier server are watched again
   // Nothing runs that no record names: living sandboxes of instances that are gone end here.
-  for (const std::string& line : inv.instances().backend().end_stray_sandboxes(cfg.ns.instances_dir)) log::warn("{}", line);
+  for (const std::string& line : inv.instances().end_strays()) log::warn("{}", line);
   // What it started and let run (a living sandbox's keeper, a network helper) is reaped within
   // seconds of its end, whether or not its instance is used again: a zombie would otherwise stay
   // until then, and go to a PID 1 that may reap nothing when the server ends.
-  std::jthread reaper([&backend = inv.instances().backend()](std::stop_token stop) {
+  std::jthread reaper([&instances = inv.instances()](std::stop_token stop) {
     std::mutex mutex;
     std::condition_variable_any wake;
     std::unique_lock lock(mutex);
     while (!stop.stop_requested()) {
       wake.wait_for(lock, stop, kReapEvery, [] { return false; });
-      backend.reap_ended();  // once more as the server ends
+      instances.reap_ended();  // once more as the server ends
     }
   });
   // Said once here: an instance's limits this host cannot enforce (describe_instance lists them too).

@@ -83,6 +83,13 @@ class Service {
   std::vector<sandbox::LivingProcess> processes(const store::Instance& inst);
   // Whether the commands of a living instance share one pid namespace here (sandbox.hpp).
   bool commands_share_pids();
+  // The instance's [namespace] limits and, while its cgroup exists, their usage (limits_json).
+  nlohmann::json limits(const store::Instance& inst) const;
+  // Ends the sandboxes and network helpers of instances that are gone (Backend::end_stray_sandboxes);
+  // one line for each.
+  std::vector<std::string> end_strays();
+  // Reaps what the backend started and let run that has ended since; never waits.
+  void reap_ended();
 
   // Starts the instance's living sandbox unless it runs. Audited as instance.started when it
   // was not running.

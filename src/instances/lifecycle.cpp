@@ -45,6 +45,14 @@ std::vector<sandbox::LivingProcess> Service::processes(const store::Instance& in
 
 bool Service::commands_share_pids() { return backend().commands_share_pids(); }
 
+nlohmann::json Service::limits(const store::Instance& inst) const {
+  return limits_json(config_, store_->cgroup_folder(inst.id));
+}
+
+std::vector<std::string> Service::end_strays() { return backend().end_stray_sandboxes(config_.ns.instances_dir); }
+
+void Service::reap_ended() { backend().reap_ended(); }
+
 Service::NetworkChange Service::apply_network(const store::Instance& inst, std::string_view actor) {
   if (!inst.persistent)  // the namespace held for its commands, if one is
     return backend().change_network(target(inst)) ? NetworkChange::applied : NetworkChange::not_running;

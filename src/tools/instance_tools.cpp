@@ -430,7 +430,7 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
                                  {"files", use.files}, {"layer_bytes", use.layer_bytes},
                                  {"snapshots_bytes", use.snapshots_bytes}};
             add_living_state(ctx, inst, out);
-            out["limits"] = instances::limits_json(ctx.services.config, ctx.services.instances.store().cgroup_folder(inst.id));
+            out["limits"] = ctx.services.instances.limits(inst);
             std::string text = fmt::format(
                 "Instance '{}'\nDescription: {}\nCreated: {}\nLast activity: {}\nNetwork: {}\nPersistent: {}\n"
                 "Workspace: {} ({:.1f} MiB)\nOutput: {} ({:.1f} MiB)\nFiles: {}\nRoot: {}\nSnapshots: {:.1f} MiB\n"
