@@ -66,7 +66,7 @@ int in_child(F body) {
 // Sandboxes that no record names (an instance deleted, archived or removed behind a running
 // sandbox's back) and the network helpers of instances whose folder is gone are ended here, as at
 // every server start.
-Check check_living(Invocation& inv, const config::Config& cfg) {
+Check check_living(Invocation& inv) {
   Check c{"no stray sandboxes or network helpers", true, false};
   try {
     const std::vector<std::string> ended = inv.instances().end_strays();
@@ -538,7 +538,7 @@ void add_doctor_command(CLI::App& app, Invocation& inv) {
     }
     checks.push_back(check_instances_dir(*cfg));
     checks.push_back(check_cgroups());
-    checks.push_back(check_living(inv, *cfg));
+    checks.push_back(check_living(inv));
     checks.push_back(check_network_modes(*cfg));
     checks.push_back(check_search());
     checks.push_back(check_image_builds());

@@ -135,12 +135,12 @@ class Service {
   std::chrono::milliseconds grace() const;
 
   // ---- What runs in it -----------------------------------------------------------------------
-  // Every command a face runs in an instance is described here, once: its target, a cgroup of its
-  // own below the instance's ("<kind>-<id>", gone with it) and its limits. An agent's command
-  // (terminal_execute, search_files, the file tools' helpers) runs under [terminal.limits]; a
-  // person's (ns-hpc bwrap, instance enter) only under the instance's [namespace] limits, as the
-  // original's bwrap, so that a batch job on a Slurm node keeps its allocation. (A job is
-  // described by the job engine, from its request.)
+  // Every command a face runs in an instance is described here, once: its target, its cgroup below
+  // the instance's and its limits. An agent's command (terminal_execute, search_files) runs under
+  // [terminal.limits] in a group of its own ("term-"/"search-<id>", gone with it); a person's
+  // (ns-hpc bwrap, instance enter) only under the instance's [namespace] limits, as the original's
+  // bwrap, so that a batch job on a Slurm node keeps its allocation (the backend gives it a
+  // "cmd-<id>" group where it can). A job is described by the job engine, from its request.
   enum class Command { terminal, search, person };
   sandbox::ExecSpec command(const store::Instance& inst, Command kind, std::vector<std::string> argv) const;
   // Runs `spec` through the captured-run pump (sandbox/capture.hpp), registered as `what` (the

@@ -12,7 +12,7 @@ std::string_view leaf_of(Service::Command kind) {
   switch (kind) {
     case Service::Command::terminal: return "term";
     case Service::Command::search: return "search";
-    case Service::Command::person: return "cmd";
+    case Service::Command::person: break;  // the backend names a person's command's group
   }
   return "cmd";
 }
@@ -23,9 +23,12 @@ sandbox::ExecSpec Service::command(const store::Instance& inst, Command kind, st
   sandbox::ExecSpec spec;
   spec.target = target(inst);
   spec.argv = std::move(argv);
+  // A person's: the instance's limits alone, in the group the backend gives a command that brings
+  // none (cmd-<id> where cgroups can be written; else a pid namespace of its own kills its tree).
+  if (kind == Command::person) return spec;
   // An agent's command: the same enforcement as a job's (cgroups for cpus/memory/pids, a file
-  // size limit for output). A person's: the instance's limits alone.
-  if (kind != Command::person) spec.limits = config_.terminal.limits;
+  // size limit for output), in a group of its own that goes with it.
+  spec.limits = config_.terminal.limits;
   spec.use_cgroups = config_.jobs.local.use_cgroups;
   spec.cgroup_name = fmt::format("{}/{}-{}", spec.target.cgroup_folder, leaf_of(kind), random::hex(6));
   return spec;

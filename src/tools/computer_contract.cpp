@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "tools/internal.hpp"
+
 namespace nshpc::tools::computer {
 
 using json = nlohmann::json;
@@ -60,13 +62,10 @@ std::string action_advice(const NeedsAction& e, bool lifecycle_tools) {
     case NeedsAction::Action::build_image:
       return "ask the server's operator to build the image as the user who runs the server";
     case NeedsAction::Action::check_id_ranges:
-      return "ask the server's operator to check the ranges in /etc/subuid and /etc/subgid (`ns-hpc doctor` checks "
-             "them)";
     case NeedsAction::Action::check_host:
-      return "try again; if it fails again, ask the server's operator to run `ns-hpc doctor`, which checks what "
-             "sandboxes need here";
+      break;  // the host's to fix: worded as for any instance
   }
-  return "ask the server's operator to run `ns-hpc doctor`";
+  return needs_action_advice(e);
 }
 
 }  // namespace nshpc::tools::computer
