@@ -1,6 +1,10 @@
 // make bench, part 2: the MCP server over stdio, side by side with the sandbox floor.
-//   - bare hardened `bwrap ... true` (the floor, exec'd directly)
-//   - terminal_execute {args:["true"]} round trip through `ns-hpc run` (one server, many calls)
+//   - bare hardened `bwrap ... true` (the floor, exec'd directly), sharing the host's network and,
+//     like for like with an instance whose network is off, with a network namespace of its own
+//   - terminal_execute {args:["true"]} round trip through `ns-hpc run` (one server, many calls), in
+//     an instance with the default network (nat where pasta is installed), one with network off,
+//     and a running living instance
+//   - the launch's steps, timed (medians of the server's debug lines, sandbox/..., base/steps.hpp)
 //   - submit_job `true` (waiting for completion) and submit_job + poll_job round trips
 //   - jobs per second with 8 submissions in flight, and the server's RSS after 1,000 jobs
 //   - listing a store of 10,000 instances: a page of list_instances, resources/list (also alone:
@@ -46,18 +50,22 @@ Stats summarize(std::vector<double> v) {
 // A JSON-RPC client for `ns-hpc run` over pipes.
 class Server {
  public:
-  Server(const std::string& binary, const fs::path& config) {
+  // `log`: the server's stderr, at debug (its step lines); empty: discarded.
+  Server(const std::string& binary, const fs::path& config, const fs::path& log = {}) {
     int in[2], out[2];
     if (::pipe(in) || ::pipe(out)) std::exit(1);
     pid_ = ::fork();
     if (pid_ == 0) {
       ::dup2(in[0], 0);
       ::dup2(out[1], 1);
-      int null = ::open("/dev/null", O_WRONLY);
+      int null = log.empty() ? ::open("/dev/null", O_WRONLY) : ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       ::dup2(null, 2);
       ::close(in[1]);
       ::close(out[0]);
-      ::execl(binary.c_str(), binary.c_str(), "--config", config.c_str(), "run", nullptr);
+      if (log.empty())
+        ::execl(binary.c_str(), binary.c_str(), "--config", config.c_str(), "run", nullptr);
+      else
+        ::execl(binary.c_str(), binary.c_str(), "--config", config.c_str(), "--log-level", "debug", "run", nullptr);
       ::_exit(127);
     }
     ::close(in[0]);
@@ -236,6 +244,85 @@ void bench_listing(const std::string& binary, const fs::path& root) {
   std::printf("  size of one list_instances answer: %zu bytes\n\n", bytes);
 }
 
+// One step of a launch: "<launch> <subject>: step <name> <ms> ms" lines of a server at debug.
+struct StepFigure {
+  std::string launch;  // e.g. "off: fresh"
+  std::string step;
+  double median = 0;
+  std::size_t count = 0;
+};
+
+// Runs `runs` terminal_execute calls in an instance with network off, one with the default
+// network and a running living instance, on a server logging at debug, and gives each step's
+// median per kind of instance, in the order the steps first appear.
+std::vector<StepFigure> launch_steps(const std::string& binary, const fs::path& root, int runs) {
+  const fs::path config = root / "config-steps.toml";
+  std::ofstream(config) << "[namespace]\ndefault_image = \"\"\ninstances_dir = \"" << (root / "steps").string() << "\"\n";
+  const fs::path log = root / "steps.log";
+  std::vector<StepFigure> out;
+  {
+    Server server(binary, config, log);
+    server.tool("create_instance", {{"instance_id", "off"}, {"network", "off"}});
+    server.tool("create_instance", {{"instance_id", "default"}});
+    server.tool("create_instance", {{"instance_id", "living"}, {"persistent", true}});
+    for (const char* id : {"off", "default", "living"})
+      for (int i = 0; i < 5; ++i) server.tool("terminal_execute", {{"instance_id", id}, {"args", {"true"}}});
+    for (const char* id : {"off", "default", "living"})
+      for (int i = 0; i < runs; ++i) server.tool("terminal_execute", {{"instance_id", id}, {"args", {"true"}}});
+  }
+  std::ifstream in(log);
+  std::vector<std::pair<std::string, std::string>> order;
+  std::map<std::pair<std::string, std::string>, std::vector<double>> times;
+  std::string line;
+  while (std::getline(in, line)) {
+    // ns-hpc: debug: <launch> <subject>: step <name> <ms> ms   |   ...: total <ms> ms
+    const auto colon = line.find(": ", line.find("debug: ") + 7);
+    if (line.find("debug: ") == std::string::npos || colon == std::string::npos || !line.ends_with(" ms")) continue;
+    const std::string head = line.substr(line.find("debug: ") + 7, colon - line.find("debug: ") - 7);
+    const auto space = head.find(' ');
+    if (space == std::string::npos) continue;
+    const std::string launch = head.substr(0, space), subject = head.substr(space + 1);
+    if (subject != "off" && subject != "default" && subject != "living") continue;
+    std::string rest = line.substr(colon + 2, line.size() - colon - 2 - 3);
+    std::string step;
+    if (rest.starts_with("step ")) {
+      rest.erase(0, 5);
+    } else if (!rest.starts_with("total ")) {
+      continue;
+    }
+    const auto last = rest.rfind(' ');
+    if (last == std::string::npos) continue;
+    step = rest.substr(0, last);
+    double ms = 0;
+    try {
+      ms = std::stod(rest.substr(last + 1));
+    } catch (const std::exception&) {
+      continue;
+    }
+    const auto key = std::make_pair(subject + ": " + launch, step);
+    if (!times.count(key)) order.push_back(key);
+    times[key].push_back(ms);
+  }
+  // By instance, then outermost first: the tool, the captured run, the execution, the backend's
+  // start and the launches below it.
+  const std::vector<std::string> nesting = {"terminal_execute", "capture", "execute", "start",
+                                            "living",           "join",    "fresh",   "prepare"};
+  auto rank = [&](const std::string& name) {
+    const std::string launch = name.substr(name.find(": ") + 2);
+    return std::find(nesting.begin(), nesting.end(), launch) - nesting.begin();
+  };
+  std::stable_sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+    const std::string ia = a.first.substr(0, a.first.find(':')), ib = b.first.substr(0, b.first.find(':'));
+    return ia != ib ? ia > ib : rank(a.first) < rank(b.first);
+  });
+  for (const auto& key : order) {
+    std::vector<double>& v = times[key];
+    std::sort(v.begin(), v.end());
+    out.push_back({key.first, key.second, v[v.size() / 2], v.size()});
+  }
+  return out;
+}
+
 int main(int argc, char** argv) {
   const std::string binary = NSHPC_BINARY;
   if (argc > 1 && std::string(argv[1]) == "--listing") {  // only the listing figures
@@ -277,6 +364,8 @@ int main(int argc, char** argv) {
       "--cap-drop", "ALL", "--hostname", "bench", "--new-session", "--ro-bind", "/proc/sys", "/proc/sys",
       "--die-with-parent", "--share-net", "--bind-fd", "11", "/workspace", "--bind-fd", "12", "/output",
       "--seccomp", "10", "--chdir", "/workspace", "--", "true"};
+  std::vector<std::string> bare_net_off = bare;  // a network namespace of its own, as network "off"
+  bare_net_off.erase(std::find(bare_net_off.begin(), bare_net_off.end(), "--share-net"));
 
   // What the model reads on every turn: the tools/list result (one page holds them all).
   const std::size_t tools_list_bytes = server.call("tools/list", json::object())["result"].dump().size();
@@ -286,10 +375,15 @@ int main(int argc, char** argv) {
   std::vector<double> living_ms, living_nocg_ms, first_ms, image_ms, image_first_ms;
   if (images) server.tool("create_instance", {{"instance_id", "image"}, {"image", "test"}});
 
-  std::vector<double> floor_ms, terminal_ms, terminal_nocg_ms, submit_ms, submit_poll_ms;
+  server.tool("create_instance", {{"instance_id", "off"}, {"network", "off"}});
+  const std::string default_network =
+      server.tool("describe_instance", {{"instance_id", "bench"}})["structuredContent"].value("network", std::string("?"));
+  std::vector<double> floor_ms, floor_off_ms, terminal_ms, terminal_off_ms, terminal_nocg_ms, submit_ms, submit_poll_ms;
   for (int i = 0; i < 10; ++i) {
     bare_bwrap_ms(bare, bpf_fd, ws, out, as_root);
+    bare_bwrap_ms(bare_net_off, bpf_fd, ws, out, as_root);
     server.tool("terminal_execute", {{"instance_id", "bench"}, {"args", {"true"}}});
+    server.tool("terminal_execute", {{"instance_id", "off"}, {"args", {"true"}}});
     server.tool("terminal_execute", {{"instance_id", "living"}, {"args", {"true"}}});
   }
   for (int i = 0; i < runs; ++i) {
@@ -297,6 +391,10 @@ int main(int argc, char** argv) {
     auto t = Clock::now();
     server.tool("terminal_execute", {{"instance_id", "bench"}, {"args", {"true"}}});
     terminal_ms.push_back(ms_since(t));
+    floor_off_ms.push_back(bare_bwrap_ms(bare_net_off, bpf_fd, ws, out, as_root));
+    t = Clock::now();
+    server.tool("terminal_execute", {{"instance_id", "off"}, {"args", {"true"}}});
+    terminal_off_ms.push_back(ms_since(t));
     t = Clock::now();
     nocg.tool("terminal_execute", {{"instance_id", "bench"}, {"args", {"true"}}});
     terminal_nocg_ms.push_back(ms_since(t));
@@ -372,12 +470,18 @@ int main(int argc, char** argv) {
     rss_stopped = rss_kb(many.pid());
   }
 
+  const std::vector<StepFigure> steps = launch_steps(binary, root, runs / 2);
+
   Stats f = summarize(floor_ms), te = summarize(terminal_ms), tn = summarize(terminal_nocg_ms), sj = summarize(submit_ms), sp = summarize(submit_poll_ms);
   std::printf("\nns-hpc bench: MCP over stdio, %d runs (interleaved with the floor), %s\n\n", runs,
               as_root ? "as root (sandboxes as uid 65534)" : "as an unprivileged user");
   std::printf("  %-52s %10s %10s\n", "", "median ms", "p99 ms");
+  Stats fo = summarize(floor_off_ms), to = summarize(terminal_off_ms);
   std::printf("  %-52s %10.2f %10.2f\n", "bare hardened bwrap ... true (floor)", f.median, f.p99);
-  std::printf("  %-52s %10.2f %10.2f\n", "terminal_execute true (round trip)", te.median, te.p99);
+  std::printf("  %-52s %10.2f %10.2f\n", "  the same with a network namespace of its own", fo.median, fo.p99);
+  std::printf("  %-52s %10.2f %10.2f\n", ("terminal_execute true, network " + default_network + " (default)").c_str(),
+              te.median, te.p99);
+  std::printf("  %-52s %10.2f %10.2f\n", "terminal_execute true, network off", to.median, to.p99);
   std::printf("  %-52s %10.2f %10.2f\n", "terminal_execute true, no cgroups (use_cgroups=false)", tn.median, tn.p99);
   Stats lv = summarize(living_ms), ln = summarize(living_nocg_ms), fc = summarize(first_ms);
   std::printf("  %-52s %10.2f %10.2f\n", "terminal_execute true, running living instance", lv.median, lv.p99);
@@ -392,10 +496,12 @@ int main(int argc, char** argv) {
   }
   std::printf("  %-52s %10.2f %10.2f\n", "submit_job true, waiting for it", sj.median, sj.p99);
   std::printf("  %-52s %10.2f %10.2f\n", "submit_job true + poll_job", sp.median, sp.p99);
-  std::printf("\n  terminal_execute / floor: median %.2fx, p99 %.2fx   (target: <= 1.3x)\n", te.median / f.median,
+  std::printf("\n  network off / floor with its own network (like for like): median %.2fx, p99 %.2fx   (target: <= 1.3x)\n",
+              to.median / fo.median, to.p99 / fo.p99);
+  std::printf("  network %s / floor:      median %.2fx, p99 %.2fx\n", default_network.c_str(), te.median / f.median,
               te.p99 / f.p99);
   std::printf("  without its cgroup:       median %.2fx, p99 %.2fx\n", tn.median / f.median, tn.p99 / f.p99);
-  std::printf("  living instance / floor:  median %.2fx, p99 %.2fx   (target: <= 0.5x)\n", lv.median / f.median,
+  std::printf("  living instance / floor:  median %.2fx, p99 %.2fx   (target: <= 0.4x)\n", lv.median / f.median,
               lv.p99 / f.p99);
   std::printf("  living, without cgroups:  median %.2fx, p99 %.2fx\n", ln.median / f.median, ln.p99 / f.p99);
   std::printf("  jobs per second (8 in flight, 2 cores): %.0f\n", jobs_per_s);
@@ -403,6 +509,13 @@ int main(int argc, char** argv) {
               rss_running / 1024.0, rss_stopped / 1024.0);
   std::printf("  server RSS after 1,000 finished jobs: %.1f MB   (target: <= 15 MB)\n", rss / 1024.0);
   std::printf("  tools/list result: %zu bytes\n\n", tools_list_bytes);
+  std::printf("  The launch, step by step (a server logging at debug; medians, ms):\n");
+  std::string launch;
+  for (const StepFigure& s : steps) {
+    if (s.launch != launch) std::printf("    %s\n", (launch = s.launch).c_str());
+    std::printf("      %-46s %10.3f   (%zu)\n", s.step.c_str(), s.median, s.count);
+  }
+  std::printf("\n");
   bench_listing(binary, root);
   std::system(("rm -rf '" + root.string() + "'").c_str());
   return 0;

@@ -186,6 +186,7 @@ int serve(Invocation& inv, const ServerParts& parts, const std::function<int(mcp
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   jobs::Engine& engine = inv.jobs();
   engine.recover();  // jobs left running by an earlier server are watched again
+  inv.instances().serving();
   // Nothing runs that no record names: living sandboxes of instances that are gone end here.
   for (const std::string& line : inv.instances().end_strays()) log::warn("{}", line);
   // What it started and let run (a living sandbox's keeper, a network helper) is reaped within

@@ -90,6 +90,9 @@ class Service {
   std::vector<std::string> end_strays();
   // Reaps what the backend started and let run that has ended since; never waits.
   void reap_ended();
+  // This process serves many requests: what the next command of an instance needs may be made
+  // ahead of it (sandbox::Backend::expect_more_commands).
+  void serving();
 
   // Starts the instance's living sandbox unless it runs. Audited as instance.started when it
   // was not running.

@@ -52,6 +52,7 @@ nlohmann::json Service::limits(const store::Instance& inst) const {
 std::vector<std::string> Service::end_strays() { return backend().end_stray_sandboxes(config_.ns.instances_dir); }
 
 void Service::reap_ended() { backend().reap_ended(); }
+void Service::serving() { backend().expect_more_commands(); }
 
 Service::NetworkChange Service::apply_network(const store::Instance& inst, std::string_view actor) {
   if (!inst.persistent)  // the namespace held for its commands, if one is

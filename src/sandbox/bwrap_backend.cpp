@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,9 @@
 #include <set>
 #include <memory>
 #include <mutex>
+#include <condition_variable>
+#include <deque>
+#include <thread>
 
 #include <sys/file.h>
 
@@ -27,6 +31,8 @@
 #include "base/log.hpp"
 #include "base/proc.hpp"
 #include "base/random.hpp"
+#include "base/scope.hpp"
+#include "base/steps.hpp"
 #include "base/text.hpp"
 #include "network/netns.hpp"
 #include "sandbox/bwrap_argv.hpp"
@@ -383,11 +389,14 @@ class JoinedProcess final : public Process {
       } catch (const std::exception&) {
       }
     }
+    if (then_) then_();
   }
 
   pid_t pid() const override { return joined_.pid; }
   pid_t sandbox_pid() const override { return joined_.pid; }
   int pidfd() const override { return joined_.status.get(); }  // readable once the command has ended
+  // Called once this command is done with (after its group went back): what comes next.
+  void then(std::function<void()> next) { then_ = std::move(next); }
   int terminal() const override { return joined_.terminal.get(); }
 
   ExitStatus wait() override {
@@ -431,6 +440,7 @@ class JoinedProcess final : public Process {
   std::string cgroup_folder_;  // the instance's (Target::cgroup_folder)
   bool waited_ = false;
   ExitStatus result_;
+  std::function<void()> then_;
 };
 
 std::uint64_t resident_bytes(pid_t pid) {
@@ -474,29 +484,52 @@ class BwrapBackend final : public Backend {
         use_cgroups_(config.jobs.local.use_cgroups) {
     drop_to_ = users::sandbox_owner(ns_.sandbox_uid, ns_.sandbox_gid);
   }
+  ~BwrapBackend() override {
+    {
+      std::lock_guard lock(preparing_mutex_);
+      stopping_ = true;
+    }
+    preparing_cv_.notify_all();
+    if (preparer_.joinable()) preparer_.join();
+    std::map<std::string, Awaiting> awaiting;
+    {
+      std::lock_guard lock(mutex_);
+      awaiting.swap(awaiting_);
+    }
+    for (auto& [key, entry] : awaiting) dismiss(std::move(entry.joiner));
+  }
 
   static constexpr const char* kName = "bwrap";
   std::string_view name() const override { return kName; }
   std::optional<users::Identity> runs_as(const Target& target) const override { return identity(target); }
 
   CgroupPool* spare_groups() override { return &spare_groups_; }
+  void expect_more_commands() override { serving_ = true; }
 
   std::vector<std::string> describe(const RunSpec& spec) const override {
     if (!needs_keeper(spec)) return build_bwrap_argv(ns_, spec, fd_numbers(spec), argv_options());
     return keeper_argv(self_path(), keeper_options(spec));
   }
 
+  // A command in the instance's sandbox: joined to its living one, else in a fresh one (in the
+  // network namespace held for its commands, if any).
   std::unique_ptr<Process> start(const RunSpec& spec) override {
-    // Held until the execution ends: no copy of the instance's trees begins meanwhile.
+    Steps step("start", spec.target.instance_id);
+    step("gate");  // held until the execution ends: no copy of the instance's trees begins meanwhile
     UniqueFd gate = enter_gate(spec.target, kGatePatience);
-    limit_instance(spec.target.cgroup_folder);  // before the execution's group gets a process
-    if (spec.target.persistent) return holding_gate(join_living(spec), std::move(gate));
-    if (std::optional<HeldNetwork> held = held_network_for(spec.target)) {
-      RunSpec joined = spec;
-      joined.network_joined = true;
-      return holding_gate(start_fresh(joined, &*held), std::move(gate));
+    step("instance limits");  // before the execution's group gets a process
+    limit_instance(spec.target.cgroup_folder);
+    if (spec.target.persistent) {
+      step("join living");
+      return holding_gate(join_living(spec), std::move(gate));
     }
-    return holding_gate(start_fresh(spec, nullptr), std::move(gate));
+    step("held network");
+    std::optional<HeldNetwork> held = held_network_for(spec.target);
+    step("fresh");
+    if (!held) return holding_gate(start_fresh(spec), std::move(gate));
+    RunSpec joined = spec;
+    joined.network_joined = true;
+    return holding_gate(start_fresh(joined, &*held), std::move(gate));
   }
 
   // What execute() recorded of an execution under the job keeper; versions 0 (an earlier
@@ -613,6 +646,7 @@ class BwrapBackend final : public Backend {
 
   bool stop_living(const Target& target, std::string_view why, std::chrono::milliseconds grace) override {
     leftovers_.reap_ended();
+    dismiss_awaiting(target);
     // A namespace held for fresh sandboxes (the instance may have been one that is not
     // persistent) goes with it.
     release_network(target);
@@ -895,10 +929,12 @@ class BwrapBackend final : public Backend {
   }
 
   // The living sandbox of `target`, started when it does not run (under the instance's lock, so
-  // two processes never start two).
+  // two processes never start two), step by step.
   Living ensure_living(const Target& target) {
     leftovers_.reap_ended();
     if (Living found = find_living(target); found.running) return found;
+    Steps step("living", target.instance_id);
+    step("lock");
     fs::make_dirs(target.state_dir, 0700);
     fs::FileLock lock(target.state_dir / kLivingLock);
     if (Living found = find_living(target); found.running) {
@@ -908,35 +944,17 @@ class BwrapBackend final : public Backend {
       throw Error(fmt::format("instance '{}': {} ({}); it is left alone", target.instance_id,
                               unreadable_living(*found.unreadable), (target.state_dir / kLivingHandleFile).string()));
     }
+    step("check network");
     end_network_of(target);  // what served an earlier sandbox (pasta outlives it)
     if (target.network == config::Network::nat)
       if (auto why = network::nat_unavailable())
         throw NeedsAction(NeedsAction::Action::choose_network,
                           fmt::format("instance '{}': network 'nat' cannot work here: {}", target.instance_id, *why),
                           target.instance_id);
-
-    // A new file, never the old one truncated: the keeper of a sandbox that just stopped may
-    // still append its last document to the file it holds.
-    ::unlink((target.state_dir / kLivingStatus).c_str());
-    UniqueFd status(::open((target.state_dir / kLivingStatus).c_str(),
-                           O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!status) throw SysError(errno, "create", (target.state_dir / kLivingStatus).string());
-    write_living_handle(target.state_dir, ExecutionHandle{kName, ExecutionHandle::kVersion,
-                                                          {{"status_path", (target.state_dir / kLivingStatus).string()}}});
-    UniqueFd busy = open_busy(target);
-    ::unlink((target.state_dir / kLivingEnd).c_str());
-    RunSpec spec;
-    spec.target = target;
-    spec.target.persistent = false;
-    // The sandbox's main process only waits and reaps, as pid 1 (nothing inside can kill it):
-    // everything else joins it.
-    spec.argv = {"/bin/bash", "-c", kLivingMain};
-    spec.living_main = true;
-    spec.die_with_caller = false;
-    spec.status_file = status.get();
-    spec.busy_file = busy.get();
-    spec.idle_stop = std::chrono::seconds(target.idle_stop.value_or(ns_.idle_stop));
-    spec.limits.wall_time_grace = std::chrono::seconds(5);
+    step("records");
+    LivingRecords records = new_living_records(target);
+    step("start sandbox");
+    RunSpec spec = living_main_spec(target, records);
     std::unique_ptr<Cgroup> group = living_group(target.cgroup_folder);
     if (group) {
       spec.join_cgroups = group->procs_fds();
@@ -946,9 +964,65 @@ class BwrapBackend final : public Backend {
     if (group) group->keep();  // the sandbox outlives this call (and the server): stop_living removes it
     detach(*process);
     log::info("instance {}: living sandbox started (init pid {})", target.instance_id, process->sandbox_pid());
-    Living found = find_living(target);
-    // bwrap reports the init before it has finished setting the sandbox up (its own user
-    // namespace comes last): ready once the init runs the main command.
+    // From here a sandbox that does not come up, or whose network is not what the instance asks
+    // for, never runs.
+    Living found;
+    RollbackOnFailure end_it([&] {
+      if (found.init) {
+        signal_pidfd(found.init.get(), SIGKILL);
+        wait_pidfd(found.init.get(), std::chrono::seconds(5));
+      }
+      end_network_of(target);
+    });
+    step("wait until ready");
+    wait_until_ready(target, found);
+    if (target.network != config::Network::host) {
+      step("serve network");
+      serve_network(network_plan(target), *found.status.child_pid(), leftovers_);
+    }
+    step.done();
+    return found;
+  }
+
+  // A new start's records: the status file (a new file, never the old one truncated: the keeper
+  // of a sandbox that just stopped may still append its last document to the file it holds), the
+  // handle naming it, the busy file; the last stop's reason forgotten.
+  struct LivingRecords {
+    UniqueFd status, busy;
+  };
+  static LivingRecords new_living_records(const Target& target) {
+    LivingRecords records;
+    const stdfs::path status_path = target.state_dir / kLivingStatus;
+    ::unlink(status_path.c_str());
+    records.status.reset(::open(status_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!records.status) throw SysError(errno, "create", status_path.string());
+    write_living_handle(target.state_dir,
+                        ExecutionHandle{kName, ExecutionHandle::kVersion, {{"status_path", status_path.string()}}});
+    records.busy = open_busy(target);
+    ::unlink((target.state_dir / kLivingEnd).c_str());
+    return records;
+  }
+
+  // The sandbox's main process only waits and reaps, as pid 1 (nothing inside can kill it):
+  // everything else joins it. Its keeper stops it after the idle time.
+  RunSpec living_main_spec(const Target& target, const LivingRecords& records) const {
+    RunSpec spec;
+    spec.target = target;
+    spec.target.persistent = false;
+    spec.argv = {"/bin/bash", "-c", kLivingMain};
+    spec.living_main = true;
+    spec.die_with_caller = false;
+    spec.status_file = records.status.get();
+    spec.busy_file = records.busy.get();
+    spec.idle_stop = std::chrono::seconds(target.idle_stop.value_or(ns_.idle_stop));
+    spec.limits.wall_time_grace = std::chrono::seconds(5);
+    return spec;
+  }
+
+  // bwrap reports the init before it has finished setting the sandbox up (its own user namespace
+  // comes last): ready once the init runs the main command. `found` is the sandbox as last seen.
+  static void wait_until_ready(const Target& target, Living& found) {
+    found = find_living(target);
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (found.running && !runs_main_command(*found.status.child_pid()) && std::chrono::steady_clock::now() < until) {
       ::usleep(500);
@@ -959,18 +1033,6 @@ class BwrapBackend final : public Backend {
                         fmt::format("the living sandbox of instance '{}' ended or did not come up as it started",
                                     target.instance_id),
                         target.instance_id);
-    if (target.network != config::Network::host) {
-      try {
-        serve_network(network_plan(target), *found.status.child_pid(), leftovers_);
-      } catch (...) {
-        // A sandbox whose network is not what the instance asks for never runs.
-        signal_pidfd(found.init.get(), SIGKILL);
-        wait_pidfd(found.init.get(), std::chrono::seconds(5));
-        end_network_of(target);
-        throw;
-      }
-    }
-    return found;
   }
 
   // The main process runs its loop (its sleep has started): the sandbox's setup is done.
@@ -992,36 +1054,98 @@ class BwrapBackend final : public Backend {
     return busy;
   }
 
-  // A command (or, behind a keeper, a job) in the living sandbox.
+  // A running living sandbox, ready to join: its namespaces opened once and kept while its
+  // init lives (checked through its pidfd at every use).
+  struct Joinable {
+    pid_t init = 0;
+    std::uint64_t pid_ns = 0;
+    UniqueFd init_pidfd;
+    SandboxNamespaces namespaces;
+  };
+
+  // A command (or, behind a keeper, a job) in the living sandbox, step by step.
   std::unique_ptr<Process> join_living(const RunSpec& spec) {
+    Steps step("join", spec.target.instance_id);
+    step("check command");
     check_command(spec.argv, spec.cwd);
+    step("find sandbox");
     leftovers_.reap_ended();
-    std::shared_ptr<const Joinable> sandbox = joinable(spec.target);
-    UniqueFd busy = open_busy(spec.target);
+    const std::shared_ptr<const Joinable> sandbox = joinable(spec.target);
+    step("mark busy");
+    UniqueFd busy = mark_busy(spec.target);
+    if (needs_keeper(spec)) {  // a job: its keeper joins the sandbox and outlives this call
+      step("start keeper");
+      return start_fresh(keeper_job(spec, *sandbox, busy.get()));
+    }
+    step("describe");
+    JoinLaunch launch = describe_join(spec, sandbox->namespaces);
+    step("command group");
+    CommandGroup group = command_group(spec, launch.setup);
+    step("join");
+    if (log::enabled(log::Level::debug))
+      log::debug("sandbox {}: joining the living sandbox (init pid {}) with {}", spec.target.instance_id,
+                 sandbox->init, text::shell_join(spec.argv));
+    // A command that could not be executed was left to this process (a subreaper) when its
+    // joiner was ended: a zombie in the sandbox's ps until reaped.
+    RollbackOnFailure reap_failed([&] { reap_adopted(sandbox->pid_ns); });
+    std::optional<Joined> joined;
+    if (std::optional<PreparedJoiner> awaiting = take_awaiting(spec.target, *sandbox, group.in)) {
+      joined = join_prepared(*awaiting, launch.setup);
+      if (!joined) dismiss(std::move(*awaiting));
+    }
+    if (!joined) joined = join_sandbox(launch.setup);
+    step.done();
+    auto process = std::make_unique<JoinedProcess>(std::move(*joined), std::move(busy), group.in,
+                                                   std::move(group.own), spec.target.cgroup_folder, leftovers_);
+    // Once it is done (the server answering meanwhile), a joiner for the next command like it.
+    if (launch.setup.flat && serving_)
+      if (std::optional<Preparation> next = next_preparation(spec))
+        process->then([this, alive = std::weak_ptr<const bool>(alive_), next = std::move(*next)] {
+          if (alive.lock()) request_preparation(next);  // (never on a backend that is gone)
+        });
+    return process;
+  }
+
+  // The instance is in use while this is held (shared): its keeper's idle stop waits.
+  static UniqueFd mark_busy(const Target& target) {
+    UniqueFd busy = open_busy(target);
     ::flock(busy.get(), LOCK_SH);
     ::futimens(busy.get(), nullptr);
-    if (!spec.die_with_caller || spec.limits.wall_time) {
-      RunSpec job = spec;
-      job.target.persistent = false;
-      job.join_init = sandbox->init;
-      job.join_pid_ns = sandbox->pid_ns;
-      job.busy_file = busy.get();
-      return start_fresh(job);
-    }
-    const SandboxNamespaces& namespaces = sandbox->namespaces;
-    UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
-    if (!null_fd) throw SysError(errno, "open", "/dev/null");
-    auto or_null = [&](int fd) { return fd >= 0 ? fd : null_fd.get(); };
+    return busy;
+  }
+
+  // A job of a living instance: a fresh launch of its keeper, which joins the sandbox itself.
+  static RunSpec keeper_job(const RunSpec& spec, const Joinable& sandbox, int busy) {
+    RunSpec job = spec;
+    job.target.persistent = false;
+    job.join_init = sandbox.init;
+    job.join_pid_ns = sandbox.pid_ns;
+    job.busy_file = busy;
+    return job;
+  }
+
+  // What a joined command is given: its words, environment, folder, descriptors, limits,
+  // identity and filter (JoinSetup), with the descriptors it borrows kept here.
+  struct JoinLaunch {
+    UniqueFd null_fd;
+    UniqueFd script;
     JoinSetup setup;
+  };
+
+  JoinLaunch describe_join(const RunSpec& spec, const SandboxNamespaces& namespaces) {
+    JoinLaunch launch;
+    launch.null_fd.reset(::open("/dev/null", O_RDWR | O_CLOEXEC));
+    if (!launch.null_fd) throw SysError(errno, "open", "/dev/null");
+    auto or_null = [&](int fd) { return fd >= 0 ? fd : launch.null_fd.get(); };
+    JoinSetup& setup = launch.setup;
     setup.namespaces = &namespaces;
     setup.argv = spec.argv;
     setup.envp = build_sandbox_env(ns_, spec, host_env);
     setup.cwd = spec.cwd.empty() ? ns_.workspace_mount : spec.cwd;
     setup.fds = {{or_null(spec.stdio.in), 0}, {or_null(spec.stdio.out), 1}, {or_null(spec.stdio.err), 2}};
-    UniqueFd script;
     if (auto command = shell_script_of(spec.argv)) {
-      script = script_fd(*command);
-      setup.fds.emplace_back(script.get(), kChildFds.script);
+      launch.script = script_fd(*command);
+      setup.fds.emplace_back(launch.script.get(), kChildFds.script);
       setup.argv = {spec.argv[0], "-c", fmt::format(". /dev/fd/{}", kChildFds.script)};
     }
     setup.join_cgroups = spec.join_cgroups;
@@ -1032,55 +1156,207 @@ class BwrapBackend final : public Backend {
     setup.controlling_tty = spec.terminal;
     setup.own_terminal = spec.terminal;
     setup.discard_after_release = spec.output_readers;
-    // As root, the command's cgroup kills its tree, and it runs in the sandbox's own pid
-    // namespace: a later command's ps and kill reach what it left running. Elsewhere (a normal
-    // user without delegated cgroups) a pid namespace of its own does.
-    Cgroup* group = spec.cgroup;
-    std::unique_ptr<Cgroup> own_group;
-    UniqueFd kill_file;
+    return launch;
+  }
+
+  // The group a joined command's tree is killed through: the caller's, else one of its own.
+  struct CommandGroup {
+    Cgroup* in = nullptr;         // the group it runs in; null: a pid namespace of its own
+    std::unique_ptr<Cgroup> own;  // made here for it (a person's command)
+    UniqueFd kill_file;           // the group's cgroup.kill
+  };
+
+  // As root, the command's cgroup kills its tree, and it runs in the sandbox's own pid namespace
+  // (flat): a later command's ps and kill reach what it left running. Elsewhere (a normal user
+  // without delegated cgroups) a pid namespace of its own does.
+  CommandGroup command_group(const RunSpec& spec, JoinSetup& setup) {
+    CommandGroup group;
     if (drop_to_ && use_cgroups_) {
-      if (!group) {
+      group.in = spec.cgroup;
+      if (!group.in) {
         try {
           std::vector<std::string> unenforced;
-          own_group = Cgroup::create(spec.target.cgroup_folder + "/cmd-" + random::hex(6), {}, unenforced);
-          if (own_group && own_group->paths().empty()) own_group.reset();
-          if (own_group)
-            for (int fd : own_group->procs_fds()) setup.join_cgroups.push_back(fd);
-          group = own_group.get();
+          group.own = Cgroup::create(spec.target.cgroup_folder + "/cmd-" + random::hex(6), {}, unenforced);
+          if (group.own && group.own->paths().empty()) group.own.reset();
+          if (group.own)
+            for (int fd : group.own->procs_fds()) setup.join_cgroups.push_back(fd);
+          group.in = group.own.get();
         } catch (const std::exception& e) {
           log::debug("sandbox {}: no cgroup for the command ({}); it gets a pid namespace of its own",
                      spec.target.instance_id, e.what());
         }
       }
-      if (group) kill_file.reset(group->open_kill_file_fd());
-      if (!kill_file) {
-        group = nullptr;
-        if (own_group) {
+      if (group.in) group.kill_file.reset(group.in->open_kill_file_fd());
+      if (!group.kill_file) {
+        group.in = nullptr;
+        if (group.own) {
           setup.join_cgroups.clear();
-          own_group.reset();
+          group.own.reset();
         }
       }
     }
-    setup.flat = static_cast<bool>(kill_file);
-    setup.kill_file = kill_file.get();
+    setup.flat = static_cast<bool>(group.kill_file);
+    setup.kill_file = group.kill_file.get();
     if (setup.flat) {
       // The joiner is made in the group's v2 part, and joins the v1 parts through `tasks`.
       try {
-        if (const int v2 = group->v2_dir_fd(); v2 >= 0) {
+        if (const int v2 = group.in->v2_dir_fd(); v2 >= 0) {
           setup.cgroup_dir = v2;
-          setup.join_cgroups = group->v1_procs_fds();
+          setup.join_cgroups = group.in->v1_procs_fds();
         }
       } catch (const std::exception& e) {
         log::debug("sandbox {}: the command joins its cgroup through cgroup.procs: {}", spec.target.instance_id,
                    e.what());
       }
     }
-    if (log::enabled(log::Level::debug))
-      log::debug("sandbox {}: joining the living sandbox (init pid {}) with {}", spec.target.instance_id,
-                 sandbox->init, text::shell_join(spec.argv));
-    Joined joined = join_sandbox(setup);
-    return std::make_unique<JoinedProcess>(std::move(joined), std::move(busy), group, std::move(own_group),
-                                           spec.target.cgroup_folder, leftovers_);
+    return group;
+  }
+
+  // ---- Prepared joiners (sandbox/join.hpp) ----------------------------------------------------
+  // After a command of a living instance joins its sandbox flat, a joiner for the next command
+  // like it is prepared on a thread of its own: a group made with the same limits, given to the
+  // spare groups under the same key with the joiner waiting in it. The next such command takes
+  // that group (CgroupPool prefers it) and the joiner in it starts the command; any other finds
+  // none waiting and joins as before. One per instance; dismissed when its sandbox ends.
+
+  struct Awaiting {
+    PreparedJoiner joiner;
+    pid_t init = 0;         // of the sandbox it joined
+    stdfs::path group;      // the first path of the group it waits in
+  };
+  struct Preparation {
+    Target target;
+    std::string key;        // RunSpec::cgroup_key
+    std::shared_ptr<const CgroupLimits> limits;
+    std::string name;       // of the group to make: <instance folder>/<kind>-
+  };
+
+  // The joiner waiting in `group` for a command of the sandbox `sandbox`, if there is one.
+  std::optional<PreparedJoiner> take_awaiting(const Target& target, const Joinable& sandbox, const Cgroup* group) {
+    if (!group || group->paths().empty()) return std::nullopt;
+    std::lock_guard lock(mutex_);
+    auto it = awaiting_.find(target.state_dir.string());
+    if (it == awaiting_.end() || it->second.init != sandbox.init || it->second.group != group->paths().front())
+      return std::nullopt;
+    PreparedJoiner joiner = std::move(it->second.joiner);
+    awaiting_.erase(it);
+    return joiner;
+  }
+
+  // Ends an unused joiner: its socket closed, it exits (and is reaped with the leftovers, where
+  // it went when it was made: it also ends by itself, when its sandbox does).
+  static void dismiss(PreparedJoiner joiner) { joiner.control.reset(); }
+
+  void dismiss_awaiting(const Target& target) {
+    std::optional<PreparedJoiner> joiner;
+    {
+      std::lock_guard lock(mutex_);
+      auto it = awaiting_.find(target.state_dir.string());
+      if (it == awaiting_.end()) return;
+      joiner = std::move(it->second.joiner);
+      awaiting_.erase(it);
+    }
+    dismiss(std::move(*joiner));
+  }
+
+  // What a joiner for the next command like `spec` needs (a command that keeps its groups in
+  // the spare groups); nullopt for any other.
+  static std::optional<Preparation> next_preparation(const RunSpec& spec) {
+    if (spec.cgroup_key.empty() || !spec.cgroup_limits || !spec.cgroup || spec.cgroup->paths().empty() ||
+        spec.terminal)
+      return std::nullopt;
+    const std::string leaf = spec.cgroup->paths().front().filename().string();
+    const auto dash = leaf.find('-');
+    if (dash == std::string::npos) return std::nullopt;
+    return Preparation{spec.target, spec.cgroup_key, spec.cgroup_limits,
+                       spec.target.cgroup_folder + "/" + leaf.substr(0, dash + 1)};
+  }
+
+  // Has the preparer make it, unless a joiner waits for the instance already.
+  void request_preparation(const Preparation& next) {
+    {
+      std::lock_guard lock(mutex_);
+      if (awaiting_.count(next.target.state_dir.string())) return;
+    }
+    std::lock_guard lock(preparing_mutex_);
+    if (stopping_) return;
+    for (const Preparation& queued : preparing_)
+      if (queued.target.state_dir == next.target.state_dir) return;
+    preparing_.push_back(next);
+    if (!preparer_.joinable()) preparer_ = std::thread([this] { run_preparer(); });
+    preparing_cv_.notify_one();
+  }
+
+  void run_preparer() {
+    for (;;) {
+      Preparation job;
+      {
+        std::unique_lock lock(preparing_mutex_);
+        preparing_cv_.wait(lock, [&] { return stopping_ || !preparing_.empty(); });
+        if (stopping_) return;
+        job = std::move(preparing_.front());
+        preparing_.pop_front();
+      }
+      try {
+        prepare(job);
+      } catch (const std::exception& e) {
+        log::debug("instance {}: no joiner prepared for its next command: {}", job.target.instance_id, e.what());
+      }
+    }
+  }
+
+  // The group of the next command, made now, with a joiner waiting in it.
+  void prepare(const Preparation& job) {
+    Steps step("prepare", job.target.instance_id);
+    step("find sandbox");
+    const std::string key = job.target.state_dir.string();
+    std::shared_ptr<const Joinable> sandbox;
+    {
+      std::lock_guard lock(mutex_);
+      if (awaiting_.count(key)) return;
+      auto it = joinable_.find(key);
+      if (it == joinable_.end()) return;
+      sandbox = it->second;
+    }
+    if (wait_pidfd(sandbox->init_pidfd.get(), std::chrono::milliseconds(0))) return;
+    step("group");  // a spare one of an earlier command, else a new one
+    CgroupPool::Spare spare;
+    if (auto taken = spare_groups_.take(job.key)) {
+      spare = std::move(*taken);
+    } else {
+      spare.group = Cgroup::create(job.name + random::hex(6), *job.limits, spare.unenforced);
+      if (spare.group->paths().empty()) return;
+    }
+    std::unique_ptr<Cgroup>& group = spare.group;
+    JoinSetup setup;
+    setup.namespaces = &sandbox->namespaces;
+    setup.drop_to = identity(job.target);
+    if (ns_.hardening && ns_.seccomp) setup.seccomp_bpf = seccomp_bpf();
+    if (job.target.image) setup.keep_caps = image_capability_mask();
+    setup.flat = true;
+    const UniqueFd kill_file(group->open_kill_file_fd());
+    if (!kill_file) return;  // (the group goes with it)
+    setup.kill_file = kill_file.get();
+    if (const int v2 = group->v2_dir_fd(); v2 >= 0) {
+      setup.cgroup_dir = v2;
+      setup.join_cgroups = group->v1_procs_fds();
+    } else {
+      setup.join_cgroups = group->procs_fds();
+    }
+    step("fork");
+    PreparedJoiner joiner = prepare_joiner(setup, sandbox->init_pidfd.get());
+    leftovers_.add(UniqueFd(::fcntl(joiner.pidfd.get(), F_DUPFD_CLOEXEC, 3)));
+    const stdfs::path path = group->paths().front();
+    spare.awaited = true;
+    spare_groups_.give(job.key, std::move(spare));
+    std::optional<PreparedJoiner> replaced;
+    {
+      std::lock_guard lock(mutex_);
+      auto& slot = awaiting_[key];
+      if (slot.joiner.pidfd) replaced = std::move(slot.joiner);
+      slot = Awaiting{std::move(joiner), sandbox->init, path};
+    }
+    if (replaced) dismiss(std::move(*replaced));
   }
 
   // Removes the groups the instance's commands kept and the living sandbox's, then the
@@ -1142,15 +1418,6 @@ class BwrapBackend final : public Backend {
     return nullptr;
   }
 
-  // A running living sandbox, ready to join: its namespaces opened once and kept while its
-  // init lives (checked through its pidfd at every use).
-  struct Joinable {
-    pid_t init = 0;
-    std::uint64_t pid_ns = 0;
-    UniqueFd init_pidfd;
-    SandboxNamespaces namespaces;
-  };
-
   std::shared_ptr<const Joinable> joinable(const Target& target) {
     const std::string key = target.state_dir.string();
     {
@@ -1161,6 +1428,7 @@ class BwrapBackend final : public Backend {
         joinable_.erase(it);
       }
     }
+    dismiss_awaiting(target);  // it joined a sandbox that has ended
     auto entry = std::make_shared<Joinable>();
     for (int attempt = 0;; ++attempt) {
       Living found = ensure_living(target);
@@ -1190,25 +1458,88 @@ class BwrapBackend final : public Backend {
     leftovers_.add(std::move(fd));
   }
 
-  // The order of a launch: bwrap's argv (behind a keeper when the sandbox must outlive its
-  // caller or has a wall-time limit), the checks, the descriptors, then one spawn.
+  // A fresh sandbox, step by step: bwrap (behind a keeper when it must outlive its caller or has
+  // a wall-time limit) started on descriptors opened here.
   std::unique_ptr<Process> start_fresh(const RunSpec& spec, const HeldNetwork* held = nullptr) {
-    const bool keeper = needs_keeper(spec);
+    Steps step("fresh", spec.target.instance_id);
+    FreshLaunch launch;
+    launch.keeper = needs_keeper(spec);
+    step("command line");
+    describe_fresh(spec, launch);
+    step("open folders");
+    open_folders(spec, launch);
+    step("descriptors");
+    give_descriptors(spec, launch);
+    if (spec.target.image && spec.living_main) {
+      step("image root");
+      enter_image_in_child(*spec.target.image, launch);
+    }
+    if (held) join_network_in_child(*held, launch.setup);
+    step("command group");
+    fresh_command_group(spec, launch);
+    step("spawn");
+    if (log::enabled(log::Level::debug))
+      log::debug("sandbox {}: starting {}", spec.target.instance_id, text::shell_join(launch.setup.argv));
+    Child child = spawn(launch.setup);
+    launch.status.write.reset();
+    auto process = std::make_unique<BwrapProcess>(std::move(child), launch.keeper, std::move(launch.status.read),
+                                                  launch.status_is_file);
+    if (launch.group) process->own_group(std::move(launch.group));
+    step.done();
+    return process;
+  }
+
+  // A fresh launch under way: the child's setup and the descriptors it borrows until the spawn.
+  struct FreshLaunch {
+    bool keeper = false;
+    ChildSetup setup;
+    UniqueFd store_audit, workspace, output, shared, seccomp, null_fd, script;
+    Pipe status;
+    bool status_is_file = false;
+    ImageRootSetup image_root;
+    std::unique_ptr<Cgroup> group;  // made here for a command that brings none
+  };
+
+  // What is executed: bwrap's argv, or the keeper's (this very binary: executed through
+  // /proc/self/exe it needs no path the sandbox uid can search, and is the same version as the
+  // server even during an upgrade), behind the command prefix if any; the environment; the
+  // identity; rlimits and cgroups.
+  void describe_fresh(const RunSpec& spec, FreshLaunch& launch) const {
+    ChildSetup& setup = launch.setup;
     // A keeper says in the store's audit log when it ends a sandbox whose record was removed.
-    UniqueFd store_audit;
-    if (keeper) store_audit = open_store_audit(spec.target);
+    if (launch.keeper) launch.store_audit = open_store_audit(spec.target);
     std::vector<std::string> argv;
-    if (keeper) {
+    if (launch.keeper) {
       KeeperOptions options = keeper_options(spec);
-      if (!store_audit) options.audit_fd = -1;
+      if (!launch.store_audit) options.audit_fd = -1;
       argv = keeper_argv(self_path(), options);
+      setup.program = "/proc/self/exe";
     } else {
       argv = build_bwrap_argv(ns_, spec, fd_numbers(spec), argv_options());
+      setup.program = argv.front();
     }
-    const std::vector<std::string> envp = build_sandbox_env(ns_, spec, host_env);
+    setup.argv = std::move(argv);
+    if (!spec.command_prefix.empty()) {
+      auto prefix = fs::find_program(spec.command_prefix.front());
+      if (!prefix)
+        throw Error(fmt::format("'{}' ([jobs.local] cgroups_command) not found or not executable",
+                                spec.command_prefix.front()));
+      setup.program = *prefix;  // which then executes argv[0] by its path
+      setup.argv.insert(setup.argv.begin(), spec.command_prefix.begin(), spec.command_prefix.end());
+    }
+    setup.envp = build_sandbox_env(ns_, spec, host_env);
+    setup.drop_to = identity(spec.target);
+    setup.rlimits = rlimits(spec.limits);
+    setup.controlling_tty = spec.terminal;
+    setup.die_with_parent = spec.die_with_caller;
+    setup.join_cgroups = spec.join_cgroups;
+  }
 
-    const std::optional<users::Identity> drop_to = identity(spec.target);
-    if (drop_to) {
+  // The instance's folders, checked reachable by the sandbox uid and passed as descriptors opened
+  // here (bwrap binds /proc/self/fd/N): the folder bound is the one checked, even if a path
+  // component changes afterwards.
+  void open_folders(const RunSpec& spec, FreshLaunch& launch) const {
+    if (const std::optional<users::Identity>& drop_to = launch.setup.drop_to) {
       for (const stdfs::path& dir : {spec.target.workspace, spec.target.output}) {
         if (auto why = unreachable_for(dir, drop_to->uid, drop_to->gid))
           throw Error(fmt::format(
@@ -1217,100 +1548,89 @@ class BwrapBackend final : public Backend {
               drop_to->uid, dir.string(), *why, config::kRootInstancesDir));
       }
     }
-    // Instance folders are passed as descriptors opened here (bwrap binds /proc/self/fd/N), so
-    // the folder bound is the one checked, even if a path component changes afterwards.
-    UniqueFd workspace = open_instance_dir(spec.target.workspace, "workspace");
-    UniqueFd output = open_instance_dir(spec.target.output, "output");
-    UniqueFd shared;
-    if (ns_.shared_output) shared = open_instance_dir(spec.target.shared_output_root, "shared output");
-    UniqueFd seccomp;
-    if (ns_.hardening && ns_.seccomp) seccomp = seccomp_program_fd(seccomp_bpf());
-    Pipe status = make_pipe();
-    const bool status_is_file = spec.status_file >= 0;
-    if (status_is_file) {
-      status.read.reset(::fcntl(spec.status_file, F_DUPFD_CLOEXEC, 3));
-      if (!status.read) throw SysError(errno, "dup", "status file");
-      status.write.reset();
-    }
-    UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
-    if (!null_fd) throw SysError(errno, "open", "/dev/null");
+    launch.workspace = open_instance_dir(spec.target.workspace, "workspace");
+    launch.output = open_instance_dir(spec.target.output, "output");
+    if (ns_.shared_output) launch.shared = open_instance_dir(spec.target.shared_output_root, "shared output");
+  }
 
-    auto or_null = [&](int fd) { return fd >= 0 ? fd : null_fd.get(); };
-    ChildSetup setup;
-    // The keeper is this very binary: executed through /proc/self/exe it needs no path the
-    // sandbox uid can search, and is the same version as the server even during an upgrade.
-    setup.program = keeper ? "/proc/self/exe" : argv.front();
-    setup.argv = argv;
-    if (!spec.command_prefix.empty()) {
-      auto prefix = fs::find_program(spec.command_prefix.front());
-      if (!prefix)
-        throw Error(fmt::format("'{}' ([jobs.local] cgroups_command) not found or not executable",
-                                spec.command_prefix.front()));
-      setup.program = *prefix;  // which then executes argv[0] by its path
-      setup.argv = spec.command_prefix;
-      setup.argv.insert(setup.argv.end(), argv.begin(), argv.end());
+  // The child's descriptors, by number: stdio (/dev/null for none), the status (a pipe, or the
+  // caller's file), the folders, the seccomp filter, the busy file, the audit log, and a shell
+  // command's script (on a descriptor, not in an argv that every local user can read).
+  void give_descriptors(const RunSpec& spec, FreshLaunch& launch) {
+    if (ns_.hardening && ns_.seccomp) launch.seccomp = seccomp_program_fd(seccomp_bpf());
+    launch.status_is_file = spec.status_file >= 0;
+    if (launch.status_is_file) {
+      launch.status.read.reset(::fcntl(spec.status_file, F_DUPFD_CLOEXEC, 3));
+      if (!launch.status.read) throw SysError(errno, "dup", "status file");
+    } else {
+      launch.status = make_pipe();
     }
-    setup.envp = envp;
-    setup.fds = {{or_null(spec.stdio.in), 0},
-                 {or_null(spec.stdio.out), 1},
-                 {or_null(spec.stdio.err), 2},
-                 {status_is_file ? spec.status_file : status.write.get(), kChildFds.status},
-                 {workspace.get(), kChildFds.workspace},
-                 {output.get(), kChildFds.output}};
-    if (seccomp) setup.fds.emplace_back(seccomp.get(), kChildFds.seccomp);
-    if (shared) setup.fds.emplace_back(shared.get(), kChildFds.shared_output);
-    if (spec.busy_file >= 0) setup.fds.emplace_back(spec.busy_file, kChildFds.busy);
-    if (store_audit) setup.fds.emplace_back(store_audit.get(), kStoreAuditFd);
-    // A shell command travels on a descriptor, not in an argv that every local user can read.
-    UniqueFd script;
+    launch.null_fd.reset(::open("/dev/null", O_RDWR | O_CLOEXEC));
+    if (!launch.null_fd) throw SysError(errno, "open", "/dev/null");
+    auto or_null = [&](int fd) { return fd >= 0 ? fd : launch.null_fd.get(); };
+    auto& fds = launch.setup.fds;
+    fds = {{or_null(spec.stdio.in), 0},
+           {or_null(spec.stdio.out), 1},
+           {or_null(spec.stdio.err), 2},
+           {launch.status_is_file ? spec.status_file : launch.status.write.get(), kChildFds.status},
+           {launch.workspace.get(), kChildFds.workspace},
+           {launch.output.get(), kChildFds.output}};
+    if (launch.seccomp) fds.emplace_back(launch.seccomp.get(), kChildFds.seccomp);
+    if (launch.shared) fds.emplace_back(launch.shared.get(), kChildFds.shared_output);
+    if (spec.busy_file >= 0) fds.emplace_back(spec.busy_file, kChildFds.busy);
+    if (launch.store_audit) fds.emplace_back(launch.store_audit.get(), kStoreAuditFd);
     if (auto command = shell_script_of(spec.argv)) {
-      script = script_fd(*command);
-      setup.fds.emplace_back(script.get(), kChildFds.script);
+      launch.script = script_fd(*command);
+      fds.emplace_back(launch.script.get(), kChildFds.script);
     }
-    setup.rlimits = rlimits(spec.limits);
-    setup.drop_to = drop_to;
-    // An image instance's living sandbox starts on the instance's root, as its uid 0: the child
-    // mounts it in a mount namespace of its own and joins the instance's user namespace itself.
-    ImageRootSetup image_root;
-    if (spec.target.image && spec.living_main) {
-      image_root = prepare_image_root(*spec.target.image);
-      image_root.userns_fd = kImageUsernsFd;
-      image_root.root_fd = kChildFds.root;
-      if (image_root.tree) {  // as root: the idmapped image
-        image_root.tree_fd = kImageTreeFd;
-        setup.fds.emplace_back(image_root.tree.get(), kImageTreeFd);
-      }
-      setup.fds.emplace_back(image_root.userns.get(), kImageUsernsFd);
-      setup.in_child = [&image_root](const char** step) { return enter_image_root(image_root, step); };
-      setup.drop_to.reset();
+  }
+
+  // An image instance's living sandbox starts on the instance's root, as its uid 0: the child
+  // mounts it in a mount namespace of its own and joins the instance's user namespace itself.
+  static void enter_image_in_child(const ImageRoot& image, FreshLaunch& launch) {
+    ImageRootSetup& root = launch.image_root;
+    root = prepare_image_root(image);
+    root.userns_fd = kImageUsernsFd;
+    root.root_fd = kChildFds.root;
+    if (root.tree) {  // as root: the idmapped image
+      root.tree_fd = kImageTreeFd;
+      launch.setup.fds.emplace_back(root.tree.get(), kImageTreeFd);
     }
-    if (held) {
-      // Images are persistent: never both.
-      setup.fds.emplace_back(held->ns.net.get(), kHeldNetFd);
-      int userns = -1;
-      if (held->ns.userns) {
-        setup.fds.emplace_back(held->ns.userns.get(), kHeldUsernsFd);
-        userns = kHeldUsernsFd;
-      }
-      setup.in_child = [userns](const char** step) { return join_held_network(userns, step); };
+    launch.setup.fds.emplace_back(root.userns.get(), kImageUsernsFd);
+    launch.setup.in_child = [&root](const char** step) { return enter_image_root(root, step); };
+    launch.setup.drop_to.reset();
+  }
+
+  // An instance whose commands each get a fresh sandbox: the child joins its held network
+  // namespace (images are persistent: never both).
+  static void join_network_in_child(const HeldNetwork& held, ChildSetup& setup) {
+    setup.fds.emplace_back(held.ns.net.get(), kHeldNetFd);
+    int userns = -1;
+    if (held.ns.userns) {
+      setup.fds.emplace_back(held.ns.userns.get(), kHeldUsernsFd);
+      userns = kHeldUsernsFd;
     }
-    setup.controlling_tty = spec.terminal;
-    setup.die_with_parent = spec.die_with_caller;
-    setup.join_cgroups = spec.join_cgroups;
-    // Under [namespace] limits, a command that brings no group (`ns-hpc bwrap`) gets one below
-    // the instance's, so that the instance's limits hold for it as well.
-    std::unique_ptr<Cgroup> group;
+    setup.in_child = [userns](const char** step) { return join_held_network(userns, step); };
+  }
+
+  // Under [namespace] limits, a command that brings no group (a person's) gets one below the
+  // instance's, so that the instance's limits hold for it as well. The group's v2 part is joined
+  // as the child is made (SpawnSpec::cgroup_dir).
+  void fresh_command_group(const RunSpec& spec, FreshLaunch& launch) const {
+    ChildSetup& setup = launch.setup;
     if (spec.join_cgroups.empty() && spec.die_with_caller && instance_limited()) {
       try {
         std::vector<std::string> unenforced;
-        group = Cgroup::create(spec.target.cgroup_folder + "/cmd-" + random::hex(6), {}, unenforced);
-        if (!group->paths().empty()) setup.join_cgroups = group->procs_fds();
+        launch.group = Cgroup::create(spec.target.cgroup_folder + "/cmd-" + random::hex(6), {}, unenforced);
+        if (launch.group->paths().empty())
+          launch.group.reset();
+        else
+          setup.join_cgroups = launch.group->procs_fds();
       } catch (const std::exception& e) {
         log::debug("sandbox {}: no cgroup for the command ({})", spec.target.instance_id, e.what());
       }
     }
-    // The group's v2 part is joined as the child is made (SpawnSpec::cgroup_dir).
-    if (Cgroup* in = group ? group.get() : spec.cgroup; in && !setup.join_cgroups.empty()) {
+    if (Cgroup* in = launch.group ? launch.group.get() : spec.cgroup; in && !setup.join_cgroups.empty()) {
       try {
         if (const int v2 = in->v2_dir_fd(); v2 >= 0) {
           setup.cgroup_dir = v2;
@@ -1320,17 +1640,8 @@ class BwrapBackend final : public Backend {
         log::debug("sandbox {}: the sandbox joins its cgroup through cgroup.procs: {}", spec.target.instance_id, e.what());
       }
     }
-
-    if (log::enabled(log::Level::debug))
-      log::debug("sandbox {}: starting {}", spec.target.instance_id, text::shell_join(setup.argv));
-    Child child = spawn(setup);
-    status.write.reset();
-    auto process = std::make_unique<BwrapProcess>(std::move(child), keeper, std::move(status.read), status_is_file);
-    if (group && !group->paths().empty()) process->own_group(std::move(group));
-    return process;
   }
 
- private:
   static bool needs_keeper(const RunSpec& spec) {
     return !spec.die_with_caller || spec.limits.wall_time || spec.join_init > 0;
   }
@@ -1438,6 +1749,14 @@ class BwrapBackend final : public Backend {
   mutable std::mutex limited_mutex_;
   mutable std::set<std::string> unlimited_;  // instances whose folder limit_instance() took limits off
   CgroupPool spare_groups_;                  // the groups of finished commands
+  std::map<std::string, Awaiting> awaiting_;  // prepared joiners, by state folder (under mutex_)
+  std::mutex preparing_mutex_;
+  std::condition_variable preparing_cv_;
+  std::deque<Preparation> preparing_;  // instances whose next command gets a prepared joiner
+  bool stopping_ = false;
+  std::thread preparer_;  // started with the first preparation
+  std::atomic<bool> serving_ = false;  // expect_more_commands(): joiners are prepared
+  std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);  // for what outlives a command
 };
 
 }  // namespace

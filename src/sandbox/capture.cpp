@@ -10,6 +10,7 @@
 
 #include "base/error.hpp"
 #include "base/process.hpp"
+#include "base/steps.hpp"
 
 namespace nshpc::sandbox {
 
@@ -213,6 +214,8 @@ CaptureResult pump(Execution& execution, CapturePipes pipes, const CaptureOption
 }
 
 CaptureResult capture(Backend& backend, ExecSpec spec, const CaptureOptions& options) {
+  Steps step("capture", spec.target.instance_id);
+  step("pipes");
   Pipe in;
   if (!options.input.empty()) {
     in = make_pipe();
@@ -224,7 +227,9 @@ CaptureResult capture(Backend& backend, ExecSpec spec, const CaptureOptions& opt
   spec.stdio.err = err.write.get();
   spec.output_readers = {out.read.get(), err.read.get()};
   const bool living = spec.target.persistent;
+  step("execute");
   std::unique_ptr<Execution> execution = execute(backend, std::move(spec));
+  step("until done");
   std::shared_ptr<void> keep;
   if (options.started) keep = options.started(*execution);
   // Only the sandbox holds the other ends now: EOF on stdout/stderr when it is gone.
@@ -233,7 +238,12 @@ CaptureResult capture(Backend& backend, ExecSpec spec, const CaptureOptions& opt
   err.write.reset();
   Pump p(*execution, {std::move(in.write), std::move(out.read), std::move(err.read)}, options);
   p.drain_grace = options.drain_grace.value_or(living ? kLivingDrainGrace : kDrainGrace);
-  return p.run();  // what `started` returned goes before the execution it may refer to
+  CaptureResult result = p.run();
+  step("end");
+  keep.reset();  // what `started` returned goes before the execution it may refer to
+  execution.reset();
+  step.done();
+  return result;
 }
 
 }  // namespace nshpc::sandbox

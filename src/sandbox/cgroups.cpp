@@ -992,31 +992,34 @@ std::string CgroupPool::key(const std::string& folder, std::string_view kind, co
 
 std::optional<CgroupPool::Spare> CgroupPool::take(const std::string& key) {
   std::lock_guard lock(mutex_);
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    if (it->key != key) {
-      ++it;
-      continue;
+  for (bool awaited : {true, false}) {
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      if (it->key != key || it->spare.awaited != awaited) {
+        ++it;
+        continue;
+      }
+      Cgroup& g = *it->spare.group;
+      if (g.paths().empty() || !file_exists(g.paths().front() / "cgroup.procs")) {
+        // Removed behind our back (the instance stopped or went): nothing of it to keep.
+        g.keep();
+        it = entries_.erase(it);
+        continue;
+      }
+      bool empty = awaited;
+      try {
+        if (!awaited) empty = g.empty();
+      } catch (const std::exception&) {
+      }
+      if (!empty) {
+        ++it;
+        continue;
+      }
+      Spare spare = std::move(it->spare);
+      entries_.erase(it);
+      spare.awaited = false;
+      spare.group->reuse();
+      return spare;
     }
-    Cgroup& g = *it->spare.group;
-    if (g.paths().empty() || !file_exists(g.paths().front() / "cgroup.procs")) {
-      // Removed behind our back (the instance stopped or went): nothing of it to keep.
-      g.keep();
-      it = entries_.erase(it);
-      continue;
-    }
-    bool empty = false;
-    try {
-      empty = g.empty();
-    } catch (const std::exception&) {
-    }
-    if (!empty) {
-      ++it;
-      continue;
-    }
-    Spare spare = std::move(it->spare);
-    entries_.erase(it);
-    spare.group->reuse();
-    return spare;
   }
   return std::nullopt;
 }

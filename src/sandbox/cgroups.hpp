@@ -174,6 +174,9 @@ class CgroupPool {
   struct Spare {
     std::unique_ptr<Cgroup> group;
     std::vector<std::string> unenforced;  // as create() reported it
+    // A joiner prepared for the next command waits in it (its one member): taken first, and
+    // without the check that it is empty.
+    bool awaited = false;
   };
   static constexpr std::size_t kMaxSpare = 32;
 
@@ -183,7 +186,8 @@ class CgroupPool {
   CgroupPool& operator=(const CgroupPool&) = delete;
 
   static std::string key(const std::string& folder, std::string_view kind, const CgroupLimits& limits);
-  // An empty group given back under `key`, ready for another execution; nullopt when none.
+  // An empty group given back under `key` (or one a prepared joiner waits in), ready for another
+  // execution; nullopt when none.
   std::optional<Spare> take(const std::string& key);
   // Keeps `spare` for a later take(): possibly with members still (processes a command left
   // running; the process watching it, about to end), which it must have lost by then.

@@ -20,6 +20,7 @@
 #include "base/pidfd.hpp"
 #include "base/proc.hpp"
 #include "base/safe_path.hpp"
+#include "base/steps.hpp"
 #include "sandbox/cgroups.hpp"
 #include "sandbox/limits.hpp"
 #include "sandbox/members.hpp"
@@ -299,6 +300,7 @@ bool Execution::ended() const {
 // The order of an execution: its output files, its status file, its cgroups (on record first),
 // then the sandbox.
 std::unique_ptr<Execution> execute(Backend& backend, ExecSpec spec) {
+  Steps step("execute", spec.target.instance_id);
   auto exec = std::make_unique<SandboxExecution>();
   exec->handle_.backend = std::string(backend.name());
   exec->instance_id_ = spec.target.instance_id;
@@ -309,6 +311,7 @@ std::unique_ptr<Execution> execute(Backend& backend, ExecSpec spec) {
   };
 
   if (!spec.stdout_file.empty() || !spec.stderr_file.empty()) {
+    step("output files");
     UniqueFd workspace;
     try {
       workspace = fs::open_dir_path(spec.target.workspace);
@@ -322,6 +325,7 @@ std::unique_ptr<Execution> execute(Backend& backend, ExecSpec spec) {
 
   UniqueFd status;
   if (spec.outlives_caller) {
+    step("status file");
     if (spec.status_path.empty()) throw Error("an execution that outlives its caller needs a status file (ExecSpec::status_path)");
     status.reset(::open(spec.status_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!status) throw SysError(errno, "create", spec.status_path);
@@ -332,6 +336,7 @@ std::unique_ptr<Execution> execute(Backend& backend, ExecSpec spec) {
   // Limits: cgroups for cpus/memory/pids, rlimit for output, the keeper for time. The groups'
   // paths go on record first: if this process dies while creating them, whoever attaches later
   // removes them.
+  step("limits");
   const bool cgroups = spec.use_cgroups && !spec.cgroup_name.empty();
   if (auto slash = spec.cgroup_name.rfind('/'); slash != std::string::npos) {
     exec->cgroup_folder_ = spec.cgroup_name.substr(0, slash);
@@ -386,8 +391,13 @@ std::unique_ptr<Execution> execute(Backend& backend, ExecSpec spec) {
   if (exec->cgroup_) {
     run.join_cgroups = exec->cgroup_->procs_fds();
     run.cgroup = exec->cgroup_.get();
+    if (exec->pool_) {
+      run.cgroup_key = exec->pool_key_;
+      run.cgroup_limits = std::make_shared<const CgroupLimits>(cgroup_limits(spec.limits));
+    }
   }
 
+  step("start");
   exec->process_ = backend.start(run);
   exec->watch_ = UniqueFd(::fcntl(exec->process_->pidfd(), F_DUPFD_CLOEXEC, 3));
   if (!exec->watch_) throw SysError(errno, "dup", "the sandbox's process descriptor");

@@ -142,6 +142,11 @@ struct Prepared {
   std::vector<char*> argv;
   std::vector<char*> envp;
   std::string path;  // PATH of envp
+  const char* path_c = nullptr;  // path, or (a prepared joiner) its request's
+  const char* cwd = nullptr;     // the working directory; empty: none
+  // The joiner already holds the command's restrictions (capabilities, no_new_privs, seccomp):
+  // a prepared joiner, whose command inherits them.
+  bool restricted = false;
   sock_fprog seccomp{};
   std::vector<std::pair<int, int>> moves;  // (source here, target) for every descriptor kept
   std::vector<int> staged;
@@ -153,6 +158,7 @@ struct Prepared {
   // process that the sandbox can see in ps, overwrites: the server's arguments are not its business.
   char* args = nullptr;
   std::size_t args_len = 0;
+  std::vector<char> buffer;  // a prepared joiner's request (sized before the fork)
 };
 
 // The arg area of this process, from fields 48 and 49 of /proc/self/stat.
@@ -219,7 +225,7 @@ void drop_capabilities(const Prepared& p, std::uint64_t keep = 0) {
   char buf[4096];
   const std::size_t flen = std::strlen(file);
   int saved = ENOENT;
-  const char* dir = p.path.c_str();
+  const char* dir = p.path_c;
   for (;;) {
     const char* end = std::strchr(dir, ':');
     const std::size_t dlen = end ? static_cast<std::size_t>(end - dir) : std::strlen(dir);
@@ -254,7 +260,7 @@ void drop_capabilities(const Prepared& p, std::uint64_t keep = 0) {
   ::sigemptyset(&none);
   for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);
   if (::sigprocmask(SIG_SETMASK, &none, nullptr) < 0) fail(p, Step::signals);
-  if (!p.setup->cwd.empty() && ::chdir(p.setup->cwd.c_str()) < 0) fail(p, Step::chdir);
+  if (p.cwd && *p.cwd && ::chdir(p.cwd) < 0) fail(p, Step::chdir);
   exec_command(p);
 }
 
@@ -262,7 +268,7 @@ void drop_capabilities(const Prepared& p, std::uint64_t keep = 0) {
 // parent, has the sandbox user namespace's capabilities); nested, the command init already has.
 int command_child(void* arg) {
   const Prepared& p = *static_cast<const Prepared*>(arg);
-  if (p.setup->flat) {
+  if (p.setup->flat && !p.restricted) {
     drop_capabilities(p, p.setup->keep_caps);
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) fail(p, Step::no_new_privs);
     if (p.seccomp.len > 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p.seccomp) < 0) fail(p, Step::seccomp);
@@ -575,6 +581,153 @@ void open_terminal(const Prepared& p) {
   ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 127);
 }
 
+// ---- prepared joiners ------------------------------------------------------------------------
+
+// Reaps the child behind `pidfd` if it is still ours to reap (whoever else holds it may have).
+void reap_pidfd(int pidfd) {
+  siginfo_t info{};
+  while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &info, WEXITED) < 0 && errno == EINTR) {
+  }
+}
+
+// A prepared joiner's request: one message on its socket, with the command's descriptors
+// (SCM_RIGHTS, in the order of `targets`) and, after this header, argv, envp, the working folder
+// and PATH as NUL-terminated strings.
+constexpr std::uint32_t kRequestMagic = 0x6e736a31;  // "nsj1"
+constexpr int kMaxRequestFds = 16;
+constexpr std::size_t kMaxWords = 4096;         // argv and envp entries, each
+constexpr std::size_t kMaxRequest = 256 * 1024;  // the whole message
+constexpr int kMaxRlimits = 8;
+struct Request {
+  std::uint32_t magic = kRequestMagic;
+  std::uint32_t argc = 0, envc = 0;
+  std::uint32_t fd_count = 0;
+  std::int32_t targets[kMaxRequestFds] = {};
+  std::uint32_t discard_count = 0;
+  std::uint32_t rlimit_count = 0;
+  std::int32_t rlimit_resource[kMaxRlimits] = {};
+  std::uint64_t rlimit_value[kMaxRlimits] = {};
+  std::uint32_t strings = 0;  // bytes after the header
+};
+
+// How long an unused prepared joiner waits for its command before it ends by itself.
+constexpr int kPreparedPatienceMs = 20000;
+
+// Takes `count` NUL-terminated strings from [*at, end) into `out` (null-terminated); false when
+// they are not all there.
+bool take_words(const char*& at, const char* end, std::uint32_t count, std::vector<char*>& out) {
+  if (count >= out.size()) return false;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const void* nul = std::memchr(at, '\0', static_cast<std::size_t>(end - at));
+    if (!nul) return false;
+    out[i] = const_cast<char*>(at);
+    at = static_cast<const char*>(nul) + 1;
+  }
+  out[count] = nullptr;
+  return true;
+}
+
+// A prepared joiner: the joiner's steps up to the command (its group, its identity, every
+// namespace of the sandbox), then the command's own restrictions on itself; it then waits for
+// one request on kSocket and runs that command as a flat joiner does. Ends at once (unused) when
+// the socket closes, when the sandbox's init (its pidfd on kRelease until the request) ends, or
+// after kPreparedPatienceMs.
+[[noreturn]] void prepared_main(Prepared& p) {
+  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) ::_exit(127);
+  for (int fd : p.setup->join_cgroups)
+    if (::write(fd, "0", 1) != 1) ::_exit(127);
+  place_descriptors(p);
+  if (p.setup->drop_to) {
+    const auto [uid, gid] = *p.setup->drop_to;
+    if (::syscall(SYS_setgroups, 0, nullptr) < 0 || ::syscall(SYS_setresgid, gid, gid, gid) < 0 ||
+        ::syscall(SYS_setresuid, uid, uid, uid) < 0 || ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+      ::_exit(127);
+  }
+  constexpr int kinds[kNamespaceCount] = {CLONE_NEWUSER, CLONE_NEWUSER, CLONE_NEWNS,  CLONE_NEWPID,
+                                          CLONE_NEWNET,  CLONE_NEWIPC,  CLONE_NEWUTS, CLONE_NEWCGROUP};
+  if (::setns(kNamespaces + 0, CLONE_NEWUSER) < 0) ::_exit(127);
+  for (int i = 2; i < kNamespaceCount; ++i)
+    if (p.join[i] && ::setns(kNamespaces + i, kinds[i]) < 0) ::_exit(127);
+  if (p.join[1] && ::setns(kNamespaces + 1, CLONE_NEWUSER) < 0) ::_exit(127);
+  ::syscall(SYS_close_range, kNamespaces, kNamespaces + kNamespaceCount - 1, 0);
+  drop_capabilities(p, p.setup->keep_caps);
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) ::_exit(127);
+  if (p.seccomp.len > 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p.seccomp) < 0) ::_exit(127);
+  p.restricted = true;
+
+  // The request.
+  pollfd wait[2] = {{kSocket, POLLIN, 0}, {kRelease, POLLIN, 0}};
+  int ready;
+  do {
+    ready = ::poll(wait, 2, kPreparedPatienceMs);
+  } while (ready < 0 && errno == EINTR);
+  if (ready <= 0 || wait[1].revents != 0) ::_exit(0);
+  Request request;
+  iovec iov[2] = {{&request, sizeof request}, {p.buffer.data(), p.buffer.size() - 1}};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxRequestFds)];
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = ::recvmsg(kSocket, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0) ::_exit(0);  // the caller went away: unused
+  int fds[kMaxRequestFds];
+  int fd_count = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const int count = static_cast<int>((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+    for (int i = 0; i < count && fd_count < kMaxRequestFds; ++i)
+      std::memcpy(&fds[fd_count++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+  }
+  // Nothing of a malformed request runs (the caller sees this process end without a report).
+  if (static_cast<std::size_t>(n) < sizeof request || request.magic != kRequestMagic ||
+      (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || static_cast<int>(request.fd_count) != fd_count ||
+      request.discard_count > static_cast<std::uint32_t>(kMaxDiscard) || request.rlimit_count > kMaxRlimits ||
+      request.strings != static_cast<std::size_t>(n) - sizeof request)
+    ::_exit(2);
+  const char* at = p.buffer.data();
+  const char* end = at + request.strings;
+  p.buffer[request.strings] = '\0';
+  if (!take_words(at, end, request.argc, p.argv) || request.argc == 0 || !take_words(at, end, request.envc, p.envp))
+    ::_exit(2);
+  p.cwd = at;
+  at += std::strlen(at) + 1;
+  if (at >= end) ::_exit(2);
+  p.path_c = at;
+
+  // Its descriptors at their numbers (the error pipe first among them), the rest closed; the
+  // cgroup.kill file stays where it is.
+  p.moves.resize(static_cast<std::size_t>(fd_count) + 1);
+  p.staged.resize(p.moves.size());
+  p.keep.resize(p.moves.size());
+  for (int i = 0; i < fd_count; ++i) {
+    const int target = request.targets[i];
+    if (target < 0 || target >= kStage || target == kKillFile || target == kSocket) ::_exit(2);
+    p.moves[static_cast<std::size_t>(i)] = {fds[i], target};
+    p.keep[static_cast<std::size_t>(i)] = target;
+  }
+  p.moves.back() = {kKillFile, kKillFile};
+  p.keep.back() = kKillFile;
+  std::sort(p.keep.begin(), p.keep.end());
+  p.error_fd = -1;
+  place_descriptors(p);  // p.error_fd is kErrors from here
+  p.discard_count = static_cast<int>(request.discard_count);
+  for (std::uint32_t i = 0; i < request.rlimit_count; ++i) {
+    const auto value = static_cast<rlim_t>(request.rlimit_value[i]);
+    struct rlimit rl{value, value};
+    if (::setrlimit(request.rlimit_resource[i], &rl) < 0) fail(p, Step::rlimit);
+  }
+  int sigfd = -1;
+  // The watcher keeps what the command has (an image's capabilities, in the sandbox's user
+  // namespace only): without CAP_SETPCAP nothing more can be dropped.
+  const pid_t command = start_command(p, sigfd);
+  watch_command(p, command, sigfd);
+}
+
 // The namespace `name` of `pid`; invalid when it is this process's own (nothing to join).
 UniqueFd open_ns(pid_t pid, const char* name) {
   char path[64];
@@ -669,6 +822,8 @@ Joined join_sandbox(const JoinSetup& setup) {
   p.path = "/usr/local/bin:/usr/bin:/bin";
   for (const auto& var : setup.envp)
     if (var.rfind("PATH=", 0) == 0) p.path = var.substr(5);
+  p.path_c = p.path.c_str();
+  p.cwd = setup.cwd.c_str();
   if (!setup.seccomp_bpf.empty()) {
     p.seccomp.len = static_cast<unsigned short>(setup.seccomp_bpf.size() / sizeof(sock_filter));
     p.seccomp.filter = reinterpret_cast<sock_filter*>(const_cast<char*>(setup.seccomp_bpf.data()));
@@ -761,6 +916,154 @@ Joined join_sandbox(const JoinSetup& setup) {
   struct stat st;
   // Flat: the command has no pid namespace of its own (its init's is the whole sandbox's).
   if (!setup.flat && joined.pid > 0 && ::stat(path, &st) == 0) joined.pid_ns = st.st_ino;
+  joined.status = std::move(status.read);
+  joined.release = std::move(release.write);
+  return joined;
+}
+
+PreparedJoiner prepare_joiner(const JoinSetup& setup, int sandbox_pidfd) {
+  if (!setup.namespaces || !setup.flat || setup.kill_file < 0)
+    throw Error("prepare_joiner: a prepared joiner is flat, with the namespaces and cgroup.kill of its group");
+  Prepared p;
+  p.setup = &setup;
+  p.argv.assign(kMaxWords + 1, nullptr);
+  p.envp.assign(kMaxWords + 1, nullptr);
+  p.buffer.assign(kMaxRequest, '\0');
+  if (!setup.seccomp_bpf.empty()) {
+    p.seccomp.len = static_cast<unsigned short>(setup.seccomp_bpf.size() / sizeof(sock_filter));
+    p.seccomp.filter = reinterpret_cast<sock_filter*>(const_cast<char*>(setup.seccomp_bpf.data()));
+  }
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) throw SysError(errno, "socketpair");
+  UniqueFd ours(pair[0]), theirs(pair[1]);
+  const SandboxNamespaces& ns = *setup.namespaces;
+  const int ns_fds[kNamespaceCount] = {ns.outer_user.get(), ns.user.get(), ns.mnt.get(), ns.pid.get(),
+                                       ns.net.get(),        ns.ipc.get(),  ns.uts.get(), ns.cgroup.get()};
+  p.moves.emplace_back(theirs.get(), kSocket);
+  p.moves.emplace_back(setup.kill_file, kKillFile);
+  p.moves.emplace_back(sandbox_pidfd, kRelease);
+  for (int i = 0; i < kNamespaceCount; ++i) {
+    if (ns_fds[i] < 0) continue;
+    p.moves.emplace_back(ns_fds[i], kNamespaces + i);
+    p.join[i] = true;
+  }
+  if (!p.join[0]) throw Error("prepare_joiner: the sandbox has no user namespace of its own");
+  for (const auto& [from, to] : p.moves) p.keep.push_back(to);
+  std::sort(p.keep.begin(), p.keep.end());
+  // Room for a request's descriptors, so that the joiner never allocates.
+  p.moves.reserve(kMaxRequestFds + 1);
+  p.staged.reserve(kMaxRequestFds + 1);
+  p.keep.reserve(kMaxRequestFds + 1);
+  p.staged.assign(p.moves.size(), -1);
+
+  const pid_t pid = setup.cgroup_dir >= 0 ? raw_fork_into(setup.cgroup_dir) : ::fork();
+  if (pid < 0) throw SysError(errno, setup.cgroup_dir >= 0 ? "clone3 into the command's cgroup" : "fork");
+  if (pid == 0) prepared_main(p);
+  PreparedJoiner joiner;
+  joiner.pid = pid;
+  int error = 0;
+  joiner.pidfd = open_pidfd(pid, &error);
+  if (!joiner.pidfd) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    throw SysError(error, "pidfd_open", "the prepared joiner");
+  }
+  joiner.control = std::move(ours);
+  return joiner;
+}
+
+std::optional<Joined> join_prepared(PreparedJoiner& joiner, const JoinSetup& setup) {
+  if (!joiner.pidfd || wait_pidfd(joiner.pidfd.get(), std::chrono::milliseconds(0))) return std::nullopt;
+  // What a request cannot carry goes the usual way.
+  if (setup.argv.empty() || setup.own_terminal || setup.controlling_tty || setup.argv.size() >= kMaxWords ||
+      setup.envp.size() >= kMaxWords || setup.fds.size() + 3 + setup.discard_after_release.size() > kMaxRequestFds ||
+      setup.rlimits.size() > static_cast<std::size_t>(kMaxRlimits))
+    return std::nullopt;
+  Request request;
+  std::string strings;
+  for (const auto& word : setup.argv) strings.append(word).push_back('\0');
+  for (const auto& var : setup.envp) strings.append(var).push_back('\0');
+  std::string path = "/usr/local/bin:/usr/bin:/bin";
+  for (const auto& var : setup.envp)
+    if (var.rfind("PATH=", 0) == 0) path = var.substr(5);
+  strings.append(setup.cwd).push_back('\0');
+  strings.append(path).push_back('\0');
+  if (strings.size() + 1 > kMaxRequest) return std::nullopt;
+  request.argc = static_cast<std::uint32_t>(setup.argv.size());
+  request.envc = static_cast<std::uint32_t>(setup.envp.size());
+  request.strings = static_cast<std::uint32_t>(strings.size());
+  request.discard_count = static_cast<std::uint32_t>(setup.discard_after_release.size());
+  request.rlimit_count = static_cast<std::uint32_t>(setup.rlimits.size());
+  for (std::size_t i = 0; i < setup.rlimits.size(); ++i) {
+    request.rlimit_resource[i] = setup.rlimits[i].first;
+    request.rlimit_value[i] = setup.rlimits[i].second;
+  }
+
+  Pipe errors = make_pipe();
+  Pipe status = make_pipe();
+  Pipe release = make_pipe();
+  std::vector<int> fds;
+  auto give = [&](int fd, int target) {
+    request.targets[fds.size()] = target;
+    fds.push_back(fd);
+  };
+  for (const auto& [from, to] : setup.fds) {
+    if (to < 0 || to >= kErrors) throw Error(fmt::format("join_sandbox: descriptor number {} is reserved", to));
+    give(from, to);
+  }
+  give(errors.write.get(), kErrors);
+  give(status.write.get(), kStatus);
+  give(release.read.get(), kRelease);
+  for (std::size_t i = 0; i < setup.discard_after_release.size(); ++i)
+    give(setup.discard_after_release[i], kDiscard + static_cast<int>(i));
+  request.fd_count = static_cast<std::uint32_t>(fds.size());
+
+  iovec iov[2] = {{&request, sizeof request}, {strings.data(), strings.size()}};
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()), '\0');
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  cmsg->cmsg_level = SOL_SOCKET;
+  cmsg->cmsg_type = SCM_RIGHTS;
+  cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
+  ssize_t sent;
+  do {
+    sent = ::sendmsg(joiner.control.get(), &msg, MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
+  if (sent != static_cast<ssize_t>(sizeof request + strings.size())) return std::nullopt;  // it is gone
+  joiner.control.reset();
+  errors.write.reset();
+  status.write.reset();
+  release.read.reset();
+
+  Joined joined;
+  joined.pid = joiner.pid;
+  joined.pidfd = std::move(joiner.pidfd);
+  joined.our_child = true;
+  Failure failure{};
+  ssize_t n;
+  do {
+    n = ::read(errors.read.get(), &failure, sizeof failure);
+  } while (n < 0 && errno == EINTR);
+  if (n == static_cast<ssize_t>(sizeof failure)) {
+    signal_pidfd(joined.pidfd.get(), SIGKILL);
+    reap_pidfd(joined.pidfd.get());
+    const Step step = static_cast<Step>(failure.step);
+    std::string what = step_name(step);
+    if (step == Step::exec) what += " " + setup.argv.front();
+    if (step == Step::chdir) what += " " + setup.cwd;
+    throw SysError(failure.err, what + " failed").wrapped("could not run the command in the instance's sandbox");
+  }
+  // The joiner waits for the release once the command runs: ended now, it never started it.
+  if (wait_pidfd(joined.pidfd.get(), std::chrono::milliseconds(0))) {
+    reap_pidfd(joined.pidfd.get());
+    throw Error("could not run the command in the instance's sandbox: its prepared joining process ended "
+                "without a report");
+  }
   joined.status = std::move(status.read);
   joined.release = std::move(release.write);
   return joined;

@@ -103,6 +103,29 @@ struct Joined {
 };
 
 
+// A joiner prepared ahead of its command (flat joins only): forked into the command's group,
+// dropped to the sandbox uid, in every namespace of the sandbox and already under the command's
+// restrictions (capabilities, no_new_privs, the seccomp filter), it waits for one command. What
+// a join costs before the command's own execve (the fork of the server, the joins, loading the
+// filter) is then paid ahead of the request. It ends unused when `control` closes, when the
+// sandbox ends or after 20 s; whoever holds it reaps it (its pidfd).
+struct PreparedJoiner {
+  pid_t pid = 0;
+  UniqueFd pidfd;
+  UniqueFd control;  // the request goes here
+};
+
+// `setup`: namespaces, join_cgroups / cgroup_dir (the group it waits in), drop_to, seccomp_bpf,
+// keep_caps, flat with kill_file; `sandbox_pidfd`: the sandbox init's. Throws SysError when it
+// cannot be made.
+PreparedJoiner prepare_joiner(const JoinSetup& setup, int sandbox_pidfd);
+
+// Starts the command of `setup` (argv, envp, cwd, fds, rlimits, discard_after_release) on
+// `joiner`, which is used up either way, as join_sandbox() would. nullopt when the joiner is gone
+// or the request is one it cannot carry (a terminal, too many words or descriptors): nothing ran,
+// join the usual way. A command that cannot be executed throws as in join_sandbox().
+std::optional<Joined> join_prepared(PreparedJoiner& joiner, const JoinSetup& setup);
+
 // Starts the command; returns once it has been executed (or throws SysError naming the step and
 // the errno, e.g. "execute python4: No such file or directory").
 Joined join_sandbox(const JoinSetup& setup);

@@ -20,6 +20,7 @@
 #include "base/fs.hpp"
 #include "base/json.hpp"
 #include "base/log.hpp"
+#include "base/scope.hpp"
 #include "base/proc.hpp"
 #include "base/spawn.hpp"
 #include "base/text.hpp"
@@ -465,12 +466,13 @@ HeldNetwork hold_network(const NetworkPlan& plan, std::chrono::seconds idle, Lef
   }
   end_network(plan);  // what served an earlier holder
   HeldNetwork held = start_holder(plan, idle, leftovers);
-  try {
+  {
+    // A namespace whose network is not what the instance asks for is never used.
+    RollbackOnFailure stop_holder([&] {
+      signal_pidfd(held.pidfd.get(), SIGTERM);
+      end_network(plan);
+    });
     serve_network(plan, held.pid, leftovers);
-  } catch (...) {
-    signal_pidfd(held.pidfd.get(), SIGTERM);
-    end_network(plan);
-    throw;
   }
   log::info("instance {}: network namespace held for its commands (holder pid {}, {})", plan.instance_id, held.pid,
             config::to_string(plan.mode));

@@ -27,6 +27,7 @@ namespace nshpc::sandbox {
 namespace stdfs = std::filesystem;
 
 class Cgroup;
+struct CgroupLimits;
 class CgroupPool;
 class Execution;         // sandbox/execution.hpp
 struct ExecutionHandle;  // sandbox/handle.hpp
@@ -82,6 +83,11 @@ struct RunSpec {
   // The cgroup the command joins (join_cgroups are its cgroup.procs), when the caller made one:
   // in a living instance, as root, the command's tree is killed through it.
   Cgroup* cgroup = nullptr;
+  // How the next command like this one gets its group (execute() sets both when it keeps its
+  // groups in the backend's spare_groups()): the pool's key, and the limits to make one with. A
+  // backend may make that group ahead, a joiner already waiting in it (BwrapBackend).
+  std::string cgroup_key;
+  std::shared_ptr<const CgroupLimits> cgroup_limits;
 
   // Set by the backend itself (a living instance's keeper, a job joining one).
   int busy_file = -1;                   // borrowed: the living instance's busy file
@@ -212,6 +218,9 @@ class Backend {
   virtual std::vector<std::string> describe(const RunSpec& spec) const = 0;
   // Where the groups of finished commands wait for the next ones of their instance; null: none.
   virtual CgroupPool* spare_groups() { return nullptr; }
+  // The caller is a server, with more commands to come: the backend may prepare ahead what the
+  // next ones need (BwrapBackend: a joiner waiting in a living instance). Not for one-shot callers.
+  virtual void expect_more_commands() {}
 };
 
 std::unique_ptr<Backend> make_bwrap_backend(const config::Config& config);

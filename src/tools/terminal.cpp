@@ -15,6 +15,7 @@
 #include "base/text.hpp"
 #include "jobs/jobs.hpp"
 #include "sandbox/capture.hpp"
+#include "base/steps.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -222,11 +223,17 @@ void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
       .hints = {.destructive = true, .idempotent = false, .open_world = true},
       .handler =
           [ctx](const json& args, mcp::RequestContext& rc) {
-            const TerminalRequest req = parse_terminal_request(args, ctx.services.config, instance_arg(ctx, args),
+            std::string instance_id = instance_arg(ctx, args);
+            Steps step("terminal_execute", instance_id);
+            step("request");
+            const TerminalRequest req = parse_terminal_request(args, ctx.services.config, std::move(instance_id),
                                                                ctx.services.config.terminal.shell,
                                                                kDefaultTimeoutSeconds);
             const store::Instance inst = ctx.services.instances.store().get(req.instance_id);
-            return make_result(ctx, inst, req, run_terminal_request(ctx, inst, req, kOutputLimitBytes, rc));
+            step("run");
+            sandbox::CaptureResult ran = run_terminal_request(ctx, inst, req, kOutputLimitBytes, rc);
+            step("result");
+            return make_result(ctx, inst, req, std::move(ran));
           },
   });
 }

@@ -456,3 +456,23 @@ TEST(Cli, PersistentFlagStateColumnAndRefusals) {
   EXPECT_EQ(nshpc::parse_json(updated.out)["persistent"], true);
   EXPECT_EQ(env.run({"instance", "update", "eph"}).exit_code, 1);  // nothing to update
 }
+
+// With the log at debug a person sees each step of a launch and how long it took: a fresh
+// sandbox's, and in a living instance its start and each command's join.
+TEST(Cli, AtDebugEveryLaunchStepIsALineWithItsTime) {
+  Env env("default_network = \"off\"\n");
+  env.create("steps");
+  Result fresh = env.run({"--log-level", "debug", "bwrap", "steps", "--", "true"});
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
+  for (const char* step : {"command line", "open folders", "descriptors", "spawn"})
+    EXPECT_NE(fresh.err.find(fmt::format("fresh steps: step {} ", step)), std::string::npos) << step << "\n" << fresh.err;
+  EXPECT_NE(fresh.err.find("fresh steps: total "), std::string::npos) << fresh.err;
+
+  env.create("alive", {"--persistent"});
+  Result living = env.run({"--log-level", "debug", "bwrap", "alive", "--", "true"});
+  ASSERT_EQ(living.exit_code, 0) << living.err;
+  for (const char* line : {"living alive: step start sandbox ", "living alive: step wait until ready ",
+                           "join alive: step find sandbox ", "join alive: step join "})
+    EXPECT_NE(living.err.find(line), std::string::npos) << line << "\n" << living.err;
+  env.run({"instance", "stop", "alive"});
+}

@@ -3,7 +3,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "base/json.hpp"
 #include "harness.hpp"
@@ -260,4 +263,67 @@ TEST(LivingGroups, ALaterCommandNeverSharesAGroupWithWhatAnEarlierOneLeftRunning
     EXPECT_EQ(after["exit_code"], 0) << after.dump();
     EXPECT_EQ(after.dump().find("out of memory"), std::string::npos) << after.dump();
   }
+}
+
+namespace {
+
+// The members of the instance's command groups (term-*) on this host, by cgroup v2 where it
+// is mounted: the joiner prepared for the next command waits in one of them.
+std::vector<std::string> command_group_members(const std::string& instance) {
+  std::vector<std::string> members;
+  for (const char* root : {"/sys/fs/cgroup/unified/ns-hpc", "/sys/fs/cgroup/ns-hpc"}) {
+    std::error_code ec;
+    for (const auto& folder : fs::directory_iterator(root, ec)) {
+      if (!folder.path().filename().string().starts_with(instance + "@")) continue;
+      for (const auto& group : fs::directory_iterator(folder.path(), ec)) {
+        if (!group.path().filename().string().starts_with("term-")) continue;
+        std::istringstream procs(read_text(group.path() / "cgroup.procs"));
+        for (std::string pid; procs >> pid;) members.push_back(pid);
+      }
+    }
+  }
+  return members;
+}
+
+}  // namespace
+
+// Between commands the server prepares the next one's joiner (as root: a process already in the
+// sandbox's namespaces, in the next command's group, under its restrictions). A command it
+// starts is like any other: its words, environment, folder, stdin, exit code and errors; nothing
+// of the joiner is visible inside; it goes with the sandbox's stop and with the server.
+TEST_F(Living, ACommandOnAPreparedJoinerIsLikeAnyOther) {
+  std::vector<std::string> waiting;
+  {
+    McpSession server(env_);
+    for (int i = 0; i < 4; ++i) {
+      nlohmann::json missing = server.call_and_wait("terminal_execute", {{"instance_id", "alpha"},
+                                                                         {"args", {"no-such-command-4711"}}});
+      EXPECT_NE(result_text(missing).find("no-such-command-4711"), std::string::npos) << missing.dump();
+      nlohmann::json r = server.tool("terminal_execute", {{"instance_id", "alpha"},
+                                                          {"args", {"sh", "-c", "echo $FOO; pwd; cat; exit 3"}},
+                                                          {"env", {{"FOO", "bar" + std::to_string(i)}}},
+                                                          {"working_directory", "/tmp"},
+                                                          {"stdin", "in\n"}});
+      EXPECT_EQ(r["stdout"], "bar" + std::to_string(i) + "\n/tmp\nin\n") << r.dump();
+      EXPECT_EQ(r["exit_code"], 3) << r.dump();
+      nlohmann::json ps = server.tool("terminal_execute", {{"instance_id", "alpha"}, {"args", {"ps", "-eo", "comm="}}});
+      // (A normal user's command has its own pid namespace, whose init is "ns-hpc-init".)
+      EXPECT_EQ(("\n" + ps["stdout"].get<std::string>()).find("\nns-hpc\n"), std::string::npos) << ps.dump();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // time to prepare the next joiner
+    }
+    if (::geteuid() == 0) {
+      waiting = command_group_members("alpha");
+      EXPECT_FALSE(waiting.empty()) << "no joiner waits for the next command";
+    }
+    server.tool("stop_instance", {{"instance_id", "alpha"}});
+    EXPECT_TRUE(eventually([] { return command_group_members("alpha").empty(); }, std::chrono::seconds(5)))
+        << "a prepared joiner outlived its sandbox's stop";
+    nlohmann::json again = server.tool("terminal_execute", {{"instance_id", "alpha"}, {"args", {"echo", "back"}}});
+    EXPECT_EQ(again["stdout"], "back\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // The server is gone: so is what it prepared.
+  for (const std::string& pid : waiting) EXPECT_FALSE(fs::exists("/proc/" + pid)) << pid;
+  EXPECT_TRUE(eventually([] { return command_group_members("alpha").empty(); }, std::chrono::seconds(5)))
+      << "a prepared joiner outlived the server";
 }

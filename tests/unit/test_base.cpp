@@ -12,6 +12,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <thread>
 
 #include "base/error.hpp"
@@ -20,6 +22,9 @@
 #include "base/proc.hpp"
 #include "base/process.hpp"
 #include "base/random.hpp"
+#include "base/scope.hpp"
+#include "base/steps.hpp"
+#include "base/log.hpp"
 #include "base/spawn.hpp"
 #include "base/text.hpp"
 #include "base/time.hpp"
@@ -441,4 +446,92 @@ TEST(Text, FindAllAndReplaceAtReplaceEveryOccurrenceWithoutOverlaps) {
   EXPECT_EQ(replace_at(s, {4}, 3, "three"), "one three one");
   EXPECT_EQ(replace_at(s, {}, 3, "x"), s);
   EXPECT_EQ(replace_at("aaaa", find_all("aaaa", "aa"), 2, ""), "");
+}
+
+// ---- rollbacks and the steps of a launch ----------------------------------------------------
+
+TEST(RollbackOnFailure, UndoesOnlyWhenTheScopeIsLeftByAnError) {
+  int undone = 0;
+  {
+    nshpc::RollbackOnFailure undo([&] { ++undone; });
+  }
+  EXPECT_EQ(undone, 0) << "a scope left normally keeps what was done";
+  try {
+    nshpc::RollbackOnFailure undo([&] { ++undone; });
+    throw std::runtime_error("step failed");
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "step failed") << "the rollback keeps the error that caused it";
+  }
+  EXPECT_EQ(undone, 1);
+  // A rollback that fails itself never replaces the error (nor terminates).
+  try {
+    nshpc::RollbackOnFailure undo([] { throw std::logic_error("rollback failed"); });
+    throw std::runtime_error("step failed");
+  } catch (const std::exception& e) {
+    EXPECT_STREQ(e.what(), "step failed");
+  }
+  // Inside a handler of another error: only this scope's own failure counts.
+  try {
+    throw std::runtime_error("outer");
+  } catch (const std::exception&) {
+    nshpc::RollbackOnFailure undo([&] { ++undone; });
+  }
+  EXPECT_EQ(undone, 1);
+}
+
+namespace {
+
+// What the log writes on stderr while `body` runs at `level`.
+std::string stderr_of(nshpc::log::Level level, const std::function<void()>& body) {
+  std::fflush(stderr);
+  char path[] = "/tmp/nshpc-log-XXXXXX";
+  const int file = ::mkstemp(path);
+  const int saved = ::dup(2);
+  ::dup2(file, 2);
+  nshpc::log::set_level(level);
+  body();
+  nshpc::log::set_level(nshpc::log::Level::warning);
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(file);
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ::unlink(path);
+  return text;
+}
+
+}  // namespace
+
+TEST(Steps, AtDebugEachStepAndTheTotalIsOneLineAndAFailureNamesItsStep) {
+  const std::string ok = stderr_of(nshpc::log::Level::debug, [] {
+    nshpc::Steps step("fresh", "alpha");
+    step("command line");
+    step("spawn");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    step.done();
+  });
+  EXPECT_NE(ok.find("fresh alpha: step command line "), std::string::npos) << ok;
+  const auto spawn = ok.find("fresh alpha: step spawn ");
+  ASSERT_NE(spawn, std::string::npos) << ok;
+  EXPECT_GE(std::stod(ok.substr(spawn + 24)), 20.0) << ok;
+  EXPECT_NE(ok.find("fresh alpha: total "), std::string::npos) << ok;
+
+  const std::string failed = stderr_of(nshpc::log::Level::debug, [] {
+    try {
+      nshpc::Steps step("join", "beta");
+      step("find sandbox");
+      step("join");
+      throw std::runtime_error("no");
+    } catch (const std::exception&) {
+    }
+  });
+  EXPECT_NE(failed.find("join beta: failed in step join after "), std::string::npos) << failed;
+  EXPECT_EQ(failed.find("join beta: total"), std::string::npos) << failed;
+
+  const std::string quiet = stderr_of(nshpc::log::Level::info, [] {
+    nshpc::Steps step("fresh", "alpha");
+    step("spawn");
+  });
+  EXPECT_EQ(quiet, "") << "nothing is measured or written below debug";
 }
