@@ -583,6 +583,27 @@ void open_terminal(const Prepared& p) {
 
 // ---- prepared joiners ------------------------------------------------------------------------
 
+// A pidfd of the child `pid`, just forked; when none can be had, the child is ended and reaped.
+UniqueFd pidfd_of_child(pid_t pid, const char* what) {
+  int error = 0;
+  UniqueFd pidfd = open_pidfd(pid, &error);
+  if (!pidfd) {
+    ::kill(pid, SIGKILL);  // not reaped yet: the pid is still this child's
+    ::waitpid(pid, nullptr, 0);
+    throw SysError(error, "pidfd_open", what);
+  }
+  return pidfd;
+}
+
+// The step of the chain that failed, as the caller's error.
+[[noreturn]] void throw_failure(const Failure& failure, const JoinSetup& setup) {
+  const Step step = static_cast<Step>(failure.step);
+  std::string what = step_name(step);
+  if (step == Step::exec) what += " " + setup.argv.front();
+  if (step == Step::chdir) what += " " + setup.cwd;
+  throw SysError(failure.err, what + " failed").wrapped("could not run the command in the instance's sandbox");
+}
+
 // Reaps the child behind `pidfd` if it is still ours to reap (whoever else holds it may have).
 void reap_pidfd(int pidfd) {
   siginfo_t info{};
@@ -876,13 +897,7 @@ Joined join_sandbox(const JoinSetup& setup) {
   Joined joined;
   if (setup.flat) {
     // The joiner itself watches the command: our child, reaped by whoever holds the handle.
-    int error = 0;
-    joined.pidfd = open_pidfd(joiner, &error);
-    if (!joined.pidfd) {
-      ::kill(joiner, SIGKILL);
-      ::waitpid(joiner, nullptr, 0);
-      throw SysError(error, "pidfd_open", "the joining process");
-    }
+    joined.pidfd = pidfd_of_child(joiner, "the joining process");
     joined.our_child = true;
   }
   if (setup.own_terminal) joined.terminal = receive_fd(ours.get());
@@ -900,11 +915,7 @@ Joined join_sandbox(const JoinSetup& setup) {
   }
   if (n == static_cast<ssize_t>(sizeof failure)) {
     if (joined.pidfd) signal_pidfd(joined.pidfd.get(), SIGKILL);
-    const Step step = static_cast<Step>(failure.step);
-    std::string what = step_name(step);
-    if (step == Step::exec) what += " " + setup.argv.front();
-    if (step == Step::chdir) what += " " + setup.cwd;
-    throw SysError(failure.err, what + " failed").wrapped("could not run the command in the instance's sandbox");
+    throw_failure(failure, setup);
   }
   if (!joined.pidfd)
     throw Error(fmt::format("could not run the command in the instance's sandbox: the joining process ended "
@@ -961,13 +972,7 @@ PreparedJoiner prepare_joiner(const JoinSetup& setup, int sandbox_pidfd) {
   if (pid == 0) prepared_main(p);
   PreparedJoiner joiner;
   joiner.pid = pid;
-  int error = 0;
-  joiner.pidfd = open_pidfd(pid, &error);
-  if (!joiner.pidfd) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    throw SysError(error, "pidfd_open", "the prepared joiner");
-  }
+  joiner.pidfd = pidfd_of_child(pid, "the prepared joiner");
   joiner.control = std::move(ours);
   return joiner;
 }
@@ -1052,11 +1057,7 @@ std::optional<Joined> join_prepared(PreparedJoiner& joiner, const JoinSetup& set
   if (n == static_cast<ssize_t>(sizeof failure)) {
     signal_pidfd(joined.pidfd.get(), SIGKILL);
     reap_pidfd(joined.pidfd.get());
-    const Step step = static_cast<Step>(failure.step);
-    std::string what = step_name(step);
-    if (step == Step::exec) what += " " + setup.argv.front();
-    if (step == Step::chdir) what += " " + setup.cwd;
-    throw SysError(failure.err, what + " failed").wrapped("could not run the command in the instance's sandbox");
+    throw_failure(failure, setup);
   }
   // The joiner waits for the release once the command runs: ended now, it never started it.
   if (wait_pidfd(joined.pidfd.get(), std::chrono::milliseconds(0))) {
