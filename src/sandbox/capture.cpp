@@ -236,10 +236,13 @@ CaptureResult capture(Backend& backend, ExecSpec spec, const CaptureOptions& opt
   in.read.reset();
   out.write.reset();
   err.write.reset();
-  Pump p(*execution, {std::move(in.write), std::move(out.read), std::move(err.read)}, options);
-  p.drain_grace = options.drain_grace.value_or(living ? kLivingDrainGrace : kDrainGrace);
-  CaptureResult result = p.run();
-  step("end");
+  CaptureResult result;
+  {
+    Pump p(*execution, {std::move(in.write), std::move(out.read), std::move(err.read)}, options);
+    p.drain_grace = options.drain_grace.value_or(living ? kLivingDrainGrace : kDrainGrace);
+    result = p.run();
+    step("end");
+  }
   keep.reset();  // what `started` returned goes before the execution it may refer to
   execution.reset();
   step.done();
