@@ -1101,7 +1101,12 @@ class BwrapBackend final : public Backend {
     if (launch.setup.flat && serving_)
       if (std::optional<Preparation> next = next_preparation(spec))
         process->then([this, alive = std::weak_ptr<const bool>(alive_), next = std::move(*next)] {
-          if (alive.lock()) request_preparation(next);  // (never on a backend that is gone)
+          if (!alive.lock()) return;  // never on a backend that is gone
+          try {
+            request_preparation(next);
+          } catch (const std::exception& e) {  // (no thread to be had: the next command joins as usual)
+            log::debug("instance {}: no joiner prepared for its next command: {}", next.target.instance_id, e.what());
+          }
         });
     return process;
   }
