@@ -51,7 +51,15 @@ Stats summarize(std::vector<double> v) {
 class Server {
  public:
   // `log`: the server's stderr, at debug (its step lines); empty: discarded.
-  Server(const std::string& binary, const fs::path& config, const fs::path& log = {}) {
+  // `entry`: the subcommand and its flags (`computer` takes COMPUTER_ID from `computer_id`).
+  Server(const std::string& binary, const fs::path& config, const fs::path& log = {},
+         std::vector<std::string> entry = {"run"}, const std::string& computer_id = "") {
+    std::vector<std::string> args{binary, "--config", config.string()};
+    if (!log.empty()) args.insert(args.end(), {"--log-level", "debug"});
+    args.insert(args.end(), entry.begin(), entry.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     int in[2], out[2];
     if (::pipe(in) || ::pipe(out)) std::exit(1);
     pid_ = ::fork();
@@ -62,10 +70,8 @@ class Server {
       ::dup2(null, 2);
       ::close(in[1]);
       ::close(out[0]);
-      if (log.empty())
-        ::execl(binary.c_str(), binary.c_str(), "--config", config.c_str(), "run", nullptr);
-      else
-        ::execl(binary.c_str(), binary.c_str(), "--config", config.c_str(), "--log-level", "debug", "run", nullptr);
+      if (!computer_id.empty()) ::setenv("COMPUTER_ID", computer_id.c_str(), 1);
+      ::execv(binary.c_str(), argv.data());
       ::_exit(127);
     }
     ::close(in[0]);
@@ -367,8 +373,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> bare_net_off = bare;  // a network namespace of its own, as network "off"
   bare_net_off.erase(std::find(bare_net_off.begin(), bare_net_off.end(), "--share-net"));
 
-  // What the model reads on every turn: the tools/list result (one page holds them all).
+  // What the model reads on every turn: the tools/list result (one page holds them all), of both
+  // entry points (no proxied servers, host commands or desktop here).
   const std::size_t tools_list_bytes = server.call("tools/list", json::object())["result"].dump().size();
+  std::size_t computer_list_bytes = 0;
+  {
+    Server computer(binary, config, {}, {"computer"}, "bench-computer");
+    computer_list_bytes = computer.call("tools/list", json::object())["result"].dump().size();
+  }
 
   // A living instance: every command joins its one long-lived sandbox.
   server.tool("create_instance", {{"instance_id", "living"}, {"persistent", true}});
@@ -508,7 +520,8 @@ int main(int argc, char** argv) {
   std::printf("  server RSS with 100 living instances running: %.1f MB, with them stopped: %.1f MB\n",
               rss_running / 1024.0, rss_stopped / 1024.0);
   std::printf("  server RSS after 1,000 finished jobs: %.1f MB   (target: <= 15 MB)\n", rss / 1024.0);
-  std::printf("  tools/list result: %zu bytes\n\n", tools_list_bytes);
+  std::printf("  tools/list result: ns-hpc run %zu bytes (budget 16,384), ns-hpc computer %zu bytes (budget 8,192)\n\n",
+              tools_list_bytes, computer_list_bytes);
   std::printf("  The launch, step by step (a server logging at debug; medians, ms):\n");
   std::string launch;
   for (const StepFigure& s : steps) {

@@ -143,7 +143,7 @@ View Engine::view(const std::string& instance_id, const std::string& job_id, con
 
 View Engine::wait(const std::string& instance_id, const std::string& job_id, std::chrono::milliseconds timeout,
                   const TailOptions& tail, const std::function<bool()>& interrupted,
-                  const std::function<void(double)>& tick) {
+                  const std::function<void(double, const View&)>& tick) {
   View v = view(instance_id, job_id, tail);
   const auto start = Clock::now();
   const auto deadline = start + timeout;
@@ -153,7 +153,7 @@ View Engine::wait(const std::string& instance_id, const std::string& job_id, std
     jobs_->wait_changed(Clock::now() + std::chrono::milliseconds(100));
     if (tick && Clock::now() - last_tick >= std::chrono::seconds(1)) {
       last_tick = Clock::now();
-      tick(std::chrono::duration<double>(last_tick - start).count());
+      tick(std::chrono::duration<double>(last_tick - start).count(), v);
     }
     v = view(instance_id, job_id, tail);
   }

@@ -132,7 +132,7 @@ class Engine final {
   // every 100 ms and calls `tick(elapsed)` about once a second.
   View wait(const std::string& instance_id, const std::string& job_id, std::chrono::milliseconds timeout,
             const TailOptions& tail, const std::function<bool()>& interrupted = {},
-            const std::function<void(double elapsed_s)>& tick = {});
+            const std::function<void(double elapsed_s, const View& now)>& tick = {});
   View view(const std::string& instance_id, const std::string& job_id, const TailOptions& tail);
 
   // Newest first. Unknown instance: UsageError.

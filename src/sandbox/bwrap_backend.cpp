@@ -629,13 +629,22 @@ class BwrapBackend final : public Backend {
 
   void reap_ended() override { leftovers_.reap_ended(); }
 
+  // Answered as command_group() decides: a command shares the sandbox's pid namespace when it
+  // gets a cgroup that can be killed. Found out once, by making such a group.
   bool commands_share_pids() const override {
     if (!drop_to_ || !use_cgroups_) return false;
-    for (const stdfs::path& path : Cgroup::candidate_paths("probe")) {
-      std::error_code ec;
-      if (stdfs::exists(path.parent_path().parent_path() / "cgroup.kill", ec)) return true;
+    std::lock_guard lock(share_pids_mutex_);
+    if (!share_pids_) {
+      try {
+        std::vector<std::string> unenforced;
+        std::unique_ptr<Cgroup> probe = Cgroup::create("probe-" + random::hex(6), {}, unenforced);
+        share_pids_ = probe && !probe->paths().empty() && UniqueFd(probe->open_kill_file_fd());
+      } catch (const std::exception& e) {
+        log::debug("commands get pid namespaces of their own: no cgroup for them here ({})", e.what());
+        share_pids_ = false;
+      }
     }
-    return false;
+    return *share_pids_;
   }
 
   LivingStatus start_living(const Target& target) override {
@@ -1748,6 +1757,8 @@ class BwrapBackend final : public Backend {
   mutable std::mutex mutex_;
   mutable std::string bwrap_path_;
   mutable std::string self_path_;
+  mutable std::mutex share_pids_mutex_;
+  mutable std::optional<bool> share_pids_;  // commands_share_pids(), once found out
   std::string seccomp_bpf_;
   Leftovers leftovers_;  // living sandboxes' keepers and commands' watchers started here, reaped once ended
   std::map<std::string, std::shared_ptr<const Joinable>> joinable_;  // by state folder

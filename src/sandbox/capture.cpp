@@ -81,7 +81,8 @@ class Pump {
         if (options_.cancelled && options_.cancelled()) return stop(Ending::cancelled);
         if (deadline && now >= *deadline) return stop(Ending::timed_out);
         if (options_.progress && now >= next_progress) {
-          options_.progress(std::chrono::duration_cast<std::chrono::milliseconds>(now - started));
+          options_.progress({std::chrono::duration_cast<std::chrono::milliseconds>(now - started), result_.out,
+                             result_.err});
           while (next_progress <= now) next_progress += options_.progress_interval;
         }
       }

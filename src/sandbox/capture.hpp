@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "base/fd.hpp"
 #include "sandbox/execution.hpp"
@@ -27,6 +28,13 @@ struct Sink {
   static Sink write_to(int fd) { return {fd}; }
 };
 
+// What a progress call sees: the time so far and the output kept so far (sinks that keep; what
+// went to a descriptor is not here).
+struct CaptureProgress {
+  std::chrono::milliseconds elapsed{0};
+  std::string_view out, err;
+};
+
 struct CaptureOptions {
   std::string input;  // the command's stdin; empty: EOF at once
   // stdout + stderr bytes taken; at the cap the rest is dropped and the tree killed.
@@ -34,8 +42,8 @@ struct CaptureOptions {
   std::optional<std::chrono::milliseconds> timeout;  // then the tree is killed
   // Polled every slice while the command runs; true: the tree is killed.
   std::function<bool()> cancelled;
-  // Called every progress_interval with the time so far.
-  std::function<void(std::chrono::milliseconds elapsed)> progress;
+  // Called every progress_interval while the command runs.
+  std::function<void(const CaptureProgress&)> progress;
   std::chrono::milliseconds progress_interval{1000};
   std::chrono::milliseconds slice{50};  // cancellation is noticed within this
   // How long the pipes are still read after the command ended: its last writes, or (a living

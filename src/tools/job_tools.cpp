@@ -6,6 +6,7 @@
 #include "base/text.hpp"
 #include "jobs/jobs.hpp"
 #include "tools/internal.hpp"
+#include "tools/progress.hpp"
 
 namespace nshpc::tools {
 
@@ -134,7 +135,12 @@ mcp::ToolResult wait_for(const ToolContext& ctx, const std::string& instance, co
   jobs::View v = engine.wait(
       instance, job, std::chrono::seconds(timeout_s), tail_of(ctx, args),
       [&] { return interrupted = rc.cancelled(); },
-      [&](double elapsed) { rc.progress(elapsed, static_cast<double>(timeout_s), "waiting for the job"); });
+      [&, follower = OutputFollower()](double elapsed, const jobs::View& now) mutable {
+        rc.progress(elapsed, static_cast<double>(timeout_s),
+                    follower.window(fmt::format("waiting for the job ({}, {:.0f} s)", jobs::to_string(now.record.state),
+                                                elapsed),
+                                    now.stdout_tail, now.stderr_tail));
+      });
   const bool ran_out = !interrupted && !jobs::is_final(v.record.state) && timeout_s > 0;
   if (ran_out && !args.value("detach", true)) {
     engine.cancel(instance, job, actor(rc));

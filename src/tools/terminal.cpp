@@ -17,6 +17,7 @@
 #include "sandbox/capture.hpp"
 #include "base/steps.hpp"
 #include "tools/internal.hpp"
+#include "tools/progress.hpp"
 
 namespace nshpc::tools {
 
@@ -193,8 +194,10 @@ sandbox::CaptureResult run_terminal_request(const ToolContext& ctx, const store:
   options.output_cap = output_cap;
   options.timeout = std::chrono::seconds(req.timeout);
   options.cancelled = [&rc] { return rc.cancelled(); };
-  options.progress = [&rc, &req](std::chrono::milliseconds elapsed) {
-    rc.progress(std::chrono::duration<double>(elapsed).count(), static_cast<double>(req.timeout), "running");
+  options.progress = [&rc, &req, follower = OutputFollower()](const sandbox::CaptureProgress& p) mutable {
+    const double seconds = std::chrono::duration<double>(p.elapsed).count();
+    rc.progress(seconds, static_cast<double>(req.timeout),
+                follower.grown(fmt::format("running, {:.0f} s", seconds), p.out, p.err));
   };
   options.progress_interval = kProgressInterval;
   options.slice = kPollSlice;

@@ -303,14 +303,19 @@ describe('job tools', () => {
     assert.ok(!fs.existsSync(path.join(home.instancesDir, ID, 'workspace', 'over.txt')), 'nothing ran');
   });
 
-  test('7. progress notifications while submit_job waits', async () => {
+  test('7. progress notifications while submit_job waits carry the newest output lines', async () => {
     const seen = [];
-    const job = await api.submit(ID, { command: 'sleep 3; echo slept', timeout: 10 }, { onprogress: (p) => seen.push(p) });
+    const job = await api.submit(ID, { command: 'echo step 1; sleep 1.6; echo step 2; sleep 1.6; echo slept', timeout: 10 },
+      { onprogress: (p) => seen.push(p) });
     assert.equal(job.status, 'completed');
-    assert.equal(job.stdout_tail, 'slept');
-    assert.ok(seen.length >= 1, `progress seen: ${JSON.stringify(seen)}`);
+    assert.equal(job.stdout_tail, 'step 1\nstep 2\nslept');
+    assert.ok(seen.length >= 2, `progress seen: ${JSON.stringify(seen)}`);
     assert.equal(seen[0].total, 10);
     for (let i = 1; i < seen.length; i++) assert.ok(seen[i].progress > seen[i - 1].progress, 'progress increases');
+    const messages = seen.map((p) => p.message);
+    assert.ok(messages.every((m) => /^waiting for the job \(running, \d+ s\)/.test(m)), JSON.stringify(messages));
+    assert.ok(messages.some((m) => m.endsWith('\nstep 1')), JSON.stringify(messages));
+    assert.ok(messages.some((m) => m.endsWith('\nstep 1\nstep 2')), JSON.stringify(messages));
   });
 
   test('8. cancelling the call stops the wait, not the job', async () => {

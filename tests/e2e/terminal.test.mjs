@@ -266,14 +266,22 @@ describe('terminal_execute', () => {
     assert.ok(await until(() => hostProcessesWith(`sleep\0${marker2}`).length === 0), `left: ${hostProcessesWith(marker2)}`);
   });
 
-  test('progress notifications while the command runs', async () => {
+  test('progress notifications while the command runs carry its newest output lines', async () => {
     const seen = [];
-    const { out } = await run({ command: 'sleep 2.5; echo done', timeout: 30 }, { options: { onprogress: (p) => seen.push(p) } });
-    assert.equal(out.stdout, 'done\n');
-    assert.ok(seen.length >= 1, `progress seen: ${JSON.stringify(seen)}`);
+    const { out } = await run(
+      { command: 'echo first; sleep 1.5; seq 1 1000; echo warned >&2; sleep 1.5; echo done', timeout: 30 },
+      { options: { onprogress: (p) => seen.push(p) } },
+    );
+    assert.equal(out.stdout.slice(-5), 'done\n');
+    assert.ok(seen.length >= 2, `progress seen: ${JSON.stringify(seen)}`);
     assert.equal(seen[0].total, 30);
-    assert.equal(seen[0].message, 'running');
     for (let i = 1; i < seen.length; i++) assert.ok(seen[i].progress > seen[i - 1].progress);
+    const messages = seen.map((p) => p.message);
+    assert.ok(messages.every((m) => /^running, \d+ s/.test(m)), JSON.stringify(messages));
+    // The lines that came since the notification before, the newest at most 3 (stderr marked).
+    assert.ok(messages.includes('running, 1 s\nfirst'), JSON.stringify(messages));
+    assert.ok(messages.some((m) => m.endsWith('\n999\n1000\n[stderr] warned')), JSON.stringify(messages));
+    assert.ok(messages.every((m) => m.split('\n').length <= 4 && m.length <= 600), JSON.stringify(messages));
   });
 
   test('cancellation kills the sandbox', async () => {

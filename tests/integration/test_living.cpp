@@ -146,6 +146,32 @@ TEST_F(Living, AsRootALaterCommandCanPsAndKillAnEarlierOnesBackgroundProcess) {
   EXPECT_TRUE(eventually([] { return processes_with("5151.5").empty(); }, std::chrono::seconds(5)));
 }
 
+// What terminal_execute's description says of background processes is what this server does:
+// it says later calls' ps and kill do not see them exactly when a later command cannot stop an
+// earlier one's background process (as root it can; as a normal user each command has its own
+// pid namespace).
+TEST_F(Living, TerminalExecuteSaysTrulyWhetherALaterCallSeesBackgroundProcesses) {
+  McpSession server(env_);
+  nlohmann::json list = server.wait_for(server.request("tools/list", nlohmann::json::object()));
+  std::string description;
+  for (const auto& tool : list["result"]["tools"])
+    if (tool["name"] == "terminal_execute") description = tool["description"];
+  ASSERT_FALSE(description.empty()) << list.dump();
+  const bool says_unseen = description.find("not seen by ps") != std::string::npos ||
+                           description.find("ps and kill do not see") != std::string::npos;
+
+  nlohmann::json bg = server.tool("terminal_execute", {{"instance_id", "alpha"},
+                                                        {"command", "sleep 6161.5 >/dev/null 2>&1 & echo ok"}});
+  ASSERT_EQ(bg["exit_code"], 0) << bg.dump();
+  nlohmann::json kill = server.tool("terminal_execute",
+                                    {{"instance_id", "alpha"}, {"command", "pkill -f '^sleep 6161.5' && echo killed"}});
+  const bool killed = kill["stdout"] == "killed\n";
+  EXPECT_EQ(says_unseen, !killed) << "description: " << description << "\nkill: " << kill.dump();
+  if (::geteuid() == 0) EXPECT_TRUE(killed) << kill.dump();
+  env_.run({"instance", "stop", "alpha"});
+  EXPECT_TRUE(eventually([] { return processes_with("6161.5").empty(); }, std::chrono::seconds(10)));
+}
+
 // ps, pgrep and kill inside a command see the pids the command itself uses, in either mode (as a
 // normal user each command has a pid namespace and a /proc of its own).
 TEST_F(Living, PsPgrepAndKillWorkInsideEveryCommand) {

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -187,11 +188,24 @@ TEST(CapturePump, ProgressIsReportedWhileTheCommandRuns) {
   options.timeout = 20s;
   options.progress_interval = 100ms;
   std::vector<std::chrono::milliseconds> seen;
-  options.progress = [&](std::chrono::milliseconds elapsed) { seen.push_back(elapsed); };
+  options.progress = [&](const sandbox::CaptureProgress& p) { seen.push_back(p.elapsed); };
   const auto c = run(sh("sleep 0.45"), options);
   EXPECT_EQ(c.result.ending, sandbox::Ending::finished);
   ASSERT_GE(seen.size(), 3u);
   EXPECT_LT(seen.front(), seen.back());
+}
+
+// Each progress call sees the output kept so far, so a long command can be followed as it runs.
+TEST(CapturePump, ProgressSeesTheOutputSoFar) {
+  sandbox::CaptureOptions options;
+  options.timeout = 20s;
+  options.progress_interval = 100ms;
+  std::vector<std::string> seen;
+  options.progress = [&](const sandbox::CaptureProgress& p) { seen.emplace_back(p.out); };
+  const auto c = run(sh("echo one; sleep 0.5; echo two; sleep 0.5"), options);
+  EXPECT_EQ(c.result.out, "one\ntwo\n");
+  EXPECT_NE(std::find(seen.begin(), seen.end(), "one\n"), seen.end());
+  EXPECT_NE(std::find(seen.begin(), seen.end(), "one\ntwo\n"), seen.end());
 }
 
 // A background process still holding the pipes when the command exits: what it writes within
