@@ -3,11 +3,14 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <linux/magic.h>
 #include <stdio.h>
 #include <sys/fsuid.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <vector>
@@ -210,6 +213,66 @@ void remove_tree_in(Broker* broker, int dir, const std::string& name, const std:
 
 // ---------------------------------------------------------------------------------------------
 
+// EPERM unless `fd` (a file or folder beneath a confined root, any descriptor of it, O_PATH
+// too) is on one of the confinement's file systems and is the tree's own (Root::confine).
+void check_confined(const Confinement& c, int fd, const std::string& shown, const char* what) {
+  struct statfs sfs;
+  if (::fstatfs(fd, &sfs) < 0) throw SysError(errno, "statfs", shown);
+  const auto type = static_cast<std::int64_t>(sfs.f_type);
+  if (const char* name = kernel_interface(type))
+    throw SysError(EPERM, what, fmt::format("{} (on {}, a kernel interface, not the sandbox's own files)", shown, name));
+  if (!c.allows(type))
+    throw SysError(EPERM, what,
+                   fmt::format("{} (on a file system of type {:#x}, not one the sandbox's own files are on)", shown,
+                               static_cast<std::uint64_t>(type)));
+  struct stat st;
+  if (::fstat(fd, &st) < 0) throw SysError(errno, "stat", shown);
+  if (!c.owns(st.st_uid))
+    throw SysError(EPERM, what,
+                   fmt::format("{} (it belongs to uid {}, not to the sandbox's uid {})", shown, st.st_uid, c.uid));
+}
+
+void check_confined(const Root& root, int fd, const std::string& shown, const char* what) {
+  if (root.confinement()) check_confined(*root.confinement(), fd, shown, what);
+}
+
+// `path` (an O_PATH descriptor) opened again with `flags`: that very file, through this process's
+// /proc/self/fd, never its path a second time. Checked by the caller before.
+UniqueFd reopen(int path, int flags, const std::string& shown) {
+  const std::string self = fmt::format("/proc/self/fd/{}", path);
+  UniqueFd fd(::open(self.c_str(), flags | O_CLOEXEC));
+  if (!fd) throw SysError(errno, "open", shown);
+  return fd;
+}
+
+// `rel` of `dir` opened for reading beneath a confined root: found O_PATH (nothing of the file
+// opened yet), refused unless it is a regular file (or, with `folders`, a folder) that
+// check_confined allows, then that very file opened. ENXIO for anything else (a FIFO, a device).
+Opened open_confined(const Confinement& c, Broker* broker, int dir, const std::string& rel, Resolve how,
+                     const std::string& shown, const char* what, bool folders) {
+  UniqueFd path = open_in(broker, dir, rel, O_PATH, 0, how, shown);
+  struct stat st;
+  if (::fstat(path.get(), &st) < 0) throw SysError(errno, "stat", shown);
+  const bool is_dir = S_ISDIR(st.st_mode);
+  if (!S_ISREG(st.st_mode) && !(folders && is_dir))
+    throw SysError(ENXIO, what, shown + (folders ? " (not a regular file or a folder)" : " (not a regular file)"));
+  check_confined(c, path.get(), shown, what);
+  const int flags = is_dir ? O_RDONLY | O_DIRECTORY : O_RDONLY | O_NOCTTY | O_NONBLOCK;
+  Opened opened;
+  try {
+    opened.fd = reopen(path.get(), flags, shown);
+  } catch (const SysError& e) {
+    // The broker may what this process may not (a file of an account made inside): it opens the
+    // path again, as the sandbox's root could; the file it finds must be the one checked.
+    if (!broker || !refused(e.code())) throw;
+    opened.fd = broker->open_beneath(dir, rel, flags, 0, how, shown);
+  }
+  if (::fstat(opened.fd.get(), &opened.st) < 0) throw SysError(errno, "stat", shown);
+  if (opened.st.st_dev != st.st_dev || opened.st.st_ino != st.st_ino)
+    throw SysError(EAGAIN, what, shown + " (it was replaced as it was opened; try again)");
+  return opened;
+}
+
 void refuse_read_only(const Location& at) {
   if (at.root->read_only()) throw SysError(EROFS, "write", at.shown() + " (a read-only folder)");
 }
@@ -221,8 +284,11 @@ UniqueFd open_parent(const Location& at, std::string& leaf) {
   auto [parent, name] = split_leaf(at.rel);
   if (name == ".." || name == ".") throw SysError(EINVAL, "change", at.shown() + " (ends in '..')");
   leaf = std::move(name);
-  return open_in(at.root->broker().get(), at.root->fd(), rel_or_dot(parent), O_PATH | O_DIRECTORY, 0,
-                 Resolve::in_root_follow, join_shown(at.root->shown(), parent));
+  const std::string shown = join_shown(at.root->shown(), parent);
+  UniqueFd dir = open_in(at.root->broker().get(), at.root->fd(), rel_or_dot(parent), O_PATH | O_DIRECTORY, 0,
+                         Resolve::in_root_follow, shown);
+  check_confined(*at.root, dir.get(), shown, "change");
+  return dir;
 }
 
 // The new file that replaces `was` (a file of the tree's own) gets its owner and group: a file of
@@ -269,6 +335,7 @@ UniqueFd ensure_dirs(const Root& root, const std::string& rel, mode_t mode) {
       }
       if (e.code() != ENOENT) throw;
     }
+    check_confined(root, current.get(), join_shown(root.shown(), split_leaf(prefix).first), "mkdir");
     if (const int err = mkdir_in(broker, current.get(), part, mode); err != 0 && err != EEXIST)
       throw SysError(err, "mkdir", shown);
     // Opened again without following anything: a link swapped in meanwhile is refused.
@@ -366,6 +433,7 @@ void copy_tree(const Root& from, const Root& root, int src_fd, int dst_parent, c
       struct stat sst;
       if (::fstat(sub.get(), &sst) < 0) throw SysError(errno, "stat", child_src);
       refuse_foreign(from, sst, child_src, "copy");
+      check_confined(from, sub.get(), child_src, "copy");
       copy_tree(from, root, sub.get(), dst.get(), n, sst.st_mode, child_src, child_shown, depth + 1, cancelled, reading,
                 writing);
     } else if (S_ISLNK(st.st_mode)) {
@@ -389,6 +457,7 @@ void copy_tree(const Root& from, const Root& root, int src_fd, int dst_parent, c
       struct stat ist;
       if (::fstat(in.get(), &ist) < 0 || !S_ISREG(ist.st_mode)) continue;
       refuse_foreign(from, ist, child_src, "copy");
+      check_confined(from, in.get(), child_src, "copy");
       clear_nonblock(in.get());
       UniqueFd out;
       {
@@ -450,6 +519,52 @@ Root Root::open(const stdfs::path& dir, std::string shown, std::optional<Owner> 
   return Root(fs::open_dir_path(dir), std::move(shown), owner, read_only, any_owner, std::move(broker));
 }
 
+void Root::confine(std::vector<std::int64_t> file_systems) {
+  confinement_ = Confinement{std::move(file_systems), owner_uid_, others_from_, others_};
+}
+
+bool Confinement::allows(std::int64_t f_type) const {
+  return !kernel_interface(f_type) && std::find(file_systems.begin(), file_systems.end(), f_type) != file_systems.end();
+}
+
+const char* kernel_interface(std::int64_t f_type) {
+  // linux/magic.h, and the few it lacks on older headers spelled out.
+  static constexpr std::pair<std::int64_t, const char*> kInterfaces[] = {
+      {PROC_SUPER_MAGIC, "proc"},
+      {SYSFS_MAGIC, "sysfs"},
+      {DEVPTS_SUPER_MAGIC, "devpts"},
+      {SECURITYFS_MAGIC, "securityfs"},
+      {DEBUGFS_MAGIC, "debugfs"},
+      {TRACEFS_MAGIC, "tracefs"},
+      {CGROUP_SUPER_MAGIC, "cgroup"},
+      {CGROUP2_SUPER_MAGIC, "cgroup2"},
+      {BPF_FS_MAGIC, "bpf"},
+      {0x62656570, "configfs"},
+      {PSTOREFS_MAGIC, "pstore"},
+      {EFIVARFS_MAGIC, "efivarfs"},
+      {0x19800202, "mqueue"},
+      {BINFMTFS_MAGIC, "binfmt_misc"},
+      {0x65735543, "fusectl"},
+      {SELINUX_MAGIC, "selinuxfs"},
+      {SMACK_MAGIC, "smackfs"},
+      {0x5a3c69f0, "apparmorfs"},
+      {NSFS_MAGIC, "nsfs"},
+      {PIPEFS_MAGIC, "pipefs"},
+      {SOCKFS_MAGIC, "sockfs"},
+      {ANON_INODE_FS_MAGIC, "anon_inodefs"},
+      {USBDEVICE_SUPER_MAGIC, "usbdevfs"},
+      {AUTOFS_SUPER_MAGIC, "autofs"},
+      {0x67596969, "rpc_pipefs"},
+      {0x6e667364, "nfsd"},
+      {0x444d4142, "dmabuf"},
+      {0x5345434d, "secretmem"},
+      {0xabba1974, "xenfs"},
+  };
+  for (const auto& [magic, name] : kInterfaces)
+    if (magic == f_type) return name;
+  return nullptr;
+}
+
 std::string Location::shown() const { return join_shown(root ? root->shown() : std::string(), rel); }
 
 std::string normalize(std::string_view path) {
@@ -491,6 +606,12 @@ EntryType entry_type(mode_t mode) {
 
 Opened open_read(const Location& at) {
   Acting as(at.root->acts_as());
+  if (at.root->confinement()) {
+    Opened opened = open_confined(*at.root->confinement(), at.root->broker().get(), at.root->fd(), rel_or_dot(at.rel),
+                                  Resolve::in_root_follow, at.shown(), "read", /*folders=*/true);
+    clear_nonblock(opened.fd.get());
+    return opened;
+  }
   Opened opened;
   try {
     opened.fd = open_in(at.root->broker().get(), at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_NOCTTY, 0,
@@ -548,8 +669,14 @@ std::string read_link(const Location& at) {
 std::vector<Entry> list_dir(const Location& at, std::size_t max_entries) {
   Acting as(at.root->acts_as());
   Broker* broker = at.root->broker().get();
-  UniqueFd fd = open_in(broker, at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_DIRECTORY, 0, Resolve::in_root_follow,
-                        at.shown());
+  UniqueFd fd;
+  if (at.root->confinement())
+    fd = open_confined(*at.root->confinement(), broker, at.root->fd(), rel_or_dot(at.rel), Resolve::in_root_follow,
+                       at.shown(), "list", /*folders=*/true)
+             .fd;
+  else
+    fd = open_in(broker, at.root->fd(), rel_or_dot(at.rel), O_RDONLY | O_DIRECTORY, 0, Resolve::in_root_follow,
+                 at.shown());
   UniqueFd listing(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 3));
   if (!listing) throw SysError(errno, "dup", at.shown());
   std::unique_ptr<DIR, int (*)(DIR*)> dir(::fdopendir(listing.get()), &::closedir);
@@ -615,6 +742,12 @@ void PendingFile::write_from(int from) { copy_bytes(from, fd_.get(), shown_); }
 std::optional<UniqueFd> PendingFile::open_current() const {
   Acting as(acts_as_);
   try {
+    if (confinement_) {
+      Opened opened = open_confined(*confinement_, broker_.get(), dir_.get(), leaf_, Resolve::beneath_no_links, shown_,
+                                    "read", /*folders=*/false);
+      clear_nonblock(opened.fd.get());
+      return std::move(opened.fd);
+    }
     UniqueFd fd = open_in(broker_.get(), dir_.get(), leaf_, O_RDONLY | O_NOCTTY, 0, Resolve::beneath_no_links, shown_);
     struct stat st;
     if (::fstat(fd.get(), &st) < 0) throw SysError(errno, "stat", shown_);
@@ -659,12 +792,14 @@ std::unique_ptr<PendingFile> begin_write(const Location& at, const WriteOptions&
   else
     parent = open_in(broker, at.root->fd(), rel_or_dot(parent_rel), O_PATH | O_DIRECTORY, 0, Resolve::in_root_follow,
                      join_shown(at.root->shown(), parent_rel));
+  check_confined(*at.root, parent.get(), join_shown(at.root->shown(), parent_rel), "write");
   mode_t mode = options.mode.value_or(0644);
   struct stat st;
   bool replaces = false;  // a regular file of the tree's own
   if (const int err = stat_in(broker, parent.get(), leaf, st); err == 0) {
     if (S_ISDIR(st.st_mode)) throw SysError(EISDIR, "write", at.shown() + " (a folder)");
     if (options.no_replace) throw SysError(EEXIST, "create", at.shown());
+    if (at.root->confinement() && S_ISREG(st.st_mode)) refuse_foreign(*at.root, st, at.shown(), "write");
     replaces = S_ISREG(st.st_mode) && at.root->owns(st.st_uid);
     if (S_ISREG(st.st_mode)) refuse_unwritable(broker, parent.get(), leaf, st, at.shown());
     if (S_ISREG(st.st_mode) && !options.mode) mode = st.st_mode & 01777;  // no set-id bits
@@ -678,6 +813,7 @@ std::unique_ptr<PendingFile> begin_write(const Location& at, const WriteOptions&
   std::unique_ptr<PendingFile> pending(
       new PendingFile(at.root->acts_as(), at.root->broker(), std::move(parent), std::move(fd), temp, leaf, at.shown(),
                       options.no_replace));
+  pending->confinement_ = at.root->confinement();
   if (const int err = chmod_in(broker, pending->fd(), mode)) throw SysError(err, "chmod", at.shown());
   give_to_owner(*at.root, pending->fd(), at.shown());
   if (replaces) keep_owner(broker, pending->fd(), st, pending->dir_.get(), leaf);

@@ -86,6 +86,22 @@ struct Owner {
 // owner that is this process or root, an image instance's (others > 0).
 std::optional<users::Identity> acting_identity(const std::optional<Owner>& owner, bool as_root = ::geteuid() == 0);
 
+// The name of a kernel interface file system (statfs f_type: "proc", "sysfs", "devpts",
+// "cgroup2", ...), whose files are the kernel's controls and views rather than anyone's data; nullptr
+// for any other type.
+const char* kernel_interface(std::int64_t f_type);
+
+// What a confined root (Root::confine) lets its operations touch: the tree's own files and
+// folders (owner uid, or others_from .. others_from + others - 1) on these file systems.
+struct Confinement {
+  std::vector<std::int64_t> file_systems;  // statfs f_type
+  uid_t uid = 0;
+  uid_t others_from = 0;
+  std::uint32_t others = 0;
+  bool owns(uid_t id) const { return id == uid || (others > 0 && id >= others_from && id - others_from < others); }
+  bool allows(std::int64_t f_type) const;  // on the list and not a kernel interface
+};
+
 // A directory tree whose content is hostile: an instance's workspace or output folder, later its
 // root, or a WebDAV extra. Holds an O_PATH descriptor of the folder, opened once.
 class Root {
@@ -119,6 +135,21 @@ class Root {
     return uid == owner_uid_ || (others_ > 0 && uid >= others_from_ && uid - others_from_ < others_);
   }
 
+  // Confines every operation beneath this root to the tree's own files on `file_systems` (statfs
+  // f_type: those its files are on), for a root whose tree holds more than files: a living
+  // sandbox's "/" reached from outside (/proc/<pid>/root), with its /proc, /proc/sys, /dev and
+  // devpts, where this process (as root: every capability) could do far more than the sandbox
+  // itself may. Confined, an operation refuses with EPERM, before it opens or changes anything:
+  //   - a file it reads or replaces, or a folder it lists, makes an entry in or removes one from,
+  //     on a kernel interface (kernel_interface) or on a file system not in `file_systems` (an
+  //     allow-list: a mount nobody listed is refused, whatever it is);
+  //   - such a file or folder that is not the tree's own (owns()), whatever its mode.
+  // Reads open the path O_PATH first (nothing of the file is opened), check it, then open that very
+  // file again through its descriptor (never the path a second time), so nothing but the tree's
+  // own regular files and folders is ever opened for reading.
+  void confine(std::vector<std::int64_t> file_systems);
+  const std::optional<Confinement>& confinement() const { return confinement_; }
+
  private:
   UniqueFd dir_;
   std::string shown_;
@@ -131,6 +162,7 @@ class Root {
   uid_t others_from_ = 0;
   std::uint32_t others_ = 0;
   std::shared_ptr<Broker> broker_;
+  std::optional<Confinement> confinement_;
 };
 
 // A place beneath a root: `rel` is normalised (no ".", no empty components, no leading '/'),
@@ -227,6 +259,7 @@ class PendingFile {
   std::string shown_;
   bool no_replace_;
   bool committed_ = false;
+  std::optional<Confinement> confinement_;  // the root's (open_current checks the file with it)
 };
 // Starts writing the file at `at` (the parent resolved inside the root, the last component
 // never followed: a symlink there is replaced, not written through). EISDIR when a folder is

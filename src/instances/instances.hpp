@@ -187,6 +187,20 @@ class Service {
   };
   FileAccess file_access(const store::Instance& inst) const;
 
+  // The root folder of an image instance's running sandbox, as its processes see it (its
+  // /workspace, /tmp and every other mount included), for file operations done from outside with
+  // no process inside (the computer's file tools). The sandbox is started when it does not run
+  // (audited as instance.started then). `root` is "/" owned as the instance's files are
+  // (file_access) and confined to the sandbox's own files (files::Root::confine: never its /proc,
+  // /proc/sys, devices or devpts, nor a file of another uid); `held` keeps the instance's gate
+  // and busy file (sandbox::LivingRoot) until it is destroyed. UsageError for an instance on the
+  // host's root (its "/" is the host's).
+  struct RunningRoot {
+    files::Root root;
+    sandbox::LivingRoot held;  // its descriptor moved into `root`
+  };
+  RunningRoot root_of_running(const store::Instance& inst, std::string_view actor);
+
   // Disk use of an instance's workspace, output folder, root layer (an image instance) and
   // snapshots (walked without following links; a large tree takes a while, so only describe and
   // listings for scripts ask). Allocated blocks: a snapshot's reflinked copy shares its blocks
@@ -215,6 +229,10 @@ class Service {
   std::unique_ptr<sandbox::Backend> backend_;
   std::unique_ptr<jobs::Engine> jobs_;
   std::mutex layer_mutex_;
+  // The broker of root_of_running's roots (a normal user's): one for every image instance, whose
+  // ids are all the user's and its subordinate range; started on first use.
+  std::mutex root_broker_mutex_;
+  std::shared_ptr<files::Broker> root_broker_;
   std::optional<sandbox::LayerSupport> layer_support_;  // probed at the first image instance
 
   struct Execution {

@@ -214,6 +214,24 @@ Service::FileAccess Service::file_access(const store::Instance& inst) const {
   return access;
 }
 
+Service::RunningRoot Service::root_of_running(const store::Instance& inst, std::string_view actor) {
+  if (!inst.image)
+    throw UsageError(fmt::format("instance '{}' runs on the host's root, whose \"/\" is the host's: its own files are "
+                                 "its workspace and output folders",
+                                 inst.id));
+  FileAccess access = file_access(inst);
+  if (access.broker) {
+    std::lock_guard lock(root_broker_mutex_);
+    if (!root_broker_) root_broker_ = std::move(access.broker);
+    access.broker = root_broker_;
+  }
+  sandbox::LivingRoot held = backend().living_root(target(inst));
+  if (held.started) store_->audit(inst, "instance.started", actor, {{"instance_id", inst.id}});
+  files::Root root(std::move(held.root), "/", access.owner, false, false, std::move(access.broker));
+  root.confine(std::move(held.file_systems));
+  return RunningRoot{std::move(root), std::move(held)};
+}
+
 Service::DiskUse Service::disk_use(const store::Instance& inst) const {
   // Folders this process may not open (an account's made inside a normal user's image instance)
   // are counted by the broker, which may.

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -21,7 +22,9 @@
 #include <deque>
 #include <thread>
 
+#include <linux/magic.h>
 #include <sys/file.h>
+#include <sys/vfs.h>
 
 #include <fmt/format.h>
 
@@ -782,6 +785,57 @@ class BwrapBackend final : public Backend {
       p.rss_bytes = resident_bytes(m.pid);
       p.age = age_of(m.pid);
       out.push_back(std::move(p));
+    }
+    return out;
+  }
+
+  LivingRoot living_root(const Target& target) override {
+    if (!target.persistent)
+      throw UsageError(fmt::format("instance '{}' has no living sandbox (each of its commands gets a fresh one)",
+                                   target.instance_id));
+    LivingRoot out;
+    out.gate = enter_gate(target, kGatePatience);
+    leftovers_.reap_ended();
+    fs::make_dirs(target.state_dir, 0700);
+    out.busy = mark_busy(target);
+    for (int attempt = 0;; ++attempt) {
+      {
+        std::lock_guard lock(mutex_);
+        auto it = joinable_.find(target.state_dir.string());
+        out.started = it == joinable_.end() || wait_pidfd(it->second->init_pidfd.get(), std::chrono::milliseconds(0));
+      }
+      if (out.started) out.started = !find_living(target).running;
+      const std::shared_ptr<const Joinable> sandbox = joinable(target);
+      UniqueFd root(::open(fmt::format("/proc/{}/root", sandbox->init).c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+      const int err = root ? 0 : errno;
+      // The init still lives (its pidfd is not readable): the pid named it during the open.
+      if (!wait_pidfd(sandbox->init_pidfd.get(), std::chrono::milliseconds(0))) {
+        if (!root)
+          throw SysError(err, "open", fmt::format("/proc/{}/root (the root folder of instance '{}')", sandbox->init,
+                                                  target.instance_id));
+        out.root = std::move(root);
+        break;
+      }
+      if (attempt > 0)
+        throw Error(fmt::format("the sandbox of instance '{}' ended as its files were opened; try again",
+                                target.instance_id));
+      // It ended just now: joinable() finds that and starts it again.
+    }
+    // What the sandbox's own files are on: see image_bwrap_argv (its root, tmpfs for /tmp and
+    // /dev/shm, the host folders it binds). Its /proc, /proc/sys, /dev's device nodes, devpts
+    // and mqueue are not.
+    auto add = [&out](std::int64_t type) {
+      if (std::find(out.file_systems.begin(), out.file_systems.end(), type) == out.file_systems.end())
+        out.file_systems.push_back(type);
+    };
+    struct statfs sfs;
+    if (::fstatfs(out.root.get(), &sfs) < 0) throw SysError(errno, "statfs", "the root folder of " + target.instance_id);
+    add(static_cast<std::int64_t>(sfs.f_type));
+    add(TMPFS_MAGIC);
+    for (const stdfs::path& bound : {target.workspace, target.output, target.shared_output_root}) {
+      if (bound.empty()) continue;
+      if (::statfs(bound.c_str(), &sfs) < 0) throw SysError(errno, "statfs", bound.string());
+      add(static_cast<std::int64_t>(sfs.f_type));
     }
     return out;
   }

@@ -497,4 +497,9 @@ ExposedPort Backend::expose_port(const Target&, std::uint16_t, std::uint16_t) { 
 bool Backend::unexpose_port(const Target&, std::uint16_t) { no_ports(*this); }
 std::vector<ExposedPort> Backend::exposed_ports(const Target&) { return {}; }
 
+LivingRoot Backend::living_root(const Target& target) {
+  throw UsageError(fmt::format("the {} backend cannot reach the files of instance '{}' from outside its sandbox",
+                               name(), target.instance_id));
+}
+
 }  // namespace nshpc::sandbox

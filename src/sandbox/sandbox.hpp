@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "audit/audit.hpp"
+#include "base/fd.hpp"
 #include "base/users.hpp"
 #include "config/config.hpp"
 #include "sandbox/types.hpp"
@@ -148,6 +149,23 @@ struct LivingStatus {
   std::optional<TimePoint> ended_at;
 };
 
+// The root folder of a running living sandbox, held for file operations done from outside (the
+// computer's file tools): its files as its processes see them, through its own mounts.
+struct LivingRoot {
+  // O_PATH descriptor of the sandbox init's root (/proc/<init>/root), opened while the init was
+  // alive (checked through its pidfd after the open, so a reused pid is never taken for it).
+  // Kernel interfaces are reachable beneath it too (its /proc, /dev/pts): see file_systems.
+  UniqueFd root;
+  // The file systems the sandbox's own files are on (statfs f_type): its root's, the tmpfs it
+  // mounts (/tmp, /dev/shm) and those of the host folders it binds (workspace, output). Anything
+  // else beneath `root` is a kernel interface (proc, sysfs, devpts, mqueue) or a mount this list
+  // does not know: never the sandbox's files.
+  std::vector<std::int64_t> file_systems;
+  UniqueFd gate;  // the instance's gate, held shared (gate.hpp): no snapshot or reset meanwhile
+  UniqueFd busy;  // the instance's busy file, held shared and touched: no idle stop meanwhile
+  bool started = false;  // the sandbox was not running and was started for this
+};
+
 // One process of a living instance's sandbox (instance ps).
 struct LivingProcess {
   pid_t pid = 0;              // host pid
@@ -199,6 +217,10 @@ class Backend {
   virtual bool unexpose_port(const Target& target, std::uint16_t port);
   virtual std::vector<ExposedPort> exposed_ports(const Target& target);
   virtual std::vector<LivingProcess> living_processes(const Target& target) = 0;
+  // The root folder of the living sandbox of `target` (started when it does not run), with the
+  // instance's gate and busy file held until the LivingRoot is destroyed. This default: UsageError
+  // (a backend whose sandboxes cannot be reached from outside).
+  virtual LivingRoot living_root(const Target& target);
   // Whether the commands of a living instance share one pid namespace (a later command can ps and
   // kill what an earlier one left running): as root with cgroup v2. Otherwise each has its own.
   virtual bool commands_share_pids() const = 0;
