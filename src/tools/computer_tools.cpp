@@ -4,9 +4,9 @@
 // computer_restart, computer_factory_reset, computer_delete, set_network_access,
 // set_desktop_environment) over instances::Computers.
 //
-// The file tools work inside the computer, as its own user, like the seed's `docker exec`: every
-// path of the computer is reachable (not only /workspace), and what the server does is bounded by
-// what the sandbox may do. Calls share no lock: each runs its own process in the living sandbox.
+// The file tools (tools/computer_files.cpp) reach every path of the computer (not only
+// /workspace), as the seed's `docker exec` does, from this process, beneath the computer's own
+// root and confined to its own files.
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -22,6 +22,7 @@
 #include "instances/instances.hpp"
 #include "instances/snapshots.hpp"
 #include "tools/computer_contract.hpp"
+#include "tools/computer_files.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -30,9 +31,6 @@ namespace {
 
 using mcp::json;
 
-constexpr std::size_t kFileTextLimit = 1048576;                 // the seed's file_text_limit
-constexpr std::size_t kFileOutputCap = kFileTextLimit + 65536;  // the file and what the script says
-constexpr std::int64_t kFileTimeout = 60;
 constexpr std::chrono::minutes kImageWait{20};
 const std::string kWorkspace = "/workspace";
 
@@ -232,191 +230,6 @@ json terminal_output() {
                        {"computer_id", "operation", "stdout", "stderr", "exit_code", "exec_duration_ms"});
 }
 
-// ---------------------------------------------------------------------------------------------
-// Files, inside the computer
-
-// A small script run in the computer: `sh -c SCRIPT sh ARGS…`, stdin given, output capped.
-struct Script {
-  int exit_code = 0;
-  std::string out, err;
-};
-Script run_script(State& st, const store::Instance& inst, const std::string& script, std::vector<std::string> args,
-                  std::string input, mcp::RequestContext& rc) {
-  TerminalRequest req;
-  req.instance_id = inst.id;
-  req.argv = {"/bin/sh", "-c", script, "sh"};
-  req.argv.insert(req.argv.end(), args.begin(), args.end());
-  req.stdin_text = std::move(input);
-  req.working_directory = kWorkspace;
-  req.timeout = kFileTimeout;
-  const sandbox::CaptureResult o = run_terminal_request(st.ctx, inst, req, kFileOutputCap, rc);
-  switch (o.ending) {
-    case sandbox::Ending::cancelled: throw Error("cancelled");
-    case sandbox::Ending::timed_out: throw Error(fmt::format("the file operation took over {} s", kFileTimeout));
-    case sandbox::Ending::output_limit: throw Error("the file grew while it was read; read it again");
-    case sandbox::Ending::finished: break;
-  }
-  if (!o.status.started) throw Error("the computer could not run the file operation: " + std::string(text::trim(o.err)));
-  return {o.status.exit_code, o.out, o.err};
-}
-
-std::string path_of(const json& args) {
-  const std::string path = string_arg(args, "path");
-  if (path.empty()) throw UsageError("path is required (absolute, or relative to /workspace)");
-  if (path.find('\0') != std::string::npos) throw UsageError("path must not contain a NUL byte");
-  return path;
-}
-
-// The path as the seed shows it: absolute, relative ones under /workspace.
-std::string shown_path(const std::string& path) { return path.front() == '/' ? path : kWorkspace + "/" + path; }
-
-// Exit codes of the scripts below, each a message.
-constexpr int kMissing = 66, kNotRegular = 67, kTooBig = 68, kNoParent = 69, kChanged = 73;
-
-// Reads the whole file (at most kFileTextLimit bytes) in the computer.
-std::string read_in(State& st, const store::Instance& inst, const std::string& path, mcp::RequestContext& rc) {
-  static const std::string script = fmt::format(
-      "f=$1\n"
-      "[ -e \"$f\" ] || [ -L \"$f\" ] || exit {missing}\n"
-      "[ -f \"$f\" ] || exit {irregular}\n"
-      "s=$(stat -L -c %s -- \"$f\") || exit 1\n"
-      "[ \"$s\" -le {limit} ] || {{ echo \"$s\" >&2; exit {big}; }}\n"
-      "exec cat -- \"$f\"\n",
-      fmt::arg("missing", kMissing), fmt::arg("irregular", kNotRegular), fmt::arg("limit", kFileTextLimit),
-      fmt::arg("big", kTooBig));
-  const Script r = run_script(st, inst, script, {path}, "", rc);
-  const std::string shown = shown_path(path);
-  switch (r.exit_code) {
-    case 0: break;
-    case kMissing: throw UsageError(fmt::format("File does not exist: {}", shown));
-    case kNotRegular: throw UsageError(fmt::format("Path is not a regular file: {}", shown));
-    case kTooBig:
-      throw UsageError(fmt::format("File is {} bytes; text tool limit is {} bytes: {}", text::trim(r.err),
-                                   kFileTextLimit, shown));
-    default: throw UsageError(fmt::format("{}: {}", shown, text::trim(text::sanitize_utf8(r.err))));
-  }
-  if (r.out.size() > kFileTextLimit)
-    throw UsageError(fmt::format("File is over {} bytes (text tool limit): {}", kFileTextLimit, shown));
-  return r.out;
-}
-
-// Writes `content` atomically in the computer (a temporary file beside it, the old file's mode,
-// a rename), as the seed does. `expected_sha`: refused with kChanged unless the file has it now.
-// Returns whether parent directories were made.
-bool write_in(State& st, const store::Instance& inst, const std::string& path, const std::string& content,
-              bool parents, const std::string& expected_sha, mcp::RequestContext& rc) {
-  static const std::string script = fmt::format(
-      "f=$1; d=$(dirname -- \"$f\"); made=0\n"
-      "if [ ! -d \"$d\" ]; then\n"
-      "  [ \"$2\" = 1 ] || exit {no_parent}\n"
-      "  mkdir -p -- \"$d\" || exit 1; made=1\n"
-      "fi\n"
-      "if [ -n \"$3\" ]; then\n"
-      "  [ -f \"$f\" ] || exit {changed}\n"
-      "  now=$(sha256sum < \"$f\") || exit 1\n"
-      "  [ \"${{now%% *}}\" = \"$3\" ] || exit {changed}\n"
-      "fi\n"
-      "[ ! -e \"$f\" ] || [ -f \"$f\" ] || exit {irregular}\n"
-      "t=$(mktemp \"$d/.write.XXXXXX\") || exit 1\n"
-      "if ! cat > \"$t\"; then rm -f -- \"$t\"; exit 1; fi\n"
-      "[ -e \"$f\" ] && chmod --reference=\"$f\" -- \"$t\" 2>/dev/null\n"
-      "[ -e \"$f\" ] || chmod 644 -- \"$t\"\n"
-      "mv -f -- \"$t\" \"$f\" || {{ rm -f -- \"$t\"; exit 1; }}\n"
-      "echo \"$made\"\n",
-      fmt::arg("no_parent", kNoParent), fmt::arg("changed", kChanged), fmt::arg("irregular", kNotRegular));
-  const Script r = run_script(st, inst, script, {path, parents ? "1" : "0", expected_sha}, content, rc);
-  const std::string shown = shown_path(path);
-  switch (r.exit_code) {
-    case 0: return text::trim(r.out) == "1";
-    case kNoParent: throw UsageError(fmt::format("Parent directory does not exist: {}", shown));
-    case kChanged: throw UsageError("File changed before edit could be saved");
-    case kNotRegular: throw UsageError(fmt::format("Path is not a regular file: {}", shown));
-    default: throw UsageError(fmt::format("{}: {}", shown, text::trim(text::sanitize_utf8(r.err))));
-  }
-}
-
-std::string checked_utf8(const std::string& data, const std::string& shown) {
-  if (auto bad = text::find_invalid_utf8(data))
-    throw UsageError(fmt::format("File is not valid UTF-8 text at byte {}: {}", *bad, shown));
-  return data;
-}
-
-json file_result(const store::Instance& inst, const char* operation, const std::string& path,
-                 const std::string& content) {
-  json out = common(inst, operation);
-  out["path"] = shown_path(path);
-  out["size_bytes"] = content.size();
-  out["sha256"] = files::sha256_hex(content);
-  return out;
-}
-
-mcp::ToolResult read_file_tool(State& st, const json& args, mcp::RequestContext& rc) {
-  const std::string path = path_of(args);
-  const store::Instance inst = computer_for(st, args, rc);
-  const std::string content = checked_utf8(read_in(st, inst, path, rc), shown_path(path));
-  json out = file_result(inst, "read_file", path, content);
-  out["content"] = content;
-  out["visualization_warning"] = nullptr;
-  return json_result(std::move(out));
-}
-
-std::string content_arg(const json& args, const char* name) {
-  auto it = args.find(name);
-  if (it == args.end() || !it->is_string()) throw UsageError(fmt::format("{} is required (a string)", name));
-  return it->get<std::string>();
-}
-
-mcp::ToolResult write_file_tool(State& st, const json& args, mcp::RequestContext& rc) {
-  const std::string path = path_of(args);
-  const std::string content = content_arg(args, "content");
-  if (content.size() > kFileTextLimit)
-    throw UsageError(fmt::format("Content is {} bytes; text tool limit is {} bytes", content.size(), kFileTextLimit));
-  auto parents_it = args.find("create_parent_directories");
-  const bool parents = parents_it == args.end() || parents_it->is_null() || parents_it->get<bool>();
-  const store::Instance inst = computer_for(st, args, rc);
-  const bool made = write_in(st, inst, path, content, parents, "", rc);
-  json out = file_result(inst, "write_file", path, content);
-  out["created_parent_directories"] = made;
-  return json_result(std::move(out));
-}
-
-mcp::ToolResult edit_file_tool(State& st, const json& args, mcp::RequestContext& rc) {
-  const std::string path = path_of(args);
-  const std::string old_text = content_arg(args, "old_text");
-  const std::string new_text = content_arg(args, "new_text");
-  if (old_text.empty()) throw UsageError("old_text must not be empty");
-  const bool replace_all = args.contains("replace_all") && args["replace_all"].is_boolean() && args["replace_all"].get<bool>();
-  const store::Instance inst = computer_for(st, args, rc);
-  const std::string shown = shown_path(path);
-  const std::string before = checked_utf8(read_in(st, inst, path, rc), shown);
-  const std::vector<std::size_t> at = text::find_all(before, old_text);
-  if (at.empty()) throw UsageError(fmt::format("old_text was not found in {}", shown));
-  if (at.size() > 1 && !replace_all)
-    throw UsageError(fmt::format("old_text occurs {} times in {}; provide more surrounding text or set replace_all=true",
-                                 at.size(), shown));
-  const std::string after = text::replace_at(before, at, old_text.size(), new_text);
-  if (after.size() > kFileTextLimit)
-    throw UsageError(fmt::format("Content is {} bytes; text tool limit is {} bytes", after.size(), kFileTextLimit));
-  write_in(st, inst, path, after, false, files::sha256_hex(before), rc);
-  json out = file_result(inst, "edit_file", path, after);
-  out["old_text"] = old_text;
-  out["new_text"] = new_text;
-  out["replacements"] = at.size();
-  return json_result(std::move(out));
-}
-
-json file_output(std::initializer_list<std::pair<const char*, json>> extra, std::vector<std::string> required) {
-  json props = {{"operation", of_type("string")},          {"computer_id", of_type("string")},
-                {"desktop_environment", of_type("boolean")}, {"network_access", of_type("boolean")},
-                {"desktop_url", {{"type", {"string", "null"}}}}, {"workspace_directory", of_type("string")},
-                {"path", of_type("string")},               {"size_bytes", of_type("integer")},
-                {"sha256", of_type("string")}};
-  for (const auto& [name, schema] : extra) props[name] = schema;
-  required.insert(required.end(), {"operation", "computer_id", "path", "size_bytes", "sha256"});
-  return output_object(std::move(props), std::move(required));
-}
-
-const json kPathArg = {{"type", "string"}, {"description", "Absolute, or relative to /workspace."}};
 const json kComputerArg = {{"type", "string"},
                            {"description", "Another computer (computer_create made it); default: this server's."}};
 
@@ -626,46 +439,19 @@ void register_computer(mcp::Server& server, Services services, ComputerSettings 
         .handler = working(st, "terminal_execute", terminal),
     });
   }
-  add_tool(server, {
-      .name = "read_file",
-      .title = "Read a text file of the computer",
-      .description = "Read a UTF-8 text file (at most 1 MiB) of the computer: its content, size_bytes and sha256.",
-      .input = input_object({{"path", kPathArg}, {"computer_id", kComputerArg}}, {"path"}),
-      .output = file_output({{"content", of_type("string")}}, {"content"}),
-      .hints = {.read_only = true},
-      .handler = working(st, "read_file", read_file_tool),
-  });
-  add_tool(server, {
-      .name = "write_file",
-      .title = "Write a text file of the computer",
-      .description = "Write a UTF-8 text file (at most 1 MiB) of the computer atomically, replacing it if it exists.",
-      .input = input_object({{"path", kPathArg},
-                             {"content", {{"type", "string"}, {"description", "The whole new content."}}},
-                             {"create_parent_directories",
-                              {{"type", "boolean"}, {"description", "Make missing parent folders (default true)."}}},
-                             {"computer_id", kComputerArg}},
-                            {"path", "content"}),
-      .output = file_output({{"created_parent_directories", of_type("boolean")}}, {}),
-      .hints = {.destructive = true, .idempotent = true},
-      .handler = working(st, "write_file", write_file_tool),
-  });
-  add_tool(server, {
-      .name = "edit_file",
-      .title = "Edit a text file of the computer",
-      .description =
-          "Replace old_text (exactly, once unless replace_all) with new_text in a text file of the computer; refused "
-          "if the file changes meanwhile.",
-      .input = input_object({{"path", kPathArg},
-                             {"old_text", {{"type", "string"}, {"description", "Text to replace, exactly as in the file."}}},
-                             {"new_text", {{"type", "string"}, {"description", "The replacement."}}},
-                             {"replace_all", {{"type", "boolean"}, {"description", "Replace every occurrence (default false)."}}},
-                             {"computer_id", kComputerArg}},
-                            {"path", "old_text", "new_text"}),
-      .output = file_output({{"old_text", of_type("string")}, {"new_text", of_type("string")},
-                             {"replacements", of_type("integer")}},
-                            {"replacements"}),
-      .hints = {.destructive = true, .idempotent = false},
-      .handler = working(st, "edit_file", edit_file_tool),
+  computer::add_file_tools(server, {
+      .ctx = st->ctx,
+      .computer_for = [st](const json& args, mcp::RequestContext& rc) { return computer_for(*st, args, rc); },
+      .working =
+          [st](const char* operation, computer::FileToolBody body) {
+            return working(st, operation,
+                           [body = std::move(body)](State&, const json& args, mcp::RequestContext& rc) {
+                             return body(args, rc);
+                           });
+          },
+      .common = common,
+      .result = json_result,
+      .computer_arg = kComputerArg,
   });
   if (s.expose_lifecycle_tools) add_lifecycle_tools(server, st);
 }
