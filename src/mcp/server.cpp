@@ -882,12 +882,13 @@ Session::State::Job Session::State::call_tool(const json& params) {
   }
   const ResultShape shape = server.options().result_shape;
   const ToolCallObserver& observer = server.options().on_tool_call;
-  return [tool, shape, observer, arguments = std::move(arguments)](RequestContext& ctx) {
+  const ArgumentRefusal& refuse = server.options().refuse_arguments;
+  return [tool, shape, observer, refuse, arguments = std::move(arguments)](RequestContext& ctx) {
     const auto started = std::chrono::steady_clock::now();
     ToolResult r;
     if (auto problem = detail::validate_arguments(arguments, tool->input_schema)) {
       // SEP-1303: the model should see this and correct its call, so it is a tool result.
-      r = ToolResult::error(*problem);
+      r = refuse ? refuse(tool->name, arguments, *problem) : ToolResult::error(*problem);
     } else {
       try {
         r = tool->handler(arguments, ctx);

@@ -150,6 +150,11 @@ class RequestContext;
 using ToolCallObserver = std::function<void(const std::string& tool, const json& arguments, ToolResult& result,
                                             std::chrono::milliseconds duration, RequestContext& ctx)>;
 
+// The result of a call whose arguments the input schema refuses (`problem` names the argument and
+// what is expected, e.g. "missing required argument 'path'"), as the tool words its other errors.
+using ArgumentRefusal = std::function<ToolResult(const std::string& tool, const json& arguments,
+                                                 const std::string& problem)>;
+
 struct ServerOptions {
   std::size_t page_size = 100;          // list results per page (cursor pagination)
   ResultShape result_shape = ResultShape::both;
@@ -159,6 +164,7 @@ struct ServerOptions {
   std::size_t remembered_request_ids = 1024;
   ParseLimits limits;
   ToolCallObserver on_tool_call;        // optional
+  ArgumentRefusal refuse_arguments;     // optional; default: an isError result with `problem` as its text
 };
 
 class Session;
