@@ -32,8 +32,8 @@ constexpr std::array<std::string_view, 12> kNouns = {"badger", "comet", "falcon"
 
 bool slug_char(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; }
 
-// Python's spelling of a bool, as the seed's messages print it.
-const char* py(bool value) { return value ? "True" : "False"; }
+// A bool as the seed's messages print it (str(value).lower()).
+const char* lower(bool value) { return value ? "true" : "false"; }
 
 stdfs::path owners_dir(const store::Instance& inst) { return inst.base / "owners"; }
 
@@ -112,9 +112,14 @@ store::Instance Computers::acquire(const std::string& id, bool temporary, config
           "'{}' and never stops for idleness. Choose another computer_id (that instance is served by ns-hpc's "
           "instance tools)",
           id, image_));
+    if (*was != temporary && held(id))
+      throw UsageError(fmt::format(
+          "Computer '{}' already exists with temporary={}; lifecycle mode cannot be changed without a factory reset "
+          "or delete.",
+          id, lower(*was)));
     if (*was != temporary)
       throw UsageError(fmt::format("Computer '{}' already exists with temporary={}; requested temporary={}.", id,
-                                   py(*was), py(temporary)));
+                                   lower(*was), lower(temporary)));
   } else {
     if (image_.empty())
       throw UsageError("computers run on [namespace] default_image, which is empty here; set it (for example "
@@ -135,16 +140,34 @@ store::Instance Computers::acquire(const std::string& id, bool temporary, config
     UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!fd) throw SysError(errno, "create", file.string());
   }
+  std::lock_guard held_lock(held_mutex_);
+  held_.insert(inst.id);
   return inst;
+}
+
+bool Computers::held(const std::string& id) const {
+  std::lock_guard lock(held_mutex_);
+  return held_.count(id) > 0;
+}
+
+void Computers::forget(const std::string& id) {
+  std::lock_guard lock(held_mutex_);
+  held_.erase(id);
 }
 
 store::Instance Computers::get(const std::string& id) const {
   const std::string name = validate_computer_id(id);
-  if (!store_.exists(name)) throw UsageError(fmt::format("Computer '{}' was not found.", name));
+  const auto not_found = [&](std::string message) {
+    std::vector<std::string> ids;
+    for (const store::Instance& inst : store_.list().instances)
+      if (inst.meta.computer_temporary()) ids.push_back(inst.id);
+    return NotFound(NotFound::Kind::instance, std::move(message), {.near_miss = text::closest(name, ids).value_or("")});
+  };
+  if (!store_.exists(name)) throw not_found(fmt::format("Computer '{}' was not found.", name));
   store::Instance inst = store_.get(name);
   if (!inst.meta.computer_temporary())
-    throw UsageError(fmt::format("Computer '{}' was not found. ('{}' is an ns-hpc instance that is not a computer.)",
-                                 name, name));
+    throw not_found(
+        fmt::format("Computer '{}' was not found. ('{}' is an ns-hpc instance that is not a computer.)", name, name));
   return inst;
 }
 
@@ -167,6 +190,7 @@ void Computers::remove_locked(const store::Instance& inst, std::string_view acto
   const Ended ended = instances_.stop(inst, actor);
   for (const std::string& problem : ended.problems) log::warn("computer '{}': job {}", inst.id, problem);
   instances_.remove(inst.id, actor);
+  forget(inst.id);
 }
 
 bool Computers::delete_if_unheld(const store::Instance& inst, std::string_view actor) {

@@ -10,7 +10,9 @@
 // acquired half-way. Nothing here knows MCP.
 #pragma once
 
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,11 +66,14 @@ class Computers {
 
   // The computer `id`, created when there is none (on the image, never idle-stopping, with
   // `network`), else checked: an instance that is not a computer is refused, and so is one whose
-  // temporary flag differs (the seed's "already exists with temporary=…"). `owner`, when not
-  // empty, holds a temporary computer until release(). `created` says which it was.
+  // temporary flag differs, with the seed's two messages: "… lifecycle mode cannot be changed …"
+  // for one this object acquired before, "… requested temporary=…" for one found on disk.
+  // `owner`, when not empty, holds a temporary computer until release(). `created` says which it
+  // was.
   store::Instance acquire(const std::string& id, bool temporary, config::Network network, std::string_view owner,
                           std::string_view actor, bool* created = nullptr);
-  // A computer by id; UsageError "Computer 'x' was not found." otherwise (an ordinary instance too).
+  // A computer by id; NotFound (Kind::instance, its near_miss a computer's id) "Computer 'x' was
+  // not found." otherwise, an ordinary instance too.
   store::Instance get(const std::string& id) const;
   // Drops `owner`'s hold on every computer; deletes each temporary one no live holder keeps any
   // more. Returns the ids deleted.
@@ -96,6 +101,12 @@ class Computers {
   Service& instances_;
   const store::Store& store_;
   std::string image_;
+  // The computers acquired through this object (the seed's registry of this process) and not
+  // deleted since.
+  mutable std::mutex held_mutex_;
+  std::set<std::string> held_;
+  bool held(const std::string& id) const;
+  void forget(const std::string& id);
 };
 
 }  // namespace nshpc::instances
