@@ -25,7 +25,8 @@ constexpr std::string_view kUsage =
     "                            [--output-limit OUTPUT_LIMIT] [--session-timeout SESSION_TIMEOUT]\n"
     "                            [--auth-token AUTH_TOKEN] [--allow-unauthenticated-http] [--shell SHELL]\n"
     "                            [--network | --no-network] [--tool-instruction-override TEXT |\n"
-    "                            --extended-tool-instruction TEXT] [--cpu CPU] [--memory MEMORY]\n";
+    "                            --extended-tool-instruction TEXT] [--cpu CPU] [--memory MEMORY]\n"
+    "                            [--whole-output]\n";
 
 int fail(std::string_view message, int code) {
   std::fprintf(stderr, "%s: error: %.*s\n", std::string(kComputerProgram).c_str(), static_cast<int>(message.size()),
@@ -41,7 +42,7 @@ ServerParts computer_parts(const ComputerConfig& c, const std::string& id, bool 
   parts.info.instructions = fmt::format(
       "You have one persistent Debian Linux computer, '{}': terminal_execute runs commands in it (you are root; "
       "apt-get install persists), read_file/write_file/edit_file work on its files (/workspace is the working "
-      "folder).{}",
+      "folder), submit_job runs long work in the background, expose_port opens a server in it to the user.{}",
       id, expose ? " computer_restart and computer_factory_reset repair it; computer_create makes more." : "");
   tools::ComputerSettings settings;
   settings.computer_id = id;
@@ -52,6 +53,7 @@ ServerParts computer_parts(const ComputerConfig& c, const std::string& id, bool 
   settings.extended_tool_instruction = c.extended_tool_instruction;
   settings.network_access = c.network_access;
   settings.expose_lifecycle_tools = expose;
+  settings.whole_output = c.whole_output;
   parts.options = [id](const tools::Services& services) {
     return tools::computer_server_options(services.config, services, id);
   };

@@ -107,6 +107,10 @@ ComputerStart parse_computer_args(const std::vector<std::string>& args,
   bool network = true;
   app.add_flag("--network,!--no-network", network,
                "Network access for the computer (default: enabled; NETWORK_ACCESS takes precedence)");
+  bool whole_output = false;
+  app.add_flag("--whole-output", whole_output,
+               "Return a command's whole stdout and stderr (up to --output-limit) as the seed does, instead of their "
+               "head and tail with the whole in a file of the computer (WHOLE_OUTPUT takes precedence)");
   std::string override_text, extended_text;
   auto* override_option =
       app.add_option("--tool-instruction-override", override_text, "Replace the entire terminal_execute tool description");
@@ -162,6 +166,7 @@ ComputerStart parse_computer_args(const std::vector<std::string>& args,
   c.computer_id = id ? id : "";  // as given: startup_problem and validate_computer_id trim it
   c.desktop_environment = env_flag("DESKTOP_ENVIRONMENT", env("DESKTOP_ENVIRONMENT"), false);
   c.network_access = env_flag("NETWORK_ACCESS", env("NETWORK_ACCESS"), network);
+  c.whole_output = env_flag("WHOLE_OUTPUT", env("WHOLE_OUTPUT"), whole_output);
   return start;
 }
 

@@ -26,6 +26,9 @@ struct ComputerConfig {
   std::string computer_id;               // COMPUTER_ID as given (validate_computer_id trims it)
   bool desktop_environment = false;      // DESKTOP_ENVIRONMENT
   bool network_access = true;            // NETWORK_ACCESS, else --network/--no-network
+  // WHOLE_OUTPUT, else --whole-output (not the seed's): a command's whole stdout and stderr in its
+  // result, as the seed returns them, instead of head and tail with the whole in a file.
+  bool whole_output = false;
   std::optional<std::string> tool_instruction_override;
   std::optional<std::string> extended_tool_instruction;
   std::optional<std::string> auth_token;  // --auth-token, else KILNTAINERS_AUTH_TOKEN
@@ -49,8 +52,8 @@ struct ComputerStart {
 };
 
 // Reads the seed's flags (args without the program name) and its environment through `env`
-// (COMPUTER_ID, DESKTOP_ENVIRONMENT, NETWORK_ACCESS over --network, KILNTAINERS_AUTH_TOKEN under
-// --auth-token). Throws ComputerArgumentError for a flag it does not know, a bad value, or a
+// (COMPUTER_ID, DESKTOP_ENVIRONMENT, NETWORK_ACCESS over --network, WHOLE_OUTPUT over
+// --whole-output, KILNTAINERS_AUTH_TOKEN under --auth-token). Throws ComputerArgumentError for a flag it does not know, a bad value, or a
 // Docker flag that has no meaning here (saying what to use instead), and UsageError for an
 // environment variable that is not a boolean. startup_problem() is the next check.
 ComputerStart parse_computer_args(const std::vector<std::string>& args,

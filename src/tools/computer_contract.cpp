@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "base/text.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools::computer {
@@ -48,6 +49,45 @@ std::string terminal_description(std::string_view shell, std::int64_t timeout,
       std::filesystem::path(shell).filename().string(), timeout);
   if (extended) text += "\n\n" + *extended;
   return text;
+}
+
+json error_object(std::string_view tool, std::string_view computer_id, std::string_view message) {
+  const bool lifecycle = tool.rfind("computer_", 0) == 0 || tool == "set_network_access" ||
+                         tool == "set_desktop_environment";
+  if (lifecycle) return {{"error", message}};
+  return {{"operation", tool},
+          {"computer_id", computer_id},
+          {"desktop_environment", false},
+          {"error", message}};
+}
+
+std::size_t result_bytes(const json& object) {
+  const std::string text = object.dump(-1, ' ', false, json::error_handler_t::replace);
+  return text.size() + json(text).dump().size();
+}
+
+std::size_t output_chars_within(const json& result, std::size_t start, std::size_t cap) {
+  const std::string out = result.value("stdout", ""), err = result.value("stderr", "");
+  const std::size_t lo = text::utf8_length(out), le = text::utf8_length(err);
+  // bound_output's marker names a file of /workspace/.ns_hpc_output, about 60 characters; the
+  // real cut keeps what a shorter name leaves room for, at most 13 bytes a character once escaped
+  // twice: the slack below covers a name up to 96 characters shorter.
+  const auto marker = [](std::size_t cut) {
+    return fmt::format("[ns-hpc: {} characters cut here; the whole output is in {:96}]", cut, "");
+  };
+  constexpr std::size_t kSlack = 2 * 96 * 13;
+  cap = cap > 2 * kSlack ? cap - kSlack : cap / 2;
+  json trial = result;
+  std::size_t budget = std::min(start, lo + le);
+  for (;;) {
+    const auto [go, ge] = split_budget(lo, le, budget);
+    trial["stdout"] = text::cut_middle(out, go, marker).text;
+    trial["stderr"] = text::cut_middle(err, ge, marker).text;
+    const std::size_t size = result_bytes(trial);
+    if (size <= cap || budget <= 256) return budget;
+    // Shrink in proportion, and by a tenth at least.
+    budget = std::min(budget * 9 / 10, static_cast<std::size_t>(static_cast<double>(budget) * cap / size));
+  }
 }
 
 std::string action_advice(const NeedsAction& e, bool lifecycle_tools) {

@@ -5,6 +5,7 @@
 // (tools/terminal.cpp), which the computer's shares.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -38,6 +39,23 @@ std::string output_limit_message(std::int64_t limit);
 std::string terminal_description(std::string_view shell, std::int64_t timeout,
                                  const std::optional<std::string>& override_text,
                                  const std::optional<std::string>& extended);
+
+// The seed's error object: {"error"} for the lifecycle tools (computer_list, computer_create,
+// computer_restart, computer_factory_reset, computer_delete, set_network_access), else
+// {operation, computer_id, desktop_environment, error}. Argument refusals of the input schema
+// take it too.
+nlohmann::json error_object(std::string_view tool, std::string_view computer_id, std::string_view message);
+
+// What a result's text and structuredContent may take together (bytes): 64 KiB less room for the
+// message around them.
+inline constexpr std::size_t kResultBytes = 60000;
+// Bytes `object` takes in a result shaped as the seed's: its JSON as the text (escaped once more
+// in the message) and as structuredContent.
+std::size_t result_bytes(const nlohmann::json& object);
+// The characters of output, at most `start`, that keep terminal_execute's `result` (its whole
+// stdout and stderr) within `cap` bytes once both are cut to it as bound_output cuts them: shared
+// by split_budget, each cut in the middle with a marker line naming the file with the whole.
+std::size_t output_chars_within(const nlohmann::json& result, std::size_t start, std::size_t cap = kResultBytes);
 
 // What the computer's agent does about a NeedsAction: the computer's own tool that does it (it has
 // no update_instance or factory_reset_instance) when `lifecycle_tools` are offered, else what to

@@ -1,8 +1,14 @@
 // The tools of the mcp-virtual-computer entry point (`ns-hpc computer`): the seed's 0.2.3 surface
-// (terminal_execute with sandbox_exec as Kilntainers' alias, read_file, write_file, edit_file),
-// each with an optional computer_id, and the lifecycle tools (computer_list, computer_create,
-// computer_restart, computer_factory_reset, computer_delete, set_network_access,
-// set_desktop_environment) over instances::Computers.
+// (terminal_execute, read_file, write_file, edit_file; not Kilntainers' sandbox_exec),
+// each with an optional computer_id; what `ns-hpc run` has and the seed lacks (expose_port, and
+// the job tools over the same job engine); and the lifecycle tools (computer_list,
+// computer_create, computer_restart, computer_factory_reset, computer_delete,
+// set_network_access) over instances::Computers. set_desktop_environment is not offered while
+// computers have no desktop: it could only refuse.
+//
+// Every result is the seed's: its JSON object as the text and as structuredContent, at most
+// computer::kResultBytes together; a command's output past that is cut in the middle, the whole
+// kept in a file of the computer (--whole-output: the seed's whole output).
 //
 // The file tools (tools/computer_files.cpp) reach every path of the computer (not only
 // /workspace), as the seed's `docker exec` does, from this process, beneath the computer's own
@@ -21,9 +27,11 @@
 #include "instances/computers.hpp"
 #include "instances/instances.hpp"
 #include "instances/snapshots.hpp"
+#include "jobs/jobs.hpp"
 #include "tools/computer_contract.hpp"
 #include "tools/computer_files.hpp"
 #include "tools/internal.hpp"
+#include "tools/progress.hpp"
 
 namespace nshpc::tools {
 
@@ -124,10 +132,32 @@ mcp::ToolResult json_result(json object) {
   return mcp::ToolResult::text(std::move(text), std::move(object));
 }
 
-// An error's text for the agent: what needs an action says which of the computer's tools does it.
+// Where the agent finds what does exist, after the seed's "Computer 'x' was not found.".
+std::string not_found_hint(const State& st, const NotFound& e) {
+  const std::string near = e.facts().near_miss.empty() ? "" : fmt::format("Did you mean '{}'? ", e.facts().near_miss);
+  switch (e.kind()) {
+    case NotFound::Kind::instance:
+      return st.settings.expose_lifecycle_tools
+                 ? near + "computer_list lists the computers."
+                 : fmt::format("Leave computer_id out to use this server's computer '{}'.", st.settings.computer_id);
+    case NotFound::Kind::job: return near + "poll_job without a job_id lists the computer's jobs.";
+    case NotFound::Kind::image:
+      return "Ask the server's operator to build the image computers run on ([namespace] default_image).";
+    case NotFound::Kind::archive: break;
+  }
+  return near;
+}
+
+// An error's text for the agent: what needs an action says which of the computer's tools does it;
+// what is not there, where to look.
 std::string error_text(const State& st, const std::exception& e) {
   if (const auto* needs = dynamic_cast<const NeedsAction*>(&e))
     return fmt::format("{}; {}", e.what(), computer::action_advice(*needs, st.settings.expose_lifecycle_tools));
+  if (const auto* missing = dynamic_cast<const NotFound*>(&e)) {
+    const std::string what = e.what(), hint = not_found_hint(st, *missing);
+    if (hint.empty()) return what;
+    return fmt::format("{}{} {}", what, !what.empty() && what.back() == '.' ? "" : ";", hint);
+  }
   return e.what();
 }
 
@@ -149,10 +179,8 @@ ToolHandler working(StatePtr st, const char* operation,
       throw;
     } catch (const std::exception& e) {
       const std::string given = string_arg(args, "computer_id");
-      return json_error({{"operation", operation},
-                         {"computer_id", given.empty() ? st->settings.computer_id : given},
-                         {"desktop_environment", false},
-                         {"error", error_text(*st, e)}});
+      return json_error(
+          computer::error_object(operation, given.empty() ? st->settings.computer_id : given, error_text(*st, e)));
     }
   };
 }
@@ -170,8 +198,39 @@ ToolHandler managing(StatePtr st, std::function<mcp::ToolResult(State&, const js
   };
 }
 
+// The optional computer_id of every tool but computer_create: described once, by terminal_execute
+// and computer_create (every tool's description is read on every turn).
+json computer_arg() { return of_type("string"); }
+
 // ---------------------------------------------------------------------------------------------
 // terminal_execute
+
+// A result past computer::kResultBytes, or past the output [mcp] max_result_chars allows (what
+// `ns-hpc run` returns), keeps the head and tail of stdout and stderr, cut as bound_output cuts
+// them: a marker line says how much was cut and names the file of /workspace/.ns_hpc_output with
+// the whole, as the command wrote it (stdout_file, stderr_file).
+void bound(const State& st, const store::Instance& inst, json& result, const sandbox::CaptureResult& o) {
+  const config::Config& cfg = st.ctx.services.config;
+  const std::string& out = result["stdout"].get_ref<const std::string&>();
+  const std::string& err = result["stderr"].get_ref<const std::string&>();
+  const std::size_t start = result_budget(cfg) / 2;  // one copy's share: the output goes as text and as structuredContent
+  const std::size_t chars = computer::output_chars_within(result, start);
+  if (chars >= text::utf8_length(out) + text::utf8_length(err)) return;
+  // bound_output with `chars` as the output budget of a result sent both ways.
+  config::Config sized = cfg;
+  sized.mcp.result_type = config::ResultType::both;
+  const auto twice = static_cast<std::int64_t>(2 * chars);
+  sized.mcp.max_result_chars = twice + 1200;
+  sized.mcp.max_result_chars -= static_cast<std::int64_t>(result_budget(sized)) - twice;  // less its summary's room
+  const ToolContext sized_ctx{Services{sized, st.ctx.services.instances, st.ctx.services.image_builds,
+                                       st.ctx.services.job_tools}};
+  BoundedOutput b = bound_output(sized_ctx, inst, out, err, o.out, o.err);
+  if (!b.note.empty()) b.err += (b.err.empty() || b.err.back() == '\n' ? "" : "\n") + b.note;
+  result["stdout"] = std::move(b.out);
+  result["stderr"] = std::move(b.err);
+  if (!b.out_file.empty()) result["stdout_file"] = b.out_file;
+  if (!b.err_file.empty()) result["stderr_file"] = b.err_file;
+}
 
 mcp::ToolResult terminal(State& st, const json& args, mcp::RequestContext& rc) {
   const config::Config& cfg = st.ctx.services.config;
@@ -199,7 +258,9 @@ mcp::ToolResult terminal(State& st, const json& args, mcp::RequestContext& rc) {
     exit_code = 127;
   }
   if (o.status.oom_killed) err += "\n[ns-hpc: out of memory: the command was killed at its memory limit]";
-  return json_result(computer::exec_result(facts_of(inst), text::sanitize_utf8(o.out), err, exit_code, ms));
+  json result = computer::exec_result(facts_of(inst), text::sanitize_utf8(o.out), err, exit_code, ms);
+  if (!st.settings.whole_output) bound(st, inst, result, o);
+  return json_result(std::move(result));
 }
 
 json terminal_input() {
@@ -212,26 +273,8 @@ json terminal_input() {
                        {"working_directory",
                         {{"type", "string"}, {"description", "Working directory for the command (must be absolute)."}}},
                        {"timeout", {{"type", "integer"}, {"description", "Timeout in seconds (defaults to server config)."}}},
-                       {"computer_id",
-                        {{"type", "string"},
-                         {"description", "Another computer (computer_create made it); default: this server's."}}}});
+                       {"computer_id", computer_arg()}});
 }
-
-json terminal_output() {
-  return output_object({{"computer_id", of_type("string")},
-                        {"operation", of_type("string")},
-                        {"desktop_environment", of_type("boolean")},
-                        {"network_access", of_type("boolean")},
-                        {"desktop_url", {{"type", {"string", "null"}}}},
-                        {"stdout", of_type("string")},
-                        {"stderr", of_type("string")},
-                        {"exit_code", of_type("integer")},
-                        {"exec_duration_ms", of_type("integer")}},
-                       {"computer_id", "operation", "stdout", "stderr", "exit_code", "exec_duration_ms"});
-}
-
-const json kComputerArg = {{"type", "string"},
-                           {"description", "Another computer (computer_create made it); default: this server's."}};
 
 // ---------------------------------------------------------------------------------------------
 // Lifecycle
@@ -258,28 +301,14 @@ json idle_json(const State& st, const store::Instance& inst) {
   return out;
 }
 
-std::string required_id(const json& args) {
-  const std::string id = string_arg(args, "computer_id");
-  if (id.empty()) throw UsageError("computer_id is required");
-  return instances::validate_computer_id(id);
-}
-
 void add_lifecycle_tools(mcp::Server& server, const StatePtr& st) {
-  const json id_required = input_object({{"computer_id", {{"type", "string"}, {"description", "The computer."}}}},
-                                        {"computer_id"});
-  const json changed = output_object({{"ok", of_type("boolean")},
-                                      {"computer_id", of_type("string")},
-                                      {"sandbox_id", of_type("string")},
-                                      {"temporary", of_type("boolean")}},
-                                     {"ok", "computer_id", "temporary"});
+  const json id_optional = input_object({{"computer_id", computer_arg()}});
+  const json changed = result_object({"computer_id", "temporary"});
   add_tool(server, {
       .name = "computer_list",
-      .title = "List computers",
       .description = "List the computers: id, temporary, state (running/stopped), network.",
       .input = input_object(json::object()),
-      .output = output_object({{"computers", {{"type", "array"}, {"items", of_type("object")}}},
-                               {"count", of_type("integer")}},
-                              {"computers", "count"}),
+      .output = result_object({"computers"}),
       .hints = {.read_only = true},
       .handler = managing(st, [](State& s, const json&, mcp::RequestContext&) {
         json items = json::array();
@@ -290,16 +319,15 @@ void add_lifecycle_tools(mcp::Server& server, const StatePtr& st) {
   });
   add_tool(server, {
       .name = "computer_create",
-      .title = "Create a computer",
       .description =
-          "Create another computer (a Debian root of its own; installs persist). A temporary one (default) is deleted "
-          "when this session ends; temporary=false keeps it. Use it with computer_id on the other tools.",
+          "Create another computer (its own Debian root); the other tools take its id as computer_id (default: this "
+          "server's). temporary (default true): deleted when this session ends.",
       .input = input_object(
           {{"computer_id",
             {{"type", "string"}, {"description", "Optional lowercase slug. Omit to generate a readable random ID."}}},
-           {"temporary", {{"type", "boolean"}, {"description", "Delete it when this session ends (default true)."}}}}),
+           {"temporary", of_type("boolean")}}),
       .output = changed,
-      .hints = {.destructive = false, .idempotent = false},
+      .hints = {.destructive = false},
       .handler = managing(st, [](State& s, const json& args, mcp::RequestContext& rc) {
         const bool temporary = !args.contains("temporary") || args["temporary"].is_null() || args["temporary"].get<bool>();
         std::string id = string_arg(args, "computer_id");
@@ -316,82 +344,209 @@ void add_lifecycle_tools(mcp::Server& server, const StatePtr& st) {
         return json_result(created_json(inst));
       }),
   });
+  // Restart and factory reset act on this server's computer when none is named (made first when
+  // it is not yet: there is always one to act on).
   add_tool(server, {
       .name = "computer_restart",
-      .title = "Restart a computer",
-      .description = "End every process of a computer and start it again; its files (installs, /workspace) stay.",
-      .input = id_required,
+      .description = "End every process of a computer and start it again; files and installs stay.",
+      .input = id_optional,
       .output = changed,
-      .hints = {.destructive = true, .idempotent = false},
+      .hints = {},
       .handler = managing(st, [](State& s, const json& args, mcp::RequestContext& rc) {
-        return json_result(created_json(s.computers.restart(required_id(args), actor(rc))));
+        return json_result(created_json(s.computers.restart(computer_for(s, args, rc).id, actor(rc))));
       }),
   });
   add_tool(server, {
       .name = "computer_factory_reset",
-      .title = "Factory reset a computer",
-      .description = "Return a computer to a fresh image: installs, /workspace and every process go; id and network stay.",
-      .input = id_required,
+      .description = "Back to a fresh image: installs, /workspace and processes go; id and network stay.",
+      .input = id_optional,
       .output = changed,
-      .hints = {.destructive = true, .idempotent = true},
+      .hints = {},
       .handler = managing(st, [](State& s, const json& args, mcp::RequestContext& rc) {
-        return json_result(created_json(s.computers.factory_reset(required_id(args), s.trash, actor(rc))));
+        return json_result(created_json(s.computers.factory_reset(computer_for(s, args, rc).id, s.trash, actor(rc))));
       }),
   });
   add_tool(server, {
       .name = "computer_delete",
-      .title = "Delete a computer",
-      .description = "Delete a computer with all its files, for good.",
-      .input = id_required,
-      .output = output_object({{"ok", of_type("boolean")}, {"computer_id", of_type("string")}, {"deleted", of_type("boolean")}},
-                              {"ok", "computer_id", "deleted"}),
-      .hints = {.destructive = true, .idempotent = false},
+      .description = "Delete a computer and its files for good; this server's own is made afresh on next use.",
+      .input = id_optional,
+      .output = result_object({"computer_id", "deleted"}),
+      .hints = {},
       .handler = managing(st, [](State& s, const json& args, mcp::RequestContext& rc) {
-        const std::string id = required_id(args);
+        const std::string given = string_arg(args, "computer_id");
+        const std::string id = given.empty() ? s.settings.computer_id : instances::validate_computer_id(given);
         s.computers.remove(id, actor(rc));
         return json_result({{"ok", true}, {"computer_id", id}, {"deleted", true}});
       }),
   });
-  const json idle_output = output_object({{"operation", of_type("string")},
-                                          {"computer_id", of_type("string")},
-                                          {"desktop_environment", of_type("boolean")},
-                                          {"network_access", of_type("boolean")},
-                                          {"desktop_url", {{"type", {"string", "null"}}}},
-                                          {"workspace_directory", of_type("string")},
-                                          {"lifecycle_tools_exposed", of_type("boolean")},
-                                          {"lifecycle_tools_model_visible", of_type("boolean")}},
-                                         {"operation", "computer_id", "network_access"});
   add_tool(server, {
       .name = "set_network_access",
-      .title = "Turn a computer's network on or off",
       .description =
-          "enabled=false: the computer reaches nothing but itself; true: the network again. Applied at once, from "
-          "outside the computer; its processes keep running.",
-      .input = input_object({{"enabled", {{"type", "boolean"}, {"description", "Network on or off."}}},
-                             {"computer_id", kComputerArg}},
-                            {"enabled"}),
-      .output = idle_output,
-      .hints = {.destructive = false, .idempotent = true},
+          "Network on or off, switched at once from outside (processes keep running); off: the computer reaches "
+          "nothing but itself.",
+      .input = input_object({{"enabled", of_type("boolean")}, {"computer_id", computer_arg()}}, {"enabled"}),
+      .output = result_object({"computer_id", "network_access"}),
+      .hints = {.destructive = false},
       .handler = managing(st, [](State& s, const json& args, mcp::RequestContext& rc) {
         const store::Instance current = computer_for(s, args, rc);
         return json_result(idle_json(s, set_network(s, current, args.at("enabled").get<bool>(), actor(rc))));
       }),
   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// What `ns-hpc run` has beside the seed's tools: expose_port, and jobs over the same job engine
+// (submit_job and poll_job with `ns-hpc run`'s names and arguments, computer_id for instance_id,
+// results in the computer's style). A job is terminal_execute's command run in the background:
+// the computer's own processes, files and installs; it outlives the call and the server, keeps
+// its whole output in files and is stopped whole by poll_job cancel=true.
+
+constexpr std::size_t kJobTailLines = 50;
+constexpr std::size_t kJobTailBytes = 8192;
+constexpr std::size_t kJobCommandBytes = 2000;  // of the command shown back
+
+mcp::ToolResult expose_port_tool(State& st, const json& args, mcp::RequestContext& rc) {
+  const std::int64_t host_port = args.value("host_port", std::int64_t{0});
+  if (host_port < 0 || host_port > 65535) throw UsageError("host_port must be 0-65535 (0: a free one)");
+  const store::Instance inst = computer_for(st, args, rc);
+  const auto port = static_cast<std::uint16_t>(args.at("port").get<int>());
+  instances::Service& service = st.ctx.services.instances;
+  json out = {{"operation", "expose_port"}, {"computer_id", inst.id}, {"port", port}};
+  if (args.value("close", false)) {
+    out["closed"] = service.unexpose_port(inst, port, actor(rc));
+  } else {
+    const sandbox::ExposedPort e = service.expose_port(inst, port, static_cast<std::uint16_t>(host_port), actor(rc));
+    out["host_port"] = e.host_port;
+    out["url"] = fmt::format("http://127.0.0.1:{}/", e.host_port);
+  }
+  json ports = json::array();
+  for (const sandbox::ExposedPort& p : service.exposed_ports(inst))
+    ports.push_back({{"port", p.port}, {"host_port", p.host_port}, {"forwarding", p.forwarding}});
+  out["exposed_ports"] = std::move(ports);
+  return json_result(std::move(out));
+}
+
+// A job as the computer shows it: the engine's view, computer_id for instance_id, the command cut.
+json job_json(const char* operation, const jobs::View& v) {
+  json out = {{"operation", operation}, {"computer_id", v.record.instance_id}};
+  out.update(jobs::view_json(v));
+  out.erase("instance_id");
+  out["command"] = text::truncate_utf8(v.record.command, kJobCommandBytes);
+  return out;
+}
+
+// The job's result, its tails shortened until it fits computer::kResultBytes.
+mcp::ToolResult job_result(State& st, const char* operation, const std::string& computer, const std::string& job,
+                           const jobs::View& view) {
+  json out = job_json(operation, view);
+  for (std::size_t bytes = kJobTailBytes / 4; bytes > 0 && computer::result_bytes(out) > computer::kResultBytes;
+       bytes /= 4)
+    out = job_json(operation, st.ctx.services.instances.jobs().view(computer, job, {kJobTailLines, bytes}));
+  return json_result(std::move(out));
+}
+
+// Waits up to `seconds` (at most [jobs] max_timeout) for the job to end; stops waiting, not the
+// job, when the call is cancelled; progress carries its newest output.
+mcp::ToolResult wait_job(State& st, const char* operation, const std::string& computer, const std::string& job,
+                         std::int64_t seconds, mcp::RequestContext& rc) {
+  seconds = std::clamp<std::int64_t>(seconds, 0, st.ctx.services.config.jobs.max_timeout);
+  const jobs::View v = st.ctx.services.instances.jobs().wait(
+      computer, job, std::chrono::seconds(seconds), {kJobTailLines, kJobTailBytes}, [&] { return rc.cancelled(); },
+      [&, follower = OutputFollower()](double elapsed, const jobs::View& now) mutable {
+        rc.progress(elapsed, static_cast<double>(seconds),
+                    follower.window(fmt::format("waiting for the job ({}, {:.0f} s)", jobs::to_string(now.record.state),
+                                                elapsed),
+                                    now.stdout_tail, now.stderr_tail));
+      });
+  return job_result(st, operation, computer, job, v);
+}
+
+mcp::ToolResult submit_job_tool(State& st, const json& args, mcp::RequestContext& rc) {
+  json command = args;
+  command.erase("timeout");  // here: how long to wait for it
+  const TerminalRequest t = parse_terminal_request(command, st.ctx.services.config, "", st.settings.shell, 1);
+  const store::Instance inst = computer_for(st, args, rc);
+  jobs::SubmitRequest req;
+  req.instance_id = inst.id;
+  req.argv = t.argv;
+  req.display = string_arg(args, "command");
+  if (req.display.empty()) req.display = fmt::format("{}", fmt::join(t.argv, " "));
+  req.cwd = t.working_directory;
+  req.stdin_text = t.stdin_text;
+  const jobs::Record rec = st.ctx.services.instances.jobs().submit(req, actor(rc));
+  return wait_job(st, "submit_job", inst.id, rec.id, args.value("timeout", std::int64_t{30}), rc);
+}
+
+// poll_job without a job_id: the computer's jobs, newest first, as many as fit a result.
+mcp::ToolResult list_jobs(State& st, const store::Instance& inst) {
+  const std::vector<jobs::Record> all = st.ctx.services.instances.jobs().list(inst.id);
+  json out = {{"operation", "poll_job"}, {"computer_id", inst.id}, {"jobs", json::array()}, {"total", all.size()}};
+  for (const jobs::Record& r : all) {
+    json item = jobs::record_summary_json(r);
+    item.erase("instance_id");
+    item["command"] = text::truncate_utf8(r.command, 200);
+    out["jobs"].push_back(std::move(item));
+    if (computer::result_bytes(out) > computer::kResultBytes) {
+      out["jobs"].erase(out["jobs"].size() - 1);
+      break;
+    }
+  }
+  return json_result(std::move(out));
+}
+
+void add_run_tools(mcp::Server& server, const StatePtr& st) {
   add_tool(server, {
-      .name = "set_desktop_environment",
-      .title = "Turn a computer's desktop on or off",
-      .description = "Not available yet: computers have no desktop. enabled=false is accepted (nothing to turn off).",
-      .input = input_object({{"enabled", {{"type", "boolean"}, {"description", "Desktop on or off."}}},
-                             {"computer_id", kComputerArg}},
-                            {"enabled"}),
-      .output = idle_output,
-      .hints = {.destructive = false, .idempotent = true},
-      .handler = managing(st, [](State& s, const json& args, mcp::RequestContext& rc) {
-        if (args.at("enabled").get<bool>())
-          throw UsageError(
-              "The desktop environment is not available yet: ns-hpc computers have no desktop (no screen, no "
-              "desktop tools). Use terminal_execute; a desktop will come with a later release.");
-        return json_result(idle_json(s, computer_for(s, args, rc)));
+      .name = "expose_port",
+      .description =
+          "Open a port a server in the computer listens on to the user, at 127.0.0.1:host_port on their host (the "
+          "url); close=true ends it.",
+      .input = input_object({{"port", {{"type", "integer"}, {"minimum", 1}, {"maximum", 65535}}},
+                             {"host_port", {{"type", "integer"}, {"description", "Default: a free one."}}},
+                             {"close", of_type("boolean")},
+                             {"computer_id", computer_arg()}},
+                            {"port"}),
+      .output = result_object({"computer_id", "exposed_ports"}),
+      .hints = {.destructive = false},
+      .handler = working(st, "expose_port", expose_port_tool),
+  });
+  if (!st->ctx.services.job_tools) return;
+  const json wait = {{"type", "integer"}, {"description", "Seconds to wait for its end."}};
+  add_tool(server, {
+      .name = "submit_job",
+      .description =
+          "Run command or args as terminal_execute does, in the background; waits up to timeout s (default 30) and "
+          "gives status, exit_code, output tails and the files with the whole output.",
+      .input = input_object({{"command", of_type("string")},
+                             {"args", {{"type", "array"}, {"items", of_type("string")}}},
+                             {"stdin", of_type("string")},
+                             {"working_directory", of_type("string")},
+                             {"timeout", wait},
+                             {"computer_id", computer_arg()}}),
+      .output = result_object({"job_id", "status"}),
+      .hints = {.open_world = true},
+      .handler = working(st, "submit_job", submit_job_tool),
+  });
+  // poll_job also lists the jobs and cancels one: what `ns-hpc run` spreads over list_jobs and
+  // cancel_job, in one tool description read every turn.
+  add_tool(server, {
+      .name = "poll_job",
+      .description = "A job's status and output tails, after waiting up to timeout s (default 0) for its end; "
+                     "cancel=true stops it and all it started. No job_id: list the jobs.",
+      .input = input_object({{"job_id", of_type("string")},
+                             {"timeout", wait},
+                             {"cancel", of_type("boolean")},
+                             {"computer_id", computer_arg()}}),
+      .output = result_object({"computer_id"}),
+      .hints = {},
+      .handler = working(st, "poll_job", [](State& s, const json& args, mcp::RequestContext& rc) {
+        const store::Instance inst = computer_for(s, args, rc);
+        const std::string job = string_arg(args, "job_id");
+        if (job.empty()) {
+          if (args.value("cancel", false)) throw UsageError("cancel=true needs the job_id of the job to stop");
+          return list_jobs(s, inst);
+        }
+        if (args.value("cancel", false)) s.ctx.services.instances.jobs().cancel(inst.id, job, actor(rc));
+        return wait_job(s, "poll_job", inst.id, job, args.value("timeout", std::int64_t{0}), rc);
       }),
   });
 }
@@ -403,7 +558,7 @@ mcp::ServerOptions computer_server_options(const config::Config& config, Service
   mcp::ServerOptions options;
   ToolContext ctx{services};
   // Audited in the computer's own log (the store's when it does not exist yet). No cut of the
-  // text: the seed's output limit bounds a command's result, and its JSON must stay whole.
+  // text here: its JSON must stay whole, and each tool bounds its own result.
   options.on_tool_call = [ctx, default_computer](const std::string& tool, const mcp::json& args,
                                                  mcp::ToolResult& result, std::chrono::milliseconds duration,
                                                  mcp::RequestContext& rc) {
@@ -412,6 +567,12 @@ mcp::ServerOptions computer_server_options(const config::Config& config, Service
   };
   options.page_size = static_cast<std::size_t>(config.mcp.page_size);
   options.result_shape = mcp::ResultShape::both;  // the seed's: the JSON as text and as structuredContent
+  // Arguments the input schema refuses are answered as every other error of the tool.
+  options.refuse_arguments = [default_computer](const std::string& tool, const mcp::json& args,
+                                                const std::string& problem) {
+    const std::string given = string_arg(args, "computer_id");
+    return json_error(computer::error_object(tool, given.empty() ? default_computer : given, problem));
+  };
   return options;
 }
 
@@ -428,17 +589,17 @@ void register_computer(mcp::Server& server, Services services, ComputerSettings 
   const ComputerSettings& s = st->settings;
   const std::string description =
       computer::terminal_description(s.shell, s.timeout, s.tool_instruction_override, s.extended_tool_instruction);
-  for (const char* name : {"terminal_execute", "sandbox_exec"}) {
-    add_tool(server, {
-        .name = name,
-        .title = "Run a command in the computer",
-        .description = description,
-        .input = terminal_input(),
-        .output = terminal_output(),
-        .hints = {.destructive = true, .idempotent = false, .open_world = true},
-        .handler = working(st, "terminal_execute", terminal),
-    });
-  }
+  // Not Kilntainers' sandbox_exec beside it: mcp-virtual-computer 0.2.3 has no such name, and a
+  // second name for the same tool costs every turn a description and makes a model choose
+  // between two equal tools.
+  add_tool(server, {
+      .name = "terminal_execute",
+      .description = description,
+      .input = terminal_input(),
+      .output = result_object({"stdout", "stderr", "exit_code"}),
+      .hints = {.open_world = true},
+      .handler = working(st, "terminal_execute", terminal),
+  });
   computer::add_file_tools(server, {
       .ctx = st->ctx,
       .computer_for = [st](const json& args, mcp::RequestContext& rc) { return computer_for(*st, args, rc); },
@@ -451,8 +612,9 @@ void register_computer(mcp::Server& server, Services services, ComputerSettings 
           },
       .common = common,
       .result = json_result,
-      .computer_arg = kComputerArg,
+      .computer_arg = computer_arg(),
   });
+  add_run_tools(server, st);
   if (s.expose_lifecycle_tools) add_lifecycle_tools(server, st);
 }
 

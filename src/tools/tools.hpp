@@ -43,14 +43,16 @@ struct ComputerSettings {
   std::optional<std::string> extended_tool_instruction;
   bool network_access = true;    // the network of computers made here (on: the safest on-mode)
   bool expose_lifecycle_tools = true;  // [computer] expose_lifecycle_tools
+  bool whole_output = false;     // --whole-output: a command's whole output in its result, as the seed
 };
 // The server's options for it: results shaped as the seed's (JSON text and structuredContent),
 // every call audited in the computer's log.
 mcp::ServerOptions computer_server_options(const config::Config& config, Services services,
                                            std::string default_computer);
-// Registers its tools: terminal_execute (and sandbox_exec), read_file, write_file, edit_file, and
-// unless hidden the lifecycle tools. Temporary computers are released when their sessions close
-// (the server's session-closed hook is taken), and those left by ended servers deleted now.
+// Registers its tools: terminal_execute, read_file, write_file, edit_file,
+// expose_port, the job tools (when Services::job_tools), and unless hidden the lifecycle tools.
+// Temporary computers are released when their sessions close (the server's session-closed hook
+// is taken), and those left by ended servers deleted now.
 void register_computer(mcp::Server& server, Services services, ComputerSettings settings);
 
 // While it exists, watches the living state of every persistent instance whose resource a

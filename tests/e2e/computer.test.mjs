@@ -1,6 +1,8 @@
 // End-to-end tests of the mcp-virtual-computer entry point (`ns-hpc computer`) with the MCP SDK
 // over stdio and HTTP, doing what the seed's README shows: terminal_execute and the file tools on
-// one persistent computer, restart keeping files, factory reset dropping a package installed
+// one persistent computer (a large output cut under 64 KB, the whole in a file; WHOLE_OUTPUT for
+// the seed's whole output), a background job polled and cancelled, a web server inside opened
+// to the host with expose_port, restart keeping files, factory reset dropping a package installed
 // from make test's local repository, the network switched off cutting a server the test starts
 // in a network namespace of its own, temporary computers gone with their sessions (closed, idle
 // or crashed), and the permanent one found again by a new server.
@@ -80,13 +82,12 @@ describe('computer over stdio', { skip }, () => {
     removeHome(home);
   });
 
-  test('the seed 0.2.3 tools and the lifecycle tools are listed; initialize makes no computer', async () => {
+  test('the seed 0.2.3 tools, jobs, expose_port and the lifecycle tools are listed; initialize makes no computer', async () => {
     const { tools } = await c.client.listTools();
-    const names = tools.map((t) => t.name);
-    for (const name of ['terminal_execute', 'sandbox_exec', 'read_file', 'write_file', 'edit_file', 'computer_list',
-      'computer_create', 'computer_restart', 'computer_factory_reset', 'computer_delete', 'set_network_access',
-      'set_desktop_environment'])
-      assert.ok(names.includes(name), `${name} in ${names}`);
+    const names = tools.map((t) => t.name).sort();
+    assert.deepEqual(names, ['computer_create', 'computer_delete', 'computer_factory_reset', 'computer_list',
+      'computer_restart', 'edit_file', 'expose_port', 'poll_job', 'read_file', 'set_network_access', 'submit_job',
+      'terminal_execute', 'write_file']);
     const terminal = tools.find((t) => t.name === 'terminal_execute');
     assert.match(terminal.description, /Commands run in bash\./);
     assert.match(terminal.description, /time out after 120 seconds by default/);
@@ -116,8 +117,6 @@ describe('computer over stdio', { skip }, () => {
       '[kilntainers: output limit exceeded (4096 bytes). Command terminated. No output returned. Re-run with head, ' +
         'tail, or grep to manage output size.]',
     );
-    const alias = await c.client.callTool({ name: 'sandbox_exec', arguments: { args: ['echo', 'same'] } });
-    assert.equal(seedResult(alias).stdout, 'same\n');
     const bad = await call(c.client, 'terminal_execute', { command: 'x', args: ['y'] });
     assert.ok(bad.error);
     assert.equal(
@@ -125,6 +124,11 @@ describe('computer over stdio', { skip }, () => {
       "Cannot provide both 'command' and 'args'. Use 'command' for shell commands or 'args' for direct execution.",
     );
     assert.equal(bad.body.operation, 'terminal_execute');
+    // An argument the schema refuses is the same JSON error object, not plain text.
+    const unknown = await call(c.client, 'terminal_execute', { command: 'true', cwd: '/tmp' });
+    assert.ok(unknown.error);
+    assert.deepEqual(Object.keys(unknown.body).sort(), ['computer_id', 'desktop_environment', 'error', 'operation']);
+    assert.match(unknown.body.error, /^unknown argument 'cwd'/);
   });
 
   test('write_file, read_file and edit_file keep the seed contract', async () => {
@@ -169,24 +173,138 @@ describe('computer over stdio', { skip }, () => {
     let r = await exec(c.client, { command: 'dpkg -i hello.deb >/dev/null && hello' });
     assert.equal(r.stdout, 'Hello, world!\n', r.stderr);
     await exec(c.client, { command: 'sleep 600 >/dev/null 2>&1 &' });
-    const restarted = await call(c.client, 'computer_restart', { computer_id: 'agent-workstation' });
+    const restarted = await call(c.client, 'computer_restart', {}); // this server's computer by default
     assert.deepEqual(restarted.body, { ok: true, computer_id: 'agent-workstation', sandbox_id: 'agent-workstation', temporary: false });
     r = await exec(c.client, {
       command: 'hello; cat notes/today.txt; for f in /proc/[0-9]*/cmdline; do tr "\\0" " " < $f; echo; done | grep -c "^sleep 600" || true',
     });
     assert.equal(r.stdout, 'Hello, world!\nbye\nbye\n0\n', 'files and installs kept, processes ended');
-    const reset = await call(c.client, 'computer_factory_reset', { computer_id: 'agent-workstation' });
+    const reset = await call(c.client, 'computer_factory_reset', {});
     assert.ok(!reset.error, JSON.stringify(reset.body));
     r = await exec(c.client, { command: 'command -v hello || echo gone; ls -A /workspace | wc -l' });
     assert.equal(r.stdout, 'gone\n0\n');
   });
 
-  test('set_desktop_environment says the desktop is not available yet', async () => {
-    const on = await call(c.client, 'set_desktop_environment', { enabled: true });
-    assert.ok(on.error);
-    assert.match(on.body.error, /not available yet/);
-    const off = await call(c.client, 'set_desktop_environment', { enabled: false });
-    assert.equal(off.body.desktop_environment, false);
+  test('computer_delete without computer_id deletes this server\'s computer; the next call makes it afresh', async () => {
+    await exec(c.client, { command: 'echo old > /workspace/old.txt' });
+    const deleted = await call(c.client, 'computer_delete', {});
+    assert.deepEqual(deleted.body, { ok: true, computer_id: 'agent-workstation', deleted: true });
+    assert.ok(!fs.existsSync(instanceDir(home, 'agent-workstation')));
+    const r = await exec(c.client, { command: 'ls /workspace | wc -l' });
+    assert.equal(r.stdout, '0\n');
+  });
+});
+
+// What a result takes on the wire: its text and its structuredContent.
+const resultBytes = (result) =>
+  Buffer.byteLength(JSON.stringify(textOf(result))) + Buffer.byteLength(JSON.stringify(result.structuredContent ?? null));
+
+describe('computer results, jobs and expose_port', { skip }, () => {
+  let home;
+  let c;
+  before(async () => {
+    home = computerHome('computer-more');
+    c = await connectComputer(home, 'more-box');
+  });
+  after(async () => {
+    await c?.close();
+    removeHome(home);
+  });
+
+  test('a large output is cut to head and tail under 64 KB, the whole kept in a file it names', async () => {
+    const result = await c.client.callTool({ name: 'terminal_execute', arguments: { command: 'seq 1 300000' } });
+    assert.ok(!result.isError, textOf(result));
+    assert.ok(resultBytes(result) < 64 * 1024, `${resultBytes(result)} bytes`); // was 4,878,266
+    const r = seedResult(result);
+    assert.equal(r.exit_code, 0);
+    assert.ok(r.stdout.startsWith('1\n2\n3\n'), r.stdout.slice(0, 20));
+    assert.ok(r.stdout.endsWith('299999\n300000\n'), r.stdout.slice(-20));
+    const marker = r.stdout.match(/\n\[ns-hpc: ([\d,]+) characters cut here; the whole output is in (\S+)\]\n/);
+    assert.ok(marker, 'a marker line says how much was cut and where the whole is');
+    assert.equal(marker[2], r.stdout_file);
+    assert.match(r.stdout_file, /^\/workspace\/\.ns_hpc_output\/term-.*\.out$/);
+    const whole = await exec(c.client, { command: `wc -c < ${r.stdout_file}; sha256sum < ${r.stdout_file}; seq 1 300000 | sha256sum` });
+    const [size, sum, expected] = whole.stdout.trim().split('\n');
+    assert.equal(size, '1988895');
+    assert.equal(sum, expected);
+    // Output that escapes to many bytes (control characters) is bounded too.
+    const binary = await c.client.callTool({ name: 'terminal_execute', arguments: { command: 'head -c 300000 /dev/zero | tr "\\0" "\\1"' } });
+    assert.ok(resultBytes(binary) < 64 * 1024, `${resultBytes(binary)} bytes`);
+  });
+
+  test('WHOLE_OUTPUT=true (or --whole-output) gives the seed\'s whole output', async () => {
+    const whole = await connectComputer(home, 'more-box', [], { WHOLE_OUTPUT: 'true' });
+    try {
+      const r = await exec(whole.client, { command: 'seq 1 30000' });
+      assert.equal(r.stdout.length, 168894);
+      assert.ok(!('stdout_file' in r));
+    } finally {
+      await whole.close();
+    }
+  });
+
+  test('a job runs in the background, is polled with a wait, listed, and another is cancelled', async () => {
+    const started = await call(c.client, 'submit_job', {
+      command: 'for i in 1 2 3; do echo line $i; sleep 1; done; echo done >&2',
+      timeout: 0,
+    });
+    assert.ok(!started.error, JSON.stringify(started.body));
+    assert.equal(started.body.operation, 'submit_job');
+    assert.equal(started.body.computer_id, 'more-box');
+    assert.equal(started.body.status, 'running');
+    assert.ok(!('instance_id' in started.body));
+    const done = await call(c.client, 'poll_job', { job_id: started.body.job_id, timeout: 60 });
+    assert.equal(done.body.status, 'completed', JSON.stringify(done.body));
+    assert.equal(done.body.exit_code, 0);
+    assert.equal(done.body.stdout_tail, 'line 1\nline 2\nline 3');
+    assert.equal(done.body.stderr_tail, 'done');
+    const out = await exec(c.client, { command: `cat ${done.body.stdout_path}` });
+    assert.equal(out.stdout, 'line 1\nline 2\nline 3\n');
+
+    const long = await call(c.client, 'submit_job', { args: ['sleep', '600'], timeout: 0 });
+    assert.equal(long.body.status, 'running');
+    const cancelled = await call(c.client, 'poll_job', { job_id: long.body.job_id, cancel: true });
+    assert.equal(cancelled.body.status, 'cancelled', JSON.stringify(cancelled.body));
+    const ps = await exec(c.client, { command: 'for f in /proc/[0-9]*/cmdline; do tr "\\0" " " < $f; echo; done | grep -c "^sleep 600" || true' });
+    assert.equal(ps.stdout, '0\n', 'the cancelled job\'s processes are gone');
+
+    const listed = await call(c.client, 'poll_job', {});
+    assert.equal(listed.body.total, 2);
+    assert.deepEqual(listed.body.jobs.map((j) => [j.job_id, j.status]),
+      [[long.body.job_id, 'cancelled'], [started.body.job_id, 'completed']]);
+    const missing = await call(c.client, 'poll_job', { job_id: '0123456789ab' });
+    assert.ok(missing.error);
+    assert.match(missing.body.error, /poll_job without a job_id lists the computer's jobs\.$/);
+  });
+
+  test('expose_port opens a web server of the computer to the host, fetched with curl over loopback', async () => {
+    const port = 8123;
+    await exec(c.client, {
+      command:
+        `nohup perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalPort => ${port}, Listen => 5, ReuseAddr => 1) or die $!; ` +
+        `while ($c = $s->accept) { while (<$c>) { last if /^\\r?$/ } print $c "HTTP/1.0 200 OK\\r\\nContent-Length: 20\\r\\n\\r\\nhello from more-box\\n"; close $c }' ` +
+        '> /tmp/http.log 2>&1 &',
+    });
+    assert.ok(await until(async () => (await exec(c.client, {
+      command: `perl -MIO::Socket::INET -e 'exit(IO::Socket::INET->new("127.0.0.1:${port}") ? 0 : 1)' && echo up`,
+    })).stdout === 'up\n', 10_000), 'the server listens inside');
+    const opened = await call(c.client, 'expose_port', { port });
+    assert.ok(!opened.error, JSON.stringify(opened.body));
+    assert.equal(opened.body.operation, 'expose_port');
+    assert.equal(opened.body.url, `http://127.0.0.1:${opened.body.host_port}/`);
+    assert.deepEqual(opened.body.exposed_ports, [{ port, host_port: opened.body.host_port, forwarding: true }]);
+    let body = '';
+    assert.ok(await until(() => {
+      try {
+        body = execFileSync('curl', ['-sS', '--max-time', '5', opened.body.url], { encoding: 'utf8' });
+      } catch {
+        body = '';
+      }
+      return body === 'hello from more-box\n';
+    }, 10_000), `curl ${opened.body.url}: ${body}`);
+    const closed = await call(c.client, 'expose_port', { port, close: true });
+    assert.equal(closed.body.closed, true);
+    assert.deepEqual(closed.body.exposed_ports, []);
   });
 });
 
@@ -273,8 +391,11 @@ describe('computer lifetimes', { skip }, () => {
     assert.equal(inTemp.computer_id, temp.body.computer_id);
     const perm = await call(a.client, 'computer_create', { computer_id: 'stays', temporary: false });
     assert.equal(perm.body.temporary, false);
+    // The seed's two messages, its lowercase booleans: one for a computer this server holds...
     const again = await call(a.client, 'computer_create', { computer_id: 'stays' });
-    assert.equal(again.body.error, "Computer 'stays' already exists with temporary=False; requested temporary=True.");
+    assert.equal(again.body.error,
+      "Computer 'stays' already exists with temporary=false; lifecycle mode cannot be changed without a factory reset " +
+        'or delete.');
     const listed = (await call(a.client, 'computer_list')).body.computers.map((x) => x.computer_id);
     assert.deepEqual(listed, ['keeper', temp.body.computer_id, 'stays'].sort());
     await a.close();
@@ -288,8 +409,12 @@ describe('computer lifetimes', { skip }, () => {
     assert.equal(mark.network_access, false);
     const names = (await call(b.client, 'computer_list')).body.computers.map((x) => x.computer_id);
     assert.deepEqual(names, ['keeper', 'stays']);
+    // ... and one for a computer found on disk.
+    const found = await call(b.client, 'computer_create', { computer_id: 'stays' });
+    assert.equal(found.body.error, "Computer 'stays' already exists with temporary=false; requested temporary=true.");
     assert.ok((await call(b.client, 'computer_delete', { computer_id: 'stays' })).body.deleted);
-    assert.equal((await call(b.client, 'computer_restart', { computer_id: 'stays' })).body.error, "Computer 'stays' was not found.");
+    assert.equal((await call(b.client, 'computer_restart', { computer_id: 'stays' })).body.error,
+      "Computer 'stays' was not found. computer_list lists the computers.");
     await b.close();
   });
 
@@ -311,7 +436,8 @@ describe('computer lifetimes', { skip }, () => {
     const a = await connectComputer(quiet, 'quiet-box');
     try {
       const names = (await a.client.listTools()).tools.map((t) => t.name).sort();
-      assert.deepEqual(names, ['edit_file', 'read_file', 'sandbox_exec', 'terminal_execute', 'write_file']);
+      assert.deepEqual(names, ['edit_file', 'expose_port', 'poll_job', 'read_file', 'submit_job', 'terminal_execute',
+        'write_file']);
     } finally {
       await a.close();
       removeHome(quiet);

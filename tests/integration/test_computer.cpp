@@ -6,7 +6,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -180,4 +182,106 @@ TEST(ComputerHolders, AZombieServersTemporaryComputersGoWhenTheNextServerStarts)
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_FALSE(fs::exists(env.instances() / "orphan")) << "the zombie holds nothing\n" << r.err;
   EXPECT_TRUE(fs::exists(env.instances() / "held" / "metadata.json")) << "a running holder keeps it\n" << r.err;
+}
+
+namespace {
+
+// `ns-hpc computer` spoken to over stdio: initialize, then `requests` (each {"method", "params"},
+// numbered from 2); the answers by id. Nothing here needs a computer to exist.
+std::map<int, nlohmann::json> ask_computer(const Env& env, const std::vector<nlohmann::json>& requests,
+                                           std::map<int, std::string>* lines = nullptr) {
+  std::string input =
+      R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},)"
+      R"("clientInfo":{"name":"computer-test","version":"1"}}})"
+      "\n"
+      R"({"jsonrpc":"2.0","method":"notifications/initialized"})"
+      "\n";
+  int id = 2;
+  for (const nlohmann::json& r : requests) {
+    nlohmann::json message = {{"jsonrpc", "2.0"}, {"id", id++}, {"method", r["method"]}, {"params", r["params"]}};
+    input += message.dump() + "\n";
+  }
+  const Result r = env.run({"computer"}, input, std::chrono::seconds(60), {kId});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::map<int, nlohmann::json> answers;
+  std::size_t from = 0;
+  for (std::size_t end = r.out.find('\n'); end != std::string::npos; from = end + 1, end = r.out.find('\n', from)) {
+    const std::string line = r.out.substr(from, end - from);
+    const nlohmann::json message = nshpc::parse_json(line);
+    if (!message.contains("id") || !message["id"].is_number_integer()) continue;
+    answers[message["id"].get<int>()] = message;
+    if (lines) (*lines)[message["id"].get<int>()] = line;
+  }
+  return answers;
+}
+
+nlohmann::json call(const std::string& tool, nlohmann::json args) {
+  return {{"method", "tools/call"}, {"params", {{"name", tool}, {"arguments", std::move(args)}}}};
+}
+
+// A tool error's JSON object (the seed answers errors as JSON text).
+nlohmann::json error_of(const nlohmann::json& answer) {
+  EXPECT_TRUE(answer["result"].value("isError", false)) << answer.dump();
+  return nshpc::parse_json(answer["result"]["content"][0]["text"].get<std::string>());
+}
+
+}  // namespace
+
+// A model reads tools/list on every turn: at most 8 KiB for the computer (it was 12.6 KiB), with
+// the seed's tools, terminal_execute's description the seed's, and what `ns-hpc run` adds.
+TEST(ComputerTools, TheToolListFitsItsBudget) {
+  Env env;
+  std::map<int, std::string> lines;
+  auto answers = ask_computer(env, {{{"method", "tools/list"}, {"params", nlohmann::json::object()}}}, &lines);
+  ASSERT_TRUE(answers.count(2)) << "no answer to tools/list";
+  EXPECT_LE(lines[2].size(), 8192u) << lines[2];
+  std::vector<std::string> names;
+  for (const auto& tool : answers[2]["result"]["tools"]) names.push_back(tool["name"]);
+  for (const char* name : {"terminal_execute", "read_file", "write_file", "edit_file", "expose_port", "submit_job",
+                           "poll_job", "computer_list", "computer_create", "computer_restart", "computer_factory_reset",
+                           "computer_delete", "set_network_access"})
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+  const auto& terminal = *std::find_if(answers[2]["result"]["tools"].begin(), answers[2]["result"]["tools"].end(),
+                                       [](const nlohmann::json& t) { return t["name"] == "terminal_execute"; });
+  EXPECT_EQ(terminal["description"].get<std::string>().rfind(
+                "Execute a shell command in one persistent Debian Linux computer. Commands run in bash. Each call is "
+                "independent",
+                0),
+            0u);
+  EXPECT_EQ(terminal["inputSchema"]["properties"]["command"]["description"],
+            "Shell command string (mutually exclusive with args).");
+}
+
+// Arguments the input schema refuses come back as the seed's JSON error object of the tool, as
+// every other error of it does (they were plain text).
+TEST(ComputerTools, RefusedArgumentsAreTheSeedsJsonErrors) {
+  Env env;
+  auto answers = ask_computer(env, {call("terminal_execute", {{"command", "true"}, {"bogus", 1}}),
+                                    call("set_network_access", nlohmann::json::object()),
+                                    call("poll_job", {{"job_id", 7}, {"computer_id", "other-box"}})});
+  const nlohmann::json unknown = error_of(answers[2]);
+  EXPECT_EQ(unknown["operation"], "terminal_execute");
+  EXPECT_EQ(unknown["computer_id"], "agent-workstation");
+  EXPECT_EQ(unknown["desktop_environment"], false);
+  EXPECT_EQ(unknown["error"].get<std::string>().rfind("unknown argument 'bogus'", 0), 0u) << unknown;
+  EXPECT_EQ(error_of(answers[3]), nlohmann::json({{"error", "missing required argument 'enabled'"}}));
+  const nlohmann::json typed = error_of(answers[4]);
+  EXPECT_EQ(typed["operation"], "poll_job");
+  EXPECT_EQ(typed["computer_id"], "other-box");
+  EXPECT_NE(typed["error"].get<std::string>().find("job_id"), std::string::npos) << typed;
+}
+
+// The seed's "Computer 'x' was not found." and where to look: computer_list, or (lifecycle tools
+// hidden) this server's own computer.
+TEST(ComputerTools, AComputerNotFoundSaysWhereToLook) {
+  Env env;
+  auto answers = ask_computer(env, {call("terminal_execute", {{"command", "true"}, {"computer_id", "nope"}}),
+                                    call("computer_restart", {{"computer_id", "nope"}})});
+  EXPECT_EQ(error_of(answers[2])["error"], "Computer 'nope' was not found. computer_list lists the computers.");
+  EXPECT_EQ(error_of(answers[3]), nlohmann::json({{"error", "Computer 'nope' was not found. computer_list lists "
+                                                            "the computers."}}));
+  Env quiet("[computer]\nexpose_lifecycle_tools = false\n");
+  answers = ask_computer(quiet, {call("read_file", {{"path", "/etc/hostname"}, {"computer_id", "nope"}})});
+  EXPECT_EQ(error_of(answers[2])["error"],
+            "Computer 'nope' was not found. Leave computer_id out to use this server's computer 'agent-workstation'.");
 }

@@ -226,6 +226,21 @@ TEST(ComputerArgs, TheEnvironmentFillsInAndNetworkAccessWinsOverTheFlag) {
   EXPECT_THROW(parse_computer_args({}, env.lookup()), UsageError);
 }
 
+// Not the seed's: the whole output of a command in its result (the seed's behaviour) instead of
+// head and tail with the whole in a file, asked for by flag or, winning as NETWORK_ACCESS does, by
+// the environment.
+TEST(ComputerArgs, WholeOutputByFlagOrEnvironment) {
+  FakeEnv env;
+  EXPECT_FALSE(parse_computer_args({}, env.lookup()).config.whole_output);
+  EXPECT_TRUE(parse_computer_args({"--whole-output"}, env.lookup()).config.whole_output);
+  env.vars["WHOLE_OUTPUT"] = "yes";
+  EXPECT_TRUE(parse_computer_args({}, env.lookup()).config.whole_output);
+  env.vars["WHOLE_OUTPUT"] = "false";
+  EXPECT_FALSE(parse_computer_args({"--whole-output"}, env.lookup()).config.whole_output);
+  env.vars["WHOLE_OUTPUT"] = "all";
+  EXPECT_THROW(parse_computer_args({}, env.lookup()), UsageError);
+}
+
 TEST(ComputerArgs, UsageErrorsAreArgumentErrors) {
   FakeEnv env;
   for (const std::vector<std::string>& bad :
@@ -262,7 +277,8 @@ TEST(ComputerArgs, HelpNamesTheFlags) {
   FakeEnv env;
   const ComputerStart start = parse_computer_args({"--help"}, env.lookup());
   ASSERT_TRUE(start.help);
-  for (const char* flag : {"--transport", "--output-limit", "--no-network", "--tool-instruction-override", "COMPUTER_ID"})
+  for (const char* flag :
+       {"--transport", "--output-limit", "--no-network", "--tool-instruction-override", "--whole-output", "COMPUTER_ID"})
     EXPECT_NE(start.help->find(flag), std::string::npos) << flag;
 }
 
