@@ -499,6 +499,14 @@ struct Server::Registry {
     std::lock_guard lock(mu);
     return tools;
   }
+  // What tools/list shows: every tool but an alias that is not listed.
+  std::vector<std::shared_ptr<const Tool>> listed_tools() {
+    std::lock_guard lock(mu);
+    std::vector<std::shared_ptr<const Tool>> out;
+    for (const auto& tool : tools)
+      if (tool->listed) out.push_back(tool);
+    return out;
+  }
   std::vector<std::shared_ptr<const Prompt>> all_prompts() {
     std::lock_guard lock(mu);
     return prompts;
@@ -859,7 +867,7 @@ json Session::State::set_level(const json& params) {
 
 json Session::State::list_tools(const json& params) {
   const ResultShape shape = server.options().result_shape;
-  return page_of(params, registry().all_tools(), server.options().page_size, "tools",
+  return page_of(params, registry().listed_tools(), server.options().page_size, "tools",
                  [shape](const auto& tool) { return tool_json(*tool, shape); });
 }
 
@@ -870,7 +878,7 @@ Session::State::Job Session::State::call_tool(const json& params) {
   if (!tool) {
     // The tools that exist, and the one meant when the name is a near miss.
     std::vector<std::string> names;
-    for (const auto& t : registry().all_tools()) names.push_back(t->name);
+    for (const auto& t : registry().listed_tools()) names.push_back(t->name);
     const auto near = text::closest(name, names);
     throw invalid_params(fmt::format("unknown tool '{}'; {}the tools are: {}", text::truncate_utf8(name, 80),
                                      near ? fmt::format("did you mean '{}'? ", *near) : "", fmt::join(names, ", ")));

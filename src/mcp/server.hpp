@@ -69,6 +69,9 @@ struct Tool {
   std::optional<json> annotations;  // readOnlyHint, destructiveHint, idempotentHint, openWorldHint
   // Accept ns-hpc's legacy form {"input": {...}} as well as flat arguments.
   bool accept_input_wrapper = false;
+  // false: called by its name but not in tools/list (an old name kept for clients that use it,
+  // costing the model nothing to read).
+  bool listed = true;
   // Arguments are checked against input_schema first (type object, required, property types,
   // enums, no unknown properties when additionalProperties is false); a failure becomes an
   // isError result naming the field. The handler may throw ProtocolError (JSON-RPC error) or

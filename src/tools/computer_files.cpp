@@ -31,6 +31,7 @@
 #include "files/image.hpp"
 #include "files/resolver.hpp"
 #include "instances/instances.hpp"
+#include "tools/computer_contract.hpp"
 
 namespace nshpc::tools::computer {
 
@@ -213,8 +214,64 @@ mcp::ToolResult read_image(const Tools& t, const store::Instance& inst, const fi
   return r;
 }
 
+// The line read_file starts at: `offset` (1-based), 1 when not given.
+std::size_t offset_arg(const json& args) {
+  auto it = args.find("offset");
+  if (it == args.end() || it->is_null()) return 1;
+  if (!it->is_number_integer() || it->get<std::int64_t>() < 1)
+    throw UsageError("offset must be a line number (1 or more)");
+  return static_cast<std::size_t>(it->get<std::int64_t>());
+}
+
+// A page of `content` from line `first` that keeps the result `out` within
+// computer::kResultBytes (its content is in the result twice, as the seed shapes it): whole lines
+// while they fit; a first line that alone does not is cut (`line_cut`). Sets content, and, when
+// the page is not the whole file, `lines` {first, last, total} and `next_offset` while lines remain.
+void page_of(json& out, const std::string& content, std::size_t first) {
+  std::vector<std::string_view> lines;
+  for (std::size_t at = 0; at < content.size();) {
+    const std::size_t nl = content.find('\n', at);
+    const std::size_t end = nl == std::string::npos ? content.size() : nl + 1;
+    lines.emplace_back(content.data() + at, end - at);
+    at = end;
+  }
+  const std::size_t total = lines.size();
+  if (first > std::max<std::size_t>(total, 1))
+    throw UsageError(fmt::format("offset {} is past the end: the file has {} line(s)", first, total));
+  out["content"] = "";
+  const std::size_t room = kResultBytes - std::min(kResultBytes, result_bytes(out));
+  // Each byte of content costs its escaped size twice over (structuredContent, and the text that
+  // is the JSON escaped again); counted per line, a little over (the quotes of each piece).
+  auto cost = [](std::string_view line) {
+    const std::string once = json(line).dump(-1, ' ', false, json::error_handler_t::replace);
+    return once.size() + json(once).dump(-1, ' ', false, json::error_handler_t::replace).size();
+  };
+  std::size_t last = first - 1, used = 0;
+  while (last < total && used + cost(lines[last]) <= room) used += cost(lines[last++]);
+  std::string page;
+  bool cut = false;
+  if (last == first - 1 && first <= total) {
+    // One line longer than a page: as much of it as fits.
+    std::string_view line = lines[first - 1];
+    std::size_t keep = line.size();
+    while (keep > 0 && cost(line.substr(0, keep)) > room) keep = keep * 3 / 4;
+    page = text::truncate_utf8(line, keep);
+    last = first;
+    cut = true;
+  } else {
+    for (std::size_t i = first - 1; i < last; ++i) page += lines[i];
+  }
+  const bool whole = first == 1 && last == total && !cut;
+  out["content"] = std::move(page);
+  if (whole) return;
+  out["lines"] = {{"first", first}, {"last", last}, {"total", total}};
+  if (cut) out["line_cut"] = true;
+  if (last < total) out["next_offset"] = last + 1;
+}
+
 mcp::ToolResult read_file(const Tools& t, const json& args, mcp::RequestContext& rc) {
   const std::string shown = shown_path(path_of(args));
+  const std::size_t first = offset_arg(args);
   const store::Instance inst = t.hooks.computer_for(args, rc);
   const InComputer in = enter(t, inst, shown, rc);
   const files::Opened o = open_file(in.at(), shown);
@@ -222,8 +279,11 @@ mcp::ToolResult read_file(const Tools& t, const json& args, mcp::RequestContext&
   if (kind.cls == files::Kind::Class::image) return read_image(t, inst, o, shown, kind);
   const std::string content = checked_utf8(read_all(o, kFileTextLimit, shown, "text tool"), shown);
   json out = file_result(t, inst, "read_file", shown, content.size(), files::sha256_hex(content));
-  out["content"] = content;
   out["visualization_warning"] = nullptr;
+  if (t.hooks.whole_output && first == 1)
+    out["content"] = content;  // the seed's: the whole file, whatever its size
+  else
+    page_of(out, content, first);
   return t.hooks.result(std::move(out));
 }
 
@@ -375,17 +435,18 @@ void add_file_tools(mcp::Server& server, FileToolHooks hooks) {
   auto t = std::make_shared<const Tools>(Tools{std::move(hooks)});
   add_tool(server, {
       .name = "read_file",
-      .title = "Read a text file of the computer",
       .description = "Read a UTF-8 text file (at most 1 MiB) of the computer: its content, size_bytes and sha256. "
-                     "PNG, JPEG, GIF and WebP come back as an image.",
-      .input = input_object({{"path", path_arg}, {"computer_id", computer_arg}}, {"path"}),
-      .output = output_object(json::object(), {"operation", "computer_id", "path", "content", "size_bytes", "sha256"}),
+                     "A long one comes in pages (lines, next_offset). PNG, JPEG, GIF and WebP come back as an image.",
+      .input = input_object({{"path", path_arg},
+                             {"offset", {{"type", "integer"}, {"minimum", 1}, {"description", "First line (default 1)."}}},
+                             {"computer_id", computer_arg}},
+                            {"path"}),
+      .output = result_object({"operation", "computer_id", "path", "content", "size_bytes", "sha256"}),
       .hints = {.read_only = true},
       .handler = t->hooks.working("read_file", body(t, read_file)),
   });
   add_tool(server, {
       .name = "write_file",
-      .title = "Write a text file of the computer",
       .description = "Write a UTF-8 text file (at most 1 MiB) of the computer atomically, replacing it if it exists.",
       .input = input_object({{"path", path_arg},
                              {"content", {{"type", "string"}, {"description", "The whole new content."}}},
@@ -393,13 +454,12 @@ void add_file_tools(mcp::Server& server, FileToolHooks hooks) {
                               {{"type", "boolean"}, {"description", "Make missing parent folders (default true)."}}},
                              {"computer_id", computer_arg}},
                             {"path", "content"}),
-      .output = output_object(json::object(), {"operation", "computer_id", "path", "size_bytes", "sha256", "created_parent_directories"}),
+      .output = result_object({"operation", "computer_id", "path", "size_bytes", "sha256", "created_parent_directories"}),
       .hints = {.destructive = true, .idempotent = true},
       .handler = t->hooks.working("write_file", body(t, write_file)),
   });
   add_tool(server, {
       .name = "edit_file",
-      .title = "Edit a text file of the computer",
       .description =
           "Replace old_text (exactly, once unless replace_all) with new_text in a text file of the computer; refused "
           "if the file changes meanwhile.",
@@ -409,7 +469,7 @@ void add_file_tools(mcp::Server& server, FileToolHooks hooks) {
                              {"replace_all", {{"type", "boolean"}, {"description", "Replace every occurrence (default false)."}}},
                              {"computer_id", computer_arg}},
                             {"path", "old_text", "new_text"}),
-      .output = output_object(json::object(), {"operation", "computer_id", "path", "size_bytes", "sha256", "replacements"}),
+      .output = result_object({"operation", "computer_id", "path", "size_bytes", "sha256", "replacements"}),
       .hints = {.destructive = true, .idempotent = false},
       .handler = t->hooks.working("edit_file", body(t, edit_file)),
   });

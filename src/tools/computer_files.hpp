@@ -24,6 +24,9 @@ struct FileToolHooks {
   // The JSON object as the text and as structuredContent.
   std::function<mcp::ToolResult(mcp::json object)> result;
   mcp::json computer_arg;  // the computer_id argument's schema
+  // --whole-output: read_file returns a whole file (up to the seed's 1 MiB), not a page that
+  // keeps the result under 64 KB.
+  bool whole_output = false;
 };
 
 void add_file_tools(mcp::Server& server, FileToolHooks hooks);

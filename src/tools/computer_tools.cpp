@@ -1,5 +1,5 @@
 // The tools of the mcp-virtual-computer entry point (`ns-hpc computer`): the seed's 0.2.3 surface
-// (terminal_execute, read_file, write_file, edit_file; not Kilntainers' sandbox_exec),
+// (terminal_execute, read_file, write_file, edit_file; Kilntainers' sandbox_exec answered, not listed),
 // each with an optional computer_id; what `ns-hpc run` has and the seed lacks (expose_port, and
 // the job tools over the same job engine); and the lifecycle tools (computer_list,
 // computer_create, computer_restart, computer_factory_reset, computer_delete,
@@ -589,17 +589,20 @@ void register_computer(mcp::Server& server, Services services, ComputerSettings 
   const ComputerSettings& s = st->settings;
   const std::string description =
       computer::terminal_description(s.shell, s.timeout, s.tool_instruction_override, s.extended_tool_instruction);
-  // Not Kilntainers' sandbox_exec beside it: mcp-virtual-computer 0.2.3 has no such name, and a
-  // second name for the same tool costs every turn a description and makes a model choose
-  // between two equal tools.
-  add_tool(server, {
-      .name = "terminal_execute",
-      .description = description,
-      .input = terminal_input(),
-      .output = result_object({"stdout", "stderr", "exit_code"}),
-      .hints = {.open_world = true},
-      .handler = working(st, "terminal_execute", terminal),
-  });
+  // Kilntainers' sandbox_exec is the same tool under its old name: answered when called, never
+  // listed (a second listing would cost every turn a description and make a model choose between
+  // two equal tools).
+  for (const char* name : {"terminal_execute", "sandbox_exec"}) {
+    add_tool(server, {
+        .name = name,
+        .description = description,
+        .input = terminal_input(),
+        .output = result_object({"stdout", "stderr", "exit_code"}),
+        .hints = {.open_world = true},
+        .handler = working(st, "terminal_execute", terminal),
+        .listed = std::string_view(name) == "terminal_execute",
+    });
+  }
   computer::add_file_tools(server, {
       .ctx = st->ctx,
       .computer_for = [st](const json& args, mcp::RequestContext& rc) { return computer_for(*st, args, rc); },
@@ -613,6 +616,7 @@ void register_computer(mcp::Server& server, Services services, ComputerSettings 
       .common = common,
       .result = json_result,
       .computer_arg = computer_arg(),
+      .whole_output = st->settings.whole_output,
   });
   add_run_tools(server, st);
   if (s.expose_lifecycle_tools) add_lifecycle_tools(server, st);

@@ -40,6 +40,7 @@ struct ToolSpec {
   mcp::json output;  // output_object(...)
   Hints hints;
   ToolHandler handler;
+  bool listed = true;  // false: an alias called by name, not in tools/list (mcp::Tool::listed)
 };
 void add_tool(mcp::Server& server, ToolSpec spec);
 // What an agent does about something not found, naming tools: "restore_instance brings it back

@@ -241,6 +241,8 @@ TEST(ComputerTools, TheToolListFitsItsBudget) {
                            "poll_job", "computer_list", "computer_create", "computer_restart", "computer_factory_reset",
                            "computer_delete", "set_network_access"})
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+  // Kilntainers' old name is answered (below) but not listed.
+  EXPECT_EQ(std::find(names.begin(), names.end(), "sandbox_exec"), names.end());
   const auto& terminal = *std::find_if(answers[2]["result"]["tools"].begin(), answers[2]["result"]["tools"].end(),
                                        [](const nlohmann::json& t) { return t["name"] == "terminal_execute"; });
   EXPECT_EQ(terminal["description"].get<std::string>().rfind(
@@ -250,6 +252,16 @@ TEST(ComputerTools, TheToolListFitsItsBudget) {
             0u);
   EXPECT_EQ(terminal["inputSchema"]["properties"]["command"]["description"],
             "Shell command string (mutually exclusive with args).");
+}
+
+// sandbox_exec, Kilntainers' name for terminal_execute, is the same tool when called.
+TEST(ComputerTools, SandboxExecIsAnsweredAsTerminalExecute) {
+  Env env;
+  auto answers = ask_computer(env, {call("sandbox_exec", {{"command", "true"}, {"args", {"true"}}})});
+  const nlohmann::json refused = error_of(answers[2]);
+  EXPECT_EQ(refused["operation"], "terminal_execute") << refused.dump();
+  EXPECT_EQ(refused["error"],
+            "Cannot provide both 'command' and 'args'. Use 'command' for shell commands or 'args' for direct execution.");
 }
 
 // Arguments the input schema refuses come back as the seed's JSON error object of the tool, as

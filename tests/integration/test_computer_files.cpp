@@ -325,6 +325,50 @@ TEST_F(ComputerFiles, KeepTheSeedsContractAnywhereInTheComputer) {
             "old_text occurs 2 times in /workspace/notes/d.txt; provide more surrounding text or set replace_all=true");
 }
 
+// A text too long for one result comes in pages of whole lines, each result under 64 KB (the
+// seed returned up to 1 MiB, twice over); following next_offset gives back the file exactly.
+TEST_F(ComputerFiles, ALongTextComesInPagesThatFitAResult) {
+  ComputerServer c(env_, kId);
+  c.sh("seq -f 'line %g \"quoted\" and a tab:here' 1 20000 | sed 's/:/\\t/' > /workspace/long.txt; "
+       "head -c 100000 /dev/zero | tr '\\0' y > /workspace/one.txt");
+  const std::string whole = read_text(workspace() / "long.txt");
+  std::string joined;
+  std::size_t offset = 1, pages = 0;
+  json page;
+  for (;;) {
+    json args = {{"path", "long.txt"}};
+    if (offset > 1) args["offset"] = offset;
+    const Answer a = c.call("read_file", args);
+    ASSERT_FALSE(a.error) << a.result.dump().substr(0, 400);
+    EXPECT_LE(a.result.dump().size(), 65536u);
+    page = a.body;
+    EXPECT_EQ(page["size_bytes"], whole.size());  // the whole file's, as its sha256
+    EXPECT_EQ(page["lines"]["first"], offset);
+    EXPECT_EQ(page["lines"]["total"], 20000);
+    joined += page["content"].get<std::string>();
+    ++pages;
+    if (!page.contains("next_offset")) break;
+    EXPECT_EQ(page["next_offset"], page["lines"]["last"].get<std::size_t>() + 1);
+    offset = page["next_offset"];
+    ASSERT_LT(pages, 100u);
+  }
+  EXPECT_EQ(joined, whole);
+  EXPECT_GT(pages, 10u);
+  EXPECT_EQ(page["lines"]["last"], 20000);
+  // A page further in; past the end is said.
+  EXPECT_EQ(c.ok("read_file", {{"path", "long.txt"}, {"offset", 19999}})["content"],
+            "line 19999 \"quoted\" and a tab\there\nline 20000 \"quoted\" and a tab\there\n");
+  const Answer past = c.call("read_file", {{"path", "long.txt"}, {"offset", 20002}});
+  EXPECT_TRUE(past.error);
+  EXPECT_EQ(past.error_text(), "offset 20002 is past the end: the file has 20000 line(s)");
+  // One line longer than a page: as much as fits, said so.
+  const Answer one = c.call("read_file", {{"path", "one.txt"}});
+  ASSERT_FALSE(one.error);
+  EXPECT_LE(one.result.dump().size(), 65536u);
+  EXPECT_EQ(one.body["line_cut"], true);
+  EXPECT_GT(one.body["content"].get<std::string>().size(), 10000u);
+}
+
 TEST_F(ComputerFiles, ReadFileShowsAnImage) {
   ComputerServer c(env_, kId);
   const json put = c.ok("terminal_execute", {{"command", "base64 -d > /workspace/dot.png"}, {"stdin", kDotPng}});
