@@ -109,8 +109,9 @@ ComputerStart parse_computer_args(const std::vector<std::string>& args,
                "Network access for the computer (default: enabled; NETWORK_ACCESS takes precedence)");
   bool whole_output = false;
   app.add_flag("--whole-output", whole_output,
-               "Return a command's whole stdout and stderr (up to --output-limit) as the seed does, instead of their "
-               "head and tail with the whole in a file of the computer (WHOLE_OUTPUT takes precedence)");
+               "Return a command's whole stdout and stderr (up to --output-limit) and read_file's whole file (up to "
+               "1 MiB) as the seed does, instead of results under 64 KB: a command's head and tail with the whole in "
+               "a file of the computer, a long file in pages (WHOLE_OUTPUT takes precedence)");
   std::string override_text, extended_text;
   auto* override_option =
       app.add_option("--tool-instruction-override", override_text, "Replace the entire terminal_execute tool description");
