@@ -63,6 +63,9 @@ mcp::json instance_id_arg(const std::string& fallback = {});
 mcp::json instance_input(const config::Config& cfg, mcp::json properties, std::vector<std::string> required = {});
 // A result object (structuredContent or an item of it): these properties, these required.
 mcp::json output_object(mcp::json properties, std::vector<std::string> required);
+// A tool's outputSchema as `ns-hpc run` publishes it: an object with the fields every result of
+// the tool has. The result's text and the README describe the fields; tools/list stays small.
+mcp::json result_object(std::vector<std::string> required);
 
 // ---------------------------------------------------------------------------------------------
 // Arguments. The input schema has been checked before a handler runs, so these only read.

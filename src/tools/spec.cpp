@@ -85,8 +85,7 @@ json input_object(json properties, std::vector<std::string> required) {
 
 json instance_id_arg(const std::string& fallback) {
   return {{"type", "string"},
-          {"description", fallback.empty() ? std::string("Instance id (see list_instances).")
-                                           : fmt::format("Instance id (see list_instances). Default: '{}'.", fallback)}};
+          {"description", fallback.empty() ? std::string("Instance id.") : fmt::format("Instance id. Default: '{}'.", fallback)}};
 }
 
 json instance_input(const config::Config& cfg, json properties,
@@ -102,22 +101,19 @@ json output_object(json properties, std::vector<std::string> required) {
   return {{"type", "object"}, {"properties", std::move(properties)}, {"required", std::move(required)}};
 }
 
+json result_object(std::vector<std::string> required) {
+  return {{"type", "object"}, {"required", std::move(required)}};
+}
+
 json command_properties(const config::Config& cfg) {
   const json str = of_type("string");
   return {
-      {"command",
-       {{"type", "string"},
-        {"description", fmt::format("Shell command, run by {} -c. Give command or args.", cfg.terminal.shell)}}},
-      {"args",
-       {{"type", "array"}, {"items", str}, {"description", "Program and its arguments, run exactly (no shell)."}}},
-      {"stdin", {{"type", "string"}, {"description", "Text given to the command's stdin (at most 2 MiB)."}}},
+      {"command", {{"type", "string"}, {"description", fmt::format("Shell command ({} -c).", cfg.terminal.shell)}}},
+      {"args", {{"type", "array"}, {"items", str}, {"description", "Or: program and arguments, run as given."}}},
+      {"stdin", {{"type", "string"}, {"description", "Text for stdin (at most 2 MiB)."}}},
       {"working_directory",
-       {{"type", "string"},
-        {"description", fmt::format("Absolute path to start in (default {}).", cfg.ns.workspace_mount)}}},
-      {"env",
-       {{"type", "object"},
-        {"additionalProperties", str},
-        {"description", "Extra environment variables: {\"NAME\": \"value\"}."}}},
+       {{"type", "string"}, {"description", fmt::format("Absolute start directory (default {}).", cfg.ns.workspace_mount)}}},
+      {"env", {{"type", "object"}, {"additionalProperties", str}, {"description", "Extra variables: {\"NAME\": \"value\"}."}}},
   };
 }
 

@@ -32,17 +32,22 @@ TEST(ToolSpec, InstanceInputRequiresInstanceIdOnlyWithoutADefault) {
   EXPECT_EQ(without["required"], json::array({"instance_id", "job_id"}));
   // Described the same in every tool.
   EXPECT_EQ(without["properties"]["instance_id"],
-            (json{{"type", "string"}, {"description", "Instance id (see list_instances)."}}));
+            (json{{"type", "string"}, {"description", "Instance id."}}));
 
   cfg.mcp.default_instance = "dflt";
   const json with = tools::instance_input(cfg, json::object());
   EXPECT_FALSE(with.contains("required"));
-  EXPECT_EQ(with["properties"]["instance_id"]["description"], "Instance id (see list_instances). Default: 'dflt'.");
+  EXPECT_EQ(with["properties"]["instance_id"]["description"], "Instance id. Default: 'dflt'.");
 }
 
 TEST(ToolSpec, OutputObjectIsOpenWithItsRequired) {
   EXPECT_EQ(tools::output_object({{"n", tools::of_type("integer")}}, {"n"}),
             (json{{"type", "object"}, {"properties", {{"n", {{"type", "integer"}}}}}, {"required", {"n"}}}));
+}
+
+// What `ns-hpc run` publishes as a tool's outputSchema: an object and the fields always there.
+TEST(ToolSpec, ResultObjectIsAnObjectWithItsRequiredFieldsOnly) {
+  EXPECT_EQ(tools::result_object({"id", "network"}), (json{{"type", "object"}, {"required", {"id", "network"}}}));
 }
 
 TEST(ToolSpec, StringArgIsEmptyWhenAbsentOrNotAString) {
