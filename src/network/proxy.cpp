@@ -356,9 +356,13 @@ Verdict check_destination(const Policy& policy, const Host& host, std::uint16_t 
                        return name_matches(e, host.name) && port_matches(e.port, port);
                      });
   if (listed) return {true, ""};
-  return {false, fmt::format("ns-hpc: {} is not in this instance's network allow list ([network] allow in "
-                             "ns-hpc's config)",
-                             host_port(host, port))};
+  // What the agent can do first (its instance's own allow list), then what the operator can. An
+  // entry without a port allows 80 and 443.
+  const std::string entry = port == 80 || port == 443 ? host.shown() : host_port(host, port);
+  return {false, fmt::format("ns-hpc: {} is not in this instance's network allow list: add \"{}\" to it with "
+                             "update_instance network_allow (the instance's whole list), or ask the server's "
+                             "operator to add it to [network] allow in ns-hpc's config",
+                             host_port(host, port), entry)};
 }
 
 Verdict check_address(const Policy& policy, const Host& host, std::uint16_t port, const IpAddress& address,

@@ -289,8 +289,10 @@ TEST_F(ProxyTest, UnlistedNameIsRefusedAndAudited) {
   const CurlResult r = proxy.curl(origin_url("other.test"));
   EXPECT_EQ(r.code, "403");
   EXPECT_EQ(r.body, "ns-hpc: other.test:" + std::to_string(origin_.port()) +
-                        " is not in this instance's network allow list ([network] allow in ns-hpc's "
-                        "config)\n");
+                        " is not in this instance's network allow list: add \"other.test:" +
+                        std::to_string(origin_.port()) +
+                        "\" to it with update_instance network_allow (the instance's whole list), or ask the "
+                        "server's operator to add it to [network] allow in ns-hpc's config\n");
   const CurlResult t = proxy.curl(origin_url("other.test"), true);
   EXPECT_NE(t.exit_code, 0);
   EXPECT_EQ(t.connect, "403");
@@ -578,8 +580,9 @@ TEST_F(ProxyTest, EveryRequestOnAConnectionIsCheckedOnItsOwn) {
                                    "GET http://allowed.test:" + p + "/file HTTP/1.1\r\nHost: allowed.test\r\n\r\n"));
     const std::string got = read_some(fd.get(), 10s);  // until the proxy closes, after the refusal
     ASSERT_TRUE(got.starts_with(ok + ok + "HTTP/1.1 403 Forbidden\r\n")) << got;
-    EXPECT_TRUE(got.ends_with("ns-hpc: other.test:" + p + " is not in this instance's network allow list ([network] "
-                              "allow in ns-hpc's config)\n"))
+    EXPECT_TRUE(got.ends_with("ns-hpc: other.test:" + p + " is not in this instance's network allow list: add \"other.test:" +
+                              p + "\" to it with update_instance network_allow (the instance's whole list), or ask the "
+                              "server's operator to add it to [network] allow in ns-hpc's config\n"))
         << got;
   }
   EXPECT_EQ(origin_.requests(), 2);  // the one after the refusal was never sent

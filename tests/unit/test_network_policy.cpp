@@ -125,8 +125,12 @@ TEST(NetworkAllowEntry, MatchesNamesCaseInsensitivelyOnTheirPorts) {
   const Verdict v = check_destination(p, host("other.test"), 443);
   EXPECT_FALSE(v.allowed);
   EXPECT_EQ(v.reason,
-            "ns-hpc: other.test:443 is not in this instance's network allow list ([network] allow in ns-hpc's "
-            "config)");
+            "ns-hpc: other.test:443 is not in this instance's network allow list: add \"other.test\" to it with "
+            "update_instance network_allow (the instance's whole list), or ask the server's operator to add it to "
+            "[network] allow in ns-hpc's config");
+  // Another port: the entry names it.
+  EXPECT_NE(check_destination(p, host("other.test"), 8443).reason.find("add \"other.test:8443\" to it with update_instance"),
+            std::string::npos);
 }
 
 TEST(NetworkAllowEntry, AddressLiteralsNeedAnAddressEntry) {
