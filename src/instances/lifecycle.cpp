@@ -218,7 +218,11 @@ nlohmann::json limits_json(const config::Config& config, const std::string& cgro
   for (const auto& [name, value] : limits.configured) out[name == "memory" ? "memory_mib" : name] = value;
   out["enforced"] = !limits.configured.empty() && limits.unenforced.empty();
   if (!limits.unenforced.empty()) out["unenforced"] = limits.unenforced;
-  if (limits.usage) {
+  // What the instance's group counts against its limits (its commands and jobs, and a living
+  // sandbox's own processes, ns-hpc's helpers among them): only where there are limits to count
+  // against. Without limits the living sandbox has no group there, and a count of its commands
+  // alone would contradict the processes its living state counts.
+  if (limits.usage && !limits.configured.empty()) {
     nlohmann::json usage = nlohmann::json::object();
     if (limits.usage->memory_bytes) usage["memory_bytes"] = *limits.usage->memory_bytes;
     if (limits.usage->pids) usage["pids"] = *limits.usage->pids;
@@ -240,9 +244,10 @@ std::string limits_line(const nlohmann::json& limits) {
     const nlohmann::json& u = limits["usage"];
     std::vector<std::string> used;
     if (u.contains("memory_bytes")) used.push_back(fmt::format("{:.1f} MiB", u["memory_bytes"].get<double>() / 1048576.0));
-    if (u.contains("pids")) used.push_back(fmt::format("{} processes", u["pids"].get<std::uint64_t>()));
+    if (u.contains("pids"))
+      used.push_back(fmt::format("{} processes (ns-hpc's helpers included)", u["pids"].get<std::uint64_t>()));
     if (u.contains("cpu_usec")) used.push_back(fmt::format("{:.1f} s CPU", u["cpu_usec"].get<double>() / 1e6));
-    if (!used.empty()) line += fmt::format("; using {}", fmt::join(used, ", "));
+    if (!used.empty()) line += fmt::format("; counted against them now: {}", fmt::join(used, ", "));
   }
   return line;
 }

@@ -129,13 +129,31 @@ store::Instance Service::update(std::string_view id, const store::UpdateOptions&
   return store_->update(id, options, actor);
 }
 
+// " (1a2b3c4d5e6f, 2b3c4d5e6f7a, 3c4d5e6f7a8b and 2 more)": the ids of an instance's jobs that have
+// not ended, newest first; "" when none can be read.
+static std::string running_jobs(jobs::Engine& engine, const store::Instance& inst) {
+  constexpr std::size_t kNamed = 3;
+  std::vector<std::string> ids;
+  try {
+    for (const jobs::Record& r : engine.list(inst.id))
+      if (!jobs::is_final(r.state)) ids.push_back(r.id);
+  } catch (const std::exception& e) {
+    log::debug("instance '{}': its jobs not listed: {}", inst.id, e.what());
+  }
+  if (ids.empty()) return "";
+  const std::size_t named = std::min(ids.size(), kNamed);
+  std::string list = fmt::format("{}", fmt::join(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(named), ", "));
+  if (ids.size() > named) list += fmt::format(" and {} more", ids.size() - named);
+  return " (" + list + ")";
+}
+
 store::RemovalSteps Service::removal_steps(std::string_view why) {
   store::RemovalSteps steps;
   steps.before_move = [this, why = std::string(why)](const store::Instance& inst) {
     const std::string action = why == "archived" ? "archive" : "delete";
     if (std::size_t n = jobs().active_jobs(inst.base); n > 0)
-      throw UsageError(fmt::format("cannot {} instance '{}': {} job(s) still running; cancel them first", action,
-                                   inst.id, n));
+      throw UsageError(fmt::format("cannot {} instance '{}': {} still running{}; cancel them first", action, inst.id,
+                                   n == 1 ? std::string("1 job") : fmt::format("{} jobs", n), running_jobs(jobs(), inst)));
     stop_executions(inst.id);
     // Not only a living sandbox's: whatever groups an ephemeral instance's commands left go too.
     backend().stop_living(target(inst), why, grace());
