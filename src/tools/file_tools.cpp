@@ -323,9 +323,12 @@ mcp::ToolResult read_text(const ToolContext& ctx, const files::Opened& o, const 
   std::optional<std::size_t> total;
   if (whole) total = line - 1;
 
+  // Which lines `content` holds (offset, lines; total_lines when counted) and whether that is the
+  // whole file; long_lines_cut: lines cut in the text (content has them, unless content_cut).
   json structured = {{"path", shown},   {"type", "text"},   {"mime", kind.mime},       {"content", raw},
                      {"offset", offset}, {"lines", shown_lines}, {"size_bytes", size}, {"eol", crlf > lf ? "crlf" : "lf"},
-                     {"truncated", raw_cut}};
+                     {"complete", offset == 1 && !next_offset && !raw_cut}, {"long_lines_cut", cut_lines}};
+  if (raw_cut) structured["content_cut"] = true;
   if (total) structured["total_lines"] = *total;
   if (whole) structured["sha256"] = hash.hex();
   if (next_offset) structured["next_offset"] = *next_offset;
@@ -1065,15 +1068,12 @@ mcp::ToolResult delete_file(const ToolContext& ctx, const json& args) {
 // ---------------------------------------------------------------------------------------------
 // Schemas
 
-json path_property(const config::Config& cfg, const char* what) {
-  return {{"type", "string"},
-          {"minLength", 1},
-          {"description", fmt::format("{}: relative to {}, or absolute under {} or {}.", what, cfg.ns.workspace_mount,
-                                      cfg.ns.workspace_mount, cfg.ns.output_mount)}};
-}
+// Paths are as the sandbox sees them (relative to the workspace, or absolute under the workspace or
+// the output folder): said once, in the server's instructions.
+json path_property(const char* what) { return {{"type", "string"}, {"minLength", 1}, {"description", what}}; }
 
-json sha_property(const char* description) {
-  return {{"type", "string"}, {"pattern", "^[0-9a-fA-F]{64}$"}, {"description", description}};
+json sha_property() {
+  return {{"type", "string"}, {"pattern", "^[0-9a-fA-F]{64}$"}, {"description", "Only if the file's sha256 is this."}};
 }
 
 }  // namespace
@@ -1081,49 +1081,28 @@ json sha_property(const char* description) {
 void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
   const config::Config& cfg = ctx.services.config;
   const json str = of_type("string");
-  const json integer = of_type("integer");
-  const json boolean = of_type("boolean");
-  const json globs = {{"type", "array"}, {"items", str}, {"maxItems", 64}};
 
   add_tool(server, {
       .name = "read_file",
       .title = "Read a file",
       .description = fmt::format(
-          "Read a file of an instance. Text comes with line numbers (first {} lines unless offset/limit; long lines "
-          "cut at {} characters); structuredContent.content is the raw text. Also gives total lines, size and "
-          "sha256 (for edit_file/write_file guards). PNG, JPEG, GIF and WebP come back as images; other binary "
-          "files are described, not dumped.",
-          kDefaultLines, kMaxLineChars),
+          "Read a file: text as numbered lines, a page at a time (lines over {} characters cut in the text), with "
+          "its sha256 for write/edit guards; PNG, JPEG, GIF and WebP as images; other binary files described.",
+          kMaxLineChars),
       .input = instance_input(cfg,
-                              {{"path", path_property(cfg, "The file")},
-                               {"offset", {{"type", "integer"}, {"minimum", 1}, {"description", "First line to read (1-based). Default 1."}}},
+                              {{"path", path_property("File path.")},
+                               {"offset", {{"type", "integer"}, {"minimum", 1}, {"description", "First line (default 1)."}}},
                                {"limit",
                                 {{"type", "integer"},
                                  {"minimum", 1},
                                  {"maximum", kMaxLines},
-                                 {"description", fmt::format("Lines to read (default {}); fewer when the result "
-                                                             "would exceed {} characters.",
+                                 {"description", fmt::format("Lines (default {}; fewer past {} characters).",
                                                              kDefaultLines, cfg.mcp.max_result_chars)}}}},
                               {"path"}),
-      .output = output_object({{"path", str},
-                               {"type", {{"type", "string"}, {"enum", {"text", "image", "binary"}}}},
-                               {"mime", str},
-                               {"description", str},
-                               {"content", {{"type", "string"}, {"description", "the lines read, exactly (no line numbers)"}}},
-                               {"offset", integer},
-                               {"lines", integer},
-                               {"total_lines", integer},
-                               {"next_offset", {{"type", "integer"}, {"description", "offset of the next unread line"}}},
-                               {"size_bytes", integer},
-                               {"sha256", str},
-                               {"eol", str},
-                               {"truncated", {{"type", "boolean"}, {"description", "a line in content was cut"}}},
-                               {"width", integer},
-                               {"height", integer},
-                               {"scaled", boolean},
-                               {"shown_width", integer},
-                               {"shown_height", integer}},
-                              {"path", "type", "size_bytes"}),
+      // path, type (text, image, binary), mime, size_bytes, sha256; text: content (the lines read,
+      // exactly), offset, lines, total_lines, next_offset, complete, long_lines_cut, content_cut, eol;
+      // image: width, height, scaled, shown_width, shown_height.
+      .output = result_object({"path", "type"}),
       .hints = {.read_only = true},
       .handler = [ctx](const json& args, mcp::RequestContext&) { return read_file(ctx, args); },
   });
@@ -1131,24 +1110,18 @@ void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "write_file",
       .title = "Write a file",
-      .description = "Create or replace a file atomically (readers never see half of it); a replaced file keeps its "
-                     "mode. Give expected_sha256 (from read_file) to refuse overwriting a file that changed since. For "
-                     "small changes use edit_file.",
+      .description = "Create or replace a whole file atomically (a replaced file keeps its mode). Small changes: "
+                     "edit_file.",
       .input = instance_input(
           cfg,
-          {{"path", path_property(cfg, "The file")},
-           {"content", {{"type", "string"}, {"description", fmt::format("The whole new content (at most {} MiB).", kMaxWriteBytes >> 20)}}},
-           {"encoding", {{"type", "string"}, {"enum", {"text", "base64"}}, {"description", "How content is given: 'text' (default) or 'base64' for binary data."}}},
-           {"create_parent_directories", {{"type", "boolean"}, {"description", "Create missing parent directories (default true)."}}},
-           {"expected_sha256", sha_property("Write only if the file's current sha256 is this.")}},
+          {{"path", path_property("File path.")},
+           {"content", {{"type", "string"}, {"description", fmt::format("The content (at most {} MiB).", kMaxWriteBytes >> 20)}}},
+           {"encoding", {{"type", "string"}, {"enum", {"text", "base64"}}, {"description", "Default text."}}},
+           {"create_parent_directories", {{"type", "boolean"}, {"description", "Default true."}}},
+           {"expected_sha256", sha_property()}},
           {"path", "content"}),
-      .output = output_object({{"path", str},
-                               {"size_bytes", integer},
-                               {"sha256", str},
-                               {"created", boolean},
-                               {"created_parent_directories", boolean},
-                               {"mode", str}},
-                              {"path", "size_bytes", "sha256", "created"}),
+      // path, size_bytes, sha256, created, created_parent_directories, mode.
+      .output = result_object({"sha256"}),
       .hints = {.destructive = true, .idempotent = true},
       .handler = [ctx](const json& args, mcp::RequestContext&) { return write_file(ctx, args); },
   });
@@ -1156,53 +1129,38 @@ void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "edit_file",
       .title = "Edit a file",
-      .description = "Replace old_text with new_text in a file, exactly (whitespace counts). old_text must occur once "
-                     "unless replace_all; on no match the nearest near-miss is shown. Line endings (CRLF) are kept; "
-                     "the write is atomic and refused if the file changed meanwhile.",
+      .description = "Replace old_text by new_text exactly (whitespace counts; once unless replace_all); a miss "
+                     "shows the nearest near-match. CRLF is kept.",
       .input = instance_input(
           cfg,
-          {{"path", path_property(cfg, "The file")},
-           {"old_text", {{"type", "string"}, {"minLength", 1}, {"description", "Text to find, exactly as in the file (without read_file's line numbers)."}}},
-           {"new_text", {{"type", "string"}, {"description", "Replacement (\"\" deletes old_text)."}}},
-           {"replace_all", {{"type", "boolean"}, {"description", "Replace every occurrence (default false: it must be unique)."}}},
-           {"expected_sha256", sha_property("Edit only if the file's current sha256 is this.")}},
+          {{"path", path_property("File path.")},
+           {"old_text", {{"type", "string"}, {"minLength", 1}, {"description", "Text as in the file (no line numbers)."}}},
+           {"new_text", {{"type", "string"}, {"description", "Replacement (\"\" deletes)."}}},
+           {"replace_all", {{"type", "boolean"}, {"description", "Every occurrence."}}},
+           {"expected_sha256", sha_property()}},
           {"path", "old_text", "new_text"}),
-      .output = output_object({{"path", str},
-                               {"replacements", integer},
-                               {"sha256", str},
-                               {"size_bytes", integer},
-                               {"first_line", integer}},
-                              {"path", "replacements", "sha256"}),
-      .hints = {.destructive = true, .idempotent = false},
+      // path, replacements, sha256, size_bytes, first_line.
+      .output = result_object({"sha256"}),
+      .hints = {.destructive = true, },
       .handler = [ctx](const json& args, mcp::RequestContext&) { return edit_file(ctx, args); },
   });
 
   add_tool(server, {
       .name = "list_directory",
       .title = "List a directory",
-      .description = "List a directory of an instance: names, types and sizes, sorted by path, paged. depth > 1 "
-                     "descends (links are not followed). include/exclude are globs on the name (or the relative "
-                     "path when they contain '/').",
+      .description = "List a directory sorted by path, paged; depth > 1 descends (links not followed).",
       .input = instance_input(
           cfg,
           {{"path", {{"type", "string"}, {"description", fmt::format("Directory (default {}).", cfg.ns.workspace_mount)}}},
-           {"depth", {{"type", "integer"}, {"minimum", 1}, {"maximum", 20}, {"description", "Levels to list (default 1)."}}},
-           {"include", {{"type", "array"}, {"items", str}, {"maxItems", 64}, {"description", "Only entries matching one of these globs, e.g. [\"*.py\"]."}}},
-           {"exclude", {{"type", "array"}, {"items", str}, {"maxItems", 64}, {"description", "Leave out (and do not descend into) entries matching these globs."}}},
-           {"types", {{"type", "array"}, {"items", {{"type", "string"}, {"enum", {"file", "directory", "symlink", "other"}}}}, {"description", "Only these types."}}},
-           {"offset", {{"type", "integer"}, {"minimum", 0}, {"description", "Entries to skip (from next_offset)."}}},
-           {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 2000}, {"description", "Entries per page (default 200)."}}}}),
-      .output = output_object(
-          {{"path", str},
-           {"entries",
-            {{"type", "array"},
-             {"items", output_object({{"path", str}, {"name", str}, {"type", str}, {"size_bytes", integer}, {"mode", str}, {"link_target", str}},
-                                     {"path", "name", "type"})}}},
-           {"total", integer},
-           {"offset", integer},
-           {"next_offset", integer},
-           {"walk_cut", boolean}},
-          {"path", "entries", "total"}),
+           {"depth", {{"type", "integer"}, {"minimum", 1}, {"maximum", 20}, {"description", "Levels (default 1)."}}},
+           {"include", {{"type", "array"}, {"items", str}, {"maxItems", 64}, {"description", "Globs on names (paths with /)."}}},
+           {"exclude", {{"type", "array"}, {"items", str}, {"maxItems", 64}, {"description", "Globs to leave out."}}},
+           {"types", {{"type", "array"}, {"items", {{"type", "string"}, {"enum", {"file", "directory", "symlink", "other"}}}}, {"description", "Only these."}}},
+           {"offset", {{"type", "integer"}, {"minimum", 0}, {"description", "Entries to skip."}}},
+           {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 2000}, {"description", "Per page (default 200)."}}}}),
+      // path, entries: {path, name, type, size_bytes, mode, link_target}, total, offset, next_offset,
+      // walk_cut.
+      .output = result_object({"entries", "total"}),
       .hints = {.read_only = true},
       .handler = [ctx](const json& args, mcp::RequestContext&) { return list_directory(ctx, args); },
   });
@@ -1210,81 +1168,59 @@ void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "search_files",
       .title = "Search files",
-      .description = "Search an instance's files with ripgrep, run inside its sandbox: a regex over contents "
-                     "(pattern) and/or name globs (glob). mode: 'files' (paths), 'lines' (matching lines with "
-                     "context), 'counts' (matches per file). Like rg, skips hidden and .gitignored files unless "
-                     "include_hidden. Every match is found first, then paged.",
+      .description = "ripgrep in the instance: a regex over contents and/or name globs. Skips hidden and ignored "
+                     "files unless include_hidden.",
       .input = instance_input(
           cfg,
-          {{"pattern", {{"type", "string"}, {"description", "Regex (Rust regex syntax, as rg) searched in file contents."}}},
-           {"glob", {{"type", "array"}, {"items", str}, {"maxItems", 64}, {"description", "File name globs, e.g. [\"*.py\", \"!test_*\"] (! excludes)."}}},
-           {"path", {{"type", "string"}, {"description", fmt::format("Directory or file to search (default {}).", cfg.ns.workspace_mount)}}},
-           {"mode", {{"type", "string"}, {"enum", {"files", "lines", "counts"}}, {"description", "Default 'lines' with a pattern, else 'files'."}}},
-           {"context", {{"type", "integer"}, {"minimum", 0}, {"maximum", 20}, {"description", "Lines of context around each match (mode 'lines')."}}},
-           {"case_insensitive", {{"type", "boolean"}, {"description", "Ignore case (default false)."}}},
-           {"include_hidden", {{"type", "boolean"}, {"description", "Also hidden and ignored files (default false)."}}},
-           {"offset", {{"type", "integer"}, {"minimum", 0}, {"description", "Results to skip (from next_offset)."}}},
-           {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 1000}, {"description", "Results per page (default 100): matches, or files."}}}}),
-      .output = output_object(
-          {{"mode", str},
-           {"items",
-            {{"type", "array"},
-             {"items", output_object({{"path", str}, {"line", integer}, {"text", str}, {"match", boolean}, {"count", integer}}, {"path"})}}},
-           {"total", {{"type", "integer"}, {"description", "matches (mode 'lines') or files in all"}}},
-           {"offset", integer},
-           {"next_offset", integer},
-           {"complete", {{"type", "boolean"}, {"description", "false: the search was stopped (time or size)"}}}},
-          {"mode", "items", "total", "complete"}),
+          {{"pattern", {{"type", "string"}, {"description", "Regex (rg syntax)."}}},
+           {"glob", {{"type", "array"}, {"items", str}, {"maxItems", 64}, {"description", "Name globs (! excludes)."}}},
+           {"path", {{"type", "string"}, {"description", fmt::format("Where (default {}).", cfg.ns.workspace_mount)}}},
+           {"mode", {{"type", "string"}, {"enum", {"files", "lines", "counts"}}, {"description", "Default lines with a pattern, else files."}}},
+           {"context", {{"type", "integer"}, {"minimum", 0}, {"maximum", 20}, {"description", "Lines around a match."}}},
+           {"case_insensitive", {{"type", "boolean"}, {"description", "Ignore case."}}},
+           {"include_hidden", {{"type", "boolean"}, {"description", "Hidden and ignored files too."}}},
+           {"offset", {{"type", "integer"}, {"minimum", 0}, {"description", "Results to skip."}}},
+           {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 1000}, {"description", "Per page (default 100)."}}}}),
+      // mode, items: {path, line, text, match, count}, total (matches, or files), offset,
+      // next_offset, complete (false: stopped for time or size).
+      .output = result_object({"items", "total"}),
       .hints = {.read_only = true},
       .handler = [ctx](const json& args, mcp::RequestContext& rc) { return search_files(ctx, args, rc); },
   });
 
   add_tool(server, {
       .name = "file_info",
-      .title = "Describe a file",
-      .description = "Type, size, mode, owner and modification time of a path (a link is described, with its "
-                     "target); for a file also its kind (text, image, binary) and sha256.",
-      .input = instance_input(cfg, {{"path", path_property(cfg, "The path")}}, {"path"}),
-      .output = output_object({{"path", str},
-                               {"type", str},
-                               {"size_bytes", integer},
-                               {"mode", str},
-                               {"modified", str},
-                               {"uid", integer},
-                               {"gid", integer},
-                               {"link_target", str},
-                               {"target_type", str},
-                               {"kind", str},
-                               {"mime", str},
-                               {"description", str},
-                               {"sha256", str}},
-                              {"path", "type", "size_bytes", "mode", "modified"}),
+      .title = "File info",
+      .description = "Type, size, mode, owner and time of a path (a link itself, with its target); a file's kind "
+                     "and sha256.",
+      .input = instance_input(cfg, {{"path", path_property("Path.")}}, {"path"}),
+      // path, type, size_bytes, mode, modified, uid, gid, link_target, target_type, kind, mime,
+      // description, sha256.
+      .output = result_object({"path", "type"}),
       .hints = {.read_only = true},
       .handler = [ctx](const json& args, mcp::RequestContext&) { return file_info(ctx, args); },
   });
 
   const json move_input = instance_input(
       cfg,
-      {{"source", path_property(cfg, "What to move or copy")},
-       {"destination", path_property(cfg, "The new path (its parent must exist)")},
-       {"overwrite", {{"type", "boolean"}, {"description", "Replace an existing destination (default false)."}}}},
+      {{"source", path_property("From.")},
+       {"destination", path_property("To (its parent must exist).")},
+       {"overwrite", {{"type", "boolean"}, {"description", "Replace an existing destination."}}}},
       {"source", "destination"});
-  const json move_output = output_object({{"source", str}, {"destination", str}}, {"source", "destination"});
+  const json move_output = result_object({"destination"});
   add_tool(server, {
       .name = "move_file",
-      .title = "Move or rename",
-      .description = "Move or rename a file or directory within an instance (workspace and output). A link is moved "
-                     "as a link.",
+      .title = "Move",
+      .description = "Move or rename a file or directory (a link as a link).",
       .input = move_input,
       .output = move_output,
-      .hints = {.destructive = true, .idempotent = false},
+      .hints = {.destructive = true, },
       .handler = [ctx](const json& args, mcp::RequestContext& rc) { return move_or_copy(ctx, args, true, rc); },
   });
   add_tool(server, {
       .name = "copy_file",
       .title = "Copy",
-      .description = "Copy a file (mode kept) or a directory tree (links inside copied as links) within an instance. "
-                     "A tree is copied whole or not at all; a file of another uid in it refuses the copy.",
+      .description = "Copy a file (mode kept) or a tree (links as links), whole or not at all.",
       .input = move_input,
       .output = move_output,
       .hints = {.destructive = false, .idempotent = true},
@@ -1293,14 +1229,13 @@ void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "delete_file",
       .title = "Delete",
-      .description = "Delete a file or link (a link itself, never its target). A directory only with recursive: "
-                     "true, and then with everything in it.",
+      .description = "Delete a file or link (never its target); a directory only with recursive.",
       .input = instance_input(cfg,
-                              {{"path", path_property(cfg, "What to delete")},
-                               {"recursive", {{"type", "boolean"}, {"description", "Needed to delete a directory (default false)."}}}},
+                              {{"path", path_property("Path.")},
+                               {"recursive", {{"type", "boolean"}, {"description", "A directory with all in it."}}}},
                               {"path"}),
-      .output = output_object({{"path", str}, {"type", str}}, {"path", "type"}),
-      .hints = {.destructive = true, .idempotent = false},
+      .output = result_object({"path"}),
+      .hints = {.destructive = true, },
       .handler = [ctx](const json& args, mcp::RequestContext&) { return delete_file(ctx, args); },
   });
 }

@@ -9,6 +9,7 @@
 #include "base/text.hpp"
 #include "base/time.hpp"
 #include "instances/instances.hpp"
+#include "jobs/jobs.hpp"
 #include "network/netns.hpp"
 #include "tools/internal.hpp"
 
@@ -20,18 +21,21 @@ using mcp::json;
 
 const json kInstanceIdArg = instance_id_arg();
 
-const json kNetworkArg = {{"type", "string"},
-                          {"enum", {"off", "nat", "filtered", "host"}},
-                          {"description", "'off': only its own loopback. 'nat': the outside world, not the host's "
-                                          "own addresses. 'filtered': only the allow list, through a proxy "
-                                          "(HTTP_PROXY is set). 'host': the host's network, its loopback services "
-                                          "included (the weakest)."}};
+// The network argument: what each mode means is in the server's instructions; here what differs
+// by host (the default, and 'nat' where it cannot work).
+json network_arg(const ToolContext& ctx, bool creating) {
+  const auto nat_unavailable = network::nat_unavailable();
+  std::string text = creating ? fmt::format("Default here: '{}'.",
+                                            config::to_string(ctx.services.instances.store().default_network()))
+                              : std::string("New mode.");
+  if (nat_unavailable) text += " 'nat' does not work on this host.";
+  return {{"type", "string"}, {"enum", {"off", "nat", "filtered", "host"}}, {"description", text}};
+}
 
 const json kAllowArg = {{"type", "array"},
                         {"items", {{"type", "string"}}},
-                        {"description", "For 'filtered': what this instance may reach besides [network] allow "
-                                        "(\"pypi.org\", \"*.debian.org\", \"10.1.2.3:8080\"; no port: 80 and 443). "
-                                        "Never the host's own addresses."}};
+                        {"description", "'filtered': more hosts it may reach (\"pypi.org\", \"*.debian.org\", "
+                                        "\"10.1.2.3:8080\"; no port: 80 and 443)."}};
 
 std::vector<std::string> allow_arg(const json& args) {
   std::vector<std::string> out;
@@ -41,42 +45,12 @@ std::vector<std::string> allow_arg(const json& args) {
   return out;
 }
 
-// ISO 8601, UTC.
-const json kTime = {{"type", "string"}, {"format", "date-time"}};
-
-const json kInstanceSchema = output_object(
-    {{"id", of_type("string")},
-     {"description", of_type("string")},
-     {"created_at", kTime},
-     {"last_activity", kTime},
-     {"network", {{"type", "string"}, {"enum", {"off", "nat", "filtered", "host"}}}},
-     {"persistent", of_type("boolean")},
-     {"root", of_type("string")},  // "host" or "image:NAME@VERSION"
-     {"hostname", of_type("string")},
-     {"workspace", of_type("string")},  // sandbox paths
-     {"output", of_type("string")},
-     // The living state, of persistent instances only (list_instances, describe_instance).
-     {"state", {{"type", "string"}, {"enum", {"running", "stopped", "unknown"}}}},
-     {"running_since", kTime},
-     {"processes", of_type("integer")},
-     {"memory_bytes", of_type("integer")},
-     {"last_end", of_type("string")},  // why it stopped last time
-     {"ended_at", kTime},
-     {"state_error", of_type("string")},  // why the state is unknown
-     {"archive_of_same_id", of_type("string")},  // create_instance: an archive of this id exists
-     {"restored_from", of_type("string")}},      // restore_instance: the archive it came from
-    {"id", "created_at", "last_activity", "network", "persistent", "workspace", "output"});
+// What create, describe, update, set_network_access and restore_instance return: the instance
+// (agent_instance_json; the living state of a persistent one).
+const json kInstanceSchema = result_object({"id", "network"});
 
 const json kPersistentArg = {
-    {"type", "boolean"},
-    {"description", "true: one long-lived sandbox that commands and jobs join (background processes and /tmp "
-                    "stay); false: a fresh sandbox per command."}};
-
-// The jobs a stop or restart ended, for the result.
-const json kEndedJobsSchema = {
-    {"type", "array"},
-    {"items", output_object({{"job_id", of_type("string")}, {"command", of_type("string")}, {"status", of_type("string")}},
-                            {"job_id", "status"})}};
+    {"type", "boolean"}, {"description", "Keep one sandbox (background processes, /tmp) between calls."}};
 
 std::optional<config::Network> arg_network(const json& args) {
   auto it = args.find("network");
@@ -92,7 +66,9 @@ std::optional<bool> arg_persistent(const json& args) {
 
 // `item`: the instance as agent_instance_json shows it, with its living state.
 std::string describe_line(const store::Instance& inst, const json& item) {
-  std::string line = fmt::format("{}  (network {}, {}, last activity {})", inst.id, config::to_string(inst.network),
+  std::string line = fmt::format("{}  ({}network {}, {}, last activity {})", inst.id,
+                                 item.contains("image") ? "on image " + item["image"].get<std::string>() + ", " : "",
+                                 config::to_string(inst.network),
                                  inst.persistent ? "persistent: " + living_summary(item) : "not persistent",
                                  timeutil::iso_utc(inst.last_activity()).substr(0, 19) + "Z");
   if (!inst.meta.description().empty()) line += " — " + inst.meta.description();
@@ -113,12 +89,12 @@ std::string ended_jobs_text(const instances::Ended& ended, json& items) {
   return out;
 }
 
-// An idle_stop in words: "after 15 min without activity" / "never stops by itself".
+// An idle_stop in words: "stops after 15 min without activity" / "never stops by itself".
 std::string idle_stop_words(const config::Config& cfg) {
   const std::int64_t s = cfg.ns.idle_stop;
-  if (s <= 0) return "it never stops by itself";
-  return s % 60 == 0 ? fmt::format("it stops after {} min without activity", s / 60)
-                     : fmt::format("it stops after {} s without activity", s);
+  if (s <= 0) return "never stops by itself";
+  return s % 60 == 0 ? fmt::format("stops after {} min without activity", s / 60)
+                     : fmt::format("stops after {} s without activity", s);
 }
 
 // The instance that stop_instance and restart_instance act on: an active, persistent one.
@@ -134,18 +110,75 @@ store::Instance living_instance(const ToolContext& ctx, const json& args, std::s
 }
 
 
-// A network change applied to the running sandbox, said for the agent: " (applied at once:
-// processes kept)", " (the instance was restarted: ...)", or "" when it does not run.
-std::string network_change_note(const ToolContext& ctx, const store::Instance& inst, std::string_view who) {
-  switch (ctx.services.instances.apply_network(inst, who)) {
+// What a network change applied at once does to what runs, by the change: "; their connections out
+// were cut" (to off), " and may now reach what 'nat' allows" (wider), "; connections 'filtered'
+// forbids were cut" (narrower), "" (no change).
+std::string reach_change(const store::Instance& before, const store::Instance& after) {
+  using N = config::Network;
+  auto rank = [](N n) { return n == N::off ? 0 : n == N::filtered ? 1 : n == N::nat ? 2 : 3; };
+  const std::string mode(config::to_string(after.network));
+  if (after.network == N::off) return before.network == N::off ? "" : "; their connections out were cut";
+  if (before.network == N::off) return fmt::format(" and may now connect out ('{}')", mode);
+  if (before.network != after.network)
+    return rank(after.network) < rank(before.network) ? fmt::format("; connections '{}' forbids were cut", mode)
+                                                      : fmt::format(" and may now reach what '{}' allows", mode);
+  if (after.network != N::filtered || before.network_allow == after.network_allow) return "";
+  const bool kept_all = std::all_of(before.network_allow.begin(), before.network_allow.end(), [&](const std::string& e) {
+    return std::find(after.network_allow.begin(), after.network_allow.end(), e) != after.network_allow.end();
+  });
+  return kept_all ? " and may now reach the hosts added" : "; connections the new allow list forbids were cut";
+}
+
+// A network change applied to the running sandbox, said for the agent: " (applied at once: its
+// processes keep running ...)", " (the instance was restarted: ...)", or "" when it does not run.
+std::string network_change_note(const ToolContext& ctx, const store::Instance& before, const store::Instance& after,
+                                std::string_view who) {
+  switch (ctx.services.instances.apply_network(after, who)) {
     case instances::Service::NetworkChange::applied:
-      return " (applied at once: its processes keep running; connections the new mode forbids were cut)";
+      return " (applied at once: its processes keep running" + reach_change(before, after) + ")";
     case instances::Service::NetworkChange::restarted:
       return " (the instance was restarted: a change to or from 'host' needs a new sandbox; its files are kept, "
              "its processes ended)";
     case instances::Service::NetworkChange::not_running: break;
   }
   return "";
+}
+
+// What archive_instance and delete_instance do, with the jobs that refuse it named as the agent
+// ends them: "...; cancel them first (cancel_job, or stop_instance for all)".
+template <typename F>
+auto with_job_advice(const ToolContext& ctx, const std::string& id, F&& act) -> decltype(act()) {
+  try {
+    return act();
+  } catch (const UsageError& e) {
+    bool persistent = false, jobs_run = false;
+    try {
+      persistent = ctx.services.instances.store().get(id).persistent;
+      for (const jobs::Record& r : ctx.services.instances.jobs().list(id)) jobs_run = jobs_run || !jobs::is_final(r.state);
+    } catch (const std::exception&) {
+      jobs_run = false;  // not an instance with jobs: the refusal is about something else
+    }
+    if (!jobs_run) throw;
+    throw UsageError(fmt::format("{} ({})", e.what(), persistent ? "cancel_job, or stop_instance for all" : "cancel_job"));
+  }
+}
+
+// The archive restore_instance brings back: archive_name, or instance_id (the id it was archived
+// from, for its newest archive, or an archive name); given both, they must agree.
+std::string archive_to_restore(const ToolContext& ctx, const json& args) {
+  const std::string archive = string_arg(args, "archive_name"), id = string_arg(args, "instance_id");
+  if (archive.empty() && id.empty())
+    throw UsageError("give archive_name or instance_id (the id it was archived from); list_archived_instances "
+                     "lists the archives");
+  if (archive.empty() || id.empty() || archive == id) return archive.empty() ? id : archive;
+  // One names an archive of the id the other names: the archive it names.
+  for (const store::ArchivedInstance& a : ctx.services.instances.store().list_archived()) {
+    if (a.name == archive && a.id == id) return archive;
+    if (a.name == id && a.id == archive) return id;
+  }
+  throw UsageError(fmt::format("archive_name '{}' and instance_id '{}' do not name the same archive; give one of "
+                               "them (new_instance_id restores it under another id)",
+                               archive, id));
 }
 
 // An image that is being built (the default one is started here when missing) is not waited
@@ -169,28 +202,23 @@ void refuse_while_building(const ToolContext& ctx, const std::string& name, mcp:
 void add_create(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "create_instance",
-      .title = "Create a sandbox instance",
-      .description =
-          fmt::format(
-              "Create an instance: a Linux computer whose commands run in a hardened sandbox (read-only "
-              "system, no root; with image: a Debian root of its own where you are root and apt-get install "
-              "persists). /workspace ($HOME) and /output persist between commands; with persistent "
-              "(default {}) background processes and /tmp do too ({}). Returns the instance.",
-              ctx.services.config.ns.persistent, idle_stop_words(ctx.services.config)),
+      .title = "Create an instance",
+      .description = fmt::format("New instance. persistent: default {}; a persistent one's sandbox {}. image: a Debian "
+                                 "root of its own where you are root and apt-get installs stay.",
+                                 ctx.services.config.ns.persistent, idle_stop_words(ctx.services.config)),
       .input = input_object({{"instance_id",
                               {{"type", "string"},
-                               {"description", "Id: 1-63 of A-Z a-z 0-9 _ . - (first a letter or digit); "
-                                               "none: a generated one."}}},
-                             {"description", {{"type", "string"}, {"description", "What the instance is for."}}},
-                             {"network", kNetworkArg},
+                               {"description", "New id: 1-63 of A-Za-z0-9_.- (default: generated)."}}},
+                             {"description", {{"type", "string"}, {"description", "What it is for."}}},
+                             {"network", network_arg(ctx, true)},
                              {"network_allow", kAllowArg},
                              {"persistent", kPersistentArg},
                              {"image",
                               {{"type", "string"},
-                               {"description", fmt::format("An image to run on (always persistent); \"\": the "
-                                                           "default, {:?}.", ctx.services.config.ns.default_image)}}}}),
+                               {"description", fmt::format("Image to run on (\"\": {:?}); always persistent.",
+                                                           ctx.services.config.ns.default_image)}}}}),
       .output = kInstanceSchema,
-      .hints = {.destructive = false, .idempotent = false},
+      .hints = {.destructive = false, },
       .handler =
           [ctx, &server](const json& args, mcp::RequestContext& rc) {
             store::CreateOptions options;
@@ -221,7 +249,7 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
             if (auto archive = asked.empty() ? std::nullopt : ctx.services.instances.store().latest_archive(inst.id)) {
               text += fmt::format(
                   " Note: an archive of '{}' exists ({}, archived {}); this is a new, empty instance. "
-                  "restore_instance with archive_name '{}' and a new instance_id brings the archive back.",
+                  "restore_instance with archive_name '{}' and new_instance_id brings the archive back.",
                   inst.id, archive->name, archive->meta.archived_at().substr(0, 10), archive->name);
               out["archive_of_same_id"] = archive->name;
             }
@@ -249,30 +277,21 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "list_instances",
       .title = "List instances",
-      .description =
-          "List active instances, a page at a time, most recently active first: description, network, last "
-          "activity and whether a persistent one runs. Look here before creating one.",
+      .description = "Active instances, most recently active first: image, network, whether it runs. Look here "
+                     "before creating one.",
       .input = input_object(
-          {{"filter", {{"type", "string"}, {"description", "Text the id or description contains (case-insensitive)."}}},
-           {"sort",
-            {{"type", "string"},
-             {"enum", {"last_activity", "id"}},
-             {"description", "'last_activity' (default): most recently active first; 'id': alphabetical."}}},
+          {{"filter", {{"type", "string"}, {"description", "Text in the id or description."}}},
+           {"sort", {{"type", "string"}, {"enum", {"last_activity", "id"}}, {"description", "Default last_activity."}}},
            {"limit",
             {{"type", "integer"},
              {"minimum", 1},
              {"maximum", kMaxPageSize},
-             {"description", fmt::format("Instances per page (default {}).", kDefaultPageSize)}}},
-           {"offset", {{"type", "integer"}, {"minimum", 0}, {"description", "Instances to skip (default 0)."}}},
-           {"cursor", {{"type", "string"}, {"description", "next_cursor of the previous page."}}}}),
-      .output = output_object(
-          {{"instances", {{"type", "array"}, {"items", kInstanceSchema}}},
-           {"count", of_type("integer")},
-           {"total", of_type("integer")},  // matching the filter
-           {"offset", of_type("integer")},
-           {"next_cursor", of_type("string")},  // absent on the last page
-           {"skipped", {{"type", "array"}, {"items", of_type("string")}}}},  // ids with an unusable metadata.json
-          {"instances", "count", "total", "offset"}),
+             {"description", fmt::format("Per page (default {}).", kDefaultPageSize)}}},
+           {"offset", {{"type", "integer"}, {"minimum", 0}, {"description", "Instances to skip."}}},
+           {"cursor", {{"type", "string"}, {"description", "Or: the last page's next_cursor."}}}}),
+      // instances, count, total (matching the filter), offset; next_cursor but on the last page;
+      // skipped: ids with an unusable metadata.json.
+      .output = result_object({"instances", "total"}),
       .hints = {.read_only = true},
       .handler =
           [ctx](const json& args, mcp::RequestContext&) {
@@ -341,20 +360,13 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
 }
 
 void add_list_archived(mcp::Server& server, const ToolContext& ctx) {
-  const json archive = output_object({{"name", of_type("string")},
-                                      {"id", of_type("string")},
-                                      {"archived_at", of_type("string")},
-                                      {"created_at", of_type("string")},
-                                      {"description", of_type("string")}},
-                                     {"name", "id"});
   add_tool(server, {
       .name = "list_archived_instances",
-      .title = "List archived instances",
-      .description =
-          "List archived instances: archive name (<id>__<timestamp>) and when. restore_instance brings one back.",
+      .title = "List archives",
+      .description = "Archived instances (restore_instance brings one back).",
       .input = input_object(json::object()),
-      .output = output_object({{"archives", {{"type", "array"}, {"items", archive}}}, {"count", of_type("integer")}},
-                              {"archives", "count"}),
+      // archives: {name, id, archived_at, created_at, description}; count.
+      .output = result_object({"archives", "count"}),
       .hints = {.read_only = true},
       .handler =
           [ctx](const json&, mcp::RequestContext&) {
@@ -377,42 +389,14 @@ void add_list_archived(mcp::Server& server, const ToolContext& ctx) {
 }
 
 void add_describe(mcp::Server& server, const ToolContext& ctx) {
-  json output = kInstanceSchema;
-  output["properties"]["exposed_ports"] = {
-      {"type", "array"},
-      {"description", "ports forwarded to the host's loopback (expose_port)"},
-      {"items", {{"type", "object"}, {"properties", {{"port", of_type("integer")}, {"host_port", of_type("integer")},
-                                                     {"forwarding", of_type("boolean")}}}}}};
-  output["properties"]["disk_usage"] = {
-      {"type", "object"},
-      {"description", "bytes on disk (allocated blocks) of the workspace, output folder, root layer and snapshots; "
-                      "files: of the workspace and output"},
-      {"properties",
-       {{"workspace_bytes", of_type("integer")}, {"output_bytes", of_type("integer")}, {"files", of_type("integer")},
-        {"layer_bytes", of_type("integer")}, {"snapshots_bytes", of_type("integer")}}}};
-  output["properties"]["limits"] = {
-      {"type", "object"},
-      {"description",
-       "the limits of the whole instance (all its commands and jobs together; each also has its own) and what it "
-       "uses now"},
-      {"properties",
-       {{"cpus", of_type("integer")},
-        {"memory_mib", of_type("integer")},
-        {"pids", of_type("integer")},
-        {"enforced", {{"type", "boolean"}, {"description", "every limit set is enforced"}}},
-        {"unenforced", {{"type", "array"}, {"items", of_type("string")}, {"description", "limits this host cannot enforce, and why"}}},
-        {"usage",
-         {{"type", "object"},
-          {"properties",
-           {{"memory_bytes", of_type("integer")}, {"pids", of_type("integer")}, {"cpu_usec", of_type("integer")}}}}}}}};
   add_tool(server, {
       .name = "describe_instance",
       .title = "Describe an instance",
-      .description =
-          "One instance in detail: paths, disk use, limits and usage, and whether a persistent one runs (since "
-          "when, processes, memory) or why it stopped.",
+      .description = "One instance in detail: disk use, limits, exposed ports, whether it runs or why it stopped.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
-      .output = std::move(output),
+      // The instance, with network_allow ('filtered'), exposed_ports, disk_usage, limits (and their
+      // usage when set) and a persistent one's living state.
+      .output = kInstanceSchema,
       .hints = {.read_only = true},
       .handler =
           [ctx](const json& args, mcp::RequestContext&) {
@@ -455,12 +439,11 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
 void add_set_network_access(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "set_network_access",
-      .title = "Turn an instance's network on or off",
-      .description =
-          "enabled=false: only its own loopback ('off'). enabled=true: the default on-mode here (the result "
-          "names it). A running instance switches at once. Returns the instance.",
+      .title = "Network on or off",
+      .description = fmt::format("Network off ('off'), or on ('{}' here, or the mode it has); applied at once.",
+                                 config::to_string(network_on_mode(ctx))),
       .input = input_object({{"instance_id", kInstanceIdArg},
-                             {"enabled", {{"type", "boolean"}, {"description", "Network on or off."}}}},
+                             {"enabled", {{"type", "boolean"}, {"description", "On or off."}}}},
                             {"instance_id", "enabled"}),
       .output = kInstanceSchema,
       .hints = {.destructive = false, .idempotent = true},
@@ -477,7 +460,7 @@ void add_set_network_access(mcp::Server& server, const ToolContext& ctx) {
               options.network = network_on_mode(ctx);
             }
             store::Instance inst = ctx.services.instances.update(id, options, actor(rc));
-            const std::string note = network_change_note(ctx, inst, actor(rc));
+            const std::string note = network_change_note(ctx, current, inst, actor(rc));
             server.notify_resource_updated(instance_uri(inst.id));
             return mcp::ToolResult::text(fmt::format("Instance '{}': network {}{}.", inst.id,
                                                      config::to_string(inst.network), note),
@@ -487,34 +470,24 @@ void add_set_network_access(mcp::Server& server, const ToolContext& ctx) {
 }
 
 void add_expose_port(mcp::Server& server, const ToolContext& ctx) {
-  const json port_item = output_object(
-      {{"port", of_type("integer")}, {"host_port", of_type("integer")}, {"forwarding", of_type("boolean")}},
-      {"port", "host_port", "forwarding"});
   add_tool(server, {
       .name = "expose_port",
-      .title = "Expose an instance's port on the host",
-      .description =
-          "Forward a port a server inside the instance listens on (a notebook, a dev server) to "
-          "127.0.0.1:host_port on the host, for the user to open; kept until close=true or the instance is "
-          "deleted. The host port belongs to the sandbox: whatever connects to it talks to the sandbox. Not for "
-          "network 'host' (its ports are the host's).",
+      .title = "Expose a port",
+      .description = "Forward a port a server in the instance listens on to 127.0.0.1:host_port on the host, for "
+                     "the user to open; kept until close or delete. Not for network 'host'.",
       .input = input_object(
           {{"instance_id", kInstanceIdArg},
-           {"port", {{"type", "integer"}, {"minimum", 1}, {"maximum", 65535}, {"description", "The port inside."}}},
+           {"port", {{"type", "integer"}, {"minimum", 1}, {"maximum", 65535}, {"description", "Port inside."}}},
            {"host_port",
             {{"type", "integer"},
              {"minimum", 0},
              {"maximum", 65535},
-             {"description", fmt::format("Default 0: a free one. Only ports {} ([network] expose_port_range).",
+             {"description", fmt::format("One of {} (default: a free one).",
                                          config::to_string(ctx.services.config.network.expose_port_range))}}},
-           {"close", {{"type", "boolean"}, {"description", "End the forward instead."}}}},
+           {"close", {{"type", "boolean"}, {"description", "End the forward."}}}},
           {"instance_id", "port"}),
-      .output = output_object({{"instance_id", of_type("string")},
-                               {"port", of_type("integer")},
-                               {"host_port", of_type("integer")},
-                               {"url", of_type("string")},
-                               {"exposed_ports", {{"type", "array"}, {"items", port_item}}}},
-                              {"instance_id", "port", "exposed_ports"}),
+      // instance_id, port; host_port and url when opened; exposed_ports: {port, host_port, forwarding}.
+      .output = result_object({"exposed_ports"}),
       .hints = {.destructive = false, .idempotent = true, .open_world = false},
       .handler =
           [ctx](const json& args, mcp::RequestContext& rc) {
@@ -545,13 +518,11 @@ void add_update(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "update_instance",
       .title = "Update an instance",
-      .description =
-          "Change an instance's description, network or persistent. A running persistent instance switches "
-          "among off, nat and filtered at once (processes kept); to or from host it is restarted. Returns the "
-          "instance.",
+      .description = "Change description, network, network_allow or persistent. A running instance switches "
+                     "network at once (to or from 'host': restarted).",
       .input = input_object({{"instance_id", kInstanceIdArg},
                              {"description", {{"type", "string"}, {"description", "New description."}}},
-                             {"network", kNetworkArg},
+                             {"network", network_arg(ctx, false)},
                              {"network_allow", kAllowArg},
                              {"persistent", kPersistentArg}},
                             {"instance_id"}),
@@ -567,9 +538,9 @@ void add_update(mcp::Server& server, const ToolContext& ctx) {
             if (!options.description && !options.network && !options.network_allow && !options.persistent)
               throw UsageError("nothing to update: give description, network, network_allow and/or persistent");
             const std::string id = string_arg(args, "instance_id");
+            const store::Instance current = ctx.services.instances.store().get(id);
             if (options.persistent == false) {
               // A living sandbox left running would be out of reach of every command after this.
-              store::Instance current = ctx.services.instances.store().get(id);
               if (current.persistent &&
                   ctx.services.instances.living_status(current).running)
                 throw UsageError(fmt::format("instance '{}' is running; stop it first with stop_instance, then "
@@ -577,7 +548,8 @@ void add_update(mcp::Server& server, const ToolContext& ctx) {
             }
             store::Instance inst = ctx.services.instances.update(id, options, actor(rc));
             std::string network_note;
-            if (options.network || options.network_allow) network_note = network_change_note(ctx, inst, actor(rc));
+            if (options.network || options.network_allow)
+              network_note = network_change_note(ctx, current, inst, actor(rc));
             server.notify_resource_updated(instance_uri(inst.id));
             return mcp::ToolResult::text(
                 fmt::format("Updated instance '{}': description \"{}\", network {}{}, {}.", inst.id,
@@ -603,17 +575,12 @@ std::pair<json, std::string> ended_result(const store::Instance& inst, const ins
 void add_stop(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "stop_instance",
-      .title = "Stop a persistent instance",
-      .description =
-          "Stop a persistent instance's sandbox: cancels its running jobs, then ends every process. Files "
-          "stay; the next command starts it again.",
+      .title = "Stop an instance",
+      .description = "Stop a persistent instance: cancels its jobs, ends its processes. Files stay; the next "
+                     "command starts it.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
-      .output = output_object({{"instance_id", of_type("string")},
-                               {"was_running", of_type("boolean")},
-                               {"jobs_ended", kEndedJobsSchema},
-                               {"state", of_type("string")},
-                               {"last_end", of_type("string")}},
-                              {"instance_id", "was_running", "jobs_ended", "state"}),
+      // instance_id, was_running, jobs_ended: {job_id, command, status}, state, last_end.
+      .output = result_object({"was_running", "state"}),
       .hints = {.destructive = true, .idempotent = true},
       .handler =
           [ctx, &server](const json& args, mcp::RequestContext& rc) {
@@ -634,20 +601,12 @@ void add_stop(mcp::Server& server, const ToolContext& ctx) {
 void add_restart(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "restart_instance",
-      .title = "Restart a persistent instance",
-      .description =
-          "Restart a persistent instance's sandbox: cancels its running jobs, ends every process and starts "
-          "afresh (empty /tmp, current network). Files stay.",
+      .title = "Restart an instance",
+      .description = "stop_instance, then a fresh sandbox (empty /tmp, current network).",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
-      .output = output_object({{"instance_id", of_type("string")},
-                               {"was_running", of_type("boolean")},
-                               {"jobs_ended", kEndedJobsSchema},
-                               {"state", of_type("string")},
-                               {"running_since", of_type("string")},
-                               {"processes", of_type("integer")},
-                               {"memory_bytes", of_type("integer")}},
-                              {"instance_id", "was_running", "jobs_ended", "state"}),
-      .hints = {.destructive = true, .idempotent = false},
+      // As stop_instance, and the new sandbox's running_since, processes, memory_bytes.
+      .output = result_object({"was_running", "state"}),
+      .hints = {.destructive = true, },
       .handler =
           [ctx, &server](const json& args, mcp::RequestContext& rc) {
             store::Instance inst = living_instance(ctx, args, "restart");
@@ -667,19 +626,15 @@ void add_archive(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "archive_instance",
       .title = "Archive an instance",
-      .description =
-          "Archive an instance: it leaves list_instances and takes no commands; its files stay "
-          "(restore_instance brings it back) and its id is free again. Refused while jobs run.",
+      .description = "Set an instance aside: its files stay, its id is free; restore_instance brings it back.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
-      .output = output_object({{"instance_id", of_type("string")},
-                               {"archive_name", of_type("string")},
-                               {"archived_at", of_type("string")}},
-                              {"instance_id", "archive_name"}),
-      .hints = {.destructive = true, .idempotent = false},
+      // instance_id, archive_name, archived_at.
+      .output = result_object({"archive_name"}),
+      .hints = {.destructive = true, },
       .handler =
           [ctx, &server](const json& args, mcp::RequestContext& rc) {
             const std::string id = string_arg(args, "instance_id");
-            store::ArchivedInstance archived = ctx.services.instances.archive(id, actor(rc));
+            store::ArchivedInstance archived = with_job_advice(ctx, id, [&] { return ctx.services.instances.archive(id, actor(rc)); });
             server.notify_resource_list_changed();
             server.notify_resource_updated(instance_uri(id));
             return mcp::ToolResult::text(
@@ -692,21 +647,19 @@ void add_archive(mcp::Server& server, const ToolContext& ctx) {
 void add_restore(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "restore_instance",
-      .title = "Restore an archived instance",
-      .description =
-          "Bring back an archived instance with its files, under its old id (or instance_id; "
-          "'<id>-restored' when taken). Returns the instance.",
+      .title = "Restore an archive",
+      .description = "Bring back an archived instance with its files, under its old id or new_instance_id "
+                     "('<id>-restored' when taken).",
       .input = input_object(
-          {{"archive_name",
-            {{"type", "string"}, {"description", "Archive name (<id>__<timestamp>), or an id for its newest archive."}}},
-           {"instance_id", {{"type", "string"}, {"description", "Id to restore it under (default: its old id)."}}}},
-          {"archive_name"}),
+          {{"archive_name", {{"type", "string"}, {"description", "Archive name (<id>__<time>)."}}},
+           {"instance_id", {{"type", "string"}, {"description", "Or: the id it was archived from (its newest archive)."}}},
+           {"new_instance_id", {{"type", "string"}, {"description", "Id to restore it under (default: its old id)."}}}}),
       .output = kInstanceSchema,
-      .hints = {.destructive = false, .idempotent = false},
+      .hints = {.destructive = false, },
       .handler =
           [ctx, &server](const json& args, mcp::RequestContext& rc) {
-            store::Instance inst = ctx.services.instances.restore(string_arg(args, "archive_name"),
-                                                              string_arg(args, "instance_id"), actor(rc));
+            store::Instance inst = ctx.services.instances.restore(archive_to_restore(ctx, args),
+                                                              string_arg(args, "new_instance_id"), actor(rc));
             server.notify_resource_list_changed();
             json out = agent_instance_json(ctx, inst);
             const std::string from = inst.meta.raw.value("restored_from", "");
@@ -720,22 +673,21 @@ void add_restore(mcp::Server& server, const ToolContext& ctx) {
 void add_delete(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "delete_instance",
-      .title = "Delete an instance for good",
-      .description =
-          "Delete an instance (instance_id) or an archive (archive_name) with all its files, for "
-          "good. Prefer archive_instance. Refused while jobs run.",
+      .title = "Delete for good",
+      .description = "Delete an instance, or an archive, with all its files, for good (archive_instance keeps them).",
       .input = input_object(
           {{"instance_id", kInstanceIdArg},
-           {"archive_name", {{"type", "string"}, {"description", "Archive name (<id>__<timestamp>)."}}}}),
-      .output = output_object({{"deleted", of_type("string")}, {"archived", of_type("boolean")}}, {"deleted", "archived"}),
-      .hints = {.destructive = true, .idempotent = false},
+           {"archive_name", {{"type", "string"}, {"description", "Or: an archive name (<id>__<time>)."}}}}),
+      // deleted: the id or archive name; archived: whether it was an archive.
+      .output = result_object({"deleted"}),
+      .hints = {.destructive = true, },
       .handler =
           [ctx, &server](const json& args, mcp::RequestContext& rc) {
             const std::string id = string_arg(args, "instance_id");
             const std::string archive = string_arg(args, "archive_name");
             if (id.empty() == archive.empty()) throw UsageError("give exactly one of instance_id and archive_name");
             if (!id.empty()) {
-              ctx.services.instances.remove(id, actor(rc));
+              with_job_advice(ctx, id, [&] { ctx.services.instances.remove(id, actor(rc)); });
               server.notify_resource_list_changed();
               server.notify_resource_updated(instance_uri(id));
             } else {

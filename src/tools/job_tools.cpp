@@ -14,65 +14,49 @@ namespace {
 
 using mcp::json;
 
-const json kJobIdArg = {{"type", "string"}, {"description", "Job id (from submit_job or list_jobs)."}};
+const json kJobIdArg = {{"type", "string"}, {"description", "Job id."}};
 const json kTailArg = {{"type", "integer"},
                        {"minimum", 0},
                        {"maximum", 1000},
-                       {"description", "Last lines of stdout and stderr to return (default 50)."}};
+                       {"description", "Last output lines to return (default 50)."}};
 
 // One vocabulary for both modes (jobs/state.hpp).
 const json kStates = {"pending",   "running", "completed",     "failed",    "cancelled",   "timed_out",
                       "lost",      "out_of_memory", "output_limit", "node_fail", "preempted"};
 
-const json kDetachArg = {{"type", "boolean"},
-                        {"description", "false: cancel the job if still running when the wait ends (default true)."}};
+const json kDetachArg = {{"type", "boolean"}, {"description", "false: cancel it if still running when the wait ends."}};
 
-json job_schema() {
-  const json str = of_type("string");
-  const json nullable_int = {{"type", {"integer", "null"}}};
-  const json nullable_str = {{"type", {"string", "null"}}};
-  return output_object(
-      {{"job_id", str}, {"instance_id", str}, {"status", {{"type", "string"}, {"enum", kStates}}},
-       {"exit_code", nullable_int}, {"signal", of_type("integer")}, {"reason", str}, {"command", str},
-       {"mode", str}, {"duration_s", of_type("number")}, {"created_at", str}, {"started_at", str},
-       {"finished_at", str}, {"stdout_path", str}, {"stderr_path", str}, {"stdout_tail", str},
-       {"stderr_tail", str}, {"limits", {{"type", "object"}, {"additionalProperties", of_type("integer")}}},
-       {"unenforced", {{"type", "array"}, {"items", str}}}, {"slurm_job_id", nullable_str},
-       {"scheduler_state", nullable_str}, {"scheduler_reason", nullable_str}, {"scheduler_error", str}},
-      {"job_id", "instance_id", "status", "exit_code", "command", "stdout_path", "stderr_path"});
-}
+// A job as submit_job, poll_job and cancel_job return it: job_id, instance_id, status (kStates),
+// command, mode, stdout_path, stderr_path, limits, duration_s, and what is known: exit_code,
+// signal, reason, times, output tails, unenforced, the Slurm fields. Nothing unknown is sent as
+// null: it is left out.
+const json kJobSchema = result_object({"job_id", "status"});
 
-// An item of list_jobs.
-json job_summary_schema() {
-  const json str = of_type("string");
-  const json nullable_str = {{"type", {"string", "null"}}};
-  return output_object({{"job_id", str}, {"instance_id", str}, {"status", {{"type", "string"}, {"enum", kStates}}},
-                        {"exit_code", {{"type", {"integer", "null"}}}}, {"signal", of_type("integer")},
-                        {"reason", str}, {"command", str}, {"mode", str}, {"created_at", str},
-                        {"finished_at", str}, {"slurm_job_id", nullable_str}, {"scheduler_state", nullable_str},
-                        {"scheduler_reason", nullable_str}},
-                       {"job_id", "status", "exit_code", "command"});
+// `j` without its null members (a field not known yet is left out, never null).
+json without_nulls(json j) {
+  for (auto it = j.begin(); it != j.end();) it = it->is_null() ? j.erase(it) : std::next(it);
+  return j;
 }
 
 json limits_arg(const config::Config& cfg) {
   json props = json::object();
   // What each limit means, in its unit; its minimum is the least that still bounds the job.
   const std::map<std::string, std::pair<std::string, std::int64_t>> meaning = {
-      {"cpus", {"CPU cores (a cgroup quota)", 1}},
-      {"memory", {"memory in MiB; over it the job is killed (out_of_memory)", 16}},
-      {"pids", {"processes and threads at once", 8}},
-      {"time", {"wall-clock seconds; then the job is killed (timed_out)", 1}},
-      {"output", {"MiB a file may reach, stdout/stderr included; beyond it writes fail (output_limit)", 1}}};
+      {"cpus", {"CPU cores", 1}},
+      {"memory", {"MiB", 16}},
+      {"pids", {"Processes", 8}},
+      {"time", {"Seconds", 1}},
+      {"output", {"MiB per file", 1}}};
   for (const auto& [name, limit] : cfg.jobs.local.limit) {
     auto m = meaning.find(name);
     props[name] = {{"type", "integer"},
                    {"minimum", m == meaning.end() ? 0 : m->second.second},
                    {"maximum", limit.max},
-                   {"description", fmt::format("{}; default {}", m == meaning.end() ? name : m->second.first,
+                   {"description", fmt::format("{} (default {}).", m == meaning.end() ? name : m->second.first,
                                                limit.default_value)}};
   }
   return {{"type", "object"}, {"properties", props}, {"additionalProperties", false},
-          {"description", "Local job limits (the job sees them as NS_HPC_LIMIT_* variables)."}};
+          {"description", "Local limits (seen inside as NS_HPC_LIMIT_*)."}};
 }
 
 json resources_arg(const config::Config& cfg) {
@@ -81,11 +65,11 @@ json resources_arg(const config::Config& cfg) {
     props[name] = {{"type", "integer"},
                    {"minimum", 0},
                    {"maximum", limit.max},
-                   {"description", fmt::format("{}{}; default {}", name, name == "memory" ? " in MiB" : "",
+                   {"description", fmt::format("{}{} (default {}).", name, name == "memory" ? " MiB" : "",
                                                limit.default_value)}};
   }
   return {{"type", "object"}, {"properties", props}, {"additionalProperties", false},
-          {"description", "Slurm resources (mode \"slurm\"), filled into the sbatch command."}};
+          {"description", "Slurm resources (mode slurm)."}};
 }
 
 // Slurm is offered where its submit program is configured and installed: sbatch_command's program
@@ -96,17 +80,15 @@ bool slurm_configured(const config::Config& cfg) {
 
 json mode_arg(const config::Config& cfg) {
   if (!slurm_configured(cfg))
-    return {{"type", "string"}, {"enum", {"local"}}, {"description", "local (this node; no Slurm here)."}};
-  return {{"type", "string"},
-          {"enum", {"local", "slurm"}},
-          {"description", "local (this node, default) or slurm (the cluster, through sbatch)."}};
+    return {{"type", "string"}, {"enum", {"local"}}, {"description", "local (no Slurm here)."}};
+  return {{"type", "string"}, {"enum", {"local", "slurm"}}, {"description", "local (default) or slurm (sbatch)."}};
 }
 
 json timeout_arg(const config::Config& cfg, std::int64_t fallback) {
   return {{"type", "integer"},
           {"minimum", 0},
           {"maximum", cfg.jobs.max_timeout},
-          {"description", fmt::format("Seconds to wait for the job to end (default {}).", fallback)}};
+          {"description", fmt::format("Seconds to wait (default {}).", fallback)}};
 }
 
 // The tails fit [mcp] max_result_chars: each stream at most half of one copy's output budget
@@ -122,7 +104,7 @@ mcp::ToolResult result_of(const jobs::View& view) {
   std::string text = jobs::view_text(view);
   if (view.record.state == jobs::State::running) text += " poll_job waits for it, cancel_job stops it.";
   if (view.record.state == jobs::State::pending) text += " poll_job waits for it, cancel_job removes it.";
-  return mcp::ToolResult::text(std::move(text), jobs::view_json(view));
+  return mcp::ToolResult::text(std::move(text), without_nulls(jobs::view_json(view)));
 }
 
 // Waits for the job as the call asked: progress while waiting, stops waiting (not the job) when
@@ -184,14 +166,12 @@ void add_submit(mcp::Server& server, const ToolContext& ctx) {
   props["mode"] = mode_arg(cfg);
   add_tool(server, {
       .name = "submit_job",
-      .title = "Run a command as a job",
-      .description =
-          "Start a command as a background job in an instance's sandbox, with `limits` (local) or Slurm "
-          "`resources` (mode slurm; it may wait as pending). Waits up to `timeout` s, then returns status, exit "
-          "code and output tails; a job still running keeps running (poll_job, cancel_job). The whole output is "
-          "in the files the result names.",
+      .title = "Submit a job",
+      .description = "Run a command as a background job (limits, or Slurm resources); waits up to timeout s, then "
+                     "gives status, exit code and output tails. It runs on after the wait; its whole output is in "
+                     "the files named.",
       .input = instance_input(cfg, std::move(props)),
-      .output = job_schema(),
+      .output = kJobSchema,
       .hints = {.destructive = true, .open_world = true},
       .handler =
           [ctx](const json& args, mcp::RequestContext& rc) {
@@ -235,17 +215,15 @@ void add_submit(mcp::Server& server, const ToolContext& ctx) {
 void add_poll(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "poll_job",
-      .title = "Check or wait for a job",
-      .description =
-          "A job's status, exit code and output tails; waits up to `timeout` s for its end (0: just look, "
-          "never cancels).",
+      .title = "Poll a job",
+      .description = "A job's status, exit code and output tails; waits up to timeout s for its end (0: look).",
       .input = instance_input(ctx.services.config,
                               {{"job_id", kJobIdArg},
                                {"timeout", timeout_arg(ctx.services.config, 0)},
                                {"detach", kDetachArg},
                                {"tail", kTailArg}},
                               {"job_id"}),
-      .output = job_schema(),
+      .output = kJobSchema,
       .hints = {.destructive = false},
       .handler =
           [ctx](const json& args, mcp::RequestContext& rc) {
@@ -258,20 +236,19 @@ void add_poll(mcp::Server& server, const ToolContext& ctx) {
 void add_list(mcp::Server& server, const ToolContext& ctx) {
   json input = instance_input(
       ctx.services.config,
-      {{"status", {{"type", "string"}, {"enum", kStates}, {"description", "Only jobs in this status."}}},
-       {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 500}, {"description", "Jobs per page (default 15)."}}},
-       {"offset", {{"type", "integer"}, {"minimum", 0}, {"description", "Jobs to skip (next_offset of the last page)."}}}});
+      {{"status", {{"type", "string"}, {"enum", kStates}, {"description", "Only this status."}}},
+       {"limit", {{"type", "integer"}, {"minimum", 1}, {"maximum", 500}, {"description", "Per page (default 15)."}}},
+       {"offset", {{"type", "integer"}, {"minimum", 0}, {"description", "Jobs to skip."}}}});
   // Published as it always was: an empty "required" when instance_id may be left out.
   if (!input.contains("required")) input["required"] = json::array();
   add_tool(server, {
       .name = "list_jobs",
       .title = "List jobs",
-      .description = "An instance's jobs, newest first: status, exit code, command.",
+      .description = "An instance's jobs, newest first.",
       .input = std::move(input),
-      .output = output_object({{"jobs", {{"type", "array"}, {"items", job_summary_schema()}}},
-                               {"total", of_type("integer")},
-                               {"next_offset", {{"type", {"integer", "null"}}}}},
-                              {"jobs", "total", "next_offset"}),
+      // jobs: {job_id, instance_id, status, command, mode, exit_code, ...} as in poll_job's result
+      // without output; total; next_offset but on the last page.
+      .output = result_object({"jobs", "total"}),
       .hints = {.read_only = true},
       .handler =
           [ctx](const json& args, mcp::RequestContext&) {
@@ -295,7 +272,7 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
             const std::size_t budget = result_budget(ctx.services.config);
             std::size_t used = 0, end = offset;
             for (std::size_t i = offset; i < all.size() && i < offset + limit; ++i) {
-              json item = jobs::record_summary_json(all[i]);
+              json item = without_nulls(jobs::record_summary_json(all[i]));
               const std::string line = "\n- " + job_line(all[i]);
               const std::size_t size = item.dump().size() + line.size();
               if (i > offset && used + size > budget) break;
@@ -306,9 +283,9 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
             }
             const bool more = end < all.size();
             if (more) text += fmt::format("\n(more: offset {})", end);
-            return mcp::ToolResult::text(text, json{{"jobs", items},
-                                                    {"total", all.size()},
-                                                    {"next_offset", more ? json(end) : json(nullptr)}});
+            json out = {{"jobs", items}, {"total", all.size()}};
+            if (more) out["next_offset"] = end;
+            return mcp::ToolResult::text(text, std::move(out));
           },
   });
 }
@@ -317,11 +294,9 @@ void add_cancel(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "cancel_job",
       .title = "Cancel a job",
-      .description =
-          "Stop a job and every process it started (SIGTERM, then SIGKILL; Slurm: scancel); returns its final "
-          "status. A finished job is left as it is.",
+      .description = "Stop a job and all it started (SIGTERM, then SIGKILL; Slurm: scancel); gives its final status.",
       .input = instance_input(ctx.services.config, {{"job_id", kJobIdArg}, {"tail", kTailArg}}, {"job_id"}),
-      .output = job_schema(),
+      .output = kJobSchema,
       .hints = {.destructive = true, .idempotent = true},
       .handler =
           [ctx](const json& args, mcp::RequestContext& rc) {

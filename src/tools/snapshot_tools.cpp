@@ -16,23 +16,12 @@ namespace {
 using mcp::json;
 
 const json kInstanceIdArg = instance_id_arg();
-const json kNameArg = {{"type", "string"}, {"description", "Snapshot name: 1-63 of A-Z a-z 0-9 _ . - (first a letter or digit)."}};
+const json kNameArg = {{"type", "string"}, {"description", "Snapshot name: 1-63 of A-Za-z0-9_.-."}};
 
-const json kSnapshotSchema = output_object({{"name", of_type("string")},
-                                            {"created_at", {{"type", "string"}, {"format", "date-time"}}},
-                                            {"root", of_type("string")},  // the instance's root when taken
-                                            {"bytes", of_type("integer")},
-                                            {"has_layer", of_type("boolean")}},
-                                           {"name", "created_at", "bytes"});
-
-// What snapshot_instance and restore_snapshot answer: the snapshot, and whether the living
-// sandbox was stopped for the copy and started again.
-const json kSnapshotChangeSchema = output_object({{"instance_id", of_type("string")},
-                                                 {"snapshot", kSnapshotSchema},
-                                                 {"was_running", of_type("boolean")},
-                                                 {"restarted", of_type("boolean")},
-                                                 {"took_ms", of_type("number")}},
-                                                {"instance_id", "snapshot", "was_running", "restarted"});
+// What snapshot_instance and restore_snapshot answer: instance_id, the snapshot (name, created_at,
+// root: the instance's root when taken, bytes, has_layer), whether the living sandbox was stopped
+// for the copy (was_running) and started again (restarted), took_ms.
+const json kSnapshotChangeSchema = result_object({"snapshot", "restarted"});
 
 // The tools share one Trash (instances/snapshots.hpp): old trees go in the background, and what is
 // left when the server stops is finished at its next start.
@@ -66,21 +55,14 @@ double ms(std::chrono::microseconds us) { return static_cast<double>(us.count())
 void add_reset(mcp::Server& server, const SnapshotContext& sc) {
   add_tool(server, {
       .name = "factory_reset_instance",
-      .title = "Factory reset an instance",
-      .description =
-          "Return an image instance's root to its image (what was installed goes) in milliseconds. Refused while "
-          "a job or command runs in it; its background processes end. The workspace stays unless include_workspace.",
+      .title = "Factory reset",
+      .description = "Put an image instance's root back to its image (what was installed goes); ends its "
+                     "processes. The workspace stays unless include_workspace.",
       .input = input_object({{"instance_id", kInstanceIdArg},
-                             {"include_workspace",
-                              {{"type", "boolean"}, {"description", "Empty the workspace too (default false)."}}}},
+                             {"include_workspace", {{"type", "boolean"}, {"description", "Empty /workspace too."}}}},
                             {"instance_id"}),
-      .output = output_object({{"instance_id", of_type("string")},
-                               {"layer_reset", of_type("boolean")},
-                               {"workspace_emptied", of_type("boolean")},
-                               {"was_running", of_type("boolean")},
-                               {"restarted", of_type("boolean")},
-                               {"took_ms", of_type("number")}},
-                              {"instance_id", "layer_reset", "workspace_emptied", "was_running", "restarted"}),
+      // instance_id, layer_reset, workspace_emptied, was_running, restarted, took_ms.
+      .output = result_object({"layer_reset", "workspace_emptied"}),
       .hints = {.destructive = true, .idempotent = true},
       .handler =
           [sc, &server](const json& args, mcp::RequestContext& rc) {
@@ -111,13 +93,12 @@ void add_reset(mcp::Server& server, const SnapshotContext& sc) {
 void add_snapshot(mcp::Server& server, const SnapshotContext& sc) {
   add_tool(server, {
       .name = "snapshot_instance",
-      .title = "Snapshot an instance",
-      .description =
-          "Save an instance's root (image instances) and workspace together under a name. Refused while a job or "
-          "command runs in it; its background processes end. restore_snapshot brings them back.",
+      .title = "Take a snapshot",
+      .description = "Save an instance's root (on an image) and workspace under a name; ends its processes. "
+                     "restore_snapshot goes back to it.",
       .input = input_object({{"instance_id", kInstanceIdArg}, {"name", kNameArg}}, {"instance_id", "name"}),
       .output = kSnapshotChangeSchema,
-      .hints = {.destructive = false, .idempotent = false},
+      .hints = {.destructive = false, },
       .handler =
           [sc, &server](const json& args, mcp::RequestContext& rc) {
             const store::Instance inst = sc.instance(args);
@@ -139,13 +120,11 @@ void add_snapshot(mcp::Server& server, const SnapshotContext& sc) {
 void add_list(mcp::Server& server, const SnapshotContext& sc) {
   add_tool(server, {
       .name = "list_snapshots",
-      .title = "List an instance's snapshots",
-      .description = "An instance's snapshots, newest first: name, time, size.",
+      .title = "List snapshots",
+      .description = "An instance's snapshots, newest first.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
-      .output = output_object({{"instance_id", of_type("string")},
-                               {"snapshots", {{"type", "array"}, {"items", kSnapshotSchema}}},
-                               {"count", of_type("integer")}},
-                              {"instance_id", "snapshots", "count"}),
+      // instance_id, snapshots (as in snapshot_instance's result), count.
+      .output = result_object({"snapshots"}),
       .hints = {.read_only = true},
       .handler =
           [sc](const json& args, mcp::RequestContext&) {
@@ -170,9 +149,8 @@ void add_restore(mcp::Server& server, const SnapshotContext& sc) {
   add_tool(server, {
       .name = "restore_snapshot",
       .title = "Restore a snapshot",
-      .description =
-          "Put an instance's root and workspace back as a snapshot saved them. Refused while a job or command runs "
-          "in it; its background processes end. The snapshot stays.",
+      .description = "Put an instance's root and workspace back as a snapshot saved them; ends its processes. The "
+                     "snapshot stays.",
       .input = input_object({{"instance_id", kInstanceIdArg}, {"name", kNameArg}}, {"instance_id", "name"}),
       .output = kSnapshotChangeSchema,
       .hints = {.destructive = true, .idempotent = true},
@@ -199,11 +177,10 @@ void add_delete(mcp::Server& server, const SnapshotContext& sc) {
   add_tool(server, {
       .name = "delete_snapshot",
       .title = "Delete a snapshot",
-      .description = "Delete one of an instance's snapshots for good.",
+      .description = "Delete a snapshot for good.",
       .input = input_object({{"instance_id", kInstanceIdArg}, {"name", kNameArg}}, {"instance_id", "name"}),
-      .output = output_object({{"instance_id", of_type("string")}, {"deleted", of_type("string")}},
-                              {"instance_id", "deleted"}),
-      .hints = {.destructive = true, .idempotent = false},
+      .output = result_object({"deleted"}),
+      .hints = {.destructive = true, },
       .handler =
           [sc](const json& args, mcp::RequestContext& rc) {
             const store::Instance inst = sc.instance(args);

@@ -100,14 +100,16 @@ mcp::ToolResult make_result(const ToolContext& ctx, const store::Instance& inst,
   return mcp::ToolResult::text(std::move(text), std::move(structured));
 }
 
+// `share_pids`: whether a later command of a persistent instance sees the processes an earlier one
+// left (Backend::commands_share_pids); the description says what this server does.
 std::string tool_description(const config::Config& cfg, bool share_pids) {
   return fmt::format(
-      "Run a command in an instance. {ws} ($HOME, the start directory) and {out} persist; cd and variables "
-      "do not. A persistent instance keeps background processes and /tmp{pids}; otherwise each call is a fresh "
-      "sandbox. A timeout kills all it started (exit 124); over {limit} MiB of output kills it (exit 1). Output "
-      "past {chars} characters is cut in the middle; the whole is in the file the result names. Long work: "
-      "submit_job. Network 'off' has only its own loopback (no DNS); 'host' shares the host's.",
-      fmt::arg("pids", share_pids ? "" : " (not seen by ps/kill in later calls)"),
+      "Run a command in an instance and wait for it. {ws} and {out} persist; cd and variables do not. A "
+      "persistent instance keeps background processes and /tmp{pids}; else each call is a fresh sandbox. A "
+      "timeout kills all it started (exit 124); over {limit} MiB of output kills it (exit 1). Output past {chars} "
+      "characters is cut in the middle, the whole kept in the file the result names. Long work: submit_job.",
+      fmt::arg("pids", share_pids ? " (later calls' ps and kill see them)"
+                                  : " (they run on, but later calls' ps and kill do not see them)"),
       fmt::arg("ws", cfg.ns.workspace_mount), fmt::arg("out", cfg.ns.output_mount),
       fmt::arg("limit", kOutputLimitBytes / (1024 * 1024)), fmt::arg("chars", cfg.mcp.max_result_chars));
 }
@@ -117,8 +119,7 @@ json input_properties(const config::Config& cfg) {
   props["timeout"] = {{"type", "integer"},
                       {"minimum", 1},
                       {"maximum", cfg.jobs.max_timeout},
-                      {"description", fmt::format("Seconds the command may run (default {}); then it is killed.",
-                                                  kDefaultTimeoutSeconds)}};
+                      {"description", fmt::format("Seconds it may run (default {}).", kDefaultTimeoutSeconds)}};
   return props;
 }
 
@@ -211,19 +212,12 @@ void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
   const config::Config& cfg = ctx.services.config;
   add_tool(server, {
       .name = "terminal_execute",
-      .title = "Run a command in an instance",
+      .title = "Run a command",
       .description = tool_description(cfg, ctx.services.instances.commands_share_pids()),
       .input = instance_input(cfg, input_properties(cfg)),
-      .output = output_object({{"stdout", of_type("string")},
-                               {"stderr", of_type("string")},
-                               {"exit_code", of_type("integer")},
-                               {"exec_duration_ms", of_type("integer")},
-                               {"instance_id", of_type("string")},
-                               {"network", {{"type", "string"}, {"description", "the instance's network mode"}}},
-                               {"stdout_file", of_type("string")},
-                               {"stderr_file", of_type("string")}},
-                              {"stdout", "stderr", "exit_code", "exec_duration_ms", "instance_id", "network"}),
-      .hints = {.destructive = true, .idempotent = false, .open_world = true},
+      // And stdout_file/stderr_file: the whole of a cut output.
+      .output = result_object({"stdout", "stderr", "exit_code", "exec_duration_ms", "instance_id", "network"}),
+      .hints = {.destructive = true, .open_world = true},
       .handler =
           [ctx](const json& args, mcp::RequestContext& rc) {
             std::string instance_id = instance_arg(ctx, args);

@@ -56,7 +56,7 @@ void audit_tool_call(const ToolContext& ctx, const std::string& tool, const mcp:
 }
 
 mcp::json agent_instance_json(const ToolContext& ctx, const store::Instance& inst) {
-  return {{"id", inst.id},
+  mcp::json out = {{"id", inst.id},
           {"description", inst.meta.description()},
           {"created_at", inst.meta.created_at()},
           {"last_activity", timeutil::iso_utc(inst.last_activity())},
@@ -66,6 +66,9 @@ mcp::json agent_instance_json(const ToolContext& ctx, const store::Instance& ins
           {"hostname", inst.meta.hostname()},
           {"workspace", ctx.services.config.ns.workspace_mount},
           {"output", ctx.services.config.ns.output_mount}};
+  // An instance on an image: its name@version, as its root says ("image:NAME@VERSION").
+  if (const std::string& root = inst.meta.root(); root.starts_with("image:")) out["image"] = root.substr(6);
+  return out;
 }
 
 std::optional<sandbox::LivingStatus> add_living_state(const ToolContext& ctx, const store::Instance& inst,
@@ -89,7 +92,8 @@ std::string living_summary(const mcp::json& state) {
     std::string text = "running";
     if (state.contains("running_since"))
       text += " since " + state["running_since"].get<std::string>().substr(0, 19) + "Z";
-    return text + fmt::format(", {} process(es), {:.1f} MiB", state.value("processes", std::size_t{0}),
+    const std::size_t n = state.value("processes", std::size_t{0});
+    return text + fmt::format(", {} process{} in its sandbox, {:.1f} MiB", n, n == 1 ? "" : "es",
                               state.value("memory_bytes", std::uint64_t{0}) / 1048576.0);
   }
   if (name == "stopped") {
@@ -113,14 +117,20 @@ mcp::ServerInfo server_info() {
   info.name = "ns-hpc";
   info.title = "ns-hpc: persistent Linux sandboxes";
   info.version = NSHPC_VERSION;
+  // What every tool shares, said once here (tools/list says only what each tool adds); true on
+  // every host: what differs by host (the default network, whether 'nat' works) is in the tool
+  // descriptions, generated from this server.
   info.instructions =
-      "ns-hpc manages persistent Linux sandbox 'instances' for you. Each instance has a workspace "
-      "(/workspace, also $HOME) and an output folder (/output) that persist; commands run in a hardened "
-      "sandbox (no root, read-only system folders, private /tmp, network 'host' or 'off'): a fresh one per "
-      "command, or in a persistent instance one long-lived sandbox that keeps background processes. "
-      "Start with list_instances, or create_instance for a new one. Guides are available as resources "
-      "under resource://ns-hpc/context/ (start with ns-hpc.md); each instance is also a resource, "
-      "resource://ns-hpc/instances/{id}.";
+      "ns-hpc manages persistent Linux sandboxes, 'instances'. Each has /workspace ($HOME, the start directory) and "
+      "/output, kept between calls; file tools take paths relative to /workspace or absolute under /workspace or "
+      "/output. Commands run in a hardened sandbox (read-only system folders, private /tmp; root only in an "
+      "instance on an image): a fresh one per command, or in a persistent instance one sandbox kept between "
+      "calls with its background processes and /tmp. Network modes: 'off' (its own loopback only), 'nat' (the "
+      "internet, not the host's own addresses), 'filtered' (only an allow list, through a proxy: HTTP_PROXY is "
+      "set), 'host' (the host's network, the weakest); create_instance says the default here. Results are a text "
+      "summary and structuredContent; a long list or file comes a page at a time (the result says how to get the next). Start with "
+      "list_instances, or create_instance. Guides: resource://ns-hpc/context/ns-hpc.md (start there), jobs.md, "
+      "sandbox.md; each instance is also resource://ns-hpc/instances/{id}.";
   return info;
 }
 

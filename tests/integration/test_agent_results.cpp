@@ -168,11 +168,10 @@ TEST_F(AgentResults, ToolSchemasDeclareTheirBoundsAndDescribeEveryField) {
   EXPECT_EQ(instance_descriptions.size(), 1u) << "instance_id is described the same everywhere";
   EXPECT_EQ(tools["terminal_execute"]["inputSchema"]["properties"]["command"],
             tools["submit_job"]["inputSchema"]["properties"]["command"]);
-  const json items = tools["list_jobs"]["outputSchema"]["properties"]["jobs"]["items"];
-  EXPECT_TRUE(items["properties"].contains("status")) << items.dump();
-  EXPECT_TRUE(tools["list_jobs"]["outputSchema"]["properties"]["jobs"]["items"]["properties"]["status"]["enum"]
-                  .dump()
-                  .find("output_limit") != std::string::npos);
+  // An outputSchema names what every result has; the statuses are in list_jobs' status argument.
+  EXPECT_EQ(tools["list_jobs"]["outputSchema"], (json{{"type", "object"}, {"required", {"jobs", "total"}}}));
+  EXPECT_TRUE(tools["list_jobs"]["inputSchema"]["properties"]["status"]["enum"].dump().find("output_limit") !=
+              std::string::npos);
   const json limits = tools["submit_job"]["inputSchema"]["properties"]["limits"]["properties"];
   EXPECT_NE(limits["memory"]["description"].get<std::string>().find("MiB"), std::string::npos);
   EXPECT_EQ(limits["memory"]["minimum"], 16);
@@ -223,6 +222,34 @@ TEST_F(AgentResults, LocalJobResultsCarryNoNullSlurmFieldsOrEmptyStrings) {
 }
 
 // The limits are visible inside: variables, and nproc (and, with cgroups, CPU affinity) = cpus.
+// A running job has no exit code yet: its result leaves the field out (never null), as the last
+// page of list_jobs leaves out next_offset. Deleting or archiving its instance is refused naming
+// the job and the tool that ends it.
+TEST_F(AgentResults, ARunningJobCarriesNoNullAndARefusedDeleteNamesIt) {
+  env_.create("busy");
+  McpSession server(env_);
+  json running = server.tool("submit_job", {{"instance_id", "busy"}, {"command", "sleep 300"}, {"timeout", 0}});
+  ASSERT_EQ(running["status"], "running") << running.dump();
+  for (const auto& [key, value] : running.items()) EXPECT_FALSE(value.is_null()) << key << " is null";
+  EXPECT_FALSE(running.contains("exit_code")) << running.dump();
+  json listed = server.tool("list_jobs", {{"instance_id", "busy"}});
+  EXPECT_FALSE(listed.contains("next_offset")) << listed.dump();
+  for (const auto& [key, value] : listed["jobs"][0].items()) EXPECT_FALSE(value.is_null()) << key << " is null";
+  const std::string job = running["job_id"];
+  for (const char* tool : {"delete_instance", "archive_instance"}) {
+    json refused = call(server, tool, {{"instance_id", "busy"}});
+    EXPECT_TRUE(refused["result"].value("isError", false)) << refused.dump();
+    const std::string said = result_text(refused);
+    EXPECT_NE(said.find("1 job still running (" + job + "); cancel them first (cancel_job"), std::string::npos)
+        << said;
+  }
+  server.tool("cancel_job", {{"instance_id", "busy"}, {"job_id", job}});
+  json done = server.tool("poll_job", {{"instance_id", "busy"}, {"job_id", job}});
+  EXPECT_EQ(done["status"], "cancelled") << done.dump();
+  EXPECT_TRUE(done.contains("exit_code")) << done.dump();
+  EXPECT_EQ(server.tool("delete_instance", {{"instance_id", "busy"}})["deleted"], "busy");
+}
+
 TEST_F(AgentResults, AJobSeesItsLimits) {
   McpSession server(env_);
   json j = server.tool("submit_job",

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <regex>
 #include <set>
 #include <string>
 
@@ -209,8 +210,11 @@ TEST(AgentView, TerminalResultsCarryTheNetworkAndAMissingProgramIs127) {
   std::string description;
   for (const auto& t : tools["result"]["tools"])
     if (t["name"] == "terminal_execute") description = t["description"];
-  EXPECT_TRUE(has(description, "'off' has only its own loopback")) << description;
-  EXPECT_TRUE(has(description, "'host' shares the host's")) << description;
+  EXPECT_TRUE(has(description, "/workspace")) << description;
+  std::string network;
+  for (const auto& t : tools["result"]["tools"])
+    if (t["name"] == "create_instance") network = t["inputSchema"]["properties"]["network"]["description"];
+  EXPECT_TRUE(has(network, "Default here: '")) << network;
 
   json by_args = server.tool("terminal_execute", {{"instance_id", "offline"}, {"args", {"nosuchprog"}}});
   EXPECT_EQ(by_args["exit_code"], 127) << by_args.dump();
@@ -250,4 +254,38 @@ TEST(AgentView, SlurmIsOfferedOnlyWhereConfiguredAndAFailureSaysWhatToDo) {
   EXPECT_TRUE(has(text, "the Slurm cluster did not take the job")) << text;
   EXPECT_TRUE(has(text, "Unable to contact slurm controller")) << text;
   EXPECT_TRUE(has(text, "ns-hpc doctor")) << text;
+}
+
+// describe_instance of a running persistent instance counts its processes once, in agreement with
+// what runs in its sandbox; with no [namespace] limits nothing is counted against them (the
+// instance's group then holds its commands and jobs only, not its sandbox's own processes).
+TEST(AgentView, DescribeCountsARunningInstancesProcessesOnce) {
+  Env env;
+  env.create("liv", {"--persistent", "--network", "off"});
+  McpSession server(env);
+  json started = server.tool("terminal_execute", {{"instance_id", "liv"}, {"command", "sleep 120 & echo bg"}});
+  ASSERT_EQ(started["stdout"], "bg\n") << started.dump();
+  json response = server.call_and_wait("describe_instance", {{"instance_id", "liv"}});
+  const std::string text = result_text(response);
+  const json described = response["result"]["structuredContent"];
+  const std::regex count("([0-9]+) process");
+  std::vector<std::string> counts;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), count); it != std::sregex_iterator(); ++it)
+    counts.push_back((*it)[1]);
+  ASSERT_EQ(counts.size(), 1u) << text;
+  EXPECT_EQ(counts[0], std::to_string(described["processes"].get<int>())) << text;
+  EXPECT_FALSE(described["limits"].contains("usage")) << described.dump();
+  server.tool("stop_instance", {{"instance_id", "liv"}});
+}
+
+// The guide served as ns-hpc.md has every tool of this server in its table.
+TEST(AgentView, TheGuideNamesEveryTool) {
+  Env env;
+  McpSession server(env);
+  json tools = server.wait_for(server.request("tools/list", json::object()));
+  json read = server.wait_for(server.request("resources/read", {{"uri", "resource://ns-hpc/context/ns-hpc.md"}}));
+  const std::string guide = read["result"]["contents"][0]["text"];
+  ASSERT_GT(tools["result"]["tools"].size(), 25u);
+  for (const auto& t : tools["result"]["tools"])
+    EXPECT_TRUE(has(guide, "`" + t["name"].get<std::string>() + "`")) << t["name"] << " is not in the guide";
 }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <regex>
 
 #include <fmt/format.h>
 
@@ -35,6 +36,8 @@ class FakeBackend final : public sandbox::Backend {
   std::vector<std::string> calls;                        // "status a", "stop a restarted 7000", ...
   bool status_fails = false;
   std::optional<nshpc::NeedsAction> start_fails;  // thrown by start_living when set
+  bool network_changes = false;                   // change_network applies a change at once
+  bool share_pids = true;                         // commands_share_pids
 
   std::string_view name() const override { return "fake"; }
   std::unique_ptr<sandbox::Process> start(const sandbox::RunSpec&) override { throw nshpc::Error("fake: no runs"); }
@@ -55,7 +58,7 @@ class FakeBackend final : public sandbox::Backend {
     s.memory_bytes = 1 << 20;
     return s;
   }
-  bool change_network(const sandbox::Target&) override { return false; }
+  bool change_network(const sandbox::Target&) override { return network_changes; }
   bool stop_living(const sandbox::Target& t, std::string_view why, std::chrono::milliseconds grace) override {
     record(fmt::format("stop {} {} {}", t.instance_id, why, grace.count()));
     EXPECT_TRUE(std::filesystem::exists(t.workspace)) << "stopped after its files moved: " << t.instance_id;
@@ -72,7 +75,7 @@ class FakeBackend final : public sandbox::Backend {
     record("ps " + t.instance_id);
     return {};
   }
-  bool commands_share_pids() const override { return true; }
+  bool commands_share_pids() const override { return share_pids; }
   std::vector<std::string> end_stray_sandboxes(const std::filesystem::path&) override { return {}; }
   std::vector<std::string> describe(const sandbox::RunSpec&) const override { return {}; }
 
@@ -152,7 +155,7 @@ TEST_F(InstanceToolsTest, ToolsListHasStopAndRestartAndPersistentArguments) {
   EXPECT_EQ(by_name["stop_instance"]["inputSchema"]["required"], json::array({"instance_id"}));
   EXPECT_EQ(by_name["create_instance"]["inputSchema"]["properties"]["persistent"]["type"], "boolean");
   EXPECT_EQ(by_name["update_instance"]["inputSchema"]["properties"]["persistent"]["type"], "boolean");
-  EXPECT_TRUE(by_name["describe_instance"]["outputSchema"]["properties"].contains("state"));
+  EXPECT_EQ(by_name["describe_instance"]["outputSchema"]["type"], "object");
   EXPECT_NE(by_name["create_instance"]["description"].get<std::string>().find("15 min"), std::string::npos);
 }
 
@@ -429,6 +432,194 @@ TEST_F(InstanceToolsTest, WhatNeedsAnActionIsWordedForTheAgentAndForThePerson) {
   EXPECT_NE(nshpc::cli::needs_action_advice(nshpc::NeedsAction(Action::reset_instance, "a layer"))
                 .find("ns-hpc instance reset ID"),
             std::string::npos);
+}
+
+// tools/list is read by a model on every turn: every tool says what it does, every argument (nested
+// ones too) what it is, and an outputSchema names only the fields every result has.
+TEST_F(InstanceToolsTest, EveryToolAndEveryArgumentIsDescribed) {
+  const json list = rpc("tools/list", json::object())["result"]["tools"];
+  ASSERT_GT(list.size(), 20u);
+  std::function<void(const std::string&, const json&)> described = [&](const std::string& where, const json& schema) {
+    if (!schema.contains("properties")) return;
+    for (const auto& [name, property] : schema["properties"].items()) {
+      const std::string at = where + "." + name;
+      EXPECT_FALSE(property.value("description", "").empty()) << at << " has no description";
+      described(at, property);
+    }
+  };
+  for (const json& tool : list) {
+    const std::string name = tool["name"];
+    EXPECT_FALSE(tool.value("description", "").empty()) << name;
+    EXPECT_FALSE(tool.value("title", "").empty()) << name;
+    described(name, tool["inputSchema"]);
+    EXPECT_EQ(tool["outputSchema"]["type"], "object") << name;
+    EXPECT_FALSE(tool["outputSchema"]["required"].empty()) << name;
+  }
+}
+
+// The guide served as ns-hpc.md names every tool this server has, and neither it nor the server's
+// instructions say the network is "'host' or 'off'": instances default to nat, and filtered exists.
+TEST_F(InstanceToolsTest, TheGuideAndTheInstructionsNameEveryToolAndNetworkMode) {
+  const json read = rpc("resources/read", {{"uri", "resource://ns-hpc/context/ns-hpc.md"}});
+  ASSERT_TRUE(read.contains("result")) << read;
+  const std::string guide = read["result"]["contents"][0]["text"];
+  for (const json& tool : rpc("tools/list", json::object())["result"]["tools"])
+    EXPECT_NE(guide.find("`" + tool["name"].get<std::string>() + "`"), std::string::npos)
+        << tool["name"] << " is not in the guide's tool table";
+  for (const char* mode : {"`off`", "`nat`", "`filtered`", "`host`"}) EXPECT_NE(guide.find(mode), std::string::npos) << mode;
+  EXPECT_EQ(guide.find("`host` or `off`"), std::string::npos);
+  const std::string instructions = tools::server_info().instructions;
+  for (const char* mode : {"'off'", "'nat'", "'filtered'", "'host'"})
+    EXPECT_NE(instructions.find(mode), std::string::npos) << mode << " in: " << instructions;
+  EXPECT_EQ(instructions.find("'host' or 'off'"), std::string::npos) << instructions;
+}
+
+// describe_instance counts a running instance's processes once: the living state's count (what
+// runs in its sandbox); the instance group's count is shown only against limits that are set.
+TEST_F(InstanceToolsTest, DescribeCountsTheProcessesOnce) {
+  create("liv", true);
+  backend_.status["liv"].running = true;
+  backend_.status["liv"].processes = 2;
+  json described = call("describe_instance", {{"instance_id", "liv"}});
+  ASSERT_FALSE(described.value("isError", false)) << described;
+  const std::string said = text(described);
+  EXPECT_NE(said.find("2 processes in its sandbox"), std::string::npos) << said;
+  const std::regex count("[0-9]+ process");
+  EXPECT_EQ(std::distance(std::sregex_iterator(said.begin(), said.end(), count), std::sregex_iterator()), 1) << said;
+  EXPECT_EQ(described["structuredContent"]["processes"], 2);
+  EXPECT_FALSE(described["structuredContent"]["limits"].contains("usage")) << "no limits here: nothing counted against them";
+}
+
+// A network switch applied at once says what it did: turning the network on cuts nothing.
+TEST_F(InstanceToolsTest, ANetworkSwitchSaysWhatChanged) {
+  backend_.network_changes = true;
+  ASSERT_FALSE(call("create_instance", {{"instance_id", "n"}, {"network", "off"}}).value("isError", false));
+  const std::string on = text(call("set_network_access", {{"instance_id", "n"}, {"enabled", true}}));
+  EXPECT_NE(on.find("applied at once: its processes keep running and may now connect out"), std::string::npos) << on;
+  EXPECT_EQ(on.find("cut"), std::string::npos) << on;
+  const std::string off = text(call("set_network_access", {{"instance_id", "n"}, {"enabled", false}}));
+  EXPECT_NE(off.find("their connections out were cut"), std::string::npos) << off;
+  const std::string filtered = text(call("update_instance", {{"instance_id", "n"}, {"network", "filtered"}}));
+  EXPECT_NE(filtered.find("may now connect out ('filtered')"), std::string::npos) << filtered;
+  const std::string added = text(call("update_instance", {{"instance_id", "n"}, {"network_allow", {"pypi.org"}}}));
+  EXPECT_NE(added.find("may now reach the hosts added"), std::string::npos) << added;
+  const std::string removed = text(call("update_instance", {{"instance_id", "n"}, {"network_allow", json::array()}}));
+  EXPECT_NE(removed.find("connections the new allow list forbids were cut"), std::string::npos) << removed;
+}
+
+// list_instances shows which instances are on an image, in the text and the data.
+TEST_F(InstanceToolsTest, ListInstancesShowsWhichAreOnAnImage) {
+  create("plain", false);
+  create("img", false);
+  const auto meta_file = config_.ns.instances_dir / "img" / "metadata.json";
+  json meta = nshpc::parse_json([&] {
+    std::ifstream in(meta_file);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }());
+  meta["root"] = "image:deb@1";
+  meta["ids"] = {{"host_base", ::getuid()}, {"count", 1}};
+  std::ofstream(meta_file) << meta.dump();
+  json listed = call("list_instances", {{"sort", "id"}});
+  ASSERT_FALSE(listed.value("isError", false)) << listed;
+  const json& items = listed["structuredContent"]["instances"];
+  ASSERT_EQ(items.size(), 2u) << listed;
+  EXPECT_EQ(items[0]["image"], "deb@1");
+  EXPECT_FALSE(items[1].contains("image"));
+  EXPECT_NE(text(listed).find("img  (on image deb@1, "), std::string::npos) << text(listed);
+}
+
+// restore_instance takes instance_id as every other tool does: the id it was archived from (its
+// newest archive) or an archive name; given with archive_name, both must name the same archive.
+TEST_F(InstanceToolsTest, RestoreTakesTheInstanceIdItWasArchivedFrom) {
+  create("lab", false);
+  const std::string first = call("archive_instance", {{"instance_id", "lab"}})["structuredContent"]["archive_name"];
+  json back = call("restore_instance", {{"instance_id", "lab"}});
+  ASSERT_FALSE(back.value("isError", false)) << back;
+  EXPECT_EQ(back["structuredContent"]["id"], "lab");
+  EXPECT_EQ(back["structuredContent"]["restored_from"], first);
+
+  const std::string second = call("archive_instance", {{"instance_id", "lab"}})["structuredContent"]["archive_name"];
+  json both = call("restore_instance", {{"archive_name", second}, {"instance_id", "lab"}, {"new_instance_id", "lab2"}});
+  ASSERT_FALSE(both.value("isError", false)) << both;
+  EXPECT_EQ(both["structuredContent"]["id"], "lab2");
+
+  create("other", false);
+  const std::string third = call("archive_instance", {{"instance_id", "other"}})["structuredContent"]["archive_name"];
+  json disagree = call("restore_instance", {{"archive_name", third}, {"instance_id", "lab"}});
+  EXPECT_TRUE(disagree.value("isError", false)) << disagree;
+  EXPECT_NE(text(disagree).find("do not name the same archive"), std::string::npos) << text(disagree);
+  json neither = call("restore_instance", json::object());
+  EXPECT_TRUE(neither.value("isError", false));
+  EXPECT_NE(text(neither).find("give archive_name or instance_id"), std::string::npos) << text(neither);
+}
+
+// read_file says which lines a page holds and whether it is the whole file; the old `truncated`
+// (which meant "a long line was cut", false on a partial page) is gone.
+TEST_F(InstanceToolsTest, APartialPageOfAFileSaysSo) {
+  config_.ns.workspace_mount = "/workspace";  // as a config file gives it
+  config_.ns.output_mount = "/output";
+  create("f", false);
+  {
+    std::ofstream out(config_.ns.instances_dir / "f" / "workspace" / "big.txt");
+    for (int i = 1; i <= 500; ++i) out << "line " << i << "\n";
+  }
+  json page = call("read_file", {{"instance_id", "f"}, {"path", "big.txt"}, {"limit", 10}});
+  ASSERT_FALSE(page.value("isError", false)) << page;
+  const json& s = page["structuredContent"];
+  EXPECT_FALSE(s.contains("truncated")) << s;
+  EXPECT_EQ(s["complete"], false);
+  EXPECT_EQ(s["offset"], 1);
+  EXPECT_EQ(s["lines"], 10);
+  EXPECT_EQ(s["total_lines"], 500);
+  EXPECT_EQ(s["next_offset"], 11);
+  EXPECT_EQ(s["long_lines_cut"], 0);
+  EXPECT_NE(text(page).find("lines 1-10 of 500"), std::string::npos) << text(page);
+  EXPECT_NE(text(page).find("[more: read_file with offset 11 for the next lines (490 left)]"), std::string::npos)
+      << text(page);
+  json whole = call("read_file", {{"instance_id", "f"}, {"path", "big.txt"}});
+  EXPECT_EQ(whole["structuredContent"]["complete"], true) << whole["structuredContent"];
+  EXPECT_FALSE(whole["structuredContent"].contains("next_offset"));
+}
+
+// terminal_execute's description says what this server does with a persistent instance's
+// background processes, for both answers of the backend.
+TEST(InstanceToolsDescription, TerminalSaysWhetherLaterCallsSeeBackgroundProcesses) {
+  for (const bool share : {true, false}) {
+    SCOPED_TRACE(share);
+    nshpc::tests::TempDir tmp;
+    nshpc::config::Config config;
+    config.ns.instances_dir = tmp.path() / "instances";
+    config.server.state_dir = tmp.path() / "state";
+    config.ns.sandbox_uid = static_cast<uint32_t>(::getuid());
+    config.ns.sandbox_gid = static_cast<uint32_t>(::getgid());
+    auto backend = std::make_unique<FakeBackend>();
+    backend->share_pids = share;
+    nshpc::instances::Service instances(config, std::move(backend));
+    const tools::Services services{config, instances, nullptr, /*job_tools=*/false};
+    mcp::Server server(tools::server_info(), tools::server_options(config, services));
+    tools::register_all(server, services);
+    std::vector<json> replies;
+    mcp::Session session(server, "s1", [&](const json& m) { replies.push_back(m); },
+                         [](std::function<void()> work) { work(); });
+    session.receive(json{{"jsonrpc", "2.0"}, {"id", 1}, {"method", "initialize"},
+                         {"params", {{"protocolVersion", "2025-11-25"}, {"capabilities", json::object()},
+                                     {"clientInfo", {{"name", "unit"}, {"version", "1"}}}}}}.dump());
+    session.receive(json{{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}.dump());
+    session.receive(json{{"jsonrpc", "2.0"}, {"id", 2}, {"method", "tools/list"}, {"params", json::object()}}.dump());
+    std::string description;
+    for (const json& m : replies)
+      if (m.value("id", 0) == 2)
+        for (const json& tool : m["result"]["tools"])
+          if (tool["name"] == "terminal_execute") description = tool["description"];
+    ASSERT_FALSE(description.empty());
+    if (share) {
+      EXPECT_NE(description.find("keeps background processes and /tmp (later calls' ps and kill see them)"),
+                std::string::npos) << description;
+    } else {
+      EXPECT_NE(description.find("(they run on, but later calls' ps and kill do not see them)"), std::string::npos)
+          << description;
+    }
+  }
 }
 
 }  // namespace
