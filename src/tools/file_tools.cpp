@@ -1084,7 +1084,6 @@ void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
 
   add_tool(server, {
       .name = "read_file",
-      .title = "Read a file",
       .description = fmt::format(
           "Read a file: text as numbered lines, a page at a time (lines over {} characters cut in the text), with "
           "its sha256 for write/edit guards; PNG, JPEG, GIF and WebP as images; other binary files described.",
@@ -1109,7 +1108,6 @@ void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
 
   add_tool(server, {
       .name = "write_file",
-      .title = "Write a file",
       .description = "Create or replace a whole file atomically (a replaced file keeps its mode). Small changes: "
                      "edit_file.",
       .input = instance_input(
@@ -1128,7 +1126,6 @@ void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
 
   add_tool(server, {
       .name = "edit_file",
-      .title = "Edit a file",
       .description = "Replace old_text by new_text exactly (whitespace counts; once unless replace_all); a miss "
                      "shows the nearest near-match. CRLF is kept.",
       .input = instance_input(
@@ -1147,7 +1144,6 @@ void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
 
   add_tool(server, {
       .name = "list_directory",
-      .title = "List a directory",
       .description = "List a directory sorted by path, paged; depth > 1 descends (links not followed).",
       .input = instance_input(
           cfg,
@@ -1167,7 +1163,6 @@ void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
 
   add_tool(server, {
       .name = "search_files",
-      .title = "Search files",
       .description = "ripgrep in the instance: a regex over contents and/or name globs. Skips hidden and ignored "
                      "files unless include_hidden.",
       .input = instance_input(
@@ -1190,7 +1185,6 @@ void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
 
   add_tool(server, {
       .name = "file_info",
-      .title = "File info",
       .description = "Type, size, mode, owner and time of a path (a link itself, with its target); a file's kind "
                      "and sha256.",
       .input = instance_input(cfg, {{"path", path_property("Path.")}}, {"path"}),
@@ -1210,7 +1204,6 @@ void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
   const json move_output = result_object({"destination"});
   add_tool(server, {
       .name = "move_file",
-      .title = "Move",
       .description = "Move or rename a file or directory (a link as a link).",
       .input = move_input,
       .output = move_output,
@@ -1219,7 +1212,6 @@ void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
   });
   add_tool(server, {
       .name = "copy_file",
-      .title = "Copy",
       .description = "Copy a file (mode kept) or a tree (links as links), whole or not at all.",
       .input = move_input,
       .output = move_output,
@@ -1228,7 +1220,6 @@ void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
   });
   add_tool(server, {
       .name = "delete_file",
-      .title = "Delete",
       .description = "Delete a file or link (never its target); a directory only with recursive.",
       .input = instance_input(cfg,
                               {{"path", path_property("Path.")},

@@ -202,7 +202,6 @@ void refuse_while_building(const ToolContext& ctx, const std::string& name, mcp:
 void add_create(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "create_instance",
-      .title = "Create an instance",
       .description = fmt::format("New instance. persistent: default {}; a persistent one's sandbox {}. image: a Debian "
                                  "root of its own where you are root and apt-get installs stay.",
                                  ctx.services.config.ns.persistent, idle_stop_words(ctx.services.config)),
@@ -276,7 +275,6 @@ json ports_json(const std::vector<sandbox::ExposedPort>& ports) {
 void add_list(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "list_instances",
-      .title = "List instances",
       .description = "Active instances, most recently active first: image, network, whether it runs. Look here "
                      "before creating one.",
       .input = input_object(
@@ -362,7 +360,6 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
 void add_list_archived(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "list_archived_instances",
-      .title = "List archives",
       .description = "Archived instances (restore_instance brings one back).",
       .input = input_object(json::object()),
       // archives: {name, id, archived_at, created_at, description}; count.
@@ -391,7 +388,6 @@ void add_list_archived(mcp::Server& server, const ToolContext& ctx) {
 void add_describe(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "describe_instance",
-      .title = "Describe an instance",
       .description = "One instance in detail: disk use, limits, exposed ports, whether it runs or why it stopped.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
       // The instance, with network_allow ('filtered'), exposed_ports, disk_usage, limits (and their
@@ -439,7 +435,6 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
 void add_set_network_access(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "set_network_access",
-      .title = "Network on or off",
       .description = fmt::format("Network off ('off'), or on ('{}' here, or the mode it has); applied at once.",
                                  config::to_string(network_on_mode(ctx))),
       .input = input_object({{"instance_id", kInstanceIdArg},
@@ -472,7 +467,6 @@ void add_set_network_access(mcp::Server& server, const ToolContext& ctx) {
 void add_expose_port(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "expose_port",
-      .title = "Expose a port",
       .description = "Forward a port a server in the instance listens on to 127.0.0.1:host_port on the host, for "
                      "the user to open; kept until close or delete. Not for network 'host'.",
       .input = input_object(
@@ -517,7 +511,6 @@ void add_expose_port(mcp::Server& server, const ToolContext& ctx) {
 void add_update(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "update_instance",
-      .title = "Update an instance",
       .description = "Change description, network, network_allow or persistent. A running instance switches "
                      "network at once (to or from 'host': restarted).",
       .input = input_object({{"instance_id", kInstanceIdArg},
@@ -575,7 +568,6 @@ std::pair<json, std::string> ended_result(const store::Instance& inst, const ins
 void add_stop(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "stop_instance",
-      .title = "Stop an instance",
       .description = "Stop a persistent instance: cancels its jobs, ends its processes. Files stay; the next "
                      "command starts it.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
@@ -601,7 +593,6 @@ void add_stop(mcp::Server& server, const ToolContext& ctx) {
 void add_restart(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "restart_instance",
-      .title = "Restart an instance",
       .description = "stop_instance, then a fresh sandbox (empty /tmp, current network).",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
       // As stop_instance, and the new sandbox's running_since, processes, memory_bytes.
@@ -625,7 +616,6 @@ void add_restart(mcp::Server& server, const ToolContext& ctx) {
 void add_archive(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "archive_instance",
-      .title = "Archive an instance",
       .description = "Set an instance aside: its files stay, its id is free; restore_instance brings it back.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
       // instance_id, archive_name, archived_at.
@@ -647,7 +637,6 @@ void add_archive(mcp::Server& server, const ToolContext& ctx) {
 void add_restore(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "restore_instance",
-      .title = "Restore an archive",
       .description = "Bring back an archived instance with its files, under its old id or new_instance_id "
                      "('<id>-restored' when taken).",
       .input = input_object(
@@ -673,7 +662,6 @@ void add_restore(mcp::Server& server, const ToolContext& ctx) {
 void add_delete(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "delete_instance",
-      .title = "Delete for good",
       .description = "Delete an instance, or an archive, with all its files, for good (archive_instance keeps them).",
       .input = input_object(
           {{"instance_id", kInstanceIdArg},

@@ -32,9 +32,9 @@ mcp::json annotations(const Hints& hints);
 
 using ToolHandler = std::function<mcp::ToolResult(const mcp::json& args, mcp::RequestContext& rc)>;
 
+// No title: a tool's name says it to people, and tools/list stays within its budget.
 struct ToolSpec {
   std::string name;
-  std::string title;
   std::string description;
   mcp::json input;   // input_object(...) or instance_input(...)
   mcp::json output;  // output_object(...)

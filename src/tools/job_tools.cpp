@@ -166,7 +166,6 @@ void add_submit(mcp::Server& server, const ToolContext& ctx) {
   props["mode"] = mode_arg(cfg);
   add_tool(server, {
       .name = "submit_job",
-      .title = "Submit a job",
       .description = "Run a command as a background job (limits, or Slurm resources); waits up to timeout s, then "
                      "gives status, exit code and output tails. It runs on after the wait; its whole output is in "
                      "the files named.",
@@ -215,7 +214,6 @@ void add_submit(mcp::Server& server, const ToolContext& ctx) {
 void add_poll(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "poll_job",
-      .title = "Poll a job",
       .description = "A job's status, exit code and output tails; waits up to timeout s for its end (0: look).",
       .input = instance_input(ctx.services.config,
                               {{"job_id", kJobIdArg},
@@ -243,7 +241,6 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
   if (!input.contains("required")) input["required"] = json::array();
   add_tool(server, {
       .name = "list_jobs",
-      .title = "List jobs",
       .description = "An instance's jobs, newest first.",
       .input = std::move(input),
       // jobs: {job_id, instance_id, status, command, mode, exit_code, ...} as in poll_job's result
@@ -293,7 +290,6 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
 void add_cancel(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "cancel_job",
-      .title = "Cancel a job",
       .description = "Stop a job and all it started (SIGTERM, then SIGKILL; Slurm: scancel); gives its final status.",
       .input = instance_input(ctx.services.config, {{"job_id", kJobIdArg}, {"tail", kTailArg}}, {"job_id"}),
       .output = kJobSchema,

@@ -55,7 +55,6 @@ double ms(std::chrono::microseconds us) { return static_cast<double>(us.count())
 void add_reset(mcp::Server& server, const SnapshotContext& sc) {
   add_tool(server, {
       .name = "factory_reset_instance",
-      .title = "Factory reset",
       .description = "Put an image instance's root back to its image (what was installed goes); ends its "
                      "processes. The workspace stays unless include_workspace.",
       .input = input_object({{"instance_id", kInstanceIdArg},
@@ -93,7 +92,6 @@ void add_reset(mcp::Server& server, const SnapshotContext& sc) {
 void add_snapshot(mcp::Server& server, const SnapshotContext& sc) {
   add_tool(server, {
       .name = "snapshot_instance",
-      .title = "Take a snapshot",
       .description = "Save an instance's root (on an image) and workspace under a name; ends its processes. "
                      "restore_snapshot goes back to it.",
       .input = input_object({{"instance_id", kInstanceIdArg}, {"name", kNameArg}}, {"instance_id", "name"}),
@@ -120,7 +118,6 @@ void add_snapshot(mcp::Server& server, const SnapshotContext& sc) {
 void add_list(mcp::Server& server, const SnapshotContext& sc) {
   add_tool(server, {
       .name = "list_snapshots",
-      .title = "List snapshots",
       .description = "An instance's snapshots, newest first.",
       .input = input_object({{"instance_id", kInstanceIdArg}}, {"instance_id"}),
       // instance_id, snapshots (as in snapshot_instance's result), count.
@@ -148,7 +145,6 @@ void add_list(mcp::Server& server, const SnapshotContext& sc) {
 void add_restore(mcp::Server& server, const SnapshotContext& sc) {
   add_tool(server, {
       .name = "restore_snapshot",
-      .title = "Restore a snapshot",
       .description = "Put an instance's root and workspace back as a snapshot saved them; ends its processes. The "
                      "snapshot stays.",
       .input = input_object({{"instance_id", kInstanceIdArg}, {"name", kNameArg}}, {"instance_id", "name"}),
@@ -176,7 +172,6 @@ void add_restore(mcp::Server& server, const SnapshotContext& sc) {
 void add_delete(mcp::Server& server, const SnapshotContext& sc) {
   add_tool(server, {
       .name = "delete_snapshot",
-      .title = "Delete a snapshot",
       .description = "Delete a snapshot for good.",
       .input = input_object({{"instance_id", kInstanceIdArg}, {"name", kNameArg}}, {"instance_id", "name"}),
       .output = result_object({"deleted"}),

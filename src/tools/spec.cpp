@@ -9,21 +9,24 @@ namespace nshpc::tools {
 
 using mcp::json;
 
+// Only what differs from MCP's defaults (readOnlyHint false, destructiveHint true, idempotentHint
+// false, openWorldHint true): a client reads the same, the model reads less every turn.
 json annotations(const Hints& hints) {
-  json out = {{"readOnlyHint", hints.read_only}, {"openWorldHint", hints.open_world}};
-  if (hints.destructive) out["destructiveHint"] = *hints.destructive;
-  if (hints.idempotent) out["idempotentHint"] = *hints.idempotent;
+  json out = json::object();
+  if (hints.read_only) out["readOnlyHint"] = true;
+  if (!hints.read_only && hints.destructive == false) out["destructiveHint"] = false;
+  if (!hints.read_only && hints.idempotent == true) out["idempotentHint"] = true;
+  if (!hints.open_world) out["openWorldHint"] = false;
   return out;
 }
 
 void add_tool(mcp::Server& server, ToolSpec spec) {
   mcp::Tool tool;
   tool.name = std::move(spec.name);
-  tool.title = std::move(spec.title);
   tool.description = std::move(spec.description);
   tool.input_schema = std::move(spec.input);
   tool.output_schema = std::move(spec.output);
-  tool.annotations = annotations(spec.hints);
+  if (json hints = annotations(spec.hints); !hints.empty()) tool.annotations = std::move(hints);
   tool.accept_input_wrapper = true;
   tool.listed = spec.listed;
   // What is not found is said with the tool that brings it back or lists what there is; what

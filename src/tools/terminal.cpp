@@ -212,7 +212,6 @@ void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
   const config::Config& cfg = ctx.services.config;
   add_tool(server, {
       .name = "terminal_execute",
-      .title = "Run a command",
       .description = tool_description(cfg, ctx.services.instances.commands_share_pids()),
       .input = instance_input(cfg, input_properties(cfg)),
       // And stdout_file/stderr_file: the whole of a cut output.

@@ -120,15 +120,14 @@ describe('ns-hpc run over stdio (SDK client)', () => {
     assert.equal(conn.negotiated(), '2025-11-25');
   });
 
-  test('tools/list: the seven tools with titles, descriptions, valid schemas, annotations', async () => {
+  test('tools/list: the tools with descriptions, valid schemas, annotations (MCP defaults left out)', async () => {
     const { tools: list } = await client.listTools();
     const names = list.map((t) => t.name);
     for (const name of TOOL_NAMES) assert.ok(names.includes(name), `tool ${name} listed (got ${names})`);
     const a = ajv();
     for (const t of list) {
       tools[t.name] = t;
-      assert.equal(typeof t.title, 'string', `${t.name}: title`);
-      assert.ok(t.title.length > 0, `${t.name}: title non-empty`);
+      assert.equal(t.title, undefined, `${t.name}: no title (the name says it; tools/list has a budget)`);
       assert.ok(typeof t.description === 'string' && t.description.length > 0, `${t.name}: description`);
       assert.equal(t.inputSchema?.type, 'object', `${t.name}: inputSchema is an object schema`);
       assert.ok(t.outputSchema, `${t.name}: outputSchema`);
@@ -141,12 +140,14 @@ describe('ns-hpc run over stdio (SDK client)', () => {
         output = compileSchema(a, t.outputSchema);
       }, `${t.name}: outputSchema compiles`);
       validators[t.name] = { input, output };
-      assert.ok(t.annotations, `${t.name}: annotations`);
+      t.annotations ??= {};
+      for (const [hint, value] of Object.entries({ readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: true }))
+        assert.notEqual(t.annotations[hint], value, `${t.name}: ${hint} is MCP's default, left out`);
     }
     assert.equal(tools.list_instances.annotations.readOnlyHint, true);
     assert.equal(tools.list_archived_instances.annotations.readOnlyHint, true);
     assert.equal(tools.describe_instance.annotations.readOnlyHint, true);
-    assert.equal(tools.delete_instance.annotations.destructiveHint, true);
+    assert.equal(tools.delete_instance.annotations.destructiveHint ?? true, true);
     assert.notEqual(tools.create_instance.annotations.readOnlyHint, true);
     // The input schemas accept the arguments the tests send.
     assert.equal(validators.create_instance.input({ instance_id: 'x1', network: 'off' }), null);

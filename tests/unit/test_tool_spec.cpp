@@ -11,11 +11,14 @@ TEST(ToolSpec, ReadOnlyHintsLeaveOutDestructiveAndIdempotent) {
   EXPECT_EQ(tools::annotations({.read_only = true}), (json{{"readOnlyHint", true}, {"openWorldHint", false}}));
 }
 
-TEST(ToolSpec, HintsPublishWhatIsSet) {
-  EXPECT_EQ(tools::annotations({.destructive = true, .idempotent = false, .open_world = true}),
-            (json{{"readOnlyHint", false}, {"destructiveHint", true}, {"idempotentHint", false}, {"openWorldHint", true}}));
-  EXPECT_EQ(tools::annotations({.destructive = false}),
-            (json{{"readOnlyHint", false}, {"destructiveHint", false}, {"openWorldHint", false}}));
+// Only what differs from MCP's defaults (readOnlyHint false, destructiveHint true,
+// idempotentHint false, openWorldHint true) is published.
+TEST(ToolSpec, HintsPublishWhatDiffersFromTheDefaults) {
+  EXPECT_EQ(tools::annotations({.destructive = true, .idempotent = false, .open_world = true}), json::object());
+  EXPECT_EQ(tools::annotations({.destructive = false}), (json{{"destructiveHint", false}, {"openWorldHint", false}}));
+  EXPECT_EQ(tools::annotations({.destructive = true, .idempotent = true}),
+            (json{{"idempotentHint", true}, {"openWorldHint", false}}));
+  EXPECT_EQ(tools::annotations({}), (json{{"openWorldHint", false}}));
 }
 
 TEST(ToolSpec, InputObjectIsClosedAndOmitsAnEmptyRequired) {
