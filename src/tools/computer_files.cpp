@@ -40,6 +40,7 @@ namespace {
 using mcp::json;
 
 constexpr std::size_t kFileTextLimit = 1048576;      // the seed's file_text_limit
+constexpr std::size_t kPagedTextLimit = 64ULL << 20;  // a text read_file shows a page of
 constexpr std::uint64_t kMaxImageBytes = 32ULL << 20;  // an image file read_file shows (as ns-hpc run's)
 constexpr std::size_t kSniffBytes = 8192;
 const std::string kWorkspace = "/workspace";
@@ -277,7 +278,10 @@ mcp::ToolResult read_file(const Tools& t, const json& args, mcp::RequestContext&
   const files::Opened o = open_file(in.at(), shown);
   const files::Kind kind = files::sniff(pread_some(o.fd.get(), kSniffBytes), shown.substr(shown.rfind('/') + 1));
   if (kind.cls == files::Kind::Class::image) return read_image(t, inst, o, shown, kind);
-  const std::string content = checked_utf8(read_all(o, kFileTextLimit, shown, "text tool"), shown);
+  // The seed's whole file stops at 1 MiB; pages go on to kPagedTextLimit.
+  const std::string content = checked_utf8(
+      t.hooks.whole_output ? read_all(o, kFileTextLimit, shown, "text tool") : read_all(o, kPagedTextLimit, shown, "read_file's paged text"),
+      shown);
   json out = file_result(t, inst, "read_file", shown, content.size(), files::sha256_hex(content));
   out["visualization_warning"] = nullptr;
   if (t.hooks.whole_output && first == 1)
@@ -435,8 +439,8 @@ void add_file_tools(mcp::Server& server, FileToolHooks hooks) {
   auto t = std::make_shared<const Tools>(Tools{std::move(hooks)});
   add_tool(server, {
       .name = "read_file",
-      .description = "Read a UTF-8 text file (at most 1 MiB) of the computer: its content, size_bytes and sha256. "
-                     "A long one comes in pages (lines, next_offset). PNG, JPEG, GIF and WebP come back as an image.",
+      .description = "Read a UTF-8 text file of the computer: its content, size_bytes and sha256; a long one in pages "
+                     "(lines, next_offset). PNG, JPEG, GIF and WebP come back as an image.",
       .input = input_object({{"path", path_arg},
                              {"offset", {{"type", "integer"}, {"minimum", 1}, {"description", "First line (default 1)."}}},
                              {"computer_id", computer_arg}},

@@ -156,8 +156,11 @@ describe('computer over stdio', { skip }, () => {
     await exec(c.client, { command: 'printf "ok\\377" > bin.dat; head -c 1048577 /dev/zero > big.txt' });
     assert.equal((await call(c.client, 'read_file', { path: 'bin.dat' })).body.error,
       'File is not valid UTF-8 text at byte 2: /workspace/bin.dat');
-    assert.equal((await call(c.client, 'read_file', { path: 'big.txt' })).body.error,
-      'File is 1048577 bytes; text tool limit is 1048576 bytes: /workspace/big.txt');
+    // Past the seed's 1 MiB a text comes in pages (here one line longer than a page: cut, said so).
+    const big = (await call(c.client, 'read_file', { path: 'big.txt' })).body;
+    assert.equal(big.size_bytes, 1048577);
+    assert.equal(big.line_cut, true);
+    assert.deepEqual(big.lines, { first: 1, last: 1, total: 1 });
     const noParent = await call(c.client, 'write_file', { path: '/srv/a/b.txt', content: 'x', create_parent_directories: false });
     assert.equal(noParent.body.error, 'Parent directory does not exist: /srv/a/b.txt');
   });
@@ -235,9 +238,12 @@ describe('computer results, jobs and expose_port', { skip }, () => {
   test('WHOLE_OUTPUT=true (or --whole-output) gives the seed\'s whole output', async () => {
     const whole = await connectComputer(home, 'more-box', [], { WHOLE_OUTPUT: 'true' });
     try {
-      const r = await exec(whole.client, { command: 'seq 1 30000' });
+      const r = await exec(whole.client, { command: 'seq 1 30000; head -c 1048577 /dev/zero > big.txt' });
       assert.equal(r.stdout.length, 168894);
       assert.ok(!('stdout_file' in r));
+      // And whole files up to the seed's 1 MiB, refused past it in its words.
+      assert.equal((await call(whole.client, 'read_file', { path: 'big.txt' })).body.error,
+        'File is 1048577 bytes; text tool limit is 1048576 bytes: /workspace/big.txt');
     } finally {
       await whole.close();
     }
