@@ -126,33 +126,6 @@ bool is_link(const files::Location& at) {
   }
 }
 
-// Up to `max` bytes of `fd` from `at`.
-std::string pread_some(int fd, std::size_t max, off_t at = 0) {
-  std::string out(std::min<std::size_t>(max, 1 << 16), '\0');
-  std::size_t got = 0;
-  while (got < max) {
-    if (out.size() == got) out.resize(std::min(max, out.size() * 2));
-    const ssize_t n = ::pread(fd, out.data() + got, out.size() - got, at + static_cast<off_t>(got));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw SysError(errno, "read");
-    }
-    if (n == 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  out.resize(got);
-  return out;
-}
-
-// The whole file, at most `limit` bytes (else the seed's message).
-std::string read_all(const files::Opened& o, std::uint64_t limit, const std::string& shown, const char* what) {
-  if (static_cast<std::uint64_t>(o.st.st_size) > limit)
-    throw UsageError(fmt::format("File is {} bytes; {} limit is {} bytes: {}", o.st.st_size, what, limit, shown));
-  std::string data = pread_some(o.fd.get(), static_cast<std::size_t>(limit) + 1);
-  if (data.size() > limit) throw UsageError(fmt::format("File is over {} bytes ({} limit): {}", limit, what, shown));
-  return data;
-}
-
 files::Opened open_file(const files::Location& at, const std::string& shown) {
   files::Opened o;
   try {
@@ -188,15 +161,8 @@ json file_result(const Tools& t, const store::Instance& inst, const char* operat
 // has no text); `image` says what it is and how it is shown.
 mcp::ToolResult read_image(const Tools& t, const store::Instance& inst, const files::Opened& o, const std::string& shown,
                            const files::Kind& kind) {
-  const std::string data = read_all(o, kMaxImageBytes, shown, "image tool");
-  // The decoder works for the computer: within its memory limit ([namespace] limits), when
-  // smaller, but never below what the decoder needs to start at all.
-  constexpr std::size_t kDecoderFloor = std::size_t{64} << 20;
-  files::ImageLimits limits;
-  const auto& instance_limits = t.config().ns.limits;
-  if (auto memory = instance_limits.find("memory"); memory != instance_limits.end() && memory->second > 0)
-    limits.max_memory =
-        std::max(kDecoderFloor, std::min(limits.max_memory, static_cast<std::size_t>(memory->second) << 20));
+  const std::string data = read_whole(o, kMaxImageBytes, shown, "image tool");
+  const files::ImageLimits limits = image_limits(t.config());
   files::Thumbnail thumb;
   try {
     thumb = files::make_thumbnail(data, kind.mime, limits);
@@ -280,7 +246,7 @@ mcp::ToolResult read_file(const Tools& t, const json& args, mcp::RequestContext&
   if (kind.cls == files::Kind::Class::image) return read_image(t, inst, o, shown, kind);
   // The seed's whole file stops at 1 MiB; pages go on to kPagedTextLimit.
   const std::string content = checked_utf8(
-      t.hooks.whole_output ? read_all(o, kFileTextLimit, shown, "text tool") : read_all(o, kPagedTextLimit, shown, "read_file's paged text"),
+      t.hooks.whole_output ? read_whole(o, kFileTextLimit, shown, "text tool") : read_whole(o, kPagedTextLimit, shown, "read_file's paged text"),
       shown);
   json out = file_result(t, inst, "read_file", shown, content.size(), files::sha256_hex(content));
   out["visualization_warning"] = nullptr;
@@ -410,7 +376,7 @@ mcp::ToolResult edit_file(const Tools& t, const json& args, mcp::RequestContext&
   std::string before;
   {
     const files::Opened o = open_file(in.at(), shown);
-    before = checked_utf8(read_all(o, kFileTextLimit, shown, "text tool"), shown);
+    before = checked_utf8(read_whole(o, kFileTextLimit, shown, "text tool"), shown);
   }
   const std::vector<std::size_t> at = text::find_all(before, old_text);
   if (at.empty()) throw UsageError(fmt::format("old_text was not found in {}", shown));

@@ -166,37 +166,6 @@ std::string human_bytes(std::uint64_t n) {
   return fmt::format("{:.2f} GiB", static_cast<double>(n) / (1ULL << 30));
 }
 
-// Up to `max` bytes from `at`. Room for `max` is reserved, not filled: its pages are touched as
-// data comes, so a limit of 32 MiB costs the server what the file has, not 32 MiB a call.
-std::string pread_some(int fd, std::size_t max, off_t at = 0) {
-  std::string out;
-  out.reserve(max);
-  std::size_t got = 0;
-  while (got < max) {
-    const std::size_t room = std::min<std::size_t>(max - got, 1 << 20);
-    out.resize(got + room);
-    const ssize_t n = ::pread(fd, out.data() + got, room, at + static_cast<off_t>(got));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw SysError(errno, "read");
-    }
-    if (n == 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  out.resize(got);
-  return out;
-}
-
-// The whole file (at most `max` bytes, else UsageError naming the limit).
-std::string read_whole(const files::Opened& o, std::uint64_t max, const std::string& shown, const char* what) {
-  if (static_cast<std::uint64_t>(o.st.st_size) > max)
-    throw UsageError(fmt::format("File is {} bytes; {} limit is {} bytes: {}", o.st.st_size, what, max, shown));
-  std::string data = pread_some(o.fd.get(), static_cast<std::size_t>(max) + 1);
-  if (data.size() > max)
-    throw UsageError(fmt::format("File is over {} bytes ({} limit): {}", max, what, shown));
-  return data;
-}
-
 // ---------------------------------------------------------------------------------------------
 // read_file
 
@@ -208,14 +177,7 @@ mcp::ToolResult read_image(const ToolContext& ctx, const files::Opened& o, const
                            const files::Kind& kind) {
   const std::string data = read_whole(o, kMaxImageBytes, shown, "the image");
   const std::string sha = files::sha256_hex(data);
-  // The decoder works for the instance: within its memory limit ([namespace] limits), when smaller
-  // — but never below what the decoder needs to start at all (the program itself, mapped).
-  constexpr std::size_t kDecoderFloor = std::size_t{64} << 20;
-  files::ImageLimits limits;
-  const auto& instance_limits = ctx.services.config.ns.limits;
-  if (auto memory = instance_limits.find("memory"); memory != instance_limits.end() && memory->second > 0)
-    limits.max_memory =
-        std::max(kDecoderFloor, std::min(limits.max_memory, static_cast<std::size_t>(memory->second) << 20));
+  const files::ImageLimits limits = image_limits(ctx.services.config);
   files::Thumbnail t;
   try {
     t = files::make_thumbnail(data, kind.mime, limits);
@@ -1077,6 +1039,49 @@ json sha_property() {
 }
 
 }  // namespace
+
+// Up to `max` bytes from `at`. Room for `max` is reserved, not filled: its pages are touched as
+// data comes, so a limit of 32 MiB costs the server what the file has, not 32 MiB a call.
+std::string pread_some(int fd, std::size_t max, off_t at) {
+  std::string out;
+  out.reserve(max);
+  std::size_t got = 0;
+  while (got < max) {
+    const std::size_t room = std::min<std::size_t>(max - got, 1 << 20);
+    out.resize(got + room);
+    const ssize_t n = ::pread(fd, out.data() + got, room, at + static_cast<off_t>(got));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw SysError(errno, "read");
+    }
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  out.resize(got);
+  return out;
+}
+
+// The whole file (at most `max` bytes, else UsageError naming the limit).
+std::string read_whole(const files::Opened& o, std::uint64_t max, const std::string& shown, const char* what) {
+  if (static_cast<std::uint64_t>(o.st.st_size) > max)
+    throw UsageError(fmt::format("File is {} bytes; {} limit is {} bytes: {}", o.st.st_size, what, max, shown));
+  std::string data = pread_some(o.fd.get(), static_cast<std::size_t>(max) + 1);
+  if (data.size() > max)
+    throw UsageError(fmt::format("File is over {} bytes ({} limit): {}", max, what, shown));
+  return data;
+}
+
+// The decoder works for the instance: within its memory limit ([namespace] limits), when smaller
+// — but never below what the decoder needs to start at all (the program itself, mapped).
+files::ImageLimits image_limits(const config::Config& config) {
+  constexpr std::size_t kDecoderFloor = std::size_t{64} << 20;
+  files::ImageLimits limits;
+  const auto& instance_limits = config.ns.limits;
+  if (auto memory = instance_limits.find("memory"); memory != instance_limits.end() && memory->second > 0)
+    limits.max_memory =
+        std::max(kDecoderFloor, std::min(limits.max_memory, static_cast<std::size_t>(memory->second) << 20));
+  return limits;
+}
 
 void add_file_tools(mcp::Server& server, const ToolContext& ctx) {
   const config::Config& cfg = ctx.services.config;

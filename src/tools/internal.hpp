@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "base/error.hpp"
+#include "files/image.hpp"
+#include "files/resolver.hpp"
 #include "mcp/server.hpp"
 #include "sandbox/capture.hpp"
 #include "tools/tools.hpp"
@@ -43,6 +45,14 @@ struct ToolSpec {
   bool listed = true;  // false: an alias called by name, not in tools/list (mcp::Tool::listed)
 };
 void add_tool(mcp::Server& server, ToolSpec spec);
+
+// Reading a file opened beneath a root (tools/file_tools.cpp), for both entry points' file tools.
+// Up to `max` bytes of `fd` from `at`.
+std::string pread_some(int fd, std::size_t max, off_t at = 0);
+// The whole file, at most `max` bytes, else UsageError "File is N bytes; <what> limit is M bytes: <shown>".
+std::string read_whole(const files::Opened& o, std::uint64_t max, const std::string& shown, const char* what);
+// What the image decoder may use for an instance of `config` (within [namespace] limits memory).
+files::ImageLimits image_limits(const config::Config& config);
 // What an agent does about something not found, naming tools: "restore_instance brings it back
 // (archive_name 'x__...')", "did you mean 'x'? list_instances lists the active ones".
 std::string not_found_advice(const NotFound& e);
