@@ -201,6 +201,7 @@ bool Computers::delete_if_unheld(const store::Instance& inst, std::string_view a
 
 std::vector<std::string> Computers::release(std::string_view owner, std::string_view actor) {
   std::vector<std::string> deleted;
+  if (!stdfs::exists(store_.root())) return deleted;  // no computer was ever made here
   fs::FileLock lock(lock_file());
   for (const store::Instance& inst : store_.list().instances) {
     if (!inst.meta.computer_temporary()) continue;

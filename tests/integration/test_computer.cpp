@@ -254,6 +254,21 @@ TEST(ComputerTools, TheToolListFitsItsBudget) {
             "Shell command string (mutually exclusive with args).");
 }
 
+// A session that made no computer, on a server whose store does not exist yet, ends quietly (it
+// warned that the computers' lock file could not be opened).
+TEST(ComputerTools, ASessionThatMadeNothingEndsWithoutAWarning) {
+  Env env;
+  ASSERT_FALSE(fs::exists(env.instances()));
+  const Result r = env.run(
+      {"computer"},
+      R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},)"
+      R"("clientInfo":{"name":"computer-test","version":"1"}}})"
+      "\n",
+      std::chrono::seconds(60), {kId});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
+}
+
 // sandbox_exec, Kilntainers' name for terminal_execute, is the same tool when called.
 TEST(ComputerTools, SandboxExecIsAnsweredAsTerminalExecute) {
   Env env;
