@@ -195,8 +195,10 @@ std::vector<std::string> stubborn_tree(int n) {
 }  // namespace
 
 TEST_P(Sandbox, SigtermToTheCliKillsTheWholeTree) {
-  const std::string kMarker = "43217.";
-  pid_t cli = env_.start(stubborn_tree(43217));
+  // Each kind its own marker: ctest runs the two at once, and each must see only its own tree.
+  const int n = GetParam() ? 53217 : 43217;
+  const std::string kMarker = std::to_string(n) + ".";
+  pid_t cli = env_.start(stubborn_tree(n));
   ASSERT_TRUE(eventually([&] { return processes_with(kMarker).size() >= 2; }, std::chrono::seconds(10)));
   ::kill(cli, SIGTERM);
   EXPECT_EQ(wait_child(cli, std::chrono::seconds(10)), 128 + SIGTERM);
@@ -207,8 +209,10 @@ TEST_P(Sandbox, SigtermToTheCliKillsTheWholeTree) {
 }
 
 TEST_P(Sandbox, SigkillOfTheCliStillTakesTheTree) {
-  const std::string kMarker = "43218.";
-  pid_t cli = env_.start(stubborn_tree(43218));
+  // Each kind its own marker: ctest runs the two at once, and each must see only its own tree.
+  const int n = GetParam() ? 53218 : 43218;
+  const std::string kMarker = std::to_string(n) + ".";
+  pid_t cli = env_.start(stubborn_tree(n));
   ASSERT_TRUE(eventually([&] { return processes_with(kMarker).size() >= 2; }, std::chrono::seconds(10)));
   ::kill(cli, SIGKILL);
   wait_child(cli, std::chrono::seconds(10));
@@ -220,8 +224,10 @@ TEST_P(Sandbox, SigkillOfTheCliStillTakesTheTree) {
 // included (in a living instance too, where nothing else of the sandbox is touched), the output
 // printed so far is passed through, and the exit code is 124 as timeout(1)'s.
 TEST_P(Sandbox, TimeoutKillsTheWholeTreeAndExits124) {
-  const std::string kMarker = "43219.";
-  std::vector<std::string> args = stubborn_tree(43219);
+  // Each kind its own marker: ctest runs the two at once, and each must see only its own tree.
+  const int n = GetParam() ? 53219 : 43219;
+  const std::string kMarker = std::to_string(n) + ".";
+  std::vector<std::string> args = stubborn_tree(n);
   args[2] = "--timeout";
   args.insert(args.begin() + 3, {"1.5", "--"});
   args[args.size() - 1] = "echo before-the-limit; " + args.back();
