@@ -71,7 +71,14 @@ TEST(Proc, ReadCmdlineGivesEveryArgumentEmptyOnesIncluded) {
   spec.program = "/bin/sleep";
   spec.argv = {"sleep", "30", ""};
   nshpc::SpawnedChild child = nshpc::spawn(spec);
-  EXPECT_EQ(nshpc::proc::read_cmdline(child.pid()), (std::vector<std::string>{"sleep", "30", ""}));
+  // spawn() returns once the exec closed its pipe, which the kernel does just before it sets up
+  // the new program's arguments: until then the command line reads empty.
+  std::vector<std::string> cmdline;
+  for (int i = 0; i < 500 && cmdline.empty(); ++i) {
+    cmdline = nshpc::proc::read_cmdline(child.pid());
+    if (cmdline.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(cmdline, (std::vector<std::string>{"sleep", "30", ""}));
   ::kill(child.pid(), SIGKILL);
   child.wait("sleep");
   EXPECT_TRUE(nshpc::proc::read_cmdline(child.pid()).empty());
