@@ -733,6 +733,8 @@ TEST_F(ProxyTest, TheConnectionGoesToTheAddressThatWasCheckedNeverToTheNameAgain
       << read_text(proxy.stderr_file());
   EXPECT_TRUE(eventually([&] { return checked.reached(); }, 5s));
   EXPECT_FALSE(rebound.reached());
+  // The watcher thread may not have taken the reading's event yet: wait for it, then no more.
+  EXPECT_TRUE(eventually([&] { return readings >= 1; }, 5s)) << "the name was never read";
   EXPECT_EQ(readings, 1) << "the name was resolved again for the same connection";
   // The next request resolves it again, and the new address is judged (refused: not listed).
   const std::string again =
