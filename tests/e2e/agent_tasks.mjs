@@ -21,9 +21,8 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import zlib from 'node:zlib';
 
-import { NSHPC_BINARY, childEnv, connectClient, makeHome, removeHome, sleep } from './lib.mjs';
+import { NSHPC_BINARY, childEnv, connectClient, makeHome, makePng, removeHome, sleep } from './lib.mjs';
 
 // 23 KiB, not the 16 KiB first asked for: 31 tools with every argument described, validated
 // (additionalProperties, bounds, enums) and an outputSchema each take 22.4 KiB at their tersest
@@ -258,42 +257,6 @@ function hostGet(port, urlPath = '/') {
   });
 }
 
-// A small PNG (a 64x48 gradient), made the way an agent's script would: zlib and CRCs.
-export function makePng(width = 64, height = 48) {
-  const crcTable = Array.from({ length: 256 }, (_, n) => {
-    let c = n;
-    for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
-    return c >>> 0;
-  });
-  const crc = (buf) => {
-    let c = 0xffffffff;
-    for (const b of buf) c = crcTable[(c ^ b) & 0xff] ^ (c >>> 8);
-    return (c ^ 0xffffffff) >>> 0;
-  };
-  const chunk = (type, data) => {
-    const len = Buffer.alloc(4);
-    len.writeUInt32BE(data.length);
-    const body = Buffer.concat([Buffer.from(type, 'ascii'), data]);
-    const sum = Buffer.alloc(4);
-    sum.writeUInt32BE(crc(body));
-    return Buffer.concat([len, body, sum]);
-  };
-  const ihdr = Buffer.alloc(13);
-  ihdr.writeUInt32BE(width, 0);
-  ihdr.writeUInt32BE(height, 4);
-  ihdr.set([8, 2, 0, 0, 0], 8);
-  const rows = [];
-  for (let y = 0; y < height; y++) {
-    rows.push(0);
-    for (let x = 0; x < width; x++) rows.push((x * 4) & 255, (y * 5) & 255, 128);
-  }
-  return Buffer.concat([
-    Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]),
-    chunk('IHDR', ihdr),
-    chunk('IDAT', zlib.deflateSync(Buffer.from(rows))),
-    chunk('IEND', Buffer.alloc(0)),
-  ]);
-}
 
 const PY_PLOT = `import struct, zlib
 w, h = 64, 48
@@ -444,7 +407,7 @@ const TASKS = [
         await a.call('write_file', { path: 'plot.py', content: PY_PLOT });
         await a.sh('python3 plot.py');
       } else {
-        await a.sh(`base64 -d > plot.png <<'EOF'\n${makePng().toString('base64')}\nEOF\nls -l plot.png`);
+        await a.sh(`base64 -d > plot.png <<'EOF'\n${makePng(64, 48).toString('base64')}\nEOF\nls -l plot.png`);
       }
       const { result } = await a.call('read_file', { path: 'plot.png' });
       const image = (result.content || []).find((c) => c.type === 'image');
