@@ -198,6 +198,14 @@ struct Computer {
   bool expose_lifecycle_tools = true;
 };
 
+// The desktop of a living instance (desktop/).
+struct Desktop {
+  std::string image;            // the image desktops are made on (built with image build --desktop)
+  std::int64_t width = 0;       // the screen, pixels
+  std::int64_t height = 0;
+  bool host_root = false;       // instances on the host's root may run one (its packages)
+};
+
 struct ProxiedMcp {
   std::string command;
   std::vector<std::string> args;
@@ -243,6 +251,7 @@ struct Config {
   Server server;
   Dav dav;
   Computer computer;
+  Desktop desktop;
   std::map<std::string, ProxiedMcp> proxied_mcps;
   std::map<std::string, HostCommand> host_commands;
   std::vector<std::filesystem::path> sources;  // the files that were read, in layer order

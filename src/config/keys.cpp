@@ -536,6 +536,24 @@ Keys<Config> make_config_keys() {
                       "tools."}),
       }),
 
+      table("desktop", &Config::desktop, {
+          value("image", &Desktop::image, text({"an image name"}), {
+              .defaults_to = R"("debian-desktop")",
+              .help = "The image a desktop computer is made on (`ns-hpc image build NAME --desktop`; "
+                      "`doctor --fix --desktop` builds it). Only instances on an image built with --desktop "
+                      "can switch their desktop on."}),
+          value("width", &Desktop::width, integer({320, 7680, "pixels (320 to 7680)"}), {
+              .defaults_to = "1280",
+              .help = "Screen width of a desktop. Screenshots above 1568 pixels on a side or 1568 tiles of 28x28 "
+                      "are scaled down for the model, and the scale is stated."}),
+          value("height", &Desktop::height, integer({200, 4320, "pixels (200 to 4320)"}), {
+              .defaults_to = "800", .help = "Screen height of a desktop."}),
+          value("host_root", &Desktop::host_root, boolean(), {
+              .defaults_to = "false",
+              .help = "Instances on the host's root may switch a desktop on, run from the host's packages "
+                      "(Xvfb, Xfce, AT-SPI: `make deps` installs them). Off: only desktop images can."}),
+      }),
+
       named("proxied_mcps", &Config::proxied_mcps, kMcpNames, {
           value("command", &ProxiedMcp::command, program(), {
               .help = "The program to run.", .required = "give the program to run (a non-empty string)"}),
