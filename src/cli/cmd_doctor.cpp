@@ -24,6 +24,7 @@
 
 #include "base/error.hpp"
 #include "base/fs.hpp"
+#include "base/log.hpp"
 #include "base/process.hpp"
 #include "base/safe_path.hpp"
 #include "base/text.hpp"
@@ -31,6 +32,7 @@
 #include "cli/app.hpp"
 #include "network/netns.hpp"
 #include "cli/output.hpp"
+#include "desktop/session.hpp"
 #include "sandbox/capture.hpp"
 #include "sandbox/cgroups.hpp"
 #include "sandbox/images.hpp"
@@ -482,6 +484,87 @@ Check check_default_image(const config::Config& cfg, bool fix) {
   return c;
 }
 
+// The image desktop computers are made on ([desktop] image, an image built with --desktop); with
+// --fix --desktop built now when it is missing or has no desktop (a minute or two, about 1 GB).
+Check check_desktop_image(const config::Config& cfg, bool fix) {
+  Check c{"desktop image ([desktop] image)"};
+  c.required = false;
+  const std::string& name = cfg.desktop.image;
+  const std::string build_line = fmt::format("ns-hpc doctor --fix --desktop, or ns-hpc image build {} --desktop "
+                                             "(a minute or two and about 1 GB, from the mirror the host's apt uses)",
+                                             name);
+  try {
+    const sandbox::ImageStore images(cfg.ns.images_dir);
+    const auto current = images.current(name);
+    if (current && current->desktop) {
+      c.ok = true;
+      c.detail = fmt::format("'{}' version {} in {}", name, current->version, cfg.ns.images_dir.string());
+      return c;
+    }
+    if (auto b = images.building(name)) {
+      c.detail = fmt::format("'{}' is being built now (pid {}; now: {})", name, b->pid, b->line);
+      c.fix = "wait a minute or two: 'ns-hpc image list' shows how far it is";
+      return c;
+    }
+    if (fix) {
+      // A current version without the desktop gets a new one with it (its instances keep theirs).
+      const sandbox::ImageVersion v =
+          build_image(images, {.name = name, .only_if_missing = !current, .desktop = true});
+      c.ok = v.desktop;
+      c.detail = fmt::format("'{}' version {} built now in {}", name, v.version, cfg.ns.images_dir.string());
+      return c;
+    }
+    c.detail = current ? fmt::format("'{}' version {} was built without --desktop", name, current->version)
+                       : fmt::format("'{}' is not built yet (desktops on images need it)", name);
+    c.fix = build_line;
+  } catch (const std::exception& e) {
+    c.detail = fmt::format("'{}': {}", name, e.what());
+    c.fix = "see 'ns-hpc image build --help'";
+  }
+  return c;
+}
+
+// A desktop on the host's root ([desktop] host_root) runs the host's programs: those the session
+// starts, found on the sandbox's PATH, and pyatspi for the accessibility tree.
+Check check_desktop_host(const config::Config& cfg) {
+  Check c{"desktop programs on the host ([desktop] host_root)"};
+  c.required = false;
+  std::vector<std::string> missing;
+  auto on_sandbox_path = [&](const std::string& program) -> std::optional<std::string> {
+    if (program.find('/') != std::string::npos) return fs::find_program(program);
+    for (const std::string_view dir : text::split(cfg.ns.path, ':')) {
+      const std::string candidate = fmt::format("{}/{}", dir, program);
+      if (!dir.empty() && ::access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+    return std::nullopt;
+  };
+  for (const std::string& program : desktop::required_programs())
+    if (!on_sandbox_path(program)) missing.push_back(program);
+  bool atspi = false;
+  if (const auto python = on_sandbox_path("python3")) {
+    try {
+      atspi = run_command({*python, "-c", "import gi; gi.require_version('Atspi', '2.0'); import pyatspi"}, {},
+                          std::chrono::seconds(20))
+                  .exit_code == 0;
+    } catch (const std::exception& e) {
+      log::debug("python3 could not be run: {}", e.what());
+    }
+  }
+  if (!atspi) missing.emplace_back("python3's pyatspi");
+  c.ok = missing.empty();
+  const std::string setting = fmt::format("desktop.host_root = {}", cfg.desktop.host_root ? "true" : "false");
+  if (c.ok) {
+    c.detail = fmt::format("Xvfb, Xfce, the session bus and AT-SPI are installed ({})", setting);
+    return c;
+  }
+  c.detail = fmt::format("missing {} ({}{})", fmt::join(missing, ", "), setting,
+                         cfg.desktop.host_root ? ": desktops on the host's root fail to start" : "; needed only with it on");
+  std::vector<std::string> packages = desktop::required_packages();
+  packages.insert(packages.end(), {"python3-pyatspi", "python3-gi", "gir1.2-atspi-2.0"});
+  c.fix = fmt::format("apt-get install {} (make deps installs them)", fmt::join(packages, " "));
+  return c;
+}
+
 void print_text(const std::vector<Check>& checks, bool ok) {
   std::puts("ns-hpc doctor\n");
   for (const auto& c : checks) {
@@ -518,7 +601,10 @@ void add_doctor_command(CLI::App& app, Invocation& inv) {
   cmd->add_flag("--fix", *fix,
                 "Fix what ns-hpc can itself: build the default image when it is missing; give a state folder that "
                 "holds the instances the search bit back");
-  cmd->callback([&inv, json, fix] {
+  auto fix_desktop = std::make_shared<bool>(false);
+  cmd->add_flag("--desktop", *fix_desktop,
+                "With --fix: also build the desktop image ([desktop] image, image build --desktop) when it is missing");
+  cmd->callback([&inv, json, fix, fix_desktop] {
     std::vector<Check> checks;
     const config::Config* cfg = nullptr;
     std::optional<config::Config> fallback;
@@ -544,6 +630,8 @@ void add_doctor_command(CLI::App& app, Invocation& inv) {
     checks.push_back(check_image_builds());
     checks.push_back(check_image_layers(*cfg));
     checks.push_back(check_default_image(*cfg, *fix));
+    checks.push_back(check_desktop_image(*cfg, *fix && *fix_desktop));
+    checks.push_back(check_desktop_host(*cfg));
     checks.push_back(check_slurm());
     if (checks.back().ok) {
       checks.push_back(check_slurm_controller(*cfg));

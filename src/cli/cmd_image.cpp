@@ -63,20 +63,27 @@ void add_image_commands(CLI::App& app, Invocation& inv) {
   build->add_option("--suite", request->suite, "Debian suite (default bookworm)");
   build->add_option("--include", request->include, "More packages, comma-separated")->delimiter(',');
   build->add_flag("--if-missing", request->only_if_missing, "Build only when the image has no version yet");
+  build->add_flag("--desktop", request->desktop,
+                  "Add the desktop: Xvfb, Xfce (panel, terminal, Thunar, Mousepad), a session bus, AT-SPI, fonts, "
+                  "icons, firefox-esr and the X tools (xdotool, wmctrl, xclip, x11-utils, x11vnc); about 1 GB. Only "
+                  "instances on such an image can switch their desktop on ([desktop] image names the one desktop "
+                  "computers get)");
   build->callback([&inv, request] {
     sandbox::validate_image_name(request->name);
     const sandbox::ImageVersion v = build_image(image_store(inv), *request);
-    std::printf("Built image '%s' version %s (%s) at %s\n", v.name.c_str(), v.version.c_str(), mib(v.bytes).c_str(),
-                v.rootfs.c_str());
+    std::printf("Built image '%s' version %s (%s%s) at %s\n", v.name.c_str(), v.version.c_str(), mib(v.bytes).c_str(),
+                v.desktop ? ", with the desktop" : "", v.rootfs.c_str());
   });
 
   auto json_out = std::make_shared<bool>(false);
-  auto* list = image->add_subcommand("list", "List images: every version, its size and age, and the instances on it");
+  auto* list = image->add_subcommand(
+      "list", "List images: every version, whether it has the desktop, its size and age, and the instances on it");
   list->add_flag("--json", *json_out, "Print a JSON array");
   list->callback([&inv, json_out] {
     const auto users = image_users(inv);
     nlohmann::json out = nlohmann::json::array();
-    std::vector<std::vector<std::string>> rows{{"IMAGE", "VERSION", "CURRENT", "SUITE", "SIZE", "BUILT", "INSTANCES"}};
+    std::vector<std::vector<std::string>> rows{
+        {"IMAGE", "VERSION", "CURRENT", "DESKTOP", "SUITE", "SIZE", "BUILT", "INSTANCES"}};
     for (const auto& v : image_store(inv).list()) {
       const auto it = users.find(v.name + "@" + v.version);
       const std::vector<std::string> on = it == users.end() ? std::vector<std::string>{} : it->second;
@@ -89,12 +96,14 @@ void add_image_commands(CLI::App& app, Invocation& inv) {
                      {"built_at", v.built_at},
                      {"rootfs", v.rootfs.string()},
                      {"owners", sandbox::to_string(v.owners)},
+                     {"desktop", v.desktop},
                      {"instances", on}});
       if (v.owners == sandbox::ImageOwners::subordinate) {
         out.back()["subuid"] = v.subuid;
         out.back()["subgid"] = v.subgid;
       }
-      rows.push_back({v.name, v.version, v.current ? "yes" : "", v.suite, mib(v.bytes), short_time(v.built_at),
+      rows.push_back({v.name, v.version, v.current ? "yes" : "", v.desktop ? "yes" : "", v.suite, mib(v.bytes),
+                      short_time(v.built_at),
                       on.empty() ? "-" : fmt::format("{}", fmt::join(on, ","))});
     }
     // Builds going on now (the server's background build of the default image, another shell's).

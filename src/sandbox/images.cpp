@@ -150,6 +150,7 @@ std::optional<ImageVersion> read_version(const stdfs::path& dir, const std::stri
       if (owners == to_string(o)) v.owners = o;
     v.subuid = meta.value("subuid", uid_t{0});
     v.subgid = meta.value("subgid", gid_t{0});
+    v.desktop = meta.value("desktop", false);
   } catch (const json::exception& e) {
     log::warn("image {}@{}: {} is unreadable ({}); listed without its details", name, version,
               (dir / name / version / kMeta).string(), e.what());
@@ -272,6 +273,30 @@ ImageBuildMethod image_build_method() {
                             users::current_user_name(), ::geteuid(), ::getegid());
 }
 
+std::vector<std::string> desktop_packages() {
+  return {// The display and the session around it.
+          "xvfb", "xauth", "dbus", "dbus-daemon", "dbus-bin", "dbus-x11",
+          // Xfce as mcp-virtual-computer's desktop has it, and its applications.
+          "xfce4-session", "xfwm4", "xfce4-panel", "xfdesktop4", "xfce4-settings", "xfconf", "xfce4-terminal",
+          "thunar", "mousepad", "xfce4-helpers", "exo-utils", "xdg-utils",
+          // Text and icons (Debian's Xfce uses Tango; GTK's own are Adwaita, many of them SVG).
+          "fonts-dejavu-core", "fonts-noto-color-emoji", "tango-icon-theme", "adwaita-icon-theme", "librsvg2-common",
+          // The accessibility tree (desktop/atspi.hpp reads it with pyatspi).
+          "at-spi2-core", "python3-pyatspi", "python3-gi", "gir1.2-atspi-2.0",
+          // What scripts on a desktop call, and a live view.
+          "xdotool", "wmctrl", "x11-utils", "xclip", "x11vnc",
+          // A browser: about 300 MB of the image's 1 GB.
+          "firefox-esr"};
+}
+
+std::vector<std::string> build_packages(const ImageBuild& request) {
+  std::vector<std::string> out = request.include;
+  if (request.desktop)
+    for (std::string& pkg : desktop_packages())
+      if (std::find(out.begin(), out.end(), pkg) == out.end()) out.push_back(std::move(pkg));
+  return out;
+}
+
 std::vector<std::string> in_subordinate_namespace(const ImageBuildMethod& method, std::vector<std::string> argv) {
   if (method.owners != ImageOwners::subordinate)
     throw Error("internal: a subordinate user namespace without subordinate ranges");
@@ -293,7 +318,8 @@ std::vector<std::string> image_build_argv(const ImageBuildMethod& method, const 
                                                                  : "--mode=fakechroot";
   std::vector<std::string> argv = {mmdebstrap, "--variant=apt", mode,
                                    "--customize-hook=rm -f \"$1" + std::string(kBuildOptionsFile) + "\""};
-  if (!request.include.empty()) argv.push_back("--include=" + fmt::format("{}", fmt::join(request.include, ",")));
+  if (const std::vector<std::string> packages = build_packages(request); !packages.empty())
+    argv.push_back("--include=" + fmt::format("{}", fmt::join(packages, ",")));
   for (const auto& o : options) argv.push_back("--aptopt=" + o);
   argv.push_back(request.suite);
   argv.push_back(rootfs.string());
@@ -578,7 +604,8 @@ ImageVersion ImageStore::build(const ImageBuild& request, const std::function<vo
                      {"build_seconds", std::chrono::duration_cast<std::chrono::seconds>(
                                            std::chrono::steady_clock::now() - started).count()},
                      {"bytes", bytes},
-                     {"owners", to_string(method.owners)}};
+                     {"owners", to_string(method.owners)},
+                     {"desktop", request.desktop}};
   if (method.owners == ImageOwners::subordinate) {
     meta["subuid"] = method.uids.start;
     meta["subgid"] = method.gids.start;
@@ -636,6 +663,7 @@ BuildProgress BackgroundBuilds::start(const ImageBuild& request) {
   spec.argv = command_;
   spec.argv.insert(spec.argv.end(), {"image", "build", request.name, "--if-missing", "--suite", request.suite});
   if (!request.include.empty()) spec.argv.push_back("--include=" + fmt::format("{}", fmt::join(request.include, ",")));
+  if (request.desktop) spec.argv.push_back("--desktop");
   spec.fds = {{null.get(), 0}, {out.get(), 1}, {out.get(), 2}};
   spec.new_session = true;  // no terminal signal of the server's reaches it
   spec.cwd = "/";

@@ -7,7 +7,7 @@
 //   .lock                         held by every change
 //   <name>/<version>/rootfs/      the root file system (version: the build's UTC time, 20261202T063000Z)
 //   <name>/<version>/image.json   what it was built from: suite, packages, mirror lines, size, time,
-//                                 and whose its files are (ImageOwners)
+//                                 whose its files are (ImageOwners), and whether it has the desktop
 //   <name>/current -> <version>   the version new instances get (replaced atomically)
 //   .building/<name>-<random>/    a build in progress (removed when it fails, or swept on the next build)
 #pragma once
@@ -54,6 +54,7 @@ struct ImageVersion {
   ImageOwners owners = ImageOwners::root;  // an image.json without "owners" is from root (older builds)
   uid_t subuid = 0;  // subordinate: the host ids of uid 1 and gid 1 inside (the ranges' starts)
   gid_t subgid = 0;
+  bool desktop = false;  // built with --desktop: its instances can run a desktop (desktop/session.hpp)
 };
 
 struct ImageBuild {
@@ -61,7 +62,17 @@ struct ImageBuild {
   std::string suite = "bookworm";
   std::vector<std::string> include;  // packages beyond the `apt` variant's
   bool only_if_missing = false;      // no new version when the image has one (a background build's)
+  bool desktop = false;              // with desktop_packages() too
 };
+
+// What --desktop adds to an image: the X server, Xfce, the session bus, AT-SPI and its Python
+// binding, fonts and icons, a browser (firefox-esr), and the X tools users' scripts call (xdotool,
+// wmctrl, xclip, xprop). Everything desktop/session.hpp's session needs is among them.
+std::vector<std::string> desktop_packages();
+
+// The packages a build installs beyond the `apt` variant's: `include`, and desktop_packages()
+// for a desktop image (each once).
+std::vector<std::string> build_packages(const ImageBuild& request);
 
 // Throws UsageError naming the rule when `name` cannot name an image (the instance id rule:
 // 1-63 of A-Z a-z 0-9 _ . -, starting with a letter or digit).
