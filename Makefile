@@ -12,7 +12,7 @@ JOBS   ?= $(shell nproc)
 # is shown the one line to ask an administrator for, and `ns-hpc doctor` names what a feature lacks.
 DEPS_BUILD  := g++ cmake ninja-build ccache pkg-config nlohmann-json3-dev libtomlplusplus-dev libcli11-dev \
                libspdlog-dev libfmt-dev libboost1.81-dev libseccomp-dev libsqlite3-dev libexpat1-dev libssl-dev \
-               libstb-dev libwebp-dev
+               libstb-dev libwebp-dev libxcb1-dev libxcb-xtest0-dev x11proto-dev libturbojpeg0-dev libpng-dev
 DEPS_RUN    := bubblewrap util-linux passwd procps iproute2
 DEPS_IMAGES := mmdebstrap uidmap fakechroot fakeroot dpkg-dev
 DEPS_NAT    := passt
@@ -84,6 +84,7 @@ bench: build
 	$(BUILD)/bench/nshpc_bench 200
 	$(BUILD)/bench/nshpc_bench_mcp 200
 	$(BUILD)/bench/nshpc_bench_dav $(BUILD)/ns-hpc 5
+	$(BUILD)/bench/nshpc_bench_desktop 100
 	tests/e2e/load.mjs --bench
 	tests/e2e/install.sh && tests/e2e/bench_files.mjs
 	bench/slurm_polls.sh $(BUILD)/ns-hpc

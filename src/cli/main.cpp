@@ -2,6 +2,8 @@
 
 #include "base/copy_tree.hpp"
 #include "cli/app.hpp"
+#include "desktop/agent.hpp"
+#include "desktop/wire.hpp"
 #include "files/broker.hpp"
 #include "files/image.hpp"
 #include "network/forward.hpp"
@@ -34,5 +36,8 @@ int main(int argc, char** argv) {
   // And the decoder of an image preview (files/image.hpp).
   if (argc > 1 && std::string_view(argv[1]) == nshpc::files::kImagePreviewCommand)
     return nshpc::files::image_preview_main(argc, argv);
+  // And the display agent of a desktop (desktop/agent.hpp).
+  if (argc > 1 && std::string_view(argv[1]) == nshpc::desktop::kAgentCommand)
+    return nshpc::desktop::agent_main(argc, argv);
   return nshpc::cli::main(argc, argv);
 }

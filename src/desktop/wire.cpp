@@ -1,6 +1,7 @@
 #include "desktop/wire.hpp"
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -22,11 +23,25 @@ std::uint32_t get_u32(const char* in) {
   return v;
 }
 
-void write_all(int fd, const char* data, std::size_t size) {
+void write_all(int fd, const char* data, std::size_t size,
+               std::optional<std::chrono::steady_clock::time_point> deadline) {
   while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
+    // send, not write: a peer gone is EPIPE, never a SIGPIPE that ends the writer.
+    const ssize_t n = ::send(fd, data, size, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw SysError(errno, "write to the display agent");
+    if (n < 0 && errno == EAGAIN) {
+      int wait_ms = -1;
+      if (deadline) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) throw Error("the frame was not taken in time");
+        wait_ms = static_cast<int>(std::min<std::int64_t>(left.count() + 1, 1 << 30));
+      }
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, wait_ms) < 0 && errno != EINTR) throw SysError(errno, "poll");
+      continue;
+    }
+    if (n < 0) throw SysError(errno, "send", "a display agent frame");
     data += n;
     size -= static_cast<std::size_t>(n);
   }
@@ -53,7 +68,8 @@ void read_exactly(int fd, char* out, std::size_t size, std::chrono::steady_clock
 
 }  // namespace
 
-void write_frame(int fd, const nlohmann::json& header, std::string_view payload) {
+void write_frame(int fd, const nlohmann::json& header, std::string_view payload,
+                 std::optional<std::chrono::steady_clock::time_point> deadline) {
   const std::string text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   char head[4];
   char tail[4];
@@ -62,7 +78,7 @@ void write_frame(int fd, const nlohmann::json& header, std::string_view payload)
   std::string frame;
   frame.reserve(8 + text.size() + payload.size());
   frame.append(head, 4).append(text).append(tail, 4).append(payload);
-  write_all(fd, frame.data(), frame.size());
+  write_all(fd, frame.data(), frame.size(), deadline);
 }
 
 Frame read_frame(int fd, std::chrono::steady_clock::time_point deadline, std::size_t max_header,
