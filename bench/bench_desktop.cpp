@@ -113,11 +113,12 @@ int main(int argc, char** argv) {
     if (fs::exists(fmt::format("/tmp/.X11-unix/X{}", n)) || fs::exists(fmt::format("/tmp/.X{}-lock", n))) continue;
     nshpc::Pipe ready = nshpc::make_pipe();
     auto null = devnull();
+    nshpc::UniqueFd log(::open((dir / "xvfb.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
     nshpc::SpawnSpec spec;
     spec.program = "Xvfb";
     spec.argv = {"Xvfb", fmt::format(":{}", n), "-screen", "0", "1280x800x24", "-nolisten", "tcp", "-auth",
                  (dir / "auth").string(), "-displayfd", "3", "-noreset"};
-    spec.fds = {{null.get(), 0}, {null.get(), 1}, {null.get(), 2}, {ready.write.get(), 3}};
+    spec.fds = {{null.get(), 0}, {log.get(), 1}, {log.get(), 2}, {ready.write.get(), 3}};
     spec.die_with_parent = SIGKILL;
     auto server = nshpc::spawn(spec);
     ready.write.reset();
@@ -151,7 +152,12 @@ int main(int argc, char** argv) {
   addr.sun_family = AF_UNIX;
   std::snprintf(addr.sun_path, sizeof addr.sun_path, "/tmp/.X11-unix/X%d", display);
   if (::connect(x.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    std::perror("bench desktop: connect");
+    std::fprintf(stderr, "bench desktop: connect to %s: %s; Xvfb said:\n%s\n", addr.sun_path, std::strerror(errno),
+                 [&] {
+                   std::ifstream in(dir / "xvfb.log");
+                   return std::string(std::istreambuf_iterator<char>(in), {});
+                 }()
+                     .c_str());
     return 1;
   }
   auto agent = nshpc::desktop::Agent::start(std::move(x), cookie, options, 10s);

@@ -324,12 +324,14 @@ void png_flush_nothing(png_structp) {}
 [[noreturn]] void png_fail(png_structp png, png_const_charp) { std::longjmp(png_jmpbuf(png), 1); }
 void png_warn_nothing(png_structp, png_const_charp) {}
 
-// PNG at zlib level 1 without a row filter. Measured on an Xfce desktop at 1280x800 (wallpaper,
-// panel, an editor full of text): no filter 13.7 ms and 219 KB, SUB 15.2 ms and 276 KB, UP 14.7
-// ms and 272 KB, SUB with Z_RLE 11.9 ms but 401 KB; level 6 with every filter takes about 50 ms
-// (features-2.md 4.2). Screens are flat colour and text, which the filters do not help. No C++
-// object lives in this frame, so libpng's longjmp on error skips no destructor.
-bool encode_png_into(const Pixels& px, bool msb_first, PngSink& sink) {
+// PNG at zlib level 1 without a row filter, each row turned into RGB here (libpng's own BGR and
+// filler transforms cost 2 ms more a screen). Measured on an Xfce desktop at 1280x800 (wallpaper,
+// panel, an editor full of text): no filter 12-14 ms and 219 KB, SUB 15 ms and 276 KB, UP 15 ms
+// and 272 KB, UP with Z_RLE 12 ms but 360 KB; level 6 with every filter about 50 ms
+// (features-2.md 4.2). Screens are flat colour and text, which the filters do not help. `row`
+// holds 3 * width bytes. No C++ object lives in this frame, so libpng's longjmp on error skips
+// no destructor.
+bool encode_png_into(const Pixels& px, bool msb_first, unsigned char* row, PngSink& sink) {
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, png_fail, png_warn_nothing);
   if (!png) return false;
   png_infop info = png_create_info_struct(png);
@@ -343,15 +345,18 @@ bool encode_png_into(const Pixels& px, bool msb_first, PngSink& sink) {
   png_set_compression_level(png, 1);
   png_set_filter(png, PNG_FILTER_TYPE_BASE, PNG_FILTER_NONE);
   png_write_info(png, info);
-  // The X pixel's unused byte is dropped on the way (B,G,R,X or X,R,G,B in memory).
-  if (msb_first) {
-    png_set_filler(png, 0, PNG_FILLER_BEFORE);
-  } else {
-    png_set_bgr(png);
-    png_set_filler(png, 0, PNG_FILLER_AFTER);
+  // X pixels are B,G,R,X in memory (or X,R,G,B from a big-endian server).
+  const int r = msb_first ? 1 : 2, g = msb_first ? 2 : 1, b = msb_first ? 3 : 0;
+  for (int y = 0; y < px.height; ++y) {
+    const std::uint8_t* in = px.data + static_cast<std::size_t>(y) * px.stride;
+    unsigned char* out = row;
+    for (int x = 0; x < px.width; ++x, in += 4, out += 3) {
+      out[0] = in[r];
+      out[1] = in[g];
+      out[2] = in[b];
+    }
+    png_write_row(png, row);
   }
-  for (int y = 0; y < px.height; ++y)
-    png_write_row(png, const_cast<png_bytep>(px.data + static_cast<std::size_t>(y) * px.stride));
   png_write_end(png, info);
   png_destroy_write_struct(&png, &info);
   return true;
@@ -360,8 +365,9 @@ bool encode_png_into(const Pixels& px, bool msb_first, PngSink& sink) {
 std::string encode_png(const Pixels& px, bool msb_first) {
   std::string out;
   out.reserve(static_cast<std::size_t>(px.width) * static_cast<std::size_t>(px.height) / 4);
+  std::vector<unsigned char> row(static_cast<std::size_t>(px.width) * 3);
   PngSink sink{&out};
-  if (!encode_png_into(px, msb_first, sink))
+  if (!encode_png_into(px, msb_first, row.data(), sink))
     throw Error(sink.out_of_memory ? "the PNG did not fit in the display agent's memory" : "the PNG could not be made");
   return out;
 }
