@@ -173,13 +173,14 @@ Agent::~Agent() { stop(); }
 void Agent::stop(std::string* why) {
   alive_ = false;
   pid_ = -1;
-  control_.reset();
+  // Whether it ended on its own is asked before its socket closes (which would end it).
   if (why && child_.pidfd() >= 0 && wait_pidfd(child_.pidfd(), std::chrono::milliseconds(100))) {
     try {
       *why = ended_how(child_.wait("the display agent"));
     } catch (const Error&) {
     }
   }
+  control_.reset();
   child_ = SpawnedChild{};  // kills and reaps it, unless it was reaped above
 }
 

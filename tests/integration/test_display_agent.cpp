@@ -983,4 +983,86 @@ TEST(DisplayAgentHostileServer, AServerThatGoesSilentAfterTheSetupTimesOut) {
   EXPECT_LT(took, 3s);
 }
 
+// ---- a hostile agent: what the server does with the replies of a subverted display agent
+// (a script in its place that says hello properly, then answers the next request badly)
+
+std::unique_ptr<Agent> start_fake_agent(const fs::path& dir, const std::string& answer) {
+  const fs::path script = dir / "agent.py";
+  std::ofstream(script) << R"(#!/usr/bin/python3
+import json, os, struct, sys, time
+def read(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(4, n - len(data))
+        if not chunk: sys.exit(0)
+        data += chunk
+    return data
+def frame():
+    header = json.loads(read(struct.unpack("<I", read(4))[0]))
+    read(struct.unpack("<I", read(4))[0])
+    return header
+def send(raw, payload=b""):
+    os.write(4, struct.pack("<I", len(raw)) + raw + struct.pack("<I", len(payload)) + payload)
+frame()
+send(json.dumps({"ok": True, "width": 640, "height": 480, "depth": 24}).encode())
+while True:
+    request = frame()
+)" << answer << "\n";
+  ::chmod(script.c_str(), 0755);
+  AgentOptions options;
+  options.program = script.string();
+  int pair[2];
+  ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair);
+  ::close(pair[1]);
+  return Agent::start(UniqueFd(pair[0]), random_bytes(16), options, 5s);
+}
+
+TEST(DisplayAgentHostileAgent, RepliesOfTheWrongShapeStopIt) {
+  if (!nshpc::fs::find_program("python3")) GTEST_SKIP() << "python3 plays the subverted agent";
+  const fs::path dir = make_temp_dir();
+  ::chmod(dir.c_str(), 0755);
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"    send(b'{\"ok\": \"yes\"}')", "no boolean 'ok'"},
+      {"    send(b'{\"ok\": true, \"width\": \"wide\", \"height\": 1, \"cursor\": [0, 0], \"focused\": null}')",
+       "no screen size"},
+      {"    send(b'{\"ok\": true, \"width\": 640, \"height\": 480, \"cursor\": [0], \"focused\": null}')",
+       "no cursor position"},
+      {"    send(b'{\"ok\": true}', b'payload')", "a payload where none belongs"},
+      {"    send(b'[1, 2, 3]')", "broke the wire"},
+      {"    os.write(4, struct.pack('<I', 0xffffffff))", "broke the wire"},
+      {"    time.sleep(30)", "did not answer 'info' within 1 s"},
+      {"    sys.exit(3)", "ended during 'info' (exit status 3)"},
+  };
+  for (const auto& [answer, expected] : cases) {
+    auto agent = start_fake_agent(dir, answer);
+    const auto started = Clock::now();
+    const std::string e = error_of([&] { agent->call({{"op", "info"}}, 1s); });
+    EXPECT_NE(e.find(expected), std::string::npos) << answer << ": " << e;
+    EXPECT_LT(Clock::now() - started, 2500ms) << answer;
+    EXPECT_FALSE(agent->alive()) << answer;
+  }
+  // A capture whose payload is not the image asked for.
+  auto agent = start_fake_agent(dir, "    send(b'{\"ok\": true, \"format\": \"png\", \"width\": 2, \"height\": 2}', b'GIF89a')");
+  EXPECT_NE(error_of([&] { agent->call({{"op", "capture"}, {"format", "png"}}, 2s); }).find("not a png image"), std::string::npos);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+TEST(DisplayAgentHostileAgent, ItsErrorsAreCleanedAndItLivesOn) {
+  if (!nshpc::fs::find_program("python3")) GTEST_SKIP() << "python3 plays the subverted agent";
+  const fs::path dir = make_temp_dir();
+  ::chmod(dir.c_str(), 0755);
+  auto agent = start_fake_agent(dir, "    send(json.dumps({'ok': False, 'error': 'bad\\x1b[31m\\nthing ' + 'x' * 1000}).encode())");
+  const std::string e = error_of([&] { agent->call({{"op", "info"}}, 2s); });
+  EXPECT_TRUE(e.starts_with("bad[31mthing xxx")) << e;
+  EXPECT_EQ(nshpc::text::utf8_length(e), 301u) << e;  // 300 and the ellipsis
+  EXPECT_EQ(e.find('\x1b'), std::string::npos);
+  EXPECT_EQ(e.find('\n'), std::string::npos);
+  EXPECT_TRUE(agent->alive());
+  EXPECT_NE(error_of([&] { agent->call({{"op", "info"}}, 2s); }), "(no error)");
+  EXPECT_TRUE(agent->alive());
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
 }  // namespace
