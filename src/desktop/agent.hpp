@@ -3,9 +3,9 @@
 // the two say). Whatever the sandbox's X server sends is parsed here and pixels are encoded here,
 // never in the server: a fresh exec of the ns-hpc binary (nothing of the server's memory), run as
 // the sandbox's identity, with an address-space limit, no core, no new privileges, no descriptor
-// but its two sockets and none to be had (RLIMIT_NOFILE 0), and a seccomp allow-list (reads and
-// writes on what it has, poll, memory, time, exit: no open, socket, connect or exec) installed
-// before the first byte from X is read.
+// but its two sockets and a pipe of its own, and none to be had (RLIMIT_NOFILE 2 with 0 and 1
+// taken), and a seccomp allow-list (reads and writes on what it has, poll, memory, time, exit:
+// no open, socket, connect or exec) installed before the first byte from X is read.
 #pragma once
 
 namespace nshpc::desktop {
