@@ -49,7 +49,9 @@ Stats summarize(std::vector<double> v) {
   return {v[v.size() / 2], v[p99]};
 }
 
-double ms_since(Clock::time_point start) { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); }
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
 
 nshpc::UniqueFd devnull() { return nshpc::UniqueFd(::open("/dev/null", O_RDWR | O_CLOEXEC)); }
 
@@ -89,7 +91,8 @@ double run(const std::vector<std::string>& argv, const std::vector<std::string>&
 
 int main(int argc, char** argv) {
   const int runs = argc > 1 ? std::max(10, std::atoi(argv[1])) : 100;
-  for (const char* program : {"Xvfb", "xfwm4", "xfdesktop", "xfce4-panel", "dbus-run-session", "scrot", "convert", "xdotool"})
+  for (const char* program :
+       {"Xvfb", "xfwm4", "xfdesktop", "xfce4-panel", "dbus-run-session", "scrot", "convert", "xdotool"})
     if (!nshpc::fs::find_program(program)) {
       std::printf("bench desktop: skipped: %s is not installed\n", program);
       return 0;
@@ -116,8 +119,8 @@ int main(int argc, char** argv) {
     nshpc::UniqueFd log(::open((dir / "xvfb.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
     nshpc::SpawnSpec spec;
     spec.program = "Xvfb";
-    spec.argv = {"Xvfb", fmt::format(":{}", n), "-screen", "0", "1280x800x24", "-nolisten", "tcp", "-auth",
-                 (dir / "auth").string(), "-displayfd", "3", "-noreset"};
+    spec.argv = {"Xvfb",  fmt::format(":{}", n),   "-screen",    "0", "1280x800x24", "-nolisten", "tcp",
+                 "-auth", (dir / "auth").string(), "-displayfd", "3", "-noreset"};
     spec.fds = {{null.get(), 0}, {log.get(), 1}, {log.get(), 2}, {ready.write.get(), 3}};
     spec.die_with_parent = SIGKILL;
     auto server = nshpc::spawn(spec);
@@ -135,9 +138,13 @@ int main(int argc, char** argv) {
   }
   const fs::path home = dir / "home";
   fs::create_directories(home);
-  const std::vector<std::string> env{"DISPLAY=:" + std::to_string(display), "XAUTHORITY=" + (dir / "auth").string(),
-                                     "HOME=" + home.string(), "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8",
-                                     "NO_AT_BRIDGE=1", "XDG_RUNTIME_DIR=" + home.string()};
+  const std::vector<std::string> env{"DISPLAY=:" + std::to_string(display),
+                                     "XAUTHORITY=" + (dir / "auth").string(),
+                                     "HOME=" + home.string(),
+                                     "PATH=/usr/local/bin:/usr/bin:/bin",
+                                     "LANG=C.UTF-8",
+                                     "NO_AT_BRIDGE=1",
+                                     "XDG_RUNTIME_DIR=" + home.string()};
   // A real desktop: window manager, wallpaper, panel, and an editor with text in it.
   auto session = start({"dbus-run-session", "--", "sh", "-c",
                         "xfwm4 --compositor=off & xfdesktop & xfce4-panel & "
@@ -190,8 +197,9 @@ int main(int argc, char** argv) {
   const auto reference_bytes = fs::file_size(shot);
 
   std::vector<double> click_ms, xdotool_ms;
-  const nlohmann::json click{{"op", "input"},
-                             {"events", {{{"move", {640, 420}}}, {{"button", 1}, {"down", true}}, {{"button", 1}, {"down", false}}}}};
+  const nlohmann::json click{
+      {"op", "input"},
+      {"events", {{{"move", {640, 420}}}, {{"button", 1}, {"down", true}}, {{"button", 1}, {"down", false}}}}};
   for (int i = 0; i < runs + 5; ++i) {
     const auto started = Clock::now();
     agent->call(click, 5s);
@@ -210,9 +218,11 @@ int main(int argc, char** argv) {
   std::printf("  %-52s %9.2f %9.2f %10zu\n", "capture PNG through Agent::call", png.p50, png.p99, png_bytes);
   std::printf("  %-52s %9.2f %9.2f %10ju\n", "scrot FILE + convert FILE -resize 1280x800! FILE", reference.p50,
               reference.p99, static_cast<std::uintmax_t>(reference_bytes));
-  std::printf("  %-52s %9.3f %9.3f\n", "click (move, press, release) through Agent::call", agent_click.p50, agent_click.p99);
+  std::printf("  %-52s %9.3f %9.3f\n", "click (move, press, release) through Agent::call", agent_click.p50,
+              agent_click.p99);
   std::printf("  %-52s %9.2f %9.2f\n", "xdotool click 1 (one process)", xdotool.p50, xdotool.p99);
-  std::printf("\n  scrot+convert / agent JPEG: p50 %.1fx, p99 %.1fx\n", reference.p50 / jpeg.p50, reference.p99 / jpeg.p99);
+  std::printf("\n  scrot+convert / agent JPEG: p50 %.1fx, p99 %.1fx\n", reference.p50 / jpeg.p50,
+              reference.p99 / jpeg.p99);
   std::printf("  scrot+convert / agent PNG:  p50 %.1fx, p99 %.1fx\n", reference.p50 / png.p50, reference.p99 / png.p99);
   std::printf("  xdotool click / agent click: p50 %.1fx, p99 %.1fx\n\n", xdotool.p50 / agent_click.p50,
               xdotool.p99 / agent_click.p99);

@@ -62,12 +62,13 @@ bool confine() {
   if (!ctx) return false;
   bool ok = true;
   for (int nr : {SCMP_SYS(read), SCMP_SYS(write), SCMP_SYS(writev), SCMP_SYS(recvfrom), SCMP_SYS(recvmsg),
-                 SCMP_SYS(sendto), SCMP_SYS(poll), SCMP_SYS(brk), SCMP_SYS(munmap), SCMP_SYS(mremap),
-                 SCMP_SYS(madvise), SCMP_SYS(futex), SCMP_SYS(clock_gettime), SCMP_SYS(close), SCMP_SYS(shutdown),
-                 SCMP_SYS(exit), SCMP_SYS(exit_group), SCMP_SYS(rt_sigreturn), SCMP_SYS(restart_syscall)})
+                 SCMP_SYS(sendto), SCMP_SYS(poll), SCMP_SYS(brk), SCMP_SYS(munmap), SCMP_SYS(mremap), SCMP_SYS(madvise),
+                 SCMP_SYS(futex), SCMP_SYS(clock_gettime), SCMP_SYS(close), SCMP_SYS(shutdown), SCMP_SYS(exit),
+                 SCMP_SYS(exit_group), SCMP_SYS(rt_sigreturn), SCMP_SYS(restart_syscall)})
     ok = ok && seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0) == 0;
   for (int cmd : {F_GETFL, F_SETFL, F_GETFD, F_SETFD})
-    ok = ok && seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(fcntl), 1, SCMP_A1(SCMP_CMP_EQ, static_cast<scmp_datum_t>(cmd))) == 0;
+    ok = ok && seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(fcntl), 1,
+                                SCMP_A1(SCMP_CMP_EQ, static_cast<scmp_datum_t>(cmd))) == 0;
   ok = ok && seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(mmap), 1, SCMP_A2(SCMP_CMP_MASKED_EQ, PROT_EXEC, 0)) == 0;
   ok = ok && seccomp_load(ctx) == 0;
   seccomp_release(ctx);
@@ -76,9 +77,7 @@ bool confine() {
 
 // ---- request fields
 
-[[noreturn]] void bad(std::string_view op, std::string message) {
-  throw Error(fmt::format("{}: {}", op, message));
-}
+[[noreturn]] void bad(std::string_view op, std::string message) { throw Error(fmt::format("{}: {}", op, message)); }
 
 int integer(std::string_view op, const json& h, const char* key, int lo, int hi, std::optional<int> fallback = {}) {
   const auto it = h.find(key);
@@ -101,10 +100,13 @@ std::string window_id(std::uint32_t id) { return fmt::format("0x{:x}", id); }
 
 json window_json(const x11::WindowInfo& w) {
   json desktop = nullptr;
-  if (w.desktop == 0xFFFFFFFFL) desktop = -1;  // on every desktop
-  else if (w.desktop >= 0) desktop = w.desktop;
-  return {{"id", window_id(w.id)}, {"title", w.title}, {"wm_class", w.wm_class}, {"desktop", desktop},
-          {"x", w.x},  {"y", w.y}, {"width", w.width}, {"height", w.height}, {"active", w.active},
+  if (w.desktop == 0xFFFFFFFFL)
+    desktop = -1;  // on every desktop
+  else if (w.desktop >= 0)
+    desktop = w.desktop;
+  return {{"id", window_id(w.id)}, {"title", w.title},   {"wm_class", w.wm_class},
+          {"desktop", desktop},    {"x", w.x},           {"y", w.y},
+          {"width", w.width},      {"height", w.height}, {"active", w.active},
           {"states", w.states}};
 }
 
@@ -179,8 +181,10 @@ class Session {
     x11::CaptureRequest c;
     const auto format = r.find("format");
     if (format != r.end() && !format->is_null()) {
-      if (*format == "png") c.png = true;
-      else if (*format != "jpeg") bad(op, "'format' must be \"jpeg\" or \"png\"");
+      if (*format == "png")
+        c.png = true;
+      else if (*format != "jpeg")
+        bad(op, "'format' must be \"jpeg\" or \"png\"");
     }
     c.quality = integer(op, r, "quality", 1, 100, 75);
     const int sw = display_->width(), sh = display_->height();
@@ -206,8 +210,10 @@ class Session {
     c.width = has_w ? integer(op, r, "width", 1, x11::kMaxSide) : rw;
     c.height = has_h ? integer(op, r, "height", 1, x11::kMaxSide) : rh;
     // One side given: the other keeps the region's proportions.
-    if (has_w && !has_h) c.height = std::clamp(static_cast<int>((static_cast<long long>(rh) * c.width + rw / 2) / rw), 1, x11::kMaxSide);
-    if (has_h && !has_w) c.width = std::clamp(static_cast<int>((static_cast<long long>(rw) * c.height + rh / 2) / rh), 1, x11::kMaxSide);
+    if (has_w && !has_h)
+      c.height = std::clamp(static_cast<int>((static_cast<long long>(rh) * c.width + rw / 2) / rw), 1, x11::kMaxSide);
+    if (has_h && !has_w)
+      c.width = std::clamp(static_cast<int>((static_cast<long long>(rw) * c.height + rh / 2) / rh), 1, x11::kMaxSide);
     payload = display_->capture(c);
     return {{"format", c.png ? "png" : "jpeg"}, {"width", c.width}, {"height", c.height}};
   }
@@ -216,7 +222,8 @@ class Session {
     constexpr std::string_view op = "input";
     const auto events = r.find("events");
     if (events == r.end() || !events->is_array()) bad(op, "'events' must be an array");
-    if (events->size() > kMaxEvents) bad(op, fmt::format("{} events; at most {} a request", events->size(), kMaxEvents));
+    if (events->size() > kMaxEvents)
+      bad(op, fmt::format("{} events; at most {} a request", events->size(), kMaxEvents));
     std::vector<x11::InputEvent> out;
     long long slept = 0;
     for (std::size_t i = 0; i < events->size(); ++i) {
@@ -230,7 +237,8 @@ class Session {
         return d->get<bool>();
       };
       if (const auto move = e.find("move"); move != e.end()) {
-        if (!move->is_array() || move->size() != 2 || !(*move)[0].is_number_integer() || !(*move)[1].is_number_integer())
+        if (!move->is_array() || move->size() != 2 || !(*move)[0].is_number_integer() ||
+            !(*move)[1].is_number_integer())
           bad(at, "'move' must be [x, y] (integers)");
         const long long x = (*move)[0].get<long long>(), y = (*move)[1].get<long long>();
         if (x < 0 || y < 0 || x >= display_->width() || y >= display_->height())
@@ -254,8 +262,9 @@ class Session {
         slept += ev.sleep_ms;
         if (slept > kMaxSleepMs) bad(op, fmt::format("the events sleep more than {} ms in all", kMaxSleepMs));
       } else {
-        bad(at, "an event is {\"move\": [x, y]}, {\"button\": N, \"down\": B}, {\"key\": KEYSYM, \"down\": B} or "
-                "{\"sleep_ms\": N}");
+        bad(at,
+            "an event is {\"move\": [x, y]}, {\"button\": N, \"down\": B}, {\"key\": KEYSYM, \"down\": B} or "
+            "{\"sleep_ms\": N}");
       }
       out.push_back(ev);
     }
@@ -293,14 +302,16 @@ class Session {
     const std::string id_text = string_field(op, r, "id");
     std::uint32_t id = 0;
     if (id_text.size() < 3 || id_text.size() > 10 || !id_text.starts_with("0x") ||
-        std::from_chars(id_text.data() + 2, id_text.data() + id_text.size(), id, 16).ptr != id_text.data() + id_text.size())
+        std::from_chars(id_text.data() + 2, id_text.data() + id_text.size(), id, 16).ptr !=
+            id_text.data() + id_text.size())
       bad(op, fmt::format("'id' must be a window id such as \"0x1e00003\" (windows lists them), not \"{}\"", id_text));
     const std::string action = string_field(op, r, "action");
     static constexpr std::pair<std::string_view, x11::WindowAction> kActions[] = {
         {"activate", x11::WindowAction::activate}, {"maximize", x11::WindowAction::maximize},
         {"minimize", x11::WindowAction::minimize}, {"restore", x11::WindowAction::restore},
         {"close", x11::WindowAction::close},       {"move", x11::WindowAction::move}};
-    const auto found = std::find_if(std::begin(kActions), std::end(kActions), [&](const auto& a) { return a.first == action; });
+    const auto found =
+        std::find_if(std::begin(kActions), std::end(kActions), [&](const auto& a) { return a.first == action; });
     if (found == std::end(kActions))
       bad(op, fmt::format("'action' is one of activate, maximize, minimize, restore, close, move; not \"{}\"", action));
     x11::MoveTo move;

@@ -45,7 +45,7 @@ std::string ended_how(int status) {
   if (!WIFSIGNALED(status)) return "stopped";
   const int sig = WTERMSIG(status);
   return fmt::format("killed by signal {}{}", sig,
-                     sig == SIGSYS   ? ", a system call its seccomp filter forbids"
+                     sig == SIGSYS    ? ", a system call its seccomp filter forbids"
                      : sig == SIGKILL ? ", perhaps at its memory limit"
                                       : "");
 }
@@ -78,13 +78,15 @@ std::optional<std::string> shape_problem(std::string_view op, const json& reques
     if (!integer_in(h, "width", 1, kMaxSide) || !integer_in(h, "height", 1, kMaxSide) || !integer_in(h, "depth", 1, 32))
       return "no screen size";
   } else if (op == "capture") {
-    const std::string asked = request.contains("format") && request["format"].is_string() ? request["format"].get<std::string>() : "jpeg";
+    const std::string asked =
+        request.contains("format") && request["format"].is_string() ? request["format"].get<std::string>() : "jpeg";
     if (!string_in(h, "format") || h["format"] != asked) return "not the format asked for";
     if (!integer_in(h, "width", 1, kMaxSide) || !integer_in(h, "height", 1, kMaxSide)) return "no image size";
     for (const char* side : {"width", "height"})
       if (request.contains(side) && request[side].is_number_integer() && request[side] != h[side])
         return "not the size asked for";
-    const std::string_view magic = asked == "png" ? std::string_view("\x89PNG\r\n\x1a\n", 8) : std::string_view("\xff\xd8\xff", 3);
+    const std::string_view magic =
+        asked == "png" ? std::string_view("\x89PNG\r\n\x1a\n", 8) : std::string_view("\xff\xd8\xff", 3);
     if (!reply.payload.starts_with(magic)) return fmt::format("a payload that is not a {} image", asked);
   } else if (op == "info") {
     if (!integer_in(h, "width", 1, kMaxSide) || !integer_in(h, "height", 1, kMaxSide)) return "no screen size";
@@ -93,8 +95,9 @@ std::optional<std::string> shape_problem(std::string_view op, const json& reques
         !(*cursor)[1].is_number_integer())
       return "no cursor position";
     const auto focused = h.find("focused");
-    if (focused == h.end() || (!focused->is_null() && !(focused->is_object() && string_in(*focused, "id") &&
-                                                        string_in(*focused, "title") && string_in(*focused, "wm_class"))))
+    if (focused == h.end() ||
+        (!focused->is_null() && !(focused->is_object() && string_in(*focused, "id") && string_in(*focused, "title") &&
+                                  string_in(*focused, "wm_class"))))
       return "no focused window (or null)";
   } else if (op == "type") {
     if (!integer_in(h, "characters", 0, 1 << 30)) return "no count of characters";
@@ -102,11 +105,13 @@ std::optional<std::string> shape_problem(std::string_view op, const json& reques
     const auto list = h.find("windows");
     if (list == h.end() || !list->is_array() || list->size() > 4096) return "no list of windows";
     for (const json& w : *list) {
-      if (!w.is_object() || !string_in(w, "id") || !string_in(w, "title") || !string_in(w, "wm_class")) return "a window without id, title or class";
+      if (!w.is_object() || !string_in(w, "id") || !string_in(w, "title") || !string_in(w, "wm_class"))
+        return "a window without id, title or class";
       for (const char* key : {"x", "y", "width", "height"})
         if (!integer_in(w, key, -kMaxCoordinate, kMaxCoordinate)) return "a window without its geometry";
       const auto desktop = w.find("desktop");
-      if (desktop == w.end() || !(desktop->is_null() || desktop->is_number_integer())) return "a window without its desktop";
+      if (desktop == w.end() || !(desktop->is_null() || desktop->is_number_integer()))
+        return "a window without its desktop";
       const auto active = w.find("active");
       const auto states = w.find("states");
       if (active == w.end() || !active->is_boolean() || states == w.end() || !states->is_array() ||
@@ -131,7 +136,8 @@ std::unique_ptr<Agent> Agent::start(UniqueFd x_socket, std::string_view cookie, 
     throw SysError(errno, "socketpair", "the display agent's control socket");
   UniqueFd ours(pair[0]), theirs(pair[1]);
   // Non-blocking on this side: every read and write waits in poll, bounded by a deadline.
-  if (::fcntl(ours.get(), F_SETFL, O_NONBLOCK) < 0) throw SysError(errno, "fcntl(O_NONBLOCK)", "the display agent's control socket");
+  if (::fcntl(ours.get(), F_SETFL, O_NONBLOCK) < 0)
+    throw SysError(errno, "fcntl(O_NONBLOCK)", "the display agent's control socket");
   UniqueFd devnull(::open("/dev/null", O_RDWR | O_CLOEXEC));
   if (!devnull) throw SysError(errno, "open", "/dev/null (the display agent's standard streams)");
 
@@ -195,9 +201,10 @@ Frame Agent::exchange(const json& request, Clock::time_point until, std::chrono:
     std::string how;
     stop(late ? nullptr : &how);
     if (late)
-      throw Error(fmt::format("the display agent did not answer '{}' within {} and was stopped (the desktop's X "
-                              "server may be stuck)",
-                              op, duration_text(deadline)));
+      throw Error(
+          fmt::format("the display agent did not answer '{}' within {} and was stopped (the desktop's X "
+                      "server may be stuck)",
+                      op, duration_text(deadline)));
     if (!how.empty()) throw Error(fmt::format("the display agent ended during '{}' ({})", op, how));
     throw Error(fmt::format("the display agent broke the wire answering '{}' ({}) and was stopped", op, e.what()));
   }

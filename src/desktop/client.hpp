@@ -24,9 +24,9 @@
 namespace nshpc::desktop {
 
 struct AgentOptions {
-  std::string program;                               // the ns-hpc binary; empty: /proc/self/exe
-  std::optional<users::Identity> identity;           // the sandbox's host identity to run as; nullopt: this process's
-  std::size_t max_memory = std::size_t{512} << 20;   // RLIMIT_AS
+  std::string program;                              // the ns-hpc binary; empty: /proc/self/exe
+  std::optional<users::Identity> identity;          // the sandbox's host identity to run as; nullopt: this process's
+  std::size_t max_memory = std::size_t{512} << 20;  // RLIMIT_AS
 };
 
 class Agent {

@@ -1,8 +1,8 @@
 #include "desktop/keys.hpp"
 
 #include <algorithm>
-#include <iterator>
 #include <cstddef>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -27,15 +27,13 @@ constexpr std::uint32_t kLevel3Shift = 0xfe03;  // ISO_Level3_Shift (AltGr)
 // Names people and models use that are not keysym names (or mean another keysym than the keysym
 // of that name: xdotool's "meta" is the Super key on today's keyboards, not the keysym Meta_L).
 constexpr std::pair<std::string_view, std::uint32_t> kAliases[] = {
-    {"ctrl", kControlL},     {"control", kControlL},  {"shift", kShiftL},     {"alt", kAltL},
-    {"option", kAltL},       {"super", kSuperL},      {"win", kSuperL},       {"windows", kSuperL},
-    {"cmd", kSuperL},        {"command", kSuperL},    {"meta", kSuperL},      {"hyper", kHyperL},
-    {"altgr", kLevel3Shift}, {"esc", 0xff1b},         {"enter", 0xff0d},      {"return", 0xff0d},
-    {"backspace", 0xff08},   {"del", 0xffff},         {"delete", 0xffff},     {"ins", 0xff63},
-    {"pageup", 0xff55},      {"pagedown", 0xff56},    {"pgup", 0xff55},       {"pgdn", 0xff56},
-    {"capslock", 0xffe5},    {"numlock", 0xff7f},     {"scrolllock", 0xff14}, {"printscreen", 0xff61},
-    {"prtsc", 0xff61},       {"arrowup", 0xff52},     {"arrowdown", 0xff54},  {"arrowleft", 0xff51},
-    {"arrowright", 0xff53},
+    {"ctrl", kControlL},   {"control", kControlL}, {"shift", kShiftL},      {"alt", kAltL},     {"option", kAltL},
+    {"super", kSuperL},    {"win", kSuperL},       {"windows", kSuperL},    {"cmd", kSuperL},   {"command", kSuperL},
+    {"meta", kSuperL},     {"hyper", kHyperL},     {"altgr", kLevel3Shift}, {"esc", 0xff1b},    {"enter", 0xff0d},
+    {"return", 0xff0d},    {"backspace", 0xff08},  {"del", 0xffff},         {"delete", 0xffff}, {"ins", 0xff63},
+    {"pageup", 0xff55},    {"pagedown", 0xff56},   {"pgup", 0xff55},        {"pgdn", 0xff56},   {"capslock", 0xffe5},
+    {"numlock", 0xff7f},   {"scrolllock", 0xff14}, {"printscreen", 0xff61}, {"prtsc", 0xff61},  {"arrowup", 0xff52},
+    {"arrowdown", 0xff54}, {"arrowleft", 0xff51},  {"arrowright", 0xff53},
 };
 
 bool equal_folded(std::string_view a, std::string_view b) {
@@ -68,8 +66,9 @@ std::vector<std::string> known_names() {
   std::string lowered(name);
   for (char& c : lowered) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
   if (const auto near = text::closest(lowered, known_names())) message += fmt::format(" (did you mean '{}'?)", *near);
-  throw UsageError(message + "; keys are X keysym names as xdotool takes them (Return, Tab, Page_Down, F5, "
-                             "KP_Enter, a), one character, or ctrl, shift, alt, super joined with '+'");
+  throw UsageError(message +
+                   "; keys are X keysym names as xdotool takes them (Return, Tab, Page_Down, F5, "
+                   "KP_Enter, a), one character, or ctrl, shift, alt, super joined with '+'");
 }
 
 // "ctrl+shift+t" -> {"ctrl", "shift", "t"}; "ctrl++" -> {"ctrl", "+"}; "+" -> {"+"}.
@@ -146,7 +145,8 @@ std::vector<std::uint32_t> parse_chord(std::string_view chord) {
   const std::string_view trimmed = text::trim(chord);
   if (trimmed.empty()) throw UsageError("an empty key chord; name a key such as 'Return' or 'ctrl+s'");
   const auto names = split_chord(trimmed);
-  if (names.size() > 16) throw UsageError(fmt::format("'{}' has {} keys; a chord has at most 16", trimmed, names.size()));
+  if (names.size() > 16)
+    throw UsageError(fmt::format("'{}' has {} keys; a chord has at most 16", trimmed, names.size()));
   std::vector<std::uint32_t> modifiers, keys;
   for (std::string_view name : names) {
     if (name.empty()) throw UsageError(fmt::format("'{}' has an empty key name between '+' signs", trimmed));

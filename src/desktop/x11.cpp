@@ -1,7 +1,7 @@
 #include "desktop/x11.hpp"
 
-#include <poll.h>
 #include <png.h>
+#include <poll.h>
 #include <turbojpeg.h>
 #include <unistd.h>
 #include <xcb/xtest.h>
@@ -13,10 +13,10 @@
 #include <csetjmp>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <new>
 #include <set>
-#include <functional>
 
 #include <fmt/format.h>
 
@@ -80,19 +80,31 @@ enum AtomIndex : std::size_t {
   aFirstState,  // the _NET_WM_STATE_* atoms follow, in kStateNames' order
 };
 constexpr std::array<const char*, aFirstState> kAtomNames{
-    "CLIPBOARD",          "UTF8_STRING",        "TARGETS",
-    "TIMESTAMP",          "TEXT",               "INCR",
-    "_NSHPC_SELECTION",   "_NSHPC_TIME",        "_NET_CLIENT_LIST",
-    "_NET_WM_NAME",       "_NET_WM_DESKTOP",    "_NET_ACTIVE_WINDOW",
-    "_NET_WM_STATE",      "_NET_CLOSE_WINDOW",  "_NET_MOVERESIZE_WINDOW",
-    "_NET_FRAME_EXTENTS", "_NET_SUPPORTING_WM_CHECK", "WM_CHANGE_STATE",
-    "WM_PROTOCOLS",       "WM_DELETE_WINDOW",
+    "CLIPBOARD",
+    "UTF8_STRING",
+    "TARGETS",
+    "TIMESTAMP",
+    "TEXT",
+    "INCR",
+    "_NSHPC_SELECTION",
+    "_NSHPC_TIME",
+    "_NET_CLIENT_LIST",
+    "_NET_WM_NAME",
+    "_NET_WM_DESKTOP",
+    "_NET_ACTIVE_WINDOW",
+    "_NET_WM_STATE",
+    "_NET_CLOSE_WINDOW",
+    "_NET_MOVERESIZE_WINDOW",
+    "_NET_FRAME_EXTENTS",
+    "_NET_SUPPORTING_WM_CHECK",
+    "WM_CHANGE_STATE",
+    "WM_PROTOCOLS",
+    "WM_DELETE_WINDOW",
 };
 // _NET_WM_STATE_<NAME>, reported as <name> in lower case.
-constexpr std::array<const char*, 13> kStateNames{"MODAL",       "STICKY",       "MAXIMIZED_VERT", "MAXIMIZED_HORZ",
-                                                  "SHADED",      "SKIP_TASKBAR", "SKIP_PAGER",     "HIDDEN",
-                                                  "FULLSCREEN",  "ABOVE",        "BELOW",          "DEMANDS_ATTENTION",
-                                                  "FOCUSED"};
+constexpr std::array<const char*, 13> kStateNames{
+    "MODAL",      "STICKY", "MAXIMIZED_VERT", "MAXIMIZED_HORZ",    "SHADED", "SKIP_TASKBAR", "SKIP_PAGER", "HIDDEN",
+    "FULLSCREEN", "ABOVE",  "BELOW",          "DEMANDS_ATTENTION", "FOCUSED"};
 constexpr std::size_t kAtomCount = aFirstState + kStateNames.size();
 constexpr std::size_t kStateMaxVert = aFirstState + 2, kStateMaxHorz = aFirstState + 3;
 
@@ -136,9 +148,10 @@ Screen check_setup(const xcb_setup_t* setup) {
   out.min_keycode = setup->min_keycode;
   out.max_keycode = setup->max_keycode;
   if (out.width < 1 || out.height < 1 || out.width > kMaxSide || out.height > kMaxSide)
-    throw Error(fmt::format("the desktop's X server has a screen of {}x{}; the display agent handles screens of "
-                            "1x1 to {}x{}",
-                            out.width, out.height, kMaxSide, kMaxSide));
+    throw Error(
+        fmt::format("the desktop's X server has a screen of {}x{}; the display agent handles screens of "
+                    "1x1 to {}x{}",
+                    out.width, out.height, kMaxSide, kMaxSide));
   bool visual_ok = false;
   for (int d = 0; d < screen.allowed_depths_len; ++d) {
     if (at + sizeof(xcb_depth_t) > total) throw broken("a depth past its end");
@@ -164,9 +177,10 @@ Screen check_setup(const xcb_setup_t* setup) {
   }
   if ((out.depth != 24 && out.depth != 32) || out.bits_per_pixel != 32 || !visual_ok ||
       (out.scanline_pad != 8 && out.scanline_pad != 16 && out.scanline_pad != 32))
-    throw Error(fmt::format("the desktop's X server has a screen of depth {} ({} bits a pixel); the display agent "
-                            "reads 24 or 32-bit true-colour screens (Xvfb -screen 0 WxHx24)",
-                            out.depth, out.bits_per_pixel));
+    throw Error(
+        fmt::format("the desktop's X server has a screen of depth {} ({} bits a pixel); the display agent "
+                    "reads 24 or 32-bit true-colour screens (Xvfb -screen 0 WxHx24)",
+                    out.depth, out.bits_per_pixel));
   if (out.min_keycode < 8 || out.max_keycode < out.min_keycode) throw broken("a keycode range that is not X's");
   return out;
 }
@@ -192,10 +206,12 @@ std::string utf8_to_latin1(std::string_view s) {
   for (std::size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
     const std::size_t n = c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
-    if (n == 1) out += static_cast<char>(c);
+    if (n == 1)
+      out += static_cast<char>(c);
     else if (n == 2 && i + 1 < s.size() && c <= 0xc3)
       out += static_cast<char>(((c & 0x1f) << 6) | (static_cast<unsigned char>(s[i + 1]) & 0x3f));
-    else out += '?';
+    else
+      out += '?';
     i += n;
   }
   return out;
@@ -297,7 +313,8 @@ std::vector<std::uint8_t> scale(const Pixels& src, int width, int height) {
         const float* px = line.data() + static_cast<std::size_t>(cols.first[xi] + k) * 4;
         for (int c = 0; c < 4; ++c) acc[c] += w * px[c];
       }
-      for (int c = 0; c < 4; ++c) dst[xi * 4 + static_cast<std::size_t>(c)] = static_cast<std::uint8_t>(std::clamp(acc[c] + 0.5f, 0.0f, 255.0f));
+      for (int c = 0; c < 4; ++c)
+        dst[xi * 4 + static_cast<std::size_t>(c)] = static_cast<std::uint8_t>(std::clamp(acc[c] + 0.5f, 0.0f, 255.0f));
     }
   }
   return out;
@@ -407,8 +424,9 @@ struct Display::State {
   }
 
   [[noreturn]] void lost() const {
-    throw Error("the desktop's X server closed the connection (it ended, or it sent something the display agent "
-                "does not read)");
+    throw Error(
+        "the desktop's X server closed the connection (it ended, or it sent something the display agent "
+        "does not read)");
   }
   void check() const {
     if (xcb_connection_has_error(c)) lost();
@@ -560,7 +578,8 @@ struct Display::State {
     std::vector<std::uint8_t> out;
     for (int kc = screen.min_keycode; kc <= screen.max_keycode; ++kc) {
       bool empty = !keymap.modifiers.contains(static_cast<std::uint8_t>(kc));
-      for (int level = 0; empty && level < keymap.per; ++level) empty = sym_at(static_cast<std::uint8_t>(kc), level) == 0;
+      for (int level = 0; empty && level < keymap.per; ++level)
+        empty = sym_at(static_cast<std::uint8_t>(kc), level) == 0;
       if (empty) out.push_back(static_cast<std::uint8_t>(kc));
     }
     return out;
@@ -596,7 +615,9 @@ struct Display::State {
   }
 
   void require_xtest() const {
-    if (!xtest) throw Error("the desktop's X server has no XTEST extension, so the display agent cannot press keys or move the mouse");
+    if (!xtest)
+      throw Error(
+          "the desktop's X server has no XTEST extension, so the display agent cannot press keys or move the mouse");
   }
 
   // ---- the clipboard
@@ -608,7 +629,7 @@ struct Display::State {
     reply.requestor = req.requestor;
     reply.selection = req.selection;
     reply.target = req.target;
-    reply.property = XCB_NONE;  // refused, unless answered below
+    reply.property = XCB_NONE;                                                         // refused, unless answered below
     const xcb_atom_t property = req.property != XCB_NONE ? req.property : req.target;  // obsolete clients
     const bool ours = req.selection == atom(aCLIPBOARD) && req.owner == window && clipboard &&
                       (req.time == XCB_CURRENT_TIME || req.time >= clipboard_time);
@@ -623,7 +644,8 @@ struct Display::State {
     } else if (ours && req.target == atom(aTIMESTAMP)) {
       xcb_change_property(c, XCB_PROP_MODE_REPLACE, req.requestor, property, kAtomINTEGER, 32, 1, &clipboard_time);
       reply.property = property;
-    } else if (ours && (req.target == atom(aUTF8_STRING) || req.target == atom(aTEXT)) && clipboard->size() <= max_bytes) {
+    } else if (ours && (req.target == atom(aUTF8_STRING) || req.target == atom(aTEXT)) &&
+               clipboard->size() <= max_bytes) {
       xcb_change_property(c, XCB_PROP_MODE_REPLACE, req.requestor, property, atom(aUTF8_STRING), 8,
                           static_cast<std::uint32_t>(clipboard->size()), clipboard->data());
       reply.property = property;
@@ -705,8 +727,7 @@ struct Display::State {
                        ask_property(w, kAtomWM_CLASS, kAtomSTRING, 1024),
                        ask_property(w, atom(a_NET_WM_DESKTOP), kAtomCARDINAL, 4),
                        ask_property(w, atom(a_NET_WM_STATE), kAtomATOM, 64 * 4),
-                       ask_property(w, atom(a_NET_FRAME_EXTENTS), kAtomCARDINAL, 16),
-                       xcb_get_geometry(c, w),
+                       ask_property(w, atom(a_NET_FRAME_EXTENTS), kAtomCARDINAL, 16), xcb_get_geometry(c, w),
                        xcb_translate_coordinates(c, w, screen.root, 0, 0)});
     const auto active = property(screen.root, atom(a_NET_ACTIVE_WINDOW), kAtomWINDOW, 4);
     const xcb_window_t active_id = active && active->words().size() == 1 ? active->words()[0] : XCB_NONE;
@@ -836,28 +857,32 @@ std::string Display::capture(const CaptureRequest& req) {
   s.check();
   const int w = req.x1 - req.x0, h = req.y1 - req.y0;
   if (req.x0 < 0 || req.y0 < 0 || w < 1 || h < 1 || req.x1 > s.screen.width || req.y1 > s.screen.height)
-    throw Error(fmt::format("the region [{}, {}, {}, {}] is not inside the {}x{} screen (x0 < x1 <= width, "
-                            "y0 < y1 <= height)",
-                            req.x0, req.y0, req.x1, req.y1, s.screen.width, s.screen.height));
+    throw Error(
+        fmt::format("the region [{}, {}, {}, {}] is not inside the {}x{} screen (x0 < x1 <= width, "
+                    "y0 < y1 <= height)",
+                    req.x0, req.y0, req.x1, req.y1, s.screen.width, s.screen.height));
   if (req.width < 1 || req.height < 1 || req.width > kMaxSide || req.height > kMaxSide)
     throw Error(fmt::format("an image of {}x{}; images are 1x1 to {}x{}", req.width, req.height, kMaxSide, kMaxSide));
   const std::size_t stride = (static_cast<std::size_t>(w) * static_cast<std::size_t>(s.screen.bits_per_pixel) +
                               static_cast<std::size_t>(s.screen.scanline_pad) - 1) /
-                             static_cast<std::size_t>(s.screen.scanline_pad) * static_cast<std::size_t>(s.screen.scanline_pad) / 8;
-  const int strip_rows = static_cast<int>(std::clamp<std::size_t>(kStripBytes / stride, 1, static_cast<std::size_t>(h)));
+                             static_cast<std::size_t>(s.screen.scanline_pad) *
+                             static_cast<std::size_t>(s.screen.scanline_pad) / 8;
+  const int strip_rows =
+      static_cast<int>(std::clamp<std::size_t>(kStripBytes / stride, 1, static_cast<std::size_t>(h)));
   // Each strip's reply, checked: the depth asked for and at least the rows asked for.
   const auto read_strip = [&](int y, int rows) {
-    XPtr<xcb_get_image_reply_t> r(xcb_get_image_reply(
-        s.c,
-        xcb_get_image(s.c, XCB_IMAGE_FORMAT_Z_PIXMAP, s.screen.root, static_cast<std::int16_t>(req.x0),
-                      static_cast<std::int16_t>(y), static_cast<std::uint16_t>(w), static_cast<std::uint16_t>(rows),
-                      ~0u),
-        nullptr));
+    XPtr<xcb_get_image_reply_t> r(
+        xcb_get_image_reply(s.c,
+                            xcb_get_image(s.c, XCB_IMAGE_FORMAT_Z_PIXMAP, s.screen.root,
+                                          static_cast<std::int16_t>(req.x0), static_cast<std::int16_t>(y),
+                                          static_cast<std::uint16_t>(w), static_cast<std::uint16_t>(rows), ~0u),
+                            nullptr));
     if (!r) {
       s.check();
       throw Error("the desktop's X server refused to read the screen");
     }
-    if (r->depth != s.screen.depth || std::uint64_t{r->length} * 4 < std::uint64_t{stride} * static_cast<std::uint64_t>(rows))
+    if (r->depth != s.screen.depth ||
+        std::uint64_t{r->length} * 4 < std::uint64_t{stride} * static_cast<std::uint64_t>(rows))
       throw Error("the desktop's X server sent a screen image that does not match the screen it described");
     return r;
   };
@@ -958,8 +983,10 @@ void Display::input(const std::vector<InputEvent>& events) {
         case InputEvent::Kind::button: {
           const auto b = static_cast<std::uint8_t>(e.button);
           s.fake(e.down ? XCB_BUTTON_PRESS : XCB_BUTTON_RELEASE, b);
-          if (e.down) buttons_down.push_back(b);
-          else std::erase(buttons_down, b);
+          if (e.down)
+            buttons_down.push_back(b);
+          else
+            std::erase(buttons_down, b);
           break;
         }
         case InputEvent::Kind::key: {
@@ -1152,11 +1179,13 @@ void Display::window_action(std::uint32_t id, WindowAction action, const MoveTo&
       break;
     case WindowAction::maximize:
       need_wm("maximize");
-      s.client_message(id, s.atom(a_NET_WM_STATE), {1 /* add */, s.atom(kStateMaxVert), s.atom(kStateMaxHorz), kSourcePager, 0});
+      s.client_message(id, s.atom(a_NET_WM_STATE),
+                       {1 /* add */, s.atom(kStateMaxVert), s.atom(kStateMaxHorz), kSourcePager, 0});
       break;
     case WindowAction::restore:
       need_wm("restore");
-      s.client_message(id, s.atom(a_NET_WM_STATE), {0 /* remove */, s.atom(kStateMaxVert), s.atom(kStateMaxHorz), kSourcePager, 0});
+      s.client_message(id, s.atom(a_NET_WM_STATE),
+                       {0 /* remove */, s.atom(kStateMaxVert), s.atom(kStateMaxHorz), kSourcePager, 0});
       xcb_map_window(s.c, id);  // a minimized window comes back
       s.client_message(id, s.atom(a_NET_ACTIVE_WINDOW), {kSourcePager, XCB_CURRENT_TIME, 0, 0, 0});
       break;
@@ -1191,11 +1220,12 @@ void Display::window_action(std::uint32_t id, WindowAction action, const MoveTo&
                          {flags, static_cast<std::uint32_t>(move.x), static_cast<std::uint32_t>(move.y),
                           static_cast<std::uint32_t>(width), static_cast<std::uint32_t>(height)});
       } else {
-        const std::array<std::uint32_t, 4> values{static_cast<std::uint32_t>(move.x), static_cast<std::uint32_t>(move.y),
-                                                  static_cast<std::uint32_t>(width), static_cast<std::uint32_t>(height)};
-        xcb_configure_window(s.c, id,
-                             XCB_CONFIG_WINDOW_X | XCB_CONFIG_WINDOW_Y | XCB_CONFIG_WINDOW_WIDTH | XCB_CONFIG_WINDOW_HEIGHT,
-                             values.data());
+        const std::array<std::uint32_t, 4> values{static_cast<std::uint32_t>(move.x),
+                                                  static_cast<std::uint32_t>(move.y), static_cast<std::uint32_t>(width),
+                                                  static_cast<std::uint32_t>(height)};
+        xcb_configure_window(
+            s.c, id, XCB_CONFIG_WINDOW_X | XCB_CONFIG_WINDOW_Y | XCB_CONFIG_WINDOW_WIDTH | XCB_CONFIG_WINDOW_HEIGHT,
+            values.data());
       }
       break;
     }
@@ -1222,15 +1252,15 @@ std::string Display::clipboard_get() {
       const auto& n = reinterpret_cast<const xcb_selection_notify_event_t&>(e);
       return n.requestor == w && n.selection == clipboard;
     });
-    if (!ev)
-      throw Error(fmt::format("the clipboard's owner (window 0x{:x}) did not answer within 3 s", owner->owner));
+    if (!ev) throw Error(fmt::format("the clipboard's owner (window 0x{:x}) did not answer within 3 s", owner->owner));
     if (reinterpret_cast<const xcb_selection_notify_event_t*>(ev.get())->property == XCB_NONE) continue;
-    const auto p = s.take_property(s.ask_property(s.window, s.atom(aSELECTION_PROPERTY), XCB_GET_PROPERTY_TYPE_ANY,
-                                                  kMaxClipboard, true));
+    const auto p = s.take_property(
+        s.ask_property(s.window, s.atom(aSELECTION_PROPERTY), XCB_GET_PROPERTY_TYPE_ANY, kMaxClipboard, true));
     if (!p || p->type == XCB_NONE) return {};
     if (p->type == s.atom(aINCR))
-      throw Error("the clipboard holds more text than its owner sends at once (an INCR transfer); the display agent "
-                  "reads up to 1 MiB sent at once");
+      throw Error(
+          "the clipboard holds more text than its owner sends at once (an INCR transfer); the display agent "
+          "reads up to 1 MiB sent at once");
     if (p->bytes_after > 0 || p->data.size() > kMaxClipboard)
       throw Error("the clipboard holds more than 1 MiB of text; not read");
     if (p->format != 8) throw Error("the clipboard's owner answered with something that is not text");

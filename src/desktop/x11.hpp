@@ -27,8 +27,8 @@ inline constexpr int kMaxSide = 8192;
 inline constexpr std::size_t kMaxClipboard = std::size_t{1} << 20;
 
 struct CaptureRequest {
-  bool png = false;  // else JPEG
-  int quality = 75;  // JPEG, 1..100
+  bool png = false;                    // else JPEG
+  int quality = 75;                    // JPEG, 1..100
   int x0 = 0, y0 = 0, x1 = 0, y1 = 0;  // the region, end exclusive, inside the screen
   int width = 0, height = 0;           // the image's size (the region scaled to it)
 };
@@ -36,20 +36,20 @@ struct CaptureRequest {
 struct InputEvent {
   enum class Kind { move, button, key, sleep };
   Kind kind = Kind::move;
-  int x = 0, y = 0;            // move
-  int button = 0;              // button: 1..7
-  std::uint32_t keysym = 0;    // key
-  bool down = false;           // button, key
-  int sleep_ms = 0;            // sleep
+  int x = 0, y = 0;          // move
+  int button = 0;            // button: 1..7
+  std::uint32_t keysym = 0;  // key
+  bool down = false;         // button, key
+  int sleep_ms = 0;          // sleep
 };
 
 struct WindowInfo {
   std::uint32_t id = 0;
   std::string title, wm_class;
-  long desktop = -1;                  // _NET_WM_DESKTOP; -1: unknown, 0xFFFFFFFF: all desktops
+  long desktop = -1;                        // _NET_WM_DESKTOP; -1: unknown, 0xFFFFFFFF: all desktops
   int x = 0, y = 0, width = 0, height = 0;  // on the root, the window manager's frame included
   bool active = false;
-  std::vector<std::string> states;    // "maximized_vert", "hidden", ... (_NET_WM_STATE, lower-case)
+  std::vector<std::string> states;  // "maximized_vert", "hidden", ... (_NET_WM_STATE, lower-case)
 };
 
 struct PointerInfo {
@@ -59,8 +59,8 @@ struct PointerInfo {
 enum class WindowAction { activate, maximize, minimize, restore, close, move };
 
 struct MoveTo {
-  int x = 0, y = 0;                       // the frame's top-left corner, as `windows` reports it
-  std::optional<int> width, height;       // the size with the frame, as `windows` reports it
+  int x = 0, y = 0;                  // the frame's top-left corner, as `windows` reports it
+  std::optional<int> width, height;  // the size with the frame, as `windows` reports it
 };
 
 class Display {

@@ -54,10 +54,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
+using nlohmann::json;
 using nshpc::UniqueFd;
 using nshpc::desktop::Agent;
 using nshpc::desktop::AgentOptions;
-using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 std::string random_bytes(std::size_t n) {
@@ -133,7 +133,8 @@ class TestDisplay {
       if (fs::exists(fmt::format("/tmp/.X11-unix/X{}", n)) || fs::exists(fmt::format("/tmp/.X{}-lock", n))) continue;
       try_start(n, width, height);
     }
-    if (number_ < 0) throw std::runtime_error("no Xvfb could be started on displays :50 to :199 (see " + dir_.string() + ")");
+    if (number_ < 0)
+      throw std::runtime_error("no Xvfb could be started on displays :50 to :199 (see " + dir_.string() + ")");
   }
   ~TestDisplay() {
     if (server_.pid() > 0) {
@@ -157,13 +158,8 @@ class TestDisplay {
   std::vector<std::string> client_env() const {
     const fs::path home = dir_ / "home";
     fs::create_directories(home);
-    return {"DISPLAY=" + name(),
-            "XAUTHORITY=" + (dir_ / "auth").string(),
-            "HOME=" + home.string(),
-            "PATH=/usr/local/bin:/usr/bin:/bin",
-            "LANG=C.UTF-8",
-            "NO_AT_BRIDGE=1",
-            "GSETTINGS_BACKEND=memory",
+    return {"DISPLAY=" + name(), "XAUTHORITY=" + (dir_ / "auth").string(), "HOME=" + home.string(),
+            "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "NO_AT_BRIDGE=1", "GSETTINGS_BACKEND=memory",
             "XDG_RUNTIME_DIR=" + home.string(),
             // No D-Bus session for GTK: it runs on its own (a window manager gets one of its own).
             "DBUS_SESSION_BUS_ADDRESS=unix:path=" + (dir_ / "no-bus").string()};
@@ -201,8 +197,18 @@ class TestDisplay {
     UniqueFd log(::open((dir_ / "xvfb.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
     nshpc::SpawnSpec spec;
     spec.program = "Xvfb";
-    spec.argv = {"Xvfb", fmt::format(":{}", n), "-screen", "0", fmt::format("{}x{}x24", width, height),
-                 "-nolisten", "tcp", "-auth", (dir_ / "auth").string(), "-displayfd", "3", "-noreset"};
+    spec.argv = {"Xvfb",
+                 fmt::format(":{}", n),
+                 "-screen",
+                 "0",
+                 fmt::format("{}x{}x24", width, height),
+                 "-nolisten",
+                 "tcp",
+                 "-auth",
+                 (dir_ / "auth").string(),
+                 "-displayfd",
+                 "3",
+                 "-noreset"};
     spec.fds = {{devnull.get(), 0}, {log.get(), 1}, {log.get(), 2}, {ready.write.get(), 3}};
     spec.die_with_parent = SIGKILL;
     nshpc::SpawnedChild server = nshpc::spawn(spec);
@@ -257,8 +263,8 @@ class XClient {
   xcb_window_t root() const { return screen_->root; }
 
   xcb_atom_t atom(const char* name) {
-    XPtr<xcb_intern_atom_reply_t> r(
-        xcb_intern_atom_reply(c_, xcb_intern_atom(c_, 0, static_cast<std::uint16_t>(std::strlen(name)), name), nullptr));
+    XPtr<xcb_intern_atom_reply_t> r(xcb_intern_atom_reply(
+        c_, xcb_intern_atom(c_, 0, static_cast<std::uint16_t>(std::strlen(name)), name), nullptr));
     return r ? r->atom : XCB_NONE;
   }
 
@@ -346,7 +352,8 @@ struct Image {
   int width = 0, height = 0;
   std::vector<unsigned char> rgb;
   std::array<int, 3> at(int x, int y) const {
-    const std::size_t i = (static_cast<std::size_t>(y) * static_cast<std::size_t>(width) + static_cast<std::size_t>(x)) * 3;
+    const std::size_t i =
+        (static_cast<std::size_t>(y) * static_cast<std::size_t>(width) + static_cast<std::size_t>(x)) * 3;
     return {rgb[i], rgb[i + 1], rgb[i + 2]};
   }
 };
@@ -418,7 +425,8 @@ TEST(DisplayAgent, CapturesWhatIsOnTheScreenAsPngAndJpeg) {
   // Exactly the window's pixels: every corner inside, and just outside is something else.
   for (auto [x0, y0] : {std::pair{100, 50}, {299, 50}, {100, 169}, {299, 169}, {200, 110}})
     EXPECT_EQ(png.at(x0, y0), kRed) << x0 << "," << y0;
-  for (auto [x0, y0] : {std::pair{99, 50}, {300, 50}, {100, 49}, {100, 170}}) EXPECT_NE(png.at(x0, y0), kRed) << x0 << "," << y0;
+  for (auto [x0, y0] : {std::pair{99, 50}, {300, 50}, {100, 49}, {100, 170}})
+    EXPECT_NE(png.at(x0, y0), kRed) << x0 << "," << y0;
   EXPECT_EQ(png.at(700, 400), kBlue);
   EXPECT_EQ(png.at(763, 431), kBlue);
   EXPECT_NE(png.at(764, 431), kBlue);
@@ -448,7 +456,8 @@ TEST(DisplayAgent, CapturesARegionAtItsOwnSizeScaledDownOrZoomed) {
   EXPECT_EQ(region.at(399, 119), kBlue);
 
   // Scaled down to a quarter: still red then blue, the boundary averaged in one column at most.
-  const Image small = capture(*agent, {{"format", "png"}, {"region", {100, 50, 500, 170}}, {"width", 100}, {"height", 30}});
+  const Image small =
+      capture(*agent, {{"format", "png"}, {"region", {100, 50, 500, 170}}, {"width", 100}, {"height", 30}});
   ASSERT_EQ(small.width, 100);
   ASSERT_EQ(small.height, 30);
   EXPECT_EQ(small.at(10, 15), kRed);
@@ -463,7 +472,8 @@ TEST(DisplayAgent, CapturesARegionAtItsOwnSizeScaledDownOrZoomed) {
   EXPECT_TRUE(near(half.at(100, 55), kRed, 24)) << show(half.at(100, 55));
 
   // A zoom: 20x10 pixels across the boundary to 400x200, red on the left, blue on the right.
-  const Image zoom = capture(*agent, {{"format", "png"}, {"region", {290, 100, 310, 110}}, {"width", 400}, {"height", 200}});
+  const Image zoom =
+      capture(*agent, {{"format", "png"}, {"region", {290, 100, 310, 110}}, {"width", 400}, {"height", 200}});
   ASSERT_EQ(zoom.width, 400);
   ASSERT_EQ(zoom.height, 200);
   EXPECT_EQ(zoom.at(20, 100), kRed);
@@ -472,13 +482,26 @@ TEST(DisplayAgent, CapturesARegionAtItsOwnSizeScaledDownOrZoomed) {
   EXPECT_EQ(zoom.at(380, 100), kBlue);
 
   // Wrong regions and sizes are refused, and the agent goes on.
-  EXPECT_NE(error_of([&] { agent->call({{"op", "capture"}, {"region", {0, 0, 1281, 10}}}, 5s); }).find("not inside the 1280x800 screen"),
+  EXPECT_NE(error_of([&] {
+              agent->call({{"op", "capture"}, {"region", {0, 0, 1281, 10}}}, 5s);
+            }).find("not inside the 1280x800 screen"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { agent->call({{"op", "capture"}, {"region", {10, 10, 10, 20}}}, 5s); }).find("region"), std::string::npos);
-  EXPECT_NE(error_of([&] { agent->call({{"op", "capture"}, {"width", 100000}}, 5s); }).find("'width' must be an integer from 1 to 8192"),
+  EXPECT_NE(error_of([&] {
+              agent->call({{"op", "capture"}, {"region", {10, 10, 10, 20}}}, 5s);
+            }).find("region"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { agent->call({{"op", "capture"}, {"format", "gif"}}, 5s); }).find("'format'"), std::string::npos);
-  EXPECT_NE(error_of([&] { agent->call({{"op", "teleport"}}, 5s); }).find("'teleport' is not a request"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              agent->call({{"op", "capture"}, {"width", 100000}}, 5s);
+            }).find("'width' must be an integer from 1 to 8192"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              agent->call({{"op", "capture"}, {"format", "gif"}}, 5s);
+            }).find("'format'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              agent->call({{"op", "teleport"}}, 5s);
+            }).find("'teleport' is not a request"),
+            std::string::npos);
   EXPECT_TRUE(agent->alive());
   EXPECT_EQ(capture(*agent, {{"format", "png"}, {"region", {150, 60, 160, 70}}}).at(5, 5), kRed);
 }
@@ -492,7 +515,8 @@ TEST(DisplayAgent, AClickLandsOnTheWindowAtItsCoordinates) {
   agent->call({{"op", "input"},
                {"events", {{{"move", {450, 320}}}, {{"button", 1}, {"down", true}}, {{"button", 1}, {"down", false}}}}},
               5s);
-  const auto pressed = x.wait([](const xcb_generic_event_t& e) { return (e.response_type & 0x7f) == XCB_BUTTON_PRESS; });
+  const auto pressed =
+      x.wait([](const xcb_generic_event_t& e) { return (e.response_type & 0x7f) == XCB_BUTTON_PRESS; });
   ASSERT_TRUE(pressed);
   const auto& p = *reinterpret_cast<const xcb_button_press_event_t*>(pressed.get());
   EXPECT_EQ(p.event, target);
@@ -505,7 +529,8 @@ TEST(DisplayAgent, AClickLandsOnTheWindowAtItsCoordinates) {
 
   // A right button pressed and never released: the agent releases it before it answers.
   agent->call({{"op", "input"}, {"events", {{{"move", {401, 301}}}, {{"button", 3}, {"down", true}}}}}, 5s);
-  const auto released = x.wait([](const xcb_generic_event_t& e) { return (e.response_type & 0x7f) == XCB_BUTTON_RELEASE; });
+  const auto released =
+      x.wait([](const xcb_generic_event_t& e) { return (e.response_type & 0x7f) == XCB_BUTTON_RELEASE; });
   ASSERT_TRUE(released);
   EXPECT_EQ(reinterpret_cast<const xcb_button_release_event_t*>(released.get())->detail, 3);
 
@@ -514,7 +539,9 @@ TEST(DisplayAgent, AClickLandsOnTheWindowAtItsCoordinates) {
   EXPECT_EQ(info["width"], 1280);
 
   // Off the screen is refused, not clamped.
-  EXPECT_NE(error_of([&] { agent->call({{"op", "input"}, {"events", {{{"move", {1280, 5}}}}}}, 5s); }).find("off the 1280x800 screen"),
+  EXPECT_NE(error_of([&] {
+              agent->call({{"op", "input"}, {"events", {{{"move", {1280, 5}}}}}}, 5s);
+            }).find("off the 1280x800 screen"),
             std::string::npos);
 }
 
@@ -545,7 +572,8 @@ TEST(DisplayAgent, AKeyChordArrivesAsItsKeysymsWithItsModifiers) {
   EXPECT_EQ(ctrl_shift_t[0].first, 0xffe3u);  // Control_L
   EXPECT_EQ(ctrl_shift_t[1].first, 0xffe1u);  // Shift_L
   EXPECT_EQ(ctrl_shift_t[2].first, std::uint32_t{'t'});
-  EXPECT_EQ(ctrl_shift_t[2].second & (XCB_MOD_MASK_CONTROL | XCB_MOD_MASK_SHIFT), XCB_MOD_MASK_CONTROL | XCB_MOD_MASK_SHIFT);
+  EXPECT_EQ(ctrl_shift_t[2].second & (XCB_MOD_MASK_CONTROL | XCB_MOD_MASK_SHIFT),
+            XCB_MOD_MASK_CONTROL | XCB_MOD_MASK_SHIFT);
 
   // A keysym on the Shift level gets Shift: "alt+A" is Alt, Shift, a.
   const auto alt_a = keys_pressed("alt+A");
@@ -618,7 +646,11 @@ TEST(DisplayAgent, TypesUnicodeIntoAnEditorExactly) {
       },
       15s));
   EXPECT_EQ(saved, text);
-  EXPECT_TRUE(nshpc::test::eventually([&] { return agent->call({{"op", "info"}}, 5s).header["focused"]["id"] == id; }, 5s));
+  EXPECT_TRUE(nshpc::test::eventually(
+      [&] {
+        return agent->call({{"op", "info"}}, 5s).header["focused"]["id"] == id;
+      },
+      5s));
 
   // More characters the keyboard lacks than it has spare keycodes (Xvfb's map has 19): typed in
   // runs, each through its own remap; a line break and a tab on the way.
@@ -638,8 +670,8 @@ TEST(DisplayAgent, WindowsAreListedAndTheWindowManagerActsOnThem) {
   const xcb_atom_t check = x.atom("_NET_SUPPORTING_WM_CHECK");
   ASSERT_TRUE(nshpc::test::eventually(
       [&] {
-        XPtr<xcb_get_property_reply_t> r(xcb_get_property_reply(
-            x.c(), xcb_get_property(x.c(), 0, x.root(), check, XCB_ATOM_WINDOW, 0, 1), nullptr));
+        XPtr<xcb_get_property_reply_t> r(
+            xcb_get_property_reply(x.c(), xcb_get_property(x.c(), 0, x.root(), check, XCB_ATOM_WINDOW, 0, 1), nullptr));
         return r && xcb_get_property_value_length(r.get()) == 4;
       },
       30s))
@@ -665,7 +697,8 @@ TEST(DisplayAgent, WindowsAreListedAndTheWindowManagerActsOnThem) {
   EXPECT_LT(w["width"].get<int>(), 320 + 100);
   EXPECT_TRUE(w["desktop"].is_number_integer());
 
-  agent->call({{"op", "window"}, {"id", id}, {"action", "move"}, {"x", 200}, {"y", 150}, {"width", 500}, {"height", 300}}, 5s);
+  agent->call(
+      {{"op", "window"}, {"id", id}, {"action", "move"}, {"x", 200}, {"y", 150}, {"width", 500}, {"height", 300}}, 5s);
   EXPECT_TRUE(nshpc::test::eventually(
       [&] {
         w = listed();
@@ -687,7 +720,11 @@ TEST(DisplayAgent, WindowsAreListedAndTheWindowManagerActsOnThem) {
   EXPECT_TRUE(nshpc::test::eventually([&] { return !has("hidden") && !has("maximized_vert"); }, 10s)) << w.dump();
   agent->call({{"op", "window"}, {"id", id}, {"action", "activate"}}, 5s);
   EXPECT_TRUE(nshpc::test::eventually([&] { return listed()["active"] == true; }, 10s));
-  EXPECT_TRUE(nshpc::test::eventually([&] { return agent->call({{"op", "info"}}, 5s).header["focused"]["id"] == id; }, 10s));
+  EXPECT_TRUE(nshpc::test::eventually(
+      [&] {
+        return agent->call({{"op", "info"}}, 5s).header["focused"]["id"] == id;
+      },
+      10s));
 
   // Close: the window manager asks the window to go (WM_DELETE_WINDOW).
   const xcb_atom_t protocols = x.atom("WM_PROTOCOLS"), del = x.atom("WM_DELETE_WINDOW");
@@ -700,9 +737,13 @@ TEST(DisplayAgent, WindowsAreListedAndTheWindowManagerActsOnThem) {
       },
       10s));
 
-  EXPECT_NE(error_of([&] { agent->call({{"op", "window"}, {"id", "0x1"}, {"action", "close"}}, 5s); }).find("no window 0x1"),
+  EXPECT_NE(error_of([&] {
+              agent->call({{"op", "window"}, {"id", "0x1"}, {"action", "close"}}, 5s);
+            }).find("no window 0x1"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { agent->call({{"op", "window"}, {"id", id}, {"action", "explode"}}, 5s); }).find("'action'"),
+  EXPECT_NE(error_of([&] {
+              agent->call({{"op", "window"}, {"id", id}, {"action", "explode"}}, 5s);
+            }).find("'action'"),
             std::string::npos);
 }
 
@@ -715,10 +756,12 @@ TEST(DisplayAgent, TheClipboardRoundTripsAndOtherApplicationsPasteIt) {
   agent->call({{"op", "clipboard_set"}, {"text", text}}, 5s);
   EXPECT_EQ(agent->call({{"op", "clipboard_get"}}, 5s).header["text"], text);
   EXPECT_NE(x.selection_owner("CLIPBOARD"), static_cast<std::uint32_t>(XCB_NONE));
-  if (!nshpc::fs::find_program("xclip")) GTEST_SKIP() << "xclip is not installed: pastes into other applications are not checked";
+  if (!nshpc::fs::find_program("xclip"))
+    GTEST_SKIP() << "xclip is not installed: pastes into other applications are not checked";
 
   // Another application pastes it while the agent waits between requests.
-  Program paste = display.run({"sh", "-c", "xclip -selection clipboard -o > " + (display.dir() / "pasted").string()}, "xclip-out");
+  Program paste =
+      display.run({"sh", "-c", "xclip -selection clipboard -o > " + (display.dir() / "pasted").string()}, "xclip-out");
   EXPECT_TRUE(paste.ended_within(10s));
   EXPECT_EQ(nshpc::test::read_text(display.dir() / "pasted"), text);
 
@@ -741,7 +784,8 @@ TEST(DisplayAgent, AWrongCookieIsRefusedWithTheServersReason) {
   const std::string e = error_of([&] { Agent::start(display.connect(), random_bytes(16), options, 10s); });
   EXPECT_NE(e.find("refused the connection"), std::string::npos) << e;
   EXPECT_LT(Clock::now() - started, 5s);
-  EXPECT_NE(error_of([&] { Agent::start(display.connect(), "short", options, 10s); }).find("16 bytes"), std::string::npos);
+  EXPECT_NE(error_of([&] { Agent::start(display.connect(), "short", options, 10s); }).find("16 bytes"),
+            std::string::npos);
 }
 
 std::string proc_status(pid_t pid, const std::string& field) {
@@ -814,15 +858,15 @@ std::string setup_reply(int width, int height, unsigned depths = 1, std::uint16_
   u32(256);         // motion buffer
   u16(4);           // vendor length
   u16(0xffff);      // maximum request length
-  u8(1);  // screens
-  u8(1);  // pixmap formats
+  u8(1);            // screens
+  u8(1);            // pixmap formats
   u8(0), u8(0), u8(32), u8(32), u8(8), u8(255), u32(0);
   body += "Fake";
-  u8(24), u8(32), u8(32), body.append(5, '\0');  // format: depth 24, 32 bits a pixel, pad 32
+  u8(24), u8(32), u8(32), body.append(5, '\0');          // format: depth 24, 32 bits a pixel, pad 32
   u32(0x100), u32(0x20), u32(0xffffff), u32(0), u32(0);  // root, colormap, white, black, input masks
   u16(static_cast<unsigned>(width)), u16(static_cast<unsigned>(height)), u16(300), u16(200), u16(1), u16(1);
-  u32(0x21), u8(0), u8(0), u8(24), u8(depths);   // root visual, backing, save unders, depth, depths
-  u8(24), u8(0), u16(1), u32(0);                 // depth 24, one visual
+  u32(0x21), u8(0), u8(0), u8(24), u8(depths);  // root visual, backing, save unders, depth, depths
+  u8(24), u8(0), u16(1), u32(0);                // depth 24, one visual
   u32(0x21), u8(4), u8(8), u16(256), u32(0xff0000), u32(0xff00), u32(0xff), u32(0);  // TrueColor
   std::string head{1, 0, 11, 0, 0, 0};
   const std::uint16_t words = claimed_words ? claimed_words : static_cast<std::uint16_t>(body.size() / 4);
@@ -840,7 +884,8 @@ class FakeServer {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::strncpy(addr.sun_path, (dir_ / "X").c_str(), sizeof addr.sun_path - 1);
-    if (::bind(listener_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(listener_.get(), 4) != 0)
+    if (::bind(listener_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::listen(listener_.get(), 4) != 0)
       throw std::runtime_error("the fake X server could not listen");
     thread_ = std::thread([this, play = std::move(play)] {
       pollfd p{listener_.get(), POLLIN, 0};
@@ -894,7 +939,8 @@ void give(int fd, std::string_view bytes) {
 }
 
 // Starts an agent on `server` with `deadline`; the error, and how long it took.
-std::pair<std::string, std::chrono::milliseconds> start_against(const FakeServer& server, std::chrono::milliseconds deadline) {
+std::pair<std::string, std::chrono::milliseconds> start_against(const FakeServer& server,
+                                                                std::chrono::milliseconds deadline) {
   AgentOptions options;
   options.program = nshpc::test::binary();
   const auto started = Clock::now();
@@ -969,8 +1015,8 @@ TEST(DisplayAgentHostileServer, AReplyClaimingAGiganticLengthIsAnError) {
     give(fd, setup_reply(640, 480));
     take(fd, 300ms);
     std::string reply(32, '\0');
-    reply[0] = 1;                                   // a reply
-    reply[2] = 1;                                   // to request 1
+    reply[0] = 1;                                               // a reply
+    reply[2] = 1;                                               // to request 1
     reply[4] = 0, reply[5] = 0, reply[6] = 0, reply[7] = 0x10;  // 0x10000000 words
     give(fd, reply);
     take(fd, 3s);
@@ -1050,8 +1096,12 @@ TEST(DisplayAgentHostileAgent, RepliesOfTheWrongShapeStopIt) {
     EXPECT_FALSE(agent->alive()) << answer;
   }
   // A capture whose payload is not the image asked for.
-  auto agent = start_fake_agent(dir, "    send(b'{\"ok\": true, \"format\": \"png\", \"width\": 2, \"height\": 2}', b'GIF89a')");
-  EXPECT_NE(error_of([&] { agent->call({{"op", "capture"}, {"format", "png"}}, 2s); }).find("not a png image"), std::string::npos);
+  auto agent =
+      start_fake_agent(dir, "    send(b'{\"ok\": true, \"format\": \"png\", \"width\": 2, \"height\": 2}', b'GIF89a')");
+  EXPECT_NE(error_of([&] {
+              agent->call({{"op", "capture"}, {"format", "png"}}, 2s);
+            }).find("not a png image"),
+            std::string::npos);
   std::error_code ec;
   fs::remove_all(dir, ec);
 }
@@ -1060,7 +1110,8 @@ TEST(DisplayAgentHostileAgent, ItsErrorsAreCleanedAndItLivesOn) {
   if (!nshpc::fs::find_program("python3")) GTEST_SKIP() << "python3 plays the subverted agent";
   const fs::path dir = make_temp_dir();
   ::chmod(dir.c_str(), 0755);
-  auto agent = start_fake_agent(dir, "    send(json.dumps({'ok': False, 'error': 'bad\\x1b[31m\\nthing ' + 'x' * 1000}).encode())");
+  auto agent = start_fake_agent(
+      dir, "    send(json.dumps({'ok': False, 'error': 'bad\\x1b[31m\\nthing ' + 'x' * 1000}).encode())");
   const std::string e = error_of([&] { agent->call({{"op", "info"}}, 2s); });
   EXPECT_TRUE(e.starts_with("bad[31mthing xxx")) << e;
   EXPECT_EQ(nshpc::text::utf8_length(e), 301u) << e;  // 300 and the ellipsis

@@ -144,7 +144,9 @@ struct Pair {
   }
 };
 
-void send_bytes(int fd, std::string_view bytes) { ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size())); }
+void send_bytes(int fd, std::string_view bytes) {
+  ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+}
 
 std::string u32(std::uint32_t v) {
   std::string out(4, '\0');
@@ -177,8 +179,9 @@ TEST(DesktopWire, OversizedHeaderOrPayloadIsRefusedBeforeReadingIt) {
   EXPECT_NE(read_error(p.b.get(), std::chrono::seconds(2)).find("a header of 4294967295 bytes"), std::string::npos);
   Pair q;
   send_bytes(q.a.get(), u32(2) + "{}" + u32(101));
-  EXPECT_NE(read_error(q.b.get(), std::chrono::seconds(2), kMaxHeader, 100).find("a payload of 101 bytes (at most 100)"),
-            std::string::npos);
+  EXPECT_NE(
+      read_error(q.b.get(), std::chrono::seconds(2), kMaxHeader, 100).find("a payload of 101 bytes (at most 100)"),
+      std::string::npos);
 }
 
 TEST(DesktopWire, MalformedHeadersAreRefused) {
