@@ -52,6 +52,7 @@ ServerParts computer_parts(const ComputerConfig& c, const std::string& id, bool 
   settings.tool_instruction_override = c.tool_instruction_override;
   settings.extended_tool_instruction = c.extended_tool_instruction;
   settings.network_access = c.network_access;
+  settings.desktop_environment = c.desktop_environment;
   settings.expose_lifecycle_tools = expose;
   settings.whole_output = c.whole_output;
   parts.options = [id](const tools::Services& services) {
@@ -83,8 +84,13 @@ transport::HttpResponse root_page(Invocation& inv, const ComputerConfig& c, cons
     return res;
   }
   bool network = c.network_access;
+  bool desktop = c.desktop_environment;
   try {
-    if (inv.store().exists(id)) network = inv.store().get(id).network != config::Network::off;
+    if (inv.store().exists(id)) {
+      const store::Instance inst = inv.store().get(id);
+      network = inst.network != config::Network::off;
+      desktop = inst.meta.desktop();
+    }
   } catch (const std::exception& e) {
     log::warn("computer '{}': {}", id, e.what());
   }
@@ -92,7 +98,7 @@ transport::HttpResponse root_page(Invocation& inv, const ComputerConfig& c, cons
                             {"mcp_endpoint", "/mcp"},
                             {"health", "/healthz"},
                             {"computer_id", id},
-                            {"desktop_environment", false},
+                            {"desktop_environment", desktop},
                             {"network_access", network},
                             {"app_resource", nullptr},
                             {"lifecycle_tools_exposed", expose},
@@ -105,11 +111,6 @@ transport::HttpResponse root_page(Invocation& inv, const ComputerConfig& c, cons
 int serve_computer(Invocation& inv, const ComputerConfig& c, const std::string& id) {
   const config::Config& cfg = inv.config();
   const bool expose = cfg.computer.expose_lifecycle_tools;
-  if (c.desktop_environment)
-    std::fprintf(stderr,
-                 "%s: warning: DESKTOP_ENVIRONMENT=true, but ns-hpc has no desktop yet: the computer runs without one "
-                 "(no screen or desktop tools; every result says desktop_environment: false)\n",
-                 std::string(kComputerProgram).c_str());
   const ServerParts parts = computer_parts(c, id, expose);
   if (c.transport == "stdio") {
     transport::StdioOptions options;

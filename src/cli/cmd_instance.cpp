@@ -12,6 +12,8 @@
 #include "base/users.hpp"
 #include "cli/app.hpp"
 #include "cli/output.hpp"
+#include "desktop/wire.hpp"
+#include "instances/desktops.hpp"
 #include "instances/instances.hpp"
 
 namespace nshpc::cli {
@@ -167,6 +169,8 @@ struct InstanceArgs {
   int port = 0, host_port = 0;
   bool close = false;
   std::vector<std::string> allow;
+  bool desktop = false;
+  std::string state;  // instance desktop: on or off
 };
 
 void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
@@ -191,6 +195,8 @@ void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
   cmd->add_option("--allow", a->allow,
                   "For filtered: what it may reach besides [network] allow (repeat: --allow pypi.org --allow "
                   "'*.debian.org:443')");
+  cmd->add_flag("--desktop", a->desktop,
+                "With an Xfce desktop, on [desktop] image unless --image names another desktop image");
   cmd->add_flag("--json", a->json, "Print the new instance as JSON");
   cmd->callback([&inv, a] {
     store::CreateOptions options;
@@ -198,6 +204,8 @@ void add_create(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instanc
     options.network = a->network;
     options.network_allow = a->allow;
     options.persistent = a->persistent;
+    options.desktop = a->desktop;
+    if (a->desktop && !a->image) options.image = inv.config().desktop.image;
     if (a->image) {
       options.image = a->image->empty() ? inv.config().ns.default_image : *a->image;
       if (options.image.empty())
@@ -572,6 +580,26 @@ void add_enter(CLI::App& parent, Invocation& inv, const std::shared_ptr<Instance
   });
 }
 
+void add_desktop(CLI::App& parent, Invocation& inv, const std::shared_ptr<InstanceArgs>& a) {
+  auto* cmd = parent.add_subcommand(
+      "desktop",
+      "Switch an instance's Xfce desktop on or off in place (files and processes stay); without on/off, say whether "
+      "it is on");
+  cmd->add_option("id", a->id, "Instance id")->required();
+  cmd->add_option("state", a->state, "on or off")->check(CLI::IsMember({"on", "off"}));
+  cmd->callback([&inv, a] {
+    store::Instance inst = inv.store().get(a->id);
+    if (!a->state.empty()) inst = inv.instances().desktops().set(inst, a->state == "on", users::cli_actor());
+    if (!inst.meta.desktop()) {
+      std::printf("The desktop of instance '%s' is off.\n", inst.id.c_str());
+      return;
+    }
+    std::printf("The desktop of instance '%s' is on (%dx%d): its commands get DISPLAY=%s.\n", inst.id.c_str(),
+                inv.instances().desktops().width(), inv.instances().desktops().height(),
+                std::string(desktop::kDisplay).c_str());
+  });
+}
+
 }  // namespace
 
 void add_instance_commands(CLI::App& app, Invocation& inv) {
@@ -592,6 +620,7 @@ void add_instance_commands(CLI::App& app, Invocation& inv) {
   add_delete(*instance, inv, args);
   add_enter(*instance, inv, args);
   add_expose(*instance, inv, args);
+  add_desktop(*instance, inv, args);
   add_job_commands(*instance, inv);
   add_snapshot_commands(*instance, inv);
 }

@@ -24,6 +24,7 @@ nlohmann::json instance_host_json(const store::Instance& inst) {
           {"output", inst.output.string()},
           {"last_activity", timeutil::iso_utc(inst.last_activity())}};
   if (!inst.network_allow.empty()) out["network_allow"] = inst.network_allow;  // its own additions
+  out["desktop"] = inst.meta.desktop();
   return out;
 }
 

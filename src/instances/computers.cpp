@@ -97,7 +97,7 @@ Computers::Computers(Service& instances, std::string image)
 stdfs::path Computers::lock_file() const { return store_.root() / ".computers.lock"; }
 
 store::Instance Computers::acquire(const std::string& id, bool temporary, config::Network network,
-                                   std::string_view owner, std::string_view actor, bool* created) {
+                                   std::string_view owner, std::string_view actor, bool* created, bool desktop) {
   validate_computer_id(id);
   fs::make_dirs(store_.root(), 0711);
   fs::FileLock lock(lock_file());
@@ -121,13 +121,14 @@ store::Instance Computers::acquire(const std::string& id, bool temporary, config
       throw UsageError(fmt::format("Computer '{}' already exists with temporary={}; requested temporary={}.", id,
                                    lower(*was), lower(temporary)));
   } else {
-    if (image_.empty())
+    if (image_.empty() && !desktop)
       throw UsageError("computers run on [namespace] default_image, which is empty here; set it (for example "
                        "\"debian\") in the config");
     store::CreateOptions options;
     options.description = temporary ? "a temporary computer (mcp-virtual-computer)" : "a computer (mcp-virtual-computer)";
     options.network = network;
-    options.image = image_;
+    options.image = desktop ? instances_.config().desktop.image : image_;
+    options.desktop = desktop;
     options.idle_stop = 0;
     options.computer_temporary = temporary;
     inst = instances_.create(id, options, actor);

@@ -70,8 +70,10 @@ class Computers {
   // for one this object acquired before, "… requested temporary=…" for one found on disk.
   // `owner`, when not empty, holds a temporary computer until release(). `created` says which it
   // was.
+  // `desktop`: a new computer is made on [desktop] image with its desktop on (an existing one is
+  // left as it is).
   store::Instance acquire(const std::string& id, bool temporary, config::Network network, std::string_view owner,
-                          std::string_view actor, bool* created = nullptr);
+                          std::string_view actor, bool* created = nullptr, bool desktop = false);
   // A computer by id; NotFound (Kind::instance, its near_miss a computer's id) "Computer 'x' was
   // not found." otherwise, an ordinary instance too.
   store::Instance get(const std::string& id) const;

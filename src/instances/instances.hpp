@@ -34,6 +34,8 @@
 
 namespace nshpc::instances {
 
+class Desktops;  // instances/desktops.hpp
+
 // What a stop or restart did.
 struct Ended {
   bool was_running = false;          // the living sandbox was running before
@@ -59,6 +61,8 @@ class Service {
   // The job engine, made on first use: a stop, an archive or a delete ends or counts the
   // instance's jobs through it, checked against their real processes.
   jobs::Engine& jobs();
+  // The instances' desktops (desktops.hpp).
+  Desktops& desktops();
 
   // ---- Instances -----------------------------------------------------------------------------
   // A new instance. UsageError when a network mode cannot work here, an allow entry is malformed,
@@ -228,6 +232,7 @@ class Service {
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<sandbox::Backend> backend_;
   std::unique_ptr<jobs::Engine> jobs_;
+  std::unique_ptr<Desktops> desktops_;
   std::mutex layer_mutex_;
   // The broker of root_of_running's roots (a normal user's): one for every image instance, whose
   // ids are all the user's and its subordinate range; started on first use.

@@ -11,6 +11,7 @@
 #include "base/fs.hpp"
 #include "base/log.hpp"
 #include "files/broker.hpp"
+#include "instances/desktops.hpp"
 #include "instances/instances.hpp"
 #include "network/netns.hpp"
 #include "network/proxy.hpp"
@@ -67,9 +68,14 @@ Service::Service(const config::Config& config, std::unique_ptr<sandbox::Backend>
     : config_(config), nat_works_(!network::nat_unavailable()), backend_(std::move(backend)) {
   store_ = std::make_unique<store::Store>(
       config, config::resolve_default_network(config.ns.default_network, config.ns.bwrap_shares_net, nat_works_));
+  desktops_ = std::make_unique<Desktops>(*this);
+  store_->set_target_decorator(
+      [desktops = desktops_.get()](const store::Instance& inst, sandbox::Target& target) { desktops->decorate(inst, target); });
 }
 
 Service::~Service() = default;
+
+Desktops& Service::desktops() { return *desktops_; }
 
 sandbox::Backend& Service::backend() {
   if (!backend_) backend_ = sandbox::make_bwrap_backend(config_);
@@ -119,8 +125,16 @@ store::Instance Service::create(std::string id, const store::CreateOptions& opti
                 options.network.value_or(store_->default_network()));
   if (!options.network_allow.empty()) check_allow(options.network_allow);
   if (options.idle_stop && *options.idle_stop < 0) throw UsageError("idle_stop must be 0 (never) or a number of seconds");
-  return store_->create(std::move(id), options, actor,
-                        [&](const store::Store& store) { return choose_root(store, options); });
+  store::Instance inst = store_->create(std::move(id), options, actor,
+                                        [&](const store::Store& store) { return choose_root(store, options); });
+  // A desktop asked for on a root that has none: the instance is not kept.
+  if (options.desktop) {
+    if (auto why = desktops_->unavailable(inst)) {
+      remove(inst.id, actor);
+      throw *why;
+    }
+  }
+  return inst;
 }
 
 store::Instance Service::update(std::string_view id, const store::UpdateOptions& options, std::string_view actor) {

@@ -501,10 +501,13 @@ struct Server::Registry {
   }
   // What tools/list shows: every tool but an alias that is not listed.
   std::vector<std::shared_ptr<const Tool>> listed_tools() {
-    std::lock_guard lock(mu);
     std::vector<std::shared_ptr<const Tool>> out;
-    for (const auto& tool : tools)
-      if (tool->listed) out.push_back(tool);
+    {
+      std::lock_guard lock(mu);
+      for (const auto& tool : tools)
+        if (tool->listed) out.push_back(tool);
+    }
+    std::erase_if(out, [](const std::shared_ptr<const Tool>& tool) { return tool->shown && !tool->shown(); });
     return out;
   }
   std::vector<std::shared_ptr<const Prompt>> all_prompts() {
@@ -598,6 +601,10 @@ void Server::set_completion(CompletionHandler handler) {
 void Server::set_session_closed(SessionClosed handler) {
   std::lock_guard lock(registry_->mu);
   registry_->session_closed = std::move(handler);
+}
+
+void Server::notify_tool_list_changed() {
+  registry_->broadcast(make_notification("notifications/tools/list_changed"));
 }
 
 void Server::notify_resource_list_changed() {

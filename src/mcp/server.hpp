@@ -72,6 +72,10 @@ struct Tool {
   // false: called by its name but not in tools/list (an old name kept for clients that use it,
   // costing the model nothing to read).
   bool listed = true;
+  // Listed only while this says so (a tool that works only in some state: a desktop's screen
+  // tools while a desktop is on); called outside the server's locks. Whoever changes its answer
+  // calls Server::notify_tool_list_changed(). Unset: always.
+  std::function<bool()> shown;
   // Arguments are checked against input_schema first (type object, required, property types,
   // enums, no unknown properties when additionalProperties is false); a failure becomes an
   // isError result naming the field. The handler may throw ProtocolError (JSON-RPC error) or
@@ -191,6 +195,7 @@ class Server {
   void set_session_closed(SessionClosed handler);
 
   // Broadcasts to every open session.
+  void notify_tool_list_changed();
   void notify_resource_list_changed();
   void notify_resource_updated(const std::string& uri);  // only sessions subscribed to `uri`
   // Every URI some open session subscribes to (for whoever watches resources for changes).

@@ -247,6 +247,7 @@ std::vector<std::string> build_sandbox_env(
     set("no_proxy", "localhost,127.0.0.1,::1");
     set("NO_PROXY", "localhost,127.0.0.1,::1");
   }
+  for (const auto& [name, value] : spec.target.env) set(name, value);
   for (const auto& [name, value] : ns.env) set(name, value);
   for (const auto& name : ns.pass_env) {
     if (auto value = host_env(name)) set(name, *value);

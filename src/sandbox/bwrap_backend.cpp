@@ -39,6 +39,7 @@
 #include "base/text.hpp"
 #include "network/netns.hpp"
 #include "sandbox/bwrap_argv.hpp"
+#include "sandbox/capture.hpp"
 #include "sandbox/cgroups.hpp"
 #include "sandbox/execution.hpp"
 #include "sandbox/gate.hpp"
@@ -1043,8 +1044,33 @@ class BwrapBackend final : public Backend {
       step("serve network");
       serve_network(network_plan(target), *found.status.child_pid(), leftovers_);
     }
+    if (target.on_start) {
+      step("on start");
+      run_on_start(target);
+    }
     step.done();
     return found;
+  }
+
+  // The target's command for each start of its living sandbox (a desktop's session), joined as
+  // any command once the sandbox is up. Logged when it fails; the sandbox serves either way.
+  void run_on_start(const Target& target) {
+    try {
+      ExecSpec spec;
+      spec.target = target;
+      spec.argv = target.on_start->argv;
+      CaptureOptions options;
+      options.input = target.on_start->input;
+      options.timeout = target.on_start->timeout;
+      options.output_cap = 64 * 1024;
+      const CaptureResult result = capture(*this, std::move(spec), options);
+      if (result.ending != Ending::finished || result.status.exit_code != 0)
+        log::warn("instance {}: what its sandbox runs at each start failed ({}): {}", target.instance_id,
+                  result.ending == Ending::timed_out ? "timed out" : fmt::format("exit {}", result.status.exit_code),
+                  text::truncate_utf8(text::sanitize_utf8(text::trim(result.err)), 500));
+    } catch (const std::exception& e) {
+      log::warn("instance {}: what its sandbox runs at each start did not run: {}", target.instance_id, e.what());
+    }
   }
 
   // A new start's records: the status file (a new file, never the old one truncated: the keeper

@@ -7,10 +7,12 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "audit/audit.hpp"
@@ -79,6 +81,18 @@ struct Target {
   // The store's audit log (<instances_dir>/.audit.log): a keeper that ends a sandbox whose
   // instance folder was removed under it says so there.
   std::filesystem::path store_audit_log;
+  // Variables every command of the instance gets (a desktop's DISPLAY, ...), before
+  // [namespace] env and the command's own.
+  std::vector<std::pair<std::string, std::string>> env;
+  // Run in the living sandbox each time it starts, once it is up (a desktop's session): joined as
+  // any command, `input` on its stdin, for at most `timeout`. Its failure is logged, never the
+  // start's: the sandbox serves its commands either way.
+  struct OnStart {
+    std::vector<std::string> argv;
+    std::string input;
+    std::chrono::milliseconds timeout{60000};
+  };
+  std::optional<OnStart> on_start;
 };
 
 // Whom a sandbox of `target` runs as on the host, and whom the files made for it belong to: an

@@ -87,6 +87,11 @@ std::optional<bool> Metadata::computer_temporary() const {
   return temporary != it->end() && temporary->is_boolean() && temporary->get<bool>();
 }
 
+bool Metadata::desktop() const {
+  auto it = raw.find("desktop");
+  return it != raw.end() && it->is_boolean() && it->get<bool>();
+}
+
 std::string Metadata::root() const {
   std::string root = string_field(raw, "root");
   return root.empty() ? "host" : root;
@@ -504,6 +509,7 @@ Instance Store::create(std::string id, const CreateOptions& options, std::string
       meta.raw["idle_stop"] = *options.idle_stop;
     }
     if (options.computer_temporary) meta.raw["computer"] = {{"temporary", *options.computer_temporary}};
+    if (options.desktop) meta.raw["desktop"] = true;
     if (image) {
       const sandbox::UidMapping& ids = image->ids;
       meta.raw["root"] = image->root;
@@ -560,6 +566,10 @@ Instance Store::update(std::string_view id, const UpdateOptions& options, std::s
     inst.meta.raw["persistent"] = *options.persistent;
     inst.persistent = *options.persistent;
     changes["persistent"] = *options.persistent;
+  }
+  if (options.desktop && *options.desktop != inst.meta.desktop()) {
+    inst.meta.raw["desktop"] = *options.desktop;
+    changes["desktop"] = *options.desktop;
   }
   if (changes.empty()) return inst;
   write_metadata(inst.metadata_file(), inst.meta);
@@ -746,11 +756,13 @@ UniqueFd Store::open_workspace_file(const Instance& instance, const std::string&
 std::string Store::cgroup_folder(std::string_view id) const { return fmt::format("{}@{}", id, cgroup_tag_); }
 
 sandbox::Target Store::sandbox_target(const Instance& instance) const {
-  return {instance.id,         instance.workspace,       instance.output,
-          output_root(),       instance.network,         instance.persistent,
-          instance.state_dir(), cgroup_folder(instance.id), instance.image,
-          instance.audit_log(),  instance.network_allow, rotation_,
-          instance.idle_stop,    root_ / ".audit.log"};
+  sandbox::Target target{instance.id,         instance.workspace,       instance.output,
+                         output_root(),       instance.network,         instance.persistent,
+                         instance.state_dir(), cgroup_folder(instance.id), instance.image,
+                         instance.audit_log(),  instance.network_allow, rotation_,
+                         instance.idle_stop,    root_ / ".audit.log"};
+  if (decorator_) decorator_(instance, target);
+  return target;
 }
 
 void Store::audit(const Instance& instance, std::string_view event, std::string_view actor,

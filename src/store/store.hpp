@@ -63,6 +63,8 @@ struct Metadata {
   // A computer of the mcp-virtual-computer entry point (instances/computers.hpp): whether it is
   // temporary; nullopt for an instance that is not a computer.
   std::optional<bool> computer_temporary() const;
+  // Its desktop is switched on (desktop/): the living sandbox runs the session, commands get its display.
+  bool desktop() const;
   // "host", or "image:<name>@<version>" for an instance on an image.
   std::string root() const;
 };
@@ -130,6 +132,7 @@ struct CreateOptions {
   std::string image;
   std::optional<std::int64_t> idle_stop;  // the instance's own idle_stop (0 = never); nullopt: the config's
   std::optional<bool> computer_temporary;  // set: a computer (instances/computers.hpp), temporary or not
+  bool desktop = false;                     // its desktop on from the start (the instances service checks the root)
 };
 
 // An image instance's root, chosen with the store's lock held (its ids must be no other
@@ -158,6 +161,7 @@ struct UpdateOptions {
   std::optional<config::Network> network;
   std::optional<std::vector<std::string>> network_allow;  // replaces the instance's additions
   std::optional<bool> persistent;
+  std::optional<bool> desktop;
 };
 
 struct CleanCandidate {
@@ -230,8 +234,11 @@ class Store {
   UniqueFd open_workspace_file(const Instance& instance, const std::string& relative, WorkspaceOpen how,
                                fs::Refusal* refusal = nullptr) const;
 
-  // What a sandbox of this instance binds: its workspace, output and network.
+  // What a sandbox of this instance binds: its workspace, output and network; then what the
+  // decorator adds (set once by the instances service: a desktop's display and session).
   sandbox::Target sandbox_target(const Instance& instance) const;
+  using TargetDecorator = std::function<void(const Instance& instance, sandbox::Target& target)>;
+  void set_target_decorator(TargetDecorator decorator) { decorator_ = std::move(decorator); }
   // Whom the instance's sandboxes run as on the host and its files belong to
   // (sandbox::host_identity); nullopt: this process's own uid.
   std::optional<users::Identity> owner_of(const Instance& instance) const;
@@ -244,6 +251,7 @@ class Store {
                    nlohmann::json fields = nlohmann::json::object()) const;
 
  private:
+  TargetDecorator decorator_;
   stdfs::path lock_file() const { return root_ / ".lock"; }
   stdfs::path output_root() const { return root_ / "output"; }
   stdfs::path archive_root() const { return root_ / ".archived"; }

@@ -46,6 +46,11 @@ std::string terminal_description(std::string_view shell, std::int64_t timeout,
 // take it too.
 nlohmann::json error_object(std::string_view tool, std::string_view computer_id, std::string_view message);
 
+// set_desktop_environment true on a computer whose root has no desktop (the seed's words).
+inline constexpr std::string_view kNoDesktopInPlace =
+    "This existing computer was created from a headless or custom image and cannot start Xfce in place. Its data was "
+    "left untouched; use factory_reset_computer only if replacing it is intentional.";
+
 // What a result's text and structuredContent may take together (bytes): 64 KiB less room for the
 // message around them.
 inline constexpr std::size_t kResultBytes = 60000;

@@ -3,8 +3,7 @@
 // each with an optional computer_id; what `ns-hpc run` has and the seed lacks (expose_port, and
 // the job tools over the same job engine); and the lifecycle tools (computer_list,
 // computer_create, computer_restart, computer_factory_reset, computer_delete,
-// set_network_access) over instances::Computers. set_desktop_environment is not offered while
-// computers have no desktop: it could only refuse.
+// set_network_access) over instances::Computers; the desktop's tools (tools/desktop_tools.cpp).
 //
 // Every result is the seed's: its JSON object as the text and as structuredContent, at most
 // computer::kResultBytes together; a command's output past that is cut in the middle, the whole
@@ -30,6 +29,7 @@
 #include "jobs/jobs.hpp"
 #include "tools/computer_contract.hpp"
 #include "tools/computer_files.hpp"
+#include "tools/desktop_tools.hpp"
 #include "tools/internal.hpp"
 #include "tools/progress.hpp"
 
@@ -47,7 +47,8 @@ struct State {
   ComputerSettings settings;
   instances::Computers computers;
   instances::Trash trash{false};
-  // Whether COMPUTER_ID's network has been set as the command line asks (once per server).
+  // Whether COMPUTER_ID's network (and desktop) has been set as the command line asks (once per
+  // server).
   std::mutex network_mutex;
   bool network_settled = false;
 
@@ -61,8 +62,7 @@ using StatePtr = std::shared_ptr<State>;
 config::Network network_for(const State& st, bool on) { return on ? network_on_mode(st.ctx) : config::Network::off; }
 
 // The image computers run on, built if missing; waits for a build in progress, with progress.
-void wait_for_image(const State& st, mcp::RequestContext& rc) {
-  const std::string& name = st.computers.image();
+void wait_for_image(const State& st, mcp::RequestContext& rc, const std::string& name) {
   if (name.empty()) return;  // acquire says what to set
   const sandbox::ImageStore images(st.ctx.services.config.ns.images_dir);
   if (images.current(name)) return;
@@ -87,6 +87,11 @@ void wait_for_image(const State& st, mcp::RequestContext& rc) {
                             st.ctx.services.config.ns.images_dir.string(), name));
 }
 
+void wait_for_image(const State& st, mcp::RequestContext& rc) {
+  wait_for_image(st, rc,
+                 st.settings.desktop_environment ? st.ctx.services.config.desktop.image : st.computers.image());
+}
+
 // Switches a computer's network on or off, applied to its running sandbox at once.
 store::Instance set_network(State& st, const store::Instance& inst, bool on, std::string_view who) {
   if ((inst.network != config::Network::off) == on) return inst;
@@ -103,27 +108,40 @@ store::Instance computer_for(State& st, const json& args, mcp::RequestContext& r
   const std::string id = given.empty() ? st.settings.computer_id : instances::validate_computer_id(given);
   if (id != st.settings.computer_id) return st.computers.get(id);
   if (!st.ctx.services.instances.store().exists(id)) wait_for_image(st, rc);
-  store::Instance inst =
-      st.computers.acquire(id, false, network_for(st, st.settings.network_access), "", actor(rc));
+  store::Instance inst = st.computers.acquire(id, false, network_for(st, st.settings.network_access), "", actor(rc),
+                                             nullptr, st.settings.desktop_environment);
   // A computer found again takes the network the command line asks for (--no-network means
-  // off, whatever an earlier server left); later set_network_access calls change it.
+  // off, whatever an earlier server left), and DESKTOP_ENVIRONMENT=true its desktop; later
+  // set_network_access and set_desktop_environment calls change them.
   std::lock_guard lock(st.network_mutex);
   if (!st.network_settled) {
     st.network_settled = true;
     inst = set_network(st, inst, st.settings.network_access, actor(rc));
+    if (st.settings.desktop_environment && !inst.meta.desktop()) {
+      instances::Desktops& desktops = st.ctx.services.instances.desktops();
+      if (auto why = desktops.unavailable(inst))
+        log::warn("DESKTOP_ENVIRONMENT=true, but computer '{}' {}", inst.id, computer::kNoDesktopInPlace);
+      else
+        inst = desktops.set(inst, true, actor(rc));
+    }
   }
   return inst;
 }
 
 computer::ComputerFacts facts_of(const store::Instance& inst) {
-  return {.computer_id = inst.id, .desktop_environment = false, .network_access = inst.network != config::Network::off};
+  return {.computer_id = inst.id,
+          .desktop_environment = inst.meta.desktop(),
+          .network_access = inst.network != config::Network::off};
 }
 
 // What every file and idle result carries.
 json common(const store::Instance& inst, const char* operation) {
-  return {{"operation", operation},          {"computer_id", inst.id},
-          {"desktop_environment", false},    {"network_access", inst.network != config::Network::off},
-          {"desktop_url", nullptr},          {"workspace_directory", kWorkspace}};
+  return {{"operation", operation},
+          {"computer_id", inst.id},
+          {"desktop_environment", inst.meta.desktop()},
+          {"network_access", inst.network != config::Network::off},
+          {"desktop_url", nullptr},
+          {"workspace_directory", kWorkspace}};
 }
 
 // The JSON object as the text and as structuredContent.
@@ -325,7 +343,8 @@ void add_lifecycle_tools(mcp::Server& server, const StatePtr& st) {
       .input = input_object(
           {{"computer_id",
             {{"type", "string"}, {"description", "Optional lowercase slug. Omit to generate a readable random ID."}}},
-           {"temporary", of_type("boolean")}}),
+           {"temporary", of_type("boolean")},
+           {"desktop", {{"type", "boolean"}, {"description", "With an Xfce desktop."}}}}),
       .output = changed,
       .hints = {.destructive = false},
       .handler = managing(st, [](State& s, const json& args, mcp::RequestContext& rc) {
@@ -339,8 +358,11 @@ void add_lifecycle_tools(mcp::Server& server, const StatePtr& st) {
         }
         if (!s.ctx.services.instances.store().exists(id)) wait_for_image(s, rc);
         const std::string owner = temporary ? instances::owner_key(rc.session_id()) : std::string();
-        const store::Instance inst =
-            s.computers.acquire(id, temporary, network_for(s, s.settings.network_access), owner, actor(rc));
+        const bool desktop = args.value("desktop", false);
+        if (!s.ctx.services.instances.store().exists(id) && desktop) wait_for_image(s, rc, s.ctx.services.config.desktop.image);
+        const store::Instance inst = s.computers.acquire(id, temporary, network_for(s, s.settings.network_access), owner,
+                                                         actor(rc), nullptr, desktop);
+        if (desktop && inst.meta.desktop()) s.ctx.services.instances.desktops().ensure_running(inst, actor(rc));
         return json_result(created_json(inst));
       }),
   });
@@ -620,6 +642,30 @@ void register_computer(mcp::Server& server, Services services, ComputerSettings 
   });
   add_run_tools(server, st);
   if (s.expose_lifecycle_tools) add_lifecycle_tools(server, st);
+  server.set_resources(screen_resources(st->ctx, [st]() -> std::optional<store::Instance> {
+    const store::Store& store = st->ctx.services.instances.store();
+    if (!store.exists(st->settings.computer_id)) return std::nullopt;
+    return store.get(st->settings.computer_id);
+  }));
+  add_desktop_tools(server, {
+      .ctx = st->ctx,
+      .server = &server,
+      .id_name = "computer_id",
+      .id_schema = computer_arg(),
+      .instance_for = [st](const json& args, mcp::RequestContext& rc) { return computer_for(*st, args, rc); },
+      .working =
+          [st](const char* operation, std::function<mcp::ToolResult(const json&, mcp::RequestContext&)> body) {
+            return working(st, operation, [body = std::move(body)](State&, const json& args, mcp::RequestContext& rc) {
+              return body(args, rc);
+            });
+          },
+      .common = common,
+      .unavailable_text =
+          [](const instances::DesktopUnavailable& why) {
+            return why.why() == instances::DesktopUnavailable::Why::root ? std::string(computer::kNoDesktopInPlace)
+                                                                         : std::string(why.what());
+          },
+  });
 }
 
 }  // namespace nshpc::tools

@@ -215,7 +215,11 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
                              {"image",
                               {{"type", "string"},
                                {"description", fmt::format("Image to run on (\"\": {:?}); always persistent.",
-                                                           ctx.services.config.ns.default_image)}}}}),
+                                                           ctx.services.config.ns.default_image)}}},
+                             {"desktop",
+                              {{"type", "boolean"},
+                               {"description", fmt::format("With an Xfce desktop (image default {:?}).",
+                                                           ctx.services.config.desktop.image)}}}}),
       .output = kInstanceSchema,
       .hints = {.destructive = false, },
       .handler =
@@ -225,6 +229,11 @@ void add_create(mcp::Server& server, const ToolContext& ctx) {
             options.network = arg_network(args);
             options.network_allow = allow_arg(args);
             options.persistent = arg_persistent(args);
+            options.desktop = args.value("desktop", false);
+            if (options.desktop && !args.contains("image")) {
+              options.image = ctx.services.config.desktop.image;
+              refuse_while_building(ctx, options.image, rc);
+            }
             if (args.contains("image")) {
               options.image = string_arg(args, "image");
               if (options.image.empty()) options.image = ctx.services.config.ns.default_image;

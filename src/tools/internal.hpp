@@ -41,6 +41,7 @@ struct ToolSpec {
   mcp::json input;   // input_object(...) or instance_input(...)
   mcp::json output;  // output_object(...)
   Hints hints;
+  std::function<bool()> shown;  // listed only while it says so (mcp::Tool::shown); unset: always
   ToolHandler handler;
   bool listed = true;  // false: an alias called by name, not in tools/list (mcp::Tool::listed)
 };

@@ -29,6 +29,7 @@ void add_tool(mcp::Server& server, ToolSpec spec) {
   if (json hints = annotations(spec.hints); !hints.empty()) tool.annotations = std::move(hints);
   tool.accept_input_wrapper = true;
   tool.listed = spec.listed;
+  tool.shown = std::move(spec.shown);
   // What is not found is said with the tool that brings it back or lists what there is; what
   // needs an action, with the tool that does it or the operator who can.
   tool.handler = [handler = std::move(spec.handler)](const json& args, mcp::RequestContext& rc) {

@@ -8,6 +8,7 @@
 #include "base/log.hpp"
 #include "base/time.hpp"
 #include "instances/instances.hpp"
+#include "tools/desktop_tools.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -68,6 +69,7 @@ mcp::json agent_instance_json(const ToolContext& ctx, const store::Instance& ins
           {"output", ctx.services.config.ns.output_mount}};
   // An instance on an image: its name@version, as its root says ("image:NAME@VERSION").
   if (const std::string& root = inst.meta.root(); root.starts_with("image:")) out["image"] = root.substr(6);
+  if (inst.meta.desktop()) out["desktop"] = true;
   return out;
 }
 
@@ -159,6 +161,28 @@ void register_all(mcp::Server& server, Services services) {
   add_terminal_tool(server, ctx);
   add_file_tools(server, ctx);
   if (services.job_tools) add_job_tools(server, ctx);
+  add_desktop_tools(server, {
+      .ctx = ctx,
+      .server = &server,
+      .id_name = "instance_id",
+      .id_schema = instance_id_arg(services.config.mcp.default_instance),
+      .instance_for =
+          [ctx](const mcp::json& args, mcp::RequestContext&) {
+            return ctx.services.instances.store().get(instance_arg(ctx, args));
+          },
+      .working = [](const char*, std::function<mcp::ToolResult(const mcp::json&, mcp::RequestContext&)> body) {
+        return ToolHandler(std::move(body));
+      },
+      .common =
+          [](const store::Instance& inst, const char* operation) {
+            return mcp::json{{"operation", operation}, {"instance_id", inst.id}, {"desktop_environment", inst.meta.desktop()}};
+          },
+      .unavailable_text =
+          [ctx](const instances::DesktopUnavailable& why) {
+            return fmt::format("{}; create_instance with desktop=true makes one on the desktop image {:?}", why.what(),
+                               ctx.services.config.desktop.image);
+          },
+  });
   server.set_resources(make_resources(ctx));
   add_prompts(server, ctx);
 }

@@ -42,6 +42,7 @@ struct ComputerSettings {
   std::optional<std::string> tool_instruction_override;
   std::optional<std::string> extended_tool_instruction;
   bool network_access = true;    // the network of computers made here (on: the safest on-mode)
+  bool desktop_environment = false;  // DESKTOP_ENVIRONMENT: COMPUTER_ID's made on [desktop] image, its desktop on
   bool expose_lifecycle_tools = true;  // [computer] expose_lifecycle_tools
   bool whole_output = false;     // --whole-output: a command's whole output in its result, as the seed
 };

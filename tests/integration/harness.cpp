@@ -243,10 +243,11 @@ fs::path test_image_cache() {
 }
 
 
-McpSession::McpSession(const Env& env, const std::vector<std::string>& extra_env) {
+McpSession::McpSession(const Env& env, const std::vector<std::string>& extra_env,
+                       const std::vector<std::string>& command) {
   int in[2], out[2];
   if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC)) throw std::runtime_error("pipe");
-  pid_ = spawn(env.argv_for({"run"}), env.env_for(extra_env), in[0], out[1]);
+  pid_ = spawn(env.argv_for(command), env.env_for(extra_env), in[0], out[1]);
   ::close(in[0]);
   ::close(out[1]);
   to_ = in[1];
@@ -308,6 +309,30 @@ nlohmann::json McpSession::wait_for(int id, std::chrono::seconds timeout) {
     char buf[65536];
     const ssize_t n = ::read(from_, buf, sizeof buf);
     if (n <= 0) return nullptr;
+    buffer_.append(buf, static_cast<size_t>(n));
+  }
+}
+
+bool McpSession::notified(const std::string& method, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    for (auto nl = buffer_.find('\n'); nl != std::string::npos; nl = buffer_.find('\n')) {
+      auto message = nshpc::parse_json_or_discarded(buffer_.substr(0, nl));
+      buffer_.erase(0, nl + 1);
+      if (message.is_object()) pending_.push_back(std::move(message));
+    }
+    for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+      if (!it->contains("id") && it->value("method", "") == method) {
+        pending_.erase(it);
+        return true;
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    pollfd p{from_, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    char buf[65536];
+    const ssize_t n = ::read(from_, buf, sizeof buf);
+    if (n <= 0) return false;
     buffer_.append(buf, static_cast<size_t>(n));
   }
 }

@@ -62,7 +62,9 @@ inline constexpr const char* kSecret = "nshpc-secret-7f3a9c1e";
 class McpSession {
  public:
   // `extra_env`: NAME=value for the server, replacing the harness's of that name (PATH).
-  explicit McpSession(const Env& env, const std::vector<std::string>& extra_env = {});
+  // `command`: the entry point and its arguments (`computer`: the mcp-virtual-computer one).
+  explicit McpSession(const Env& env, const std::vector<std::string>& extra_env = {},
+                      const std::vector<std::string>& command = {"run"});
   ~McpSession();  // closes stdin and waits for the server to stop
   McpSession(const McpSession&) = delete;
   McpSession& operator=(const McpSession&) = delete;
@@ -83,6 +85,8 @@ class McpSession {
   }
   // A tool's structuredContent; a tool error or no answer fails the test.
   nlohmann::json tool(const std::string& name, const nlohmann::json& args);
+  // Whether a notification `method` came (waiting up to `timeout` for it); taken off the queue.
+  bool notified(const std::string& method, std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
  private:
   pid_t pid_ = -1;
