@@ -100,6 +100,14 @@ int main(int argc, char** argv) {
   char tmpl[] = "/tmp/nshpc-bench-display-XXXXXX";
   const fs::path dir = ::mkdtemp(tmpl);
   ::chmod(dir.c_str(), 0755);
+  // Removed on every way out, after everything below (declared later) has ended.
+  struct RemoveDir {
+    fs::path dir;
+    ~RemoveDir() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } remove_dir{dir};
 
   // Xvfb with a cookie of our own on the first free display from :60.
   std::string cookie(16, '\0');
@@ -232,6 +240,5 @@ int main(int argc, char** argv) {
   ::kill(xvfb.pid(), SIGTERM);
   nshpc::wait_pidfd(xvfb.pidfd(), 5s);
   xvfb = nshpc::SpawnedChild{};
-  fs::remove_all(dir);
   return 0;
 }

@@ -111,11 +111,15 @@ class Program {
   bool ended_within(std::chrono::milliseconds wait) const {
     return child_.pidfd() >= 0 && nshpc::wait_pidfd(child_.pidfd(), wait);
   }
+  // Ends the whole group: what it started too (xfconfd writes its files as it ends, and must be
+  // done before the test's folder is removed).
   void stop() {
     if (child_.pid() <= 0) return;
-    ::kill(-child_.pid(), SIGTERM);
-    if (!ended_within(3s)) ::kill(-child_.pid(), SIGKILL);
+    const pid_t group = child_.pid();
+    ::kill(-group, SIGTERM);
+    if (!ended_within(3s)) ::kill(-group, SIGKILL);
     child_ = nshpc::SpawnedChild{};  // reaps it
+    if (!nshpc::test::eventually([&] { return ::kill(-group, 0) != 0; }, 3s)) ::kill(-group, SIGKILL);
   }
 
  private:
