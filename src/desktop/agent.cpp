@@ -268,7 +268,9 @@ class Session {
       }
       out.push_back(ev);
     }
-    display_->input(out);
+    const auto release = r.find("release");
+    if (release != r.end() && !release->is_boolean()) bad(op, "'release' must be true or false");
+    display_->input(out, release != r.end() && !release->get<bool>());
     return json::object();
   }
 

@@ -23,7 +23,8 @@
 //                        {"key": KEYSYM, "down": bool} | {"sleep_ms": 0..300000} ]}
 //             played in order with XTest; a keysym the keymap lacks is mapped onto a spare keycode for
 //             the request; the agent releases every key and button this request pressed and left
-//             down before answering. A keysym on the Shift level gets Shift pressed with it. A move
+//             down before answering, but buttons with "release": false (left_mouse_down: a later
+//             request releases them). A keysym on the Shift level gets Shift pressed with it. A move
 //             off the screen is refused (never clamped); at most 10000 events and 300000 ms of
 //             sleep a request. -> {}
 //   type      {text: UTF-8, delay_ms: 0..100} -> {characters}

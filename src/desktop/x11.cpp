@@ -928,7 +928,7 @@ std::string Display::capture(const CaptureRequest& req) {
   return out;
 }
 
-void Display::input(const std::vector<InputEvent>& events) {
+void Display::input(const std::vector<InputEvent>& events, bool hold_buttons) {
   State& s = *state_;
   s.check();
   s.require_xtest();
@@ -1016,6 +1016,7 @@ void Display::input(const std::vector<InputEvent>& events) {
           break;
       }
     }
+    if (hold_buttons) buttons_down.clear();
     release_all();
     s.sync();
     restore();

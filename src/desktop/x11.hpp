@@ -85,7 +85,9 @@ class Display {
 
   // The encoded image; throws Error (an invalid region or size, a lying server).
   std::string capture(const CaptureRequest& request);
-  void input(const std::vector<InputEvent>& events);
+  // Buttons it pressed and left down stay down when `hold_buttons` (Anthropic's left_mouse_down,
+  // released by a later request); keys are released either way.
+  void input(const std::vector<InputEvent>& events, bool hold_buttons = false);
   // Types `text` (code points; '\n' is Return, '\t' Tab) with `delay` between characters.
   void type(const std::u32string& text, std::chrono::milliseconds delay);
   PointerInfo pointer();

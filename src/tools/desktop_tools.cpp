@@ -117,6 +117,13 @@ class Screen {
     return {sx, sy};
   }
 
+  std::pair<int, int> cursor_on_screen() const {
+    const json c = info_.value("cursor", json::array({0, 0}));
+    const int x = c.is_array() && c.size() == 2 && c[0].is_number_integer() ? c[0].get<int>() : 0;
+    const int y = c.is_array() && c.size() == 2 && c[1].is_number_integer() ? c[1].get<int>() : 0;
+    return {std::clamp(x, 0, width_ - 1), std::clamp(y, 0, height_ - 1)};
+  }
+
   std::pair<int, int> cursor_in_shot() const {
     const json c = info_.value("cursor", json::array({0, 0}));
     const int x = c.is_array() && c.size() == 2 && c[0].is_number_integer() ? c[0].get<int>() : 0;
@@ -308,7 +315,16 @@ Done run_action(Screen& screen, const json& a, const std::string& format, mcp::R
   }
   if (action == "mouse_move") {
     if (!a.contains("coordinate")) throw UsageError("mouse_move needs coordinate [x, y]");
-    play(screen, at(json::array()));
+    // In a few steps, as a hand moves: a window manager starts moving a window on the first
+    // motion with the button held (left_mouse_down) and follows the ones after it.
+    const auto [x, y] = screen.to_screen(a["coordinate"], "coordinate");
+    const auto [fx, fy] = screen.cursor_on_screen();
+    json events = json::array();
+    for (int i = 1; i <= 8; ++i) {
+      events.push_back(move_to(fx + (x - fx) * i / 8, fy + (y - fy) * i / 8));
+      if (i < 8) events.push_back(pause(3));
+    }
+    play(screen, std::move(events));
     return {"mouse moved"};
   }
   static const std::map<std::string, std::pair<int, int>> kClicks = {{"left_click", {1, 1}},   {"right_click", {3, 1}},

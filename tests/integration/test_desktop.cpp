@@ -290,6 +290,20 @@ TEST_F(Desktop, WindowToolsMoveAndCloseAKnownWindow) {
       },
       5s))
       << window("nshpc test app").dump();
+  // The button held down across calls, as left_mouse_down and left_mouse_up are: a drag of its
+  // title bar moves it.
+  const json at = window("nshpc test app");
+  const int tx = at["x"].get<int>() + 60, ty = at["y"].get<int>() + 12;
+  ASSERT_FALSE(is_error(call("computer", {{"action", "left_mouse_down"}, {"coordinate", {tx, ty}}})));
+  ASSERT_FALSE(is_error(call("computer", {{"action", "mouse_move"}, {"coordinate", {tx + 150, ty + 100}}})));
+  ASSERT_FALSE(is_error(call("computer", {{"action", "left_mouse_up"}})));
+  EXPECT_TRUE(eventually(
+      [&] {
+        const json w = window("nshpc test app");
+        return w.is_object() && std::abs(w["x"].get<int>() - (at["x"].get<int>() + 150)) <= 12;
+      },
+      5s))
+      << at.dump() << " -> " << window("nshpc test app").dump();
   const json ambiguous = call("close_window", {{"window", "zzz-no-such-window"}});
   EXPECT_TRUE(is_error(ambiguous));
   const json closed = call("close_window", {{"window", "nshpc test app"}});
@@ -345,15 +359,16 @@ TEST_F(Desktop, AHostileDisplayGivesAnErrorNotAHangAndNeverAHostSocket) {
   on();
   ASSERT_FALSE(is_error(call("computer", {{"action", "cursor_position"}})));
   // The sandbox ends its X server and puts a link to a host path in place of the socket.
-  shell("pkill -f ns-hpc-desktop-session; pkill -x Xvfb; sleep 0.5; rm -f /tmp/.X11-unix/X0; "
+  shell("pkill -f .ns-hpc-desktop/session.sh; pkill -x Xvfb; sleep 0.5; rm -f /tmp/.X11-unix/X0; "
         "ln -s /run/dbus/system_bus_socket /tmp/.X11-unix/X0");
   mcp_->tool("restart_instance", {{"instance_id", "desk"}});  // the agent's connection ends
-  shell("pkill -f ns-hpc-desktop-session; pkill -x Xvfb; sleep 0.5; rm -f /tmp/.X11-unix/X0; "
+  shell("pkill -f .ns-hpc-desktop/session.sh; pkill -x Xvfb; sleep 0.5; rm -f /tmp/.X11-unix/X0; "
         "ln -s /run/dbus/system_bus_socket /tmp/.X11-unix/X0");
   const auto start = std::chrono::steady_clock::now();
   const json linked = call("computer", {{"action", "screenshot"}}, 30s);
   ASSERT_TRUE(linked.is_object()) << "no answer";
   EXPECT_TRUE(is_error(linked)) << linked.dump().substr(0, 500);
+  EXPECT_NE(result_text(linked).find("X0"), std::string::npos) << result_text(linked);
   // A fake X server that answers garbage.
   shell("rm -f /tmp/.X11-unix/X0; setsid python3 -c '"
         "import socket,os\n"
