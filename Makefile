@@ -18,11 +18,12 @@ DEPS_IMAGES := mmdebstrap uidmap fakechroot fakeroot dpkg-dev
 DEPS_NAT    := passt
 DEPS_SEARCH := ripgrep
 # Desktops on the host's root ([desktop] host_root = true; its tests): the session's programs
-# (src/desktop/session.cpp), AT-SPI for the accessibility tree, and the X tools scripts call.
+# (src/desktop/session.cpp), AT-SPI for the accessibility tree, the X tools scripts call, and
+# GTK for python3 (the desktop tests' own window).
 DEPS_DESKTOP := xvfb xauth xfce4-session xfwm4 xfce4-panel xfdesktop4 xfce4-settings xfce4-terminal thunar mousepad \
                xfconf dbus dbus-x11 at-spi2-core python3-pyatspi python3-gi gir1.2-atspi-2.0 x11vnc \
                fonts-dejavu-core fonts-noto-color-emoji librsvg2-common xdotool scrot imagemagick wmctrl x11-utils \
-               xclip xdg-utils
+               xclip xdg-utils gir1.2-gtk-3.0
 DEPS_OPTIONAL := $(DEPS_IMAGES) $(DEPS_NAT) $(DEPS_SEARCH) $(DEPS_DESKTOP)
 # The tests: GoogleTest, the tools they drive (litmus, rclone, curl, jq) and Node.js for the
 # end-to-end tests (official MCP SDK; any packaged node >= 18 will do).
