@@ -38,9 +38,10 @@ if ! id -u "$sub" >/dev/null 2>&1; then
   echo "test-as-user: no user '$sub': scripts/test-image.sh (run as root by make test) makes it; its image tests did not run"
   failed+=("no $sub")
 else
-  echo "test-as-user: image tests as '$sub' (uid $(id -u "$sub"); /etc/subuid: $(grep "^$sub:" /etc/subuid | head -1))"
-  as_user "$sub" ./nshpc_integration --gtest_brief=1 --gtest_filter='ImageInstance*:SnapshotsOnImage*:Images*' ||
-    failed+=("image tests as $sub")
+  echo "test-as-user: image and desktop tests as '$sub' (uid $(id -u "$sub"); /etc/subuid: $(grep "^$sub:" /etc/subuid | head -1))"
+  as_user "$sub" ./nshpc_integration --gtest_brief=1 \
+    --gtest_filter='ImageInstance*:SnapshotsOnImage*:Images*:Desktop.*:DesktopSession.*' ||
+    failed+=("image and desktop tests as $sub")
 fi
 if ((${#failed[@]})); then
   echo "test-as-user: failed: ${failed[*]}"

@@ -531,7 +531,8 @@ Keys<Config> make_config_keys() {
           value("expose_lifecycle_tools", &Computer::expose_lifecycle_tools, boolean(), {
               .defaults_to = "true",
               .help = "`ns-hpc computer` offers the model computer_list, computer_create, computer_restart, "
-                      "computer_factory_reset, computer_delete and set_network_access; false keeps to "
+                      "computer_factory_reset, computer_delete, set_network_access and set_desktop_environment; "
+                      "false keeps to "
                       "mcp-virtual-computer 0.2.3's terminal_execute and file tools, with expose_port and the job "
                       "tools."}),
       }),

@@ -120,7 +120,8 @@ store::Instance computer_for(State& st, const json& args, mcp::RequestContext& r
     if (st.settings.desktop_environment && !inst.meta.desktop()) {
       instances::Desktops& desktops = st.ctx.services.instances.desktops();
       if (auto why = desktops.unavailable(inst))
-        log::warn("DESKTOP_ENVIRONMENT=true, but computer '{}' {}", inst.id, computer::kNoDesktopInPlace);
+        log::warn("DESKTOP_ENVIRONMENT=true, but computer '{}' stays without a desktop: {}", inst.id,
+                  computer::kNoDesktopInPlace);
       else
         inst = desktops.set(inst, true, actor(rc));
     }
@@ -660,6 +661,7 @@ void register_computer(mcp::Server& server, Services services, ComputerSettings 
             });
           },
       .common = common,
+      .switch_listed = s.expose_lifecycle_tools,
       .unavailable_text =
           [](const instances::DesktopUnavailable& why) {
             return why.why() == instances::DesktopUnavailable::Why::root ? std::string(computer::kNoDesktopInPlace)

@@ -613,6 +613,7 @@ void add_desktop_tools(mcp::Server& server, DesktopFace face) {
                               out["desktop_environment"] = now.meta.desktop();
                               return mcp::ToolResult::text(out.dump(-1, ' ', false, json::error_handler_t::replace), out);
                             }),
+      .listed = f->switch_listed,
   });
 
   const auto point = [](const char* what) {

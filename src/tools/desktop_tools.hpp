@@ -27,6 +27,9 @@ struct DesktopFace {
   // The fields every result of the face carries (the computer's operation, computer_id,
   // desktop_environment, ...; ns-hpc run's instance_id).
   std::function<mcp::json(const store::Instance& inst, const char* operation)> common;
+  // set_desktop_environment in tools/list (the computer's: with its lifecycle tools); it is
+  // answered either way.
+  bool switch_listed = true;
   // set_desktop_environment's words when the root has no desktop.
   std::function<std::string(const instances::DesktopUnavailable& why)> unavailable_text;
 };

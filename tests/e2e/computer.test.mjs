@@ -86,8 +86,8 @@ describe('computer over stdio', { skip }, () => {
     const { tools } = await c.client.listTools();
     const names = tools.map((t) => t.name).sort();
     assert.deepEqual(names, ['computer_create', 'computer_delete', 'computer_factory_reset', 'computer_list',
-      'computer_restart', 'edit_file', 'expose_port', 'poll_job', 'read_file', 'set_network_access', 'submit_job',
-      'terminal_execute', 'write_file']);
+      'computer_restart', 'edit_file', 'expose_port', 'poll_job', 'read_file', 'set_desktop_environment',
+      'set_network_access', 'submit_job', 'terminal_execute', 'write_file']);
     const terminal = tools.find((t) => t.name === 'terminal_execute');
     assert.match(terminal.description, /Commands run in bash\./);
     assert.match(terminal.description, /time out after 120 seconds by default/);
@@ -450,18 +450,19 @@ describe('computer lifetimes', { skip }, () => {
     }
   });
 
-  test('the description override and extension, and DESKTOP_ENVIRONMENT=true said loudly', async () => {
+  test('the description override and extension; DESKTOP_ENVIRONMENT=true on a headless computer said loudly', async () => {
     const a = await connectComputer(home, 'keeper', ['--tool-instruction-override', 'A Debian shell.']);
     let terminal = (await a.client.listTools()).tools.find((t) => t.name === 'terminal_execute');
     assert.equal(terminal.description, 'A Debian shell.');
+    await exec(a.client, { command: 'true' });  // the computer, on the headless image
     await a.close();
     const b = await connectComputer(home, 'keeper', ['--extended-tool-instruction', 'Use /workspace/data.', '--timeout', '30'],
       { DESKTOP_ENVIRONMENT: 'true' });
     terminal = (await b.client.listTools()).tools.find((t) => t.name === 'terminal_execute');
     assert.match(terminal.description, /time out after 30 seconds by default/);
     assert.ok(terminal.description.endsWith('\n\nUse /workspace/data.'), terminal.description);
-    assert.match(b.stderr.text, /warning: DESKTOP_ENVIRONMENT=true, but ns-hpc has no desktop yet/);
     assert.equal((await exec(b.client, { command: 'true' })).desktop_environment, false);
+    assert.match(b.stderr.text, /warning: DESKTOP_ENVIRONMENT=true, but computer 'keeper' stays without a desktop: This existing computer was created from a headless or custom image/);
     await b.close();
   });
 
