@@ -88,6 +88,8 @@ bench: build
 	$(BUILD)/bench/nshpc_bench_desktop 100
 	tests/e2e/load.mjs --bench
 	tests/e2e/install.sh && tests/e2e/bench_files.mjs
+	tests/e2e/bench_desktop.mjs 100
+	bench/desktop.sh $(BUILD)/ns-hpc
 	bench/slurm_polls.sh $(BUILD)/ns-hpc
 	bench/snapshots.sh $(BUILD)/ns-hpc
 	bench/network.sh $(BUILD)/ns-hpc

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# What a desktop costs to start and to keep: `ns-hpc instance desktop ID on` timed cold (the
-# instance's sandbox not running: the sandbox and the session start) and warm (the sandbox runs,
-# the desktop switched off and on in place), and the resident memory of the session's processes
-# once idle (Xvfb, the window manager, panel, desktop, buses, AT-SPI: instance ps before and
-# after). Runs on the host's root with [desktop] host_root (the host's Xfce packages), and on
+# What a desktop costs to start and to keep: `ns-hpc instance desktop ID on` until the window
+# manager lists the session's windows, timed cold (the instance's sandbox not running: the sandbox
+# and the session start) and warm (the sandbox runs, the desktop switched off and on in place),
+# and the memory of the session's processes once idle (Xvfb, the window manager, panel, desktop,
+# buses, AT-SPI: the PSS of the sandbox's processes before and after). Runs on the host's root with [desktop] host_root (the host's Xfce packages), and on
 # make test's desktop image 'test-desktop' when it is built (as root).
 # Usage: desktop.sh [NS_HPC_BINARY] [ROUNDS]. No network.
 set -euo pipefail
@@ -35,8 +35,24 @@ cleanup() {
 trap cleanup EXIT
 
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
-# Resident memory of the instance's sandbox, in KiB (instance ps --json).
-rss_kib() { ns instance ps "$1" --json | jq '[.[].rss_bytes] | add // 0 | . / 1024 | floor'; }
+# Memory of the instance's sandbox, in KiB: the proportional set size of its processes (shared
+# pages split among the processes sharing them; resident size counts them in each).
+pss_kib() {
+  local total=0 pid
+  for pid in $(ns instance ps "$1" --json | jq -r '.[].pid'); do
+    total=$(( total + $(awk '/^Pss:/ {print $2}' "/proc/$pid/smaps_rollup" 2>/dev/null || echo 0) ))
+  done
+  echo "$total"
+}
+# Switches the desktop on and waits until the window manager lists windows (the panel, the
+# desktop): ready to be looked at. Prints the milliseconds it took.
+on_until_ready() {
+  local t
+  t=$(date +%s%N)
+  ns instance desktop "$1" on >/dev/null
+  until ns bwrap "$1" -- sh -c 'xprop -root _NET_CLIENT_LIST 2>/dev/null | grep -q 0x'; do sleep 0.02; done
+  ms "$t"
+}
 
 measure() {
   local id=$1 what=$2
@@ -44,21 +60,17 @@ measure() {
   for _ in $(seq "$ROUNDS"); do
     ns instance stop "$id" >/dev/null
     ns instance desktop "$id" off >/dev/null
-    local t=$(date +%s%N)
-    ns instance desktop "$id" on >/dev/null
-    cold+=("$(ms "$t")")
+    cold+=("$(on_until_ready "$id")")
     ns instance desktop "$id" off >/dev/null
-    t=$(date +%s%N)
-    ns instance desktop "$id" on >/dev/null
-    warm+=("$(ms "$t")")
+    warm+=("$(on_until_ready "$id")")
   done
   ns instance desktop "$id" off >/dev/null
   local before after
-  before=$(rss_kib "$id")
+  before=$(pss_kib "$id")
   ns instance desktop "$id" on >/dev/null
   sleep 5
-  after=$(rss_kib "$id")
-  printf '%-34s cold %s ms, warm %s ms (each of %s rounds); idle session %d MiB resident\n' "$what" \
+  after=$(pss_kib "$id")
+  printf '%-34s cold %s ms, warm %s ms (each of %s rounds); idle session %d MiB (PSS)\n' "$what" \
     "$(IFS=/; echo "${cold[*]}")" "$(IFS=/; echo "${warm[*]}")" "$ROUNDS" $(( (after - before) / 1024 ))
 }
 
