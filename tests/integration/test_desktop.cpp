@@ -386,3 +386,24 @@ TEST_F(Desktop, AHostileDisplayGivesAnErrorNotAHangAndNeverAHostSocket) {
 
 }  // namespace
 }  // namespace nshpc::test
+
+namespace nshpc::test {
+namespace {
+
+// Another instance, even one on the host's network (where an abstract X socket would be shared),
+// finds no display of the first: its socket is on that sandbox's own /tmp, Xvfb listens on
+// nothing else, and the cookie is the instance's.
+TEST_F(Desktop, AnotherInstanceCannotUseItsDisplay) {
+  env_->run({"instance", "update", "desk", "--network", "host"});
+  env_->create("other", {"--persistent", "--network", "host"});
+  on();
+  EXPECT_NE(shell("xdpyinfo >/dev/null && echo answers"), "");
+  const Result other = env_->run({"bwrap", "other", "--", "sh", "-c",
+                                  "ls -A /tmp/.X11-unix 2>/dev/null | wc -l; grep -c '@/tmp/.X11-unix/X0' /proc/net/unix; "
+                                  "DISPLAY=:0 xdpyinfo >/dev/null 2>&1 && echo reached || echo refused"});
+  EXPECT_EQ(other.out, "0\n0\nrefused\n") << other.err;
+  env_->run({"instance", "stop", "other"});
+}
+
+}  // namespace
+}  // namespace nshpc::test

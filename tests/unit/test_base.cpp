@@ -68,8 +68,10 @@ TEST(Fs, RemovedSaysWhenAHeldFolderOrFileHasNoNameLeft) {
 
 TEST(Proc, ReadCmdlineGivesEveryArgumentEmptyOnesIncluded) {
   nshpc::SpawnSpec spec;
-  spec.program = "/bin/sleep";
-  spec.argv = {"sleep", "30", ""};
+  // A shell that stays (GNU sleep refuses an empty argument and exits at once, which a loaded
+  // machine showed before the read); its loop's children last a second at most.
+  spec.program = "/bin/sh";
+  spec.argv = {"sh", "-c", "while :; do sleep 1; done", "sh", ""};
   nshpc::SpawnedChild child = nshpc::spawn(spec);
   // spawn() returns once the exec closed its pipe, which the kernel does just before it sets up
   // the new program's arguments: until then the command line reads empty.
@@ -78,9 +80,9 @@ TEST(Proc, ReadCmdlineGivesEveryArgumentEmptyOnesIncluded) {
     cmdline = nshpc::proc::read_cmdline(child.pid());
     if (cmdline.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ(cmdline, (std::vector<std::string>{"sleep", "30", ""}));
+  EXPECT_EQ(cmdline, (std::vector<std::string>{"sh", "-c", "while :; do sleep 1; done", "sh", ""}));
   ::kill(child.pid(), SIGKILL);
-  child.wait("sleep");
+  child.wait("sh");
   EXPECT_TRUE(nshpc::proc::read_cmdline(child.pid()).empty());
 }
 
