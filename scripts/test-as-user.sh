@@ -31,7 +31,14 @@ echo "test-as-user: unit and integration suites as '$user' (uid $(id -u "$user")
 # Every pass runs, whichever failed before; the script fails when any did.
 failed=()
 as_user "$user" ./nshpc_unit --gtest_brief=1 || failed+=("unit as $user")
-as_user "$user" ./nshpc_integration --gtest_brief=1 || failed+=("integration as $user")
+# Its whole output is kept: a pass that fails (or is killed) shows the tests it ran last.
+if ! as_user "$user" ./nshpc_integration >"$dir/integration.log" 2>&1; then
+  failed+=("integration as $user")
+  echo "test-as-user: the integration suite as $user failed; its failures and the last tests it ran:"
+  grep -E '^\[  FAILED|Failure$' "$dir/integration.log" | head -40
+  grep -E '^\[ RUN|^\[       OK' "$dir/integration.log" | tail -8
+  tail -5 "$dir/integration.log"
+fi
 
 sub=nshpc-sub
 if ! id -u "$sub" >/dev/null 2>&1; then
