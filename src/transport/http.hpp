@@ -14,7 +14,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/fd.hpp"
@@ -22,13 +26,16 @@
 
 namespace nshpc::transport {
 
-// A plain request/response route served next to MCP (later: /dav, the dashboard, the API).
-// It is always behind the token and the Host/Origin checks.
+// A plain request/response route served next to MCP (the dashboard's assets).
+// It is always behind the token (or, for a `browser` route, the dashboard's cookie) and the
+// Host/Origin checks.
 struct HttpRequest {
   std::string method;  // GET, POST, …
   std::string target;  // path and query as sent
   std::map<std::string, std::string> headers;  // lower-case names
   std::string body;
+  std::string peer;    // who sent it, for people and the audit: "uid 1000", "192.0.2.7"
+  bool by_cookie = false;  // authenticated by the dashboard's cookie (a browser), not the token
 };
 struct HttpResponse {
   int status = 200;
@@ -36,7 +43,12 @@ struct HttpResponse {
   std::string body;
 };
 struct HttpRoute {
-  std::string prefix;  // e.g. "/dav/"; matched against the path
+  std::string prefix;  // e.g. "/ui/"; matched against the path
+  bool exact = false;  // the path must equal `prefix` (e.g. "/")
+  // A browser may use it with the dashboard's session cookie instead of the token (see
+  // HttpOptions::Login). An unauthenticated GET that accepts text/html then gets the login page
+  // (status 401).
+  bool browser = false;
   std::function<HttpResponse(const HttpRequest&)> handler;  // runs on a worker thread
 };
 
@@ -71,12 +83,76 @@ struct StreamResponse {
 // clients send.
 struct StreamRoute {
   std::string prefix;  // e.g. "/dav"
+  bool browser = false;  // as HttpRoute::browser
   std::uint64_t max_body_bytes = 8ull * 1024 * 1024;  // larger bodies: 413
   // Also answers `OPTIONS /` — without the token, as Windows' WebDAV client asks before it
   // authenticates (the handler sees the request and must reveal nothing but capabilities).
   bool answers_root_options = false;
   // Runs on a worker thread; may block (file I/O, reading the body).
   std::function<StreamResponse(const HttpRequest& request, BodyReader& body)> handler;
+};
+
+// Server-sent events to one client (a live view of the dashboard). Every member may be called
+// from any thread.
+class EventSink {
+ public:
+  virtual ~EventSink() = default;
+  // Queues one event ("event: <event>\ndata: <data>\n\n"; a multi-line `data` is sent as
+  // several data lines; `id`, when given, as "id: <id>"). False when the stream has ended: the
+  // client went away, the server is stopping, or the client did not read and more than the
+  // route's `buffer_bytes` waited unsent (then the stream is cut; a browser's EventSource
+  // reconnects with Last-Event-ID). Nothing sent after that goes anywhere.
+  virtual bool send(std::string_view event, std::string_view data, std::string_view id = {}) = 0;
+  virtual bool closed() const = 0;
+};
+
+// A route answered with a long-lived text/event-stream (GET only; comments keep it alive every
+// `sse_keepalive`). Behind the token, or the cookie for a `browser` route, like every route.
+struct EventRoute {
+  std::string prefix;  // matched as HttpRoute::prefix
+  bool exact = false;
+  bool browser = false;
+  std::size_t buffer_bytes = 4 * 1024 * 1024;
+  // Runs on a worker thread when a client opens the stream. A response with status 200 starts
+  // the stream (its headers are added to the stream's; its body is ignored): the handler keeps
+  // the sink and sends from any thread until send() returns false. Any other status is sent as
+  // the answer instead (a 404 for an unknown instance), and the sink is closed.
+  std::function<HttpResponse(const HttpRequest&, std::shared_ptr<EventSink>)> open;
+};
+
+// What the HTTP server holds now, for the dashboard's server view. Written by the transport
+// (about once a second and when sessions come and go), read from any thread.
+struct HttpStatus {
+  struct PeerUse {
+    std::string peer;  // "uid 1000", "192.0.2.7"
+    std::size_t connections = 0;
+    std::size_t sessions = 0;
+    std::size_t requests = 0;  // running or queued
+  };
+  std::string url;  // what on_listening was given
+  std::size_t connections = 0;
+  std::size_t sessions = 0;
+  std::size_t requests = 0;       // running or queued
+  std::size_t event_streams = 0;  // EventRoute streams open
+  std::size_t bytes_held = 0;     // held for clients (HttpOptions::max_buffer_bytes)
+  std::vector<PeerUse> peers;
+  // Each cap with its config key: "server.max_connections" → {in use, limit}.
+  std::map<std::string, std::pair<std::size_t, std::size_t>> caps;
+};
+class HttpStatusBoard {
+ public:
+  HttpStatus get() const {
+    std::lock_guard lock(mutex_);
+    return status_;
+  }
+  void set(HttpStatus status) {
+    std::lock_guard lock(mutex_);
+    status_ = std::move(status);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  HttpStatus status_;
 };
 
 struct HttpOptions {
@@ -136,6 +212,26 @@ struct HttpOptions {
 
   std::vector<HttpRoute> routes;
   std::vector<StreamRoute> stream_routes;
+  std::vector<EventRoute> event_routes;
+
+  // The dashboard's login, for `browser` routes (off when `enabled` is false: they then take the
+  // token only). GET /login?code=<code> with the one-time `code` (good once, for
+  // `code_lifetime`), or POST /login with the form field `token`, opens a browser session: an
+  // HttpOnly, SameSite=Strict cookie (Secure when served over TLS), then a 303 to `landing`.
+  // GET /login otherwise shows the form (401); POST /logout ends the session. A request that a
+  // cookie authenticates and that may change something (any method but GET, HEAD and OPTIONS)
+  // must come from the page itself: its Origin (or, without one, Sec-Fetch-Site: same-origin)
+  // must name this server, else 403. Sessions are kept in memory (a restart logs browsers out).
+  struct Login {
+    bool enabled = false;
+    std::string code;
+    std::chrono::seconds code_lifetime{std::chrono::hours(24)};
+    std::string landing = "/";
+    std::chrono::seconds session_lifetime{std::chrono::hours(12)};  // since the last request
+    std::size_t max_sessions = 256;  // beyond: the least recently used one ends
+  } login;
+  // Filled by the server while it runs (null: not kept).
+  std::shared_ptr<HttpStatusBoard> status_board;
   // Called once the listener is ready, with the URL clients use (http://host:port/path, or
   // unix:<socket>:<path> for a Unix socket).
   std::function<void(const std::string& url)> on_listening;

@@ -259,8 +259,10 @@ TEST_F(Desktop, PixelsClicksAndTheAccessibilityTreeOfARealApplication) {
 TEST_F(Desktop, TypingAnyScriptIntoMousepadSavesExactlyThoseBytes) {
   on();
   shell("setsid mousepad /workspace/typed.txt >/dev/null 2>&1 < /dev/null &");
-  // As an agent does: the window brought to the front, a click into its text.
-  ASSERT_FALSE(is_error(call("switch_window", {{"window", "typed.txt"}})));
+  // As an agent does: once its window is listed, brought to the front, a click into its text.
+  ASSERT_TRUE(window("typed.txt").is_object());
+  const json front = call("switch_window", {{"window", "typed.txt"}});
+  ASSERT_FALSE(is_error(front)) << result_text(front);
   const json editor = window("typed.txt");
   ASSERT_FALSE(is_error(call("computer", {{"action", "left_click"},
                                           {"coordinate", {editor["x"].get<int>() + editor["width"].get<int>() / 2,

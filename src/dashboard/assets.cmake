@@ -1,0 +1,1 @@
+# The dashboard's assets (dashboard/ui/) embedded in the binary: filled in by the assets work.
