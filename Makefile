@@ -25,12 +25,13 @@ DEPS_DESKTOP := xvfb xauth xfce4-session xfwm4 xfce4-panel xfdesktop4 xfce4-sett
                fonts-dejavu-core fonts-noto-color-emoji librsvg2-common xdotool scrot imagemagick wmctrl x11-utils \
                xclip xdg-utils gir1.2-gtk-3.0
 DEPS_OPTIONAL := $(DEPS_IMAGES) $(DEPS_NAT) $(DEPS_SEARCH) $(DEPS_DESKTOP)
-# The tests: GoogleTest, the tools they drive (litmus, rclone, curl, jq) and Node.js for the
-# end-to-end tests (official MCP SDK; any packaged node >= 18 will do).
-DEPS_TEST   := libgtest-dev jq litmus rclone curl
+# The tests: GoogleTest, the tools they drive (litmus, rclone, curl, jq), Node.js for the
+# end-to-end tests (official MCP SDK; any packaged node >= 18 will do) and the browser the
+# dashboard's tests drive (with playwright-core from npm).
+DEPS_TEST   := libgtest-dev jq litmus rclone curl chromium-headless-shell
 
 .PHONY: all deps deps-build deps-run deps-optional deps-test configure build test test-build unit integration \
-        test-as-user run bench fuzz install clean
+        test-as-user run demo bench fuzz install clean
 
 all: build
 
@@ -77,7 +78,13 @@ test-build: deps-build deps-test
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
+# The server on loopback with WebDAV and the dashboard, in the foreground (Ctrl-C ends it).
 run: deps-build deps-run deps-optional configure
+	cmake --build $(BUILD) -j $(JOBS)
+	@scripts/run.sh $(BUILD)/ns-hpc
+
+# A walkthrough on the command line: an instance, a hardened sandbox, an image root.
+demo: deps-build deps-run deps-optional configure
 	cmake --build $(BUILD) -j $(JOBS)
 	@scripts/demo.sh $(BUILD)/ns-hpc
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# `make run`: checks the machine, then shows an instance and a hardened sandbox at work.
+# `make demo`: checks the machine, then shows an instance and a hardened sandbox at work.
 set -euo pipefail
 nshpc=${1:-build/ns-hpc}
 say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
 say 'ns-hpc doctor --fix   # --fix builds the default Debian image when it is missing (a minute or two)'
 "$nshpc" doctor --fix || { echo "doctor found a problem: fix it first (see the fix lines above)"; exit 1; }
 if ! "$nshpc" instance describe demo >/dev/null 2>&1; then
-  say 'ns-hpc instance create demo -d "made by make run"'
-  "$nshpc" instance create demo -d "made by make run"
+  say 'ns-hpc instance create demo -d "made by make demo"'
+  "$nshpc" instance create demo -d "made by make demo"
 fi
 say 'ns-hpc instance list'
 "$nshpc" instance list
@@ -17,8 +17,8 @@ say "ns-hpc bwrap demo -- sh -c 'touch /etc/x'   # the host stays read-only"
 "$nshpc" bwrap demo -- sh -c 'touch /etc/x' || echo "(exit code $? passed through)"
 if "$nshpc" image list --json | jq -e '.[] | select(.current)' >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
   if ! "$nshpc" instance describe demo-root >/dev/null 2>&1; then
-    say 'ns-hpc instance create demo-root --image -d "a Debian root of its own, made by make run"'
-    "$nshpc" instance create demo-root --image -d "a Debian root of its own, made by make run"
+    say 'ns-hpc instance create demo-root --image -d "a Debian root of its own, made by make demo"'
+    "$nshpc" instance create demo-root --image -d "a Debian root of its own, made by make demo"
   fi
   say "ns-hpc bwrap demo-root -- sh -c 'id; echo \"changed by the agent\" > /etc/motd; useradd -m ada 2>/dev/null; id ada'"
   "$nshpc" bwrap demo-root -- sh -c 'id; echo "changed by the agent" > /etc/motd; useradd -m ada 2>/dev/null; id ada'

@@ -129,11 +129,27 @@ int serve_computer(Invocation& inv, const ComputerConfig& c, const std::string& 
   const bool loopback = transport::is_loopback_host(options.host);
   // A non-loopback listener (behind its token) is reached by any name the machine has.
   if (!loopback) options.allowed_hosts.push_back("*");
-  options.routes.push_back({"/", [&inv, c, id, expose](const transport::HttpRequest& request) {
+  const std::string login_path = add_dashboard(inv, options, "ns-hpc computer");
+  // GET / answers what the seed's does; a browser (Accept: text/html) gets the dashboard there.
+  std::function<transport::HttpResponse(const transport::HttpRequest&)> dashboard_page;
+  std::erase_if(options.routes, [&](const transport::HttpRoute& route) {
+    if (!route.exact || route.prefix != "/") return false;
+    dashboard_page = route.handler;
+    return true;
+  });
+  options.routes.push_back({.prefix = "/",
+                            .exact = true,
+                            .browser = static_cast<bool>(dashboard_page),
+                            .handler = [&inv, c, id, expose, dashboard_page](const transport::HttpRequest& request) {
+                              const auto accept = request.headers.find("accept");
+                              if (dashboard_page && accept != request.headers.end() &&
+                                  accept->second.find("text/html") != std::string::npos)
+                                return dashboard_page(request);
                               return root_page(inv, c, id, expose, request);
                             }});
-  options.on_listening = [&options, id](const std::string& url) {
-    std::string text = fmt::format("{}: computer '{}': MCP (streamable HTTP) listening on {}\n", kComputerProgram, id, url);
+  options.on_listening = [&options, id, login_path](const std::string& url) {
+    std::string text = dashboard_line(options, url.substr(0, url.size() - options.path.size()), login_path);
+    text += fmt::format("{}: computer '{}': MCP (streamable HTTP) listening on {}\n", kComputerProgram, id, url);
     if (options.token.empty())
       text += fmt::format(
           "{}: warning: no token (--auth-token or KILNTAINERS_AUTH_TOKEN): every local user and process that can "

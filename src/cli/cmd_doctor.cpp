@@ -447,7 +447,7 @@ Check check_image_layers(const config::Config& cfg) {
 
 // The image `--image` without a name and the mcp-virtual-computer entry point use; with --fix
 // built now when it is missing (a minute or two, from the mirror the host's apt uses).
-Check check_default_image(const config::Config& cfg, bool fix) {
+Check check_default_image(const config::Config& cfg, bool fix, bool background) {
   Check c{"default image ([namespace] default_image)"};
   c.required = false;
   const std::string& name = cfg.ns.default_image;
@@ -465,6 +465,15 @@ Check check_default_image(const config::Config& cfg, bool fix) {
     }
     if (auto b = images.building(name)) {
       c.detail = fmt::format("'{}' is being built now (pid {}; now: {})", name, b->pid, b->line);
+      c.fix = "wait a minute or two: 'ns-hpc image list' shows how far it is";
+      return c;
+    }
+    if (fix && background) {
+      // As the server does when it starts: the build goes on after this process ends.
+      sandbox::BackgroundBuilds builds(images, config::self_command(cfg, "for a background image build"));
+      const sandbox::BuildProgress progress = builds.start({.name = name, .only_if_missing = true});
+      c.detail = fmt::format("'{}' is being built in the background now (pid {}; log: {}/.building/{}.log)", name,
+                             progress.pid, cfg.ns.images_dir.string(), name);
       c.fix = "wait a minute or two: 'ns-hpc image list' shows how far it is";
       return c;
     }
@@ -604,7 +613,11 @@ void add_doctor_command(CLI::App& app, Invocation& inv) {
   auto fix_desktop = std::make_shared<bool>(false);
   cmd->add_flag("--desktop", *fix_desktop,
                 "With --fix: also build the desktop image ([desktop] image, image build --desktop) when it is missing");
-  cmd->callback([&inv, json, fix, fix_desktop] {
+  auto background = std::make_shared<bool>(false);
+  cmd->add_flag("--background", *background,
+                "With --fix: start the default image's build in the background (as the server does) instead of "
+                "waiting for it");
+  cmd->callback([&inv, json, fix, fix_desktop, background] {
     std::vector<Check> checks;
     const config::Config* cfg = nullptr;
     std::optional<config::Config> fallback;
@@ -629,7 +642,7 @@ void add_doctor_command(CLI::App& app, Invocation& inv) {
     checks.push_back(check_search());
     checks.push_back(check_image_builds());
     checks.push_back(check_image_layers(*cfg));
-    checks.push_back(check_default_image(*cfg, *fix));
+    checks.push_back(check_default_image(*cfg, *fix, *background));
     checks.push_back(check_desktop_image(*cfg, *fix && *fix_desktop));
     checks.push_back(check_desktop_host(*cfg));
     checks.push_back(check_slurm());

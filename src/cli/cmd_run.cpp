@@ -17,6 +17,7 @@
 #include "base/fs.hpp"
 #include "base/json.hpp"
 #include "base/log.hpp"
+#include "base/process.hpp"
 #include "base/random.hpp"
 #include "cli/app.hpp"
 #include "cli/serve.hpp"
@@ -136,6 +137,9 @@ void run_http(Invocation& inv, const RunArgs& a) {
     options.stream_routes.push_back(dav::make_route(dav_handler, static_cast<std::uint64_t>(cfg.dav.max_upload_bytes)));
   }
 
+  // The dashboard at / and its API at /api/: the token, or the cookie of its one-time login link.
+  const std::string login_path = add_dashboard(inv, options, "ns-hpc run");
+
   const bool show_token = !token_file.empty();
   const std::string transport_name = sse ? "legacy HTTP+SSE" : "streamable HTTP";
   options.on_listening = [&, show_token, sse](const std::string& url) {
@@ -148,7 +152,9 @@ void run_http(Invocation& inv, const RunArgs& a) {
     }
     if (!token.empty())
       server_entry["headers"] = {{"Authorization", "Bearer " + (show_token ? token : std::string("<your token>"))}};
-    std::string text = fmt::format("ns-hpc: MCP ({}) listening on {}\n", transport_name, client_url);
+    const std::string base = options.uds.empty() ? url.substr(0, url.size() - options.path.size()) : "http://localhost";
+    std::string text = dashboard_line(options, base, login_path);
+    text += fmt::format("ns-hpc: MCP ({}) listening on {}\n", transport_name, client_url);
     if (token.empty())
       text += fmt::format("ns-hpc: warning: serving HTTP without a token (--allow-unauthenticated-http): anyone who can reach {} can run "
                           "commands in every instance\n",
@@ -157,7 +163,6 @@ void run_http(Invocation& inv, const RunArgs& a) {
       text += show_token ? fmt::format("ns-hpc: bearer token (kept in {}): {}\n", token_file, token)
                          : fmt::format("ns-hpc: bearer token from {}\n", source);
     if (dav_handler) {
-      const std::string base = options.uds.empty() ? url.substr(0, url.size() - options.path.size()) : "http://localhost";
       text += fmt::format("ns-hpc: WebDAV at {}/dav/ (Basic auth: any user name, the token as password)\n", base);
     }
     text += "ns-hpc: MCP client configuration:\n" +
@@ -238,6 +243,40 @@ int serve(Invocation& inv, const ServerParts& parts, const std::function<int(mcp
   return transport(server);
 }
 
+
+std::string add_dashboard(Invocation& inv, transport::HttpOptions& options, std::string entry_point) {
+  const config::Config& cfg = inv.config();
+  if (!cfg.dashboard.enabled) return {};
+  options.status_board = std::make_shared<transport::HttpStatusBoard>();
+  options.login.code = random::hex(16);
+  options.login.landing = "/";
+  dashboard::Settings settings;
+  settings.version = tools::server_info().version;
+  settings.entry_point = std::move(entry_point);
+  settings.token = options.token;
+  settings.http = options.status_board;
+  // Doctor's checks as `ns-hpc doctor --json` prints them, in a process of their own: a check
+  // forks and probes, which the server's threads must not do in-process.
+  settings.doctor = [command = config::self_command(cfg, "for the dashboard's doctor checks")]() {
+    std::vector<std::string> argv = command;
+    argv.insert(argv.end(), {"doctor", "--json"});
+    const CommandResult result = run_command(argv, {}, std::chrono::seconds(120), 4 * 1024 * 1024);
+    try {
+      return nlohmann::json::parse(result.out);
+    } catch (const std::exception&) {
+      throw Error(describe_failure(argv, result));
+    }
+  };
+  dashboard::add_routes(options, inv.instances(), std::move(settings));
+  return "/login?code=" + options.login.code;
+}
+
+std::string dashboard_line(const transport::HttpOptions& options, const std::string& base, const std::string& login_path) {
+  if (login_path.empty()) return {};
+  if (options.token.empty()) return fmt::format("Dashboard: {}/\n", base);
+  return fmt::format("Dashboard: {}{}  (a one-time login link; afterwards log in at {}/login with the token)\n", base,
+                     login_path, base);
+}
 
 // An HTTP server holds a descriptor per connection: the soft open-file limit goes up to the hard
 // one (what the system allows without privileges), so that the connection caps, not the

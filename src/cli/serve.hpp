@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "cli/app.hpp"
+#include "dashboard/dashboard.hpp"
 #include "mcp/server.hpp"
 #include "tools/tools.hpp"
 #include "transport/http.hpp"
@@ -24,6 +25,14 @@ int serve(Invocation& inv, const ServerParts& parts, const std::function<int(mcp
 
 // The HTTP server's address, limits and timeouts from [server] and [mcp].
 transport::HttpOptions http_options(const config::Config& cfg);
+
+// The dashboard on `options` (when [dashboard] enabled): its routes, a one-time login code and the
+// transport's status board. Returns the login link's path ("/login?code=…"), or "" when it is off.
+std::string add_dashboard(Invocation& inv, transport::HttpOptions& options, std::string entry_point);
+
+// The line that names the dashboard for people: "Dashboard: http://127.0.0.1:8000/login?code=…  (…)".
+// `base` is the server's URL without a path ("http://127.0.0.1:8000").
+std::string dashboard_line(const transport::HttpOptions& options, const std::string& base, const std::string& login_path);
 
 // Up to the hard open-file limit: the connection caps, not the default 1024, decide how many
 // HTTP clients fit.

@@ -193,6 +193,11 @@ struct Dav {
   std::map<std::string, DavExtra> extras;
 };
 
+// The web dashboard (dashboard/dashboard.hpp).
+struct Dashboard {
+  bool enabled = true;
+};
+
 // The mcp-virtual-computer entry point (`ns-hpc computer`).
 struct Computer {
   bool expose_lifecycle_tools = true;
@@ -250,6 +255,7 @@ struct Config {
   Mcp mcp;
   Server server;
   Dav dav;
+  Dashboard dashboard;
   Computer computer;
   Desktop desktop;
   std::map<std::string, ProxiedMcp> proxied_mcps;

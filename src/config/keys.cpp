@@ -186,8 +186,8 @@ Keys<Config> make_config_keys() {
           value("default_image", &Namespace::default_image, text({"an image name, or \"\" for none"}), {
               .defaults_to = R"("debian")",
               .help = "The image an instance gets when it asks for one without a name (and the "
-                      "mcp-virtual-computer entry point's). Built with `ns-hpc image build` (`make run` and "
-                      "`doctor --fix` build it)."}),
+                      "mcp-virtual-computer entry point's). Built with `ns-hpc image build` (`doctor --fix` builds it; "
+                      "the server and `doctor --fix --background` start its build in the background)."}),
           value("bwrap_command", &Namespace::bwrap_command, argv(), {
               .defaults_to = R"(["bwrap", "--unshare-all", "--share-net", "--proc", "/proc", "--dev", "/dev", )"
                              R"("--tmpfs", "/tmp", "--ro-bind", "/usr", "/usr", "--ro-bind", "/lib", "/lib", )"
@@ -525,6 +525,13 @@ Keys<Config> make_config_keys() {
                   .required = "give the folder to serve (a string)"}),
               value("ro", &DavExtra::ro, boolean(), {.defaults_to = "true", .help = "Read-only (every write gets 403)."}),
           }, {.help = "Extra folders served at `/dav/<name>/`."}),
+      }),
+
+      table("dashboard", &Config::dashboard, {
+          value("enabled", &Dashboard::enabled, boolean(), {
+              .defaults_to = "true",
+              .help = "Serve the web dashboard at `/` and its JSON API at `/api/` (HTTP transports only), behind "
+                      "the same token or the cookie of the one-time login link the server prints."}),
       }),
 
       table("computer", &Config::computer, {
