@@ -190,6 +190,9 @@ class Service {
     std::shared_ptr<files::Broker> broker;
   };
   FileAccess file_access(const store::Instance& inst) const;
+  // The instance's workspace and output as its sandbox sees them, with file_access's owner and
+  // broker: what the file tools and the dashboard open (files::InstanceFiles).
+  files::InstanceView file_view(const store::Instance& inst) const;
 
   // The root folder of an image instance's running sandbox, as its processes see it (its
   // /workspace, /tmp and every other mount included), for file operations done from outside with
@@ -254,6 +257,11 @@ class Service {
 // and running_since (ISO 8601 UTC), processes and memory_bytes when running, or last_end and
 // ended_at when it stopped before.
 nlohmann::json state_json(const sandbox::LivingStatus& status);
+
+// An instance as the faces show it (sandbox paths, never host paths): id, description,
+// created_at, last_activity, network, persistent, root, hostname, workspace, output; image
+// (NAME@VERSION) on an image, desktop when on.
+nlohmann::json instance_json(const config::Config& config, const store::Instance& inst);
 
 // The instance's [namespace] limits as data (describe_instance, `instance describe`): those set
 // (cpus, memory_mib, pids), "enforced", "unenforced" (why not, per limit) and, while the

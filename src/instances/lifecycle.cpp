@@ -198,6 +198,23 @@ bool Service::resume(const store::Instance& inst, Still& still, std::string_view
   }
 }
 
+nlohmann::json instance_json(const config::Config& config, const store::Instance& inst) {
+  nlohmann::json out = {{"id", inst.id},
+                        {"description", inst.meta.description()},
+                        {"created_at", inst.meta.created_at()},
+                        {"last_activity", timeutil::iso_utc(inst.last_activity())},
+                        {"network", config::to_string(inst.network)},
+                        {"persistent", inst.persistent},
+                        {"root", inst.meta.root()},
+                        {"hostname", inst.meta.hostname()},
+                        {"workspace", config.ns.workspace_mount},
+                        {"output", config.ns.output_mount}};
+  // An instance on an image: its name@version, as its root says ("image:NAME@VERSION").
+  if (const std::string& root = inst.meta.root(); root.starts_with("image:")) out["image"] = root.substr(6);
+  if (inst.meta.desktop()) out["desktop"] = true;
+  return out;
+}
+
 nlohmann::json state_json(const sandbox::LivingStatus& status) {
   nlohmann::json out = {{"state", status.running ? "running" : "stopped"}};
   if (status.running) {

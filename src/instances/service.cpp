@@ -234,6 +234,18 @@ void Service::stop_executions(std::string_view id) const {
 
 // ---- Its files -----------------------------------------------------------------------------
 
+files::InstanceView Service::file_view(const store::Instance& inst) const {
+  files::InstanceView v;
+  v.workspace_mount = config_.ns.workspace_mount;
+  v.output_mount = config_.ns.output_mount;
+  v.workspace = inst.workspace;
+  v.output = inst.output;
+  FileAccess access = file_access(inst);
+  v.owner = access.owner;
+  v.broker = std::move(access.broker);
+  return v;
+}
+
 Service::FileAccess Service::file_access(const store::Instance& inst) const {
   FileAccess access;
   if (auto owner = store_->owner_of(inst)) access.owner = files::Owner{owner->uid, owner->gid};

@@ -97,6 +97,10 @@ struct SubmitRequest {
   Mode mode = Mode::local;
 };
 
+// The request of a job that runs `command` as `shell -c command` ([terminal] shell), listed as
+// the command itself: how every face submits a command line.
+SubmitRequest shell_job(std::string instance_id, const std::string& command, const std::string& shell);
+
 struct TailOptions {
   std::size_t lines = 50;
   std::size_t bytes = 16 * 1024;

@@ -46,6 +46,14 @@ std::optional<Mode> parse_mode(std::string_view text) {
 
 bool is_final(State state) { return state != State::pending && state != State::running; }
 
+SubmitRequest shell_job(std::string instance_id, const std::string& command, const std::string& shell) {
+  SubmitRequest req;
+  req.instance_id = std::move(instance_id);
+  req.argv = {shell, "-c", command};
+  req.display = command;
+  return req;
+}
+
 std::string new_job_id() {
   return random::hex(6);
 }

@@ -56,22 +56,9 @@ struct Scope {
   std::unique_ptr<files::InstanceFiles> files;
 };
 
-files::InstanceView view_of(const ToolContext& ctx, const store::Instance& inst) {
-  const config::Config& cfg = ctx.services.config;
-  files::InstanceView v;
-  v.workspace_mount = cfg.ns.workspace_mount;
-  v.output_mount = cfg.ns.output_mount;
-  v.workspace = inst.workspace;
-  v.output = inst.output;
-  auto access = ctx.services.instances.file_access(inst);
-  v.owner = access.owner;
-  v.broker = std::move(access.broker);
-  return v;
-}
-
 Scope open_scope(const ToolContext& ctx, const std::string& id) {
   Scope s{ctx.services.instances.store().get(id), nullptr};
-  s.files = std::make_unique<files::InstanceFiles>(view_of(ctx, s.inst));
+  s.files = std::make_unique<files::InstanceFiles>(ctx.services.instances.file_view(s.inst));
   return s;
 }
 

@@ -175,8 +175,6 @@ void add_submit(mcp::Server& server, const ToolContext& ctx) {
       .handler =
           [ctx](const json& args, mcp::RequestContext& rc) {
             const config::Config& cfg = ctx.services.config;
-            jobs::SubmitRequest req;
-            req.instance_id = instance_arg(ctx, args);
             const std::string command = string_arg(args, "command");
             std::vector<std::string> argv;
             if (auto it = args.find("args"); it != args.end() && it->is_array())
@@ -188,8 +186,8 @@ void add_submit(mcp::Server& server, const ToolContext& ctx) {
               throw UsageError("Give either `command` (a shell command) or `args` (an exact argv), not both.");
             if (command.empty() && argv.empty())
               throw UsageError("Give `command` (a shell command) or `args` (an exact argv).");
-            req.argv = command.empty() ? argv : std::vector<std::string>{cfg.terminal.shell, "-c", command};
-            req.display = command;
+            jobs::SubmitRequest req = jobs::shell_job(instance_arg(ctx, args), command, cfg.terminal.shell);
+            if (command.empty()) req.argv = argv;
             req.cwd = string_arg(args, "working_directory");
             req.env = env_arg(args);
             req.stdin_text = string_arg(args, "stdin");

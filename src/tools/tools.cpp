@@ -57,20 +57,7 @@ void audit_tool_call(const ToolContext& ctx, const std::string& tool, const mcp:
 }
 
 mcp::json agent_instance_json(const ToolContext& ctx, const store::Instance& inst) {
-  mcp::json out = {{"id", inst.id},
-          {"description", inst.meta.description()},
-          {"created_at", inst.meta.created_at()},
-          {"last_activity", timeutil::iso_utc(inst.last_activity())},
-          {"network", config::to_string(inst.network)},
-          {"persistent", inst.persistent},
-          {"root", inst.meta.root()},
-          {"hostname", inst.meta.hostname()},
-          {"workspace", ctx.services.config.ns.workspace_mount},
-          {"output", ctx.services.config.ns.output_mount}};
-  // An instance on an image: its name@version, as its root says ("image:NAME@VERSION").
-  if (const std::string& root = inst.meta.root(); root.starts_with("image:")) out["image"] = root.substr(6);
-  if (inst.meta.desktop()) out["desktop"] = true;
-  return out;
+  return instances::instance_json(ctx.services.config, inst);
 }
 
 std::optional<sandbox::LivingStatus> add_living_state(const ToolContext& ctx, const store::Instance& inst,
