@@ -1,0 +1,174 @@
+#!/usr/bin/env node
+// The dashboard's numbers (make bench), in Debian's chromium-headless-shell on loopback:
+//  - first load (empty cache): bytes transferred as the wire carried them (CDP
+//    Network.loadingFinished encodedDataLength: compressed bodies plus headers), the page's
+//    assets apart from its API calls, and the time to the load event and to the first rows;
+//  - the instances view with N instances (default 1,000): time to interactive, from navigation
+//    start to the first page's 100 rows rendered with the filter box usable (warm cache, median
+//    of 5 loads), and the time of a filter (from the last keystroke to its rows; the page waits
+//    150 ms after typing stops before it asks, shown apart);
+// side by side with the goals (≤ 400 KB compressed, ≤ 200 ms to interactive).
+//
+// The instances are made the way an agent makes them: create_instance over MCP (streamable
+// HTTP), 32 at a time over 4 sessions. `ns-hpc instance create` in a loop is timed on 20 for
+// comparison (a process start, config load and store open each time).
+// Usage: tests/e2e/bench_dashboard.mjs [N]
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import { performance } from 'node:perf_hooks';
+
+import { chromium } from 'playwright-core';
+
+import { childEnv } from './home.mjs';
+import { connectHttp, makeHttpHome, startServer } from './http_lib.mjs';
+import { NSHPC_BINARY, removeHome, textOf } from './lib.mjs';
+
+const N = Number(process.argv[2] || process.env.NSHPC_BENCH_INSTANCES || 1000);
+const CHROMIUM = process.env.NSHPC_CHROMIUM || '/usr/bin/chromium-headless-shell';
+const GOAL_BYTES = 400 * 1024;
+const GOAL_TTI_MS = 200;
+if (!fs.existsSync(CHROMIUM)) {
+  console.log(`bench dashboard: skipped: ${CHROMIUM} is not installed (apt-get install chromium-headless-shell)`);
+  process.exit(0);
+}
+
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+const home = makeHttpHome('bench-dashboard');
+let server;
+let browser;
+const clients = [];
+try {
+  server = await startServer(home);
+  const link = server.stderr().match(/Dashboard: (http\S+)/)?.[1];
+
+  // ---- N instances ----
+  for (let i = 0; i < 4; i++) clients.push(await connectHttp(server.url, { token: server.token, name: `bench-dashboard-${i}` }));
+  const ids = Array.from({ length: N }, (_, i) => `bench-${String(i).padStart(4, '0')}`);
+  const t0 = performance.now();
+  let next = 0;
+  await Promise.all(Array.from({ length: 32 }, async (_, w) => {
+    const c = clients[w % clients.length].client;
+    while (next < ids.length) {
+      const id = ids[next++];
+      const r = await c.callTool({ name: 'create_instance', arguments: { instance_id: id, network: 'off', description: `bench instance ${id}` } });
+      if (r.isError) throw new Error(`create_instance ${id}: ${textOf(r)}`);
+    }
+  }));
+  const createMcpMs = performance.now() - t0;
+  const cliN = 20;
+  const t1 = performance.now();
+  for (let i = 0; i < cliN; i++)
+    execFileSync(NSHPC_BINARY, ['--config', home.config, 'instance', 'create', `cli-${i}`, '--network', 'off'],
+      { env: childEnv(home), stdio: 'ignore' });
+  const createCliMs = (performance.now() - t1) / cliN;
+
+  // ---- the browser ----
+  browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox'] });
+  const context = await browser.newContext({ viewport: { width: 1360, height: 860 } });
+  // When the first page's rows are in and the filter box is there and enabled (performance.now()
+  // since navigation start), recorded by the page itself: no polling interval in the figure.
+  const markInteractive = () => {
+    const done = () => {
+      const filter = document.getElementById('instance-filter');
+      return document.querySelectorAll('table.instances tbody tr').length >= 100 && filter && !filter.disabled;
+    };
+    new MutationObserver((_, obs) => {
+      if (window.__benchTti === undefined && done()) {
+        window.__benchTti = performance.now();
+        obs.disconnect();
+      }
+    }).observe(document, { childList: true, subtree: true });
+  };
+  await context.addInitScript(markInteractive);
+  const page = await context.newPage();
+  if (link) {
+    await page.goto(link);
+  } else {
+    await page.goto(`${server.origin}/login`);
+    await page.fill('input[name=token]', server.token);
+    await Promise.all([page.waitForURL(`${server.origin}/**`), page.press('input[name=token]', 'Enter')]);
+  }
+  await page.locator('table.instances tbody tr').nth(99).waitFor();
+  // A fresh context with the session cookie but an empty cache: the first load.
+  const cold = await browser.newContext({ viewport: { width: 1360, height: 860 } });
+  await cold.addCookies(await context.cookies());
+  await cold.addInitScript(markInteractive);
+  const coldPage = await cold.newPage();
+  const cdp = await cold.newCDPSession(coldPage);
+  await cdp.send('Network.enable');
+  const urls = new Map();
+  let assetBytes = 0;
+  let apiBytes = 0;
+  cdp.on('Network.requestWillBeSent', (e) => urls.set(e.requestId, e.request.url));
+  cdp.on('Network.loadingFinished', (e) => {
+    const u = new URL(urls.get(e.requestId) ?? 'http://x/');
+    if (u.pathname.startsWith('/api/')) apiBytes += e.encodedDataLength;
+    else assetBytes += e.encodedDataLength;
+  });
+  await coldPage.goto(`${server.origin}/`, { waitUntil: 'load' });
+  await coldPage.waitForFunction(() => window.__benchTti !== undefined);
+  const coldTimes = await coldPage.evaluate(() => {
+    const nav = performance.getEntriesByType('navigation')[0];
+    return { load: nav.loadEventEnd, rows: window.__benchTti };
+  });
+
+  // ---- time to interactive with N instances, warm cache ----
+  const ttis = [];
+  for (let i = 0; i < 5; i++) {
+    await page.goto('about:blank');
+    await page.goto(`${server.origin}/#/instances`);
+    await page.waitForFunction(() => window.__benchTti !== undefined);
+    ttis.push(await page.evaluate(() => window.__benchTti));
+  }
+  const renderedRows = await page.locator('table.instances tbody tr').count();
+
+  // ---- a filter: from the last keystroke to its rows ----
+  const filters = [];
+  for (const q of ['bench-0999', 'bench-05', 'instance bench-07', 'bench-']) {
+    const expect = q === 'bench-' ? 100 : q === 'bench-0999' ? 1 : 10;
+    const ms = await page.evaluate(async ({ q, expect }) => {
+      const input = document.getElementById('instance-filter');
+      const view = document.getElementById('view');
+      const before = Number(view.dataset.renders);
+      const t = performance.now();
+      input.value = q;
+      input.dispatchEvent(new Event('input', { bubbles: true }));
+      await new Promise((resolve) => {
+        const obs = new MutationObserver(() => {
+          if (Number(view.dataset.renders) > before) {
+            obs.disconnect();
+            resolve();
+          }
+        });
+        obs.observe(view, { attributes: true, attributeFilter: ['data-renders'] });
+      });
+      const rows = document.querySelectorAll('table.instances tbody tr').length;
+      if (rows !== expect) throw new Error(`filter ${q}: ${rows} rows, expected ${expect}`);
+      return performance.now() - t;
+    }, { q, expect });
+    filters.push(ms);
+  }
+  const DEBOUNCE = 150;
+  const filterMs = median(filters);
+
+  const kb = (b) => `${(b / 1024).toFixed(1)} KB`;
+  const row = (what, value, goal, pass) => console.log(`  ${what.padEnd(58)} ${value.padStart(12)}   ${goal.padEnd(10)} ${pass === undefined ? '' : pass ? 'ok' : 'OVER'}`);
+  console.log(`bench dashboard (chromium ${browser.version()}, loopback, ${N} instances)`);
+  console.log(`  ${'what'.padEnd(58)} ${'measured'.padStart(12)}   ${'goal'.padEnd(10)}`);
+  row('first load: page assets transferred (gzip, with headers)', kb(assetBytes), '≤ 400 KB', assetBytes <= GOAL_BYTES);
+  row('first load: with its API calls (100 instances)', kb(assetBytes + apiBytes), '', undefined);
+  row('first load: load event (empty cache)', `${coldTimes.load.toFixed(0)} ms`, '', undefined);
+  row(`first load: first page of rows (empty cache)`, `${coldTimes.rows.toFixed(0)} ms`, '', undefined);
+  row(`instances view, ${N} instances: to interactive (median of 5)`, `${median(ttis).toFixed(0)} ms`, '≤ 200 ms', median(ttis) <= GOAL_TTI_MS);
+  row(`  (the 5 loads: ${ttis.map((t) => t.toFixed(0)).join(', ')} ms; ${renderedRows} rows)`, '', '', undefined);
+  row(`a filter over ${N}: last keystroke to rows (median of 4)`, `${filterMs.toFixed(0)} ms`, '', undefined);
+  row(`  of which the page's wait after typing`, `${DEBOUNCE} ms`, '', undefined);
+  row(`  the request and the render`, `${(filterMs - DEBOUNCE).toFixed(0)} ms`, '≤ 200 ms', filterMs - DEBOUNCE <= GOAL_TTI_MS);
+  row(`making ${N} instances: create_instance over MCP, 32 at a time`, `${(createMcpMs / 1000).toFixed(1)} s`, '', undefined);
+  row(`  one 'ns-hpc instance create' (mean of ${cliN}; ×${N}: ${((createCliMs * N) / 1000).toFixed(0)} s)`, `${createCliMs.toFixed(0)} ms`, '', undefined);
+} finally {
+  await browser?.close();
+  for (const c of clients) await c.close();
+  await server?.stop();
+  removeHome(home);
+}
