@@ -256,7 +256,7 @@ describe('dashboard in a browser', { skip: !fs.existsSync(CHROMIUM) && `${CHROMI
     await page.locator('#view[data-loaded="true"]').waitFor();
     assert.match(await page.locator('#view').textContent(), /ns-hpc run/);
     await page.getByRole('button', { name: 'Run checks' }).click();
-    await page.locator('#view p').filter({ hasText: /Every check passed|Some checks failed/ }).waitFor({ timeout: 120_000 });
+    await page.locator('#view p').filter({ hasText: /Every check passed|Every required check passed|required checks? fails?/ }).waitFor({ timeout: 120_000 });
     await shot('server');
     await page.emulateMedia({ colorScheme: 'dark' });
     await page.goto(`${server.origin}/#/instances`);

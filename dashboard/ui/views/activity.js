@@ -8,6 +8,7 @@ import { on } from '../events.js';
 
 const KINDS = ['', 'mcp.tool_call', 'instance.', 'job.', 'dashboard.', 'dashboard.files'];
 const SHOWN_MAX = 1000; // rows kept on the page
+const PAGE = 100;
 
 export function mount(root, { query }) {
   const controller = new AbortController();
@@ -53,12 +54,12 @@ export function mount(root, { query }) {
 
   async function load(before) {
     try {
-      const answer = await api('GET', '/api/activity', { query: { ...current, before, limit: 100 }, signal: controller.signal });
+      const answer = await api('GET', '/api/activity', { query: { ...current, before, limit: PAGE }, signal: controller.signal });
       const fragment = document.createDocumentFragment();
       for (const event of answer.events ?? []) fragment.appendChild(row(event));
       tbody.appendChild(fragment);
       nextBefore = answer.next_before ?? null;
-      more.hidden = !nextBefore;
+      more.hidden = !nextBefore || (answer.events ?? []).length < PAGE;
       note.hidden = tbody.childElementCount > 0;
       root.dataset.loaded = 'true';
     } catch (err) {
@@ -87,7 +88,8 @@ export function mount(root, { query }) {
       el('td', {}, event.kind ?? ''),
       el('td', {}, cut(event.actor ?? '', 40)),
       el('td', { class: 'mono' }, event.tool ?? ''),
-      el('td', { class: 'mono args' }, event.arguments === undefined ? '' : cut(event.arguments, 100)),
+      el('td', { class: 'mono args' }, event.arguments !== undefined ? cut(event.arguments, 100)
+        : event.fields && Object.keys(event.fields).length ? cut(event.fields, 100) : ''),
       el('td', { class: failed ? 'bad' : undefined }, cut(outcome, 60)),
       el('td', { class: 'num' }, event.duration_ms ?? ''),
       el('td', {}, details));

@@ -225,8 +225,16 @@ export function mount(root, { id }) {
   const filesBody = el('div');
   const pathLabel = el('code', { class: 'path' });
   const upload = el('input', { type: 'file', multiple: true, id: 'upload-input', class: 'visually-hidden' });
+  const upButton = el('button', { type: 'button', onclick: () => goUp() }, 'Up');
+  const rootSelect = el('select', { 'aria-label': 'Folder' },
+    el('option', { value: '/workspace' }, '/workspace'), el('option', { value: '/output' }, '/output'));
+  rootSelect.addEventListener('change', () => {
+    cwd = rootSelect.value;
+    loadFiles();
+  });
   const filesActions = [
-    el('button', { type: 'button', onclick: () => goUp() }, 'Up'),
+    rootSelect,
+    upButton,
     el('button', { type: 'button', onclick: () => newFolder() }, 'New folder…'),
     el('label', { class: 'button', for: 'upload-input', tabindex: '0', role: 'button', onkeydown: (e) => { if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); upload.click(); } } }, 'Upload…'),
     upload,
@@ -249,9 +257,12 @@ export function mount(root, { id }) {
     return `${dir.replace(/\/+$/, '')}/${name}`;
   }
 
+  // The API serves /workspace and /output (and what is beneath them): Up stops there.
+  const atRoot = () => cwd === '/workspace' || cwd === '/output';
+
   function goUp() {
-    if (cwd === '/' || cwd === '') return;
-    cwd = cwd.replace(/\/[^/]*\/?$/, '') || '/';
+    if (atRoot()) return;
+    cwd = cwd.replace(/\/[^/]*\/?$/, '') || '/workspace';
     loadFiles();
   }
 
@@ -269,6 +280,8 @@ export function mount(root, { id }) {
 
   async function loadFiles() {
     pathLabel.textContent = cwd;
+    upButton.disabled = atRoot();
+    rootSelect.value = cwd.startsWith('/output') ? '/output' : '/workspace';
     let answer;
     try {
       answer = await api('GET', instancePath(id, 'files'), { query: { path: cwd }, signal });

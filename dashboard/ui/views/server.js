@@ -1,7 +1,7 @@
 // The server: version and where it serves, sessions and peers of the HTTP transport, caps in use,
 // jobs, and doctor's checks on demand.
 import { api, showError } from '../api.js';
-import { el, empty, formatBytes, section, table, timeEl } from '../dom.js';
+import { debounce, el, empty, formatBytes, section, table, timeEl } from '../dom.js';
 import { on } from '../events.js';
 
 export function mount(root) {
@@ -35,7 +35,7 @@ export function mount(root) {
       stat('Entry point', s.entry_point ?? '—'),
       stat('Started', timeEl(s.started_at)),
       stat('PID', String(s.pid ?? '—')),
-      stat('MCP URL', el('code', {}, s.mcp_url ?? '—')),
+      stat('MCP URL', el('code', {}, s.mcp_url || http.url || '—')),
       stat('Instances folder', el('code', {}, s.instances_dir ?? '—')),
       stat('Default image', s.default_image || 'host system'),
       stat('Connections', String(http.connections ?? 0)),
@@ -50,7 +50,8 @@ export function mount(root) {
       caps.map(([key, [used, limit]]) => {
         const share = limit > 0 ? Math.min(1, used / limit) : 0;
         const meter = el('meter', { min: '0', max: '1', value: String(share), low: '0.7', high: '0.9', optimum: '0', 'aria-label': `${key} in use` });
-        return el('tr', {}, el('td', { class: 'mono' }, key), el('td', { class: 'num' }, String(used)), el('td', { class: 'num' }, String(limit)), el('td', {}, meter));
+        const show = key.endsWith('bytes') ? formatBytes : String;
+        return el('tr', {}, el('td', { class: 'mono' }, key), el('td', { class: 'num' }, show(used)), el('td', { class: 'num' }, show(limit)), el('td', {}, meter));
       })));
     const peers = http.peers ?? [];
     peersBody.replaceChildren(peers.length === 0 ? empty('No peers connected.') : table(['Peer', 'Connections', 'Sessions', 'Requests'],
@@ -65,12 +66,18 @@ export function mount(root) {
     try {
       const report = await api('POST', '/api/server/doctor', { signal: controller.signal });
       const checks = report.checks ?? [];
+      const failed = checks.filter((c) => !c.ok);
+      const failedRequired = failed.filter((c) => c.required !== false);
+      const verdict = failed.length === 0 ? 'Every check passed.'
+        : failedRequired.length === 0 ? `Every required check passed; ${failed.length} optional ${failed.length === 1 ? 'one does' : 'ones do'} not.`
+          : `${failedRequired.length} required ${failedRequired.length === 1 ? 'check fails' : 'checks fail'}: ns-hpc cannot work fully until ${failedRequired.length === 1 ? 'it is' : 'they are'} fixed.`;
       checksBody.replaceChildren(
-        el('p', { class: report.ok ? 'good' : 'bad' }, report.ok ? 'Every check passed.' : 'Some checks failed.'),
+        el('p', { class: failedRequired.length ? 'bad' : 'good' }, verdict),
         table(['', 'Check', 'Detail'], checks.map((c) => el('tr', {},
-          el('td', { class: c.ok ? 'good' : 'bad' }, c.ok ? '✓' : '✗'),
+          el('td', { class: c.ok ? 'good' : c.required === false ? 'warn' : 'bad', title: c.ok ? 'passed' : c.required === false ? 'optional, not passed' : 'failed' },
+            c.ok ? '✓' : c.required === false ? '○' : '✗'),
           el('td', {}, c.name ?? ''),
-          el('td', {}, String(c.detail ?? ''))))));
+          el('td', {}, String(c.detail ?? ''), c.fix && !c.ok ? el('div', { class: 'hint' }, `Fix: ${c.fix}`) : null)))));
     } catch (err) {
       showError(err);
     } finally {
@@ -79,10 +86,12 @@ export function mount(root) {
     }
   });
   refresh.addEventListener('click', load);
-  const offs = [on('instances', load), on('jobs', load), on('reconnected', load)];
+  const reload = debounce(load, 500);
+  const offs = [on('instances', reload), on('jobs', reload), on('reconnected', reload)];
   load();
   return () => {
     controller.abort();
+    reload.cancel();
     for (const off of offs) off();
   };
 }
