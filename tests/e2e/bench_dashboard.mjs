@@ -124,8 +124,8 @@ try {
 
   // ---- a filter: from the last keystroke to its rows ----
   const filters = [];
-  for (const q of ['bench-0999', 'bench-05', 'instance bench-07', 'bench-']) {
-    const expect = q === 'bench-' ? 100 : q === 'bench-0999' ? 1 : 10;
+  const expected = { 'bench-0999': 1, 'bench-005': 10, 'instance bench-07': 100, 'bench-': 100 };
+  for (const [q, expect] of Object.entries(expected)) {
     const ms = await page.evaluate(async ({ q, expect }) => {
       const input = document.getElementById('instance-filter');
       const view = document.getElementById('view');
