@@ -42,6 +42,7 @@
 #include "base/error.hpp"
 #include "base/fd.hpp"
 #include "base/log.hpp"
+#include "base/random.hpp"
 #include "base/text.hpp"
 #include "transport/http_internal.hpp"
 
@@ -163,6 +164,7 @@ std::size_t connection_cap(std::size_t wanted) {
 struct ConnectionEntry {
   std::function<void()> close;
   std::string peer;
+  std::string shown;  // the peer, for people
   bool waiting_for_header = true;  // no request in progress: waiting for (the rest of) a header
   Clock::time_point since = Clock::now();
 };
@@ -173,7 +175,18 @@ struct Listener {
   Listener(Hub& h, const HttpOptions& o)
       : hub(h), options(o), rules(HostRules::from(o)), max_connections(connection_cap(o.max_connections)),
         max_per_peer(std::min(o.max_connections_per_peer, max_connections)) {
+    hub.connection_status = [this](HttpStatus& status, std::map<std::string, HttpStatus::PeerUse>& peers) {
+      status.connections = connections.size();
+      for (const auto& [id, entry] : connections) {
+        HttpStatus::PeerUse& use = peers[entry.peer];
+        use.peer = entry.shown;
+        ++use.connections;
+      }
+      status.caps["server.max_connections"] = {connections.size(), max_connections};
+      status.caps["server.max_connections_per_peer"] = {0, max_per_peer};
+    };
   }
+  ~Listener() { hub.connection_status = nullptr; }
   Hub& hub;
   const HttpOptions& options;
   HostRules rules;
@@ -334,6 +347,7 @@ void refuse_connection(int fd, const std::string& why) {
   const std::string body =
       mcp::make_error(nullptr, -32000, why + "; try again later").dump(-1, ' ', false, json::error_handler_t::replace);
   const std::string text = fmt::format("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                       "X-Content-Type-Options: nosniff\r\nReferrer-Policy: no-referrer\r\n"
                                        "Retry-After: 5\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{}",
                                        body.size(), body);
   [[maybe_unused]] const ssize_t n = ::send(fd, text.data(), text.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -357,6 +371,86 @@ Response error_response(unsigned version, int status, std::string_view message, 
 // A cap's refusal: JSON-RPC error -32000 for request `id` (null: none), naming the cap.
 Response refusal_response(unsigned version, const Refusal& refusal, const json& id = nullptr) {
   return json_response(version, refusal.http_status, mcp::make_error(id, -32000, refusal.message, refusal.data));
+}
+
+// Headers every response carries: no content sniffing (a text/plain answer never runs as a
+// page) and no Referer (the one-time login code in /login?code= must not leak to a link's site).
+template <class Message>
+void add_common_headers(Message& message) {
+  message.set("X-Content-Type-Options", "nosniff");
+  message.set("Referrer-Policy", "no-referrer");
+}
+
+// The value of a cookie in a Cookie header ("a=1; nshpc_session=…"); "" when absent.
+std::string_view cookie_value(std::string_view header, std::string_view name) {
+  for (std::string_view part : text::split(header, ';')) {
+    part = text::trim(part);
+    const auto eq = part.find('=');
+    if (eq != std::string_view::npos && part.substr(0, eq) == name) return text::trim(part.substr(eq + 1), " \"");
+  }
+  return {};
+}
+
+// A field of an application/x-www-form-urlencoded body, decoded ('+' is a space, %XX a byte).
+std::optional<std::string> form_value(std::string_view body, std::string_view name) {
+  for (std::string_view pair : text::split(body, '&')) {
+    const auto eq = pair.find('=');
+    if (pair.substr(0, eq) != name) continue;
+    std::string out;
+    const std::string_view raw = eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1);
+    for (std::size_t i = 0; i < raw.size(); ++i) {
+      if (raw[i] == '+') {
+        out.push_back(' ');
+      } else if (unsigned byte = 0; raw[i] == '%' && i + 2 < raw.size() &&
+                 std::from_chars(raw.data() + i + 1, raw.data() + i + 3, byte, 16).ptr == raw.data() + i + 3) {
+        out.push_back(static_cast<char>(byte));
+        i += 2;
+      } else {
+        out.push_back(raw[i]);
+      }
+    }
+    return out;
+  }
+  return std::nullopt;
+}
+
+// The dashboard's login page: a form and, when there is one, why the last attempt failed. No
+// script; its one style block is allowed by a nonce in the page's own CSP.
+Response login_page(unsigned version, int status, std::string_view problem) {
+  const std::string nonce = random::hex(16);
+  Response res{static_cast<bhttp::status>(status), version};
+  res.set(bhttp::field::content_type, "text/html; charset=utf-8");
+  res.set(bhttp::field::cache_control, "no-store");
+  res.set("Content-Security-Policy",
+          fmt::format("default-src 'none'; style-src 'nonce-{}'; form-action 'self'; frame-ancestors 'none'; "
+                      "base-uri 'none'",
+                      nonce));
+  // `problem` is one of this file's fixed sentences (never anything a client sent).
+  res.body() = fmt::format(
+      R"(<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>ns-hpc: log in</title>
+<style nonce="{}">
+body {{ font: 16px/1.5 system-ui, sans-serif; margin: 0; display: grid; place-items: center; min-height: 100vh; background: #f4f5f7; color: #1d2330; }}
+main {{ background: #fff; padding: 2rem; border-radius: 8px; box-shadow: 0 1px 4px rgba(0,0,0,.15); max-width: 26rem; }}
+h1 {{ font-size: 1.3rem; margin: 0 0 1rem; }}
+label {{ display: block; margin-bottom: .5rem; }}
+input {{ width: 100%; box-sizing: border-box; padding: .5rem; font: inherit; margin-top: .25rem; }}
+button {{ margin-top: 1rem; padding: .5rem 1.2rem; font: inherit; }}
+.problem {{ color: #a40000; }}
+</style></head>
+<body><main>
+<h1>ns-hpc dashboard</h1>
+{}<form method="post" action="/login">
+<label>Token <input type="password" name="token" autocomplete="current-password" required autofocus></label>
+<button type="submit">Log in</button>
+</form>
+<p>Use the one-time link ns-hpc printed when it started, or its token.</p>
+</main></body></html>
+)",
+      nonce, problem.empty() ? std::string() : fmt::format("<p class=\"problem\">{}</p>\n", problem));
+  res.prepare_payload();
+  return res;
 }
 
 // The password of a Basic credential ("user:password" in base64); "" when it is not one.
@@ -473,6 +567,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     id_ = listener_.next_connection++;
     ConnectionEntry entry;
     entry.peer = peer_.key;
+    entry.shown = peer_.shown;
     entry.close = [weak = std::weak_ptr<Connection>(self)] {
       if (auto c = weak.lock()) c->abort();
     };
@@ -543,8 +638,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
         co_await linger();
         co_return;
       }
-      if (const StreamRoute* route = stream_route_of(header.method(), path_of(header.target()))) {
-        const bool keep = co_await stream_exchange(*route, parser, buffer);
+      if (target_.kind == Target::Kind::stream) {
+        const bool keep = co_await stream_exchange(*target_.stream, parser, buffer);
         if (!keep) co_return;
         continue;
       }
@@ -590,6 +685,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (res.keep_alive() && opt_.header_timeout >= std::chrono::seconds(1))
       res.set(bhttp::field::keep_alive,
               fmt::format("timeout={}", std::chrono::duration_cast<std::chrono::seconds>(opt_.header_timeout).count()));
+    add_common_headers(res);
     arm(opt_.read_timeout);
     auto [ec, n] = co_await bhttp::async_write(socket_, res, kTuple);
     disarm();
@@ -604,12 +700,88 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
   static bool is_legacy_post(std::string_view path) { return path == "/messages/" || path == "/messages"; }
 
-  // Checks made on the header alone, before any body is read.
+  // What a request is for, in the order requests are dispatched.
+  struct Target {
+    enum class Kind { none, healthz, login, logout, mcp, legacy_get, legacy_post, event, stream, plain };
+    Kind kind = Kind::none;
+    const EventRoute* event = nullptr;
+    const StreamRoute* stream = nullptr;
+    const HttpRoute* plain = nullptr;
+    bool browser = false;  // the dashboard's cookie is accepted
+  };
+
+  static bool matches(std::string_view path, const std::string& prefix, bool exact) {
+    return exact ? path == prefix : path.rfind(prefix, 0) == 0;
+  }
+
+  Target target_of(bhttp::verb method, std::string_view path) const {
+    using Kind = Target::Kind;
+    Target t;
+    if (path == "/healthz") t.kind = Kind::healthz;
+    else if (opt_.login.enabled && path == "/login") t.kind = Kind::login;
+    else if (opt_.login.enabled && path == "/logout") t.kind = Kind::logout;
+    else if (opt_.protocol == HttpOptions::Protocol::streamable && is_mcp_path(path)) t.kind = Kind::mcp;
+    else if (is_legacy_get(path)) t.kind = Kind::legacy_get;
+    else if (is_legacy_post(path)) t.kind = Kind::legacy_post;
+    if (t.kind != Kind::none) return t;
+    for (const EventRoute& route : opt_.event_routes)
+      if (matches(path, route.prefix, route.exact)) return {Kind::event, &route, nullptr, nullptr, route.browser};
+    if (const StreamRoute* route = stream_route_of(method, path)) return {Kind::stream, nullptr, route, nullptr, route->browser};
+    for (const HttpRoute& route : opt_.routes)
+      if (matches(path, route.prefix, route.exact)) return {Kind::plain, nullptr, nullptr, &route, route.browser};
+    return t;
+  }
+
+  // The token as a bearer credential (or the password of a Basic one).
+  template <class Header>
+  bool has_token(const Header& h) const {
+    const std::string_view auth = text::trim(h[bhttp::field::authorization]);
+    if (auth.size() > 7 && lower(auth.substr(0, 7)) == "bearer ") return same_secret(text::trim(auth.substr(7)), opt_.token);
+    if (auth.size() > 6 && lower(auth.substr(0, 6)) == "basic ")
+      return same_secret(basic_password(text::trim(auth.substr(6))), opt_.token);
+    return false;
+  }
+
+  // The dashboard's session cookie, when it names a live browser session.
+  template <class Header>
+  bool has_session_cookie(const Header& h) {
+    const std::string_view cookie = cookie_value(h[bhttp::field::cookie], BrowserLogins::kCookie);
+    return !cookie.empty() && hub_.logins.valid(cookie, Clock::now());
+  }
+
+  // A request a cookie authenticates may change something only when it comes from the page
+  // itself (CSRF): its Origin is this server as the browser reached it, or, without an Origin,
+  // the browser says it is same-origin. nullopt when it may go on.
+  template <class Header>
+  std::optional<std::string> cross_site(const Header& h) const {
+    const auto m = h.method();
+    if (m == bhttp::verb::get || m == bhttp::verb::head || m == bhttp::verb::options) return std::nullopt;
+    const std::string origin = lower(text::trim(h[bhttp::field::origin]));
+    const std::string host = lower(text::trim(h[bhttp::field::host]));
+    if (!origin.empty()) {
+      if (!host.empty() && origin == std::string(scheme()) + "://" + host) return std::nullopt;
+      return fmt::format("forbidden: a browser request that changes something must come from this server's own page "
+                         "(Origin '{}' is not {}://{}); reload the dashboard and try again",
+                         origin, scheme(), host);
+    }
+    if (lower(text::trim(h["sec-fetch-site"])) == "same-origin") return std::nullopt;
+    return std::string("forbidden: a browser request that changes something must name its Origin (or send "
+                       "Sec-Fetch-Site: same-origin); use the dashboard's own page, or send the bearer token instead "
+                       "of the cookie");
+  }
+
+  // "http" here; a TLS listener would say "https" (and set the cookie's Secure attribute).
+  std::string_view scheme() const { return over_tls_ ? "https" : "http"; }
+
+  // Checks made on the header alone, before any body is read. Sets target_ and by_cookie_.
   template <class Header>
   std::optional<Response> check(const Header& h) {
+    using Kind = Target::Kind;
     const unsigned v = h.version();
     const std::string_view path = path_of(h.target());
-    if (path == "/healthz") return std::nullopt;
+    target_ = target_of(h.method(), path);
+    by_cookie_ = false;
+    if (target_.kind == Kind::healthz) return std::nullopt;
     if (!local_) {
       if (!listener_.rules.host_ok(h[bhttp::field::host]))
         return error_response(v, 403, fmt::format("forbidden: Host '{}' is not allowed (DNS-rebinding "
@@ -620,16 +792,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                                   "allowed_origins or --allowed-origin)",
                                                   std::string(h[bhttp::field::origin])));
     }
-    const StreamRoute* route = stream_route_of(h.method(), path);
+    const StreamRoute* route = target_.stream;
     const bool root_options = route && path == "/" && h.method() == bhttp::verb::options;
-    if (!opt_.token.empty() && !root_options) {
-      const std::string_view auth = text::trim(h[bhttp::field::authorization]);
-      bool ok = false;
-      if (auth.size() > 7 && lower(auth.substr(0, 7)) == "bearer ")
-        ok = same_secret(text::trim(auth.substr(7)), opt_.token);
-      else if (auth.size() > 6 && lower(auth.substr(0, 6)) == "basic ")
-        ok = same_secret(basic_password(text::trim(auth.substr(6))), opt_.token);
-      if (!ok) {
+    // /login and /logout check what they are sent themselves.
+    const bool login = target_.kind == Kind::login || target_.kind == Kind::logout;
+    if (!opt_.token.empty() && !root_options && !login && !has_token(h)) {
+      const bool browser = target_.browser && opt_.login.enabled;
+      if (browser && has_session_cookie(h)) {
+        by_cookie_ = true;
+        if (auto why = cross_site(h)) return error_response(v, 403, *why);
+      } else if (browser && h.method() == bhttp::verb::get &&
+                 lower(h[bhttp::field::accept]).find("text/html") != std::string::npos) {
+        return login_page(v, 401, "");
+      } else {
+        const std::string_view auth = text::trim(h[bhttp::field::authorization]);
         Response res = error_response(v, 401,
                                       auth.empty() ? "unauthorized: this server needs 'Authorization: Bearer <token>' (ns-hpc prints the token "
                                                      "and a client configuration when it starts)"
@@ -653,12 +829,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   awaitable<bool> dispatch(Request& req) {
+    using Kind = Target::Kind;
     const unsigned v = req.version();
     const std::string_view target = req.target();
     const std::string_view path = path_of(target);
     const auto method = req.method();
 
-    if (path == "/healthz") {
+    if (target_.kind == Kind::healthz) {
       if (method != bhttp::verb::get && method != bhttp::verb::head) co_return co_await not_allowed(v, "GET, HEAD");
       Response res = json_response(v, 200, json{{"status", "ok"}});
       if (method == bhttp::verb::head) res.body().clear();
@@ -670,24 +847,151 @@ class Connection : public std::enable_shared_from_this<Connection> {
       res.keep_alive(false);
       co_return co_await write(res);
     }
-    if (opt_.protocol == HttpOptions::Protocol::streamable && is_mcp_path(path)) {
-      if (method == bhttp::verb::post) co_return co_await mcp_post(req);
-      if (method == bhttp::verb::get) co_return co_await mcp_get(req);
-      if (method == bhttp::verb::delete_) co_return co_await mcp_delete(req);
-      co_return co_await not_allowed(v, "GET, POST, DELETE");
+    switch (target_.kind) {
+      case Kind::login:
+        if (method == bhttp::verb::get) co_return co_await login_get(req);
+        if (method == bhttp::verb::post) co_return co_await login_post(req);
+        co_return co_await not_allowed(v, "GET, POST");
+      case Kind::logout:
+        if (method != bhttp::verb::post) co_return co_await not_allowed(v, "POST");
+        co_return co_await logout(req);
+      case Kind::mcp:
+        if (method == bhttp::verb::post) co_return co_await mcp_post(req);
+        if (method == bhttp::verb::get) co_return co_await mcp_get(req);
+        if (method == bhttp::verb::delete_) co_return co_await mcp_delete(req);
+        co_return co_await not_allowed(v, "GET, POST, DELETE");
+      case Kind::legacy_get:
+        if (method != bhttp::verb::get) co_return co_await not_allowed(v, "GET");
+        co_return co_await legacy_get(req);
+      case Kind::legacy_post:
+        if (method != bhttp::verb::post) co_return co_await not_allowed(v, "POST");
+        co_return co_await legacy_post(req);
+      case Kind::event:
+        if (method != bhttp::verb::get) co_return co_await not_allowed(v, "GET");
+        co_return co_await event_stream(*target_.event, req);
+      case Kind::plain:
+        co_return co_await custom(*target_.plain, req);
+      case Kind::healthz:
+      case Kind::stream:  // served by stream_exchange before the body is read
+      case Kind::none:
+        break;
     }
-    if (is_legacy_get(path)) {
-      if (method != bhttp::verb::get) co_return co_await not_allowed(v, "GET");
-      co_return co_await legacy_get(req);
-    }
-    if (is_legacy_post(path)) {
-      if (method != bhttp::verb::post) co_return co_await not_allowed(v, "POST");
-      co_return co_await legacy_post(req);
-    }
-    for (const HttpRoute& route : opt_.routes)
-      if (path.rfind(route.prefix, 0) == 0) co_return co_await custom(route, req);
     Response res = error_response(v, 404, fmt::format("not found: {} (the MCP endpoint is {})", std::string(path), opt_.path));
     co_return co_await write(res);
+  }
+
+  // ---- the dashboard's login (HttpOptions::Login) ----
+
+  // Set-Cookie for a browser session (`value` empty: the cookie is removed).
+  std::string session_cookie(std::string_view value) const {
+    // Secure whenever served over TLS (no TLS listener exists yet: over_tls_ is false).
+    return fmt::format("{}={}; HttpOnly; SameSite=Strict; Path=/{}{}", BrowserLogins::kCookie, value,
+                       value.empty() ? "; Max-Age=0" : "", over_tls_ ? "; Secure" : "");
+  }
+
+  Response see_other(unsigned v, const std::string& location) const {
+    Response res{bhttp::status::see_other, v};
+    res.set(bhttp::field::location, location);
+    res.set(bhttp::field::cache_control, "no-store");
+    res.prepare_payload();
+    return res;
+  }
+
+  // A new browser session, then to the landing page.
+  Response logged_in(unsigned v) {
+    Response res = see_other(v, opt_.login.landing);
+    res.set(bhttp::field::set_cookie, session_cookie(hub_.logins.open(peer_, Clock::now())));
+    hub_.publish_status();
+    return res;
+  }
+
+  // A peer that failed too often within a minute waits (the form is no fast oracle).
+  std::optional<Response> login_throttled(unsigned v) {
+    const auto wait = hub_.logins.must_wait(peer_.key, Clock::now());
+    if (!wait) return std::nullopt;
+    Response res = login_page(v, 429,
+                              fmt::format("Too many wrong tokens or login links from here: try again in {} s.", wait->count()));
+    res.set(bhttp::field::retry_after, std::to_string(wait->count()));
+    return res;
+  }
+
+  awaitable<bool> login_get(Request& req) {
+    const unsigned v = req.version();
+    const auto code = query_value(path_query(req.target()), "code");
+    if (!code) {
+      Response page = login_page(v, 401, "");
+      co_return co_await write(page);
+    }
+    if (opt_.token.empty()) {  // nothing to log in to: every route is open
+      Response res = see_other(v, opt_.login.landing);
+      co_return co_await write(res);
+    }
+    if (auto throttled = login_throttled(v)) co_return co_await write(*throttled);
+    const auto result = hub_.logins.redeem(*code, Clock::now());
+    if (result == BrowserLogins::Code::good) {
+      Response res = logged_in(v);
+      co_return co_await write(res);
+    }
+    hub_.logins.failed(peer_.key, Clock::now());
+    Response page = login_page(v, 401,
+                               result == BrowserLogins::Code::used      ? "This login link was used already: it works once. Log in with the token."
+                               : result == BrowserLogins::Code::expired ? "This login link has expired. Log in with the token."
+                                                                        : "This login link is not valid. Log in with the token.");
+    co_return co_await write(page);
+  }
+
+  awaitable<bool> login_post(Request& req) {
+    const unsigned v = req.version();
+    if (opt_.token.empty()) {
+      Response res = see_other(v, opt_.login.landing);
+      co_return co_await write(res);
+    }
+    if (lower(req[bhttp::field::content_type]).rfind("application/x-www-form-urlencoded", 0) != 0) {
+      Response page = login_page(v, 415, "Send the form (application/x-www-form-urlencoded, field 'token').");
+      co_return co_await write(page);
+    }
+    if (auto throttled = login_throttled(v)) co_return co_await write(*throttled);
+    const auto token = form_value(req.body(), "token");
+    if (token && same_secret(*token, opt_.token)) {
+      Response res = logged_in(v);
+      co_return co_await write(res);
+    }
+    hub_.logins.failed(peer_.key, Clock::now());
+    Response page = login_page(v, 401, "Wrong token.");
+    co_return co_await write(page);
+  }
+
+  awaitable<bool> logout(Request& req) {
+    const unsigned v = req.version();
+    const std::string_view cookie = cookie_value(req[bhttp::field::cookie], BrowserLogins::kCookie);
+    if (!cookie.empty()) {
+      // Another site's page must not end the session either.
+      if (auto why = cross_site(req)) {
+        Response res = error_response(v, 403, *why);
+        co_return co_await write(res);
+      }
+      hub_.logins.close(cookie);
+      hub_.publish_status();
+    }
+    Response res = see_other(v, "/login");
+    res.set(bhttp::field::set_cookie, session_cookie(""));
+    co_return co_await write(res);
+  }
+
+  // What a route's handler sees of a request.
+  template <class Message>
+  HttpRequest request_of(const Message& req) const {
+    HttpRequest in;
+    in.method = std::string(req.method_string());
+    in.target = std::string(req.target());
+    for (const auto& field : req) {
+      std::string& value = in.headers[lower(field.name_string())];
+      if (!value.empty()) value += ", ";  // repeated fields are one list (RFC 9110 5.3)
+      value += std::string(field.value());
+    }
+    in.peer = peer_.shown;
+    in.by_cookie = by_cookie_;
+    return in;
   }
 
   awaitable<bool> not_allowed(unsigned v, const char* allow) {
@@ -966,14 +1270,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const auto& req = parser.get();
     const unsigned v = req.version();
     const bool expect100 = lower(req[bhttp::field::expect]) == "100-continue";
-    HttpRequest in;
-    in.method = std::string(req.method_string());
-    in.target = std::string(req.target());
-    for (const auto& field : req) {
-      std::string& value = in.headers[lower(field.name_string())];
-      if (!value.empty()) value += ", ";  // repeated fields are one list (RFC 9110 5.3)
-      value += std::string(field.value());
-    }
+    HttpRequest in = request_of(req);
     const bool head = req.method() == bhttp::verb::head;
 
     auto pipe = std::make_shared<BodyPipe>();
@@ -1067,6 +1364,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
     bhttp::response<bhttp::empty_body> res{static_cast<bhttp::status>(out.status), v};
     for (const auto& [name, value] : out.headers) res.insert(name, value);
+    add_common_headers(res);
     const bool no_body = out.status == 204 || out.status == 304 || (out.status >= 100 && out.status < 200);
     if (!no_body) res.content_length(out.file ? out.file_length : out.body.size());
     res.keep_alive(keep);
@@ -1140,10 +1438,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   awaitable<bool> custom(const HttpRoute& route, Request& req) {
-    HttpRequest in;
-    in.method = std::string(req.method_string());
-    in.target = std::string(req.target());
-    for (const auto& field : req) in.headers[lower(field.name_string())] = std::string(field.value());
+    HttpRequest in = request_of(req);
     in.body = std::move(req.body());
     auto done = std::make_shared<std::optional<HttpResponse>>();
     auto timer = std::make_shared<asio::steady_timer>(socket_.get_executor(), Clock::time_point::max());
@@ -1167,6 +1462,133 @@ class Connection : public std::enable_shared_from_this<Connection> {
     res.body() = std::move((*done)->body);
     res.prepare_payload();
     co_return co_await write(res);
+  }
+
+  // An EventRoute stream: `open` runs on a worker; with 200 the connection writes what the
+  // handler sends (from any thread, through an EventChannel) until the client goes, the server
+  // stops, or the client reads too slowly (the stream is cut). The connection ends with it.
+  awaitable<bool> event_stream(const EventRoute& route, Request& req) {
+    const unsigned v = req.version();
+    auto channel = std::make_shared<EventChannel>(route.buffer_bytes);
+    hub_.add_channel(channel);
+    struct Unregister {
+      Hub& hub;
+      std::shared_ptr<EventChannel> channel;
+      ~Unregister() {
+        channel->close();
+        hub.remove_channel(channel.get());
+      }
+    } unregister{hub_, channel};
+
+    auto done = std::make_shared<std::optional<HttpResponse>>();
+    auto wake = std::make_shared<asio::steady_timer>(socket_.get_executor(), Clock::time_point::max());
+    asio::io_context& io = hub_.io;
+    hub_.workers.post([&io, done, weak_wake = std::weak_ptr<asio::steady_timer>(wake), open = route.open,
+                       in = request_of(req), sink = std::shared_ptr<EventSink>(channel)] {
+      HttpResponse out;
+      try {
+        out = open(in, sink);
+      } catch (const std::exception& e) {
+        out = HttpResponse{};
+        out.status = 500;
+        out.body = e.what();
+      }
+      asio::post(io, [done, weak_wake, out = std::move(out)]() mutable {
+        *done = std::move(out);
+        if (auto timer = weak_wake.lock()) timer->cancel();
+      });
+    });
+    while (!*done) co_await wake->async_wait(kTuple);
+    HttpResponse& opened = **done;
+    if (opened.status != 200) {
+      channel->close();
+      Response res{static_cast<bhttp::status>(opened.status), v};
+      for (const auto& [k, val] : opened.headers) res.set(k, val);
+      res.body() = std::move(opened.body);
+      res.prepare_payload();
+      co_return co_await write(res);
+    }
+
+    // Events (or a cut) wake this coroutine; a cut also closes the socket, in case a write to a
+    // client that does not read is what it waits on.
+    channel->on_ready([&io, weak_wake = std::weak_ptr<asio::steady_timer>(wake),
+                       weak_channel = std::weak_ptr<EventChannel>(channel),
+                       weak_self = std::weak_ptr<Connection>(shared_from_this())] {
+      asio::post(io, [weak_wake, weak_channel, weak_self] {
+        auto channel = weak_channel.lock();
+        if (auto self = weak_self.lock(); self && channel && channel->cut()) self->abort();
+        if (auto timer = weak_wake.lock()) timer->cancel();
+      });
+    });
+    asio::co_spawn(socket_.get_executor(), watch_hangup(shared_from_this(), channel, wake), asio::detached);
+
+    bhttp::response<bhttp::empty_body> res{bhttp::status::ok, v};
+    for (const auto& [k, val] : opened.headers) res.set(k, val);
+    res.set(bhttp::field::content_type, "text/event-stream");
+    res.set(bhttp::field::cache_control, "no-store");
+    res.set("X-Accel-Buffering", "no");
+    add_common_headers(res);
+    // HTTP/1.0 clients cannot decode chunks: the stream is sent as is and ends with the connection.
+    const bool chunked = v >= 11;
+    if (chunked) res.chunked(true);
+    res.keep_alive(false);
+    auto send = [&](const auto& buffers) {
+      return chunked ? asio::async_write(socket_, bhttp::make_chunk(buffers), kTuple)
+                     : asio::async_write(socket_, buffers, kTuple);
+    };
+    bhttp::response_serializer<bhttp::empty_body> serializer{res};
+    arm(opt_.read_timeout);
+    auto [hec, hn] = co_await bhttp::async_write_header(socket_, serializer, kTuple);
+    disarm();
+    if (hec) co_return false;
+    static const std::string kKeepalive = ": keepalive\n\n";
+    for (;;) {
+      const std::string batch = channel->take();
+      if (!batch.empty()) {
+        arm(opt_.read_timeout);
+        auto [ec, n] = co_await send(asio::buffer(batch));
+        disarm();
+        channel->written(batch.size());
+        if (ec) break;  // the client went away (or the stream was cut)
+        continue;
+      }
+      if (channel->closed()) break;
+      wake->expires_after(opt_.sse_keepalive);
+      auto [ec] = co_await wake->async_wait(kTuple);
+      if (!ec) {
+        // Quiet for a while: a comment keeps proxies from timing out and shows whether the
+        // client is still there.
+        arm(opt_.read_timeout);
+        auto [wec, n] = co_await send(asio::buffer(kKeepalive));
+        disarm();
+        if (wec) break;
+      }
+    }
+    co_return false;  // the stream ends with its connection
+  }
+
+  // Closes `channel` when the client goes away while its event stream is quiet (EOF or an error
+  // on the socket). Whatever else the client sends is read and dropped, within a bound.
+  static awaitable<void> watch_hangup(std::shared_ptr<Connection> self, std::shared_ptr<EventChannel> channel,
+                                      std::shared_ptr<asio::steady_timer> wake) {
+    std::size_t dropped = 0;
+    for (;;) {
+      auto [ec] = co_await self->socket_.async_wait(Socket::wait_read, kTuple);
+      if (channel->closed()) co_return;
+      bool gone = static_cast<bool>(ec);
+      if (!ec) {
+        char buf[4096];
+        const ssize_t n = ::recv(self->socket_.native_handle(), buf, sizeof buf, MSG_DONTWAIT);
+        gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+        if (n > 0) dropped += static_cast<std::size_t>(n);
+        gone = gone || dropped > 64 * 1024;
+      }
+      if (gone) {
+        channel->close();
+        wake->cancel();
+        co_return;
+      }
+    }
   }
 
   // Writes `stream` as an SSE response from event `after` on, until it finishes (POST), closes,
@@ -1227,6 +1649,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     res.set(bhttp::field::cache_control, "no-cache, no-transform");
     res.set("X-Accel-Buffering", "no");
     if (!session->legacy()) res.set("Mcp-Session-Id", session->id());
+    add_common_headers(res);
     // HTTP/1.0 clients cannot decode chunks: the stream is sent as is and ends with the connection.
     const bool chunked = version >= 11;
     if (chunked)
@@ -1294,6 +1717,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Socket socket_;
   bool local_;
   Peer peer_;
+  const bool over_tls_ = false;  // no TLS listener yet; one would set this (https Origin, Secure cookie)
+  Target target_;                // of the request being served (set by check)
+  bool by_cookie_ = false;       // it was authenticated by the dashboard's cookie
   asio::steady_timer deadline_;
   bool done_ = false;
   std::uint64_t id_ = 0;
@@ -1410,6 +1836,8 @@ int serve_http(mcp::Server& server, const HttpOptions& options) {
     asio::co_spawn(io, accept_loop(listener, *tcp_acceptor, false), asio::detached);
   }
 
+  hub.url = url;
+  hub.publish_status();
   hub.start_sweeper();
   asio::signal_set signals(io, SIGINT, SIGTERM);
   asio::steady_timer drain(io);

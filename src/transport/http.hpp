@@ -5,8 +5,10 @@
 //    (event ids per stream, GET + Last-Event-ID);
 //  - the legacy HTTP+SSE transport (2024-11-05): GET opens the stream, whose first event names
 //    the POST endpoint (/messages/?session_id=…); every answer comes on the stream.
-// Every route but /healthz needs the bearer token (when one is set); Host and Origin are checked
+// Every route but /healthz needs the bearer token (when one is set), or for a `browser` route the
+// dashboard's session cookie (HttpOptions::Login: /login, /logout); Host and Origin are checked
 // on every request but /healthz (DNS-rebinding protection; /healthz says only {"status":"ok"}).
+// Every response says X-Content-Type-Options: nosniff and Referrer-Policy: no-referrer.
 #pragma once
 
 #include <chrono>
@@ -135,6 +137,7 @@ struct HttpStatus {
   std::size_t requests = 0;       // running or queued
   std::size_t event_streams = 0;  // EventRoute streams open
   std::size_t bytes_held = 0;     // held for clients (HttpOptions::max_buffer_bytes)
+  std::size_t browser_sessions = 0;  // logged-in browsers (HttpOptions::Login)
   std::vector<PeerUse> peers;
   // Each cap with its config key: "server.max_connections" → {in use, limit}.
   std::map<std::string, std::pair<std::size_t, std::size_t>> caps;

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -185,6 +186,77 @@ struct Refusal {
 
 class Hub;
 
+// The dashboard's browser sessions (HttpOptions::Login): the one-time code, the sessions its
+// cookie names, and the failed attempts per peer. I/O thread only; `now` is passed in so that
+// expiry can be tested without waiting.
+class BrowserLogins {
+ public:
+  static constexpr std::string_view kCookie = "nshpc_session";
+  // Failed codes or tokens a peer may send in kFailureWindow before it must wait.
+  static constexpr std::size_t kMaxFailures = 5;
+  static constexpr auto kFailureWindow = std::chrono::seconds(60);
+
+  BrowserLogins(const HttpOptions::Login& login, Clock::time_point now);
+
+  enum class Code { good, wrong, used, expired };
+  // Checks the one-time code (in constant time); a good one is used up.
+  Code redeem(std::string_view code, Clock::time_point now);
+  // A new session for `peer`: its cookie value (256 random bits, hex). The least recently used
+  // session ends when max_sessions are open.
+  std::string open(const Peer& peer, Clock::time_point now);
+  // Whether `cookie` names a live session (compared in constant time); a live one is touched.
+  bool valid(std::string_view cookie, Clock::time_point now);
+  void close(std::string_view cookie);
+  std::size_t count() const { return sessions_.size(); }
+
+  // How long `peer_key` must wait before its next attempt (nullopt: it may try now).
+  std::optional<std::chrono::seconds> must_wait(const std::string& peer_key, Clock::time_point now);
+  void failed(const std::string& peer_key, Clock::time_point now);
+  // Forgets expired sessions and old failures (the sweeper).
+  void expire(Clock::time_point now);
+
+ private:
+  struct Entry {
+    std::string secret;
+    Clock::time_point last_used;
+  };
+  const HttpOptions::Login& login_;
+  Clock::time_point code_expires_;
+  bool code_used_ = false;
+  std::vector<Entry> sessions_;
+  std::map<std::string, std::deque<Clock::time_point>> failures_;
+};
+
+// The sink of one EventRoute stream, between the handler (any thread, send) and the connection
+// writing it (I/O thread, take/written). The queue is bounded by the route's buffer_bytes: over
+// it the stream is cut.
+class EventChannel final : public EventSink {
+ public:
+  explicit EventChannel(std::size_t buffer_bytes) : buffer_bytes_(buffer_bytes) {}
+  bool send(std::string_view event, std::string_view data, std::string_view id = {}) override;
+  bool closed() const override;
+
+  // Called (under the channel's lock, from the sending thread) when events wait or the stream
+  // was cut: it must only post to the I/O thread. Dropped when the channel closes.
+  void on_ready(std::function<void()> wake);
+  // Everything queued (it counts as unsent until written() says so).
+  std::string take();
+  void written(std::size_t bytes);
+  bool cut() const;
+  // The stream ended (client gone, server stopping, cut): send() returns false from now on.
+  void close();
+
+ private:
+  mutable std::mutex mutex_;
+  std::string queued_;
+  std::size_t unsent_ = 0;  // queued + being written
+  std::size_t buffer_bytes_;
+  bool closed_ = false;
+  bool cut_ = false;
+  bool wake_pending_ = false;
+  std::function<void()> wake_;
+};
+
 // One MCP session over HTTP.
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
@@ -288,6 +360,20 @@ class Hub {
   void start_sweeper();
   void stop_sweeper();
 
+  // The dashboard's browser sessions (used when options.login.enabled).
+  BrowserLogins logins;
+
+  // Open EventRoute streams: closed by close_all (shutdown does not wait for them).
+  void add_channel(const std::shared_ptr<EventChannel>& channel);
+  void remove_channel(const EventChannel* channel);
+  std::size_t channel_count() const { return channels_.size(); }
+
+  // options.status_board: refreshed by the sweeper and when sessions come and go. The listener
+  // adds its connections through `connection_status`.
+  std::string url;
+  std::function<void(HttpStatus&, std::map<std::string, HttpStatus::PeerUse>&)> connection_status;
+  void publish_status();
+
  private:
   void sweep();
 
@@ -298,6 +384,7 @@ class Hub {
   Clock::time_point last_trim_{};
   asio::steady_timer sweeper_;
   bool sweeping_ = false;
+  std::map<const EventChannel*, std::weak_ptr<EventChannel>> channels_;
 };
 
 // Compares in time that depends only on `expected`'s length.

@@ -436,7 +436,7 @@ void HttpSession::close() {
 // Hub
 
 Hub::Hub(mcp::Server& srv, const HttpOptions& opts, asio::io_context& ctx)
-    : server(srv), options(opts), io(ctx), workers(opts.worker_threads), sweeper_(ctx) {}
+    : server(srv), options(opts), io(ctx), workers(opts.worker_threads), logins(opts.login, Clock::now()), sweeper_(ctx) {}
 
 Hub::~Hub() {
   close_all();
@@ -470,6 +470,7 @@ std::shared_ptr<HttpSession> Hub::create_session(bool legacy, const Peer& peer, 
   session->start();
   sessions_.emplace(std::move(id), session);
   ++sessions_per_peer_[peer.key];
+  publish_status();
   return session;
 }
 
@@ -527,6 +528,7 @@ void Hub::remove(const std::string& id) {
     sessions_per_peer_.erase(peer);
   session->close();
   trim_memory(true);
+  publish_status();
 }
 
 std::size_t Hub::total_in_flight() const {
@@ -540,6 +542,11 @@ void Hub::answer_unfinished(const std::string& why) {
 }
 
 void Hub::close_all() {
+  // Event streams first: nothing waits for them (their connections are closed by the caller).
+  auto channels = std::move(channels_);
+  channels_.clear();
+  for (auto& [key, weak] : channels)
+    if (auto channel = weak.lock()) channel->close();
   auto sessions = std::move(sessions_);
   sessions_.clear();
   sessions_per_peer_.clear();
@@ -597,7 +604,210 @@ void Hub::sweep() {
               std::chrono::duration_cast<std::chrono::seconds>(options.session_idle_timeout).count());
     remove(id);
   }
+  logins.expire(now);
   trim_memory();
+  publish_status();
+}
+
+void Hub::add_channel(const std::shared_ptr<EventChannel>& channel) { channels_[channel.get()] = channel; }
+
+void Hub::remove_channel(const EventChannel* channel) { channels_.erase(channel); }
+
+void Hub::publish_status() {
+  if (!options.status_board) return;
+  HttpStatus status;
+  status.url = url;
+  status.sessions = sessions_.size();
+  status.event_streams = channels_.size();
+  status.bytes_held = account_->held;
+  status.browser_sessions = logins.count();
+  std::map<std::string, HttpStatus::PeerUse> peers;  // by peer key
+  std::size_t busiest_session = 0, largest_session = 0;
+  for (const auto& [id, session] : sessions_) {
+    HttpStatus::PeerUse& use = peers[session->peer().key];
+    use.peer = session->peer().shown;
+    ++use.sessions;
+    const std::size_t running = session->in_flight();
+    use.requests += running;
+    status.requests += running;
+    busiest_session = std::max(busiest_session, running);
+    largest_session = std::max(largest_session, session->account().held);
+  }
+  std::size_t connections_limit = options.max_connections, per_peer_limit = options.max_connections_per_peer;
+  if (connection_status) connection_status(status, peers);
+  if (auto it = status.caps.find("server.max_connections"); it != status.caps.end()) connections_limit = it->second.second;
+  if (auto it = status.caps.find("server.max_connections_per_peer"); it != status.caps.end())
+    per_peer_limit = it->second.second;
+  std::size_t most_connections = 0, most_sessions = 0, most_requests = 0;
+  for (auto& [key, use] : peers) {
+    most_connections = std::max(most_connections, use.connections);
+    most_sessions = std::max(most_sessions, use.sessions);
+    most_requests = std::max(most_requests, use.requests);
+    status.peers.push_back(std::move(use));
+  }
+  // In use (for the per-peer caps: by the busiest peer or session) and the limit.
+  status.caps["server.max_connections"] = {status.connections, connections_limit};
+  status.caps["server.max_connections_per_peer"] = {most_connections, per_peer_limit};
+  status.caps["server.max_sessions"] = {status.sessions, options.max_sessions};
+  status.caps["server.max_sessions_per_peer"] = {most_sessions, options.max_sessions_per_peer};
+  status.caps["server.max_requests_per_session"] = {busiest_session, options.max_requests_per_session};
+  status.caps["server.max_requests_per_peer"] = {most_requests, options.max_requests_per_peer};
+  status.caps["server.max_session_buffer_bytes"] = {largest_session, options.max_session_buffer_bytes};
+  status.caps["server.max_buffer_bytes"] = {status.bytes_held, options.max_buffer_bytes};
+  options.status_board->set(std::move(status));
+}
+
+// ---------------------------------------------------------------------------------------------
+// BrowserLogins
+
+BrowserLogins::BrowserLogins(const HttpOptions::Login& login, Clock::time_point now)
+    : login_(login), code_expires_(now + login.code_lifetime) {}
+
+BrowserLogins::Code BrowserLogins::redeem(std::string_view code, Clock::time_point now) {
+  if (login_.code.empty() || !same_secret(code, login_.code)) return Code::wrong;
+  if (code_used_) return Code::used;
+  if (now >= code_expires_) return Code::expired;
+  code_used_ = true;
+  return Code::good;
+}
+
+std::string BrowserLogins::open(const Peer& peer, Clock::time_point now) {
+  expire(now);
+  while (!sessions_.empty() && sessions_.size() >= std::max<std::size_t>(login_.max_sessions, 1)) {
+    auto oldest = std::min_element(sessions_.begin(), sessions_.end(),
+                                   [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
+    sessions_.erase(oldest);
+    log::info("http: a dashboard login made room: the least recently used browser session ended ({} at most: "
+              "HttpOptions::Login::max_sessions)",
+              login_.max_sessions);
+  }
+  Entry entry{random::hex(32), now};
+  log::info("http: {} logged in to the dashboard ({} browser session(s))", peer.shown, sessions_.size() + 1);
+  sessions_.push_back(entry);
+  return entry.secret;
+}
+
+bool BrowserLogins::valid(std::string_view cookie, Clock::time_point now) {
+  if (cookie.size() != 64) return false;
+  // Every session is compared, whichever matches: the time says nothing about the secrets.
+  Entry* found = nullptr;
+  for (Entry& entry : sessions_)
+    if (same_secret(cookie, entry.secret)) found = &entry;
+  if (!found || now - found->last_used > login_.session_lifetime) return false;
+  found->last_used = now;
+  return true;
+}
+
+void BrowserLogins::close(std::string_view cookie) {
+  std::erase_if(sessions_, [&](const Entry& entry) { return same_secret(cookie, entry.secret); });
+}
+
+std::optional<std::chrono::seconds> BrowserLogins::must_wait(const std::string& peer_key, Clock::time_point now) {
+  auto it = failures_.find(peer_key);
+  if (it == failures_.end()) return std::nullopt;
+  auto& times = it->second;
+  while (!times.empty() && now - times.front() >= kFailureWindow) times.pop_front();
+  if (times.size() < kMaxFailures) return std::nullopt;
+  const auto left = std::chrono::ceil<std::chrono::seconds>(times.front() + kFailureWindow - now);
+  return std::max(left, std::chrono::seconds(1));
+}
+
+void BrowserLogins::failed(const std::string& peer_key, Clock::time_point now) {
+  auto& times = failures_[peer_key];
+  times.push_back(now);
+  while (times.size() > kMaxFailures) times.pop_front();
+}
+
+void BrowserLogins::expire(Clock::time_point now) {
+  std::erase_if(sessions_, [&](const Entry& entry) { return now - entry.last_used > login_.session_lifetime; });
+  std::erase_if(failures_, [&](const auto& item) { return item.second.empty() || now - item.second.back() >= kFailureWindow; });
+}
+
+// ---------------------------------------------------------------------------------------------
+// EventChannel
+
+namespace {
+// A field value on one line: CR and LF would start another field.
+void append_field(std::string& out, std::string_view name, std::string_view value) {
+  out += name;
+  out += ": ";
+  for (char c : value) out.push_back(c == '\r' || c == '\n' ? ' ' : c);
+  out.push_back('\n');
+}
+}  // namespace
+
+bool EventChannel::send(std::string_view event, std::string_view data, std::string_view id) {
+  std::string text;
+  text.reserve(event.size() + data.size() + id.size() + 32);
+  if (!id.empty()) append_field(text, "id", id);
+  if (!event.empty()) append_field(text, "event", event);
+  // Each line of the data its own data field (CR LF, LF and CR all end a line in SSE).
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t end = data.find_first_of("\r\n", start);
+    append_field(text, "data", data.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start));
+    if (end == std::string_view::npos) break;
+    start = end + (data[end] == '\r' && end + 1 < data.size() && data[end + 1] == '\n' ? 2 : 1);
+  }
+  text.push_back('\n');
+  std::lock_guard lock(mutex_);
+  if (closed_) return false;
+  if (unsent_ + text.size() > buffer_bytes_) {
+    // The client does not read: cut the stream (a browser reconnects with Last-Event-ID).
+    cut_ = true;
+    closed_ = true;
+    queued_.clear();
+    if (wake_) wake_();
+    wake_ = nullptr;
+    return false;
+  }
+  unsent_ += text.size();
+  queued_ += text;
+  if (!wake_pending_ && wake_) {
+    wake_pending_ = true;
+    wake_();
+  }
+  return true;
+}
+
+bool EventChannel::closed() const {
+  std::lock_guard lock(mutex_);
+  return closed_;
+}
+
+bool EventChannel::cut() const {
+  std::lock_guard lock(mutex_);
+  return cut_;
+}
+
+void EventChannel::on_ready(std::function<void()> wake) {
+  std::lock_guard lock(mutex_);
+  if (closed_) return;
+  wake_ = std::move(wake);
+  if (!queued_.empty()) {
+    wake_pending_ = true;
+    wake_();
+  }
+}
+
+std::string EventChannel::take() {
+  std::lock_guard lock(mutex_);
+  wake_pending_ = false;
+  return std::exchange(queued_, std::string());
+}
+
+void EventChannel::written(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  unsent_ -= std::min(unsent_, bytes);
+}
+
+void EventChannel::close() {
+  std::lock_guard lock(mutex_);
+  if (closed_) return;
+  closed_ = true;
+  queued_.clear();
+  if (wake_) wake_();
+  wake_ = nullptr;
 }
 
 // ---------------------------------------------------------------------------------------------

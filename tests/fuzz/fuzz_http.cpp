@@ -46,6 +46,17 @@ const transport::HttpOptions& fuzz_options() {
     o.sse_buffer_bytes = 16 * 1024;
     o.max_sessions = 4;
     o.worker_threads = 4;
+    // The dashboard's side: the login (code, form, cookie, CSRF) and a browser route and event
+    // stream that answer at once.
+    o.login.enabled = true;
+    o.login.code = "0123456789abcdef0123456789abcdef";
+    o.routes.push_back({.prefix = "/", .exact = true, .browser = true,
+                        .handler = [](const transport::HttpRequest& r) { return transport::HttpResponse{200, {}, r.target}; }});
+    o.event_routes.push_back({.prefix = "/api/events", .browser = true, .buffer_bytes = 4096,
+                              .open = [](const transport::HttpRequest&, std::shared_ptr<transport::EventSink> sink) {
+                                sink->send("hello", "a\nb", "1");
+                                return transport::HttpResponse{};
+                              }});
     return o;
   }();
   return options;

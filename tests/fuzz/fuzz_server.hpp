@@ -18,7 +18,7 @@ inline mcp::Server make_server(const char* name) {
 inline mcp::ToolResult echo(const mcp::json& args, mcp::RequestContext& rc) {
   rc.progress(1, 2);
   rc.log(mcp::LogLevel::info, args);
-  return mcp::ToolResult::text(args.dump(), args);
+  return mcp::ToolResult::text(args.dump(), std::optional<mcp::json>(std::in_place, args));
 }
 
 }  // namespace nshpc::fuzz

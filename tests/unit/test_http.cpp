@@ -1645,3 +1645,512 @@ TEST(HttpStream, EventsUnderAWriteStayUntilItEnds) {
   stream.push(std::string(10, 'y'), Kind::response, false);
   EXPECT_TRUE(stream.evicted_before(0));  // now they may go
 }
+
+// ---------------------------------------------------------------------------------------------
+// The dashboard's side of the transport: browser login, cookie auth, CSRF, the login page,
+// event streams, exact routes and the status board.
+
+namespace {
+
+constexpr const char* kCode = "0123456789abcdef0123456789abcdef";
+
+// What a browser route's handler saw, as JSON.
+transport::HttpResponse seen_by_handler(const transport::HttpRequest& request) {
+  transport::HttpResponse out;
+  out.headers["Content-Type"] = "application/json";
+  out.body = json{{"method", request.method}, {"target", request.target}, {"by_cookie", request.by_cookie},
+                  {"peer", request.peer}, {"body", request.body}}
+                 .dump();
+  return out;
+}
+
+// The event streams a test opened, with their sinks (the handler keeps them, as the dashboard's).
+struct Streams {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::shared_ptr<transport::EventSink>> sinks;
+  std::vector<std::string> last_event_ids;
+
+  std::shared_ptr<transport::EventSink> wait_for(std::size_t n, std::chrono::milliseconds limit = 5s) {
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, limit, [&] { return sinks.size() >= n; });
+    return sinks.size() >= n ? sinks[n - 1] : nullptr;
+  }
+};
+
+HttpOptions dashboard_options(const std::shared_ptr<Streams>& streams, std::size_t buffer_bytes = 1024 * 1024) {
+  HttpOptions o = default_options();
+  o.login.enabled = true;
+  o.login.code = kCode;
+  o.login.landing = "/";
+  o.routes.push_back({.prefix = "/", .exact = true, .browser = true, .handler = seen_by_handler});
+  o.routes.push_back({.prefix = "/api/", .browser = true, .handler = seen_by_handler});
+  o.routes.push_back({.prefix = "/private/", .browser = false, .handler = seen_by_handler});
+  o.event_routes.push_back(
+      {.prefix = "/api/events",
+       .exact = true,
+       .browser = true,
+       .buffer_bytes = buffer_bytes,
+       .open = [streams](const transport::HttpRequest& request, std::shared_ptr<transport::EventSink> sink) {
+         transport::HttpResponse out;
+         if (request.target.find("missing") != std::string::npos) {
+           out.status = 404;
+           out.body = "no such thing";
+           return out;
+         }
+         out.headers["X-Stream"] = "yes";
+         std::lock_guard lock(streams->mu);
+         auto id = request.headers.find("last-event-id");
+         streams->last_event_ids.push_back(id == request.headers.end() ? "" : id->second);
+         streams->sinks.push_back(std::move(sink));
+         streams->cv.notify_all();
+         return out;
+       }});
+  return o;
+}
+
+// The nshpc_session cookie a 303 set ("" when none).
+std::string session_cookie_of(const Reply& r) {
+  const std::string set = r.header("set-cookie");
+  const std::string prefix = "nshpc_session=";
+  if (set.rfind(prefix, 0) != 0) return "";
+  return set.substr(prefix.size(), set.find(';') - prefix.size());
+}
+
+Req form_login(const std::string& token) {
+  Req r;
+  r.target = "/login";
+  r.auth.reset();
+  r.accept = "text/html";
+  r.content_type = "application/x-www-form-urlencoded";
+  r.body = "token=" + token;
+  return r;
+}
+
+Req browser(std::string method, std::string target, const std::string& cookie) {
+  Req r;
+  r.method = std::move(method);
+  r.target = std::move(target);
+  r.auth.reset();
+  r.accept = "application/json";
+  r.with("Cookie", "theme=dark; nshpc_session=" + cookie);
+  return r;
+}
+
+void expect_common_headers(const Reply& r) {
+  EXPECT_EQ(r.header("x-content-type-options"), "nosniff") << r.status;
+  EXPECT_EQ(r.header("referrer-policy"), "no-referrer") << r.status;
+}
+
+}  // namespace
+
+class HttpDashboard : public Http {
+ protected:
+  std::shared_ptr<Streams> streams_ = std::make_shared<Streams>();
+  void SetUp() override { options_ = dashboard_options(streams_); }
+};
+
+TEST_F(HttpDashboard, LoginLinkSetsASessionCookieAndWorksOnce) {
+  Req link = get(std::string("/login?code=") + kCode);
+  link.auth.reset();
+  // Twice on one connection (one server): the second use is refused.
+  const auto replies = final_replies(raw(link.bytes() + link.bytes()));
+  ASSERT_EQ(replies.size(), 2u);
+  const Reply& first = replies[0];
+  EXPECT_EQ(first.status, 303);
+  EXPECT_EQ(first.header("location"), "/");
+  const std::string set = first.header("set-cookie");
+  EXPECT_NE(set.find("HttpOnly"), std::string::npos) << set;
+  EXPECT_NE(set.find("SameSite=Strict"), std::string::npos) << set;
+  EXPECT_NE(set.find("Path=/"), std::string::npos) << set;
+  EXPECT_EQ(set.find("Secure"), std::string::npos) << set;  // plain HTTP
+  const std::string cookie = session_cookie_of(first);
+  EXPECT_EQ(cookie.size(), 64u) << set;  // 256 bits as hex
+  EXPECT_EQ(cookie.find_first_not_of("0123456789abcdef"), std::string::npos) << cookie;
+  expect_common_headers(first);
+
+  const Reply& second = replies[1];
+  EXPECT_EQ(second.status, 401);
+  EXPECT_FALSE(second.has_header("set-cookie"));
+  EXPECT_NE(second.body.find("used already"), std::string::npos) << second.body;
+}
+
+TEST_F(HttpDashboard, WrongOrExpiredCodeShowsTheFormWithWhy) {
+  Req wrong = get("/login?code=ffffffffffffffffffffffffffffffff");
+  wrong.auth.reset();
+  const Reply r = one(wrong);
+  EXPECT_EQ(r.status, 401);
+  EXPECT_FALSE(r.has_header("set-cookie"));
+  EXPECT_NE(r.body.find("not valid"), std::string::npos) << r.body;
+
+  options_.login.code_lifetime = 0s;
+  Req late = get(std::string("/login?code=") + kCode);
+  late.auth.reset();
+  const Reply expired = one(late);
+  EXPECT_EQ(expired.status, 401);
+  EXPECT_FALSE(expired.has_header("set-cookie"));
+  EXPECT_NE(expired.body.find("expired"), std::string::npos) << expired.body;
+}
+
+TEST_F(HttpDashboard, FormLoginWithTheRightOrWrongToken) {
+  const Reply right = one(form_login(kToken));
+  EXPECT_EQ(right.status, 303);
+  EXPECT_EQ(right.header("location"), "/");
+  EXPECT_EQ(session_cookie_of(right).size(), 64u) << right.header("set-cookie");
+
+  const Reply wrong = one(form_login("nope"));
+  EXPECT_EQ(wrong.status, 401);
+  EXPECT_FALSE(wrong.has_header("set-cookie"));
+  EXPECT_NE(wrong.body.find("Wrong token"), std::string::npos) << wrong.body;
+  EXPECT_EQ(wrong.header("content-type"), "text/html; charset=utf-8");
+
+  // Percent-encoded form values are decoded.
+  options_.token = "a b+c/d";
+  EXPECT_EQ(one(form_login("a+b%2Bc%2Fd")).status, 303);
+}
+
+TEST_F(HttpDashboard, WrongTokensFromOnePeerAreThrottled) {
+  std::string bytes;
+  for (int i = 0; i < 6; ++i) bytes += form_login("wrong-" + std::to_string(i)).bytes();
+  bytes += form_login(kToken).bytes();  // even the right one waits now
+  const auto replies = final_replies(raw(bytes));
+  ASSERT_EQ(replies.size(), 7u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(replies[i].status, 401) << i;
+  EXPECT_EQ(replies[5].status, 429);
+  EXPECT_FALSE(replies[5].header("retry-after").empty());
+  EXPECT_NE(replies[5].body.find("try again in"), std::string::npos) << replies[5].body;
+  EXPECT_EQ(replies[6].status, 429);
+  EXPECT_FALSE(replies[6].has_header("set-cookie"));
+}
+
+TEST_F(HttpDashboard, UnauthenticatedHtmlGetGetsTheLoginPage) {
+  Req page = get("/");
+  page.auth.reset();
+  page.accept = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8";
+  const Reply r = one(page);
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(r.header("content-type"), "text/html; charset=utf-8");
+  EXPECT_NE(r.body.find("<form method=\"post\" action=\"/login\">"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("name=\"token\""), std::string::npos);
+  EXPECT_EQ(lower(r.body).find("<script"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find("http"), std::string::npos) << "no external URL: " << r.body;
+  const std::string csp = r.header("content-security-policy");
+  EXPECT_NE(csp.find("default-src 'none'"), std::string::npos) << csp;
+  EXPECT_NE(csp.find("frame-ancestors 'none'"), std::string::npos) << csp;
+  EXPECT_NE(csp.find("form-action 'self'"), std::string::npos) << csp;
+  EXPECT_EQ(csp.find("unsafe-inline"), std::string::npos) << csp;
+  // The page's one style block carries the nonce the CSP names.
+  const auto at = csp.find("'nonce-");
+  ASSERT_NE(at, std::string::npos) << csp;
+  const std::string nonce = csp.substr(at + 7, csp.find('\'', at + 7) - at - 7);
+  EXPECT_NE(r.body.find("<style nonce=\"" + nonce + "\">"), std::string::npos) << r.body;
+  expect_common_headers(r);
+
+  // GET /login shows the same form.
+  Req login = get("/login");
+  login.auth.reset();
+  EXPECT_EQ(one(login).status, 401);
+
+  // Not a browser page (no text/html): today's 401 JSON.
+  Req api = get("/api/x");
+  api.auth.reset();
+  api.accept = "application/json";
+  expect_refusal(one(api), 401, -32001);
+  // A route that is not a browser route never shows the form.
+  Req priv = get("/private/x");
+  priv.auth.reset();
+  priv.accept = "text/html";
+  expect_refusal(one(priv), 401, -32001);
+}
+
+TEST_F(HttpDashboard, EveryResponseSaysNosniffAndNoReferrer) {
+  Req health = get("/healthz");
+  health.auth.reset();
+  expect_common_headers(one(health));
+  expect_common_headers(one(get("/nowhere")));               // 404
+  expect_common_headers(one(get("/api/x")));                  // a route
+  Req denied = get("/api/x");
+  denied.auth.reset();
+  expect_common_headers(one(denied));                         // 401
+  expect_common_headers(one(post(initialize_message())));     // MCP
+}
+
+TEST_F(HttpDashboard, ExactRoutesMatchOnlyTheirPath) {
+  const Reply root = one(get("/"));
+  EXPECT_EQ(root.status, 200);
+  EXPECT_EQ(nshpc::parse_json_or_discarded(root.body).value("target", ""), "/");
+  EXPECT_EQ(one(get("/?tab=jobs")).status, 200);  // the query is not part of the path
+  EXPECT_EQ(one(get("/other")).status, 404);
+  EXPECT_EQ(one(get("/api/instances")).status, 200);  // a prefix route
+  // The exact event route does not take what is under it.
+  Req under = get("/api/events/more");
+  EXPECT_NE(one(under).header("content-type"), "text/event-stream");
+}
+
+TEST_F(HttpDashboard, BearerTokenRequestsNeedNoOrigin) {
+  Req r = post(json{{"x", 1}});
+  r.target = "/api/instances";
+  const Reply ok = one(r);
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  const json seen = nshpc::parse_json_or_discarded(ok.body);
+  EXPECT_EQ(seen.value("by_cookie", true), false);
+  EXPECT_EQ(seen.value("body", ""), "{\"x\":1}");
+  EXPECT_FALSE(seen.value("peer", "").empty()) << ok.body;
+}
+
+TEST_F(HttpDashboard, WithoutATokenEverythingStaysOpen) {
+  options_.token.clear();
+  Req page = get("/");
+  page.auth.reset();
+  page.accept = "text/html";
+  EXPECT_EQ(one(page).status, 200);
+  Req api = post(json::object());
+  api.target = "/api/instances";
+  api.auth.reset();
+  EXPECT_EQ(one(api).status, 200);
+}
+
+// Flows that need the cookie of an earlier response: a real listener.
+TEST(HttpDashboardLive, CookieOnBrowserRoutesOnlyAndCsrfForChanges) {
+  auto server = make_server();
+  auto streams = std::make_shared<Streams>();
+  LiveServer live(*server, dashboard_options(streams));
+  ASSERT_NE(live.port(), 0);
+  const std::string port = std::to_string(live.port());
+  const Reply login = live.request(form_login(kToken));
+  ASSERT_EQ(login.status, 303);
+  const std::string cookie = session_cookie_of(login);
+  ASSERT_EQ(cookie.size(), 64u);
+
+  // A GET with the cookie on a browser route: served, and the handler knows how.
+  const Reply got = live.request(browser("GET", "/api/instances", cookie));
+  ASSERT_EQ(got.status, 200) << got.body;
+  const json seen = nshpc::parse_json_or_discarded(got.body);
+  EXPECT_EQ(seen.value("by_cookie", false), true);
+  EXPECT_EQ(seen.value("peer", ""), fmt::format("uid {}", ::getuid())) << got.body;
+  // A wrong cookie is no session.
+  expect_refusal(live.request(browser("GET", "/api/instances", std::string(64, 'a'))), 401, -32001);
+
+  // The cookie is no credential for MCP or for routes that are not the browser's.
+  Req mcp_with_cookie = post(initialize_message());
+  mcp_with_cookie.auth.reset();
+  mcp_with_cookie.with("Cookie", "nshpc_session=" + cookie);
+  expect_refusal(live.request(mcp_with_cookie), 401, -32001);
+  expect_refusal(live.request(browser("GET", "/private/x", cookie)), 401, -32001);
+
+  // CSRF: a change by cookie without Origin (and no Sec-Fetch-Site) is refused.
+  const Reply no_origin = live.request(browser("POST", "/api/instances", cookie));
+  expect_refusal(no_origin, 403, -32000, "Origin");
+  // Another local page (accepted by the Origin check, same site for the cookie) is refused too.
+  Req other_port = browser("POST", "/api/instances", cookie);
+  other_port.with("Origin", "http://127.0.0.1:1");
+  expect_refusal(live.request(other_port), 403, -32000, "this server's own page");
+  // A foreign site: refused (by the Origin check already).
+  Req foreign = browser("POST", "/api/instances", cookie);
+  foreign.with("Origin", "https://evil.example");
+  EXPECT_EQ(live.request(foreign).status, 403);
+  // Its own page passes, by Origin or by Sec-Fetch-Site.
+  Req own = browser("POST", "/api/instances", cookie);
+  own.with("Origin", "http://127.0.0.1:" + port);
+  const Reply passed = live.request(own);
+  EXPECT_EQ(passed.status, 200) << passed.body;
+  Req fetch_meta = browser("DELETE", "/api/instances/x", cookie);
+  fetch_meta.with("Sec-Fetch-Site", "same-origin");
+  EXPECT_EQ(live.request(fetch_meta).status, 200);
+  Req cross_meta = browser("DELETE", "/api/instances/x", cookie);
+  cross_meta.with("Sec-Fetch-Site", "same-site");
+  EXPECT_EQ(live.request(cross_meta).status, 403);
+
+  // Logout (from the page) ends the session and clears the cookie.
+  Req out = browser("POST", "/logout", cookie);
+  out.with("Origin", "http://127.0.0.1:" + port);
+  const Reply logged_out = live.request(out);
+  EXPECT_EQ(logged_out.status, 303);
+  EXPECT_NE(logged_out.header("set-cookie").find("Max-Age=0"), std::string::npos);
+  expect_refusal(live.request(browser("GET", "/api/instances", cookie)), 401, -32001);
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpDashboardLive, EventStreamCarriesEventsFromAnotherThreadAndClosesWhenTheClientGoes) {
+  auto server = make_server();
+  auto streams = std::make_shared<Streams>();
+  HttpOptions options = dashboard_options(streams);
+  // Long enough that a keepalive write cannot be what finds the closed client below.
+  options.sse_keepalive = 1500ms;
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  Req open = get("/api/events");
+  open.accept = "text/event-stream";
+  open.with("Last-Event-ID", "41");
+  Open client = open_with(live, open, 2s);
+  auto sink = streams->wait_for(1);
+  ASSERT_TRUE(sink);
+  {
+    std::lock_guard lock(streams->mu);
+    EXPECT_EQ(streams->last_event_ids[0], "41");  // the handler decides what to replay
+  }
+  std::thread sender([sink] {
+    EXPECT_TRUE(sink->send("instance", "{\"id\":\"a\"}", "42"));
+    EXPECT_TRUE(sink->send("log", "line one\nline two"));
+  });
+  sender.join();
+  client.read_for(3s, [](const std::string& s) { return s.find("line two") != std::string::npos && s.find(": keepalive") != std::string::npos; });
+  const auto replies = parse_replies(client.seen);
+  ASSERT_FALSE(replies.empty()) << client.seen;
+  EXPECT_EQ(replies[0].status, 200);
+  EXPECT_EQ(replies[0].header("content-type"), "text/event-stream");
+  EXPECT_EQ(replies[0].header("cache-control"), "no-store");
+  EXPECT_EQ(replies[0].header("x-stream"), "yes");
+  expect_common_headers(replies[0]);
+  EXPECT_NE(replies[0].body.find("id: 42\nevent: instance\ndata: {\"id\":\"a\"}\n\n"), std::string::npos) << replies[0].body;
+  EXPECT_NE(replies[0].body.find("event: log\ndata: line one\ndata: line two\n\n"), std::string::npos) << replies[0].body;
+  EXPECT_NE(replies[0].body.find(": keepalive"), std::string::npos) << replies[0].body;
+  EXPECT_FALSE(sink->closed());
+
+  // The client goes away: the sink closes (without a send to find out) and refuses events.
+  ::close(std::exchange(client.fd, -1));
+  EXPECT_TRUE(eventually([&] { return sink->closed(); }, 1s));
+  EXPECT_FALSE(sink->send("instance", "late"));
+
+  // A handler's refusal is the answer, and its sink is closed.
+  Req missing = get("/api/events");
+  missing.target = "/api/events?missing=1";
+  EXPECT_EQ(live.request(missing).status, 404);
+  // Only GET.
+  Req post_events = post(json::object());
+  post_events.target = "/api/events";
+  EXPECT_EQ(live.request(post_events).status, 405);
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpDashboardLive, EventStreamOfAClientThatDoesNotReadIsCut) {
+  auto server = make_server();
+  auto streams = std::make_shared<Streams>();
+  LiveServer live(*server, dashboard_options(streams, 64 * 1024));
+  ASSERT_NE(live.port(), 0);
+  Req open = get("/api/events");
+  open.accept = "text/event-stream";
+  Open client = open_with(live, open, 2s, 4096);  // reads nothing more
+  auto sink = streams->wait_for(1);
+  ASSERT_TRUE(sink);
+  const std::string data(8 * 1024, 'x');
+  int sent = 0;
+  while (sink->send("chunk", data) && sent < 10000) ++sent;
+  EXPECT_LT(sent, 10000) << "the stream was never cut";
+  EXPECT_TRUE(sink->closed());
+  EXPECT_TRUE(client.closed_within(5s));  // the connection went with it
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpDashboardLive, ShutdownClosesEventStreamsWithoutWaitingForThem) {
+  auto server = make_server();
+  auto streams = std::make_shared<Streams>();
+  HttpOptions options = dashboard_options(streams);
+  options.shutdown_grace = 5s;
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  Req open = get("/api/events");
+  open.accept = "text/event-stream";
+  Open client = open_with(live, open, 2s);
+  auto sink = streams->wait_for(1);
+  ASSERT_TRUE(sink);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(live.stop(), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  EXPECT_TRUE(sink->closed());
+  EXPECT_FALSE(sink->send("x", "y"));
+  EXPECT_TRUE(client.closed_within(2s));
+}
+
+TEST(HttpDashboardLive, StatusBoardShowsSessionsPeersAndCaps) {
+  auto server = make_server();
+  auto streams = std::make_shared<Streams>();
+  HttpOptions options = dashboard_options(streams);
+  options.status_board = std::make_shared<transport::HttpStatusBoard>();
+  options.max_sessions = 7;
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  const std::string sid = open_session(live);
+  ASSERT_FALSE(sid.empty());
+  Req open = get("/api/events");
+  open.accept = "text/event-stream";
+  Open client = open_with(live, open, 2s);
+  ASSERT_TRUE(streams->wait_for(1));
+  ASSERT_EQ(live.request(form_login(kToken)).status, 303);
+  transport::HttpStatus status;
+  EXPECT_TRUE(eventually(
+      [&] {
+        status = options.status_board->get();
+        return status.sessions == 1 && status.event_streams == 1 && status.browser_sessions == 1 && status.connections >= 1;
+      },
+      3s))
+      << "sessions " << status.sessions << ", event streams " << status.event_streams << ", browser sessions "
+      << status.browser_sessions << ", connections " << status.connections;
+  EXPECT_EQ(status.url, live.url());
+  ASSERT_EQ(status.caps.count("server.max_sessions"), 1u);
+  EXPECT_EQ(status.caps["server.max_sessions"], (std::pair<std::size_t, std::size_t>{1, 7}));
+  for (const char* key : {"server.max_connections", "server.max_connections_per_peer", "server.max_sessions_per_peer",
+                          "server.max_requests_per_peer", "server.max_requests_per_session", "server.max_buffer_bytes"})
+    EXPECT_EQ(status.caps.count(key), 1u) << key;
+  ASSERT_FALSE(status.peers.empty());
+  const std::string me = fmt::format("uid {}", ::getuid());
+  bool found = false;
+  for (const auto& peer : status.peers)
+    if (peer.peer == me) {
+      found = true;
+      EXPECT_EQ(peer.sessions, 1u);
+      EXPECT_GE(peer.connections, 1u);  // the event stream
+    }
+  EXPECT_TRUE(found) << "no peer " << me;
+  EXPECT_EQ(live.stop(), 0);
+}
+
+// The login state alone, with time passed in: the code's life, idle sessions, the LRU cap and
+// the failure throttle.
+TEST(HttpBrowserLogins, CodeSessionsAndThrottle) {
+  using http_detail::BrowserLogins;
+  using Clock = std::chrono::steady_clock;
+  HttpOptions::Login login;
+  login.enabled = true;
+  login.code = kCode;
+  login.code_lifetime = 60s;
+  login.session_lifetime = 600s;
+  login.max_sessions = 2;
+  const auto t0 = Clock::now();
+  BrowserLogins logins(login, t0);
+  EXPECT_EQ(logins.redeem("0123456789abcdef0123456789abcdee", t0), BrowserLogins::Code::wrong);
+  EXPECT_EQ(logins.redeem("", t0), BrowserLogins::Code::wrong);
+  EXPECT_EQ(logins.redeem(kCode, t0 + 10s), BrowserLogins::Code::good);
+  EXPECT_EQ(logins.redeem(kCode, t0 + 11s), BrowserLogins::Code::used);
+  BrowserLogins late(login, t0);
+  EXPECT_EQ(late.redeem(kCode, t0 + 61s), BrowserLogins::Code::expired);
+
+  const http_detail::Peer peer{"uid:1", "uid 1"};
+  const std::string a = logins.open(peer, t0);
+  const std::string b = logins.open(peer, t0 + 1s);
+  EXPECT_NE(a, b);
+  EXPECT_TRUE(logins.valid(a, t0 + 2s));  // a is now the more recently used
+  const std::string c = logins.open(peer, t0 + 3s);  // over max_sessions: b (least recent) goes
+  EXPECT_EQ(logins.count(), 2u);
+  EXPECT_FALSE(logins.valid(b, t0 + 4s));
+  EXPECT_TRUE(logins.valid(a, t0 + 4s));
+  EXPECT_TRUE(logins.valid(c, t0 + 4s));
+  // Idle for longer than session_lifetime: expired, even before the sweeper forgets it.
+  EXPECT_TRUE(logins.valid(c, t0 + 500s));
+  EXPECT_FALSE(logins.valid(a, t0 + 605s));
+  EXPECT_TRUE(logins.valid(c, t0 + 605s));
+  logins.expire(t0 + 605s);
+  EXPECT_EQ(logins.count(), 1u);
+  logins.close(c);
+  EXPECT_FALSE(logins.valid(c, t0 + 606s));
+
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_FALSE(logins.must_wait("uid:1", t0 + std::chrono::seconds(i)));
+    logins.failed("uid:1", t0 + std::chrono::seconds(i));
+  }
+  const auto wait = logins.must_wait("uid:1", t0 + 5s);
+  ASSERT_TRUE(wait);
+  EXPECT_EQ(wait->count(), 55);
+  EXPECT_FALSE(logins.must_wait("uid:2", t0 + 5s));  // per peer
+  EXPECT_FALSE(logins.must_wait("uid:1", t0 + 61s));  // a minute later
+}
