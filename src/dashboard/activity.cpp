@@ -144,9 +144,9 @@ std::optional<nlohmann::json> parse_audit_line(std::string_view line, std::strin
   }
   if (fields.contains("error")) ev["error"] = fields["error"];
   ev["fields"] = std::move(fields);
-  // What the audit wrote is ours, but a line damaged on disk may hold anything: no invalid UTF-8 out.
-  ev = redact(std::move(ev), token);
-  return parse_json_or_discarded(ev.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  // A line damaged on disk may hold invalid UTF-8 in a string: every answer is dumped with the
+  // replacing error handler.
+  return redact(std::move(ev), token);
 }
 
 std::optional<double> cpu_percent(std::uint64_t usec_before, std::chrono::steady_clock::time_point before,
@@ -276,13 +276,16 @@ std::vector<std::pair<std::string, std::filesystem::path>> Activity::logs() cons
 std::vector<nlohmann::json> Activity::poll() {
   std::lock_guard poll_lock(poll_mutex_);
   const auto found = logs();
+  // The first look reads the end of every log, within one budget for all of them.
+  const std::uint64_t history =
+      std::min<std::uint64_t>(options_.history_bytes, std::max<std::uint64_t>(16 * 1024, options_.history_total / found.size()));
   std::vector<nlohmann::json> events;
   std::map<std::filesystem::path, LogTail> kept;
   for (const auto& [instance, path] : found) {
     auto it = tails_.find(path);
     if (it == tails_.end())
       // At the first look, the recent history of every log; a log that appears later is new: all of it.
-      it = tails_.emplace(path, LogTail(path, loaded_ ? UINT64_MAX : options_.history_bytes)).first;
+      it = tails_.emplace(path, LogTail(path, loaded_ ? UINT64_MAX : history)).first;
     for (const std::string& line : it->second.poll()) {
       if (auto ev = parse_audit_line(line, instance, options_.token)) events.push_back(std::move(*ev));
     }

@@ -93,7 +93,8 @@ class Activity {
     std::filesystem::path root;  // the instances folder
     std::string token;           // redacted wherever it appears
     std::size_t ring = 20000;    // events kept
-    std::size_t history_bytes = 256 * 1024;  // of each log read at the first look
+    std::size_t history_bytes = 256 * 1024;  // of each log read at the first look, at most
+    std::size_t history_total = 32 << 20;    // ... and of all of them together (at least 16 KiB each)
     std::size_t max_logs = 20000;            // logs followed (instances + the store's)
   };
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <set>
@@ -604,13 +605,14 @@ class Api {
   json instance_view(const store::Instance& inst) {
     json out = instances::instance_json(config_, inst);
     bool running = false;
+    std::optional<sandbox::LivingStatus> living;
     if (!inst.persistent) {
       out["state"] = "ephemeral";
     } else {
       try {
-        const sandbox::LivingStatus st = service_.living_status(inst);
-        out.update(instances::state_json(st));
-        running = st.running;
+        living = service_.living_status(inst);
+        out.update(instances::state_json(*living));
+        running = living->running;
       } catch (const std::exception& e) {
         out["state"] = "unknown";
         out["state_error"] = e.what();
@@ -630,12 +632,18 @@ class Api {
           usage["cpu_percent"] = nullptr;
           if (u->cpu_usec)
             if (auto pct = measures_.cpu(inst.id, *u->cpu_usec)) usage["cpu_percent"] = std::round(*pct * 10) / 10;
+          usage["source"] = "cgroup";
           out["usage"] = std::move(usage);
         }
       } catch (const std::exception& e) {
         log::debug("dashboard: usage of {}: {}", inst.id, e.what());
       }
     }
+    // Without [namespace] limits a living sandbox has no group of its own: what its processes hold
+    // (their resident memory, as the living state counts it) is what there is to show.
+    if (out["usage"].is_null() && living && living->running)
+      out["usage"] = {{"memory_bytes", living->memory_bytes}, {"pids", living->processes}, {"cpu_percent", nullptr},
+                      {"source", "processes"}};
     return out;
   }
 

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -120,6 +121,12 @@ struct DashEnv {
   Env env;
 };
 
+std::string fmt_id(int i) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "many-%04d", i);
+  return buf;
+}
+
 bool has_header(const Reply& r, const std::string& line) { return r.headers.find(line) != std::string::npos; }
 
 class DashboardApi : public ::testing::Test {
@@ -194,6 +201,8 @@ TEST_F(DashboardApi, StartStopAndNetworkOfALivingInstance) {
   json seen = server.curl("GET", "/api/instances?filter=live").data()["instances"][0];
   EXPECT_EQ(seen["state"], "running");
   EXPECT_GE(seen["processes"].get<int>(), 1);
+  ASSERT_TRUE(seen["usage"].is_object()) << seen.dump();  // no limits here: what its processes hold
+  EXPECT_GT(seen["usage"]["memory_bytes"].get<std::uint64_t>(), 0u);
 
   const Reply net = server.send("PUT", "/api/instances/live/network", {{"mode", "filtered"}, {"allow", {"pypi.org"}}});
   ASSERT_EQ(net.status, 200) << net.body;
@@ -210,6 +219,72 @@ TEST_F(DashboardApi, StartStopAndNetworkOfALivingInstance) {
   // Not persistent: nothing to start.
   ASSERT_EQ(server.send("POST", "/api/instances", {{"id", "eph"}}).status, 201);
   EXPECT_EQ(server.send("POST", "/api/instances/eph/start", json::object()).status, 409);
+}
+
+// With [namespace] limits an instance has a cgroup of its own (v2, or v1's controllers as this
+// host has): usage and cpu_percent come from it.
+TEST(DashboardApiLimits, UsageAndCpuPercentFromTheInstancesCgroup) {
+  char dir[] = "/tmp/nshpc-dash-state-XXXXXX";
+  const std::string state = ::mkdtemp(dir);
+  struct Removed {
+    std::string path;
+    ~Removed() { std::filesystem::remove_all(path); }
+  } removed{state};  // after the server has stopped
+  Env env(std::string("[server]\nauth_token = \"") + kToken + "\"\nstate_dir = \"" + state +
+          "\"\n[namespace.limits]\nmemory = 512\npids = 200\ncpus = 2\n");
+  Dashboard server(env);
+  ASSERT_TRUE(server.ready());
+  ASSERT_EQ(server.send("POST", "/api/instances", {{"id", "busy"}, {"persistent", true}}).status, 201);
+  const json limits = server.curl("GET", "/api/instances/busy").data()["limits"];
+  if (!limits.value("enforced", false))
+    GTEST_SKIP() << "limits are not enforced on this host (no cgroup of its own to read): " << limits.dump();
+  ASSERT_EQ(server.send("POST", "/api/instances/busy/start", json::object()).status, 200);
+  ASSERT_EQ(server.send("POST", "/api/instances/busy/jobs", {{"command", "timeout 20 sh -c 'while :; do :; done'"}}).status, 201);
+  json usage;
+  const bool busy = eventually(
+      [&] {
+        usage = server.curl("GET", "/api/instances?filter=busy").data()["instances"][0]["usage"];
+        return usage.is_object() && usage["cpu_percent"].is_number() && usage["cpu_percent"].get<double>() > 50;
+      },
+      15s);
+  EXPECT_TRUE(busy) << usage.dump();
+  EXPECT_EQ(usage["source"], "cgroup");
+  EXPECT_GT(usage["memory_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_GE(usage["pids"].get<int>(), 2);
+  EXPECT_LT(usage["cpu_percent"].get<double>(), 210.0);  // at most its 2 cpus (and one loop)
+  EXPECT_EQ(server.send("POST", "/api/instances/busy/stop", json::object()).status, 200);
+}
+
+TEST_F(DashboardApi, AThousandInstancesPageFast) {
+  // One curl, one kept-alive connection, 1,000 creates (a config file: the command line would be too long).
+  const std::string config = "/tmp/nshpc-dash-many.curl";
+  {
+    std::ofstream out(config);
+    for (int i = 0; i < 1000; ++i)
+      out << (i ? "next\n" : "") << "silent\noutput = \"/dev/null\"\nwrite-out = \"%{http_code}\\n\"\n"
+          << "header = \"Authorization: Bearer " << kToken << "\"\nheader = \"Content-Type: application/json\"\n"
+          << "data-binary = \"{\\\"id\\\": \\\"" << fmt_id(i) << "\\\", \\\"persistent\\\": " << (i % 2 == 0 ? "true" : "false")
+          << "}\"\nurl = \"" << server.base() << "/api/instances\"\n";
+  }
+  const std::string args = "curl -K " + config;
+  const Result made = shell(args);
+  ASSERT_EQ(std::count(made.out.begin(), made.out.end(), '\n'), 1000);
+  ASSERT_EQ(made.out.find("201\n201"), 0u) << made.out.substr(0, 200);
+  EXPECT_EQ(made.out.find_first_not_of("201\n"), std::string::npos) << made.out.substr(0, 400);
+  std::filesystem::remove(config);
+  std::vector<double> took;
+  for (const char* q : {"limit=100", "limit=100&offset=900", "limit=100&sort=id&filter=many-05", "limit=100", "limit=100"}) {
+    const Result r = shell("curl -s -o /dev/null -w '%{http_code} %{time_total}' -H 'Authorization: Bearer " +
+                           std::string(kToken) + "' " + quote(server.base() + "/api/instances?" + q));
+    ASSERT_EQ(r.out.substr(0, 3), "200") << q;
+    took.push_back(std::stod(r.out.substr(4)));
+  }
+  std::sort(took.begin(), took.end());
+  EXPECT_LT(took[2], 0.1) << "median of five pages of 100 out of 1,000 instances: " << took[2] << " s";
+  const json page = server.curl("GET", "/api/instances?limit=100&offset=900&sort=id").data();
+  EXPECT_EQ(page["total"], 1000);
+  ASSERT_EQ(page["instances"].size(), 100u);
+  EXPECT_EQ(page["instances"][0]["id"], fmt_id(900));
 }
 
 TEST_F(DashboardApi, SnapshotAndRestore) {
@@ -238,7 +313,7 @@ TEST_F(DashboardApi, AJobAndItsOutputAlsoAsEvents) {
   const std::string job = submitted.data()["job_id"];
   ASSERT_EQ(job.size(), 12u);
   // The stream from the start: output as it comes, then the end.
-  const std::string stream = server.events("/api/jobs/jobs/" + job + "/output", 20);
+  const std::string stream = server.events("/api/jobs/jobs/" + job + "/output", 10);
   EXPECT_NE(stream.find("event: output"), std::string::npos) << stream;
   EXPECT_NE(stream.find("hello-from-job"), std::string::npos) << stream;
   EXPECT_NE(stream.find("über-err"), std::string::npos) << stream;
@@ -252,7 +327,7 @@ TEST_F(DashboardApi, AJobAndItsOutputAlsoAsEvents) {
   ASSERT_EQ(listed["jobs"].size(), 1u);
   EXPECT_EQ(listed["jobs"][0]["job_id"], job);
   // Resumed after stdout's first line: only the rest.
-  const std::string rest = server.events("/api/jobs/jobs/" + job + "/output", 10, "-H 'Last-Event-ID: 15:0'");
+  const std::string rest = server.events("/api/jobs/jobs/" + job + "/output", 5, "-H 'Last-Event-ID: 15:0'");
   EXPECT_EQ(rest.find("hello-from-job"), std::string::npos) << rest;
   EXPECT_NE(rest.find("done-now"), std::string::npos) << rest;
   EXPECT_EQ(server.curl("GET", "/api/jobs/jobs/000000000000/output", "--max-time 5").status, 404);
