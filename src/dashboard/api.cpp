@@ -566,6 +566,7 @@ class Api {
                      {"sessions", st.sessions},
                      {"requests", st.requests},
                      {"event_streams", st.event_streams},
+                     {"browser_sessions", st.browser_sessions},
                      {"bytes_held", st.bytes_held},
                      {"peers", std::move(peers)},
                      {"caps", std::move(caps)}};

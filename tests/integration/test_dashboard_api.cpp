@@ -472,6 +472,8 @@ TEST_F(DashboardApi, BadInputGetsAClearErrorAndTheServerLivesOn) {
   EXPECT_FALSE(info.data()["version"].get<std::string>().empty());
   EXPECT_EQ(info.data()["pid"].get<int>() > 0, true);
   EXPECT_EQ(info.body.find(kToken), std::string::npos);
+  EXPECT_TRUE(info.data()["http"]["caps"].contains("server.max_sessions")) << info.body;  // the transport's board
+  EXPECT_TRUE(info.data()["http"].contains("browser_sessions")) << info.body;
   EXPECT_EQ(server.curl("GET", "/healthz", "", "").status, 200);
 }
 
