@@ -495,7 +495,7 @@ class Api {
       const json body = json_body(r, {"enabled"});
       const auto on = member<bool>(body, "enabled");
       if (!on) throw ApiError(400, "give enabled: true or false");
-      return conflict([&] { return answer(200, instance_view(service_.desktops().set(inst, *on, r.actor))); });
+      return in_state([&] { return answer(200, instance_view(service_.desktops().set(inst, *on, r.actor))); });
     }
     if (s.size() == 3 && what == "reset") {
       method(r, {"POST"});
@@ -505,7 +505,7 @@ class Api {
         throw ApiError(409, fmt::format("instance '{}' runs on the host's root (read-only): it has no root of its own to "
                                         "reset; include_workspace: true empties its workspace",
                                         inst.id));
-      return conflict([&] {
+      return in_state([&] {
         instances::Snapshots snapshots(service_, *trash_);
         const instances::LayerChange change = snapshots.reset(inst, workspace, r.actor);
         return answer(200, json{{"instance_id", inst.id}, {"layer_reset", change.layer},
@@ -515,7 +515,7 @@ class Api {
     if (s.size() == 3 && what == "archive") {
       method(r, {"POST"});
       json_body(r, {});
-      return conflict([&] {
+      return in_state([&] {
         const store::ArchivedInstance a = service_.archive(inst.id, r.actor);
         measures_.forget(inst.id);
         return answer(200, json{{"instance_id", inst.id}, {"archive_name", a.name}, {"archived_at", a.meta.archived_at()}});
@@ -529,9 +529,9 @@ class Api {
   }
 
   // A refusal of the service on an instance that exists, for input already checked, is about the
-  // instance's state (jobs still running, a command in it): 409.
+  // instance's state (jobs still running, a command in it, a name taken): 409. NotFound stays 404.
   template <class F>
-  transport::StreamResponse conflict(F&& f) {
+  static auto in_state(F&& f) -> decltype(f()) {
     try {
       return f();
     } catch (const NotFound&) {
@@ -753,7 +753,7 @@ class Api {
         const json body = json_body(r, {"name"});
         const std::string name = member<std::string>(body, "name").value_or("snap-" + timeutil::compact_utc().substr(0, 15));
         instances::validate_snapshot_name(name);
-        return conflict([&] {
+        return in_state([&] {
           const instances::LayerChange change = snapshots.take(inst, name, r.actor);
           return answer(201, json{{"instance_id", inst.id}, {"snapshot", instances::to_json(*change.snapshot)},
                                   {"restarted", change.restarted}});
@@ -769,30 +769,17 @@ class Api {
       throw ApiError(404, fmt::format("instance '{}' has no snapshot {:?}", inst.id, text::truncate_utf8(name, 70)));
     if (s.size() == 4) {
       method(r, {"DELETE"});
-      const instances::SnapshotInfo gone = snapshot_step([&] { return snapshots.remove(inst, name, r.actor); });
+      const instances::SnapshotInfo gone = in_state([&] { return snapshots.remove(inst, name, r.actor); });
       return answer(200, json{{"instance_id", inst.id}, {"deleted", gone.name}});
     }
     if (s.size() == 5 && s[4] == "restore") {
       method(r, {"POST"});
       json_body(r, {});
-      const instances::LayerChange change = snapshot_step([&] { return snapshots.restore(inst, name, r.actor); });
+      const instances::LayerChange change = in_state([&] { return snapshots.restore(inst, name, r.actor); });
       return answer(200, json{{"instance_id", inst.id}, {"snapshot", instances::to_json(*change.snapshot)},
                               {"restarted", change.restarted}});
     }
     throw ApiError(404, "not found");
-  }
-
-  // A refusal of a snapshot step (a command running, a name taken) is about the state: 409; an
-  // unknown snapshot is the service's NotFound (404).
-  template <class F>
-  auto snapshot_step(F&& f) -> decltype(f()) {
-    try {
-      return f();
-    } catch (const NotFound&) {
-      throw;
-    } catch (const UsageError& e) {
-      throw ApiError(409, e.what());
-    }
   }
 
   transport::StreamResponse ports_route(Request& r, const store::Instance& inst) {
@@ -805,7 +792,7 @@ class Api {
       const auto host_port = member<std::int64_t>(body, "host_port").value_or(0);
       if (!port || *port < 1 || *port > 65535) throw ApiError(400, "port must be 1 to 65535");
       if (host_port < 0 || host_port > 65535) throw ApiError(400, "host_port must be 0 (any free one) to 65535");
-      const sandbox::ExposedPort e = conflict_value([&] {
+      const sandbox::ExposedPort e = in_state([&] {
         return service_.expose_port(inst, static_cast<std::uint16_t>(*port), static_cast<std::uint16_t>(host_port), r.actor);
       });
       return answer(201, json{{"port", e.port}, {"host_port", e.host_port}, {"url", fmt::format("http://127.0.0.1:{}/", e.host_port)}});
@@ -820,17 +807,6 @@ class Api {
       return answer(200, json{{"closed", port}});
     }
     throw ApiError(404, "not found");
-  }
-
-  template <class F>
-  auto conflict_value(F&& f) -> decltype(f()) {
-    try {
-      return f();
-    } catch (const NotFound&) {
-      throw;
-    } catch (const UsageError& e) {
-      throw ApiError(409, e.what());
-    }
   }
 
   // ---- Jobs ------------------------------------------------------------------------------------
@@ -885,9 +861,8 @@ class Api {
 
   // ---- Files -----------------------------------------------------------------------------------
 
-  // `path` of the query, as the sandbox sees it; refused outright when it climbs ("..").
-  std::string file_path(const Request& r) {
-    const std::string path = r.q("path");
+  // A path as the sandbox sees it (the query's `path`, or a body's); refused outright when it climbs ("..").
+  static std::string checked_path(const std::string& path) {
     if (path.empty()) throw ApiError(400, "give path: the path inside the sandbox, e.g. /workspace/notes.txt");
     if (path.size() > files::kMaxPathBytes) throw ApiError(400, "path is longer than 4096 bytes");
     for (std::string_view part : text::split(path, '/'))
@@ -910,16 +885,8 @@ class Api {
     if (s.size() == 3) method(r, {"GET", "DELETE"});
     if (sub == "content") method(r, {"GET", "PUT"});
     if (sub == "folder") method(r, {"POST"});
-    std::string path;
-    if (sub == "folder") {
-      const json body = json_body(r, {"path"});
-      path = member<std::string>(body, "path").value_or("");
-      Request copy = r;
-      copy.query["path"] = path;
-      path = file_path(copy);
-    } else {
-      path = file_path(r);
-    }
+    const std::string path =
+        checked_path(sub == "folder" ? member<std::string>(json_body(r, {"path"}), "path").value_or("") : r.q("path"));
     // The file tools' resolver and identity (files/resolver.hpp), as WebDAV's.
     const files::InstanceFiles files(service_.file_view(inst));
     const bool reading = r.http.method == "GET" || r.http.method == "HEAD";
