@@ -40,6 +40,7 @@ function route() {
   }
   const root = document.getElementById('view');
   root.replaceChildren();
+  delete root.dataset.loaded;  // set again by the new view once its data is in
   const params = {
     id: match.m[1] === undefined ? undefined : decodeURIComponent(match.m[1]),
     query: new URLSearchParams(queryString ?? ''),

@@ -546,7 +546,7 @@ class Api {
   json server() {
     json out = {{"version", settings_.version},
                 {"entry_point", settings_.entry_point},
-                {"mcp_url", settings_.mcp_url},
+                {"mcp_url", settings_.http ? settings_.http->get().url : std::string()},
                 {"started_at", started_at_},
                 {"pid", ::getpid()},
                 {"instances_dir", config_.ns.instances_dir.string()},

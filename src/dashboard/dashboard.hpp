@@ -17,11 +17,10 @@ namespace nshpc::dashboard {
 struct Settings {
   std::string version;          // the server's version, shown on the server view
   std::string entry_point;      // "ns-hpc run" or "ns-hpc computer"
-  std::string mcp_url;          // where agents reach MCP (for the server view)
   std::string token;            // never shown: redacted wherever it would appear (activity)
   // Runs `ns-hpc doctor --json` and returns its output (null: not offered).
   std::function<nlohmann::json()> doctor;
-  // The transport's live figures (sessions, peers, caps in use).
+  // The transport's live figures (sessions, peers, caps in use) and the MCP URL.
   std::shared_ptr<transport::HttpStatusBoard> http;
 };
 

@@ -139,6 +139,7 @@ bool Live::pump(JobStream& s) {
       end["error"] = e.what();
     }
     s.sink->send("end", end.dump());
+    s.sink->end();  // the response ends: a script reading it returns
     return false;
   }
   const auto now = std::chrono::steady_clock::now();

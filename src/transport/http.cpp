@@ -1552,7 +1552,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
         if (ec) break;  // the client went away (or the stream was cut)
         continue;
       }
-      if (channel->closed()) break;
+      if (channel->closed()) {
+        if (channel->ended() && chunked) {
+          // Ended by its handler: the response ends properly (the last chunk).
+          arm(opt_.read_timeout);
+          co_await asio::async_write(socket_, bhttp::make_chunk_last(), kTuple);
+          disarm();
+        }
+        break;
+      }
       wake->expires_after(opt_.sse_keepalive);
       auto [ec] = co_await wake->async_wait(kTuple);
       if (!ec) {

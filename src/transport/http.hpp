@@ -105,6 +105,10 @@ class EventSink {
   // route's `buffer_bytes` waited unsent (then the stream is cut; a browser's EventSource
   // reconnects with Last-Event-ID). Nothing sent after that goes anywhere.
   virtual bool send(std::string_view event, std::string_view data, std::string_view id = {}) = 0;
+  // Ends the stream once what was sent is written (a finished job's output): the response ends
+  // properly, so a client like curl returns. A browser's EventSource would reconnect: the page
+  // closes it on the event that says the end.
+  virtual void end() = 0;
   virtual bool closed() const = 0;
 };
 

@@ -234,7 +234,10 @@ class EventChannel final : public EventSink {
  public:
   explicit EventChannel(std::size_t buffer_bytes) : buffer_bytes_(buffer_bytes) {}
   bool send(std::string_view event, std::string_view data, std::string_view id = {}) override;
+  void end() override;
   bool closed() const override;
+  // The handler ended it (end()): the writer ends the response properly after the queue.
+  bool ended() const;
 
   // Called (under the channel's lock, from the sending thread) when events wait or the stream
   // was cut: it must only post to the I/O thread. Dropped when the channel closes.
@@ -253,6 +256,7 @@ class EventChannel final : public EventSink {
   std::size_t buffer_bytes_;
   bool closed_ = false;
   bool cut_ = false;
+  bool ended_ = false;
   bool wake_pending_ = false;
   std::function<void()> wake_;
 };

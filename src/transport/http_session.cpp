@@ -770,6 +770,20 @@ bool EventChannel::send(std::string_view event, std::string_view data, std::stri
   return true;
 }
 
+void EventChannel::end() {
+  std::lock_guard lock(mutex_);
+  if (closed_) return;
+  closed_ = true;
+  ended_ = true;
+  if (wake_) wake_();  // what is queued is still written
+  wake_ = nullptr;
+}
+
+bool EventChannel::ended() const {
+  std::lock_guard lock(mutex_);
+  return ended_;
+}
+
 bool EventChannel::closed() const {
   std::lock_guard lock(mutex_);
   return closed_;

@@ -245,6 +245,12 @@ describe('dashboard in a browser', { skip: !fs.existsSync(CHROMIUM) && `${CHROMI
     const row = page.locator('table.activity tbody tr', { hasText: 'activity-marker-7731' });
     await row.first().waitFor({ timeout: 15_000 });
     assert.match(await row.first().textContent(), /terminal_execute/);
+    // Each event once, though the page and the live stream overlap.
+    await page.waitForTimeout(1500);
+    assert.equal(await row.count(), 1);
+    const ids = (await page.locator('table.activity pre.event-json').allTextContents()).map((t) => JSON.parse(t).id);
+    assert.ok(ids.length > 3, `events shown: ${ids.length}`);
+    assert.equal(new Set(ids).size, ids.length, `an event shown twice: ${ids}`);
     assert.equal(await page.locator('img').count(), 1);
     // The token never shows.
     assert.doesNotMatch(await page.locator('#view').textContent(), new RegExp(server.token));

@@ -30,7 +30,10 @@ const ROUTES = [
   { method: 'GET', path: '/dav/x', ok: 404 },
   { method: 'PROPFIND', path: '/dav/x', ok: 404 },
   { method: 'GET', path: '/api/anything', ok: 404 },
-  { method: 'GET', path: '/', ok: 404 },
+  { method: 'GET', path: '/api/instances', ok: 200 },
+  { method: 'GET', path: '/api/events', headers: { Accept: 'text/event-stream' }, ok: 200, headersOnly: true },
+  { method: 'GET', path: '/', ok: 200 }, // the dashboard
+  { method: 'GET', path: '/nothing-here', ok: 404 },
 ];
 
 function request(server, route, extra = {}) {

@@ -334,7 +334,10 @@ TEST_F(DashboardApi, AJobAndItsOutputAlsoAsEvents) {
   const std::string job = submitted.data()["job_id"];
   ASSERT_EQ(job.size(), 12u);
   // The stream from the start: output as it comes, then the end.
-  const std::string stream = server.events("/api/jobs/jobs/" + job + "/output", 10);
+  const std::string stream =
+      server.events("/api/jobs/jobs/" + job + "/output", 10, "-w '\\ncurl-exit=%{exitcode}\\n'");
+  // The response ends after the end event (curl returns 0, not 28 for its time limit).
+  EXPECT_NE(stream.find("curl-exit=0\n"), std::string::npos) << stream;
   EXPECT_NE(stream.find("event: output"), std::string::npos) << stream;
   EXPECT_NE(stream.find("hello-from-job"), std::string::npos) << stream;
   EXPECT_NE(stream.find("über-err"), std::string::npos) << stream;

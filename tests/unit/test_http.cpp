@@ -2023,6 +2023,30 @@ TEST(HttpDashboardLive, EventStreamCarriesEventsFromAnotherThreadAndClosesWhenTh
   EXPECT_EQ(live.stop(), 0);
 }
 
+TEST(HttpDashboardLive, EventStreamEndedByItsHandlerEndsTheResponseAfterItsLastEvent) {
+  auto server = make_server();
+  auto streams = std::make_shared<Streams>();
+  LiveServer live(*server, dashboard_options(streams));
+  ASSERT_NE(live.port(), 0);
+  Req open = get("/api/events");
+  open.accept = "text/event-stream";
+  Open client = open_with(live, open, 2s);
+  auto sink = streams->wait_for(1);
+  ASSERT_TRUE(sink);
+  EXPECT_TRUE(sink->send("output", "last words"));
+  EXPECT_TRUE(sink->send("end", "{\"state\":\"completed\"}"));
+  sink->end();
+  EXPECT_TRUE(sink->closed());
+  EXPECT_FALSE(sink->send("output", "too late"));
+  client.read_for(5s, [](const std::string& seen) { return seen.ends_with("\r\n0\r\n\r\n"); });
+  // Both events arrived, then the last chunk: a proper end, not a cut connection.
+  EXPECT_NE(client.seen.find("event: end\ndata: {\"state\":\"completed\"}"), std::string::npos) << client.seen;
+  EXPECT_EQ(client.seen.find("too late"), std::string::npos);
+  EXPECT_TRUE(client.seen.ends_with("\r\n0\r\n\r\n")) << client.seen;
+  EXPECT_TRUE(client.closed_within(5s));  // and the connection with it: a script reading it returns
+  EXPECT_EQ(live.stop(), 0);
+}
+
 TEST(HttpDashboardLive, EventStreamOfAClientThatDoesNotReadIsCut) {
   auto server = make_server();
   auto streams = std::make_shared<Streams>();

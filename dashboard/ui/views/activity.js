@@ -34,6 +34,8 @@ export function mount(root, { query }) {
 
   let nextBefore = null;
   let current = {};
+  // Ids shown: an event can come both in a page and live (the stream and the page overlap).
+  const shown = new Set();
 
   function values() {
     return {
@@ -49,6 +51,7 @@ export function mount(root, { query }) {
     const hash = `#/activity${params.toString() ? `?${params}` : ''}`;
     if (location.hash !== hash) history.replaceState(null, '', hash);
     tbody.replaceChildren();
+    shown.clear();
     load();
   }
 
@@ -56,7 +59,11 @@ export function mount(root, { query }) {
     try {
       const answer = await api('GET', '/api/activity', { query: { ...current, before, limit: PAGE }, signal: controller.signal });
       const fragment = document.createDocumentFragment();
-      for (const event of answer.events ?? []) fragment.appendChild(row(event));
+      for (const event of answer.events ?? []) {
+        if (shown.has(event.id)) continue;
+        shown.add(event.id);
+        fragment.appendChild(row(event));
+      }
       tbody.appendChild(fragment);
       nextBefore = answer.next_before ?? null;
       more.hidden = !nextBefore || (answer.events ?? []).length < PAGE;
@@ -103,7 +110,8 @@ export function mount(root, { query }) {
 
   const offs = [
     on('activity', (event) => {
-      if (!matches(event)) return;
+      if (!matches(event) || shown.has(event.id)) return;
+      shown.add(event.id);
       tbody.prepend(row(event));
       note.hidden = true;
       while (tbody.childElementCount > SHOWN_MAX) tbody.lastElementChild.remove();
