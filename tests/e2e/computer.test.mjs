@@ -526,6 +526,15 @@ describe('computer over HTTP', { skip }, () => {
     assert.equal(page.json.health, '/healthz');
     assert.equal(page.json.computer_id, 'web-box');
     assert.equal(page.json.desktop_environment, false);
+    // A browser asking for / gets the dashboard there instead (and its login page without a token).
+    const html = { Accept: 'text/html,application/xhtml+xml' };
+    const dashboard = await rawRequest({ port: server.port, path: '/', headers: { ...html, Authorization: `Bearer ${token}` } });
+    assert.equal(dashboard.status, 200);
+    assert.match(dashboard.headers['content-type'], /^text\/html/);
+    assert.match(dashboard.body, /<script type="module"/);
+    const login = await rawRequest({ port: server.port, path: '/', headers: html });
+    assert.equal(login.status, 401);
+    assert.match(login.body, /<form[^>]+action="\/login"/);
   });
 
   test('a long command in one session does not hold up another session', async () => {
