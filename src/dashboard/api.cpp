@@ -895,7 +895,9 @@ class Api {
     try {
       if (s.size() == 3 && reading) {
         json entries = json::array();
-        for (const files::Entry& e : files::list_dir(at, kMaxListEntries + 1)) {
+        const std::vector<files::Entry> listed = files::list_dir(at, kMaxListEntries + 1);
+        const bool truncated = listed.size() > kMaxListEntries;  // one more than shown: there are more
+        for (const files::Entry& e : listed) {
           if (entries.size() == kMaxListEntries) break;
           entries.push_back({{"name", text::sanitize_utf8(e.name)},
                              {"type", e.type == files::EntryType::directory ? "dir"
@@ -907,7 +909,7 @@ class Api {
                                               std::chrono::duration_cast<timeutil::Clock::duration>(std::chrono::nanoseconds(e.mtime_ns))))}});
         }
         std::sort(entries.begin(), entries.end(), [](const json& a, const json& b) { return a["name"] < b["name"]; });
-        return answer(200, json{{"path", path}, {"entries", std::move(entries)}, {"truncated", entries.size() >= kMaxListEntries}});
+        return answer(200, json{{"path", path}, {"entries", std::move(entries)}, {"truncated", truncated}});
       }
       if (s.size() == 3) {  // DELETE
         files::remove(at, true);
