@@ -17,6 +17,7 @@
 #include <string>
 
 #include "base/error.hpp"
+#include "base/pty.hpp"
 #include "cli/pty_relay.hpp"
 #include "cli/signals.hpp"
 
@@ -65,27 +66,9 @@ class RawMode {
   bool active_ = false;
 };
 
-void copy_window_size(int from, int to) {
-  winsize ws{};
-  if (::ioctl(from, TIOCGWINSZ, &ws) == 0) ::ioctl(to, TIOCSWINSZ, &ws);
-}
-
-struct Pty {
-  UniqueFd master;  // non-blocking: the relay never waits on the sandbox's side
-  UniqueFd slave;
-};
-
 // A new PTY that starts as the caller's terminal is: its settings and window size.
-Pty open_pty(const CallerTerminal& caller) {
-  Pty pty;
-  pty.master.reset(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK));
-  if (!pty.master) throw SysError(errno, "posix_openpt");
-  if (::grantpt(pty.master.get()) < 0) throw SysError(errno, "grantpt");
-  if (::unlockpt(pty.master.get()) < 0) throw SysError(errno, "unlockpt");
-  char name[128];
-  if (::ptsname_r(pty.master.get(), name, sizeof name) != 0) throw SysError(errno, "ptsname");
-  pty.slave.reset(::open(name, O_RDWR | O_NOCTTY | O_CLOEXEC));
-  if (!pty.slave) throw SysError(errno, "open", name);
+Pty open_pty_like(const CallerTerminal& caller) {
+  Pty pty = open_pty();
   termios attrs{};
   if (::tcgetattr(caller.on[STDIN_FILENO] ? STDIN_FILENO : caller.screen, &attrs) == 0) {
     // Without stdin the caller's terminal stays cooked and does the output processing, once.
@@ -189,7 +172,7 @@ AttachedRun run_attached(instances::Service& instances, sandbox::ExecSpec spec) 
     return ended(*execution, signals.wait_for_exit_or_signal(execution->wait_fd()));
   }
 
-  Pty pty = open_pty(*caller);
+  Pty pty = open_pty_like(*caller);
   auto in_place = [&](int fd) { return caller->on[fd] ? pty.slave.get() : fd; };
   spec.stdio = {in_place(STDIN_FILENO), in_place(STDOUT_FILENO), in_place(STDERR_FILENO)};
   spec.terminal = caller->on[STDIN_FILENO];

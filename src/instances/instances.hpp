@@ -35,6 +35,8 @@
 namespace nshpc::instances {
 
 class Desktops;  // instances/desktops.hpp
+class Terminal;  // instances/terminal.hpp
+struct TerminalRequest;
 
 // What a stop or restart did.
 struct Ended {
@@ -156,6 +158,10 @@ class Service {
                                       sandbox::CaptureOptions options, std::string what = {});
   // Starts `spec` for a caller that follows it itself (a terminal relayed to a person).
   std::unique_ptr<sandbox::Execution> execute(sandbox::ExecSpec spec);
+  // A person's terminal in the instance's sandbox, as `instance enter` gives one, for a face that
+  // relays it (terminal.hpp); audited as sandbox.enter by `actor`. UsageError beyond the bounds.
+  std::unique_ptr<Terminal> open_terminal(const store::Instance& inst, const TerminalRequest& request,
+                                          std::string_view actor);
 
   // A running execution of an instance (a terminal command, a search, ...) is registered while it
   // runs, with what stops it: remove(), archive() and stop() stop it, hold_still() names it.
@@ -251,6 +257,11 @@ class Service {
   mutable std::mutex executions_mutex_;
   mutable std::map<std::uint64_t, Execution> executions_;
   mutable std::uint64_t next_execution_ = 0;
+
+  // Terminals open now, per instance (terminal.hpp: bounded).
+  friend class Terminal;
+  std::mutex terminals_mutex_;
+  std::map<std::string, std::size_t, std::less<>> terminals_;
 };
 
 // The living state as data (for --json and structuredContent): state ("running" or "stopped"),
