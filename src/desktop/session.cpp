@@ -151,7 +151,7 @@ start() {
   # The supervisor runs from a copy of this script's functions, in a session of its own (setsid),
   # its output to its log: it outlives this command and holds none of its descriptors.
   {
-    declare -p rt xsocket xauthority bus programs
+    declare -p rt xsocket xauthority bus vncsocket vncmissing programs
     declare -f
     printf 'supervise "$@"\n'
   } >"$rt/session.sh" || fail "cannot write $rt/session.sh"
@@ -246,6 +246,21 @@ start_x() {
   [ -S "$xsocket" ] || give_up "the X server started but not on $xsocket: $(last_lines xvfb)"
 }
 
+# The live view's VNC server: on a Unix socket only (x11vnc listens on [::]:5900 unless told both
+# -rfbport 0 and -rfbportv6 -1), no password (only the server reaches the socket, through the
+# sandbox's filesystem), for any number of viewers, until the session ends. Started in the
+# background: the desktop is ready without waiting for it. A root without x11vnc runs the desktop
+# without a live view, and says so with $vncmissing.
+start_vnc() {
+  if ! command -v x11vnc >/dev/null 2>&1; then
+    : >"$vncmissing"
+    return 0
+  fi
+  rm -f "$vncmissing" "$vncsocket"
+  launch vnc x11vnc -display :0 -auth "$xauthority" -unixsock "$vncsocket" -rfbport 0 -rfbportv6 -1 \
+    -forever -shared -nopw -quiet -nolookup -noremote -nocmds
+}
+
 start_bus() {
   : >"$rt/bus.address"
   launch bus dbus-daemon --session --address="$bus" --nofork --nopidfile --print-address=3 3>"$rt/bus.address"
@@ -277,6 +292,7 @@ start_piece() {
 
 start_session() {
   start_x
+  start_vnc
   running bus || start_bus
   start_atspi
   local piece
@@ -285,7 +301,7 @@ start_session() {
 }
 
 end_all() {
-  local name left order=("${pieces[@]}" atspi bus xvfb)
+  local name left order=(vnc "${pieces[@]}" atspi bus xvfb)
   rm -f "$rt/ready"
   for name in "${order[@]}"; do running "$name" && kill -TERM "${pid[$name]}" 2>/dev/null; done
   clock
@@ -303,6 +319,7 @@ end_all() {
   done
   pid=()
   since=()
+  rm -f "$vncsocket"
   record
 }
 
@@ -352,6 +369,10 @@ supervise() {
       start_bus
       start_atspi
     fi
+    if [ ! -e "$vncmissing" ] && ! running vnc && may_restart vnc; then
+      printf 'desktop: the live view (x11vnc) ended; starting it again\n' >&2
+      start_vnc
+    fi
     for name in "${pieces[@]}"; do
       running "$name" && continue
       may_restart "$name" || continue
@@ -375,8 +396,9 @@ esac
 // script.
 std::string session_script() {
   std::string out = "# ns-hpc's desktop session (src/desktop/session.cpp)\n";
-  out += fmt::format("rt={}\nxsocket={}\nxauthority={}\nbus={}\n", text::shell_quote(kRuntimeDir),
-                     text::shell_quote(kXSocket), text::shell_quote(kXauthority), text::shell_quote(kSessionBus));
+  out += fmt::format("rt={}\nxsocket={}\nxauthority={}\nbus={}\nvncsocket={}\nvncmissing={}\n",
+                     text::shell_quote(kRuntimeDir), text::shell_quote(kXSocket), text::shell_quote(kXauthority),
+                     text::shell_quote(kSessionBus), text::shell_quote(kVncSocket), text::shell_quote(kVncMissing));
   out += "programs=(";
   for (const auto& r : kRequired) out += fmt::format(" {}", text::shell_quote(fmt::format("{}:{}", r.program, r.package)));
   out += " )\n";

@@ -8,6 +8,11 @@
 // starts, in order: Xvfb (only the socket kXSocket: no TCP, no abstract socket), dbus-daemon on
 // kSessionBus, the AT-SPI bus (at-spi-bus-launcher, its socket under kRuntimeDir) with the
 // accessibility switch on, then Xfce's pieces: xfsettingsd, xfwm4, xfce4-panel and xfdesktop.
+// Right after the X server, in the background, the live view's VNC server: x11vnc on the Unix
+// socket kVncSocket only (no TCP listener, no password: the socket is reached only through the
+// sandbox's filesystem, which the server resolves safely), -forever -shared, with the session's
+// X authority. x11vnc is optional: a root without it runs the desktop, leaves kVncMissing, and the
+// live view says it is not available.
 // It restarts the X server (and with it the session) and each piece when it ends (at most 5 times
 // a minute each), and ends them all when the stop command asks it (through a FIFO, so a stop
 // from another pid namespace reaches it). Its logs: kRuntimeDir/log/*.log (emptied at each start

@@ -72,6 +72,12 @@ inline constexpr std::string_view kXSocket = "/tmp/.X11-unix/X0";
 inline constexpr std::string_view kRuntimeDir = "/tmp/.ns-hpc-desktop";
 inline constexpr std::string_view kXauthority = "/tmp/.ns-hpc-desktop/Xauthority";
 inline constexpr std::string_view kSessionBus = "unix:path=/tmp/.ns-hpc-desktop/bus";
+// The live view's VNC server (x11vnc) listens here and nowhere else: no TCP port, no password. The
+// socket is reached only through the sandbox's own filesystem, which the server resolves beneath the
+// sandbox's root without following links (instances::Desktops::connect_vnc); the runtime folder
+// is the sandbox user's, mode 0700. kVncMissing exists when the root has no x11vnc.
+inline constexpr std::string_view kVncSocket = "/tmp/.ns-hpc-desktop/vnc";
+inline constexpr std::string_view kVncMissing = "/tmp/.ns-hpc-desktop/vnc.missing";
 
 struct Frame {
   nlohmann::json header;

@@ -36,45 +36,54 @@ namespace {
 
 constexpr std::string_view kCookieFile = "desktop.cookie";  // in the instance's host-only state folder
 constexpr std::size_t kCookieBytes = 16;
+constexpr std::chrono::seconds kVncWait{10};  // for x11vnc's socket, once the session runs
 
-// The X socket beneath the sandbox's root, opened O_PATH without following any link (a planted
-// link never leads this process to a host socket), checked to be a socket of the sandbox's uid,
-// then connected through /proc/self/fd: the path the kernel resolves is that very inode.
-UniqueFd connect_x_socket(int root, uid_t owner, const std::string& instance) {
+// `path` (absolute inside the sandbox) beneath the sandbox's root, opened O_PATH without following
+// any link: a link the sandbox planted never leads this process to a host file. -1 with errno set.
+int open_beneath(int root, std::string_view path) {
   open_how how{};
   how.flags = O_PATH | O_CLOEXEC | O_NOFOLLOW;
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-  const std::string relative(desktop::kXSocket.substr(1));
-  UniqueFd path(static_cast<int>(::syscall(SYS_openat2, root, relative.c_str(), &how, sizeof how)));
-  if (!path) {
+  const std::string relative(path.substr(1));
+  return static_cast<int>(::syscall(SYS_openat2, root, relative.c_str(), &how, sizeof how));
+}
+
+bool exists_beneath(int root, std::string_view path) { return UniqueFd(open_beneath(root, path)).get() >= 0; }
+
+// A socket of the sandbox (`what`: "the display", "the live view") beneath its root, checked to be a
+// socket of the sandbox's uid, then connected through /proc/self/fd: the path the kernel resolves
+// is that very inode. Within 5 s; the socket is returned blocking.
+UniqueFd connect_beneath(int root, uid_t owner, std::string_view path, std::string_view what,
+                         const std::string& instance) {
+  UniqueFd found(open_beneath(root, path));
+  if (!found) {
     const int err = errno;
-    if (err == ENOENT) throw SysError(err, "find the display of instance '" + instance + "'", std::string(desktop::kXSocket));
-    throw SysError(err, fmt::format("open the display of instance '{}' ({}: something other than the X server's "
-                                    "socket is in its place)",
-                                    instance, desktop::kXSocket));
+    if (err == ENOENT) throw SysError(err, fmt::format("find {} of instance '{}'", what, instance), std::string(path));
+    throw SysError(err, fmt::format("open {} of instance '{}' ({}: something other than its socket is in its place)",
+                                    what, instance, path));
   }
   struct stat st {};
-  if (::fstat(path.get(), &st) < 0) throw SysError(errno, "stat", std::string(desktop::kXSocket));
+  if (::fstat(found.get(), &st) < 0) throw SysError(errno, "stat", std::string(path));
   if (!S_ISSOCK(st.st_mode) || st.st_uid != owner)
-    throw Error(fmt::format("instance '{}': {} is not the X server's socket (not a socket of the sandbox's user); "
+    throw Error(fmt::format("instance '{}': {} is not the socket of {} (not a socket of the sandbox's user); "
                             "switch the desktop off and on again",
-                            instance, desktop::kXSocket));
+                            instance, path, what));
   UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!sock) throw SysError(errno, "socket");
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  const std::string proc = fmt::format("/proc/self/fd/{}", path.get());
+  const std::string proc = fmt::format("/proc/self/fd/{}", found.get());
   std::memcpy(addr.sun_path, proc.c_str(), proc.size() + 1);
   if (::connect(sock.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) < 0) {
     if (errno != EINPROGRESS && errno != EAGAIN)
-      throw SysError(errno, fmt::format("connect to the display of instance '{}'", instance));
+      throw SysError(errno, fmt::format("connect to {} of instance '{}'", what, instance));
     pollfd p{sock.get(), POLLOUT, 0};
     if (::poll(&p, 1, 5000) <= 0)
-      throw Error(fmt::format("instance '{}': its X server accepts no connection (5 s)", instance));
+      throw Error(fmt::format("instance '{}': {} accepts no connection (5 s)", instance, what));
     int err = 0;
     socklen_t len = sizeof err;
     ::getsockopt(sock.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) throw SysError(err, fmt::format("connect to the display of instance '{}'", instance));
+    if (err != 0) throw SysError(err, fmt::format("connect to {} of instance '{}'", what, instance));
   }
   const int flags = ::fcntl(sock.get(), F_GETFL);
   ::fcntl(sock.get(), F_SETFL, flags & ~O_NONBLOCK);
@@ -252,7 +261,7 @@ std::shared_ptr<desktop::Agent> Desktops::connect(const store::Instance& inst, s
       sandbox::LivingRoot held = service_.backend().living_root(target);
       if (held.started) service_.store().audit(inst, "instance.started", actor, {{"instance_id", inst.id}});
       try {
-        socket = connect_x_socket(held.root.get(), owner, inst.id);
+        socket = connect_beneath(held.root.get(), owner, desktop::kXSocket, "the display", inst.id);
       } catch (const SysError& e) {
         if (e.code() != ENOENT || attempt > 0) throw;
       }
@@ -297,6 +306,48 @@ desktop::Frame Desktops::call(const store::Instance& inst, const nlohmann::json&
       if (!agent->alive() && !read_only(request)) throw;
       std::lock_guard lock(mutex_);
       agents_.erase(inst.id);
+    }
+  }
+}
+
+UniqueFd Desktops::connect_vnc(const store::Instance& inst, std::string_view actor) {
+  if (!inst.meta.desktop())
+    throw DesktopOff(fmt::format("the desktop of instance '{}' is off", inst.id));
+  if (auto why = unavailable(inst)) throw *why;
+  const sandbox::Target target = service_.target(inst);
+  const std::optional<users::Identity> identity = service_.backend().runs_as(target);
+  const uid_t owner = identity ? identity->uid : ::geteuid();
+  // x11vnc makes its socket a moment after the session is ready, and again when the supervisor
+  // restarts it: a missing or refusing socket is waited for, within a bound.
+  const auto until = std::chrono::steady_clock::now() + kVncWait;
+  bool session_started = false;
+  for (;;) {
+    bool start = false;
+    {
+      sandbox::LivingRoot held = service_.backend().living_root(target);
+      if (held.started) service_.store().audit(inst, "instance.started", actor, {{"instance_id", inst.id}});
+      const int root = held.root.get();
+      try {
+        return connect_beneath(root, owner, desktop::kVncSocket, "the live view", inst.id);
+      } catch (const SysError& e) {
+        if (e.code() != ENOENT && e.code() != ECONNREFUSED) throw;
+        if (exists_beneath(root, desktop::kVncMissing))
+          throw Error(fmt::format("the live view of instance '{}' is not available: its root has no x11vnc (Debian "
+                                  "package x11vnc; image build --desktop installs it); the desktop works without it",
+                                  inst.id));
+        if (std::chrono::steady_clock::now() > until)
+          throw Error(fmt::format("the live view of instance '{}' did not answer within {} s ({}); its log is {}/log/"
+                                  "vnc.log in the instance; switch the desktop off and on again",
+                                  inst.id, kVncWait.count(), e.what(), desktop::kRuntimeDir));
+        // No X server: the session does not run in this sandbox (its start failed, or it ended).
+        start = !session_started && !exists_beneath(root, desktop::kXSocket);
+      }
+    }
+    if (start) {
+      start_session(inst);
+      session_started = true;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
 }

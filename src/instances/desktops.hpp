@@ -3,7 +3,7 @@
 // inside the instance's sandbox as the sandbox does; the agent that reads its screen and sends its
 // input runs on the host with the sandbox's identity, never in this process (desktop/client.hpp).
 // This process only resolves the X socket beneath the sandbox's root (openat2, no links followed)
-// and connects to it; the agent does the rest.
+// and connects to it; the agent does the rest. The live view's VNC socket is reached the same way.
 //
 // While an instance's desktop is on, every command, job and proxied server of it gets the display
 // (desktop::session_env()), and each start of its living sandbox starts the session (the store's
@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "base/error.hpp"
+#include "base/fd.hpp"
 #include "base/json.hpp"
 #include "desktop/wire.hpp"
 #include "sandbox/types.hpp"
@@ -76,6 +77,17 @@ class Desktops {
   // agent that died (its sandbox restarted) is replaced and the request sent once more.
   desktop::Frame call(const store::Instance& inst, const nlohmann::json& request, std::string_view actor,
                       std::chrono::milliseconds deadline = std::chrono::seconds(10));
+
+  // A connection to the live view's VNC server (x11vnc on desktop::kVncSocket in the sandbox),
+  // for a relay: the socket found beneath the living sandbox's root without following any link,
+  // checked to be a socket of the sandbox's user, connected through /proc/self/fd (the same path
+  // as the display's; never a host path). Starts the sandbox and the session as needed, and waits
+  // for x11vnc's socket up to 10 s (it comes a moment after the session, and again after a restart
+  // of x11vnc). Throws DesktopOff, DesktopUnavailable, Error "not available" when the root has no
+  // x11vnc, Error when the socket is not there, refuses or does not accept in time (a stale or
+  // hostile socket), or is not a socket of the sandbox's user. Blocks: call it off I/O threads.
+  // The socket is blocking and close-on-exec; what comes out of it is the sandbox talking.
+  UniqueFd connect_vnc(const store::Instance& inst, std::string_view actor);
 
   // The accessibility helper's answer to `request` (desktop/atspi.hpp), run inside the sandbox
   // with the session's environment: its raw output, for desktop::parse_snapshot/parse_element.
