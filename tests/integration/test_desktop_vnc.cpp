@@ -60,10 +60,12 @@ unsigned be(const std::string& s, std::size_t at, std::size_t width) {
 
 class DesktopVnc : public ::testing::Test {
  protected:
+  // `toml`: more of the harness's [namespace] table, then the rest of the file.
+  explicit DesktopVnc(std::string toml = "") : toml_(std::move(toml)) {}
   void SetUp() override {
     for (const char* program : {"Xvfb", "xfwm4", "xfce4-panel", "dbus-daemon", "x11vnc"})
       if (!on_path(program)) GTEST_SKIP() << program << " is not installed (make deps installs the desktop group)";
-    env_ = std::make_unique<Env>("[desktop]\nhost_root = true\n");
+    env_ = std::make_unique<Env>(toml_ + "[desktop]\nhost_root = true\n");
     env_->create("desk", {"--persistent", "--network", "off"});
     config::LoadOptions options;
     options.explicit_path = env_->config_file();
@@ -81,6 +83,7 @@ class DesktopVnc : public ::testing::Test {
   }
   store::Instance desk() { return service_->store().get("desk"); }
 
+  std::string toml_;
   std::unique_ptr<Env> env_;
   config::Config config_;
   std::unique_ptr<instances::Service> service_;
@@ -168,6 +171,32 @@ TEST_F(DesktopVnc, AStaleOrPlantedSocketIsAClearErrorInBoundedTime) {
   const auto waited = refused("did not answer within 10 s");
   EXPECT_LT(waited, 13s);
   EXPECT_GE(waited, 9s);
+}
+
+// A root without x11vnc: the host's programs, all but x11vnc, on the sandbox's PATH.
+class DesktopWithoutVnc : public DesktopVnc {
+ protected:
+  DesktopWithoutVnc() : DesktopVnc("path = \"/workspace/bin\"\n") {}
+};
+
+TEST_F(DesktopWithoutVnc, TheDesktopRunsAndTheLiveViewSaysItIsNotAvailable) {
+  const fs::path bin = env_->instances() / "desk" / "workspace" / "bin";
+  fs::create_directories(bin);
+  for (const auto& entry : fs::directory_iterator("/usr/bin"))
+    if (entry.path().filename() != "x11vnc") fs::create_symlink(entry.path(), bin / entry.path().filename());
+  ASSERT_EQ(shell("command -v x11vnc; command -v Xvfb"), "/workspace/bin/Xvfb\n");
+
+  const Result on = env_->run({"instance", "desktop", "desk", "on"}, "", 120s);
+  ASSERT_EQ(on.exit_code, 0) << on.out << on.err;
+  EXPECT_EQ(shell("test -S /tmp/.X11-unix/X0 && test -e /tmp/.ns-hpc-desktop/vnc.missing && echo up"), "up\n");
+  const auto began = std::chrono::steady_clock::now();
+  try {
+    service_->desktops().connect_vnc(desk(), "test");
+    ADD_FAILURE() << "connected to a live view that cannot run";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not available: its root has no x11vnc"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - began, 2s);
 }
 
 }  // namespace
