@@ -35,8 +35,10 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/beast/core/buffers_to_string.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
 #include <fmt/format.h>
 
 #include "base/error.hpp"
@@ -53,6 +55,7 @@ namespace {
 
 namespace beast = boost::beast;
 namespace bhttp = beast::http;
+namespace websocket = beast::websocket;
 using asio::awaitable;
 using tcp = asio::ip::tcp;
 using unix_socket = asio::local::stream_protocol;
@@ -569,7 +572,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     entry.peer = peer_.key;
     entry.shown = peer_.shown;
     entry.close = [weak = std::weak_ptr<Connection>(self)] {
-      if (auto c = weak.lock()) c->abort();
+      if (auto c = weak.lock()) c->stop();
     };
     listener_.add(id_, std::move(entry));
     asio::co_spawn(socket_.get_executor(), watchdog(self), asio::detached);
@@ -579,6 +582,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void abort() {
     boost::system::error_code ignored;
     socket_.close(ignored);
+    if (ws_) beast::get_lowest_layer(*ws_).close(ignored);
+  }
+
+  // Closed from outside (a cap makes room, the server stops): an open WebSocket gets a close 1001
+  // after what is queued (and at most a second more); any other connection is closed now.
+  void stop() {
+    if (!ws_channel_) {
+      abort();
+      return;
+    }
+    shutting_down_ = true;
+    ws_channel_->end(1001, "the server is shutting down");
+    arm(kWebSocketCloseTime);
   }
 
  private:
@@ -607,7 +623,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     self->deadline_.cancel();
     boost::system::error_code ignored;
     self->socket_.shutdown(Socket::shutdown_both, ignored);
-    self->socket_.close(ignored);
+    self->abort();
     self->listener_.forget(self->id_);
   }
 
@@ -702,12 +718,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // What a request is for, in the order requests are dispatched.
   struct Target {
-    enum class Kind { none, healthz, login, logout, mcp, legacy_get, legacy_post, event, stream, plain };
+    enum class Kind { none, healthz, login, logout, mcp, legacy_get, legacy_post, websocket, event, stream, plain };
     Kind kind = Kind::none;
     const EventRoute* event = nullptr;
     const StreamRoute* stream = nullptr;
     const HttpRoute* plain = nullptr;
     bool browser = false;  // the dashboard's cookie is accepted
+    const WebSocketRoute* websocket = nullptr;
   };
 
   static bool matches(std::string_view path, const std::string& prefix, bool exact) {
@@ -724,6 +741,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     else if (is_legacy_get(path)) t.kind = Kind::legacy_get;
     else if (is_legacy_post(path)) t.kind = Kind::legacy_post;
     if (t.kind != Kind::none) return t;
+    for (const WebSocketRoute& route : opt_.websocket_routes)
+      if (matches(path, route.prefix, route.exact)) return {Kind::websocket, nullptr, nullptr, nullptr, route.browser, &route};
     for (const EventRoute& route : opt_.event_routes)
       if (matches(path, route.prefix, route.exact)) return {Kind::event, &route, nullptr, nullptr, route.browser};
     if (const StreamRoute* route = stream_route_of(method, path)) return {Kind::stream, nullptr, route, nullptr, route->browser};
@@ -770,6 +789,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
                        "of the cookie");
   }
 
+  // A WebSocket is not bound by the same-origin policy: any page the browser shows could open one
+  // with the dashboard's cookie (cross-site WebSocket hijacking). A cookie-authenticated upgrade
+  // must therefore name this server as its Origin (a browser always sends one on an upgrade).
+  template <class Header>
+  std::optional<std::string> cross_site_websocket(const Header& h) const {
+    const std::string origin = lower(text::trim(h[bhttp::field::origin]));
+    const std::string host = lower(text::trim(h[bhttp::field::host]));
+    if (!origin.empty() && !host.empty() && origin == std::string(scheme()) + "://" + host) return std::nullopt;
+    return fmt::format("forbidden: a WebSocket opened with the dashboard's cookie must come from this server's own page "
+                       "(Origin '{}' is not {}://{}); open it from the dashboard, or send the bearer token instead",
+                       origin, scheme(), host);
+  }
+
   // "http" here; a TLS listener would say "https" (and set the cookie's Secure attribute).
   std::string_view scheme() const { return over_tls_ ? "https" : "http"; }
 
@@ -801,6 +833,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (browser && has_session_cookie(h)) {
         by_cookie_ = true;
         if (auto why = cross_site(h)) return error_response(v, 403, *why);
+        if (target_.kind == Kind::websocket)
+          if (auto why = cross_site_websocket(h)) return error_response(v, 403, *why);
       } else if (browser && h.method() == bhttp::verb::get &&
                  lower(h[bhttp::field::accept]).find("text/html") != std::string::npos) {
         return login_page(v, 401, "");
@@ -869,6 +903,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       case Kind::event:
         if (method != bhttp::verb::get) co_return co_await not_allowed(v, "GET");
         co_return co_await event_stream(*target_.event, req);
+      case Kind::websocket:
+        co_return co_await websocket_exchange(*target_.websocket, req);
       case Kind::plain:
         co_return co_await custom(*target_.plain, req);
       case Kind::healthz:
@@ -1575,6 +1611,199 @@ class Connection : public std::enable_shared_from_this<Connection> {
     co_return false;  // the stream ends with its connection
   }
 
+  // A WebSocketRoute: the upgrade is checked (method, version, key, the route's caps), `open`
+  // runs on a worker and gives the handler (or the refusal to answer), then Beast takes the
+  // socket. This coroutine writes what the handler sends (one message at a time, from the
+  // channel) and ends with a close frame; ws_reader reads. on_close is queued once, last.
+  awaitable<bool> websocket_exchange(const WebSocketRoute& route, Request& req) {
+    const unsigned v = req.version();
+    const std::string path(path_of(req.target()));
+    if (req.method() != bhttp::verb::get || !websocket::is_upgrade(req)) {
+      Response res = error_response(v, 426,
+                                    fmt::format("upgrade required: {} is a WebSocket endpoint; open it with a WebSocket client "
+                                                "(a GET with 'Connection: Upgrade' and 'Upgrade: websocket', HTTP/1.1)",
+                                                path));
+      res.set(bhttp::field::upgrade, "websocket");
+      co_return co_await write(res);
+    }
+    if (const std::string_view version = text::trim(req[bhttp::field::sec_websocket_version]); version != "13") {
+      Response res = error_response(v, 426,
+                                    fmt::format("unsupported Sec-WebSocket-Version '{}': this server speaks version 13 "
+                                                "(RFC 6455)",
+                                                std::string(version)));
+      res.set(bhttp::field::sec_websocket_version, "13");
+      res.keep_alive(false);
+      co_return co_await write(res);
+    }
+    if (text::trim(req[bhttp::field::sec_websocket_key]).size() != 24) {
+      Response res = error_response(v, 400, "bad request: Sec-WebSocket-Key must be 16 random bytes in base64 (RFC 6455)");
+      res.keep_alive(false);
+      co_return co_await write(res);
+    }
+    if (auto refusal = hub_.take_websocket(route, peer_)) {
+      Response res = refusal_response(v, *refusal);
+      if (refusal->http_status == 503) res.set(bhttp::field::retry_after, "5");
+      res.keep_alive(false);
+      co_return co_await write(res);
+    }
+    struct Slot {
+      Hub& hub;
+      const WebSocketRoute& route;
+      const Peer& peer;
+      ~Slot() { hub.release_websocket(route, peer); }
+    } slot{hub_, route, peer_};
+
+    auto channel = std::make_shared<WebSocketChannel>(route.buffer_bytes);
+    auto done = std::make_shared<std::optional<WebSocketOpen>>();
+    auto wake = std::make_shared<asio::steady_timer>(socket_.get_executor(), Clock::time_point::max());
+    asio::io_context& io = hub_.io;
+    hub_.workers.post([&io, done, weak_wake = std::weak_ptr<asio::steady_timer>(wake), open = route.open,
+                       in = request_of(req), peer = std::shared_ptr<WebSocketPeer>(channel)] {
+      WebSocketOpen out;
+      try {
+        out = open(in, peer);
+      } catch (const std::exception& e) {
+        out = WebSocketOpen{};
+        out.refusal.status = 500;
+        out.refusal.body = e.what();
+      }
+      asio::post(io, [done, weak_wake, out = std::move(out)]() mutable {
+        *done = std::move(out);
+        if (auto timer = weak_wake.lock()) timer->cancel();
+      });
+    });
+    while (!*done) co_await wake->async_wait(kTuple);
+    WebSocketOpen& opened = **done;
+    if (!opened.handler) {
+      channel->finish();
+      HttpResponse& refusal = opened.refusal;
+      if (refusal.status < 300) {  // no handler and no refusal: the route is broken
+        refusal.status = 500;
+        refusal.body = "the WebSocket route gave neither a handler nor a refusal";
+      }
+      Response res{static_cast<bhttp::status>(refusal.status), v};
+      for (const auto& [k, val] : refusal.headers) res.set(k, val);
+      res.body() = std::move(refusal.body);
+      res.prepare_payload();
+      res.keep_alive(false);
+      co_return co_await write(res);
+    }
+
+    // From here on the handler hears on_close exactly once, however the connection ends.
+    auto calls = std::make_shared<WebSocketCalls>(hub_.workers, std::move(opened.handler), channel, route.buffer_bytes);
+    struct CloseOnce {
+      std::shared_ptr<WebSocketChannel> channel;
+      std::shared_ptr<WebSocketCalls> calls;
+      ~CloseOnce() {
+        channel->finish();
+        calls->closed();
+      }
+    } close_once{channel, calls};
+    if (hub_.draining) {  // the server began to stop while `open` ran
+      Response res = error_response(v, 503, "the server is shutting down");
+      res.set(bhttp::field::retry_after, "5");
+      res.keep_alive(false);
+      co_return co_await write(res);
+    }
+
+    ws_ = std::make_shared<websocket::stream<Socket>>(std::move(socket_));
+    ws_channel_ = channel;
+    auto ws = ws_;
+    websocket::permessage_deflate no_deflate;  // off: VNC data is compressed already
+    no_deflate.server_enable = false;
+    ws->set_option(no_deflate);
+    ws->read_message_max(route.max_message_bytes);
+    websocket::stream_base::timeout timeouts;
+    timeouts.handshake_timeout = opt_.read_timeout;
+    // Beast pings after half the idle time without data, and closes after all of it.
+    timeouts.idle_timeout = 2 * opt_.sse_keepalive;
+    timeouts.keep_alive_pings = true;
+    ws->set_option(timeouts);
+    ws->set_option(websocket::stream_base::decorator([subprotocol = opened.subprotocol](websocket::response_type& res) {
+      add_common_headers(res);
+      if (!subprotocol.empty()) res.set(bhttp::field::sec_websocket_protocol, subprotocol);
+    }));
+    disarm();
+    if (auto [ec] = co_await ws->async_accept(req, kTuple); ec) co_return false;
+
+    // The handler's sends (from any thread) wake the writer; a cut while a write to a client
+    // that does not read is stuck closes the socket (the close frame could not get through).
+    channel->on_ready([&io, weak_wake = std::weak_ptr<asio::steady_timer>(wake),
+                       weak_self = std::weak_ptr<Connection>(shared_from_this()),
+                       weak_channel = std::weak_ptr<WebSocketChannel>(channel)] {
+      asio::post(io, [weak_wake, weak_self, weak_channel] {
+        auto channel = weak_channel.lock();
+        if (auto self = weak_self.lock(); self && channel && channel->cut() && self->ws_writing_) self->abort();
+        if (auto timer = weak_wake.lock()) timer->cancel();
+      });
+    });
+    auto reading = std::make_shared<bool>(true);
+    auto room = std::make_shared<asio::steady_timer>(socket_.get_executor(), Clock::time_point::max());
+    calls->on_room([&io, weak_room = std::weak_ptr<asio::steady_timer>(room)] {
+      asio::post(io, [weak_room] {
+        if (auto timer = weak_room.lock()) timer->cancel();
+      });
+    });
+    asio::co_spawn(ws->get_executor(), ws_reader(shared_from_this(), ws, calls, reading, wake, room), asio::detached);
+
+    for (;;) {
+      if (!*reading) break;  // the client closed (answered by Beast), went, or broke a rule
+      if (auto message = channel->next()) {
+        const std::size_t size = message->data.size();
+        ws->binary(message->binary);
+        arm(shutting_down_ ? kWebSocketCloseTime : opt_.read_timeout);
+        ws_writing_ = true;
+        auto [ec, n] = co_await ws->async_write(asio::buffer(message->data), kTuple);
+        ws_writing_ = false;
+        if (!shutting_down_) disarm();
+        channel->written(size);
+        if (ec) break;
+        continue;
+      }
+      if (auto ending = channel->ending()) {
+        arm(kWebSocketCloseTime);
+        ws_writing_ = true;
+        co_await ws->async_close(websocket::close_reason(static_cast<websocket::close_code>(ending->code), ending->reason), kTuple);
+        ws_writing_ = false;
+        break;
+      }
+      wake->expires_at(Clock::time_point::max());
+      co_await wake->async_wait(kTuple);
+    }
+    channel->finish();
+    if (*reading) {
+      // The reader ends with the closing handshake, or when the watchdog closes the socket.
+      arm(kWebSocketCloseTime);
+      room->cancel();
+      while (*reading) {
+        wake->expires_at(Clock::time_point::max());
+        co_await wake->async_wait(kTuple);
+      }
+    }
+    co_return false;  // the connection ends with its WebSocket
+  }
+
+  // Reads whole messages (at most the route's max_message_bytes: Beast closes with 1009 beyond)
+  // and queues them for the handler, pausing while it is behind.
+  static awaitable<void> ws_reader(std::shared_ptr<Connection> self, std::shared_ptr<websocket::stream<Socket>> ws,
+                                   std::shared_ptr<WebSocketCalls> calls, std::shared_ptr<bool> reading,
+                                   std::shared_ptr<asio::steady_timer> wake, std::shared_ptr<asio::steady_timer> room) {
+    beast::flat_buffer buffer;
+    for (;;) {
+      while (calls->full() && !self->ws_channel_->closed()) {
+        room->expires_at(Clock::time_point::max());
+        co_await room->async_wait(kTuple);
+      }
+      if (self->ws_channel_->closed() && calls->full()) break;
+      auto [ec, n] = co_await ws->async_read(buffer, kTuple);
+      if (ec) break;
+      calls->message(beast::buffers_to_string(buffer.data()), ws->got_binary());
+      buffer.consume(buffer.size());
+    }
+    *reading = false;
+    wake->cancel();
+  }
+
   // Closes `channel` when the client goes away while its event stream is quiet (EOF or an error
   // on the socket). Whatever else the client sends is read and dropped, within a bound.
   static awaitable<void> watch_hangup(std::shared_ptr<Connection> self, std::shared_ptr<EventChannel> channel,
@@ -1719,10 +1948,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     co_return chunked && !stream->standalone() && !hub_.draining;
   }
 
+  static constexpr std::chrono::milliseconds kWebSocketCloseTime{1000};  // for the closing handshake
+
   Listener& listener_;
   Hub& hub_;
   const HttpOptions& opt_;
   Socket socket_;
+  // A WebSocket owns the socket once upgraded (socket_ is then empty): its pending operations
+  // keep it alive, never a reference into this connection.
+  std::shared_ptr<websocket::stream<Socket>> ws_;
+  std::shared_ptr<WebSocketChannel> ws_channel_;
+  bool ws_writing_ = false;
+  bool shutting_down_ = false;
   bool local_;
   Peer peer_;
   const bool over_tls_ = false;  // no TLS listener yet; one would set this (https Origin, Secure cookie)

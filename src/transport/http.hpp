@@ -5,6 +5,7 @@
 //    (event ids per stream, GET + Last-Event-ID);
 //  - the legacy HTTP+SSE transport (2024-11-05): GET opens the stream, whose first event names
 //    the POST endpoint (/messages/?session_id=…); every answer comes on the stream.
+//  - WebSocket routes (WebSocketRoute), upgraded on the same connection after the same checks.
 // Every route but /healthz needs the bearer token (when one is set), or for a `browser` route the
 // dashboard's session cookie (HttpOptions::Login: /login, /logout); Host and Origin are checked
 // on every request but /healthz (DNS-rebinding protection; /healthz says only {"status":"ok"}).
@@ -126,6 +127,55 @@ struct EventRoute {
   std::function<HttpResponse(const HttpRequest&, std::shared_ptr<EventSink>)> open;
 };
 
+// One WebSocket connection of a WebSocketRoute, for its handler. Every member may be called from
+// any thread.
+class WebSocketPeer {
+ public:
+  virtual ~WebSocketPeer() = default;
+  // Queues one whole message. False when the connection has ended, or when more than the route's
+  // buffer_bytes would wait unsent: then the connection is cut (a close 1008 when it can still be
+  // written, else the socket is closed), so a slow browser cannot grow the server's memory.
+  virtual bool send(std::string data, bool binary = true) = 0;
+  // A normal close (1000) after what is queued; `reason` is cut to the 123 bytes a close frame holds.
+  virtual void close(std::string_view reason = {}) = 0;
+  virtual bool closed() const = 0;
+};
+// What a route does with one connection. Called on a worker thread, one call at a time, in order
+// (never on the I/O thread: a call may block, but while it does no other call of this connection
+// runs, and reading pauses once buffer_bytes of messages wait for it).
+class WebSocketHandler {
+ public:
+  virtual ~WebSocketHandler() = default;
+  virtual void on_message(std::string data, bool binary) = 0;  // one whole message
+  // Once, last: the client closed or went, the server stops, the connection was cut, or the
+  // upgrade failed after `open` gave this handler.
+  virtual void on_close() = 0;
+};
+struct WebSocketOpen {
+  std::shared_ptr<WebSocketHandler> handler;  // null: refused with `refusal`
+  HttpResponse refusal;                       // e.g. 404 for an instance with no desktop
+  std::string subprotocol;  // chosen of those the client offered ("binary" for noVNC), or ""
+};
+// A route upgraded to a WebSocket (RFC 6455, no permessage-deflate). Behind the token, or the
+// cookie for a `browser` route, and the Host/Origin checks like every route. Anything but a GET
+// with `Upgrade: websocket` gets 426. The server pings after `sse_keepalive` without data from
+// the client and closes the connection when nothing comes for another `sse_keepalive`; at
+// shutdown every WebSocket is closed with 1001.
+struct WebSocketRoute {
+  std::string prefix;
+  bool exact = false;
+  bool browser = false;  // the dashboard's cookie counts, as for the other browser routes
+  std::size_t max_message_bytes = 1024 * 1024;  // larger: closed with 1009
+  std::size_t buffer_bytes = 8 * 1024 * 1024;   // unsent bytes per connection (see WebSocketPeer::send)
+  std::size_t max_per_peer = 8;      // open connections of this route per peer (beyond: 429 before the upgrade)
+  std::size_t max_connections = 64;  // of this route in all (beyond: 503)
+  // Runs on a worker when a client asks to upgrade, after the token or cookie, Host and Origin
+  // checks. A cookie-authenticated upgrade must carry this server's own Origin (a browser always
+  // sends one): cross-site WebSocket hijacking is refused with 403 before `open` runs. The peer
+  // may be kept and sent to from any thread; what is sent before the upgrade completes waits.
+  std::function<WebSocketOpen(const HttpRequest&, std::shared_ptr<WebSocketPeer>)> open;
+};
+
 // What the HTTP server holds now, for the dashboard's server view. Written by the transport
 // (about once a second and when sessions come and go), read from any thread.
 struct HttpStatus {
@@ -140,6 +190,7 @@ struct HttpStatus {
   std::size_t sessions = 0;
   std::size_t requests = 0;       // running or queued
   std::size_t event_streams = 0;  // EventRoute streams open
+  std::size_t websockets = 0;     // WebSocketRoute connections open
   std::size_t bytes_held = 0;     // held for clients (HttpOptions::max_buffer_bytes)
   std::size_t browser_sessions = 0;  // logged-in browsers (HttpOptions::Login)
   std::vector<PeerUse> peers;
@@ -220,6 +271,7 @@ struct HttpOptions {
   std::vector<HttpRoute> routes;
   std::vector<StreamRoute> stream_routes;
   std::vector<EventRoute> event_routes;
+  std::vector<WebSocketRoute> websocket_routes;
 
   // The dashboard's login, for `browser` routes (off when `enabled` is false: they then take the
   // token only). GET /login?code=<code> with the one-time `code` (good once, for

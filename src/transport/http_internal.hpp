@@ -261,6 +261,88 @@ class EventChannel final : public EventSink {
   std::function<void()> wake_;
 };
 
+// The peer of one WebSocket connection, between the handler (any thread: send, close) and the
+// connection writing it (I/O thread). The queue is bounded by the route's buffer_bytes: over it
+// the connection is cut.
+class WebSocketChannel final : public WebSocketPeer {
+ public:
+  struct Message {
+    std::string data;
+    bool binary = true;
+  };
+  // What the writer should do once the queue is empty (or at once, for a cut).
+  struct Ending {
+    std::uint16_t code = 1000;  // a close frame's status code
+    std::string reason;
+  };
+  explicit WebSocketChannel(std::size_t buffer_bytes) : buffer_bytes_(buffer_bytes) {}
+  bool send(std::string data, bool binary = true) override;
+  void close(std::string_view reason = {}) override;
+  bool closed() const override;
+
+  // Called (under the channel's lock, from the calling thread) when messages wait or an ending
+  // was asked for: it must only post to the I/O thread. Dropped when the connection ends.
+  void on_ready(std::function<void()> wake);
+  // The next message to write (it counts as unsent until written() says so).
+  std::optional<Message> next();
+  void written(std::size_t bytes);
+  // The server ends the connection with `code` (1001 at shutdown, 1011 when the handler failed),
+  // after what is queued; the first ending asked for wins.
+  void end(std::uint16_t code, std::string_view reason);
+  // An ending was asked for (by close(), end() or a cut): what to send.
+  std::optional<Ending> ending() const;
+  bool cut() const;
+  // The connection is over: send() returns false from now on and the queue is dropped.
+  void finish();
+
+ private:
+  mutable std::mutex mutex_;
+  std::deque<Message> queued_;
+  std::size_t unsent_ = 0;  // queued + being written
+  std::size_t buffer_bytes_;
+  bool finished_ = false;
+  bool cut_ = false;
+  bool wake_pending_ = false;
+  std::optional<Ending> ending_;
+  std::function<void()> wake_;
+};
+
+// The calls to one WebSocket connection's handler, run one at a time and in order on the worker
+// pool (a call may block; the I/O thread never waits for one). The reader pauses while more than
+// `limit` bytes of messages wait for the handler.
+class WebSocketCalls : public std::enable_shared_from_this<WebSocketCalls> {
+ public:
+  WebSocketCalls(Workers& workers, std::shared_ptr<WebSocketHandler> handler, std::shared_ptr<WebSocketChannel> channel,
+                 std::size_t limit)
+      : workers_(workers), handler_(std::move(handler)), channel_(std::move(channel)), limit_(limit) {}
+  // I/O thread.
+  void message(std::string data, bool binary);
+  void closed();  // the last call (on_close); nothing is queued after it
+  bool full() const;
+  // Called (from a worker, must only post) when the waiting bytes drop to the limit again.
+  void on_room(std::function<void()> wake);
+
+ private:
+  struct Call {
+    std::string data;
+    bool binary = true;
+    bool close = false;
+  };
+  void push(Call call);
+  void drain();
+
+  Workers& workers_;
+  std::shared_ptr<WebSocketHandler> handler_;
+  std::shared_ptr<WebSocketChannel> channel_;
+  std::size_t limit_;
+  mutable std::mutex mutex_;
+  std::deque<Call> queue_;
+  std::size_t bytes_ = 0;
+  bool running_ = false;
+  bool closed_ = false;
+  std::function<void()> room_;
+};
+
 // One MCP session over HTTP.
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
@@ -372,6 +454,12 @@ class Hub {
   void remove_channel(const EventChannel* channel);
   std::size_t channel_count() const { return channels_.size(); }
 
+  // WebSocket connections per route, in all and per peer (WebSocketRoute's caps): a slot is
+  // taken before the route's `open` runs and given back when the connection ends.
+  std::optional<Refusal> take_websocket(const WebSocketRoute& route, const Peer& peer);
+  void release_websocket(const WebSocketRoute& route, const Peer& peer);
+  std::size_t websocket_count() const { return websocket_total_; }
+
   // options.status_board: refreshed by the sweeper and when sessions come and go. The listener
   // adds its connections through `connection_status`.
   std::string url;
@@ -389,6 +477,12 @@ class Hub {
   asio::steady_timer sweeper_;
   bool sweeping_ = false;
   std::map<const EventChannel*, std::weak_ptr<EventChannel>> channels_;
+  struct WebSocketUse {
+    std::size_t open = 0;
+    std::map<std::string, std::size_t, std::less<>> per_peer;
+  };
+  std::map<const WebSocketRoute*, WebSocketUse> websockets_;
+  std::size_t websocket_total_ = 0;
 };
 
 // Compares in time that depends only on `expected`'s length.

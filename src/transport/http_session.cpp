@@ -613,12 +613,46 @@ void Hub::add_channel(const std::shared_ptr<EventChannel>& channel) { channels_[
 
 void Hub::remove_channel(const EventChannel* channel) { channels_.erase(channel); }
 
+std::optional<Refusal> Hub::take_websocket(const WebSocketRoute& route, const Peer& peer) {
+  WebSocketUse& use = websockets_[&route];
+  // Per peer first: a peer at its own cap learns that it is its own doing.
+  auto it = use.per_peer.find(peer.key);
+  if (it != use.per_peer.end() && it->second >= route.max_per_peer)
+    return Refusal{429,
+                   fmt::format("too many WebSocket connections to {} from {}: {} open, the limit per peer is {}; close "
+                               "one (another tab) and try again",
+                               route.prefix, peer.shown, it->second, route.max_per_peer),
+                   nullptr};
+  if (use.open >= route.max_connections)
+    return Refusal{503,
+                   fmt::format("too many WebSocket connections to {}: {} open, the limit is {}; close one (another tab) "
+                               "or try again later",
+                               route.prefix, use.open, route.max_connections),
+                   nullptr};
+  ++use.open;
+  ++use.per_peer[peer.key];
+  ++websocket_total_;
+  publish_status();
+  return std::nullopt;
+}
+
+void Hub::release_websocket(const WebSocketRoute& route, const Peer& peer) {
+  auto use = websockets_.find(&route);
+  if (use == websockets_.end() || use->second.open == 0) return;
+  --use->second.open;
+  --websocket_total_;
+  if (auto it = use->second.per_peer.find(peer.key); it != use->second.per_peer.end() && --it->second == 0)
+    use->second.per_peer.erase(it);
+  publish_status();
+}
+
 void Hub::publish_status() {
   if (!options.status_board) return;
   HttpStatus status;
   status.url = url;
   status.sessions = sessions_.size();
   status.event_streams = channels_.size();
+  status.websockets = websocket_total_;
   status.bytes_held = account_->held;
   status.browser_sessions = logins.count();
   std::map<std::string, HttpStatus::PeerUse> peers;  // by peer key
@@ -822,6 +856,141 @@ void EventChannel::close() {
   queued_.clear();
   if (wake_) wake_();
   wake_ = nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// WebSocketChannel and WebSocketCalls
+
+namespace {
+// A close frame's reason holds at most 123 bytes (RFC 6455 5.5: 125 with the code).
+std::string close_reason(std::string_view reason) { return std::string(reason.substr(0, 123)); }
+}  // namespace
+
+bool WebSocketChannel::send(std::string data, bool binary) {
+  std::lock_guard lock(mutex_);
+  if (finished_ || ending_) return false;
+  if (unsent_ + data.size() > buffer_bytes_) {
+    // The client does not read: cut it (1008), whatever is still queued goes.
+    cut_ = true;
+    ending_ = Ending{1008, fmt::format("the client did not read: more than {} bytes waited", buffer_bytes_)};
+    queued_.clear();
+    if (wake_) wake_();
+    return false;
+  }
+  unsent_ += data.size();
+  queued_.push_back({std::move(data), binary});
+  if (!wake_pending_ && wake_) {
+    wake_pending_ = true;
+    wake_();
+  }
+  return true;
+}
+
+void WebSocketChannel::close(std::string_view reason) { end(1000, reason); }
+
+void WebSocketChannel::end(std::uint16_t code, std::string_view reason) {
+  std::lock_guard lock(mutex_);
+  if (finished_ || ending_) return;
+  ending_ = Ending{code, close_reason(reason)};
+  if (wake_) wake_();  // what is queued is still written
+}
+
+bool WebSocketChannel::closed() const {
+  std::lock_guard lock(mutex_);
+  return finished_ || ending_.has_value();
+}
+
+void WebSocketChannel::on_ready(std::function<void()> wake) {
+  std::lock_guard lock(mutex_);
+  if (finished_) return;
+  wake_ = std::move(wake);
+  if (!queued_.empty() || ending_) {
+    wake_pending_ = true;
+    wake_();
+  }
+}
+
+std::optional<WebSocketChannel::Message> WebSocketChannel::next() {
+  std::lock_guard lock(mutex_);
+  wake_pending_ = false;
+  if (queued_.empty()) return std::nullopt;
+  Message message = std::move(queued_.front());
+  queued_.pop_front();
+  return message;
+}
+
+void WebSocketChannel::written(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  unsent_ -= std::min(unsent_, bytes);
+}
+
+std::optional<WebSocketChannel::Ending> WebSocketChannel::ending() const {
+  std::lock_guard lock(mutex_);
+  return ending_;
+}
+
+bool WebSocketChannel::cut() const {
+  std::lock_guard lock(mutex_);
+  return cut_;
+}
+
+void WebSocketChannel::finish() {
+  std::lock_guard lock(mutex_);
+  finished_ = true;
+  queued_.clear();
+  wake_ = nullptr;
+}
+
+void WebSocketCalls::message(std::string data, bool binary) { push({std::move(data), binary, false}); }
+
+void WebSocketCalls::closed() { push({{}, true, true}); }
+
+bool WebSocketCalls::full() const {
+  std::lock_guard lock(mutex_);
+  return bytes_ > limit_;
+}
+
+void WebSocketCalls::on_room(std::function<void()> wake) {
+  std::lock_guard lock(mutex_);
+  room_ = std::move(wake);
+}
+
+void WebSocketCalls::push(Call call) {
+  std::lock_guard lock(mutex_);
+  if (closed_) return;
+  closed_ = call.close;
+  bytes_ += call.data.size();
+  queue_.push_back(std::move(call));
+  if (running_) return;
+  running_ = true;
+  // One worker runs the calls queued so far, then lets go: calls never overlap.
+  workers_.post([self = shared_from_this()] { self->drain(); });
+}
+
+void WebSocketCalls::drain() {
+  std::unique_lock lock(mutex_);
+  while (!queue_.empty()) {
+    Call call = std::move(queue_.front());
+    queue_.pop_front();
+    const std::size_t size = call.data.size();
+    lock.unlock();
+    try {
+      if (call.close) handler_->on_close();
+      else handler_->on_message(std::move(call.data), call.binary);
+    } catch (const std::exception& e) {
+      log::warn("http: a WebSocket handler failed: {}", e.what());
+      channel_->end(1011, "the server's handler failed");
+    }
+    lock.lock();
+    const bool was_full = bytes_ > limit_;
+    bytes_ -= size;
+    if (was_full && bytes_ <= limit_ && room_) room_();
+    if (call.close) {
+      handler_.reset();  // the route's state goes now, not with the last reference to this queue
+      room_ = nullptr;
+    }
+  }
+  running_ = false;
 }
 
 // ---------------------------------------------------------------------------------------------

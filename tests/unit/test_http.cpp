@@ -25,6 +25,11 @@
 #include <utility>
 #include <vector>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/buffers_to_string.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/websocket.hpp>
 #include <fmt/format.h>
 
 #include "base/json.hpp"
@@ -2177,4 +2182,450 @@ TEST(HttpBrowserLogins, CodeSessionsAndThrottle) {
   EXPECT_EQ(wait->count(), 55);
   EXPECT_FALSE(logins.must_wait("uid:2", t0 + 5s));  // per peer
   EXPECT_FALSE(logins.must_wait("uid:1", t0 + 61s));  // a minute later
+}
+
+// ---------------------------------------------------------------------------------------------
+// WebSocket routes, against a real listener with Beast's WebSocket client.
+
+namespace {
+
+namespace beast = boost::beast;
+namespace websocket = beast::websocket;
+using tcp = boost::asio::ip::tcp;
+
+// What the routes' handlers saw: every connection's peer, the opens, the messages and closes.
+struct Sockets {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::shared_ptr<transport::WebSocketPeer>> peers;
+  std::atomic<int> opens{0};
+  std::atomic<int> closes{0};
+  std::vector<int> closes_per_peer;  // by index in `peers`
+  std::vector<transport::HttpRequest> requests;
+
+  std::shared_ptr<transport::WebSocketPeer> wait_for(std::size_t n, std::chrono::milliseconds limit = 5s) {
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, limit, [&] { return peers.size() >= n; });
+    return peers.size() >= n ? peers[n - 1] : nullptr;
+  }
+  int closes_of(std::size_t index) {
+    std::lock_guard lock(mu);
+    return index < closes_per_peer.size() ? closes_per_peer[index] : -1;
+  }
+};
+
+// Echoes every message back (as the relay writes what it reads), from the handler's worker.
+class Echo final : public transport::WebSocketHandler {
+ public:
+  Echo(std::shared_ptr<Sockets> sockets, std::shared_ptr<transport::WebSocketPeer> peer, std::size_t index)
+      : sockets_(std::move(sockets)), peer_(std::move(peer)), index_(index) {}
+  void on_message(std::string data, bool binary) override {
+    if (data == "close please") {
+      peer_->close("asked to");
+      return;
+    }
+    peer_->send(std::move(data), binary);
+  }
+  void on_close() override {
+    std::lock_guard lock(sockets_->mu);
+    ++sockets_->closes_per_peer[index_];
+    ++sockets_->closes;
+    sockets_->cv.notify_all();
+  }
+
+ private:
+  std::shared_ptr<Sockets> sockets_;
+  std::shared_ptr<transport::WebSocketPeer> peer_;
+  std::size_t index_;
+};
+
+transport::WebSocketRoute echo_route(const std::shared_ptr<Sockets>& sockets, std::string prefix, bool browser) {
+  transport::WebSocketRoute route;
+  route.prefix = std::move(prefix);
+  route.browser = browser;
+  route.max_message_bytes = 4096;
+  route.buffer_bytes = 256 * 1024;
+  route.max_per_peer = 3;
+  route.max_connections = 5;
+  route.open = [sockets](const transport::HttpRequest& request, std::shared_ptr<transport::WebSocketPeer> peer) {
+    transport::WebSocketOpen out;
+    ++sockets->opens;
+    if (request.target.find("missing") != std::string::npos) {
+      out.refusal.status = 404;
+      out.refusal.body = "no desktop here";
+      return out;
+    }
+    auto offered = request.headers.find("sec-websocket-protocol");
+    if (offered != request.headers.end() && offered->second.find("binary") != std::string::npos) out.subprotocol = "binary";
+    std::lock_guard lock(sockets->mu);
+    sockets->peers.push_back(peer);
+    sockets->closes_per_peer.push_back(0);
+    sockets->requests.push_back(request);
+    out.handler = std::make_shared<Echo>(sockets, peer, sockets->peers.size() - 1);
+    sockets->cv.notify_all();
+    return out;
+  };
+  return route;
+}
+
+HttpOptions websocket_options(const std::shared_ptr<Sockets>& sockets) {
+  HttpOptions o = default_options();
+  o.login.enabled = true;
+  o.login.code = kCode;
+  o.websocket_routes.push_back(echo_route(sockets, "/ws/echo", true));
+  o.websocket_routes.push_back(echo_route(sockets, "/ws/private", false));
+  return o;
+}
+
+// A WebSocket client on its own io_context: the handshake blocks, reads run for a bounded time.
+struct WsClient {
+  boost::asio::io_context io;
+  beast::flat_buffer buffer;  // of the last read (before `ws`: a pending read refers to it)
+  websocket::stream<tcp::socket> ws{io};
+  websocket::response_type response;  // of the handshake (also when it was refused)
+  boost::system::error_code error;    // of the handshake
+  int pings = 0;
+
+  // Connects to `target` sending `headers` (Host is the listener's); `receive_buffer` > 0 sets
+  // SO_RCVBUF before connecting.
+  WsClient(const LiveServer& live, const std::string& target, std::vector<std::pair<std::string, std::string>> headers,
+           int receive_buffer = 0) {
+    const int fd = tests::connect_loopback(live.port(), receive_buffer);
+    if (fd < 0) {
+      ADD_FAILURE() << "cannot connect";
+      return;
+    }
+    beast::get_lowest_layer(ws).assign(tcp::v4(), fd);
+    ws.set_option(websocket::stream_base::decorator([headers](websocket::request_type& req) {
+      for (const auto& [name, value] : headers) req.set(name, value);
+    }));
+    ws.control_callback([this](websocket::frame_type kind, beast::string_view) {
+      if (kind == websocket::frame_type::ping) ++pings;
+    });
+    ws.handshake(response, "127.0.0.1:" + std::to_string(live.port()), target, error);
+  }
+  int status() const { return static_cast<int>(response.result_int()); }
+
+  // One message, or nullopt when the connection ended (why in `read_error`) or `limit` passed
+  // (`timed_out`: the connection is then closed, or with `keep_open` left as it is, the read
+  // still pending: no more reads).
+  std::optional<std::string> read(std::chrono::milliseconds limit = 5s, bool keep_open = false) {
+    // Members, not locals: a read left pending (keep_open) refers to them until the client goes.
+    buffer.clear();
+    auto finished = std::make_shared<bool>(false);
+    ws.async_read(buffer, [this, finished](boost::system::error_code ec, std::size_t) {
+      read_error = ec;
+      *finished = true;
+    });
+    io.restart();
+    io.run_for(limit);
+    const bool done = *finished;
+    timed_out = !done;
+    if (!done && keep_open) return std::nullopt;
+    if (!done) {
+      boost::system::error_code ignored;
+      beast::get_lowest_layer(ws).close(ignored);
+      io.restart();
+      io.run_for(1s);
+      return std::nullopt;
+    }
+    if (read_error) return std::nullopt;
+    return beast::buffers_to_string(buffer.data());
+  }
+  void write(const std::string& data, bool binary) {
+    ws.binary(binary);
+    ws.write(boost::asio::buffer(data));
+  }
+  boost::system::error_code read_error;
+  bool timed_out = false;
+};
+
+std::vector<std::pair<std::string, std::string>> with_token() { return {{"Authorization", std::string("Bearer ") + kToken}}; }
+
+}  // namespace
+
+TEST(HttpWebSocket, EchoesTextAndBinaryWithTheChosenSubprotocolAndServerSends) {
+  auto server = make_server();
+  auto sockets = std::make_shared<Sockets>();
+  LiveServer live(*server, websocket_options(sockets));
+  ASSERT_NE(live.port(), 0);
+  auto headers = with_token();
+  headers.emplace_back("Sec-WebSocket-Protocol", "base64, binary");
+  WsClient client(live, "/ws/echo/i1", headers);
+  ASSERT_FALSE(client.error) << client.error.message() << " " << client.status();
+  EXPECT_EQ(client.status(), 101);
+  EXPECT_EQ(std::string(client.response[beast::http::field::sec_websocket_protocol]), "binary");
+  EXPECT_EQ(std::string(client.response["x-content-type-options"]), "nosniff");
+  EXPECT_EQ(client.response[beast::http::field::sec_websocket_extensions], "");  // no permessage-deflate
+
+  client.write("hello", false);
+  EXPECT_EQ(client.read(), "hello");
+  EXPECT_TRUE(client.ws.got_text());
+  const std::string bytes("\x00\x01\xff\x7fRFB", 7);
+  client.write(bytes, true);
+  EXPECT_EQ(client.read(), bytes);
+  EXPECT_TRUE(client.ws.got_binary());
+
+  // The handler's peer sends from any thread; the request it saw is the upgrade's.
+  auto peer = sockets->wait_for(1);
+  ASSERT_TRUE(peer);
+  std::thread([peer] { EXPECT_TRUE(peer->send("from the server", false)); }).join();
+  EXPECT_EQ(client.read(), "from the server");
+  {
+    std::lock_guard lock(sockets->mu);
+    EXPECT_EQ(sockets->requests[0].method, "GET");
+    EXPECT_EQ(sockets->requests[0].target, "/ws/echo/i1");
+    EXPECT_FALSE(sockets->requests[0].by_cookie);
+  }
+
+  // The client closes: on_close once, and the peer refuses further sends.
+  client.ws.close(websocket::close_code::normal);
+  EXPECT_TRUE(eventually([&] { return sockets->closes_of(0) == 1; }, 3s));
+  EXPECT_TRUE(peer->closed());
+  EXPECT_FALSE(peer->send("late"));
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(sockets->closes_of(0), 1);
+
+  // The handler closes: the client gets a normal close (1000) with the reason.
+  WsClient second(live, "/ws/echo/i1", with_token());
+  ASSERT_FALSE(second.error);
+  second.write("close please", false);
+  EXPECT_FALSE(second.read());
+  EXPECT_EQ(second.read_error, websocket::error::closed) << second.read_error.message();
+  EXPECT_EQ(second.ws.reason().code, websocket::close_code::normal);
+  EXPECT_EQ(std::string(second.ws.reason().reason.c_str()), "asked to");
+  EXPECT_TRUE(eventually([&] { return sockets->closes_of(1) == 1; }, 3s));
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpWebSocket, TokenOrCookieWithItsOwnOriginElseRefusedBeforeOpen) {
+  auto server = make_server();
+  auto sockets = std::make_shared<Sockets>();
+  LiveServer live(*server, websocket_options(sockets));
+  ASSERT_NE(live.port(), 0);
+  const std::string own_origin = "http://127.0.0.1:" + std::to_string(live.port());
+
+  WsClient anonymous(live, "/ws/echo/i1", {});
+  EXPECT_EQ(anonymous.error, websocket::error::upgrade_declined);
+  EXPECT_EQ(anonymous.status(), 401);
+  WsClient wrong(live, "/ws/echo/i1", {{"Authorization", "Bearer nope"}});
+  EXPECT_EQ(wrong.status(), 401);
+
+  const Reply login = live.request(form_login(kToken));
+  ASSERT_EQ(login.status, 303);
+  const std::string cookie = "nshpc_session=" + session_cookie_of(login);
+  // The cookie with this server's own Origin: accepted on a browser route, and the handler knows.
+  WsClient browser_client(live, "/ws/echo/i1", {{"Cookie", cookie}, {"Origin", own_origin}});
+  ASSERT_FALSE(browser_client.error) << browser_client.status();
+  browser_client.write("hi", false);
+  EXPECT_EQ(browser_client.read(), "hi");
+  {
+    std::lock_guard lock(sockets->mu);
+    ASSERT_EQ(sockets->requests.size(), 1u);
+    EXPECT_TRUE(sockets->requests[0].by_cookie);
+  }
+  // Not on a route that is not the browser's.
+  WsClient private_route(live, "/ws/private/i1", {{"Cookie", cookie}, {"Origin", own_origin}});
+  EXPECT_EQ(private_route.status(), 401);
+  // Cross-site WebSocket hijacking: another site's page, another local page, or no Origin.
+  WsClient foreign(live, "/ws/echo/i1", {{"Cookie", cookie}, {"Origin", "https://evil.example"}});
+  EXPECT_EQ(foreign.status(), 403);
+  WsClient other_port(live, "/ws/echo/i1", {{"Cookie", cookie}, {"Origin", "http://127.0.0.1:1"}});
+  EXPECT_EQ(other_port.status(), 403);
+  EXPECT_NE(other_port.response.body().find("this server's own page"), std::string::npos);
+  WsClient no_origin(live, "/ws/echo/i1", {{"Cookie", cookie}});
+  EXPECT_EQ(no_origin.status(), 403);
+  // A foreign Origin is refused with the token too.
+  auto token_foreign = with_token();
+  token_foreign.emplace_back("Origin", "https://evil.example");
+  EXPECT_EQ(WsClient(live, "/ws/echo/i1", token_foreign).status(), 403);
+  // None of the refused ones reached the route.
+  EXPECT_EQ(sockets->opens.load(), 1);
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpWebSocket, RefusalsBeforeTheUpgrade) {
+  auto server = make_server();
+  auto sockets = std::make_shared<Sockets>();
+  LiveServer live(*server, websocket_options(sockets));
+  ASSERT_NE(live.port(), 0);
+  // The route's own refusal (an instance with no desktop).
+  WsClient missing(live, "/ws/echo/missing", with_token());
+  EXPECT_EQ(missing.error, websocket::error::upgrade_declined);
+  EXPECT_EQ(missing.status(), 404);
+  // A plain GET or a POST: 426, saying what to do.
+  const Reply plain = live.request(get("/ws/echo/i1"));
+  EXPECT_EQ(plain.status, 426) << plain.body;
+  EXPECT_EQ(plain.header("upgrade"), "websocket");
+  EXPECT_NE(plain.body.find("WebSocket endpoint"), std::string::npos) << plain.body;
+  Req posted = post(json::object());
+  posted.target = "/ws/echo/i1";
+  EXPECT_EQ(live.request(posted).status, 426);
+  // A version this server does not speak: 426 naming the one it does.
+  Req old_version = get("/ws/echo/i1");
+  old_version.with("Connection", "Upgrade").with("Upgrade", "websocket").with("Sec-WebSocket-Version", "8");
+  old_version.with("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==");
+  const Reply version = live.request(old_version);
+  EXPECT_EQ(version.status, 426) << version.body;
+  EXPECT_EQ(version.header("sec-websocket-version"), "13");
+  // No key: 400.
+  Req no_key = get("/ws/echo/i1");
+  no_key.with("Connection", "Upgrade").with("Upgrade", "websocket").with("Sec-WebSocket-Version", "13");
+  EXPECT_EQ(live.request(no_key).status, 400);
+  EXPECT_EQ(sockets->opens.load(), 1);  // only the route's own refusal ran `open`
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpWebSocket, OversizedMessageClosesWith1009AndTheServerStaysUp) {
+  auto server = make_server();
+  auto sockets = std::make_shared<Sockets>();
+  LiveServer live(*server, websocket_options(sockets));
+  ASSERT_NE(live.port(), 0);
+  WsClient client(live, "/ws/echo/i1", with_token());
+  ASSERT_FALSE(client.error);
+  client.write(std::string(4096, 'a'), true);  // exactly the limit: fine
+  EXPECT_EQ(client.read()->size(), 4096u);
+  client.write(std::string(4097, 'a'), true);
+  EXPECT_FALSE(client.read());
+  EXPECT_EQ(client.read_error, websocket::error::closed) << client.read_error.message();
+  EXPECT_EQ(client.ws.reason().code, websocket::close_code::too_big);
+  EXPECT_TRUE(eventually([&] { return sockets->closes_of(0) == 1; }, 3s));
+  WsClient next(live, "/ws/echo/i1", with_token());
+  ASSERT_FALSE(next.error);
+  next.write("still here", false);
+  EXPECT_EQ(next.read(), "still here");
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpWebSocket, AClientThatDoesNotReadIsCutAndItsPeerRefusesSends) {
+  auto server = make_server();
+  auto sockets = std::make_shared<Sockets>();
+  HttpOptions options = websocket_options(sockets);
+  options.read_timeout = 60s;  // the cut itself must end the stuck write, not the write timeout
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  WsClient client(live, "/ws/echo/i1", with_token(), 4096);  // then reads nothing
+  ASSERT_FALSE(client.error);
+  auto peer = sockets->wait_for(1);
+  ASSERT_TRUE(peer);
+  const std::string frame(64 * 1024, 'x');
+  std::size_t accepted = 0;
+  while (accepted < 100000 && peer->send(frame)) ++accepted;
+  // Held by the server: at most the route's buffer (256 KiB); the rest is in the kernel's
+  // socket buffers (a few MiB on loopback at most).
+  EXPECT_LT(accepted * frame.size(), 32u * 1024 * 1024) << accepted << " frames were taken";
+  EXPECT_TRUE(peer->closed());
+  EXPECT_FALSE(peer->send("more"));
+  EXPECT_TRUE(eventually([&] { return sockets->closes_of(0) == 1; }, 3s));
+  // The connection is gone: reading what is left ends in an error, not a wait.
+  std::optional<std::string> got;
+  int frames = 0;
+  while ((got = client.read(3s))) ++frames;
+  EXPECT_FALSE(client.timed_out) << "after " << frames << " frames";
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpWebSocket, CapsPerPeerAndPerRoute) {
+  auto server = make_server();
+  auto sockets = std::make_shared<Sockets>();
+  HttpOptions options = websocket_options(sockets);
+  options.websocket_routes[0].max_per_peer = 2;
+  options.websocket_routes[0].max_connections = 2;
+  options.websocket_routes[1].max_per_peer = 5;
+  options.websocket_routes[1].max_connections = 1;
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  auto a = std::make_unique<WsClient>(live, "/ws/echo/1", with_token());
+  WsClient b(live, "/ws/echo/2", with_token());
+  ASSERT_FALSE(a->error);
+  ASSERT_FALSE(b.error);
+  WsClient third(live, "/ws/echo/3", with_token());
+  EXPECT_EQ(third.status(), 429);
+  EXPECT_NE(third.response.body().find("limit per peer is 2"), std::string::npos);
+  // Another route has caps of its own.
+  WsClient other(live, "/ws/private/1", with_token());
+  ASSERT_FALSE(other.error) << other.status();
+  WsClient other_full(live, "/ws/private/2", with_token());
+  EXPECT_EQ(other_full.status(), 503);
+  // A closed connection gives its slot back.
+  a->ws.close(websocket::close_code::normal);
+  a.reset();
+  EXPECT_TRUE(eventually([&] { return sockets->closes.load() == 1; }, 3s));
+  WsClient again(live, "/ws/echo/4", with_token());
+  EXPECT_FALSE(again.error) << again.status();
+  EXPECT_EQ(sockets->opens.load(), 4);
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpWebSocket, KeepalivePingsAreAnsweredAndADeadPeerIsClosed) {
+  auto server = make_server();
+  auto sockets = std::make_shared<Sockets>();
+  HttpOptions options = websocket_options(sockets);
+  options.sse_keepalive = 200ms;
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  // A reading client answers the pings (Beast's client pongs): it stays open, quiet as it is.
+  WsClient alive(live, "/ws/echo/1", with_token());
+  ASSERT_FALSE(alive.error);
+  EXPECT_FALSE(alive.read(1500ms, true));
+  EXPECT_TRUE(alive.timed_out);
+  EXPECT_GE(alive.pings, 3);
+  EXPECT_EQ(sockets->closes_of(0), 0);
+  // A client that reads nothing (no pongs) is closed after a second keepalive period.
+  WsClient dead(live, "/ws/echo/2", with_token());
+  ASSERT_FALSE(dead.error);
+  EXPECT_TRUE(eventually([&] { return sockets->closes_of(1) == 1; }, 2s));
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpWebSocket, ShutdownClosesEveryWebSocketWith1001WithoutHanging) {
+  auto server = make_server();
+  auto sockets = std::make_shared<Sockets>();
+  HttpOptions options = websocket_options(sockets);
+  options.shutdown_grace = 5s;
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  WsClient reading(live, "/ws/echo/1", with_token());
+  WsClient silent(live, "/ws/echo/2", with_token(), 4096);  // never reads: the close cannot be answered
+  ASSERT_FALSE(reading.error);
+  ASSERT_FALSE(silent.error);
+  ASSERT_TRUE(sockets->wait_for(2));
+  std::optional<std::string> got;
+  std::thread reader([&] { got = reading.read(5s); });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(live.stop(), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  reader.join();
+  EXPECT_FALSE(got);
+  EXPECT_EQ(reading.read_error, websocket::error::closed) << reading.read_error.message();
+  EXPECT_EQ(reading.ws.reason().code, websocket::close_code::going_away);
+  // Each handler heard on_close once, before serve_http returned.
+  EXPECT_EQ(sockets->closes_of(0), 1);
+  EXPECT_EQ(sockets->closes_of(1), 1);
+  EXPECT_EQ(sockets->closes.load(), 2);
+}
+
+TEST(HttpWebSocket, StatusBoardCountsWebSockets) {
+  auto server = make_server();
+  auto sockets = std::make_shared<Sockets>();
+  HttpOptions options = websocket_options(sockets);
+  options.status_board = std::make_shared<transport::HttpStatusBoard>();
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  auto a = std::make_unique<WsClient>(live, "/ws/echo/1", with_token());
+  WsClient b(live, "/ws/private/1", with_token());
+  ASSERT_FALSE(a->error);
+  ASSERT_FALSE(b.error);
+  transport::HttpStatus status;
+  EXPECT_TRUE(eventually(
+      [&] {
+        status = options.status_board->get();
+        return status.websockets == 2 && status.connections >= 2;
+      },
+      3s))
+      << status.websockets << " websockets, " << status.connections << " connections";
+  a->ws.close(websocket::close_code::normal);
+  a.reset();
+  EXPECT_TRUE(eventually([&] { return options.status_board->get().websockets == 1; }, 3s));
+  EXPECT_EQ(live.stop(), 0);
 }
