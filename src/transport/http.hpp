@@ -142,7 +142,9 @@ class WebSocketPeer {
 };
 // What a route does with one connection. Called on a worker thread, one call at a time, in order
 // (never on the I/O thread: a call may block, but while it does no other call of this connection
-// runs, and reading pauses once buffer_bytes of messages wait for it).
+// runs, and reading pauses once buffer_bytes of messages wait for it). A call that blocks should
+// wait with a timeout and give up once the peer is closed(): on_close cannot run before it
+// returns, and the server's shutdown waits for calls in progress.
 class WebSocketHandler {
  public:
   virtual ~WebSocketHandler() = default;

@@ -2220,6 +2220,11 @@ class Echo final : public transport::WebSocketHandler {
   Echo(std::shared_ptr<Sockets> sockets, std::shared_ptr<transport::WebSocketPeer> peer, std::size_t index)
       : sockets_(std::move(sockets)), peer_(std::move(peer)), index_(index) {}
   void on_message(std::string data, bool binary) override {
+    if (data.starts_with("block ")) {  // a slow handler: its worker waits, the server does not
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(data.substr(6))));
+      peer_->send("unblocked", false);
+      return;
+    }
     if (data == "close please") {
       peer_->close("asked to");
       return;
@@ -2627,5 +2632,27 @@ TEST(HttpWebSocket, StatusBoardCountsWebSockets) {
   a->ws.close(websocket::close_code::normal);
   a.reset();
   EXPECT_TRUE(eventually([&] { return options.status_board->get().websockets == 1; }, 3s));
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpWebSocket, ABlockingHandlerHoldsUpOnlyItsOwnConnectionAndCallsStayInOrder) {
+  auto server = make_server();
+  auto sockets = std::make_shared<Sockets>();
+  LiveServer live(*server, websocket_options(sockets));
+  ASSERT_NE(live.port(), 0);
+  WsClient slow(live, "/ws/echo/1", with_token());
+  WsClient quick(live, "/ws/echo/2", with_token());
+  ASSERT_FALSE(slow.error);
+  ASSERT_FALSE(quick.error);
+  // The slow one's handler blocks for 1.5 s; its later messages wait for it, in order.
+  slow.write("block 1500", false);
+  for (int i = 0; i < 50; ++i) slow.write(std::to_string(i), false);
+  // Meanwhile another connection is served at once (no I/O thread or pool is held up).
+  const auto start = std::chrono::steady_clock::now();
+  quick.write("ping", false);
+  EXPECT_EQ(quick.read(1s), "ping");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 500ms);
+  EXPECT_EQ(slow.read(5s), "unblocked");
+  for (int i = 0; i < 50; ++i) ASSERT_EQ(slow.read(2s), std::to_string(i));
   EXPECT_EQ(live.stop(), 0);
 }
