@@ -24,6 +24,7 @@
 #include "dashboard/assets.hpp"
 #include "dashboard/dashboard.hpp"
 #include "dashboard/live.hpp"
+#include "dashboard/relays.hpp"
 #include "files/resolver.hpp"
 #include "instances/desktops.hpp"
 #include "instances/snapshots.hpp"
@@ -1009,6 +1010,7 @@ void add_routes(transport::HttpOptions& options, instances::Service& service, Se
   options.event_routes.push_back(std::move(output));
 
   for (transport::HttpRoute& asset : asset_routes()) options.routes.push_back(std::move(asset));
+  for (transport::WebSocketRoute& relay : relay_routes(service)) options.websocket_routes.push_back(std::move(relay));
   options.login.enabled = true;
 }
 
