@@ -30,7 +30,7 @@ DEPS_OPTIONAL := $(DEPS_IMAGES) $(DEPS_NAT) $(DEPS_SEARCH) $(DEPS_DESKTOP)
 # dashboard's tests drive (with playwright-core from npm).
 DEPS_TEST   := libgtest-dev jq litmus rclone curl chromium-headless-shell
 
-.PHONY: all deps deps-build deps-run deps-optional deps-test configure build test test-build unit integration \
+.PHONY: all deps deps-build deps-run deps-optional deps-test deps-ui configure build test test-build unit integration \
         test-as-user run demo bench fuzz install clean
 
 all: build
@@ -42,18 +42,23 @@ deps-run:
 	@scripts/deps.sh $(DEPS_RUN)
 deps-optional:
 	@scripts/deps.sh --optional $(DEPS_OPTIONAL)
+# The dashboard's live desktop and terminal (noVNC, xterm.js from npm, pinned); without npm the
+# build goes on and the page says they are not built in.
+deps-ui:
+	@command -v npm >/dev/null || scripts/deps.sh --optional nodejs npm
+	@scripts/ui-vendor.sh
 deps-test:
 	@scripts/deps.sh $(DEPS_TEST)
 	@command -v node >/dev/null && command -v npm >/dev/null || scripts/deps.sh nodejs npm
 # Everything: what make run and make test install.
-deps: deps-build deps-run deps-optional deps-test
+deps: deps-build deps-run deps-optional deps-test deps-ui
 
 $(BUILD)/build.ninja: CMakeLists.txt | deps-build
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
 
 configure: $(BUILD)/build.ninja
 
-build: deps-build configure
+build: deps-build deps-ui configure
 	@scripts/deps.sh --optional $(DEPS_RUN)
 	cmake --build $(BUILD) -j $(JOBS)
 
@@ -79,7 +84,7 @@ test-build: deps-build deps-test
 	cmake --build $(BUILD) -j $(JOBS)
 
 # The server on loopback with WebDAV and the dashboard, in the foreground (Ctrl-C ends it).
-run: deps-build deps-run deps-optional configure
+run: deps-build deps-run deps-optional deps-ui configure
 	cmake --build $(BUILD) -j $(JOBS)
 	@scripts/run.sh $(BUILD)/ns-hpc
 

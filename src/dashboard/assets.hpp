@@ -34,10 +34,14 @@ std::string_view bundle_hash();
 // The routes serving the assets (all `browser`); add_routes adds them.
 std::vector<transport::HttpRoute> asset_routes();
 
-// The Content-Security-Policy sent with every asset.
+// The Content-Security-Policy sent with every asset. Scripts only from this server, no eval.
+// Styles may be inline because xterm.js (the live terminal) writes its own at run time: <style>
+// elements for its cell size and theme, and style attributes for true-colour cells. An inline
+// style runs no code, and the page never turns data into markup, so nothing of a sandbox's can
+// place one. connect-src 'self' covers the live views' ws:// and wss:// of this same host.
 inline constexpr std::string_view kContentSecurityPolicy =
-    "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; "
-    "frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
+    "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; script-src 'self'; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 
 namespace detail {
 // What the generated unit (dashboard_assets.cpp) holds: offsets into one blob of every asset,

@@ -21,8 +21,8 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 const SHOTS = process.env.NSHPC_SCREENSHOTS || path.join(here, 'screenshots');
 const CHROMIUM = process.env.NSHPC_CHROMIUM || '/usr/bin/chromium-headless-shell';
 const HOSTILE = '<img src=x onerror=alert(1)>';
-const CSP = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; " +
-  "frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
+const CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; script-src 'self'; " +
+  "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 
 describe('dashboard in a browser', { skip: !fs.existsSync(CHROMIUM) && `${CHROMIUM} is not installed` }, () => {
   let home;

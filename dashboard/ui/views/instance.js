@@ -1,6 +1,7 @@
 // One instance: its state and actions, then tabs for its jobs (output streaming while they run,
 // a new-job form), files (list, download, upload, new folder, delete), snapshots, exposed ports,
-// and limits and usage.
+// limits and usage, and the live views: the desktop (when it is on) and a terminal, whose modules
+// (live/, with noVNC and xterm.js) are loaded only when their tab first opens.
 import { api, instancePath, showError, showNotice } from '../api.js';
 import { confirmAction, formDialog } from '../dialog.js';
 import { badge, cut, el, empty, field, formatBytes, formatPercent, section, table, timeEl } from '../dom.js';
@@ -20,16 +21,17 @@ export function mount(root, { id }) {
   const description = el('p', { class: 'lead' });
   const actions = el('div', { class: 'actions' });
   const summary = el('dl', { class: 'facts' });
-  const tabs = ['Jobs', 'Files', 'Snapshots', 'Ports', 'Limits and usage'];
+  const tabs = ['Jobs', 'Files', 'Snapshots', 'Ports', 'Limits and usage', 'Desktop', 'Terminal'];
   const panels = new Map(tabs.map((t) => [t, el('div', { role: 'tabpanel', class: 'tabpanel', 'aria-label': t, hidden: true })]));
   const tabButtons = tabs.map((t) => el('button', {
-    type: 'button', role: 'tab', 'aria-selected': 'false', onclick: () => select(t),
+    type: 'button', role: 'tab', 'aria-selected': 'false', onclick: () => select(t), hidden: t === 'Desktop',
   }, t));
   const tabList = el('div', { role: 'tablist', class: 'tabs', 'aria-label': 'Instance sections' }, tabButtons);
   tabList.addEventListener('keydown', (e) => {
     const i = tabButtons.indexOf(document.activeElement);
     if (i < 0 || (e.key !== 'ArrowRight' && e.key !== 'ArrowLeft')) return;
-    const j = (i + (e.key === 'ArrowRight' ? 1 : tabs.length - 1)) % tabs.length;
+    let j = i;
+    do j = (j + (e.key === 'ArrowRight' ? 1 : tabs.length - 1)) % tabs.length; while (tabButtons[j].hidden);
     tabButtons[j].focus();
     select(tabs[j]);
   });
@@ -49,6 +51,46 @@ export function mount(root, { id }) {
       b.tabIndex = on ? 0 : -1;
     });
     for (const [t, p] of panels) p.hidden = t !== name;
+    if (name === 'Desktop' || name === 'Terminal') openLive(name);
+  }
+
+  // ---- the live views ----
+  const liveTeardowns = new Map();  // tab → its widget's teardown, once mounted
+  let liveBuilt = null;  // vendor/live.json: which live views this build embeds
+
+  async function openLive(name) {
+    if (liveTeardowns.has(name)) return;
+    liveTeardowns.set(name, null);
+    const box = panels.get(name);
+    box.replaceChildren(el('p', { class: 'muted' }, 'Loading…'));
+    try {
+      liveBuilt ??= await fetch(new URL('../vendor/live.json', import.meta.url), { credentials: 'same-origin' }).then((r) => r.json());
+      const key = name === 'Desktop' ? 'desktop' : 'terminal';
+      if (!liveBuilt[key]) {
+        box.replaceChildren(empty(`The live ${key} is not built into this ns-hpc (it was built without npm: run make deps-ui, then build again).`));
+        return;
+      }
+      const teardown = name === 'Desktop'
+        ? (await import('../live/desktop.js')).mountDesktop(box, id)
+        : (await import('../live/terminal.js')).mountTerminal(box, id);
+      if (signal.aborted) teardown();
+      else liveTeardowns.set(name, teardown);
+    } catch (err) {
+      liveTeardowns.delete(name);
+      box.replaceChildren(empty(`The live view could not be loaded: ${err.message}`));
+    }
+  }
+
+  // The Desktop tab is there while the instance's desktop is on; turned off, its view closes.
+  function renderDesktopTab() {
+    const button = tabButtons[tabs.indexOf('Desktop')];
+    button.hidden = !info.desktop;
+    if (!info.desktop) {
+      const teardown = liveTeardowns.get('Desktop');
+      if (teardown) teardown();
+      liveTeardowns.delete('Desktop');
+      if (button.getAttribute('aria-selected') === 'true') select('Jobs');
+    }
   }
 
   // ---- the instance itself ----
@@ -107,6 +149,7 @@ export function mount(root, { id }) {
     );
     renderPorts();
     renderLimits();
+    renderDesktopTab();
     if (info.snapshots) renderSnapshots(info.snapshots);
   }
 
@@ -446,6 +489,7 @@ export function mount(root, { id }) {
   return () => {
     controller.abort();
     if (outputSource) outputSource.close();
+    for (const teardown of liveTeardowns.values()) if (teardown) teardown();
     for (const off of offs) off();
   };
 }
