@@ -102,6 +102,7 @@ bench: build
 	tests/e2e/install.sh && tests/e2e/bench_files.mjs
 	tests/e2e/bench_desktop.mjs 100
 	tests/e2e/bench_dashboard.mjs
+	tests/e2e/bench_live.mjs
 	bench/desktop.sh $(BUILD)/ns-hpc
 	bench/slurm_polls.sh $(BUILD)/ns-hpc
 	bench/snapshots.sh $(BUILD)/ns-hpc

@@ -119,10 +119,14 @@ void RfbClientFilter::finish_header(std::string& out) {
     if (count > kMaxEncodings) fail(fmt::format("SetEncodings with {} encodings (at most {})", count, kMaxEncodings));
     body_left_ = std::uint64_t{count} * 4;
   } else if (type == kClientCutText) {
-    const std::uint32_t length = be(pending_, 4, 4);
-    if (length > kMaxCutText)
-      fail(fmt::format("ClientCutText of {} bytes (at most {})", length, kMaxCutText));
-    body_left_ = length;
+    // A negative length (as a signed 32-bit number) is the Extended Clipboard pseudo-encoding's
+    // form, which noVNC uses once the server accepts that encoding: its body is -length bytes.
+    const auto length = static_cast<std::int32_t>(be(pending_, 4, 4));
+    const std::uint64_t body = length < 0 ? static_cast<std::uint64_t>(-static_cast<std::int64_t>(length))
+                                          : static_cast<std::uint64_t>(length);
+    if (body > kMaxCutText)
+      fail(fmt::format("ClientCutText of {} bytes (at most {})", body, kMaxCutText));
+    body_left_ = body;
   }
   if (forward_) {
     out += pending_;

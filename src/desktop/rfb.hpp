@@ -10,7 +10,8 @@
 //                    other viewers (nor an agent's).
 // Then the client's messages (type byte first, lengths big-endian):
 //   0 SetPixelFormat 20 · 2 SetEncodings 4 + 4n (n <= kMaxEncodings) · 3 FramebufferUpdateRequest
-//   10 · 4 KeyEvent 8 · 5 PointerEvent 6 · 6 ClientCutText 8 + length (length <= kMaxCutText).
+//   10 · 4 KeyEvent 8 · 5 PointerEvent 6 · 6 ClientCutText 8 + |length| (<= kMaxCutText; a negative
+//   length is the Extended Clipboard form noVNC sends when the server accepts that encoding).
 // Any other type cannot be framed (its length is unknown): an RfbError, and the relay closes.
 //
 // view_only (the default) drops KeyEvent, PointerEvent and ClientCutText. It may change at any

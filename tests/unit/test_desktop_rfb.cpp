@@ -116,11 +116,24 @@ TEST(RfbClientFilter, RefusesWhatCannotBeFramedOrIsTooLarge) {
   expect_refused(kHandshake + bytes({150, 1, 0, 0, 0, 0, 0, 0, 0, 0}), "message type 150");  // continuous updates
   expect_refused(kHandshake + bytes({248, 0, 0, 0}), "message type 248");                   // fence
   expect_refused(kHandshake + kUpdate + bytes({255}), "message type 255");
-  // SetEncodings over the bound (n = 1025), ClientCutText over 1 MiB and an extended clipboard
-  // (its length negative, i.e. huge).
+  // SetEncodings over the bound (n = 1025), ClientCutText over 1 MiB, plain or extended (its
+  // length negative: -1048577).
   expect_refused(kHandshake + bytes({2, 0, 0x04, 0x01}), "1025 encodings");
   expect_refused(kHandshake + bytes({6, 0, 0, 0, 0, 0x10, 0, 1}), "ClientCutText of 1048577 bytes");
-  expect_refused(kHandshake + bytes({6, 0, 0, 0, 0xff, 0xff, 0xff, 0xf0}), "ClientCutText of");
+  expect_refused(kHandshake + bytes({6, 0, 0, 0, 0xff, 0xef, 0xff, 0xff}), "ClientCutText of 1048577 bytes");
+}
+
+// noVNC sends its clipboard capabilities in the Extended Clipboard form once the server accepts
+// that encoding (x11vnc does): ClientCutText with a negative length, the body being -length bytes.
+TEST(RfbClientFilter, AnExtendedClipboardMessageIsFramedByItsNegativeLength) {
+  RfbClientFilter filter(false);
+  filter.feed(kHandshake);
+  const std::string caps = bytes({6, 0, 0, 0, 0xff, 0xff, 0xff, 0xf8}) + std::string(8, '\x01');
+  EXPECT_EQ(filter.feed(caps + kUpdate), caps + kUpdate);
+  EXPECT_EQ(filter.counts().clipboard, 1u);
+  // View-only drops it whole, and the next message is framed right.
+  filter.set_view_only(true);
+  EXPECT_EQ(filter.feed(caps + kUpdate), kUpdate);
 }
 
 TEST(RfbClientFilter, TheLargestAllowedMessagesPass) {

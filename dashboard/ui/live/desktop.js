@@ -3,18 +3,8 @@
 // input (rfb.viewOnly) and the relay drops any until the page asks for control with the text
 // frame {"control": true}, which the relay audits and answers with {"control": bool}. Loaded
 // only when the Desktop tab opens (a dynamic import), so the first load stays small.
-import { encodings } from '../vendor/novnc/core/encodings.js';
 import RFB from '../vendor/novnc/core/rfb.js';
 import { el } from '../dom.js';
-
-// noVNC offers the Extended Clipboard pseudo-encoding, and x11vnc then takes clipboard messages
-// in its extended form, whose length field is negative; the relay's filter (desktop/rfb.cpp)
-// frames ClientCutText by an unsigned length and closes the view on it. So the page does not
-// offer it: the clipboard stays classic RFB, which the filter frames and view-only drops. (Once
-// at load; the module is loaded once per page.)
-const sendEncodings = RFB.messages.clientEncodings;
-RFB.messages.clientEncodings = (sock, list) =>
-  sendEncodings(sock, list.filter((e) => e !== encodings.pseudoEncodingExtendedClipboard));
 
 // Mounts the desktop of instance `id` in `box`; returns a function that closes it.
 export function mountDesktop(box, id) {
