@@ -162,7 +162,9 @@ int serve_computer(Invocation& inv, const ComputerConfig& c, const std::string& 
     std::fputs(text.c_str(), stderr);
     std::fflush(stderr);
   };
-  return serve(inv, parts, [&](mcp::Server& server) { return transport::serve_http(server, options); });
+  ServerParts served = parts;
+  served.dashboard_base = dashboard_base(options);
+  return serve(inv, served, [&](mcp::Server& server) { return transport::serve_http(server, options); });
 }
 
 }  // namespace

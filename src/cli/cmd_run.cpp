@@ -171,7 +171,9 @@ void run_http(Invocation& inv, const RunArgs& a) {
     std::fflush(stderr);
   };
 
-  inv.exit_code = serve(inv, run_parts(), [&](mcp::Server& server) { return transport::serve_http(server, options); });
+  ServerParts parts = run_parts();
+  parts.dashboard_base = dashboard_base(options);
+  inv.exit_code = serve(inv, parts, [&](mcp::Server& server) { return transport::serve_http(server, options); });
 }
 
 void run_stdio(Invocation& inv) {
@@ -234,7 +236,8 @@ int serve(Invocation& inv, const ServerParts& parts, const std::function<int(mcp
       log::warn("the default image '{}' cannot be built in the background: {}", cfg.ns.default_image, e.what());
     }
   }
-  const tools::Services services{cfg, inv.instances(), &image_builds};
+  const tools::Services services{
+      .config = cfg, .instances = inv.instances(), .image_builds = &image_builds, .dashboard_base = parts.dashboard_base};
   mcp::Server server(parts.info, parts.options(services));
   parts.register_tools(server, services);
   // A subscribed instance resource hears of its living sandbox starting and stopping.
@@ -269,6 +272,15 @@ std::string add_dashboard(Invocation& inv, transport::HttpOptions& options, std:
   };
   dashboard::add_routes(options, inv.instances(), std::move(settings));
   return "/login?code=" + options.login.code;
+}
+
+std::function<std::optional<std::string>()> dashboard_base(const transport::HttpOptions& options) {
+  if (!options.status_board || !options.uds.empty()) return {};
+  return [board = options.status_board, path = options.path]() -> std::optional<std::string> {
+    const std::string url = board->get().url;
+    if (url.empty() || !url.ends_with(path)) return std::nullopt;
+    return url.substr(0, url.size() - path.size());
+  };
 }
 
 std::string dashboard_line(const transport::HttpOptions& options, const std::string& base, const std::string& login_path) {

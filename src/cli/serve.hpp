@@ -17,7 +17,14 @@ struct ServerParts {
   std::function<mcp::ServerOptions(const tools::Services&)> options;
   std::function<void(mcp::Server&, const tools::Services&)> register_tools;
   bool watch_living = true;  // subscribed instance resources hear of living sandboxes starting and stopping
+  // The dashboard's base URL once served over HTTP (tools::Services::dashboard_base); unset on stdio.
+  std::function<std::optional<std::string>()> dashboard_base;
 };
+
+// dashboard_base for an HTTP server: its URL from the status board once it listens (without the
+// MCP path); nullopt without the dashboard, before it listens, or on a Unix socket (no browser
+// URL).
+std::function<std::optional<std::string>()> dashboard_base(const transport::HttpOptions& options);
 
 // Builds the services (jobs recovered, stray sandboxes ended, the default image built in the
 // background when missing), the server of `parts`, and hands it to `transport`; returns its exit code.

@@ -191,6 +191,7 @@ json tool_json(const Tool& t, ResultShape shape) {
   j["inputSchema"] = t.input_schema;
   if (t.output_schema && shape != ResultShape::text) j["outputSchema"] = *t.output_schema;
   if (t.annotations) j["annotations"] = *t.annotations;
+  if (t.meta) j["_meta"] = *t.meta;
   return j;
 }
 
@@ -198,6 +199,7 @@ json resource_json(const Resource& r) {
   json j = {{"uri", r.uri}, {"name", r.name}};
   put_set(j, {{"title", r.title}, {"description", r.description}, {"mimeType", r.mime_type}});
   if (r.size) j["size"] = *r.size;
+  if (r.meta) j["_meta"] = *r.meta;
   return j;
 }
 
@@ -778,6 +780,7 @@ json Session::State::initialize(const json& params) {
   if (has_prompts) caps["prompts"] = {{"listChanged", true}};
   caps["logging"] = json::object();
   if (has_completion) caps["completions"] = json::object();
+  if (!server.options().extensions.empty()) caps["extensions"] = server.options().extensions;
 
   const ServerInfo& si = server.info();
   json server_info = {{"name", si.name}};
@@ -1040,6 +1043,7 @@ Session::State::Job Session::State::read_resource(const json& params) {
         item["blob"] = *c.blob;
       else
         item["text"] = "";
+      if (c.meta) item["_meta"] = *c.meta;
       list.push_back(std::move(item));
     }
     return json{{"contents", std::move(list)}};

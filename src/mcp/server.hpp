@@ -81,6 +81,7 @@ struct Tool {
   // isError result naming the field. The handler may throw ProtocolError (JSON-RPC error) or
   // any std::exception (isError result with its message).
   std::function<ToolResult(const json& arguments, RequestContext& ctx)> handler;
+  std::optional<json> meta;  // the tool's _meta (an MCP App's {"ui": {"resourceUri": ...}})
 };
 
 struct Resource {
@@ -90,6 +91,7 @@ struct Resource {
   std::string description;
   std::string mime_type;
   std::optional<std::int64_t> size;
+  std::optional<json> meta;  // _meta in resources/list (an MCP App's {"ui": {"csp": ...}})
 };
 
 struct ResourceTemplate {
@@ -105,6 +107,7 @@ struct ResourceContents {
   std::string mime_type;
   std::optional<std::string> text;
   std::optional<std::string> blob;  // base64
+  std::optional<json> meta;          // _meta of the content item
 };
 
 class ResourceProvider {
@@ -172,6 +175,9 @@ struct ServerOptions {
   ParseLimits limits;
   ToolCallObserver on_tool_call;        // optional
   ArgumentRefusal refuse_arguments;     // optional; default: an isError result with `problem` as its text
+  // capabilities.extensions in initialize, by extension id (e.g. "io.modelcontextprotocol/ui");
+  // empty: left out.
+  json extensions = json::object();
 };
 
 class Session;

@@ -27,6 +27,7 @@
 #include "instances/instances.hpp"
 #include "instances/snapshots.hpp"
 #include "jobs/jobs.hpp"
+#include "tools/app.hpp"
 #include "tools/computer_contract.hpp"
 #include "tools/computer_files.hpp"
 #include "tools/desktop_tools.hpp"
@@ -129,19 +130,22 @@ store::Instance computer_for(State& st, const json& args, mcp::RequestContext& r
   return inst;
 }
 
-computer::ComputerFacts facts_of(const store::Instance& inst) {
+// desktop_url: where a person watches the computer's desktop in the dashboard, while the
+// desktop is on and the server serves HTTP; null on stdio, where no browser reaches the server.
+computer::ComputerFacts facts_of(const State& st, const store::Instance& inst) {
   return {.computer_id = inst.id,
           .desktop_environment = inst.meta.desktop(),
-          .network_access = inst.network != config::Network::off};
+          .network_access = inst.network != config::Network::off,
+          .desktop_url = app::desktop_url(st.ctx.services, inst)};
 }
 
 // What every file and idle result carries.
-json common(const store::Instance& inst, const char* operation) {
+json common(const State& st, const store::Instance& inst, const char* operation) {
   return {{"operation", operation},
           {"computer_id", inst.id},
           {"desktop_environment", inst.meta.desktop()},
           {"network_access", inst.network != config::Network::off},
-          {"desktop_url", nullptr},
+          {"desktop_url", app::desktop_url_json(st.ctx.services, inst)},
           {"workspace_directory", kWorkspace}};
 }
 
@@ -262,10 +266,10 @@ mcp::ToolResult terminal(State& st, const json& args, mcp::RequestContext& rc) {
   switch (o.ending) {
     case sandbox::Ending::cancelled: throw Error("cancelled");
     case sandbox::Ending::timed_out:
-      return json_result(computer::exec_result(facts_of(inst), "", computer::timeout_message(req.timeout), 124, ms));
+      return json_result(computer::exec_result(facts_of(st, inst), "", computer::timeout_message(req.timeout), 124, ms));
     case sandbox::Ending::output_limit:
       return json_result(
-          computer::exec_result(facts_of(inst), "", computer::output_limit_message(st.settings.output_limit), 1, ms));
+          computer::exec_result(facts_of(st, inst), "", computer::output_limit_message(st.settings.output_limit), 1, ms));
     case sandbox::Ending::finished: break;
   }
   std::string err = text::sanitize_utf8(o.err);
@@ -277,7 +281,7 @@ mcp::ToolResult terminal(State& st, const json& args, mcp::RequestContext& rc) {
     exit_code = 127;
   }
   if (o.status.oom_killed) err += "\n[ns-hpc: out of memory: the command was killed at its memory limit]";
-  json result = computer::exec_result(facts_of(inst), text::sanitize_utf8(o.out), err, exit_code, ms);
+  json result = computer::exec_result(facts_of(st, inst), text::sanitize_utf8(o.out), err, exit_code, ms);
   if (!st.settings.whole_output) bound(st, inst, result, o);
   return json_result(std::move(result));
 }
@@ -314,7 +318,7 @@ json created_json(const store::Instance& inst) {
 }
 
 json idle_json(const State& st, const store::Instance& inst) {
-  json out = common(inst, "idle");
+  json out = common(st, inst, "idle");
   out["lifecycle_tools_exposed"] = st.settings.expose_lifecycle_tools;
   out["lifecycle_tools_model_visible"] = st.settings.expose_lifecycle_tools;
   return out;
@@ -574,6 +578,39 @@ void add_run_tools(mcp::Server& server, const StatePtr& st) {
   });
 }
 
+// ---------------------------------------------------------------------------------------------
+// computer_ui: the seed's tool that opens its App, here the dashboard (ui://ns-hpc/dashboard:
+// the computers and their activity, read-only). A host that renders no App shows the text, which
+// names the dashboard a browser opens, or says why there is none.
+
+mcp::ToolResult computer_ui(State& st, const json& args, mcp::RequestContext& rc) {
+  json out = idle_json(st, computer_for(st, args, rc));
+  const std::optional<std::string> base = app::dashboard_base(st.ctx.services);
+  out["url"] = base ? *base + "/" : std::string(app::kUri);
+  out["resource_uri"] = app::kUri;
+  out["computer_attached"] = true;
+  out["message"] =
+      base ? fmt::format("The dashboard is at {}/ (log in with this server's token, or its one-time link printed at "
+                         "start-up); a host that renders MCP Apps shows it here.",
+                         *base)
+           : std::string("A host that renders MCP Apps shows the dashboard here. This server speaks stdio, which no "
+                         "browser reaches: for the dashboard in a browser, start it with --transport http and open "
+                         "the Dashboard URL it prints.");
+  return json_result(std::move(out));
+}
+
+void add_app_tool(mcp::Server& server, const StatePtr& st) {
+  add_tool(server, {
+      .name = "computer_ui",
+      .description = "Show the user the dashboard: computers, activity, live desktop.",
+      .input = input_object(json::object()),
+      .output = result_object({"url"}),
+      .hints = {.read_only = true},
+      .handler = working(st, "computer_ui", computer_ui),
+      .meta = app::tool_meta(),
+  });
+}
+
 }  // namespace
 
 mcp::ServerOptions computer_server_options(const config::Config& config, Services services,
@@ -590,6 +627,7 @@ mcp::ServerOptions computer_server_options(const config::Config& config, Service
   };
   options.page_size = static_cast<std::size_t>(config.mcp.page_size);
   options.result_shape = mcp::ResultShape::both;  // the seed's: the JSON as text and as structuredContent
+  options.extensions = app::extensions();  // the dashboard as an MCP App (computer_ui)
   // Arguments the input schema refuses are answered as every other error of the tool.
   options.refuse_arguments = [default_computer](const std::string& tool, const mcp::json& args,
                                                 const std::string& problem) {
@@ -636,18 +674,19 @@ void register_computer(mcp::Server& server, Services services, ComputerSettings 
                              return body(args, rc);
                            });
           },
-      .common = common,
+      .common = [st](const store::Instance& inst, const char* operation) { return common(*st, inst, operation); },
       .result = json_result,
       .computer_arg = computer_arg(),
       .whole_output = st->settings.whole_output,
   });
   add_run_tools(server, st);
+  add_app_tool(server, st);
   if (s.expose_lifecycle_tools) add_lifecycle_tools(server, st);
-  server.set_resources(screen_resources(st->ctx, [st]() -> std::optional<store::Instance> {
+  server.set_resources(app::with_app(screen_resources(st->ctx, [st]() -> std::optional<store::Instance> {
     const store::Store& store = st->ctx.services.instances.store();
     if (!store.exists(st->settings.computer_id)) return std::nullopt;
     return store.get(st->settings.computer_id);
-  }));
+  })));
   add_desktop_tools(server, {
       .ctx = st->ctx,
       .server = &server,
@@ -660,7 +699,7 @@ void register_computer(mcp::Server& server, Services services, ComputerSettings 
               return body(args, rc);
             });
           },
-      .common = common,
+      .common = [st](const store::Instance& inst, const char* operation) { return common(*st, inst, operation); },
       .switch_listed = s.expose_lifecycle_tools,
       .unavailable_text =
           [](const instances::DesktopUnavailable& why) {

@@ -11,6 +11,7 @@
 #include "instances/instances.hpp"
 #include "jobs/jobs.hpp"
 #include "network/netns.hpp"
+#include "tools/app.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -363,6 +364,8 @@ void add_list(mcp::Server& server, const ToolContext& ctx) {
             }
             return mcp::ToolResult::text(text, std::move(out));
           },
+      // A host that renders MCP Apps shows the dashboard with the list; the text is for the others.
+      .meta = app::tool_meta(),
   });
 }
 
@@ -420,6 +423,9 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
                                  {"snapshots_bytes", use.snapshots_bytes}};
             add_living_state(ctx, inst, out);
             out["limits"] = ctx.services.instances.limits(inst);
+            // Where a person watches its desktop: the dashboard's, served over HTTP only (null
+            // on stdio, where no browser reaches the server, and while the desktop is off).
+            out["desktop_url"] = app::desktop_url_json(ctx.services, inst);
             std::string text = fmt::format(
                 "Instance '{}'\nDescription: {}\nCreated: {}\nLast activity: {}\nNetwork: {}\nPersistent: {}\n"
                 "Workspace: {} ({:.1f} MiB)\nOutput: {} ({:.1f} MiB)\nFiles: {}\nRoot: {}\nSnapshots: {:.1f} MiB\n"
@@ -436,6 +442,8 @@ void add_describe(mcp::Server& server, const ToolContext& ctx) {
                 use.snapshots_bytes / 1048576.0, instances::limits_line(out["limits"]));
             // What being root there means (a single-uid map cannot hold other users).
             if (inst.image) text += fmt::format("\nIds: you are root (uid 0) inside; {}", inst.image->ids.source);
+            if (out["desktop_url"].is_string())
+              text += fmt::format("\nLive desktop: {}", out["desktop_url"].get<std::string>());
             return mcp::ToolResult::text(text, out);
           },
   });

@@ -44,6 +44,7 @@ struct ToolSpec {
   std::function<bool()> shown;  // listed only while it says so (mcp::Tool::shown); unset: always
   ToolHandler handler;
   bool listed = true;  // false: an alias called by name, not in tools/list (mcp::Tool::listed)
+  std::optional<mcp::json> meta;  // _meta in tools/list (an MCP App's, tools/app.hpp)
 };
 void add_tool(mcp::Server& server, ToolSpec spec);
 

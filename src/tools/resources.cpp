@@ -16,6 +16,7 @@
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "store/store.hpp"
+#include "tools/app.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -185,7 +186,10 @@ class Resources final : public mcp::ResourceProvider {
 
 }  // namespace
 
-std::shared_ptr<mcp::ResourceProvider> make_resources(const ToolContext& ctx) { return std::make_shared<Resources>(ctx); }
+// With the dashboard's MCP App (ui://ns-hpc/dashboard) listed first.
+std::shared_ptr<mcp::ResourceProvider> make_resources(const ToolContext& ctx) {
+  return app::with_app(std::make_shared<Resources>(ctx));
+}
 
 LivingStateWatch::LivingStateWatch(mcp::Server& server, Services services, std::chrono::milliseconds interval)
     : server_(server), services_(services), interval_(interval), thread_([this](std::stop_token stop) { run(stop); }) {}

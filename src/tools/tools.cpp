@@ -9,6 +9,7 @@
 #include "base/time.hpp"
 #include "instances/instances.hpp"
 #include "tools/desktop_tools.hpp"
+#include "tools/app.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -133,6 +134,7 @@ mcp::ServerOptions server_options(const config::Config& config, Services service
     audit_tool_call(ctx, tool, args, result, duration, rc);
   };
   options.page_size = static_cast<std::size_t>(config.mcp.page_size);
+  options.extensions = app::extensions();
   switch (config.mcp.result_type) {
     case config::ResultType::text: options.result_shape = mcp::ResultShape::text; break;
     case config::ResultType::structured: options.result_shape = mcp::ResultShape::structured; break;

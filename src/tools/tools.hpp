@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -21,6 +22,10 @@ struct Services {
   // Where a missing default image is built in the background (create_instance); null: it is not.
   sandbox::BackgroundBuilds* image_builds = nullptr;
   bool job_tools = true;  // the job tools are registered
+  // The dashboard's base URL ("http://127.0.0.1:8000") once the server serves it over HTTP, for
+  // desktop_url and computer_ui; unset or nullopt: none a browser can reach (stdio, a Unix socket,
+  // the dashboard off). Set by the CLI from the HTTP transport's status board.
+  std::function<std::optional<std::string>()> dashboard_base;
 };
 
 // Server metadata (name, version, instructions for the agent).
@@ -51,7 +56,8 @@ struct ComputerSettings {
 mcp::ServerOptions computer_server_options(const config::Config& config, Services services,
                                            std::string default_computer);
 // Registers its tools: terminal_execute, read_file, write_file, edit_file,
-// expose_port, the job tools (when Services::job_tools), and unless hidden the lifecycle tools.
+// expose_port, the job tools (when Services::job_tools), computer_ui (the dashboard as an MCP
+// App, tools/app.hpp), and unless hidden the lifecycle tools.
 // Temporary computers are released when their sessions close (the server's session-closed hook
 // is taken), and those left by ended servers deleted now.
 void register_computer(mcp::Server& server, Services services, ComputerSettings settings);

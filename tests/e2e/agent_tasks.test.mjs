@@ -1,6 +1,6 @@
 // The twelve agent tasks of agent_tasks.mjs on both entry points (`ns-hpc run`, `ns-hpc computer`),
 // with what a model reads held to its budget: tools/list of `ns-hpc run` at most 23 KiB and of
-// `ns-hpc computer` at most 8 KiB (default config: no proxied servers, host commands or desktop),
+// `ns-hpc computer` at most 8.5 KiB (default config: no proxied servers, host commands or desktop),
 // no tool result over 64 KiB, and each task ending as the user expects (the tests pass, the edit is
 // there, the plot comes back as an image, the page served inside opens from the host, ...).
 //

@@ -86,8 +86,8 @@ describe('computer over stdio', { skip }, () => {
     const { tools } = await c.client.listTools();
     const names = tools.map((t) => t.name).sort();
     assert.deepEqual(names, ['computer_create', 'computer_delete', 'computer_factory_reset', 'computer_list',
-      'computer_restart', 'edit_file', 'expose_port', 'poll_job', 'read_file', 'set_desktop_environment',
-      'set_network_access', 'submit_job', 'terminal_execute', 'write_file']);
+      'computer_restart', 'computer_ui', 'edit_file', 'expose_port', 'poll_job', 'read_file',
+      'set_desktop_environment', 'set_network_access', 'submit_job', 'terminal_execute', 'write_file']);
     const terminal = tools.find((t) => t.name === 'terminal_execute');
     assert.match(terminal.description, /Commands run in bash\./);
     assert.match(terminal.description, /time out after 120 seconds by default/);
@@ -442,8 +442,9 @@ describe('computer lifetimes', { skip }, () => {
     const a = await connectComputer(quiet, 'quiet-box');
     try {
       const names = (await a.client.listTools()).tools.map((t) => t.name).sort();
-      assert.deepEqual(names, ['edit_file', 'expose_port', 'poll_job', 'read_file', 'submit_job', 'terminal_execute',
-        'write_file']);
+      // computer_ui is the seed 0.2.3's too (model-visible there).
+      assert.deepEqual(names, ['computer_ui', 'edit_file', 'expose_port', 'poll_job', 'read_file', 'submit_job',
+        'terminal_execute', 'write_file']);
     } finally {
       await a.close();
       removeHome(quiet);

@@ -125,6 +125,8 @@ TEST(AgentView, ResourcesListPagesAndGuidesHaveTheirOwnDescriptions) {
   for (const std::string guide : {"ns-hpc.md", "jobs.md", "sandbox.md", "slurm.md"})
     EXPECT_TRUE(uris.count("resource://ns-hpc/context/" + guide)) << guide;
   EXPECT_EQ(guide_descriptions.size(), 4u) << "the guides share a description";
+  EXPECT_TRUE(uris.count("ui://ns-hpc/dashboard")) << "the dashboard's MCP App is on a page";
+  EXPECT_EQ(uris.size(), 1u + 4u + 5u) << "the App, the guides, the instances";
 }
 
 // An archived id says so, and how to bring it back, on every call; create says when an archive of

@@ -227,17 +227,19 @@ nlohmann::json error_of(const nlohmann::json& answer) {
 
 }  // namespace
 
-// A model reads tools/list on every turn: at most 8 KiB for the computer (it was 12.6 KiB), with
-// the seed's tools, terminal_execute's description the seed's, and what `ns-hpc run` adds.
+// A model reads tools/list on every turn: at most 8.5 KiB for the computer (it was 12.6 KiB), with
+// the seed's tools, terminal_execute's description the seed's, and what `ns-hpc run` adds. It was
+// 8 KiB until computer_ui (the seed's tool that opens the dashboard as an MCP App: 342 bytes with
+// its _meta) came in at 8,122 bytes.
 TEST(ComputerTools, TheToolListFitsItsBudget) {
   Env env;
   std::map<int, std::string> lines;
   auto answers = ask_computer(env, {{{"method", "tools/list"}, {"params", nlohmann::json::object()}}}, &lines);
   ASSERT_TRUE(answers.count(2)) << "no answer to tools/list";
-  EXPECT_LE(lines[2].size(), 8192u) << lines[2];
+  EXPECT_LE(lines[2].size(), 8704u) << lines[2];
   std::vector<std::string> names;
   for (const auto& tool : answers[2]["result"]["tools"]) names.push_back(tool["name"]);
-  for (const char* name : {"terminal_execute", "read_file", "write_file", "edit_file", "expose_port", "submit_job",
+  for (const char* name : {"terminal_execute", "read_file", "write_file", "edit_file", "expose_port", "submit_job", "computer_ui",
                            "poll_job", "computer_list", "computer_create", "computer_restart", "computer_factory_reset",
                            "computer_delete", "set_network_access"})
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
