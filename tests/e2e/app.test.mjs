@@ -162,8 +162,13 @@ describe('the dashboard as an MCP App, over stdio', () => {
       assert.equal(await app.frame.locator('#instances img, #instances b').count(), 0);
       const activity = await app.frame.$$eval('#activity li', (lis) => lis.map((li) => li.textContent));
       assert.ok(activity.some((l) => l.includes('hostile') && l.includes(HOSTILE)), activity.join('\n'));
-      assert.match(await app.frame.textContent('#status'), /2 instance\(s\)/);
-      assert.ok(app.calls.includes('list_instances'), app.calls.join(','));
+      assert.match(await app.frame.textContent('#status'), /^2 instance\(s\)/);
+      assert.deepEqual(app.calls, ['list_instances']);
+      // Refresh asks again, and shows what changed.
+      await ok(run.client, 'create_instance', { instance_id: 'later' });
+      await app.frame.click('#refresh');
+      await app.frame.locator('#instances td.id', { hasText: 'later' }).waitFor({ timeout: 10_000 });
+      assert.deepEqual(app.calls, ['list_instances', 'list_instances']);
       assert.deepEqual(app.pwned, []);
       assert.deepEqual(app.requests.filter((u) => !u.startsWith('about:') && !u.startsWith('data:')), []);
       assert.deepEqual(app.errors, []);
