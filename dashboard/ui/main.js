@@ -2,8 +2,8 @@
 // time. The files under dashboard/ui are embedded in the ns-hpc binary as they are (gzipped by
 // the build, see src/dashboard/assets.cmake), so what you read here is what the browser runs.
 //
-// Layout: main.js (this file) routes the hash (#/instances, #/instances/<id>, #/activity,
-// #/server) to a view; each view in views/ exports mount(root, params), which builds its part of
+// Layout: main.js (this file) routes the hash (#/instances, #/instances/<id>[/desktop|/terminal],
+// #/activity, #/server) to a view; each view in views/ exports mount(root, params), which builds its part of
 // the page and returns a function that tears it down. api.js calls the JSON API (docs/api.md),
 // events.js holds the one live EventSource, dom.js builds DOM nodes (text only: nothing a
 // sandbox wrote ever becomes markup), dialog.js asks before destructive actions.
@@ -17,6 +17,8 @@ import * as serverView from './views/server.js';
 const routes = [
   { pattern: /^\/instances\/?$/, view: instancesView, nav: 'instances' },
   { pattern: /^\/instances\/([^/]+)\/?$/, view: instanceView, nav: 'instances' },
+  // An instance opened on a tab: the desktop_url agents are given (#/instances/<id>/desktop).
+  { pattern: /^\/instances\/([^/]+)\/(desktop|terminal)\/?$/, view: instanceView, nav: 'instances' },
   { pattern: /^\/activity\/?$/, view: activityView, nav: 'activity' },
   { pattern: /^\/server\/?$/, view: serverView, nav: 'server' },
 ];
@@ -43,6 +45,7 @@ function route() {
   delete root.dataset.loaded;  // set again by the new view once its data is in
   const params = {
     id: match.m[1] === undefined ? undefined : decodeURIComponent(match.m[1]),
+    tab: match.m[2],
     query: new URLSearchParams(queryString ?? ''),
   };
   try {

@@ -281,6 +281,17 @@ describe('live desktop and terminal in a browser', { skip }, () => {
     await page.setViewportSize({ width: 1360, height: 900 });
   });
 
+  test("describe_instance's desktop_url opens the instance on its live desktop", async () => {
+    const described = await ok('describe_instance', { instance_id: 'live' });
+    const url = described.structuredContent?.desktop_url;
+    assert.match(url ?? '', /\/#\/instances\/live\/desktop$/, JSON.stringify(described.structuredContent));
+    await page.goto(url);
+    await page.locator('[role=tab][aria-selected=true]', { hasText: 'Desktop' }).waitFor({ timeout: 10_000 });
+    await statusSays('Live, view only', 15_000);
+    await page.goto(url.replace(/\/desktop$/, '/terminal'));
+    await page.locator('[role=tab][aria-selected=true]', { hasText: 'Terminal' }).waitFor({ timeout: 10_000 });
+  });
+
   test('no request left loopback, no console error', async () => {
     assert.ok(requests.length > 10, `requests seen: ${requests.length}`);
     for (const u of requests) {

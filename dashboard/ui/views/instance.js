@@ -10,7 +10,9 @@ import * as act from './actions.js';
 
 const OUTPUT_LIMIT = 1_000_000; // characters of job output kept on the page
 
-export function mount(root, { id }) {
+export function mount(root, { id, tab }) {
+  // Opened on a tab (#/instances/<id>/desktop): that tab once the instance is known to have it.
+  let wanted = tab === 'desktop' ? 'Desktop' : tab === 'terminal' ? 'Terminal' : null;
   const controller = new AbortController();
   const signal = controller.signal;
   let info = null;
@@ -107,6 +109,8 @@ export function mount(root, { id }) {
       return;
     }
     renderInfo();
+    if (wanted && !tabButtons[tabs.indexOf(wanted)].hidden) select(wanted);
+    wanted = null;
   }
 
   function renderInfo() {
