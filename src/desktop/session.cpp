@@ -258,7 +258,7 @@ start_vnc() {
   fi
   rm -f "$vncmissing" "$vncsocket"
   launch vnc x11vnc -display :0 -auth "$xauthority" -unixsock "$vncsocket" -rfbport 0 -rfbportv6 -1 \
-    -forever -shared -nopw -quiet -nolookup -noremote -nocmds
+    -forever -shared -nopw -quiet -nolookup -noremote -nocmds -noxrecord -nowf -noscr
 }
 
 start_bus() {

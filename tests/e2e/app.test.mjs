@@ -10,7 +10,7 @@
 //   - desktop_url names the dashboard's live desktop over HTTP while a desktop is on, and is null
 //     on stdio and while it is off.
 import assert from 'node:assert/strict';
-import { execFileSync, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -19,7 +19,7 @@ import { after, before, describe, test } from 'node:test';
 import { chromium } from 'playwright-core';
 
 import { connectHttp, makeHttpHome, startServer } from './http_lib.mjs';
-import { NSHPC_BINARY, childEnv, connectClient, makeHome, removeHome, textOf, until } from './lib.mjs';
+import { childEnv, connectClient, hostHas, makeHome, NSHPC_BINARY, removeHome, textOf, until } from './lib.mjs';
 
 const APP_URI = 'ui://ns-hpc/dashboard';
 const APP_MIME = 'text/html;profile=mcp-app';
@@ -27,14 +27,6 @@ const EXTENSION = 'io.modelcontextprotocol/ui';
 const CHROMIUM = process.env.NSHPC_CHROMIUM || '/usr/bin/chromium-headless-shell';
 const HOSTILE = '<img src=x onerror="parent.postMessage({pwned:1},\'*\')"><b>bold</b> & "quotes"';
 
-function hostHas(program) {
-  try {
-    execFileSync('sh', ['-c', `command -v ${program}`], { stdio: 'ignore' });
-    return true;
-  } catch {
-    return false;
-  }
-}
 const desktopSkip = ['Xvfb', 'xfwm4'].every(hostHas) ? false : 'the host has no Xvfb/Xfce (make deps installs them)';
 
 const cache = process.getuid() === 0

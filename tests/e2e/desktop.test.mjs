@@ -8,14 +8,13 @@
 //     desktop on, starts a program with terminal_execute and sees its window, types into it and
 //     reads back what it wrote.
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
 import { ToolListChangedNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
 
-import { NSHPC_BINARY, childEnv, connectClient, connectNshpc, makeHome, removeHome, textOf, until } from './lib.mjs';
+import { childEnv, connectClient, connectNshpc, hostHas, makeHome, NSHPC_BINARY, removeHome, textOf, until } from './lib.mjs';
 
 const root = process.getuid() === 0;
 const cache = '/var/cache/ns-hpc-test';
@@ -25,14 +24,6 @@ const computerSkip = haveDesktopImage && haveImage
   ? false
   : "as root, with images 'test' and 'test-desktop' in /var/cache/ns-hpc-test (scripts/test-image.sh builds them)";
 
-function hostHas(program) {
-  try {
-    execFileSync('sh', ['-c', `command -v ${program}`], { stdio: 'ignore' });
-    return true;
-  } catch {
-    return false;
-  }
-}
 const hostSkip = ['Xvfb', 'xfwm4', 'xfce4-panel', 'mousepad'].every(hostHas)
   ? false
   : 'the host has no Xvfb/Xfce/Mousepad (make deps installs the desktop group)';

@@ -1,6 +1,6 @@
 // Shared helpers of the ns-hpc MCP end-to-end tests: binaries, temporary homes and configs,
 // SDK clients over stdio, a raw line-oriented JSON-RPC child, JSON Schema checks.
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import zlib from 'node:zlib';
@@ -251,6 +251,16 @@ export function hostProcessesWith(needle) {
 }
 
 // Polls until `cond()` (sync or async) is true or `timeout` ms pass; returns whether it became true.
+// Whether `program` is on the PATH (a test that needs it skips, saying so, when it is not).
+export function hostHas(program) {
+  try {
+    execFileSync('sh', ['-c', `command -v ${program}`], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 export async function until(cond, timeout = 5000) {
   const end = Date.now() + timeout;
   while (Date.now() < end) {

@@ -14,16 +14,8 @@ import { after, before, describe, test } from 'node:test';
 import { WebSocket } from 'undici';
 
 import { connectHttp, makeHttpHome, rawRequest, startServer } from './http_lib.mjs';
-import { removeHome, textOf, until } from './lib.mjs';
+import { hostHas, removeHome, textOf, until } from './lib.mjs';
 
-function hostHas(program) {
-  try {
-    execFileSync('sh', ['-c', `command -v ${program}`], { stdio: 'ignore' });
-    return true;
-  } catch {
-    return false;
-  }
-}
 const desktopSkip = ['Xvfb', 'xfwm4', 'x11vnc'].every(hostHas)
   ? false
   : 'the host has no Xvfb/Xfce/x11vnc (make deps installs the desktop group)';

@@ -10,7 +10,6 @@
 //   - throughout: the CSP header, no console error, no request or WebSocket off loopback.
 // Screenshots of both widgets go to $NSHPC_SCREENSHOTS (default tests/e2e/screenshots/).
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -19,7 +18,7 @@ import { after, before, describe, test } from 'node:test';
 import { chromium } from 'playwright-core';
 
 import { connectHttp, makeHttpHome, startServer } from './http_lib.mjs';
-import { removeHome, sleep, textOf, until } from './lib.mjs';
+import { hostHas, removeHome, sleep, textOf, until } from './lib.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const SHOTS = process.env.NSHPC_SCREENSHOTS || path.join(here, 'screenshots');
@@ -27,14 +26,6 @@ const CHROMIUM = process.env.NSHPC_CHROMIUM || '/usr/bin/chromium-headless-shell
 const CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; script-src 'self'; " +
   "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 
-function hostHas(program) {
-  try {
-    execFileSync('sh', ['-c', `command -v ${program}`], { stdio: 'ignore' });
-    return true;
-  } catch {
-    return false;
-  }
-}
 const skip = !fs.existsSync(CHROMIUM)
   ? `${CHROMIUM} is not installed`
   : !['Xvfb', 'xfwm4', 'x11vnc', 'mousepad'].every(hostHas) && 'the host has no Xvfb/Xfce/x11vnc/Mousepad (make deps installs them)';

@@ -9,7 +9,6 @@
 //     instance keeps getting its frames;
 //   - garbage from the browser's side (not RFB) closes only that connection.
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
@@ -18,16 +17,8 @@ import { after, before, describe, test } from 'node:test';
 import { WebSocket } from 'undici';
 
 import { connectHttp, makeHttpHome, startServer } from './http_lib.mjs';
-import { removeHome, sleep, textOf, until } from './lib.mjs';
+import { hostHas, removeHome, sleep, textOf, until } from './lib.mjs';
 
-function hostHas(program) {
-  try {
-    execFileSync('sh', ['-c', `command -v ${program}`], { stdio: 'ignore' });
-    return true;
-  } catch {
-    return false;
-  }
-}
 const skip = ['Xvfb', 'xfwm4', 'x11vnc', 'python3'].every(hostHas)
   ? false
   : 'the host has no Xvfb/Xfce/x11vnc/python3 (make deps installs the desktop group)';
