@@ -12,6 +12,7 @@
 #include "cli/app.hpp"
 #include "cli/pty_relay.hpp"
 #include "cli/signals.hpp"
+#include "instances/terminal.hpp"
 #include "sandbox/capture.hpp"
 
 namespace nshpc::cli {
@@ -28,14 +29,8 @@ sandbox::ExecSpec make_exec_spec(Invocation& inv, const store::Instance& inst, s
 int finish_sandbox_run(Invocation& inv, const store::Instance& inst, const std::vector<std::string>& command,
                        std::string_view event, const sandbox::ExitStatus& status,
                        std::chrono::steady_clock::duration elapsed, int stop_signal, bool timed_out = false) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
-  nlohmann::json fields = {{"instance_id", inst.id},
-                           {"command", command},
-                           {"network", config::to_string(inst.network)},
-                           {"duration_ms", ms},
-                           {"exit_code", status.exit_code},
-                           {"started", status.started}};
-  if (!status.error.empty()) fields["error"] = status.error;
+  nlohmann::json fields =
+      instances::person_run_fields(inst, command, status, std::chrono::duration_cast<std::chrono::milliseconds>(elapsed));
   if (stop_signal) fields["stopped_by_signal"] = stop_signal;
   if (timed_out) fields["timed_out"] = true;
   inv.store().audit(inst, event, users::cli_actor(), std::move(fields));

@@ -136,19 +136,25 @@ sandbox::ExitStatus Terminal::wait() {
   return *status_;
 }
 
-void Terminal::audit(const sandbox::ExitStatus& status, bool closed) {
-  if (audited_) return;
-  audited_ = true;
-  const auto ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started_).count();
-  // The fields of `instance enter`'s line (cli/cmd_bwrap.cpp), and whether closing ended it.
-  nlohmann::json fields = {{"instance_id", instance_.id},
-                           {"command", argv_},
-                           {"network", config::to_string(instance_.network)},
-                           {"duration_ms", ms},
+nlohmann::json person_run_fields(const store::Instance& inst, const std::vector<std::string>& command,
+                                 const sandbox::ExitStatus& status, std::chrono::milliseconds took) {
+  nlohmann::json fields = {{"instance_id", inst.id},
+                           {"command", command},
+                           {"network", config::to_string(inst.network)},
+                           {"duration_ms", took.count()},
                            {"exit_code", status.exit_code},
                            {"started", status.started}};
   if (!status.error.empty()) fields["error"] = status.error;
+  return fields;
+}
+
+void Terminal::audit(const sandbox::ExitStatus& status, bool closed) {
+  if (audited_) return;
+  audited_ = true;
+  // The fields of `instance enter`'s line, and whether closing ended it.
+  nlohmann::json fields = person_run_fields(
+      instance_, argv_, status,
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started_));
   if (closed) fields["closed_while_running"] = true;
   try {
     service_->store().audit(instance_, "sandbox.enter", actor_, std::move(fields));

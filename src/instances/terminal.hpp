@@ -25,6 +25,12 @@ namespace nshpc::instances {
 inline constexpr std::size_t kMaxTerminalsPerInstance = 4;
 inline constexpr std::size_t kMaxTerminals = 32;
 
+// The fields of the audit line of a command a person ran in `inst` (`ns-hpc bwrap`, `instance
+// enter`, a dashboard terminal): the instance, the command, its network, how long it took and how
+// it ended.
+nlohmann::json person_run_fields(const store::Instance& inst, const std::vector<std::string>& command,
+                                 const sandbox::ExitStatus& status, std::chrono::milliseconds took);
+
 struct TerminalRequest {
   std::vector<std::string> argv;  // empty: /bin/bash -i, as `instance enter`
   unsigned short rows = 24;       // the window size the command starts with
