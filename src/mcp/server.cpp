@@ -256,6 +256,10 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   struct Call {
     json id;
     std::string key;  // id.dump()
+    std::string method;
+    Envelope env;                       // what the request said about itself (its era among it)
+    json input_responses = json::object();  // modern retries after input_required
+    std::string request_state;
     std::optional<json> progress_token;
     std::atomic<bool> cancelled{false};   // set under State::mu (waiters use State::cv)
     std::mutex send_mu;                   // orders this request's progress before its response
@@ -308,6 +312,17 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   bool closed = false;
   bool initialized = false;         // the initialize response went out
   bool client_initialized = false;  // notifications/initialized arrived
+  // The era this connection settled on: initialize's answer fixes legacy, the first request with
+  // a valid 2026-07-28 envelope fixes modern. server/discover (and ping) never fix it: a client
+  // probes with discover and may still open with initialize.
+  std::optional<Era> era;
+  // subscriptions/listen requests open on this connection (modern): their id and filter.
+  struct Listen {
+    json id;
+    bool tools = false, prompts = false, resources = false;
+    std::set<std::string, std::less<>> uris;
+  };
+  std::map<std::string, Listen> listens;  // by request key
   std::string protocol_version;
   std::string client_name = "unknown";
   json client_capabilities = json::object();
@@ -361,15 +376,22 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
     return true;
   }
 
-  void log(LogLevel lv, const json& data, const std::string& logger, const json& related = nullptr) {
+  // notifications/message about `call`: legacy at the session's level (once initialized), modern
+  // at the request's own logLevel (none sent: no messages).
+  void log(LogLevel lv, const json& data, const std::string& logger, const Call& call) {
     {
       std::lock_guard lock(mu);
-      if (closed || !initialized || lv < level) return;
+      if (closed) return;
+      if (call.env.era == Era::modern) {
+        if (!call.env.log_level || lv < *call.env.log_level) return;
+      } else if (!initialized || lv < level) {
+        return;
+      }
     }
     json params = {{"level", std::string(to_string(lv))}};
     if (!logger.empty()) params["logger"] = text::sanitize_utf8(logger);
     params["data"] = data;
-    emit(make_notification("notifications/message", std::move(params)), related);
+    emit(make_notification("notifications/message", std::move(params)), call.id);
   }
 
   json request_client(const std::shared_ptr<Call>& call, const std::string& method, json params,
@@ -377,6 +399,18 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   void client_response(const json& message);
 
   void close() {
+    // Subscription streams the server ends get their final result (the client sees a graceful end).
+    std::vector<json> ending;
+    {
+      std::lock_guard lock(mu);
+      if (!closed)
+        for (auto& [key, l] : listens) {
+          ending.push_back(l.id);
+          calls.erase(key);
+        }
+      listens.clear();
+    }
+    for (const json& id : ending) emit(make_response(id, listen_ended(id)), id);
     std::unique_lock lock(mu);
     closed = true;
     for (auto& [key, call] : calls) call->cancelled = true;
@@ -402,6 +436,18 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   void request(const std::string& name, const json& id, const json& message);
   // The handlers of the method table.
   json initialize(const json& params);
+  json discover(const json& params);
+  json capabilities();
+  json server_info() const;
+  json shape(json result, std::string_view method, Era era) const;
+  // subscriptions/listen: registers the stream's filter and acknowledges it; no response until
+  // the server ends it (a cancel ends it without one).
+  void listen(const json& id, const json& params, const Envelope& env);
+  // The final result of a listen the server ends (it shuts down).
+  json listen_ended(const json& id) const;
+  // Change notifications: to a legacy session as before, and to every listen whose filter wants it.
+  enum class Change { tools, prompts, resources, updated };
+  void publish(Change change, const std::string& uri);
   json ping(const json& params);
   json set_level(const json& params);
   json list_tools(const json& params);
@@ -417,7 +463,7 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   // The resource provider, or -32601 for `method` when the server has none.
   std::shared_ptr<ResourceProvider> resources_for(std::string_view method);
 
-  void start(const json& id, const json& params, Job job);
+  void start(const json& id, const std::string& method, const json& params, const Envelope& env, Job job);
   void run(const std::shared_ptr<Call>& call, const Job& job);
   void erase_call(const std::shared_ptr<Call>& call) {  // mu held
     auto it = calls.find(call->key);
@@ -434,9 +480,15 @@ class Session::State::RunningRequest final : public RequestContext {
  public:
   RunningRequest(std::shared_ptr<State> state, std::shared_ptr<Call> call)
       : state_(std::move(state)), call_(std::move(call)) {
+    if (call_->env.era == Era::modern) {
+      protocol_version_ = call_->env.protocol_version;
+      client_name_ = call_->env.client_name.empty() ? std::string("unknown") : call_->env.client_name;
+      return;
+    }
     std::lock_guard lock(state_->mu);
     protocol_version_ = state_->protocol_version;
     client_name_ = state_->client_name;
+    session_id_ = state_->id;
   }
 
   bool cancelled() const override { return call_->cancelled.load(); }
@@ -459,28 +511,40 @@ class Session::State::RunningRequest final : public RequestContext {
   }
 
   void log(LogLevel level, const json& data, const std::string& logger) override {
-    state_->log(level, data, logger, call_->id);
+    state_->log(level, data, logger, *call_);
   }
 
   json client_capabilities() const override {
+    if (call_->env.era == Era::modern) return call_->env.client_capabilities;
     std::lock_guard lock(state_->mu);
     return state_->client_capabilities;
   }
 
   json request_client(const std::string& method, json params,
                       std::chrono::milliseconds timeout) override {
+    if (call_->env.era == Era::modern)
+      throw ProtocolError(kInvalidRequest,
+                          fmt::format("{} cannot be sent to a {} client: that revision has no server-to-client "
+                                      "requests (the server answers input_required instead)",
+                                      method, call_->env.protocol_version));
     return state_->request_client(call_, method, std::move(params), timeout);
   }
 
+  Era era() const override { return call_->env.era; }
   const std::string& protocol_version() const override { return protocol_version_; }
   std::string client_name() const override { return client_name_; }
-  const std::string& session_id() const override { return state_->id; }
+  const std::string& session_id() const override { return session_id_; }
+  const std::string& traceparent() const override { return call_->env.traceparent; }
+  const std::string& tracestate() const override { return call_->env.tracestate; }
+  const json& input_responses() const override { return call_->input_responses; }
+  const std::string& request_state() const override { return call_->request_state; }
 
  private:
   std::shared_ptr<State> state_;
   std::shared_ptr<Call> call_;
   std::string protocol_version_;
   std::string client_name_;
+  std::string session_id_;  // empty for a modern request
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -548,23 +612,16 @@ struct Server::Registry {
     return !sessions.empty();
   }
 
-  // Sends `message` to every open, initialized session `want` accepts. Sessions are collected
-  // under the lock and served outside it.
-  void broadcast(const json& message,
-                 const std::function<bool(const Session::State&)>& want = nullptr) {
-    std::vector<std::shared_ptr<Session::State>> targets;
-    {
-      std::lock_guard lock(mu);
-      for (auto& [session, weak] : sessions)
-        if (auto state = weak.lock()) targets.push_back(std::move(state));
-    }
-    for (auto& state : targets) {
-      {
-        std::lock_guard lock(state->mu);
-        if (state->closed || !state->initialized || (want && !want(*state))) continue;
-      }
-      state->emit(message);
-    }
+  std::vector<std::shared_ptr<Session::State>> open_sessions() {
+    std::vector<std::shared_ptr<Session::State>> out;
+    std::lock_guard lock(mu);
+    for (auto& [session, weak] : sessions)
+      if (auto state = weak.lock()) out.push_back(std::move(state));
+    return out;
+  }
+  // Tells every open session of a change (sessions collected under the lock, served outside it).
+  void publish(Session::State::Change change, const std::string& uri = {}) {
+    for (auto& state : open_sessions()) state->publish(change, uri);
   }
 };
 
@@ -576,13 +633,12 @@ Server::Server(ServerInfo info, ServerOptions options)
 Server::~Server() = default;
 
 void Server::add_tool(Tool tool) {
-  if (registry_->add(registry_->tools, std::move(tool), "tool"))
-    registry_->broadcast(make_notification("notifications/tools/list_changed"));
+  if (registry_->add(registry_->tools, std::move(tool), "tool")) registry_->publish(Session::State::Change::tools);
 }
 
 void Server::add_prompt(Prompt prompt) {
   if (registry_->add(registry_->prompts, std::move(prompt), "prompt"))
-    registry_->broadcast(make_notification("notifications/prompts/list_changed"));
+    registry_->publish(Session::State::Change::prompts);
 }
 
 void Server::set_resources(std::shared_ptr<ResourceProvider> provider) {
@@ -605,30 +661,21 @@ void Server::set_session_closed(SessionClosed handler) {
   registry_->session_closed = std::move(handler);
 }
 
-void Server::notify_tool_list_changed() {
-  registry_->broadcast(make_notification("notifications/tools/list_changed"));
-}
+void Server::notify_tool_list_changed() { registry_->publish(Session::State::Change::tools); }
 
-void Server::notify_resource_list_changed() {
-  registry_->broadcast(make_notification("notifications/resources/list_changed"));
-}
+void Server::notify_resource_list_changed() { registry_->publish(Session::State::Change::resources); }
 
 void Server::notify_resource_updated(const std::string& uri) {
-  registry_->broadcast(make_notification("notifications/resources/updated", {{"uri", uri}}),
-                       [&](const Session::State& s) { return s.subscriptions.count(uri) > 0; });
+  registry_->publish(Session::State::Change::updated, uri);
 }
 
 std::set<std::string> Server::subscribed_uris() const {
-  std::vector<std::shared_ptr<Session::State>> states;
-  {
-    std::lock_guard lock(registry_->mu);
-    for (auto& [session, weak] : registry_->sessions)
-      if (auto state = weak.lock()) states.push_back(std::move(state));
-  }
   std::set<std::string> uris;
-  for (const auto& state : states) {
+  for (const auto& state : registry_->open_sessions()) {
     std::lock_guard lock(state->mu);
-    if (!state->closed) uris.insert(state->subscriptions.begin(), state->subscriptions.end());
+    if (state->closed) continue;
+    uris.insert(state->subscriptions.begin(), state->subscriptions.end());
+    for (const auto& [key, listen] : state->listens) uris.insert(listen.uris.begin(), listen.uris.end());
   }
   return uris;
 }
@@ -729,11 +776,20 @@ void Session::State::notification(const std::string& method, const json& message
   } else if (method == "notifications/cancelled") {
     auto rid = params.find("requestId");
     if (rid == params.end() || !is_valid_id(*rid)) return;
-    std::lock_guard lock(mu);
-    auto it = calls.find(rid->dump());
-    if (it == calls.end()) return;  // unknown or finished: ignored
-    it->second->cancelled = true;
-    cv.notify_all();
+    std::shared_ptr<Call> ended_listen;
+    {
+      std::lock_guard lock(mu);
+      auto it = calls.find(rid->dump());
+      if (it == calls.end()) return;  // unknown or finished: ignored
+      if (listens.erase(it->first) > 0) {  // a subscription stream: it ends now, without a response
+        ended_listen = it->second;
+        calls.erase(it);
+      } else {
+        it->second->cancelled = true;
+        cv.notify_all();
+      }
+    }
+    if (ended_listen) went_unanswered(*ended_listen);
   }
   // Anything else (including notifications/roots/list_changed) needs no action.
 }
@@ -766,6 +822,18 @@ json Session::State::initialize(const json& params) {
   const std::string negotiated =
       is_supported_version(requested) ? requested : std::string(kProtocolVersions.front());
 
+  const ServerInfo& si = server.info();
+  json result = {{"protocolVersion", negotiated}, {"capabilities", this->capabilities()}, {"serverInfo", server_info()}};
+  if (!si.instructions.empty()) result["instructions"] = si.instructions;
+
+  std::lock_guard lock(mu);
+  protocol_version = negotiated;
+  client_name = std::move(client);
+  client_capabilities = capabilities;
+  return result;
+}
+
+json Session::State::capabilities() {
   auto& reg = registry();
   bool has_resources = false, has_prompts = false, has_completion = false;
   {
@@ -781,21 +849,46 @@ json Session::State::initialize(const json& params) {
   caps["logging"] = json::object();
   if (has_completion) caps["completions"] = json::object();
   if (!server.options().extensions.empty()) caps["extensions"] = server.options().extensions;
+  return caps;
+}
 
+json Session::State::server_info() const {
   const ServerInfo& si = server.info();
-  json server_info = {{"name", si.name}};
-  if (!si.title.empty()) server_info["title"] = si.title;
-  server_info["version"] = si.version;
+  json info = {{"name", si.name}};
+  if (!si.title.empty()) info["title"] = si.title;
+  info["version"] = si.version;
+  return info;
+}
 
-  json result = {{"protocolVersion", negotiated},
-                 {"capabilities", std::move(caps)},
-                 {"serverInfo", std::move(server_info)}};
-  if (!si.instructions.empty()) result["instructions"] = si.instructions;
+json Session::State::discover(const json&) {
+  json result = {{"supportedVersions", supported_versions()}, {"capabilities", capabilities()}};
+  if (!server.info().instructions.empty()) result["instructions"] = server.info().instructions;
+  return result;
+}
 
-  std::lock_guard lock(mu);
-  protocol_version = negotiated;
-  client_name = std::move(client);
-  client_capabilities = capabilities;
+// A modern result as 2026-07-28 wants it: resultType, the cache hints of lists and reads, and the
+// server's identity in _meta. Legacy results go out as the handler made them.
+json Session::State::shape(json result, std::string_view method, Era era) const {
+  if (era == Era::legacy) return result;
+  if (!result.is_object()) result = json::object();
+  if (!result.contains("resultType")) result["resultType"] = "complete";
+  if (result["resultType"] == "complete") {
+    const auto& ttl = server.options().cache;
+    std::optional<std::chrono::milliseconds> ms;
+    if (method == "tools/list") ms = ttl.tools;
+    else if (method == "prompts/list") ms = ttl.prompts;
+    else if (method == "resources/list") ms = ttl.resources;
+    else if (method == "resources/templates/list") ms = ttl.templates;
+    else if (method == "resources/read") ms = ttl.read;
+    else if (method == "server/discover") ms = ttl.discover;
+    if (ms) {
+      result["ttlMs"] = std::max<std::int64_t>(0, ms->count());
+      result["cacheScope"] = "private";
+    }
+  }
+  json& meta = result["_meta"];
+  if (!meta.is_object()) meta = json::object();
+  if (!meta.contains(kMetaServerInfo)) meta[kMetaServerInfo] = server_info();
   return result;
 }
 
@@ -811,6 +904,7 @@ const std::map<std::string, Session::State::Method, std::less<>>& Session::State
   // clang-format off
   static const std::map<std::string, Method, std::less<>> table = {
       {"initialize",               {initializes,            on_io_thread(&State::initialize)}},
+      {"server/discover",          {anytime,                on_io_thread(&State::discover)}},
       {"ping",                     {anytime,                on_io_thread(&State::ping)}},
       {"logging/setLevel",         {initialized,            on_io_thread(&State::set_level)}},
       {"tools/list",               {initialized,            on_io_thread(&State::list_tools)}},
@@ -828,13 +922,70 @@ const std::map<std::string, Session::State::Method, std::less<>>& Session::State
   return table;
 }
 
+namespace {
+
+std::string meta_field(std::string_view key) { return fmt::format("params._meta[\"{}\"]", key); }
+
+}  // namespace
+
 void Session::State::request(const std::string& name, const json& id, const json& message) {
+  // The request's own envelope first: a modern one with a version not served is answered -32022,
+  // a malformed one -32602, whatever the method.
+  const Envelope env = read_envelope(message);
   const auto& table = methods();
   const auto found = table.find(name);
-  if (found == table.end())
-    throw ProtocolError(kMethodNotFound, fmt::format("method not found: {}", name));
+  const bool known = name == "subscriptions/listen" || found != table.end();
+  if (!known || !is_method(name, env.era)) {
+    if (known && env.era == Era::modern)
+      throw ProtocolError(kMethodNotFound,
+                          fmt::format("method not found: {} is a 2025-era method; a request with the {} _meta "
+                                      "envelope has no such method{}",
+                                      name, env.protocol_version,
+                                      name == "initialize" ? " (2026-07-28 needs no handshake: send requests directly)"
+                                      : name == "resources/subscribe" || name == "resources/unsubscribe"
+                                          ? " (use subscriptions/listen with resourceSubscriptions)"
+                                      : name == "logging/setLevel" ? " (send _meta[\"io.modelcontextprotocol/logLevel\"] "
+                                                                     "with each request instead)"
+                                                                   : ""));
+    if (known && name == "server/discover")
+      throw invalid_params(fmt::format("{}: missing; server/discover is a 2026-07-28 request and carries its version "
+                                       "and client capabilities in _meta (a 2025-era client opens with initialize)",
+                                       meta_field(kMetaProtocolVersion)));
+    if (known)
+      throw ProtocolError(kMethodNotFound,
+                          fmt::format("method not found: {} is a 2026-07-28 method: send it with {} and {}", name,
+                                      meta_field(kMetaProtocolVersion), meta_field(kMetaClientCapabilities)));
+    throw ProtocolError(kMethodNotFound, fmt::format("method not found: {}", text::truncate_utf8(name, 80)));
+  }
+  // The era of the connection: fixed by initialize (legacy) or by the first other modern request;
+  // discover and ping leave it open.
+  if (name != "server/discover" && name != "ping") {
+    std::lock_guard lock(mu);
+    if (!era && env.era == Era::modern) era = Era::modern;
+    if (era == Era::legacy && env.era == Era::modern)
+      throw ProtocolError(kInvalidRequest,
+                          fmt::format("invalid request: this connection opened with initialize (MCP {}), so it "
+                                      "speaks the 2025 era; a request with the {} _meta envelope cannot be served "
+                                      "on it. Send it without {} (as the session's version), or on a new "
+                                      "connection without initialize",
+                                      protocol_version, env.protocol_version, meta_field(kMetaProtocolVersion)));
+    if (era == Era::modern && env.era == Era::legacy) {
+      if (name == "initialize")
+        throw ProtocolError(kInvalidRequest,
+                            "invalid request: this connection speaks MCP 2026-07-28 since its first request (it "
+                            "carried the _meta envelope); initialize cannot follow on it. Open a new connection "
+                            "for a 2025-era session");
+      throw invalid_params(fmt::format("{}: missing; this connection speaks MCP 2026-07-28 since its first request, "
+                                       "and every request carries its version and client capabilities in _meta",
+                                       meta_field(kMetaProtocolVersion)));
+    }
+  }
+  if (name == "subscriptions/listen") {
+    listen(id, params_of(message), env);
+    return;
+  }
   const Method& method = found->second;
-  if (method.lifecycle == Lifecycle::initialized) {
+  if (env.era == Era::legacy && method.lifecycle == Lifecycle::initialized) {
     std::lock_guard lock(mu);
     if (!initialized)
       throw ProtocolError(kInvalidRequest, "server not initialized: send initialize first");
@@ -842,15 +993,114 @@ void Session::State::request(const std::string& name, const json& id, const json
   // ping answers whatever its params are: a liveness check never fails.
   const json params = method.lifecycle == Lifecycle::anytime ? json::object() : params_of(message);
   if (const auto* answer = std::get_if<Answer>(&method.run)) {
-    reply(id, (this->**answer)(params));
+    reply(id, shape((this->**answer)(params), name, env.era));
     if (method.lifecycle == Lifecycle::initializes) {
       // Only now: nothing (a log, a list_changed) may reach the client before this answer.
       std::lock_guard lock(mu);
       initialized = true;
+      era = Era::legacy;
     }
     return;
   }
-  start(id, params, (this->*std::get<Offload>(method.run))(params));
+  start(id, name, params, env, (this->*std::get<Offload>(method.run))(params));
+}
+
+void Session::State::listen(const json& id, const json& params, const Envelope& env) {
+  constexpr std::size_t kMaxUris = 1000, kMaxUriBytes = 4096;
+  auto filter = params.find("notifications");
+  if (filter == params.end() || !filter->is_object())
+    throw invalid_params(fmt::format(
+        "params.notifications: expected an object like {{\"toolsListChanged\": true, \"resourceSubscriptions\": "
+        "[\"…\"]}}, got {}",
+        filter == params.end() ? std::string_view("nothing") : detail::describe_type(*filter)));
+  bool has_resources = false, has_prompts = false;
+  {
+    std::lock_guard lock(registry().mu);
+    has_resources = registry().resources != nullptr;
+    has_prompts = !registry().prompts.empty();
+  }
+  Listen entry;
+  entry.id = id;
+  json honored = json::object();
+  for (const auto& [field, offered, target] :
+       {std::tuple<const char*, bool, bool*>{"toolsListChanged", true, &entry.tools},
+        {"promptsListChanged", has_prompts, &entry.prompts},
+        {"resourcesListChanged", has_resources, &entry.resources}}) {
+    auto v = filter->find(field);
+    if (v == filter->end() || v->is_null()) continue;
+    if (!v->is_boolean())
+      throw invalid_params(fmt::format("params.notifications.{}: expected a boolean, got {}", field,
+                                       detail::describe_type(*v)));
+    *target = v->get<bool>() && offered;
+    if (*target) honored[field] = true;
+  }
+  if (auto uris = filter->find("resourceSubscriptions"); uris != filter->end() && !uris->is_null()) {
+    if (!uris->is_array())
+      throw invalid_params(fmt::format("params.notifications.resourceSubscriptions: expected an array of URIs, got {}",
+                                       detail::describe_type(*uris)));
+    if (uris->size() > kMaxUris)
+      throw invalid_params(fmt::format("params.notifications.resourceSubscriptions: {} URIs; at most {} per stream",
+                                       uris->size(), kMaxUris));
+    for (const auto& uri : *uris) {
+      if (!uri.is_string() || uri.get_ref<const std::string&>().size() > kMaxUriBytes)
+        throw invalid_params(fmt::format(
+            "params.notifications.resourceSubscriptions: each entry is a URI string of at most {} bytes", kMaxUriBytes));
+      if (has_resources) entry.uris.insert(uri.get<std::string>());
+    }
+    if (has_resources) honored["resourceSubscriptions"] = json(entry.uris);
+  }
+  // Held as a request in flight: its id stays taken, a cancel finds it, and it counts against the
+  // session's limit like any other request.
+  auto call = std::make_shared<Call>();
+  call->id = id;
+  call->key = id.dump();
+  call->method = "subscriptions/listen";
+  call->env = env;
+  const std::size_t limit = server.options().max_in_flight;
+  {
+    std::lock_guard lock(mu);
+    if (closed) return;
+    if (calls.size() >= limit)
+      throw ProtocolError(kServerBusy, fmt::format("too many requests in flight (limit {}); end a subscription or "
+                                                   "wait for requests to finish",
+                                                   limit));
+    calls.emplace(call->key, call);
+    listens.emplace(call->key, std::move(entry));
+  }
+  json ack = {{"notifications", std::move(honored)}, {"_meta", {{kMetaSubscriptionId, id}}}};
+  emit(make_notification("notifications/subscriptions/acknowledged", std::move(ack)), id);
+}
+
+json Session::State::listen_ended(const json& id) const {
+  return shape(json{{"_meta", {{kMetaSubscriptionId, id}}}}, "subscriptions/listen", Era::modern);
+}
+
+void Session::State::publish(Change change, const std::string& uri) {
+  const char* method = change == Change::tools       ? "notifications/tools/list_changed"
+                       : change == Change::prompts   ? "notifications/prompts/list_changed"
+                       : change == Change::resources ? "notifications/resources/list_changed"
+                                                     : "notifications/resources/updated";
+  bool to_session = false;
+  std::vector<json> to_listens;
+  {
+    std::lock_guard lock(mu);
+    if (closed) return;
+    to_session = initialized && era == Era::legacy && (change != Change::updated || subscriptions.count(uri) > 0);
+    for (const auto& [key, l] : listens) {
+      const bool wants = change == Change::tools       ? l.tools
+                         : change == Change::prompts   ? l.prompts
+                         : change == Change::resources ? l.resources
+                                                       : l.uris.count(uri) > 0;
+      if (wants) to_listens.push_back(l.id);
+    }
+  }
+  json params = change == Change::updated ? json{{"uri", uri}} : json::object();
+  if (to_session) emit(make_notification(method, params));
+  for (const json& id : to_listens) {
+    json tagged = params;
+    tagged["_meta"] = {{kMetaSubscriptionId, id}};
+    emit(make_notification(method, std::move(tagged)), id);
+  }
 }
 
 std::shared_ptr<ResourceProvider> Session::State::resources_for(std::string_view method) {
@@ -912,6 +1162,8 @@ Session::State::Job Session::State::call_tool(const json& params) {
         r = tool->handler(arguments, ctx);
       } catch (const ProtocolError&) {
         throw;
+      } catch (const InputRequired&) {
+        throw;  // a round of a modern request, not its end: no result (and no audit) yet
       } catch (const std::exception& e) {
         r = ToolResult::error(text::sanitize_utf8(e.what()));
       } catch (...) {
@@ -1050,10 +1302,28 @@ Session::State::Job Session::State::read_resource(const json& params) {
   };
 }
 
-void Session::State::start(const json& id, const json& params, Job job) {
+void Session::State::start(const json& id, const std::string& method, const json& params, const Envelope& env,
+                           Job job) {
   auto call = std::make_shared<Call>();
   call->id = id;
   call->key = id.dump();
+  call->method = method;
+  call->env = env;
+  if (env.era == Era::modern) {
+    // A retry after input_required carries the client's answers and the state it was given back.
+    if (auto r = params.find("inputResponses"); r != params.end() && !r->is_null()) {
+      if (!r->is_object())
+        throw invalid_params(fmt::format("params.inputResponses: expected an object keyed by the input requests, got {}",
+                                         detail::describe_type(*r)));
+      call->input_responses = *r;
+    }
+    if (auto st = params.find("requestState"); st != params.end() && !st->is_null()) {
+      if (!st->is_string())
+        throw invalid_params(fmt::format("params.requestState: expected the string this server returned, got {}",
+                                         detail::describe_type(*st)));
+      call->request_state = st->get<std::string>();
+    }
+  }
   if (auto meta = params.find("_meta"); meta != params.end() && meta->is_object())
     if (auto token = meta->find("progressToken");
         token != meta->end() && (token->is_string() || token->is_number_integer()))
@@ -1102,10 +1372,24 @@ void Session::State::run(const std::shared_ptr<Call>& call, const Job& job) {
   {
     StackEntry entry(tl_handlers, this);
     RunningRequest ctx(shared_from_this(), call);
+    const Era era = call->env.era;
     try {
-      message = make_response(call->id, job(ctx));
+      message = make_response(call->id, shape(job(ctx), call->method, era));
+    } catch (const InputRequired& input) {
+      if (era == Era::modern) {
+        json result = {{"resultType", "input_required"}};
+        if (!input.requests.empty()) result["inputRequests"] = input.requests;
+        if (!input.state.empty()) result["requestState"] = input.state;
+        message = make_response(call->id, shape(std::move(result), call->method, era));
+      } else {
+        message = make_error(call->id, kInternalError,
+                             "this request needs the client's input, which a 2025-era session asks for with "
+                             "requests of its own; the handler did not (a server bug)");
+      }
     } catch (const ProtocolError& e) {
-      message = make_error(call->id, e.code(), e.what(), e.data());
+      // 2026-07-28 retired -32002 (resource not found): an unknown URI is invalid params there.
+      const int code = era == Era::modern && e.code() == kResourceNotFound ? kInvalidParams : e.code();
+      message = make_error(call->id, code, e.what(), e.data());
     } catch (const std::exception& e) {
       message = make_error(call->id, kInternalError, e.what());
     } catch (...) {

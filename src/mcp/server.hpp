@@ -37,18 +37,45 @@ class RequestContext {
                         const std::string& message = {}) = 0;
   // notifications/message, when `level` is at or above the session's logging level.
   virtual void log(LogLevel level, const json& data, const std::string& logger = {}) = 0;
+  // The era of this request (a legacy session's, or the modern request's own).
+  virtual Era era() const = 0;
+  // The version this request is served in: the session's (legacy) or the request's own (modern).
   virtual const std::string& protocol_version() const = 0;
-  // "name/version" of the client from initialize (e.g. "claude-code/1.2"), or "unknown".
+  // "name/version" of the client (legacy: from initialize; modern: the request's clientInfo),
+  // e.g. "claude-code/1.2", or "unknown".
   virtual std::string client_name() const = 0;
+  // The legacy session's id (stdio: "stdio"; HTTP: its Mcp-Session-Id). Empty for a modern
+  // request: nothing may be tied to a session there (state lives in handles such as instance ids).
   virtual const std::string& session_id() const = 0;
-  // The capabilities the client declared in initialize (e.g. {"sampling":{}, "elicitation":{}}).
+  // The capabilities the client declared (legacy: in initialize; modern: in this request's _meta),
+  // e.g. {"sampling":{}, "elicitation":{}}.
   virtual json client_capabilities() const = 0;
-  // Sends a request to the client (sampling/createMessage, elicitation/create, roots/list) as
-  // part of this request and waits for its answer. Returns the client's result; throws
-  // ProtocolError with the client's error, or when `timeout` passes, this request is cancelled
-  // or the session closes (the message says which).
+  // W3C trace context from the request's _meta (validated; empty when none was sent).
+  virtual const std::string& traceparent() const = 0;
+  virtual const std::string& tracestate() const = 0;
+  // Modern era: what a retried request carries after an input_required result (see
+  // InputRequired): params.inputResponses ({} when none) and params.requestState ("" when none).
+  // The state came back from the client: whoever minted it verifies it.
+  virtual const json& input_responses() const = 0;
+  virtual const std::string& request_state() const = 0;
+  // Legacy era: sends a request to the client (sampling/createMessage, elicitation/create,
+  // roots/list) as part of this request and waits for its answer. Returns the client's result;
+  // throws ProtocolError with the client's error, or when `timeout` passes, this request is
+  // cancelled or the session closes (the message says which). Modern era: throws
+  // ProtocolError(kInvalidRequest) (2026-07-28 has no server-to-client requests: throw
+  // InputRequired instead).
   virtual json request_client(const std::string& method, json params,
                               std::chrono::milliseconds timeout) = 0;
+};
+
+// Thrown by a tool, prompt or resource handler of a modern request that needs the client's input
+// (MRTR): the request is answered {resultType: "input_required", inputRequests, requestState}
+// and the client retries it with params.inputResponses (keyed as `requests`) and the same
+// requestState. `requests`: {key: {"method": "elicitation/create"|"sampling/createMessage"|
+// "roots/list", "params": {...}}}. In the legacy era it is an error (use request_client there).
+struct InputRequired {
+  json requests = json::object();
+  std::string state;
 };
 
 struct ToolResult {
@@ -175,9 +202,19 @@ struct ServerOptions {
   ParseLimits limits;
   ToolCallObserver on_tool_call;        // optional
   ArgumentRefusal refuse_arguments;     // optional; default: an isError result with `problem` as its text
-  // capabilities.extensions in initialize, by extension id (e.g. "io.modelcontextprotocol/ui");
-  // empty: left out.
+  // capabilities.extensions in initialize and server/discover, by extension id (e.g.
+  // "io.modelcontextprotocol/ui"); empty: left out.
   json extensions = json::object();
+  // Modern era: how long a client may cache a list or read result (ttlMs; cacheScope is always
+  // "private": what a server behind a token lists is not for shared caches).
+  struct CacheTtl {
+    std::chrono::milliseconds tools{60'000};      // changes with a desktop (subscriptions/listen tells sooner)
+    std::chrono::milliseconds prompts{3'600'000};
+    std::chrono::milliseconds resources{5'000};   // instances come and go
+    std::chrono::milliseconds templates{3'600'000};
+    std::chrono::milliseconds read{0};            // instance state is live
+    std::chrono::milliseconds discover{3'600'000};
+  } cache;
 };
 
 class Session;

@@ -1506,3 +1506,269 @@ TEST_F(McpTest, ManySessionsAndCallsConcurrently) {
   for (auto& client : clients)
     EXPECT_EQ(client->sink.notifications("notifications/resources/list_changed").size(), 16u);
 }
+
+// ---------------------------------------------------------------------------------------------
+// MCP 2026-07-28 beside 2025-11-25: the era of each request, server/discover, the per-request
+// envelope, result shapes, subscriptions/listen, MRTR.
+
+json envelope(json extra = json::object()) {
+  json meta = {{"io.modelcontextprotocol/protocolVersion", "2026-07-28"},
+               {"io.modelcontextprotocol/clientInfo", {{"name", "modern-client"}, {"version", "2.4.0"}}},
+               {"io.modelcontextprotocol/clientCapabilities", json::object()}};
+  meta.update(extra);
+  return meta;
+}
+
+json modern(json params = json::object(), json extra_meta = json::object()) {
+  params["_meta"] = envelope(std::move(extra_meta));
+  return params;
+}
+
+TEST_F(McpTest, ModernDiscoverDescribesTheServerAndFixesNoEra) {
+  Client c(*server);
+  json r = c.call("server/discover", modern());
+  ASSERT_TRUE(r.contains("result")) << r.dump();
+  const json& res = r["result"];
+  EXPECT_EQ(res["resultType"], "complete");
+  EXPECT_EQ(res["supportedVersions"][0], "2026-07-28");
+  EXPECT_NE(std::find(res["supportedVersions"].begin(), res["supportedVersions"].end(), "2025-11-25"),
+            res["supportedVersions"].end());
+  EXPECT_EQ(res["capabilities"]["tools"]["listChanged"], true);
+  EXPECT_EQ(res["capabilities"]["resources"]["subscribe"], true);
+  EXPECT_EQ(res["instructions"], "Use the tools.");
+  EXPECT_EQ(res["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "ns-hpc");
+  EXPECT_EQ(res["_meta"]["io.modelcontextprotocol/serverInfo"]["version"], "1.2.3");
+  EXPECT_EQ(res["cacheScope"], "private");
+  EXPECT_TRUE(res["ttlMs"].is_number_integer());
+  // A client with the discover-then-initialize bug is served in the legacy era.
+  json init = c.initialize();
+  ASSERT_TRUE(init.contains("result")) << init.dump();
+  EXPECT_EQ(init["result"]["protocolVersion"], "2025-11-25");
+  json tools = c.call("tools/list");
+  EXPECT_FALSE(tools["result"].contains("resultType")) << "legacy results stay as they were";
+  // ... and a modern request on that legacy session is refused clearly.
+  json mixed = c.call("tools/list", modern());
+  EXPECT_EQ(error_code(mixed), mcp::kInvalidRequest);
+  EXPECT_TRUE(has(error_message(mixed), "opened with initialize")) << error_message(mixed);
+  // Discover stays answerable.
+  EXPECT_TRUE(c.call("server/discover", modern()).contains("result"));
+}
+
+TEST_F(McpTest, ModernRequestsNeedNoHandshakeAndCarryTheirShape) {
+  Client c(*server);
+  json list = c.call("tools/list", modern());
+  ASSERT_TRUE(list.contains("result")) << list.dump();
+  EXPECT_EQ(list["result"]["resultType"], "complete");
+  EXPECT_EQ(list["result"]["ttlMs"], 60000);
+  EXPECT_EQ(list["result"]["cacheScope"], "private");
+  EXPECT_EQ(list["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "ns-hpc");
+  // Deterministic order: the same list twice.
+  EXPECT_EQ(c.call("tools/list", modern())["result"]["tools"], list["result"]["tools"]);
+  json call = c.call("tools/call", modern({{"name", "echo"}, {"arguments", {{"text", "hi"}}}}));
+  EXPECT_EQ(result_text(call), "hi");
+  EXPECT_EQ(call["result"]["resultType"], "complete");
+  EXPECT_FALSE(call["result"].contains("ttlMs")) << "only lists and reads are cacheable";
+  // The request's own identity reaches the tool; a modern request has no session.
+  json who = c.call("tools/call", modern({{"name", "whoami"}}));
+  EXPECT_EQ(result_text(who), "modern-client/2.4.0||2026-07-28");
+  // Reads carry cache hints; an unknown URI is -32602 in this era (not -32002).
+  json read = c.call("resources/read", modern({{"uri", "mem://a"}}));
+  EXPECT_EQ(read["result"]["ttlMs"], 0);
+  EXPECT_EQ(read["result"]["contents"][0]["text"], "alpha");
+  json missing = c.call("resources/read", modern({{"uri", "mem://nope"}}));
+  EXPECT_EQ(error_code(missing), mcp::kInvalidParams);
+  for (const char* m : {"prompts/list", "resources/list", "resources/templates/list"}) {
+    json r = c.call(m, modern());
+    EXPECT_TRUE(r["result"].contains("ttlMs")) << m << ": " << r.dump();
+  }
+  // Once modern, a request without the envelope (or initialize) is refused, naming the field.
+  json bare = c.call("tools/list");
+  EXPECT_EQ(error_code(bare), mcp::kInvalidParams);
+  EXPECT_TRUE(has(error_message(bare), "io.modelcontextprotocol/protocolVersion")) << error_message(bare);
+  json init = c.initialize();
+  EXPECT_EQ(error_code(init), mcp::kInvalidRequest);
+  EXPECT_TRUE(has(error_message(init), "2026-07-28")) << error_message(init);
+}
+
+TEST_F(McpTest, ModernEnvelopeErrors) {
+  Client c(*server);
+  json old = c.call("tools/list", modern({}, {{"io.modelcontextprotocol/protocolVersion", "1900-01-01"}}));
+  EXPECT_EQ(error_code(old), mcp::kUnsupportedProtocolVersion);
+  EXPECT_EQ(old["error"]["data"]["requested"], "1900-01-01");
+  EXPECT_EQ(old["error"]["data"]["supported"][0], "2026-07-28");
+  json legacy_in_meta = c.call("tools/list", modern({}, {{"io.modelcontextprotocol/protocolVersion", "2025-11-25"}}));
+  EXPECT_EQ(error_code(legacy_in_meta), mcp::kUnsupportedProtocolVersion);
+  json no_caps = c.call("tools/list", {{"_meta", {{"io.modelcontextprotocol/protocolVersion", "2026-07-28"}}}});
+  EXPECT_EQ(error_code(no_caps), mcp::kInvalidParams);
+  EXPECT_TRUE(has(error_message(no_caps), "clientCapabilities")) << error_message(no_caps);
+  json bad_level = c.call("tools/list", modern({}, {{"io.modelcontextprotocol/logLevel", "loud"}}));
+  EXPECT_EQ(error_code(bad_level), mcp::kInvalidParams);
+  // Legacy-only methods with the modern envelope are method-not-found, saying what replaces them.
+  json ping = c.call("logging/setLevel", modern({{"level", "debug"}}));
+  EXPECT_EQ(error_code(ping), mcp::kMethodNotFound);
+  EXPECT_TRUE(has(error_message(ping), "logLevel")) << error_message(ping);
+  // server/discover without the envelope names what is missing.
+  json probe = c.call("server/discover");
+  EXPECT_EQ(error_code(probe), mcp::kInvalidParams);
+  // None of these fixed the era: a legacy client can still open this connection.
+  EXPECT_TRUE(c.initialize().contains("result"));
+}
+
+TEST_F(McpTest, ModernLogLevelIsPerRequest) {
+  Client c(*server);
+  c.call("tools/call", modern({{"name", "logger"}}));
+  EXPECT_TRUE(c.sink.notifications("notifications/message").empty()) << "no logLevel: no log messages";
+  json id = c.send_request("tools/call", modern({{"name", "logger"}}, {{"io.modelcontextprotocol/logLevel", "warning"}}));
+  c.sink.response(id);
+  auto logs = c.sink.notifications("notifications/message");
+  ASSERT_EQ(logs.size(), 2u);
+  EXPECT_EQ(logs[0]["params"]["level"], "warning");
+  EXPECT_EQ(logs[1]["params"]["level"], "error");
+}
+
+TEST_F(McpTest, ModernTraceContextReachesTheHandler) {
+  std::string seen_parent, seen_state;
+  server->add_tool({.name = "trace",
+                    .description = "Trace context",
+                    .handler = [&](const json&, mcp::RequestContext& ctx) {
+                      seen_parent = ctx.traceparent();
+                      seen_state = ctx.tracestate();
+                      return mcp::ToolResult::text("ok");
+                    }});
+  Client c(*server);
+  const std::string parent = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01";
+  c.call("tools/call", modern({{"name", "trace"}}, {{"traceparent", parent}, {"tracestate", "congo=t61rcWkgMzE"}}));
+  EXPECT_EQ(seen_parent, parent);
+  EXPECT_EQ(seen_state, "congo=t61rcWkgMzE");
+  // Malformed ones are dropped, never passed on (they end up in environments and logs).
+  for (const char* bad : {"00-00000000000000000000000000000000-00f067aa0ba902b7-01", "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01\nX=1",
+                          "ff-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01", "00-0AF7651916CD43DD8448EB211C80319C-00f067aa0ba902b7-01"}) {
+    c.call("tools/call", modern({{"name", "trace"}}, {{"traceparent", bad}}));
+    EXPECT_EQ(seen_parent, "") << bad;
+  }
+  // A legacy session's request may carry it too.
+  Client legacy(*server, Mode::threads, "legacy");
+  legacy.initialize();
+  legacy.tool("trace", json::object(), {{"traceparent", parent}});
+  EXPECT_EQ(seen_parent, parent);
+}
+
+TEST_F(McpTest, ModernInputRequiredAndRetry) {
+  server->add_tool({.name = "ask",
+                    .description = "Needs an answer",
+                    .handler = [](const json&, mcp::RequestContext& ctx) -> mcp::ToolResult {
+                      if (ctx.input_responses().contains("q1") && ctx.request_state() == "s1")
+                        return mcp::ToolResult::text("answer: " + ctx.input_responses().at("q1").at("content").at("x").get<std::string>());
+                      json requests = json::object();
+                      requests["q1"] = {{"method", "elicitation/create"},
+                                        {"params", {{"message", "x?"}, {"requestedSchema", {{"type", "object"}}}}}};
+                      throw mcp::InputRequired{requests, "s1"};
+                    }});
+  Client c(*server);
+  json first = c.call("tools/call", modern({{"name", "ask"}}));
+  ASSERT_TRUE(first.contains("result")) << first.dump();
+  EXPECT_EQ(first["result"]["resultType"], "input_required");
+  EXPECT_EQ(first["result"]["requestState"], "s1");
+  EXPECT_EQ(first["result"]["inputRequests"]["q1"]["method"], "elicitation/create");
+  EXPECT_FALSE(first["result"].contains("content"));
+  json retry = c.call("tools/call", modern({{"name", "ask"},
+                                            {"inputResponses", {{"q1", {{"action", "accept"}, {"content", {{"x", "42"}}}}}}},
+                                            {"requestState", "s1"}}));
+  EXPECT_EQ(result_text(retry), "answer: 42");
+  json bad = c.call("tools/call", modern({{"name", "ask"}, {"inputResponses", "yes"}}));
+  EXPECT_EQ(error_code(bad), mcp::kInvalidParams);
+}
+
+TEST_F(McpTest, ModernSubscriptionsListen) {
+  Client c(*server);
+  json id = c.send_request("subscriptions/listen",
+                           modern({{"notifications", {{"toolsListChanged", true}, {"resourceSubscriptions", {"mem://a"}}}}}));
+  ASSERT_TRUE(eventually([&] { return !c.sink.notifications("notifications/subscriptions/acknowledged").empty(); }));
+  json ack = c.sink.notifications("notifications/subscriptions/acknowledged")[0];
+  EXPECT_EQ(ack["params"]["notifications"]["toolsListChanged"], true);
+  EXPECT_EQ(ack["params"]["notifications"]["resourceSubscriptions"], json::array({"mem://a"}));
+  EXPECT_EQ(ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], id);
+  EXPECT_EQ(server->subscribed_uris().count("mem://a"), 1u);
+  server->notify_tool_list_changed();
+  server->notify_resource_updated("mem://a");
+  server->notify_resource_updated("mem://b");     // not asked for
+  server->notify_resource_list_changed();          // not asked for
+  auto tools = c.sink.notifications("notifications/tools/list_changed");
+  ASSERT_EQ(tools.size(), 1u);
+  EXPECT_EQ(tools[0]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], id);
+  auto updated = c.sink.notifications("notifications/resources/updated");
+  ASSERT_EQ(updated.size(), 1u);
+  EXPECT_EQ(updated[0]["params"]["uri"], "mem://a");
+  EXPECT_TRUE(c.sink.notifications("notifications/resources/list_changed").empty());
+  EXPECT_FALSE(c.sink.answered(id));
+  EXPECT_EQ(c.session->in_flight(), 1u);
+  // A legacy session beside it hears list changes unsolicited, as before.
+  Client legacy(*server, Mode::threads, "legacy");
+  legacy.initialize();
+  server->notify_tool_list_changed();
+  EXPECT_EQ(legacy.sink.notifications("notifications/tools/list_changed").size(), 1u);
+  EXPECT_EQ(c.sink.notifications("notifications/tools/list_changed").size(), 2u);
+  // Cancelling ends the stream without a response.
+  c.notify("notifications/cancelled", {{"requestId", id}});
+  EXPECT_EQ(c.session->in_flight(), 0u);
+  server->notify_tool_list_changed();
+  EXPECT_EQ(c.sink.notifications("notifications/tools/list_changed").size(), 2u);
+  EXPECT_FALSE(c.sink.answered(id));
+  EXPECT_TRUE(server->subscribed_uris().empty());
+  // A second stream, ended by the server: it gets a final result naming the subscription.
+  json id2 = c.send_request("subscriptions/listen", modern({{"notifications", {{"promptsListChanged", true}}}}));
+  ASSERT_TRUE(eventually([&] { return c.sink.notifications("notifications/subscriptions/acknowledged").size() == 2; }));
+  c.session->close();
+  json end = c.sink.response(id2);
+  EXPECT_EQ(end["result"]["resultType"], "complete");
+  EXPECT_EQ(end["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"], id2);
+}
+
+TEST_F(McpTest, ModernListenRefusesBadFiltersAndLegacyListenIsUnknown) {
+  Client c(*server);
+  EXPECT_EQ(error_code(c.call("subscriptions/listen", modern())), mcp::kInvalidParams);
+  EXPECT_EQ(error_code(c.call("subscriptions/listen", modern({{"notifications", {{"toolsListChanged", "yes"}}}}))),
+            mcp::kInvalidParams);
+  json many = json::array();
+  for (int i = 0; i < 1001; ++i) many.push_back("mem://" + std::to_string(i));
+  EXPECT_EQ(error_code(c.call("subscriptions/listen", modern({{"notifications", {{"resourceSubscriptions", many}}}}))),
+            mcp::kInvalidParams);
+  Client legacy(*server, Mode::threads, "legacy");
+  legacy.initialize();
+  json r = legacy.call("subscriptions/listen", {{"notifications", {{"toolsListChanged", true}}}});
+  EXPECT_EQ(error_code(r), mcp::kMethodNotFound);
+}
+
+TEST_F(McpTest, ModernRequestClientIsRefused) {
+  std::string why;
+  server->add_tool({.name = "sample",
+                    .description = "Asks the client",
+                    .handler = [&](const json&, mcp::RequestContext& ctx) {
+                      try {
+                        ctx.request_client("sampling/createMessage", json::object(), 1s);
+                      } catch (const mcp::ProtocolError& e) {
+                        why = e.what();
+                      }
+                      return mcp::ToolResult::text("ok");
+                    }});
+  Client c(*server);
+  c.call("tools/call", modern({{"name", "sample"}}, {{"io.modelcontextprotocol/clientCapabilities", {{"sampling", json::object()}}}}));
+  EXPECT_TRUE(has(why, "input_required")) << why;
+  EXPECT_TRUE(c.sink.notifications("sampling/createMessage").empty());
+}
+
+TEST(McpEnvelope, ReadsEraAndFields) {
+  EXPECT_EQ(mcp::read_envelope(json{{"method", "tools/list"}}).era, mcp::Era::legacy);
+  EXPECT_EQ(mcp::read_envelope(json{{"params", {{"_meta", {{"progressToken", 1}}}}}}).era, mcp::Era::legacy);
+  auto env = mcp::read_envelope(json{{"params", modern({}, {{"io.modelcontextprotocol/logLevel", "info"}})}});
+  EXPECT_EQ(env.era, mcp::Era::modern);
+  EXPECT_EQ(env.protocol_version, "2026-07-28");
+  EXPECT_EQ(env.client_name, "modern-client/2.4.0");
+  EXPECT_EQ(env.log_level, mcp::LogLevel::info);
+  EXPECT_THROW(mcp::read_envelope(json{{"params", {{"_meta", {{"io.modelcontextprotocol/protocolVersion", 7}}}}}}),
+               mcp::ProtocolError);
+  EXPECT_TRUE(mcp::is_method("server/discover", mcp::Era::modern));
+  EXPECT_FALSE(mcp::is_method("server/discover", mcp::Era::legacy));
+  EXPECT_FALSE(mcp::is_method("initialize", mcp::Era::modern));
+  EXPECT_TRUE(mcp::is_method("tools/call", mcp::Era::modern));
+}
