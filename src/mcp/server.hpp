@@ -2,6 +2,14 @@
 // (Server), and one protocol session per connection (Session). Transports feed a Session the
 // messages they read and write out what it sends.
 //
+// Both eras go through a Session (protocol.hpp: Era). A legacy connection opens with initialize
+// and keeps what it settled (version, capabilities, log level, resource subscriptions); a modern
+// request carries all of that in its _meta and is served by itself (an HTTP transport gives each
+// one a Session of its own). A connection's era is fixed by initialize or by its first other
+// modern request, never by server/discover; mixing eras afterwards is refused. Change
+// notifications reach a legacy session unsolicited and a modern client only on its
+// subscriptions/listen streams (tagged with the stream's subscriptionId).
+//
 // Threading: Session::receive is called from one I/O thread. Requests that call a tool, prompt,
 // completion or resource handler (tools/call, prompts/get, completion/complete, resources/read)
 // run through the Executor the transport provides, so a slow tool call never delays ping or
