@@ -47,6 +47,7 @@
 #include "base/random.hpp"
 #include "base/text.hpp"
 #include "transport/http_internal.hpp"
+#include "transport/mcp_headers.hpp"
 
 namespace nshpc::transport {
 
@@ -1084,9 +1085,28 @@ class Connection : public std::enable_shared_from_this<Connection> {
       Response res = error_response(v, 406, "not acceptable: the client must accept application/json and text/event-stream");
       co_return co_await write(res);
     }
-    if (auto problem = version_problem(req)) co_return co_await write(*problem);
+    // The header's version is judged once the body says its era: a 2026-07-28 body is checked
+    // against it (and names its own unsupported version, -32022); a legacy body gets today's
+    // answers, in today's order.
+    const bool modern_header = mcp::is_modern_version(text::trim(req["mcp-protocol-version"]));
+    std::optional<Response> legacy_version_problem = modern_header ? std::nullopt : version_problem(req);
     json message;
-    if (auto malformed = parse_body(req, message)) co_return co_await write(*malformed);
+    if (auto malformed = parse_body(req, message))
+      co_return co_await write(legacy_version_problem ? *legacy_version_problem : *malformed);
+    // The era is the body's own: params._meta names a 2026-07-28 version (read_envelope throws
+    // only for such a body), or it is legacy.
+    mcp::Envelope envelope;
+    std::optional<Response> bad_envelope;  // (no co_await inside a handler)
+    if (message.is_object()) {
+      try {
+        envelope = mcp::read_envelope(message);
+      } catch (const mcp::ProtocolError& e) {
+        const json& id = message.contains("id") && mcp::is_valid_id(message["id"]) ? message["id"] : json(nullptr);
+        bad_envelope = json_response(v, 400, mcp::make_error(id, e.code(), e.what(), e.data()));
+      }
+    }
+    const bool modern_body = bad_envelope || envelope.era == mcp::Era::modern;
+    if (legacy_version_problem && !modern_body) co_return co_await write(*legacy_version_problem);
     if (message.is_array()) {
       Response res = error_response(v, 400, "invalid request: batches are not supported; send one JSON-RPC message per POST",
                                     mcp::kInvalidRequest);
@@ -1100,6 +1120,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const bool is_request = has_method && message.contains("id");
     if (is_request && !mcp::is_valid_id(message["id"])) {
       Response res = error_response(v, 400, "invalid request: \"id\" must be a string or an integer", mcp::kInvalidRequest);
+      co_return co_await write(res);
+    }
+    if (bad_envelope) co_return co_await write(*bad_envelope);
+    if (modern_body) co_return co_await mcp_post_modern(req, std::move(message), envelope);
+    if (modern_header) {
+      std::string supported;
+      for (auto s : mcp::kProtocolVersions) supported += (supported.empty() ? "" : ", ") + std::string(s);
+      Response res = error_response(
+          v, 400,
+          fmt::format("Header mismatch: MCP-Protocol-Version header value '{}' does not match the body, which carries no "
+                      "_meta io.modelcontextprotocol/protocolVersion: a 2026-07-28 request names its version in "
+                      "params._meta; a 2025-era request sends one of {} in the header",
+                      std::string(text::trim(req["mcp-protocol-version"])), supported),
+          mcp::kHeaderMismatch);
       co_return co_await write(res);
     }
     const bool is_initialize = is_request && message["method"] == "initialize";
@@ -1161,6 +1195,87 @@ class Connection : public std::enable_shared_from_this<Connection> {
       co_return co_await write(res);
     }
     co_return co_await write_stream(session, stream, 0, true, v);
+  }
+
+  // A 2026-07-28 POST: served by itself, by an ephemeral session that ends with the response
+  // (or when the client goes away before it, which cancels the request). Checks in the spec's
+  // order: the mirrored headers (400, -32020), a method of this era (404, -32601), no 2025-era
+  // session named (400, -32600), the in-flight caps (429/503).
+  awaitable<bool> mcp_post_modern(Request& req, json message, const mcp::Envelope& envelope) {
+    const unsigned v = req.version();
+    if (!message.contains("id")) {
+      // 2026-07-28 defines no client notification over HTTP (closing a stream cancels): taken,
+      // and dropped.
+      Response res{bhttp::status::accepted, v};
+      res.prepare_payload();
+      co_return co_await write(res);
+    }
+    const json id = message["id"];
+    const HeaderLookup header = [&req](std::string_view name) -> std::optional<std::string> {
+      std::optional<std::string> value;
+      for (const auto& field : req) {
+        if (!beast::iequals(field.name_string(), name)) continue;
+        if (value) *value += ", ";  // repeated fields are one list (RFC 9110 5.3): never a match
+        else value.emplace();
+        *value += std::string(field.value());
+      }
+      return value;
+    };
+    if (auto mismatch = check_request_headers(header, message, envelope)) {
+      Response res = json_response(v, 400, mcp::make_error(id, mismatch->code(), mismatch->what()));
+      co_return co_await write(res);
+    }
+    const std::string method = message["method"].is_string() ? message["method"].get<std::string>() : std::string();
+    if (!mcp::is_method(method, mcp::Era::modern)) {
+      const bool legacy_only = mcp::is_method(method, mcp::Era::legacy);
+      Response res = json_response(
+          v, 404,
+          mcp::make_error(id, mcp::kMethodNotFound,
+                          legacy_only ? fmt::format("Method not found: '{}' is a 2025-era method, not part of 2026-07-28 "
+                                                    "(send it without _meta io.modelcontextprotocol/protocolVersion, in a "
+                                                    "session opened by initialize; 2026-07-28 clients use server/discover "
+                                                    "and subscriptions/listen)",
+                                                    text::truncate_utf8(method, 100))
+                                      : fmt::format("Method not found: '{}'", text::truncate_utf8(method, 100))));
+      co_return co_await write(res);
+    }
+    // The spec has modern servers ignore Mcp-Session-Id; one naming a live 2025-era session,
+    // though, is a client mixing the eras, which would be served without its session's state.
+    if (const std::string_view sid = text::trim(req["mcp-session-id"]); !sid.empty() && hub_.find(sid)) {
+      Response res = json_response(
+          v, 400,
+          mcp::make_error(id, mcp::kInvalidRequest,
+                          "invalid request: it carries the 2026-07-28 _meta (io.modelcontextprotocol/protocolVersion) but "
+                          "its Mcp-Session-Id names a 2025-era session; drop the Mcp-Session-Id header to be served "
+                          "statelessly in 2026-07-28, or drop the _meta envelope to be served in that session"));
+      co_return co_await write(res);
+    }
+    auto session = hub_.open_ephemeral(peer_);
+    struct End {
+      Hub& hub;
+      std::string id;
+      ~End() { hub.end_ephemeral(id); }  // nothing of the request stays; what still runs is cancelled
+    } end{hub_, session->id()};
+    if (auto refusal = hub_.admit(*session, method)) {
+      Response res = refusal_response(v, *refusal, id);
+      co_return co_await write(res);
+    }
+    session->listening = method == "subscriptions/listen";
+    auto stream = session->open_request_stream(id);
+    session->receive(std::move(message));
+    // Messages the session sent while handling it were posted to this thread: let them land.
+    co_await asio::post(socket_.get_executor(), asio::use_awaitable);
+    if (stream->finished() && stream->last_seq() == 1) {
+      Response res{bhttp::status::ok, v};
+      res.set(bhttp::field::content_type, "application/json");
+      res.set(bhttp::field::cache_control, "no-store");
+      res.body() = stream->release_response();
+      HeldBytes held(session->account_ptr(), res.body().size());
+      res.prepare_payload();
+      session->drop_request_stream(stream);
+      co_return co_await write(res);
+    }
+    co_return co_await write_stream(session, stream, 0, false, v);
   }
 
   awaitable<bool> mcp_get(Request& req) {
@@ -1885,7 +2000,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     res.set(bhttp::field::content_type, "text/event-stream");
     res.set(bhttp::field::cache_control, "no-cache, no-transform");
     res.set("X-Accel-Buffering", "no");
-    if (!session->legacy()) res.set("Mcp-Session-Id", session->id());
+    if (!session->legacy() && !session->ephemeral()) res.set("Mcp-Session-Id", session->id());
     add_common_headers(res);
     // HTTP/1.0 clients cannot decode chunks: the stream is sent as is and ends with the connection.
     const bool chunked = version >= 11;
@@ -2149,6 +2264,10 @@ int serve_http(mcp::Server& server, const HttpOptions& options) {
     if (unix_acceptor) unix_acceptor->close(ignored);
     hub.draining = true;
     hub.stop_sweeper();
+    // A subscriptions/listen stream only ends when its client goes: end it now (final message,
+    // then its request is cancelled) so that the drain waits for real work only.
+    hub.end_listens("the server is shutting down: this subscriptions/listen stream ends; listen again once the server "
+                    "is back");
     drain_deadline = Clock::now() + options.shutdown_grace;
     wait_drained();
   });

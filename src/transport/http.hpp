@@ -191,6 +191,9 @@ struct HttpStatus {
   std::size_t connections = 0;
   std::size_t sessions = 0;
   std::size_t requests = 0;       // running or queued
+  // 2026-07-28 requests being served, each by a session of its own that ends with its response
+  // (subscriptions/listen streams included); not counted in `sessions`.
+  std::size_t stateless_requests = 0;
   std::size_t event_streams = 0;  // EventRoute streams open
   std::size_t websockets = 0;     // WebSocketRoute connections open
   std::size_t bytes_held = 0;     // held for clients (HttpOptions::max_buffer_bytes)

@@ -343,15 +343,21 @@ class WebSocketCalls : public std::enable_shared_from_this<WebSocketCalls> {
   std::function<void()> room_;
 };
 
-// One MCP session over HTTP.
+// One MCP session over HTTP: a 2025-era session (streamable HTTP, or `legacy`: the 2024-11-05
+// HTTP+SSE transport), or the `ephemeral` session that serves one 2026-07-28 request by itself
+// and ends with its response (no session id goes to the client, nothing is kept for a resume).
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
-  HttpSession(Hub& hub, std::string id, bool legacy, Peer peer);
+  HttpSession(Hub& hub, std::string id, bool legacy, Peer peer, bool ephemeral = false);
   ~HttpSession();
 
   void start();  // creates the mcp::Session (after make_shared, for the weak callback)
   const std::string& id() const { return id_; }
   bool legacy() const { return legacy_; }
+  bool ephemeral() const { return ephemeral_; }
+  // Ephemeral: its request is a subscriptions/listen (a stream that stays open until the client
+  // closes it or the server stops).
+  bool listening = false;
   bool closed() const { return closed_; }
   const Peer& peer() const { return peer_; }
   const ByteAccount& account() const { return *account_; }
@@ -397,6 +403,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   Hub& hub_;
   std::string id_;
   bool legacy_;
+  bool ephemeral_;
   Peer peer_;
   std::shared_ptr<ByteAccount> account_;
   bool closed_ = false;
@@ -431,6 +438,17 @@ class Hub {
   void remove(const std::string& id);
   std::size_t session_count() const { return sessions_.size(); }
   std::size_t total_in_flight() const;
+
+  // The session of one 2026-07-28 request (see HttpSession): not a session to the caps
+  // (max_sessions), but its request counts in flight for max_requests_per_peer. It stays until
+  // end_ephemeral, which the connection serving it calls once the response is written or the
+  // client went away (closing it cancels what still runs).
+  std::shared_ptr<HttpSession> open_ephemeral(const Peer& peer);
+  void end_ephemeral(const std::string& id);
+  std::size_t ephemeral_count() const { return ephemeral_.size(); }
+  // Shutdown: every subscriptions/listen stream gets its final message (`why`) and its request is
+  // cancelled, so that the drain does not wait for streams that only end when the client goes.
+  void end_listens(const std::string& why);
   int post_writers = 0;  // POST streams being written now (shutdown waits for them)
 
   // Bytes held for all clients.
@@ -471,6 +489,7 @@ class Hub {
 
   std::map<std::string, std::shared_ptr<HttpSession>, std::less<>> sessions_;
   std::map<std::string, std::size_t, std::less<>> sessions_per_peer_;
+  std::map<std::string, std::shared_ptr<HttpSession>, std::less<>> ephemeral_;  // by their (log-only) id
   std::shared_ptr<ByteAccount> account_ = std::make_shared<ByteAccount>();
   std::shared_ptr<std::atomic<bool>> trimming_ = std::make_shared<std::atomic<bool>>(false);
   Clock::time_point last_trim_{};

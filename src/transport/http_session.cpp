@@ -214,8 +214,13 @@ void Stream::close() {
 // ---------------------------------------------------------------------------------------------
 // HttpSession
 
-HttpSession::HttpSession(Hub& hub, std::string id, bool legacy, Peer peer)
-    : hub_(hub), id_(std::move(id)), legacy_(legacy), peer_(std::move(peer)), account_(std::make_shared<ByteAccount>()) {
+HttpSession::HttpSession(Hub& hub, std::string id, bool legacy, Peer peer, bool ephemeral)
+    : hub_(hub),
+      id_(std::move(id)),
+      legacy_(legacy),
+      ephemeral_(ephemeral),
+      peer_(std::move(peer)),
+      account_(std::make_shared<ByteAccount>()) {
   account_->parent = hub_.account();
 }
 
@@ -360,6 +365,9 @@ void HttpSession::route(Outbound message) {
       by_request = true;
     }
   }
+  // An ephemeral session has no stream but its request's: whatever belongs to no request (a
+  // broadcast; a late message after the response) has no reader.
+  if (!stream && ephemeral_) return;
   if (!stream) stream = standalone();
   const auto& opt = hub_.options;
   if (message.kind == Outbound::Kind::notification &&
@@ -382,7 +390,8 @@ void HttpSession::route(Outbound message) {
                          .dump(-1, ' ', false, json::error_handler_t::replace);
     }
   }
-  stream->push(std::move(message.text), message.kind, legacy_);
+  // Ephemeral streams carry no event ids: 2026-07-28 streams are not resumable.
+  stream->push(std::move(message.text), message.kind, legacy_ || ephemeral_);
   if (by_request && message.kind == Outbound::Kind::response) {
     stream->finish();
     by_request_.erase(message.related_key);
@@ -396,7 +405,7 @@ void HttpSession::answer_unfinished(const std::string& why) {
   for (auto& [key, stream] : pending) {
     const json id = parse_json_or_discarded(key);
     stream->push(mcp::make_error(id, -32000, why).dump(-1, ' ', false, json::error_handler_t::replace),
-                 Outbound::Kind::response, legacy_);
+                 Outbound::Kind::response, legacy_ || ephemeral_);
     stream->finish();
     retire(stream->id());
   }
@@ -486,6 +495,8 @@ std::optional<Refusal> Hub::admit(HttpSession& session, std::string_view method)
   std::size_t peer_total = 0;
   for (const auto& [id, s] : sessions_)
     if (s->peer().key == session.peer().key) peer_total += s->in_flight();
+  for (const auto& [id, s] : ephemeral_)
+    if (s->peer().key == session.peer().key) peer_total += s->in_flight();
   if (peer_total >= options.max_requests_per_peer)
     return Refusal{429,
                    fmt::format("too many requests in flight from {}: {} in all its sessions (the limit is {}, [server] "
@@ -534,11 +545,36 @@ void Hub::remove(const std::string& id) {
 std::size_t Hub::total_in_flight() const {
   std::size_t n = 0;
   for (const auto& [id, session] : sessions_) n += session->in_flight();
+  for (const auto& [id, session] : ephemeral_) n += session->in_flight();
   return n;
 }
 
 void Hub::answer_unfinished(const std::string& why) {
   for (auto& [id, session] : sessions_) session->answer_unfinished(why);
+  for (auto& [id, session] : ephemeral_) session->answer_unfinished(why);
+}
+
+std::shared_ptr<HttpSession> Hub::open_ephemeral(const Peer& peer) {
+  // The id only names the request's session in logs and audit records (never sent).
+  std::string id = random::hex(16);
+  auto session = std::make_shared<HttpSession>(*this, id, false, peer, true);
+  session->start();
+  ephemeral_.emplace(std::move(id), session);
+  return session;
+}
+
+void Hub::end_ephemeral(const std::string& id) {
+  auto it = ephemeral_.find(id);
+  if (it == ephemeral_.end()) return;
+  auto session = std::move(it->second);
+  ephemeral_.erase(it);
+  session->close();  // cancels what still runs, on a worker
+  trim_memory();
+}
+
+void Hub::end_listens(const std::string& why) {
+  for (auto& [id, session] : ephemeral_)
+    if (session->listening) session->answer_unfinished(why);
 }
 
 void Hub::close_all() {
@@ -551,6 +587,9 @@ void Hub::close_all() {
   sessions_.clear();
   sessions_per_peer_.clear();
   for (auto& [id, session] : sessions) session->close();
+  auto ephemeral = std::move(ephemeral_);
+  ephemeral_.clear();
+  for (auto& [id, session] : ephemeral) session->close();
 }
 
 void Hub::shed(std::size_t target) {
@@ -666,6 +705,14 @@ void Hub::publish_status() {
     status.requests += running;
     busiest_session = std::max(busiest_session, running);
     largest_session = std::max(largest_session, session->account().held);
+  }
+  status.stateless_requests = ephemeral_.size();
+  for (const auto& [id, session] : ephemeral_) {
+    HttpStatus::PeerUse& use = peers[session->peer().key];
+    use.peer = session->peer().shown;
+    const std::size_t running = session->in_flight();
+    use.requests += running;
+    status.requests += running;
   }
   std::size_t connections_limit = options.max_connections, per_peer_limit = options.max_connections_per_peer;
   if (connection_status) connection_status(status, peers);

@@ -38,6 +38,7 @@
 #include "mcp/server.hpp"
 #include "transport/http.hpp"
 #include "transport/http_internal.hpp"
+#include "transport/mcp_headers.hpp"
 
 namespace mcp = nshpc::mcp;
 namespace transport = nshpc::transport;
@@ -2654,5 +2655,459 @@ TEST(HttpWebSocket, ABlockingHandlerHoldsUpOnlyItsOwnConnectionAndCallsStayInOrd
   EXPECT_LT(std::chrono::steady_clock::now() - start, 500ms);
   EXPECT_EQ(slow.read(5s), "unblocked");
   for (int i = 0; i < 50; ++i) ASSERT_EQ(slow.read(2s), std::to_string(i));
+  EXPECT_EQ(live.stop(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2026-07-28: the mirrored request headers (pure), then stateless requests over HTTP.
+
+namespace {
+
+using transport::check_request_headers;
+using transport::decode_header_value;
+
+const char* const kModern = "2026-07-28";
+
+json modern_meta() {
+  return {{"io.modelcontextprotocol/protocolVersion", kModern},
+          {"io.modelcontextprotocol/clientInfo", {{"name", "unit"}, {"version", "1"}}},
+          {"io.modelcontextprotocol/clientCapabilities", json::object()}};
+}
+
+json modern_rpc(const json& id, const std::string& method, json params = json::object()) {
+  params["_meta"] = modern_meta();
+  return rpc(id, method, std::move(params));
+}
+
+mcp::Envelope modern_envelope() {
+  mcp::Envelope e;
+  e.era = mcp::Era::modern;
+  e.protocol_version = kModern;
+  return e;
+}
+
+using Headers = std::map<std::string, std::string>;
+std::optional<mcp::ProtocolError> check(const Headers& headers, const json& message,
+                                        const mcp::Envelope& envelope = modern_envelope()) {
+  return check_request_headers(
+      [&](std::string_view name) -> std::optional<std::string> {
+        auto it = headers.find(std::string(name));
+        return it == headers.end() ? std::nullopt : std::optional<std::string>(it->second);
+      },
+      message, envelope);
+}
+
+Headers good_call_headers() {
+  return {{"mcp-protocol-version", kModern}, {"mcp-method", "tools/call"}, {"mcp-name", "echo"}};
+}
+json call_message(const std::string& name = "echo") { return modern_rpc(1, "tools/call", {{"name", name}}); }
+
+void expect_mismatch(const std::optional<mcp::ProtocolError>& e, const std::string& part) {
+  ASSERT_TRUE(e.has_value()) << "expected a header mismatch mentioning: " << part;
+  EXPECT_EQ(e->code(), mcp::kHeaderMismatch);
+  EXPECT_NE(std::string(e->what()).find(part), std::string::npos) << e->what();
+}
+
+}  // namespace
+
+TEST(McpHeaders, DecodesTheBase64Sentinel) {
+  EXPECT_EQ(decode_header_value("us-west1"), "us-west1");
+  EXPECT_EQ(decode_header_value("=?base64?SGVsbG8sIOS4lueVjA==?="), "Hello, \xe4\xb8\x96\xe7\x95\x8c");
+  EXPECT_EQ(decode_header_value("=?base64?IHBhZGRlZCA=?="), " padded ");
+  EXPECT_EQ(decode_header_value("=?base64?bGluZTEKbGluZTI=?="), "line1\nline2");
+  EXPECT_EQ(decode_header_value("=?base64?PT9iYXNlNjQ/bGl0ZXJhbD89?="), "=?base64?literal?=");
+  EXPECT_EQ(decode_header_value("=?base64?" "?="), "");
+  // Markers are case-sensitive: anything else is a plain value.
+  EXPECT_EQ(decode_header_value("=?BASE64?ZWNobw==?="), "=?BASE64?ZWNobw==?=");
+  EXPECT_EQ(decode_header_value("=?base64?ZWNobw=="), "=?base64?ZWNobw==");
+  // Invalid base64 and characters a header may not carry.
+  EXPECT_EQ(decode_header_value("=?base64?not*base64?="), std::nullopt);
+  EXPECT_EQ(decode_header_value("=?base64?ZWNob?="), std::nullopt);   // leftover bits not zero
+  EXPECT_EQ(decode_header_value("=?base64?Z?="), std::nullopt);       // 6 bits
+  EXPECT_EQ(decode_header_value("=?base64?ZW=Nobw?="), std::nullopt); // padding inside
+  EXPECT_EQ(decode_header_value(std::string("a\x01" "b", 3)), std::nullopt);
+  EXPECT_EQ(decode_header_value("caf\xc3\xa9"), std::nullopt);
+  EXPECT_EQ(decode_header_value("tab\tand space"), "tab\tand space");
+}
+
+TEST(McpHeaders, MatchingHeadersPass) {
+  EXPECT_FALSE(check(good_call_headers(), call_message()).has_value());
+  Headers h = good_call_headers();
+  h["mcp-name"] = "=?base64?ZWNobw==?=";  // "echo", encoded although it need not be
+  EXPECT_FALSE(check(h, call_message()).has_value());
+  // A name that must be encoded.
+  h["mcp-name"] = "=?base64?SGVsbG8sIOS4lueVjA==?=";
+  EXPECT_FALSE(check(h, call_message("Hello, \xe4\xb8\x96\xe7\x95\x8c")).has_value());
+  // Methods without a name need only the version and the method.
+  EXPECT_FALSE(check({{"mcp-protocol-version", kModern}, {"mcp-method", "tools/list"}}, modern_rpc(2, "tools/list")).has_value());
+  EXPECT_FALSE(check({{"mcp-protocol-version", kModern}, {"mcp-method", "resources/read"}, {"mcp-name", "file:///a b"}},
+                     modern_rpc(3, "resources/read", {{"uri", "file:///a b"}}))
+                   .has_value());
+  EXPECT_FALSE(check({{"mcp-protocol-version", kModern}, {"mcp-method", "prompts/get"}, {"mcp-name", "p"}},
+                     modern_rpc(4, "prompts/get", {{"name", "p"}}))
+                   .has_value());
+  EXPECT_FALSE(check({{"mcp-protocol-version", kModern}, {"mcp-method", "tasks/get"}, {"mcp-name", "t-1"}},
+                     modern_rpc(5, "tasks/get", {{"taskId", "t-1"}}))
+                   .has_value());
+}
+
+TEST(McpHeaders, ProtocolVersionMissingOrDifferent) {
+  Headers h = good_call_headers();
+  h.erase("mcp-protocol-version");
+  expect_mismatch(check(h, call_message()), "the MCP-Protocol-Version header is missing");
+  h["mcp-protocol-version"] = "2025-11-25";
+  expect_mismatch(check(h, call_message()),
+                  "Header mismatch: MCP-Protocol-Version header value '2025-11-25' does not match body value '2026-07-28'");
+}
+
+TEST(McpHeaders, MethodMissingOrDifferent) {
+  Headers h = good_call_headers();
+  h.erase("mcp-method");
+  expect_mismatch(check(h, call_message()), "the Mcp-Method header is missing");
+  h["mcp-method"] = "tools/list";
+  expect_mismatch(check(h, call_message()), "Mcp-Method header value 'tools/list' does not match body value 'tools/call'");
+  h["mcp-method"] = "Tools/Call";  // values are case-sensitive
+  expect_mismatch(check(h, call_message()), "Mcp-Method header value 'Tools/Call'");
+  // Checked in order: a wrong version is reported before a wrong method.
+  h["mcp-protocol-version"] = "2025-06-18";
+  expect_mismatch(check(h, call_message()), "MCP-Protocol-Version");
+}
+
+TEST(McpHeaders, NameMissingDifferentOrMalformed) {
+  Headers h = good_call_headers();
+  h.erase("mcp-name");
+  expect_mismatch(check(h, call_message()), "the Mcp-Name header is missing");
+  h["mcp-name"] = "foo";
+  expect_mismatch(check(h, call_message("bar")), "Header mismatch: Mcp-Name header value 'foo' does not match body value 'bar'");
+  h["mcp-name"] = "=?base64?Zm9v?=";  // "foo", decoded before the comparison
+  expect_mismatch(check(h, call_message("bar")), "Mcp-Name header value 'foo' does not match body value 'bar'");
+  h["mcp-name"] = "=?base64?@@@@?=";
+  expect_mismatch(check(h, call_message()), "not valid base64");
+  h["mcp-name"] = std::string("ec\x7fho");
+  expect_mismatch(check(h, call_message()), "characters a header value may not carry");
+  h["mcp-name"] = "echo, echo";  // sent twice
+  expect_mismatch(check(h, call_message()), "does not match body value 'echo'");
+  // resources/read compares params.uri; tasks/cancel params.taskId.
+  expect_mismatch(check({{"mcp-protocol-version", kModern}, {"mcp-method", "resources/read"}, {"mcp-name", "file:///x"}},
+                        modern_rpc(3, "resources/read", {{"uri", "file:///y"}})),
+                  "Mcp-Name header value 'file:///x' does not match body value 'file:///y'");
+  expect_mismatch(check({{"mcp-protocol-version", kModern}, {"mcp-method", "tasks/cancel"}},
+                        modern_rpc(3, "tasks/cancel", {{"taskId", "t-9"}})),
+                  "the Mcp-Name header is missing");
+}
+
+TEST(McpHeaders, LongValuesAreTruncatedInTheMessage) {
+  Headers h = good_call_headers();
+  h["mcp-name"] = std::string(5000, 'a');
+  auto e = check(h, call_message());
+  ASSERT_TRUE(e);
+  EXPECT_LT(std::string(e->what()).size(), 300u) << e->what();
+}
+
+TEST(McpHeaders, NotificationsAndLegacyMessagesAreExempt) {
+  json note = {{"jsonrpc", "2.0"}, {"method", "notifications/cancelled"}, {"params", {{"_meta", modern_meta()}}}};
+  EXPECT_FALSE(check({}, note).has_value());
+  mcp::Envelope legacy;
+  EXPECT_FALSE(check({}, rpc(1, "tools/call", {{"name", "echo"}}), legacy).has_value());
+}
+
+namespace {
+
+// A 2026-07-28 POST with its mirrored headers (Mcp-Name from params.name or params.uri).
+Req modern_post(const json& message) {
+  Req r = post(message);
+  r.with("MCP-Protocol-Version", kModern).with("Mcp-Method", message.value("method", ""));
+  const json params = message.value("params", json::object());
+  if (params.contains("name")) r.with("Mcp-Name", params["name"].get<std::string>());
+  else if (params.contains("uri")) r.with("Mcp-Name", params["uri"].get<std::string>());
+  return r;
+}
+
+json modern_call(const json& id, const std::string& tool, json arguments = json::object()) {
+  return modern_rpc(id, "tools/call", {{"name", tool}, {"arguments", std::move(arguments)}});
+}
+
+// The JSON-RPC error of a modern refusal: HTTP `status`, the request's id, `code`.
+json expect_modern_error(const Reply& r, int status, const json& id, int code, const std::string& part = "") {
+  EXPECT_EQ(r.status, status) << r.body;
+  EXPECT_FALSE(r.has_header("mcp-session-id"));
+  const json body = nshpc::parse_json_or_discarded(r.body);
+  EXPECT_TRUE(body.is_object()) << r.body;
+  if (!body.is_object()) return json();
+  EXPECT_EQ(body.value("id", json()), id) << r.body;
+  EXPECT_EQ(body["error"].value("code", 0), code) << r.body;
+  if (!part.empty()) {
+    EXPECT_NE(body["error"].value("message", "").find(part), std::string::npos) << r.body;
+  }
+  return body["error"];
+}
+
+}  // namespace
+
+// On a live server: a client that half-closes its side (as testing::exchange does) has gone
+// away, which cancels a modern request still running.
+TEST(HttpLive, ModernToolsCallIsServedWithoutASession) {
+  auto server = make_server();
+  LiveServer live(*server, default_options());
+  ASSERT_NE(live.port(), 0);
+  const Reply r = live.request(modern_post(modern_call(7, "echo", {{"text", "hi"}})));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_FALSE(r.has_header("mcp-session-id"));
+  const json answer = rpc_of(r);
+  ASSERT_TRUE(answer.is_object()) << r.header("content-type") << "\n" << r.body;
+  EXPECT_EQ(answer.value("id", json()), 7);
+  EXPECT_EQ(answer["result"].value("resultType", ""), "complete") << answer.dump();
+  EXPECT_EQ(answer["result"]["content"][0].value("text", ""), "hi") << answer.dump();
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpLive, ModernProgressComesOnTheRequestsOwnStream) {
+  auto server = make_server();
+  LiveServer live(*server, default_options());
+  ASSERT_NE(live.port(), 0);
+  json call = modern_call(8, "steps", {{"n", 3}});
+  call["params"]["_meta"]["progressToken"] = "p";
+  const Reply r = live.request(modern_post(call));
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.header("content-type"), "text/event-stream");
+  EXPECT_FALSE(r.has_header("mcp-session-id"));
+  EXPECT_EQ(r.body.find("id: "), std::string::npos) << "2026-07-28 streams are not resumable: no event ids\n" << r.body;
+  const auto messages = sse_messages(r.body);
+  ASSERT_GE(messages.size(), 4u) << r.body;
+  EXPECT_EQ(messages.front().value("method", ""), "notifications/progress");
+  EXPECT_EQ(messages.back().value("id", json()), 8);
+  EXPECT_EQ(messages.back()["result"]["content"][0].value("text", ""), "done 3");
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST_F(Http, ModernHeaderMismatchIs400) {
+  Req wrong_name = modern_post(modern_call(1, "echo", {{"text", "x"}}));
+  wrong_name.extra.erase(std::remove_if(wrong_name.extra.begin(), wrong_name.extra.end(),
+                                        [](const auto& h) { return h.first == "Mcp-Name"; }),
+                         wrong_name.extra.end());
+  expect_modern_error(one(wrong_name), 400, 1, mcp::kHeaderMismatch, "the Mcp-Name header is missing");
+  wrong_name.with("Mcp-Name", "foo");
+  expect_modern_error(one(wrong_name), 400, 1, mcp::kHeaderMismatch,
+                      "Header mismatch: Mcp-Name header value 'foo' does not match body value 'echo'");
+
+  Req no_method = post(modern_call(2, "echo", {{"text", "x"}}));
+  no_method.with("MCP-Protocol-Version", kModern).with("Mcp-Name", "echo");
+  expect_modern_error(one(no_method), 400, 2, mcp::kHeaderMismatch, "the Mcp-Method header is missing");
+
+  Req no_version = post(modern_call(3, "echo", {{"text", "x"}}));
+  no_version.with("Mcp-Method", "tools/call").with("Mcp-Name", "echo");
+  expect_modern_error(one(no_version), 400, 3, mcp::kHeaderMismatch, "the MCP-Protocol-Version header is missing");
+
+  Req old_version = post(modern_call(4, "echo", {{"text", "x"}}));
+  old_version.with("MCP-Protocol-Version", "2025-11-25").with("Mcp-Method", "tools/call").with("Mcp-Name", "echo");
+  expect_modern_error(one(old_version), 400, 4, mcp::kHeaderMismatch, "MCP-Protocol-Version header value '2025-11-25'");
+
+  Req encoded = post(modern_call(5, "echo", {{"text", "x"}}));
+  encoded.with("MCP-Protocol-Version", kModern).with("Mcp-Method", "tools/call").with("Mcp-Name", "=?base64?ZWNobw==?=");
+  EXPECT_EQ(one(encoded).status, 200);
+  Req bad_base64 = post(modern_call(6, "echo", {{"text", "x"}}));
+  bad_base64.with("MCP-Protocol-Version", kModern).with("Mcp-Method", "tools/call").with("Mcp-Name", "=?base64?e*ho?=");
+  expect_modern_error(one(bad_base64), 400, 6, mcp::kHeaderMismatch, "not valid base64");
+  // The server is unharmed:
+  EXPECT_EQ(one(modern_post(modern_call(9, "echo", {{"text", "still"}}))).status, 200);
+}
+
+TEST_F(Http, ModernUnsupportedVersionIs400WithTheSupportedOnes) {
+  json call = modern_call(1, "echo", {{"text", "x"}});
+  call["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "2099-01-01";
+  Req r = post(call);
+  r.with("MCP-Protocol-Version", "2099-01-01").with("Mcp-Method", "tools/call").with("Mcp-Name", "echo");
+  const json error = expect_modern_error(one(r), 400, 1, mcp::kUnsupportedProtocolVersion);
+  ASSERT_TRUE(error.contains("data")) << error.dump();
+  const json supported = error["data"].value("supported", json::array());
+  EXPECT_NE(std::find(supported.begin(), supported.end(), json(kModern)), supported.end()) << error.dump();
+}
+
+TEST_F(Http, ModernWithoutClientCapabilitiesIs400InvalidParams) {
+  json call = modern_call(1, "echo", {{"text", "x"}});
+  call["params"]["_meta"].erase("io.modelcontextprotocol/clientCapabilities");
+  expect_modern_error(one(modern_post(call)), 400, 1, mcp::kInvalidParams, "clientCapabilities");
+}
+
+TEST_F(Http, ModernInitializeIs404MethodNotFound) {
+  const json init = modern_rpc(1, "initialize", {{"protocolVersion", "2025-11-25"}, {"capabilities", json::object()},
+                                                 {"clientInfo", {{"name", "u"}, {"version", "1"}}}});
+  expect_modern_error(one(modern_post(init)), 404, 1, mcp::kMethodNotFound, "2025-era method");
+  expect_modern_error(one(modern_post(modern_rpc(2, "ping"))), 404, 2, mcp::kMethodNotFound, "'ping' is a 2025-era method");
+  expect_modern_error(one(modern_post(modern_rpc(3, "no/such"))), 404, 3, mcp::kMethodNotFound, "'no/such'");
+}
+
+TEST_F(Http, ModernNotificationIsAcceptedAndDropped) {
+  const json note = {{"jsonrpc", "2.0"}, {"method", "notifications/cancelled"},
+                     {"params", {{"requestId", 1}, {"_meta", modern_meta()}}}};
+  const Reply r = one(modern_post(note));
+  EXPECT_EQ(r.status, 202) << r.body;
+  EXPECT_FALSE(r.has_header("mcp-session-id"));
+}
+
+TEST_F(Http, ModernHeaderOnALegacyBodyIsAMismatch) {
+  Req r = post(initialize_message());
+  r.with("MCP-Protocol-Version", kModern);
+  expect_refusal(one(r), 400, mcp::kHeaderMismatch, "carries no _meta");
+}
+
+TEST_F(Http, ModernRequestsPassTheSameSecurityChecks) {
+  Req no_token = modern_post(modern_call(1, "echo", {{"text", "x"}}));
+  no_token.auth.reset();
+  EXPECT_EQ(one(no_token).status, 401);
+  Req foreign = modern_post(modern_call(1, "echo", {{"text", "x"}}));
+  foreign.with("Origin", "https://evil.example");
+  EXPECT_EQ(one(foreign).status, 403);
+  Req text = modern_post(modern_call(1, "echo", {{"text", "x"}}));
+  text.content_type = "text/plain";
+  EXPECT_EQ(one(text).status, 415);
+}
+
+TEST(HttpLive, ModernRequestNamingALegacySessionIs400AndBothErasInterleave) {
+  auto server = make_server();
+  LiveServer live(*server, default_options());
+  ASSERT_NE(live.port(), 0);
+  const std::string sid = open_session(live);
+
+  Req mixed = modern_post(modern_call(1, "echo", {{"text", "x"}}));
+  mixed.with("Mcp-Session-Id", sid);
+  expect_modern_error(live.request(mixed), 400, 1, mcp::kInvalidRequest, "names a 2025-era session");
+  // A session id that names nothing is ignored, as the spec has it.
+  Req stale = modern_post(modern_call(2, "echo", {{"text", "stale"}}));
+  stale.with("Mcp-Session-Id", "0123456789abcdef0123456789abcdef");
+  EXPECT_EQ(rpc_of(live.request(stale))["result"]["content"][0].value("text", ""), "stale");
+
+  for (int i = 0; i < 5; ++i) {
+    const Reply modern = live.request(modern_post(modern_call(100 + i, "echo", {{"text", "m" + std::to_string(i)}})));
+    EXPECT_EQ(modern.status, 200) << modern.body;
+    EXPECT_FALSE(modern.has_header("mcp-session-id"));
+    EXPECT_EQ(rpc_of(modern)["result"]["content"][0].value("text", ""), "m" + std::to_string(i));
+    const Reply legacy = live.request(call_in(sid, 200 + i, "echo", {{"text", "l" + std::to_string(i)}}));
+    EXPECT_EQ(legacy.status, 200) << legacy.body;
+    EXPECT_EQ(legacy.header("mcp-session-id"), sid);
+    const json answer = rpc_of(legacy);
+    EXPECT_EQ(answer["result"]["content"][0].value("text", ""), "l" + std::to_string(i));
+    EXPECT_FALSE(answer["result"].contains("resultType")) << "a 2025-era result: " << answer.dump();
+  }
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpLive, ClosingAModernRequestsConnectionCancelsIt) {
+  auto probe = std::make_shared<Probe>();
+  auto server = make_server(probe);
+  HttpOptions options = default_options();
+  options.status_board = std::make_shared<transport::HttpStatusBoard>();
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  {
+    Open call = open_with(live, modern_post(modern_call(1, "hold")), 0ms);
+    ASSERT_TRUE(eventually([&] { return probe->holding.load() == 1; }, 3s));
+    EXPECT_TRUE(eventually([&] { return options.status_board->get().stateless_requests == 1; }, 3s));
+    EXPECT_EQ(options.status_board->get().requests, 1u);
+  }  // the client goes away before the answer
+  // The handler saw the cancellation (the gate never opened) and nothing of the request stays.
+  EXPECT_TRUE(eventually([&] { return probe->holding.load() == 0; }, 3s));
+  EXPECT_FALSE(probe->open.load());
+  EXPECT_TRUE(eventually([&] {
+    const auto s = options.status_board->get();
+    return s.stateless_requests == 0 && s.requests == 0;
+  }, 3s));
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpLive, ModernRequestsCountAgainstThePerPeerCapButAreNoSessions) {
+  auto probe = std::make_shared<Probe>();
+  auto server = make_server(probe);
+  HttpOptions options = default_options();
+  options.max_requests_per_peer = 2;
+  options.max_sessions = 1;
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  Open a = open_with(live, modern_post(modern_call(1, "hold")), 0ms);
+  Open b = open_with(live, modern_post(modern_call(2, "hold")), 0ms);
+  ASSERT_TRUE(eventually([&] { return probe->holding.load() == 2; }, 3s));
+  const Reply third = live.request(modern_post(modern_call(3, "echo", {{"text", "x"}})));
+  expect_modern_error(third, 429, 3, -32000, "max_requests_per_peer");
+  // max_sessions = 1: two stateless requests running took no session slot.
+  EXPECT_EQ(live.request(post(initialize_message())).status, 200);
+  probe->open = true;
+  a.read_for(3s, [](const std::string& s) { return s.find("let go") != std::string::npos; });
+  EXPECT_NE(a.seen.find("let go"), std::string::npos) << a.seen;
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpLive, SubscriptionsListenStreamsChangesUntilTheClientCloses) {
+  auto server = make_server();
+  HttpOptions options = default_options();
+  options.status_board = std::make_shared<transport::HttpStatusBoard>();
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  {
+    Open listen = open_with(live, modern_post(modern_rpc(5, "subscriptions/listen", {{"notifications", {{"toolsListChanged", true}}}})),
+                            0ms);
+    listen.read_for(3s, [](const std::string& s) { return s.find("notifications/subscriptions/acknowledged") != std::string::npos; });
+    ASSERT_NE(listen.seen.find("notifications/subscriptions/acknowledged"), std::string::npos) << listen.seen;
+    EXPECT_NE(listen.seen.find("text/event-stream"), std::string::npos);
+    EXPECT_EQ(lower(listen.seen).find("mcp-session-id"), std::string::npos) << listen.seen;
+    EXPECT_EQ(listen.seen.find("tools/list_changed"), std::string::npos);
+    server->notify_tool_list_changed();
+    listen.read_for(3s, [](const std::string& s) { return s.find("notifications/tools/list_changed") != std::string::npos; });
+    const auto at = listen.seen.find("notifications/tools/list_changed");
+    ASSERT_NE(at, std::string::npos) << listen.seen;
+    EXPECT_LT(listen.seen.find("notifications/subscriptions/acknowledged"), at);
+    // The change carries the listen's subscription id.
+    const auto line_start = listen.seen.rfind("data: ", at);
+    const json change = nshpc::parse_json_or_discarded(listen.seen.substr(line_start + 6, listen.seen.find('\n', at) - line_start - 6));
+    EXPECT_TRUE(change["params"]["_meta"].contains("io.modelcontextprotocol/subscriptionId")) << change.dump();
+    EXPECT_TRUE(eventually([&] { return options.status_board->get().requests == 1; }, 3s)) << "the listen is in flight";
+    EXPECT_FALSE(listen.closed_within(200ms)) << "an idle listen stream stays open";
+  }  // the client closes it
+  EXPECT_TRUE(eventually([&] {
+    const auto s = options.status_board->get();
+    return s.requests == 0 && s.stateless_requests == 0;
+  }, 3s));
+  EXPECT_EQ(live.stop(), 0);
+}
+
+TEST(HttpLive, ShutdownEndsListenStreamsPromptly) {
+  auto server = make_server();
+  HttpOptions options = default_options();
+  options.shutdown_grace = 10s;  // a listen must not hold the drain for it
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  Open listen = open_with(live, modern_post(modern_rpc(5, "subscriptions/listen", {{"notifications", {{"toolsListChanged", true}}}})),
+                          0ms);
+  listen.read_for(3s, [](const std::string& s) { return s.find("acknowledged") != std::string::npos; });
+  ASSERT_NE(listen.seen.find("acknowledged"), std::string::npos) << listen.seen;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(live.stop(), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  listen.read_for(1s);
+  EXPECT_NE(listen.seen.find("\"id\":5"), std::string::npos) << "the listen gets its final message\n" << listen.seen;
+}
+
+TEST(HttpLive, NothingStaysAfterAThousandModernRequests) {
+  auto server = make_server();
+  HttpOptions options = default_options();
+  options.status_board = std::make_shared<transport::HttpStatusBoard>();
+  LiveServer live(*server, options);
+  ASSERT_NE(live.port(), 0);
+  // Pipelined on a few keep-alive connections.
+  for (int batch = 0; batch < 10; ++batch) {
+    std::string bytes;
+    for (int i = 0; i < 100; ++i) {
+      Req r = modern_post(modern_call(batch * 100 + i, "echo", {{"text", "n"}}));
+      r.host = "127.0.0.1:" + std::to_string(live.port());
+      if (i == 99) r.with("Connection", "close");
+      bytes += r.bytes();
+    }
+    const auto replies = final_replies(live.talk(bytes));
+    ASSERT_EQ(replies.size(), 100u);
+    for (const Reply& r : replies) ASSERT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_TRUE(eventually([&] {
+    const auto s = options.status_board->get();
+    return s.stateless_requests == 0 && s.requests == 0 && s.sessions == 0;
+  }, 3s));
   EXPECT_EQ(live.stop(), 0);
 }
