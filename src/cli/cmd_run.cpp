@@ -223,21 +223,31 @@ int serve(Invocation& inv, const ServerParts& parts, const std::function<int(mcp
   });
   // The default image, when it is missing, is built in the background: the first instance on it
   // then needs no wait for a build (a minute or two), and create_instance says how far it is.
+  // Started by the first tools/call, not here: a client may start a server only to ask
+  // server/discover or tools/list (an MCP client in {mode: 'auto'} over stdio does), and that
+  // must not cost minutes of CPU.
   sandbox::BackgroundBuilds image_builds(sandbox::ImageStore(cfg.ns.images_dir),
                                          config::self_command(cfg, "for a background image build"));
-  if (!cfg.ns.default_image.empty()) {
-    try {
-      if (!image_builds.images().current(cfg.ns.default_image)) {
-        image_builds.start({.name = cfg.ns.default_image});
-        log::info("the default image '{}' is not built yet: building it in the background (log: {}/.building/{}.log)",
-                  cfg.ns.default_image, cfg.ns.images_dir.string(), cfg.ns.default_image);
+  std::once_flag image_build_started;
+  const auto start_image_build = [&image_builds, &image_build_started, &cfg] {
+    std::call_once(image_build_started, [&] {
+      if (cfg.ns.default_image.empty()) return;
+      try {
+        if (!image_builds.images().current(cfg.ns.default_image)) {
+          image_builds.start({.name = cfg.ns.default_image});
+          log::info("the default image '{}' is not built yet: building it in the background (log: {}/.building/{}.log)",
+                    cfg.ns.default_image, cfg.ns.images_dir.string(), cfg.ns.default_image);
+        }
+      } catch (const std::exception& e) {
+        log::warn("the default image '{}' cannot be built in the background: {}", cfg.ns.default_image, e.what());
       }
-    } catch (const std::exception& e) {
-      log::warn("the default image '{}' cannot be built in the background: {}", cfg.ns.default_image, e.what());
-    }
-  }
-  const tools::Services services{
-      .config = cfg, .instances = inv.instances(), .image_builds = &image_builds, .dashboard_base = parts.dashboard_base};
+    });
+  };
+  const tools::Services services{.config = cfg,
+                                 .instances = inv.instances(),
+                                 .image_builds = &image_builds,
+                                 .dashboard_base = parts.dashboard_base,
+                                 .tool_called = start_image_build};
   mcp::Server server(parts.info, parts.options(services));
   parts.register_tools(server, services);
   // A subscribed instance resource hears of its living sandbox starting and stopping.

@@ -8,6 +8,7 @@
 #include <array>
 #include <charconv>
 #include <random>
+#include <ctime>
 
 #include <fmt/format.h>
 
@@ -79,6 +80,37 @@ bool owner_alive(std::string_view key) {
   return start != 0 && owner && owner->start_time == start && !owner->ended();
 }
 
+namespace {
+constexpr std::string_view kLeaseSuffix = ".~lease";
+
+// A lease holds until its record's mtime (the expiry its last renewal set).
+bool lease_running(const stdfs::path& file) {
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) return false;
+  struct timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return st.st_mtim.tv_sec > now.tv_sec || (st.st_mtim.tv_sec == now.tv_sec && st.st_mtim.tv_nsec > now.tv_nsec);
+}
+
+// Sets the lease's expiry: `lease` from now.
+void set_lease_expiry(const stdfs::path& file, std::chrono::seconds lease) {
+  struct timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const struct timespec until = {now.tv_sec + static_cast<time_t>(lease.count()), now.tv_nsec};
+  const std::array<struct timespec, 2> times = {until, until};
+  if (::utimensat(AT_FDCWD, file.c_str(), times.data(), AT_SYMLINK_NOFOLLOW) != 0)
+    throw SysError(errno, "set the lease's expiry (utimensat)", file.string());
+}
+}  // namespace
+
+std::string lease_key() {
+  std::string key = owner_key("x");
+  key.resize(key.size() - 2);  // "<pid>.<start time>"
+  return key + std::string(kLeaseSuffix);
+}
+
+bool is_lease_key(std::string_view key) { return key.ends_with(kLeaseSuffix); }
+
 nlohmann::json to_json(const ComputerInfo& info) {
   nlohmann::json out = {{"computer_id", info.computer_id},
                         {"temporary", info.temporary},
@@ -91,8 +123,8 @@ nlohmann::json to_json(const ComputerInfo& info) {
   return out;
 }
 
-Computers::Computers(Service& instances, std::string image)
-    : instances_(instances), store_(instances.store()), image_(std::move(image)) {}
+Computers::Computers(Service& instances, std::string image, std::chrono::seconds lease)
+    : instances_(instances), store_(instances.store()), image_(std::move(image)), lease_(lease) {}
 
 stdfs::path Computers::lock_file() const { return store_.root() / ".computers.lock"; }
 
@@ -140,9 +172,11 @@ store::Instance Computers::acquire(const std::string& id, bool temporary, config
     const stdfs::path file = dir / std::string(owner);
     UniqueFd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!fd) throw SysError(errno, "create", file.string());
+    if (is_lease_key(owner)) set_lease_expiry(file, lease_);
   }
   std::lock_guard held_lock(held_mutex_);
   held_.insert(inst.id);
+  if (temporary && is_lease_key(owner)) leased_.insert(inst.id);
   return inst;
 }
 
@@ -154,6 +188,51 @@ bool Computers::held(const std::string& id) const {
 void Computers::forget(const std::string& id) {
   std::lock_guard lock(held_mutex_);
   held_.erase(id);
+  leased_.erase(id);
+}
+
+bool Computers::renew(const std::string& id) {
+  {
+    std::lock_guard lock(held_mutex_);
+    if (!leased_.count(id)) return false;
+  }
+  // Under the lock a sweep takes: a lease that is being renewed is never deleted half-way.
+  fs::FileLock lock(lock_file());
+  if (!store_.exists(id)) return false;
+  const stdfs::path file = owners_dir(store_.get(id)) / lease_key();
+  if (!lease_running(file)) return false;  // ran out (the timer deletes it) or gone
+  set_lease_expiry(file, lease_);
+  return true;
+}
+
+std::vector<std::string> Computers::expire_leases(std::string_view actor) {
+  std::vector<std::string> leased, deleted;
+  {
+    std::lock_guard lock(held_mutex_);
+    leased.assign(leased_.begin(), leased_.end());
+  }
+  if (leased.empty()) return deleted;
+  fs::FileLock lock(lock_file());
+  for (const std::string& id : leased) {
+    try {
+      if (!store_.exists(id)) {
+        forget(id);
+        continue;
+      }
+      const store::Instance inst = store_.get(id);
+      if (lease_running(owners_dir(inst) / lease_key())) continue;
+      if (delete_if_unheld(inst, actor)) {
+        deleted.push_back(id);
+      } else {
+        // Another holder keeps it: this process's lease is over all the same.
+        std::lock_guard held_lock(held_mutex_);
+        leased_.erase(id);
+      }
+    } catch (const std::exception& e) {
+      log::warn("the temporary computer '{}' was not deleted: {}", id, e.what());
+    }
+  }
+  return deleted;
 }
 
 store::Instance Computers::get(const std::string& id) const {
@@ -177,7 +256,7 @@ std::size_t Computers::live_holders(const store::Instance& inst) const {
   std::error_code ec;
   for (const auto& entry : stdfs::directory_iterator(owners_dir(inst), ec)) {
     const std::string name = entry.path().filename().string();
-    if (owner_alive(name)) {
+    if (owner_alive(name) && (!is_lease_key(name) || lease_running(entry.path()))) {
       ++live;
     } else {
       ::unlink(entry.path().c_str());

@@ -10,6 +10,7 @@
 // acquired half-way. Nothing here knows MCP.
 #pragma once
 
+#include <chrono>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -45,6 +46,12 @@ std::string owner_key(std::string_view session);
 // Whether the process a key names still runs: same pid and start time, and not ended (a zombie
 // that was never reaped keeps both).
 bool owner_alive(std::string_view key);
+// "<pid>.<start time>.~lease": this process's lease, the holder of the temporary computers that
+// requests without a session (MCP 2026-07-28) made. It holds while this process runs and until
+// the time its record's mtime says (set on every renewal to then + the lease); a session's key
+// never has '~'.
+std::string lease_key();
+bool is_lease_key(std::string_view key);
 
 struct ComputerInfo {
   std::string computer_id;
@@ -59,8 +66,9 @@ nlohmann::json to_json(const ComputerInfo& info);
 
 class Computers {
  public:
-  // `image`: what new computers run on (the default image).
-  Computers(Service& instances, std::string image);
+  // `image`: what new computers run on (the default image). `lease`: how long a lease holds
+  // after its last renewal (ns-hpc computer's --session-timeout).
+  Computers(Service& instances, std::string image, std::chrono::seconds lease = std::chrono::seconds(300));
 
   const std::string& image() const { return image_; }
 
@@ -80,8 +88,16 @@ class Computers {
   // Drops `owner`'s hold on every computer; deletes each temporary one no live holder keeps any
   // more. Returns the ids deleted.
   std::vector<std::string> release(std::string_view owner, std::string_view actor);
-  // Deletes the temporary computers whose holders have all ended without a release (a crash).
+  // Deletes the temporary computers whose holders have all ended without a release (a crash),
+  // or whose leases ran out.
   std::vector<std::string> sweep(std::string_view actor);
+  // Extends this process's lease on computer `id` to the lease from now, when it holds one (a
+  // call that names the computer); false when it holds none.
+  bool renew(const std::string& id);
+  // Deletes the temporary computers this process leased whose leases ran out and that nothing
+  // else holds; returns their ids. Cheap when it leases none (a timer calls it).
+  std::vector<std::string> expire_leases(std::string_view actor);
+  std::chrono::seconds lease() const { return lease_; }
   std::vector<ComputerInfo> list() const;
 
   // Every process ends and the sandbox starts again; files (root layer, workspace) kept.
@@ -103,6 +119,9 @@ class Computers {
   Service& instances_;
   const store::Store& store_;
   std::string image_;
+  std::chrono::seconds lease_;
+  // The computers this process holds a lease on (the timer looks at these only).
+  std::set<std::string> leased_;  // guarded by held_mutex_
   // The computers acquired through this object (the seed's registry of this process) and not
   // deleted since.
   mutable std::mutex held_mutex_;

@@ -12,7 +12,11 @@
 // The file tools (tools/computer_files.cpp) reach every path of the computer (not only
 // /workspace), as the seed's `docker exec` does, from this process, beneath the computer's own
 // root and confined to its own files.
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <stop_token>
+#include <thread>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -53,10 +57,14 @@ struct State {
   std::mutex network_mutex;
   bool network_settled = false;
 
+  // Deletes the leased computers whose leases ran out (instances::Computers::expire_leases);
+  // declared last, so stopped and joined before `computers` goes.
+  std::jthread lease_timer;
+
   State(const ToolContext& c, ComputerSettings s)
       : ctx(c),
         settings(std::move(s)),
-        computers(c.services.instances, c.services.config.ns.default_image) {}
+        computers(c.services.instances, c.services.config.ns.default_image, settings.lease) {}
 };
 using StatePtr = std::shared_ptr<State>;
 
@@ -107,7 +115,11 @@ store::Instance set_network(State& st, const store::Instance& inst, bool on, std
 store::Instance computer_for(State& st, const json& args, mcp::RequestContext& rc) {
   const std::string given = string_arg(args, "computer_id");
   const std::string id = given.empty() ? st.settings.computer_id : instances::validate_computer_id(given);
-  if (id != st.settings.computer_id) return st.computers.get(id);
+  if (id != st.settings.computer_id) {
+    store::Instance named = st.computers.get(id);
+    st.computers.renew(named.id);  // a computer this process leases is in use
+    return named;
+  }
   if (!st.ctx.services.instances.store().exists(id)) wait_for_image(st, rc);
   store::Instance inst = st.computers.acquire(id, false, network_for(st, st.settings.network_access), "", actor(rc),
                                              nullptr, st.settings.desktop_environment);
@@ -344,7 +356,8 @@ void add_lifecycle_tools(mcp::Server& server, const StatePtr& st) {
       .name = "computer_create",
       .description =
           "Create another computer (its own Debian root); the other tools take its id as computer_id (default: this "
-          "server's). temporary (default true): deleted when this session ends.",
+          "server's). temporary (default true): deleted when this session ends (sessionless: once unused for the "
+          "session timeout).",
       .input = input_object(
           {{"computer_id",
             {{"type", "string"}, {"description", "Optional lowercase slug. Omit to generate a readable random ID."}}},
@@ -362,7 +375,10 @@ void add_lifecycle_tools(mcp::Server& server, const StatePtr& st) {
           id = instances::validate_computer_id(id);
         }
         if (!s.ctx.services.instances.store().exists(id)) wait_for_image(s, rc);
-        const std::string owner = temporary ? instances::owner_key(rc.session_id()) : std::string();
+        // A request without a session (2026-07-28) holds it by this process's lease.
+        const std::string owner = !temporary                ? std::string()
+                                  : rc.session_id().empty() ? instances::lease_key()
+                                                            : instances::owner_key(rc.session_id());
         const bool desktop = args.value("desktop", false);
         if (!s.ctx.services.instances.store().exists(id) && desktop) wait_for_image(s, rc, s.ctx.services.config.desktop.image);
         const store::Instance inst = s.computers.acquire(id, temporary, network_for(s, s.settings.network_access), owner,
@@ -500,6 +516,7 @@ mcp::ToolResult submit_job_tool(State& st, const json& args, mcp::RequestContext
   if (req.display.empty()) req.display = fmt::format("{}", fmt::join(t.argv, " "));
   req.cwd = t.working_directory;
   req.stdin_text = t.stdin_text;
+  add_job_trace(req, rc);
   const jobs::Record rec = st.ctx.services.instances.jobs().submit(req, actor(rc));
   return wait_job(st, "submit_job", inst.id, rec.id, args.value("timeout", std::int64_t{30}), rc);
 }
@@ -622,6 +639,7 @@ mcp::ServerOptions computer_server_options(const config::Config& config, Service
   options.on_tool_call = [ctx, default_computer](const std::string& tool, const mcp::json& args,
                                                  mcp::ToolResult& result, std::chrono::milliseconds duration,
                                                  mcp::RequestContext& rc) {
+    if (ctx.services.tool_called) ctx.services.tool_called();
     const std::string given = string_arg(args, "computer_id");
     audit_tool_call(ctx, tool, args, result, duration, rc, given.empty() ? default_computer : given);
   };
@@ -642,6 +660,31 @@ void register_computer(mcp::Server& server, Services services, ComputerSettings 
   // Temporary computers whose sessions ended with their server (a crash) go now.
   for (const std::string& id : st->computers.sweep("ns-hpc computer (start)"))
     log::info("deleted the temporary computer '{}': the sessions that held it are gone", id);
+  // Leases run out on this timer, a tenth of a lease apart (1-30 s): no session needed.
+  const auto tick = std::clamp<std::chrono::seconds>(st->settings.lease / 10, std::chrono::seconds(1),
+                                                     std::chrono::seconds(30));
+  st->lease_timer = std::jthread([&computers = st->computers, tick](std::stop_token stop) {
+    std::mutex mutex;
+    std::condition_variable_any wake;
+    std::unique_lock lock(mutex);
+    while (!stop.stop_requested()) {
+      wake.wait_for(lock, stop, tick, [] { return false; });
+      if (stop.stop_requested()) break;
+      try {
+        for (const std::string& id : computers.expire_leases("ns-hpc computer (lease ended)"))
+          log::info("deleted the temporary computer '{}': its lease ran out", id);
+      } catch (const std::exception& e) {
+        log::warn("temporary computers' leases: {}", e.what());
+      }
+    }
+    // The server ends: so do its leases, as a session's hold ends with the session.
+    try {
+      for (const std::string& id : computers.release(instances::lease_key(), "ns-hpc computer (end)"))
+        log::info("deleted the temporary computer '{}': the server that leased it ends", id);
+    } catch (const std::exception& e) {
+      log::warn("temporary computers' leases: {}", e.what());
+    }
+  });
   server.set_session_closed([st](const std::string& session) {
     for (const std::string& id : st->computers.release(instances::owner_key(session), "mcp:session-end@" + session))
       log::info("deleted the temporary computer '{}': its last session ended", id);

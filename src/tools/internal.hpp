@@ -9,6 +9,7 @@
 #include "base/error.hpp"
 #include "files/image.hpp"
 #include "files/resolver.hpp"
+#include "jobs/jobs.hpp"
 #include "mcp/server.hpp"
 #include "sandbox/capture.hpp"
 #include "tools/tools.hpp"
@@ -90,8 +91,16 @@ std::vector<std::pair<std::string, std::string>> env_arg(const mcp::json& args);
 // A string argument; "" when absent (or not a string).
 std::string string_arg(const mcp::json& args, const char* name);
 
-// Who acts, for the audit log: "mcp:<client name/version>@<session>".
+// Who acts, for the audit log: "mcp:<client name/version>@<session>", or "mcp:<client name/version>"
+// for a request without a session (2026-07-28).
 std::string actor(const mcp::RequestContext& rc);
+// The call's W3C trace context as TRACEPARENT (and TRACESTATE) added to the environment of a
+// command or job it starts; nothing when the call carried none, and a name `env` sets already
+// is left as the caller set it.
+void add_trace_env(std::vector<std::pair<std::string, std::string>>& env, const mcp::RequestContext& rc);
+// The same for a job: in its environment (local), or before its command through env(1) (Slurm,
+// whose jobs take no variables).
+void add_job_trace(jobs::SubmitRequest& req, const mcp::RequestContext& rc);
 // Audits a finished tool call ("mcp.tool_call") in the log of `instance` when given and existing,
 // else of the instance the arguments name, else in the store-level log.
 void audit_tool_call(const ToolContext& ctx, const std::string& tool, const mcp::json& args, mcp::ToolResult& result,

@@ -203,6 +203,7 @@ void add_submit(mcp::Server& server, const ToolContext& ctx) {
               throw UsageError("`resources` are for mode \"slurm\"; local jobs take `limits`");
             if (auto it = args.find(req.mode == jobs::Mode::slurm ? "resources" : "limits"); it != args.end())
               for (const auto& [name, value] : it->items()) req.limits.values[name] = value.get<std::int64_t>();
+            add_job_trace(req, rc);
             jobs::Record rec = submit_or_say_why(ctx, req, actor(rc));
             return wait_for(ctx, rec.instance_id, rec.id, args.value("timeout", 30), args, rc);
           },

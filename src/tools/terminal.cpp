@@ -189,6 +189,7 @@ sandbox::CaptureResult run_terminal_request(const ToolContext& ctx, const store:
   sandbox::ExecSpec spec = ctx.services.instances.command(inst, instances::Service::Command::terminal, req.argv);
   spec.cwd = req.working_directory;  // empty: the workspace
   spec.env = req.env;
+  add_trace_env(spec.env, rc);
 
   sandbox::CaptureOptions options;
   options.input = req.stdin_text;

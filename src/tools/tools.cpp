@@ -6,6 +6,7 @@
 
 #include "base/error.hpp"
 #include "base/log.hpp"
+#include "base/text.hpp"
 #include "base/time.hpp"
 #include "instances/instances.hpp"
 #include "tools/desktop_tools.hpp"
@@ -19,7 +20,21 @@ constexpr std::size_t kAuditedArgumentBytes = 4096;
 }  // namespace
 
 std::string actor(const mcp::RequestContext& rc) {
+  // A 2026-07-28 request has no session: the client alone names who acts.
+  if (rc.session_id().empty()) return "mcp:" + rc.client_name();
   return fmt::format("mcp:{}@{}", rc.client_name(), rc.session_id());
+}
+
+void add_trace_env(std::vector<std::pair<std::string, std::string>>& env, const mcp::RequestContext& rc) {
+  const auto add = [&env](const char* name, const std::string& value) {
+    if (value.empty()) return;
+    // A variable the caller set itself in `env` is theirs to keep.
+    for (const auto& [given, _] : env)
+      if (given == name) return;
+    env.emplace_back(name, value);
+  };
+  add("TRACEPARENT", rc.traceparent());
+  if (!rc.traceparent().empty()) add("TRACESTATE", rc.tracestate());
 }
 
 void audit_tool_call(const ToolContext& ctx, const std::string& tool, const mcp::json& args, mcp::ToolResult& result,
@@ -32,6 +47,11 @@ void audit_tool_call(const ToolContext& ctx, const std::string& tool, const mcp:
     fields["error"] = result.content[0]["text"];
   if (result.structured && result.structured->contains("exit_code"))
     fields["exit_code"] = (*result.structured)["exit_code"];
+  // The caller's trace, so its spans and this record can be joined (validated by the MCP core).
+  if (!rc.traceparent().empty()) {
+    fields["traceparent"] = rc.traceparent();
+    if (!rc.tracestate().empty()) fields["tracestate"] = rc.tracestate();
+  }
   try {
     // The instance's own log when the call names an existing instance, else the store's.
     auto id = args.find("instance_id");
@@ -55,6 +75,24 @@ void audit_tool_call(const ToolContext& ctx, const std::string& tool, const mcp:
     log::error("audit log not written for {}: {}", tool, e.what());
     result.content.push_back({{"type", "text"}, {"text", std::string("warning: audit log not written: ") + e.what()}});
   }
+}
+
+void add_job_trace(jobs::SubmitRequest& req, const mcp::RequestContext& rc) {
+  if (req.mode != jobs::Mode::slurm) {
+    add_trace_env(req.env, rc);  // the record keeps it with the job's other variables
+    return;
+  }
+  // A Slurm job's environment is only what the batch script needs (sbatch --export=PATH,HOME,LANG)
+  // and `ns-hpc bwrap` on the node hands its sandbox no variables of its own: the job's argv
+  // carries them through env(1), which every node's root has (Slurm jobs never run on an image).
+  std::vector<std::pair<std::string, std::string>> trace;
+  add_trace_env(trace, rc);
+  if (trace.empty()) return;
+  std::vector<std::string> argv = {"/usr/bin/env"};
+  for (const auto& [name, value] : trace) argv.push_back(name + "=" + value);
+  argv.insert(argv.end(), req.argv.begin(), req.argv.end());
+  if (req.display.empty()) req.display = text::shell_join(req.argv);
+  req.argv = std::move(argv);
 }
 
 mcp::json agent_instance_json(const ToolContext& ctx, const store::Instance& inst) {
@@ -129,6 +167,7 @@ mcp::ServerOptions server_options(const config::Config& config, Services service
   ToolContext ctx{services};
   options.on_tool_call = [ctx](const std::string& tool, const mcp::json& args, mcp::ToolResult& result,
                                std::chrono::milliseconds duration, mcp::RequestContext& rc) {
+    if (ctx.services.tool_called) ctx.services.tool_called();
     // The last bound of every result's text; the tools size theirs first.
     bound_texts(result, static_cast<std::size_t>(ctx.services.config.mcp.max_result_chars));
     audit_tool_call(ctx, tool, args, result, duration, rc);

@@ -26,6 +26,10 @@ struct Services {
   // desktop_url and computer_ui; unset or nullopt: none a browser can reach (stdio, a Unix socket,
   // the dashboard off). Set by the CLI from the HTTP transport's status board.
   std::function<std::optional<std::string>()> dashboard_base;
+  // Called as each tools/call ends, before it is audited: the server provisions nothing before
+  // its first tool call (a client may start a server only to ask server/discover), so what it
+  // prepares ahead (the default image's build) starts here, once; unset: nothing.
+  std::function<void()> tool_called;
 };
 
 // Server metadata (name, version, instructions for the agent).
@@ -50,6 +54,9 @@ struct ComputerSettings {
   bool desktop_environment = false;  // DESKTOP_ENVIRONMENT: COMPUTER_ID's made on [desktop] image, its desktop on
   bool expose_lifecycle_tools = true;  // [computer] expose_lifecycle_tools
   bool whole_output = false;     // --whole-output: a command's whole output in its result, as the seed
+  // How long a temporary computer made by a request without a session (MCP 2026-07-28) is kept
+  // after the last call that named it (--session-timeout).
+  std::chrono::seconds lease{300};
 };
 // The server's options for it: results shaped as the seed's (JSON text and structuredContent),
 // every call audited in the computer's log.
@@ -59,7 +66,9 @@ mcp::ServerOptions computer_server_options(const config::Config& config, Service
 // expose_port, the job tools (when Services::job_tools), computer_ui (the dashboard as an MCP
 // App, tools/app.hpp), and unless hidden the lifecycle tools.
 // Temporary computers are released when their sessions close (the server's session-closed hook
-// is taken), and those left by ended servers deleted now.
+// is taken), and those left by ended servers deleted now. One made by a request without a
+// session is held by this process's lease (ComputerSettings::lease, renewed by every call that
+// names it) and deleted when that runs out or the process ends.
 void register_computer(mcp::Server& server, Services services, ComputerSettings settings);
 
 // While it exists, watches the living state of every persistent instance whose resource a

@@ -314,3 +314,47 @@ TEST(ComputerTools, AComputerNotFoundSaysWhereToLook) {
   EXPECT_EQ(error_of(answers[2])["error"],
             "Computer 'nope' was not found. Leave computer_id out to use this server's computer 'agent-workstation'.");
 }
+
+// Nothing is provisioned before the first tools/call (issue 36): a client may start a server only
+// to probe it (an MCP client in {mode: 'auto'} over stdio starts a throw-away one for
+// server/discover), and that must cost no image build (minutes of CPU), computer, desktop or
+// instance. The default image's place cannot be made here (its parent is a file), so an attempt
+// to build it is seen in the log, never reaches the mirror.
+TEST(NothingBeforeTheFirstToolCall, NeitherEntryPointBuildsOrCreatesAnythingForAProbe) {
+  Env env("default_image = \"debian\"\n");
+  const fs::path blocker = env.root() / "blocker";
+  std::ofstream(blocker) << "a file, not a folder";
+  std::ofstream(env.config_file(), std::ios::app) << "images_dir = \"" << (blocker / "images").string() << "\"\n";
+  const std::string init =
+      R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},)"
+      R"("clientInfo":{"name":"probe","version":"1"}}})"
+      "\n"
+      R"({"jsonrpc":"2.0","method":"notifications/initialized"})"
+      "\n";
+  std::string probe = init;
+  int id = 2;
+  for (const char* method : {"tools/list", "resources/list", "prompts/list", "resources/templates/list"})
+    probe += nlohmann::json{{"jsonrpc", "2.0"}, {"id", id++}, {"method", method}, {"params", nlohmann::json::object()}}
+                 .dump() + "\n";
+  const std::string attempt = "the default image 'debian' cannot be built in the background";
+  const auto instances = [&env] {
+    std::vector<std::string> ids;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(env.instances(), ec))
+      if (e.is_directory() && e.path().filename().string().front() != '.') ids.push_back(e.path().filename());
+    return ids;
+  };
+  for (const std::vector<std::string>& vars : {std::vector<std::string>{}, {kId, "DESKTOP_ENVIRONMENT=true"}}) {
+    const std::vector<std::string> args = {vars.empty() ? "run" : "computer"};
+    const Result r = env.run(args, probe, std::chrono::seconds(60), vars);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("\"id\":5"), std::string::npos) << "every probe answered:\n" << r.out;
+    EXPECT_EQ(r.err.find("default image"), std::string::npos) << args[0] << ":\n" << r.err;
+    EXPECT_TRUE(instances().empty()) << args[0] << " made " << instances().front();
+  }
+  // The first tools/call is what starts it (here: tries to, and says why it cannot).
+  const std::string call =
+      init + R"({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"list_instances","arguments":{}}})" "\n";
+  const Result r = env.run({"run"}, call, std::chrono::seconds(60));
+  EXPECT_NE(r.err.find(attempt), std::string::npos) << r.err;
+}

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <regex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -17,8 +18,10 @@
 #include "cli/app.hpp"
 #include "common/temp_dir.hpp"
 #include "mcp/server.hpp"
+#include "instances/computers.hpp"
 #include "instances/instances.hpp"
 #include "store/store.hpp"
+#include "tools/internal.hpp"
 #include "tools/tools.hpp"
 
 namespace {
@@ -40,7 +43,11 @@ class FakeBackend final : public sandbox::Backend {
   bool share_pids = true;                         // commands_share_pids
 
   std::string_view name() const override { return "fake"; }
-  std::unique_ptr<sandbox::Process> start(const sandbox::RunSpec&) override { throw nshpc::Error("fake: no runs"); }
+  std::vector<std::pair<std::string, std::string>> last_env;  // of the last run asked for
+  std::unique_ptr<sandbox::Process> start(const sandbox::RunSpec& spec) override {
+    last_env = spec.env;
+    throw nshpc::Error("fake: no runs");
+  }
   sandbox::LivingStatus living_status(const sandbox::Target& t) override {
     record("status " + t.instance_id);
     EXPECT_TRUE(t.persistent) << "living_status asked for a target that is not persistent: " << t.instance_id;
@@ -623,3 +630,200 @@ TEST(InstanceToolsDescription, TerminalSaysWhetherLaterCallsSeeBackgroundProcess
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Below the protocol: what a request's trace context and its lack of a session mean for what it
+// starts, the audit and temporary computers.
+
+namespace {
+
+// A request as the MCP core describes it to a tool; `session` empty: a 2026-07-28 request.
+class StubRequest final : public mcp::RequestContext {
+ public:
+  StubRequest(std::string session, std::string traceparent, std::string tracestate = {})
+      : session_(std::move(session)), traceparent_(std::move(traceparent)), tracestate_(std::move(tracestate)) {}
+  bool cancelled() const override { return false; }
+  bool wait_cancelled_for(std::chrono::milliseconds) const override { return false; }
+  void progress(double, std::optional<double>, const std::string&) override {}
+  void log(mcp::LogLevel, const json&, const std::string&) override {}
+  mcp::Era era() const override { return session_.empty() ? mcp::Era::modern : mcp::Era::legacy; }
+  const std::string& protocol_version() const override { return version_; }
+  std::string client_name() const override { return "unit/1"; }
+  const std::string& session_id() const override { return session_; }
+  json client_capabilities() const override { return json::object(); }
+  const std::string& traceparent() const override { return traceparent_; }
+  const std::string& tracestate() const override { return tracestate_; }
+  const json& input_responses() const override { return responses_; }
+  const std::string& request_state() const override { return state_; }
+  json request_client(const std::string&, json, std::chrono::milliseconds) override {
+    throw nshpc::Error("no client here");
+  }
+
+ private:
+  std::string session_, traceparent_, tracestate_;
+  std::string version_ = "2026-07-28", state_;
+  json responses_ = json::object();
+};
+
+constexpr const char* kTraceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+std::optional<std::string> env_value(const std::vector<std::pair<std::string, std::string>>& env, const char* name) {
+  for (const auto& [n, v] : env)
+    if (n == name) return v;
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_F(InstanceToolsTest, ACallsTraceReachesTheCommandsEnvironmentAndItsAuditLine) {
+  create("t", false);
+  const tools::ToolContext ctx{tools::Services{config_, *instances_, nullptr, false}};
+  const store::Instance inst = instances_->store().get("t");
+  tools::TerminalRequest req;
+  req.instance_id = "t";
+  req.argv = {"env"};
+  req.timeout = 5;
+  StubRequest traced("", kTraceparent, "vendor=1");
+  EXPECT_THROW(tools::run_terminal_request(ctx, inst, req, 1024, traced), nshpc::Error);  // the fake runs nothing
+  EXPECT_EQ(env_value(backend_.last_env, "TRACEPARENT"), kTraceparent);
+  EXPECT_EQ(env_value(backend_.last_env, "TRACESTATE"), "vendor=1");
+
+  StubRequest plain("s1", "");
+  EXPECT_THROW(tools::run_terminal_request(ctx, inst, req, 1024, plain), nshpc::Error);
+  EXPECT_FALSE(env_value(backend_.last_env, "TRACEPARENT"));
+  EXPECT_FALSE(env_value(backend_.last_env, "TRACESTATE"));
+
+  // A variable the caller gave itself stays theirs.
+  req.env = {{"TRACEPARENT", "mine"}};
+  EXPECT_THROW(tools::run_terminal_request(ctx, inst, req, 1024, traced), nshpc::Error);
+  EXPECT_EQ(env_value(backend_.last_env, "TRACEPARENT"), "mine");
+
+  // The audit line: the trace, and a sessionless actor without a dangling '@'.
+  mcp::ToolResult result = mcp::ToolResult::text("ok");
+  tools::audit_tool_call(ctx, "terminal_execute", {{"instance_id", "t"}}, result, std::chrono::milliseconds(3), traced);
+  tools::audit_tool_call(ctx, "terminal_execute", {{"instance_id", "t"}}, result, std::chrono::milliseconds(3), plain);
+  std::vector<json> calls;
+  std::ifstream in(config_.ns.instances_dir / "t" / "audit.log");
+  for (std::string line; std::getline(in, line);)
+    if (json j = nshpc::parse_json(line); j["event"] == "mcp.tool_call") calls.push_back(j);
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0].dump().find("\"traceparent\":\"" + std::string(kTraceparent) + "\"") != std::string::npos, true)
+      << calls[0].dump();
+  EXPECT_NE(calls[0].dump().find("\"tracestate\":\"vendor=1\""), std::string::npos) << calls[0].dump();
+  EXPECT_NE(calls[0].dump().find("\"mcp:unit/1\""), std::string::npos) << calls[0].dump();
+  EXPECT_EQ(calls[1].dump().find("traceparent"), std::string::npos) << calls[1].dump();
+  EXPECT_NE(calls[1].dump().find("\"mcp:unit/1@s1\""), std::string::npos) << calls[1].dump();
+}
+
+TEST(JobTrace, LocalJobsGetItInTheirEnvironmentSlurmJobsThroughEnv1) {
+  StubRequest traced("", kTraceparent);
+  nshpc::jobs::SubmitRequest local = nshpc::jobs::shell_job("t", "echo hi", "/bin/bash");
+  tools::add_job_trace(local, traced);
+  EXPECT_EQ(env_value(local.env, "TRACEPARENT"), kTraceparent);
+  EXPECT_FALSE(env_value(local.env, "TRACESTATE"));  // none was sent
+
+  nshpc::jobs::SubmitRequest slurm = nshpc::jobs::shell_job("t", "echo hi", "/bin/bash");
+  slurm.mode = nshpc::jobs::Mode::slurm;
+  tools::add_job_trace(slurm, traced);
+  EXPECT_TRUE(slurm.env.empty());  // Slurm jobs take no variables
+  EXPECT_EQ(slurm.argv, (std::vector<std::string>{"/usr/bin/env", std::string("TRACEPARENT=") + kTraceparent,
+                                                   "/bin/bash", "-c", "echo hi"}));
+  EXPECT_EQ(slurm.display, "echo hi");
+
+  nshpc::jobs::SubmitRequest untraced = nshpc::jobs::shell_job("t", "echo hi", "/bin/bash");
+  untraced.mode = nshpc::jobs::Mode::slurm;
+  StubRequest plain("s1", "");
+  tools::add_job_trace(untraced, plain);
+  EXPECT_EQ(untraced.argv, (std::vector<std::string>{"/bin/bash", "-c", "echo hi"}));
+}
+
+// Temporary computers of requests without a session: held by this process's lease.
+class ComputerLeaseTest : public InstanceToolsTest {
+ protected:
+  void SetUp() override {
+    // A finished image on disk, as `ns-hpc image build` leaves one (the fake backend runs nothing on it).
+    config_.ns.images_dir = tmp_.path() / "images";
+    config_.ns.default_image = "debian";
+    const auto version = config_.ns.images_dir / "debian" / "20260101T000000Z";
+    std::filesystem::create_directories(version / "rootfs" / "usr");
+    std::ofstream(version / "image.json") << R"({"suite": "bookworm", "owners": "root"})";
+    std::filesystem::create_directory_symlink("20260101T000000Z", config_.ns.images_dir / "debian" / "current");
+    InstanceToolsTest::SetUp();
+  }
+  bool exists(const std::string& id) { return instances_->store().exists(id); }
+};
+
+TEST_F(ComputerLeaseTest, ALeaseExpiresARenewalExtendsItALegacyHolderIsUnaffected) {
+  nshpc::instances::Computers computers(*instances_, "debian", std::chrono::seconds(2));
+  const std::string lease = nshpc::instances::lease_key();
+  EXPECT_TRUE(nshpc::instances::is_lease_key(lease));
+  EXPECT_FALSE(nshpc::instances::is_lease_key(nshpc::instances::owner_key("stdio")));
+  computers.acquire("leased", true, nshpc::config::Network::off, lease, "test");
+  computers.acquire("legacy", true, nshpc::config::Network::off, nshpc::instances::owner_key("s1"), "test");
+  EXPECT_TRUE(computers.expire_leases("test").empty());  // within its lease
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  EXPECT_TRUE(computers.renew("leased"));  // two more seconds from now
+  EXPECT_FALSE(computers.renew("legacy"));  // a session holds it, not a lease
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  EXPECT_TRUE(computers.expire_leases("test").empty()) << "2.4 s after it was made, 1.2 s after its renewal";
+  EXPECT_TRUE(exists("leased"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  EXPECT_EQ(computers.expire_leases("test"), std::vector<std::string>{"leased"});
+  EXPECT_FALSE(exists("leased"));
+  EXPECT_TRUE(exists("legacy"));  // its session still runs (this process)
+  EXPECT_TRUE(computers.sweep("test").empty());
+  EXPECT_EQ(computers.release(nshpc::instances::owner_key("s1"), "test"), std::vector<std::string>{"legacy"});
+}
+
+TEST_F(ComputerLeaseTest, ASweepOfAnotherServerCountsALeaseOnlyUntilItRunsOut) {
+  nshpc::instances::Computers mine(*instances_, "debian", std::chrono::seconds(1));
+  mine.acquire("leased", true, nshpc::config::Network::off, nshpc::instances::lease_key(), "test");
+  nshpc::instances::Computers other(*instances_, "debian");  // another server process's view
+  EXPECT_TRUE(other.sweep("test").empty());
+  EXPECT_EQ(other.list().at(0).holders, 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+  EXPECT_EQ(other.sweep("test"), std::vector<std::string>{"leased"});
+}
+
+TEST_F(ComputerLeaseTest, ASessionlessComputerCreateTakesALease) {
+  // Through the computer's tool layer, as a 2026-07-28 client calls it (no session).
+  const tools::Services services{config_, *instances_, nullptr, /*job_tools=*/false};
+  mcp::Server server(tools::server_info(), tools::computer_server_options(config_, services, "home"));
+  tools::ComputerSettings settings;
+  settings.computer_id = "home";
+  settings.lease = std::chrono::seconds(1);
+  tools::register_computer(server, services, settings);
+  mcp::Session session(server, "s1", [this](const json& m) { replies_.push_back(m); },
+                       [](std::function<void()> work) { work(); });
+  // The legacy session's call: held by its session as today.
+  session.receive(json{{"jsonrpc", "2.0"}, {"id", 1}, {"method", "initialize"},
+                       {"params", {{"protocolVersion", "2025-11-25"}, {"capabilities", json::object()},
+                                   {"clientInfo", {{"name", "unit"}, {"version", "1"}}}}}}.dump());
+  session.receive(json{{"jsonrpc", "2.0"}, {"method", "notifications/initialized"}}.dump());
+  session.receive(json{{"jsonrpc", "2.0"}, {"id", 2}, {"method", "tools/call"},
+                       {"params", {{"name", "computer_create"}, {"arguments", {{"computer_id", "by-session"}}}}}}.dump());
+  ASSERT_TRUE(exists("by-session")) << replies_.back().dump();
+  const auto owners = [this](const std::string& id) {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(config_.ns.instances_dir / id / "owners"))
+      names.push_back(e.path().filename().string());
+    return names;
+  };
+  EXPECT_EQ(owners("by-session"), std::vector<std::string>{nshpc::instances::owner_key("s1")});
+  // A 2026-07-28 request (no initialize, its version in _meta) on a stdio-like session: no session id.
+  mcp::Session modern(server, "stdio", [this](const json& m) { replies_.push_back(m); },
+                      [](std::function<void()> work) { work(); });
+  modern.receive(json{{"jsonrpc", "2.0"}, {"id", 3}, {"method", "tools/call"},
+                      {"params", {{"name", "computer_create"},
+                                  {"arguments", {{"computer_id", "sessionless"}}},
+                                  {"_meta", {{"io.modelcontextprotocol/protocolVersion", "2026-07-28"},
+                                             {"io.modelcontextprotocol/clientInfo", {{"name", "unit"}, {"version", "2"}}},
+                                             {"io.modelcontextprotocol/clientCapabilities", json::object()}}}}}}
+                     .dump());
+  ASSERT_TRUE(exists("sessionless")) << replies_.back().dump();
+  EXPECT_EQ(owners("sessionless"), std::vector<std::string>{nshpc::instances::lease_key()});
+  // Its lease (1 s) runs out on the server's own timer, no session needed; the session's stays.
+  for (int i = 0; i < 40 && exists("sessionless"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(exists("sessionless"));
+  EXPECT_TRUE(exists("by-session"));
+}
