@@ -393,6 +393,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   // Closes every stream and hands the mcp::Session to a worker thread to be cancelled and
   // destroyed (that may wait for handlers).
   void close();
+  // Closes the mcp::Session on a worker but keeps the streams: what it sends as it closes (a
+  // subscriptions/listen's final result) still reaches the client. False when no worker took it.
+  bool end_requests();
 
  private:
   void retire(std::uint64_t stream_id);  // keeps a few finished streams for resumption
@@ -407,7 +410,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   Peer peer_;
   std::shared_ptr<ByteAccount> account_;
   bool closed_ = false;
-  std::unique_ptr<mcp::Session> mcp_;
+  std::shared_ptr<mcp::Session> mcp_;  // shared only to be closed on a worker
   std::map<std::string, std::shared_ptr<Stream>> by_request_;  // request id (dumped) → stream
   std::map<std::uint64_t, std::shared_ptr<Stream>> streams_;   // every stream still kept
   std::deque<std::uint64_t> retired_;                          // finished streams, oldest first

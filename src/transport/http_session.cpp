@@ -232,7 +232,7 @@ void HttpSession::start() {
   std::weak_ptr<HttpSession> weak = weak_from_this();
   asio::io_context& io = hub_.io;
   Workers& workers = hub_.workers;
-  mcp_ = std::make_unique<mcp::Session>(
+  mcp_ = std::make_shared<mcp::Session>(
       hub_.server, id_,
       mcp::Session::RoutedSend([weak, &io](const json& message, const json& related) {
         // Serialised here, on the sending thread: the I/O thread only moves the text along.
@@ -431,13 +431,23 @@ void HttpSession::close() {
   standalone_.reset();
   if (mcp_) {
     // Closing cancels what is still running and waits for it: never on the I/O thread.
-    std::shared_ptr<mcp::Session> session(std::move(mcp_));
+    std::shared_ptr<mcp::Session> session = std::move(mcp_);
     try {
       hub_.workers.post([session]() mutable { session.reset(); });
     } catch (...) {
       // No worker can take it (shutting down): close here; handlers were told to stop.
       session->close();
     }
+  }
+}
+
+bool HttpSession::end_requests() {
+  if (closed_ || !mcp_) return false;
+  try {
+    hub_.workers.post([session = mcp_] { session->close(); });
+    return true;
+  } catch (...) {
+    return false;
   }
 }
 
@@ -573,8 +583,9 @@ void Hub::end_ephemeral(const std::string& id) {
 }
 
 void Hub::end_listens(const std::string& why) {
+  // The core ends a listen it closes with a final result (a graceful end for the client).
   for (auto& [id, session] : ephemeral_)
-    if (session->listening) session->answer_unfinished(why);
+    if (session->listening && !session->end_requests()) session->answer_unfinished(why);
 }
 
 void Hub::close_all() {

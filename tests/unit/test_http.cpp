@@ -3083,7 +3083,16 @@ TEST(HttpLive, ShutdownEndsListenStreamsPromptly) {
   EXPECT_EQ(live.stop(), 0);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
   listen.read_for(1s);
-  EXPECT_NE(listen.seen.find("\"id\":5"), std::string::npos) << "the listen gets its final message\n" << listen.seen;
+  // A graceful end: the listen's final result (not an error), then the stream's end.
+  const auto body_at = listen.seen.find("\r\n\r\n");
+  ASSERT_NE(body_at, std::string::npos);
+  std::string body;
+  for (const json& m : sse_messages(listen.seen.substr(body_at)))
+    if (m.value("id", json()) == 5) body = m.dump();
+  const json final_message = nshpc::parse_json_or_discarded(body);
+  ASSERT_TRUE(final_message.is_object()) << "the listen gets its final message\n" << listen.seen;
+  EXPECT_TRUE(final_message.contains("result")) << final_message.dump();
+  EXPECT_TRUE(final_message["result"]["_meta"].contains("io.modelcontextprotocol/subscriptionId")) << final_message.dump();
 }
 
 TEST(HttpLive, NothingStaysAfterAThousandModernRequests) {
