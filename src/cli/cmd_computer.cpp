@@ -55,6 +55,7 @@ ServerParts computer_parts(const ComputerConfig& c, const std::string& id, bool 
   settings.desktop_environment = c.desktop_environment;
   settings.expose_lifecycle_tools = expose;
   settings.whole_output = c.whole_output;
+  settings.lease = std::chrono::seconds(c.session_timeout);  // a sessionless (2026-07-28) temporary computer's hold
   parts.options = [id](const tools::Services& services) {
     return tools::computer_server_options(services.config, services, id);
   };

@@ -469,7 +469,7 @@ Check check_default_image(const config::Config& cfg, bool fix, bool background) 
       return c;
     }
     if (fix && background) {
-      // As the server does when it starts: the build goes on after this process ends.
+      // As the server does at its first tool call: the build goes on after this process ends.
       sandbox::BackgroundBuilds builds(images, config::self_command(cfg, "for a background image build"));
       const sandbox::BuildProgress progress = builds.start({.name = name, .only_if_missing = true});
       c.detail = fmt::format("'{}' is being built in the background now (pid {}; log: {}/.building/{}.log)", name,
@@ -483,7 +483,7 @@ Check check_default_image(const config::Config& cfg, bool fix, bool background) 
       c.detail = fmt::format("'{}' version {} built now in {}", name, v.version, cfg.ns.images_dir.string());
       return c;
     }
-    c.detail = fmt::format("'{}' is not built yet (the server builds it in the background when it starts)", name);
+    c.detail = fmt::format("'{}' is not built yet (the server builds it in the background from its first tool call on)", name);
     c.fix = fmt::format("ns-hpc doctor --fix, or ns-hpc image build {} (a minute or two, from the mirror the host's apt "
                         "uses)", name);
   } catch (const std::exception& e) {
