@@ -1494,6 +1494,11 @@ std::string Session::protocol_version() const {
 Session::~Session() {
   server_.detach(this);
   state_->close();
+  {
+    // Only a 2025-era session holds anything by its id (a modern request has no session).
+    std::lock_guard lock(state_->mu);
+    if (!state_->initialized) return;
+  }
   Server::SessionClosed closed;
   {
     std::lock_guard lock(server_.registry_->mu);

@@ -240,8 +240,9 @@ class Server {
   void set_resources(std::shared_ptr<ResourceProvider> provider);
   // Enables the completions capability.
   void set_completion(CompletionHandler handler);
-  // Called with a session's id once it has closed and none of its requests runs any more (the
-  // client or the transport ended it, or it idled out), from the thread that ended it.
+  // Called with a 2025-era session's id (one that initialized) once it has closed and none of its
+  // requests runs any more (the client or the transport ended it, or it idled out), from the
+  // thread that ended it.
   using SessionClosed = std::function<void(const std::string& session_id)>;
   void set_session_closed(SessionClosed handler);
 
