@@ -100,6 +100,7 @@ bench: build
 	$(BUILD)/bench/nshpc_bench_desktop 100
 	tests/e2e/load.mjs --bench
 	tests/e2e/install.sh && tests/e2e/bench_files.mjs
+	tests/e2e/bench_eras.mjs
 	tests/e2e/bench_desktop.mjs 100
 	tests/e2e/bench_dashboard.mjs
 	tests/e2e/bench_live.mjs
