@@ -176,6 +176,27 @@ describe('eras on ns-hpc run', () => {
     );
   });
 
+  test('listen over HTTP: resourceSubscriptions hears the living instance stop (notifications/resources/updated)', async () => {
+    const uri = `resource://ns-hpc/instances/${INSTANCE}`;
+    const c = await connectV2Http(server.url, { token: server.token, mode: 'pin' });
+    try {
+      // Running first, so that stopping it is a change.
+      assert.ok(!(await c.client.callTool(target.exec('true'))).isError);
+      const heard = [];
+      c.client.setNotificationHandler('notifications/resources/updated', (n) => {
+        heard.push(n.params.uri);
+      });
+      const sub = await c.client.listen({ resourceSubscriptions: [uri] });
+      assert.deepEqual(sub.honoredFilter, { resourceSubscriptions: [uri] });
+      const stopped = await c.client.callTool({ name: 'stop_instance', arguments: { instance_id: INSTANCE } });
+      assert.ok(!stopped.isError, textOf(stopped));
+      assert.ok(await until(() => heard.includes(uri), 15_000), `resources/updated for ${uri} (heard: ${heard})`);
+      await sub.close();
+    } finally {
+      await c.close();
+    }
+  });
+
   // --- raw JSON-RPC error cases over HTTP: each a clear error, the server answering after -------
   async function stillAnswers() {
     const r = await modernPost(server.url, server.token, modernRequest('tools/list'));
