@@ -211,12 +211,15 @@ Envelope read_envelope(const json& message) {
 }
 
 bool is_method(std::string_view method, Era era) {
-  static constexpr std::array<std::string_view, 8> kShared = {
+  static constexpr std::array<std::string_view, 10> kShared = {
       "tools/list",     "tools/call",     "prompts/list",             "prompts/get",
-      "resources/list", "resources/read", "resources/templates/list", "completion/complete"};
-  static constexpr std::array<std::string_view, 5> kLegacy = {"initialize", "ping", "logging/setLevel",
-                                                              "resources/subscribe", "resources/unsubscribe"};
-  static constexpr std::array<std::string_view, 2> kModern = {"server/discover", "subscriptions/listen"};
+      "resources/list", "resources/read", "resources/templates/list", "completion/complete",
+      "tasks/get",      "tasks/cancel"};  // both task wires
+  static constexpr std::array<std::string_view, 7> kLegacy = {
+      "initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe",
+      "tasks/result", "tasks/list"};  // 2025-11-25's experimental tasks
+  static constexpr std::array<std::string_view, 3> kModern = {"server/discover", "subscriptions/listen",
+                                                              "tasks/update"};  // the Tasks extension
   auto in = [&](const auto& list) { return std::find(list.begin(), list.end(), method) != list.end(); };
   if (in(kShared)) return true;
   return era == Era::legacy ? in(kLegacy) : in(kModern);

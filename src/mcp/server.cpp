@@ -191,8 +191,35 @@ json tool_json(const Tool& t, ResultShape shape) {
   j["inputSchema"] = t.input_schema;
   if (t.output_schema && shape != ResultShape::text) j["outputSchema"] = *t.output_schema;
   if (t.annotations) j["annotations"] = *t.annotations;
+  if (t.task_support != Tool::TaskSupport::forbidden)  // 2025-11-25 (left out for 2026-07-28)
+    j["execution"] = {{"taskSupport", t.task_support == Tool::TaskSupport::optional ? "optional" : "required"}};
   if (t.meta) j["_meta"] = *t.meta;
   return j;
+}
+
+constexpr std::string_view kRelatedTask = "io.modelcontextprotocol/related-task";
+
+// A task as each wire shows it. 2025-11-25: {taskId, status, statusMessage?, createdAt,
+// lastUpdatedAt, ttl, pollInterval?}. 2026-07-28: the same with ttlMs/pollIntervalMs and, for
+// tasks/get (`detailed`), the result, error or input requests of its status.
+json task_json(const Task& t, Era era, bool detailed, ResultShape shape) {
+  json j = {{"taskId", t.id}, {"status", std::string(to_string(t.status))}};
+  if (!t.status_message.empty()) j["statusMessage"] = t.status_message;
+  j["createdAt"] = t.created_at;
+  j["lastUpdatedAt"] = t.last_updated_at;
+  const char* ttl_key = era == Era::modern ? "ttlMs" : "ttl";
+  j[ttl_key] = t.ttl_ms ? json(*t.ttl_ms) : json(nullptr);
+  if (t.poll_interval_ms) j[era == Era::modern ? "pollIntervalMs" : "pollInterval"] = *t.poll_interval_ms;
+  if (detailed && era == Era::modern) {
+    if (t.status == Task::Status::completed && t.result) j["result"] = shape_tool_result(*t.result, shape);
+    if (t.status == Task::Status::failed && t.error) j["error"] = *t.error;
+    if (t.status == Task::Status::input_required) j["inputRequests"] = t.input_requests;
+  }
+  return j;
+}
+
+bool terminal(Task::Status status) {
+  return status == Task::Status::completed || status == Task::Status::failed || status == Task::Status::cancelled;
 }
 
 json resource_json(const Resource& r) {
@@ -242,6 +269,23 @@ ToolResult ToolResult::text(std::string text, std::optional<json> structured) {
   return r;
 }
 
+ToolResult ToolResult::of_task(Task task) {
+  ToolResult r;
+  r.task = std::make_shared<const Task>(std::move(task));
+  return r;
+}
+
+std::string_view to_string(Task::Status status) {
+  switch (status) {
+    case Task::Status::working: return "working";
+    case Task::Status::input_required: return "input_required";
+    case Task::Status::completed: return "completed";
+    case Task::Status::failed: return "failed";
+    case Task::Status::cancelled: return "cancelled";
+  }
+  return "working";
+}
+
 ToolResult ToolResult::error(std::string text) {
   ToolResult r = ToolResult::text(std::move(text));
   r.is_error = true;
@@ -260,6 +304,8 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
     Envelope env;                       // what the request said about itself (its era among it)
     json input_responses = json::object();  // modern retries after input_required
     std::string request_state;
+    RequestContext::TaskMode task_mode = RequestContext::TaskMode::none;  // tools/call only
+    std::optional<std::int64_t> task_ttl;  // 2025-11-25: params.task.ttl
     std::optional<json> progress_token;
     std::atomic<bool> cancelled{false};   // set under State::mu (waiters use State::cv)
     std::mutex send_mu;                   // orders this request's progress before its response
@@ -437,7 +483,7 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   // The handlers of the method table.
   json initialize(const json& params);
   json discover(const json& params);
-  json capabilities();
+  json capabilities(Era era);
   json server_info() const;
   json shape(json result, std::string_view method, Era era) const;
   // subscriptions/listen: registers the stream's filter and acknowledges it; no response until
@@ -460,6 +506,13 @@ struct Session::State : std::enable_shared_from_this<Session::State> {
   json subscribe(const json& params);
   json unsubscribe(const json& params);
   Job read_resource(const json& params);
+  Job get_task(const json& params);
+  Job task_result(const json& params);
+  Job list_tasks(const json& params);
+  Job cancel_task(const json& params);
+  Job update_task(const json& params);
+  // The task store, or -32601 for `method` when the server has none.
+  std::shared_ptr<TaskStore> tasks_for(std::string_view method);
   // The resource provider, or -32601 for `method` when the server has none.
   std::shared_ptr<ResourceProvider> resources_for(std::string_view method);
 
@@ -537,6 +590,8 @@ class Session::State::RunningRequest final : public RequestContext {
   const std::string& traceparent() const override { return call_->env.traceparent; }
   const std::string& tracestate() const override { return call_->env.tracestate; }
   const json& input_responses() const override { return call_->input_responses; }
+  TaskMode task_mode() const override { return call_->task_mode; }
+  std::optional<std::int64_t> requested_task_ttl() const override { return call_->task_ttl; }
   const std::string& request_state() const override { return call_->request_state; }
 
  private:
@@ -556,6 +611,7 @@ struct Server::Registry {
   std::vector<std::shared_ptr<const Prompt>> prompts;
   std::shared_ptr<ResourceProvider> resources;
   CompletionHandler completion;
+  std::shared_ptr<TaskStore> tasks;
   Server::SessionClosed session_closed;
   std::map<Session*, std::weak_ptr<Session::State>> sessions;
 
@@ -649,6 +705,11 @@ void Server::set_resources(std::shared_ptr<ResourceProvider> provider) {
     notify = registry_->resources && !registry_->sessions.empty();
   }
   if (notify) notify_resource_list_changed();
+}
+
+void Server::set_tasks(std::shared_ptr<TaskStore> store) {
+  std::lock_guard lock(registry_->mu);
+  registry_->tasks = std::move(store);
 }
 
 void Server::set_completion(CompletionHandler handler) {
@@ -823,7 +884,7 @@ json Session::State::initialize(const json& params) {
       is_supported_version(requested) ? requested : std::string(kProtocolVersions.front());
 
   const ServerInfo& si = server.info();
-  json result = {{"protocolVersion", negotiated}, {"capabilities", this->capabilities()}, {"serverInfo", server_info()}};
+  json result = {{"protocolVersion", negotiated}, {"capabilities", this->capabilities(Era::legacy)}, {"serverInfo", server_info()}};
   if (!si.instructions.empty()) result["instructions"] = si.instructions;
 
   std::lock_guard lock(mu);
@@ -833,14 +894,15 @@ json Session::State::initialize(const json& params) {
   return result;
 }
 
-json Session::State::capabilities() {
+json Session::State::capabilities(Era era) {
   auto& reg = registry();
-  bool has_resources = false, has_prompts = false, has_completion = false;
+  bool has_resources = false, has_prompts = false, has_completion = false, has_tasks = false;
   {
     std::lock_guard lock(reg.mu);
     has_resources = reg.resources != nullptr;
     has_prompts = !reg.prompts.empty();
     has_completion = static_cast<bool>(reg.completion);
+    has_tasks = reg.tasks != nullptr;
   }
   json caps = json::object();
   caps["tools"] = {{"listChanged", true}};
@@ -848,7 +910,11 @@ json Session::State::capabilities() {
   if (has_prompts) caps["prompts"] = {{"listChanged", true}};
   caps["logging"] = json::object();
   if (has_completion) caps["completions"] = json::object();
-  if (!server.options().extensions.empty()) caps["extensions"] = server.options().extensions;
+  json extensions = server.options().extensions;
+  if (has_tasks && era == Era::legacy)
+    caps["tasks"] = {{"list", json::object()}, {"cancel", json::object()}, {"requests", {{"tools", {{"call", json::object()}}}}}};
+  if (has_tasks && era == Era::modern) extensions[kTasksExtension] = json::object();
+  if (!extensions.empty()) caps["extensions"] = std::move(extensions);
   return caps;
 }
 
@@ -861,7 +927,7 @@ json Session::State::server_info() const {
 }
 
 json Session::State::discover(const json&) {
-  json result = {{"supportedVersions", supported_versions()}, {"capabilities", capabilities()}};
+  json result = {{"supportedVersions", supported_versions()}, {"capabilities", capabilities(Era::modern)}};
   if (!server.info().instructions.empty()) result["instructions"] = server.info().instructions;
   return result;
 }
@@ -917,6 +983,11 @@ const std::map<std::string, Session::State::Method, std::less<>>& Session::State
       {"resources/subscribe",      {initialized,            on_io_thread(&State::subscribe)}},
       {"resources/unsubscribe",    {initialized,            on_io_thread(&State::unsubscribe)}},
       {"resources/read",           {initialized,            on_executor(&State::read_resource)}},
+      {"tasks/get",                {initialized,            on_executor(&State::get_task)}},
+      {"tasks/result",             {initialized,            on_executor(&State::task_result)}},
+      {"tasks/list",               {initialized,            on_executor(&State::list_tasks)}},
+      {"tasks/cancel",             {initialized,            on_executor(&State::cancel_task)}},
+      {"tasks/update",             {initialized,            on_executor(&State::update_task)}},
   };
   // clang-format on
   return table;
@@ -993,7 +1064,10 @@ void Session::State::request(const std::string& name, const json& id, const json
   // ping answers whatever its params are: a liveness check never fails.
   const json params = method.lifecycle == Lifecycle::anytime ? json::object() : params_of(message);
   if (const auto* answer = std::get_if<Answer>(&method.run)) {
-    reply(id, shape((this->**answer)(params), name, env.era));
+    json result = (this->**answer)(params);
+    if (name == "tools/list" && env.era == Era::modern)  // execution.taskSupport is 2025-11-25's
+      for (auto& tool : result["tools"]) tool.erase("execution");
+    reply(id, shape(std::move(result), name, env.era));
     if (method.lifecycle == Lifecycle::initializes) {
       // Only now: nothing (a log, a list_changed) may reach the client before this answer.
       std::lock_guard lock(mu);
@@ -1148,6 +1222,16 @@ Session::State::Job Session::State::call_tool(const json& params) {
     json inner = std::move(arguments["input"]);
     arguments = std::move(inner);
   }
+  if (auto task = params.find("task"); task != params.end() && !task->is_null()) {
+    // 2025-11-25's task augmentation (a 2026-07-28 client never asks: the server decides).
+    if (!task->is_object())
+      throw invalid_params(fmt::format("params.task: expected an object like {{\"ttl\": 60000}}, got {}",
+                                       detail::describe_type(*task)));
+    if (tool->task_support == Tool::TaskSupport::forbidden)
+      throw invalid_params(fmt::format("tool '{}' does not run as a task (its execution.taskSupport is forbidden); "
+                                       "call it without params.task",
+                                       name));
+  }
   const ResultShape shape = server.options().result_shape;
   const ToolCallObserver& observer = server.options().on_tool_call;
   const ArgumentRefusal& refuse = server.options().refuse_arguments;
@@ -1174,6 +1258,19 @@ Session::State::Job Session::State::call_tool(const json& params) {
       observer(tool->name, arguments, r,
                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started),
                ctx);
+    }
+    if (r.task) {
+      // A task only where the request allows one: else the tool broke its contract.
+      if (ctx.task_mode() == RequestContext::TaskMode::none)
+        throw ProtocolError(kInternalError, fmt::format("tool '{}' answered with a task the client did not allow "
+                                                        "(a server bug)",
+                                                        tool->name));
+      if (ctx.task_mode() == RequestContext::TaskMode::modern) {
+        json created = task_json(*r.task, Era::modern, false, shape);
+        created["resultType"] = "task";
+        return created;
+      }
+      return json{{"task", task_json(*r.task, Era::legacy, false, shape)}};
     }
     return shape_tool_result(std::move(r), shape);
   };
@@ -1302,6 +1399,111 @@ Session::State::Job Session::State::read_resource(const json& params) {
   };
 }
 
+std::shared_ptr<TaskStore> Session::State::tasks_for(std::string_view method) {
+  std::shared_ptr<TaskStore> store;
+  {
+    std::lock_guard lock(registry().mu);
+    store = registry().tasks;
+  }
+  if (!store)
+    throw ProtocolError(kMethodNotFound, fmt::format("method not found: {} (this server has no tasks)", method));
+  return store;
+}
+
+namespace {
+
+// The Tasks extension's methods need it declared in the request's own capabilities (2026-07-28).
+void require_tasks_extension(RequestContext& ctx, std::string_view method) {
+  if (ctx.era() != Era::modern) return;
+  const json caps = ctx.client_capabilities();
+  if (auto ext = caps.find("extensions"); ext != caps.end() && ext->is_object() && ext->contains(kTasksExtension)) return;
+  throw ProtocolError(kMissingRequiredClientCapability,
+                      fmt::format("Missing required client capability: {} needs the {} extension in "
+                                  "_meta[\"io.modelcontextprotocol/clientCapabilities\"].extensions",
+                                  method, kTasksExtension),
+                      json{{"requiredCapabilities", {{"extensions", {{kTasksExtension, json::object()}}}}}});
+}
+
+}  // namespace
+
+Session::State::Job Session::State::get_task(const json& params) {
+  auto store = tasks_for("tasks/get");
+  std::string id = required_string(params, "taskId");
+  const ResultShape shape = server.options().result_shape;
+  return [store, id = std::move(id), shape](RequestContext& ctx) {
+    require_tasks_extension(ctx, "tasks/get");
+    return task_json(store->get(id, ctx), ctx.era(), true, shape);
+  };
+}
+
+Session::State::Job Session::State::task_result(const json& params) {
+  auto store = tasks_for("tasks/result");
+  std::string id = required_string(params, "taskId");
+  const ResultShape shape = server.options().result_shape;
+  return [store, id = std::move(id), shape](RequestContext& ctx) -> json {
+    // Blocks until the task ends (2025-11-25), polling at the task's own interval.
+    for (;;) {
+      Task task = store->get(id, ctx);
+      if (terminal(task.status)) {
+        if (task.status == Task::Status::failed && task.error) {
+          const json& e = *task.error;
+          throw ProtocolError(e.value("code", static_cast<int>(kInternalError)), e.value("message", std::string("the task failed")),
+                              e.contains("data") ? e["data"] : json(nullptr));
+        }
+        if (task.status == Task::Status::cancelled && !task.result)
+          throw ProtocolError(kInvalidRequest, fmt::format("task {} was cancelled: it has no result", id));
+        json result = shape_tool_result(task.result ? *task.result : ToolResult::error(task.status_message), shape);
+        result["_meta"] = {{kRelatedTask, {{"taskId", id}}}};
+        return result;
+      }
+      const auto wait = std::chrono::milliseconds(std::clamp<std::int64_t>(task.poll_interval_ms.value_or(1000), 100, 5000));
+      if (ctx.wait_cancelled_for(wait))
+        throw ProtocolError(kInternalError, "tasks/result was cancelled before the task ended");
+    }
+  };
+}
+
+Session::State::Job Session::State::list_tasks(const json& params) {
+  auto store = tasks_for("tasks/list");
+  const std::size_t start = cursor_offset(params);
+  const std::size_t page_size = server.options().page_size;
+  const ResultShape shape = server.options().result_shape;
+  return [store, start, page_size, shape](RequestContext& ctx) {
+    std::size_t total = 0;
+    std::vector<Task> items = store->list(start, page_size, total, ctx);
+    json page = json::array();
+    for (const auto& t : items) page.push_back(task_json(t, Era::legacy, false, shape));
+    json result = {{"tasks", std::move(page)}};
+    if (start + items.size() < total && !items.empty()) result["nextCursor"] = encode_cursor(start + items.size());
+    return result;
+  };
+}
+
+Session::State::Job Session::State::cancel_task(const json& params) {
+  auto store = tasks_for("tasks/cancel");
+  std::string id = required_string(params, "taskId");
+  const ResultShape shape = server.options().result_shape;
+  return [store, id = std::move(id), shape](RequestContext& ctx) {
+    require_tasks_extension(ctx, "tasks/cancel");
+    Task task = store->cancel(id, ctx);
+    // 2026-07-28 acknowledges; 2025-11-25 answers with the task.
+    return ctx.era() == Era::modern ? json::object() : task_json(task, Era::legacy, false, shape);
+  };
+}
+
+Session::State::Job Session::State::update_task(const json& params) {
+  auto store = tasks_for("tasks/update");
+  std::string id = required_string(params, "taskId");
+  auto responses = params.find("inputResponses");
+  if (responses == params.end() || !responses->is_object())
+    throw invalid_params("params.inputResponses: expected an object keyed by the task's inputRequests");
+  return [store, id = std::move(id), responses = *responses](RequestContext& ctx) {
+    require_tasks_extension(ctx, "tasks/update");
+    store->update(id, responses, ctx);
+    return json::object();
+  };
+}
+
 void Session::State::start(const json& id, const std::string& method, const json& params, const Envelope& env,
                            Job job) {
   auto call = std::make_shared<Call>();
@@ -1309,6 +1511,18 @@ void Session::State::start(const json& id, const std::string& method, const json
   call->key = id.dump();
   call->method = method;
   call->env = env;
+  if (method == "tools/call") {
+    if (env.era == Era::modern) {
+      const json& caps = env.client_capabilities;
+      if (auto ext = caps.find("extensions"); ext != caps.end() && ext->is_object() && ext->contains(kTasksExtension))
+        call->task_mode = RequestContext::TaskMode::modern;
+    } else if (auto task = params.find("task"); task != params.end() && task->is_object()) {
+      // call_tool checked that the tool takes tasks.
+      call->task_mode = RequestContext::TaskMode::legacy;
+      if (auto ttl = task->find("ttl"); ttl != task->end() && ttl->is_number_integer() && ttl->get<std::int64_t>() >= 0)
+        call->task_ttl = ttl->get<std::int64_t>();
+    }
+  }
   if (env.era == Era::modern) {
     // A retry after input_required carries the client's answers and the state it was given back.
     if (auto r = params.find("inputResponses"); r != params.end() && !r->is_null()) {

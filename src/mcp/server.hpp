@@ -74,6 +74,12 @@ class RequestContext {
   // InputRequired instead).
   virtual json request_client(const std::string& method, json params,
                               std::chrono::milliseconds timeout) = 0;
+  // Whether this tools/call may be answered with a task (ToolResult::task), and in which wire:
+  // modern, when the request's clientCapabilities list the Tasks extension; legacy, when the
+  // request carried params.task (its ttl in requested_task_ttl()) and the tool allows tasks.
+  enum class TaskMode { none, modern, legacy };
+  virtual TaskMode task_mode() const = 0;
+  virtual std::optional<std::int64_t> requested_task_ttl() const = 0;
 };
 
 // Thrown by a tool, prompt or resource handler of a modern request that needs the client's input
@@ -86,14 +92,62 @@ struct InputRequired {
   std::string state;
 };
 
+struct Task;
+
 struct ToolResult {
   json content = json::array();    // MCP content blocks
   std::optional<json> structured;  // structuredContent (matches the tool's outputSchema)
   bool is_error = false;
+  // Set instead of the above when the call became a task (only where RequestContext::task_mode()
+  // allows it): answered as a CreateTaskResult in the request's task wire.
+  std::shared_ptr<const Task> task;
 
   static ToolResult text(std::string text, std::optional<json> structured = std::nullopt);
   static ToolResult error(std::string text);
+  static ToolResult of_task(Task task);
 };
+
+// Long work a tools/call turned into, followed by its id (ns-hpc: a job). The same record serves
+// both task wires: the Tasks extension of 2026-07-28 (io.modelcontextprotocol/tasks: tasks/get,
+// tasks/update, tasks/cancel; resultType "task") and 2025-11-25's experimental tasks (params.task,
+// tasks/get, tasks/result, tasks/list, tasks/cancel).
+struct Task {
+  enum class Status { working, input_required, completed, failed, cancelled };
+  std::string id;
+  Status status = Status::working;
+  std::string status_message;
+  std::string created_at;       // ISO 8601 UTC
+  std::string last_updated_at;  // ISO 8601 UTC
+  std::optional<std::int64_t> ttl_ms;  // from creation; nullopt: unlimited
+  std::optional<std::int64_t> poll_interval_ms;
+  // completed: the tool's result (shaped as the tool's results are); failed: the JSON-RPC error
+  // {code, message, data?}; input_required: the outstanding requests, keyed (MRTR's shape).
+  std::optional<ToolResult> result;
+  std::optional<json> error;
+  json input_requests = json::object();
+};
+std::string_view to_string(Task::Status status);
+
+// Where tasks live (the tools layer implements it over its job store). Methods run on the
+// Executor; each throws ProtocolError(kInvalidParams, "…") for an id it does not know (the message
+// says why: never existed, expired, archived with its instance, …).
+class TaskStore {
+ public:
+  virtual ~TaskStore() = default;
+  virtual Task get(const std::string& id, RequestContext& ctx) = 0;
+  // Asks the work to stop; returns the task as it is after asking (cancelled, or already ended).
+  virtual Task cancel(const std::string& id, RequestContext& ctx) = 0;
+  // tasks/update: the client's answers to the task's input_requests (keys not outstanding are
+  // ignored).
+  virtual void update(const std::string& id, const json& input_responses, RequestContext& ctx) = 0;
+  // tasks/list (2025-11-25 only): one page from `start`, at most `count` (0: all), newest first;
+  // `total` is how many there are.
+  virtual std::vector<Task> list(std::size_t start, std::size_t count, std::size_t& total, RequestContext& ctx) = 0;
+};
+
+// The Tasks extension's id (capabilities.extensions in server/discover and in a modern request's
+// clientCapabilities).
+inline constexpr std::string_view kTasksExtension = "io.modelcontextprotocol/tasks";
 
 struct Tool {
   std::string name;
@@ -117,6 +171,10 @@ struct Tool {
   // any std::exception (isError result with its message).
   std::function<ToolResult(const json& arguments, RequestContext& ctx)> handler;
   std::optional<json> meta;  // the tool's _meta (an MCP App's {"ui": {"resourceUri": ...}})
+  // Whether a 2025-11-25 client may ask for the call as a task (params.task): listed as
+  // execution.taskSupport. A 2026-07-28 client is given a task whenever the tool decides to.
+  enum class TaskSupport { forbidden, optional, required };
+  TaskSupport task_support = TaskSupport::forbidden;
 };
 
 struct Resource {
@@ -240,6 +298,9 @@ class Server {
   void set_resources(std::shared_ptr<ResourceProvider> provider);
   // Enables the completions capability.
   void set_completion(CompletionHandler handler);
+  // Enables tasks: the tasks capability (2025-11-25) and the Tasks extension (server/discover,
+  // 2026-07-28), and the tasks/* methods.
+  void set_tasks(std::shared_ptr<TaskStore> store);
   // Called with a 2025-era session's id (one that initialized) once it has closed and none of its
   // requests runs any more (the client or the transport ended it, or it idled out), from the
   // thread that ended it.

@@ -655,6 +655,8 @@ class StubRequest final : public mcp::RequestContext {
   const std::string& tracestate() const override { return tracestate_; }
   const json& input_responses() const override { return responses_; }
   const std::string& request_state() const override { return state_; }
+  TaskMode task_mode() const override { return TaskMode::none; }
+  std::optional<std::int64_t> requested_task_ttl() const override { return std::nullopt; }
   json request_client(const std::string&, json, std::chrono::milliseconds) override {
     throw nshpc::Error("no client here");
   }
