@@ -1772,3 +1772,227 @@ TEST(McpEnvelope, ReadsEraAndFields) {
   EXPECT_FALSE(mcp::is_method("initialize", mcp::Era::modern));
   EXPECT_TRUE(mcp::is_method("tools/call", mcp::Era::modern));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tasks in both wires (the core's part: shapes, capabilities, methods), over a store in memory.
+
+class MemoryTasks : public mcp::TaskStore {
+ public:
+  mcp::Task add(mcp::Task::Status status) {
+    std::lock_guard lock(mu_);
+    mcp::Task t;
+    t.id = "t" + std::to_string(tasks_.size() + 1);
+    t.status = status;
+    t.created_at = "2026-12-07T10:00:00Z";
+    t.last_updated_at = "2026-12-07T10:00:01Z";
+    t.ttl_ms = 3'600'000;
+    t.poll_interval_ms = 100;
+    if (status == mcp::Task::Status::completed) t.result = mcp::ToolResult::text("done", json{{"exit_code", 0}});
+    if (status == mcp::Task::Status::failed) t.error = json{{"code", -32603}, {"message", "broke"}};
+    if (status == mcp::Task::Status::input_required)
+      t.input_requests = {{"confirm", {{"method", "elicitation/create"}, {"params", {{"message", "ok?"}}}}}};
+    tasks_.push_back(t);
+    return t;
+  }
+  void finish(const std::string& id) {
+    std::lock_guard lock(mu_);
+    for (auto& t : tasks_)
+      if (t.id == id) {
+        t.status = mcp::Task::Status::completed;
+        t.result = mcp::ToolResult::text("finished later");
+      }
+  }
+  mcp::Task get(const std::string& id, mcp::RequestContext&) override {
+    std::lock_guard lock(mu_);
+    for (const auto& t : tasks_)
+      if (t.id == id) return t;
+    throw mcp::ProtocolError(mcp::kInvalidParams, "Failed to retrieve task: no task " + id);
+  }
+  mcp::Task cancel(const std::string& id, mcp::RequestContext& ctx) override {
+    {
+      std::lock_guard lock(mu_);
+      for (auto& t : tasks_)
+        if (t.id == id && t.status == mcp::Task::Status::working) t.status = mcp::Task::Status::cancelled;
+    }
+    return get(id, ctx);
+  }
+  void update(const std::string& id, const json& responses, mcp::RequestContext& ctx) override {
+    get(id, ctx);
+    std::lock_guard lock(mu_);
+    updates.push_back(responses);
+  }
+  std::vector<mcp::Task> list(std::size_t start, std::size_t count, std::size_t& total, mcp::RequestContext&) override {
+    std::lock_guard lock(mu_);
+    total = tasks_.size();
+    std::vector<mcp::Task> out;
+    for (std::size_t i = start; i < tasks_.size() && (count == 0 || out.size() < count); ++i) out.push_back(tasks_[i]);
+    return out;
+  }
+  std::vector<json> updates;
+
+ private:
+  std::mutex mu_;
+  std::vector<mcp::Task> tasks_;
+};
+
+class McpTasksTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    mcp::ServerOptions options;
+    options.page_size = 2;
+    server = make_server(probe, {.options = options});
+    tasks = std::make_shared<MemoryTasks>();
+    server->set_tasks(tasks);
+    server->add_tool({.name = "job",
+                      .description = "Long work",
+                      .handler =
+                          [this](const json&, mcp::RequestContext& ctx) {
+                            if (ctx.task_mode() == mcp::RequestContext::TaskMode::none)
+                              return mcp::ToolResult::text("ran inline");
+                            ttl_asked = ctx.requested_task_ttl();
+                            return mcp::ToolResult::of_task(tasks->add(mcp::Task::Status::working));
+                          },
+                      .task_support = mcp::Tool::TaskSupport::optional});
+  }
+  std::shared_ptr<Probe> probe = std::make_shared<Probe>();
+  std::unique_ptr<mcp::Server> server;
+  std::shared_ptr<MemoryTasks> tasks;
+  std::optional<std::int64_t> ttl_asked;
+};
+
+json with_tasks() { return {{"io.modelcontextprotocol/clientCapabilities", {{"extensions", {{"io.modelcontextprotocol/tasks", json::object()}}}}}}; }
+
+TEST_F(McpTasksTest, ModernClientWithTheExtensionGetsATaskAndFollowsIt) {
+  Client c(*server);
+  json discover = c.call("server/discover", modern());
+  EXPECT_TRUE(discover["result"]["capabilities"]["extensions"].contains("io.modelcontextprotocol/tasks"));
+  EXPECT_FALSE(discover["result"]["capabilities"].contains("tasks")) << "the 2025 capability is not 2026's";
+  json created = c.call("tools/call", modern({{"name", "job"}}, with_tasks()));
+  ASSERT_TRUE(created.contains("result")) << created.dump();
+  const json& r = created["result"];
+  EXPECT_EQ(r["resultType"], "task");
+  EXPECT_EQ(r["taskId"], "t1");
+  EXPECT_EQ(r["status"], "working");
+  EXPECT_EQ(r["ttlMs"], 3600000);
+  EXPECT_EQ(r["pollIntervalMs"], 100);
+  EXPECT_FALSE(r.contains("content"));
+  json got = c.call("tasks/get", modern({{"taskId", "t1"}}, with_tasks()));
+  EXPECT_EQ(got["result"]["resultType"], "complete");
+  EXPECT_EQ(got["result"]["status"], "working");
+  tasks->finish("t1");
+  got = c.call("tasks/get", modern({{"taskId", "t1"}}, with_tasks()));
+  EXPECT_EQ(got["result"]["status"], "completed");
+  EXPECT_EQ(got["result"]["result"]["content"][0]["text"], "finished later");
+  // input_required and failed carry their payloads.
+  tasks->add(mcp::Task::Status::input_required);
+  tasks->add(mcp::Task::Status::failed);
+  EXPECT_EQ(c.call("tasks/get", modern({{"taskId", "t2"}}, with_tasks()))["result"]["inputRequests"]["confirm"]["method"],
+            "elicitation/create");
+  EXPECT_EQ(c.call("tasks/get", modern({{"taskId", "t3"}}, with_tasks()))["result"]["error"]["message"], "broke");
+  json upd = c.call("tasks/update", modern({{"taskId", "t2"}, {"inputResponses", {{"confirm", {{"action", "accept"}}}}}}, with_tasks()));
+  EXPECT_EQ(upd["result"]["resultType"], "complete");
+  ASSERT_EQ(tasks->updates.size(), 1u);
+  // Cancel acknowledges with an empty result.
+  tasks->add(mcp::Task::Status::working);
+  json cancelled = c.call("tasks/cancel", modern({{"taskId", "t4"}}, with_tasks()));
+  EXPECT_EQ(cancelled["result"]["resultType"], "complete");
+  EXPECT_FALSE(cancelled["result"].contains("taskId"));
+  EXPECT_EQ(c.call("tasks/get", modern({{"taskId", "t4"}}, with_tasks()))["result"]["status"], "cancelled");
+  // Unknown ids are -32602 with the store's words.
+  json unknown = c.call("tasks/get", modern({{"taskId", "nope"}}, with_tasks()));
+  EXPECT_EQ(error_code(unknown), mcp::kInvalidParams);
+  EXPECT_TRUE(has(error_message(unknown), "no task nope"));
+  // 2025-only methods are not there in 2026.
+  EXPECT_EQ(error_code(c.call("tasks/list", modern({}, with_tasks()))), mcp::kMethodNotFound);
+  EXPECT_EQ(error_code(c.call("tasks/result", modern({{"taskId", "t1"}}, with_tasks()))), mcp::kMethodNotFound);
+}
+
+TEST_F(McpTasksTest, ModernClientWithoutTheExtensionNeverGetsATask) {
+  Client c(*server);
+  json plain = c.call("tools/call", modern({{"name", "job"}}));
+  EXPECT_EQ(result_text(plain), "ran inline");
+  EXPECT_EQ(plain["result"]["resultType"], "complete");
+  json got = c.call("tasks/get", modern({{"taskId", "t1"}}));
+  EXPECT_EQ(error_code(got), mcp::kMissingRequiredClientCapability);
+  EXPECT_TRUE(got["error"]["data"]["requiredCapabilities"]["extensions"].contains("io.modelcontextprotocol/tasks"));
+  // A tool that answers with a task where none is allowed is a server bug, said as such.
+  server->add_tool({.name = "rogue",
+                    .description = "Always a task",
+                    .handler = [this](const json&, mcp::RequestContext&) {
+                      return mcp::ToolResult::of_task(tasks->add(mcp::Task::Status::working));
+                    }});
+  EXPECT_EQ(error_code(c.call("tools/call", modern({{"name", "rogue"}}))), mcp::kInternalError);
+}
+
+TEST_F(McpTasksTest, LegacyExperimentalWire) {
+  Client c(*server);
+  json init = c.initialize();
+  const json& caps = init["result"]["capabilities"];
+  EXPECT_TRUE(caps["tasks"]["requests"]["tools"].contains("call"));
+  EXPECT_TRUE(caps["tasks"].contains("list"));
+  EXPECT_TRUE(caps["tasks"].contains("cancel"));
+  json all_tools = json::array();
+  for (json page = c.call("tools/list");; page = c.call("tools/list", {{"cursor", page["result"]["nextCursor"]}})) {
+    for (const auto& t : page["result"]["tools"]) all_tools.push_back(t);
+    if (!page["result"].contains("nextCursor")) break;
+  }
+  bool listed = false;
+  for (const auto& t : all_tools)
+    if (t["name"] == "job") {
+      listed = true;
+      EXPECT_EQ(t["execution"]["taskSupport"], "optional");
+    } else {
+      EXPECT_FALSE(t.contains("execution")) << t["name"];
+    }
+  EXPECT_TRUE(listed);
+  // Without params.task: the plain result.
+  EXPECT_EQ(result_text(c.tool("job")), "ran inline");
+  // With it: {task: {...}} with ttl/pollInterval names.
+  json created = c.call("tools/call", {{"name", "job"}, {"arguments", json::object()}, {"task", {{"ttl", 60000}}}});
+  ASSERT_TRUE(created.contains("result")) << created.dump();
+  EXPECT_EQ(created["result"]["task"]["taskId"], "t1");
+  EXPECT_EQ(created["result"]["task"]["ttl"], 3600000);
+  EXPECT_EQ(created["result"]["task"]["pollInterval"], 100);
+  EXPECT_FALSE(created["result"].contains("resultType"));
+  EXPECT_EQ(ttl_asked, 60000);
+  // A tool that takes no tasks refuses params.task.
+  EXPECT_EQ(error_code(c.call("tools/call", {{"name", "echo"}, {"arguments", {{"text", "x"}}}, {"task", json::object()}})),
+            mcp::kInvalidParams);
+  // tasks/get shows the task without its result; tasks/result blocks until it ends.
+  json got = c.call("tasks/get", {{"taskId", "t1"}});
+  EXPECT_EQ(got["result"]["status"], "working");
+  EXPECT_FALSE(got["result"].contains("result"));
+  json rid = c.send_request("tasks/result", {{"taskId", "t1"}});
+  std::this_thread::sleep_for(150ms);
+  EXPECT_FALSE(c.sink.answered(rid));
+  tasks->finish("t1");
+  json result = c.sink.response(rid);
+  EXPECT_EQ(result_text(result), "finished later");
+  EXPECT_EQ(result["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"], "t1");
+  // tasks/list pages (page size 2 here); tasks/cancel answers with the task.
+  tasks->add(mcp::Task::Status::working);
+  tasks->add(mcp::Task::Status::failed);
+  json page = c.call("tasks/list");
+  EXPECT_EQ(page["result"]["tasks"].size(), 2u);
+  ASSERT_TRUE(page["result"].contains("nextCursor"));
+  json page2 = c.call("tasks/list", {{"cursor", page["result"]["nextCursor"]}});
+  EXPECT_EQ(page2["result"]["tasks"].size(), 1u);
+  json cancelled = c.call("tasks/cancel", {{"taskId", "t2"}});
+  EXPECT_EQ(cancelled["result"]["status"], "cancelled");
+  EXPECT_EQ(cancelled["result"]["taskId"], "t2");
+  // A failed task's tasks/result is its JSON-RPC error.
+  json failed = c.call("tasks/result", {{"taskId", "t3"}});
+  EXPECT_EQ(error_code(failed), -32603);
+  EXPECT_EQ(error_message(failed), "broke");
+  // tasks/update is 2026's only.
+  EXPECT_EQ(error_code(c.call("tasks/update", {{"taskId", "t1"}, {"inputResponses", json::object()}})), mcp::kMethodNotFound);
+}
+
+TEST_F(McpTest, NoTaskStoreNoTasks) {
+  Client c(*server);
+  json init = c.initialize();
+  EXPECT_FALSE(init["result"]["capabilities"].contains("tasks"));
+  EXPECT_EQ(error_code(c.call("tasks/get", {{"taskId", "x"}})), mcp::kMethodNotFound);
+  Client m(*server, Mode::threads, "m");
+  EXPECT_FALSE(m.call("server/discover", modern())["result"]["capabilities"].contains("extensions"));
+}
