@@ -7,6 +7,7 @@
 #include "jobs/jobs.hpp"
 #include "tools/internal.hpp"
 #include "tools/progress.hpp"
+#include "tools/tasks.hpp"
 
 namespace nshpc::tools {
 
@@ -155,7 +156,7 @@ jobs::Record submit_or_say_why(const ToolContext& ctx, const jobs::SubmitRequest
   }
 }
 
-void add_submit(mcp::Server& server, const ToolContext& ctx) {
+void add_submit(mcp::Server& server, const ToolContext& ctx, std::shared_ptr<JobTasks> tasks) {
   const config::Config& cfg = ctx.services.config;
   json props = command_properties(cfg);
   props["timeout"] = timeout_arg(cfg, 30);
@@ -164,7 +165,9 @@ void add_submit(mcp::Server& server, const ToolContext& ctx) {
   props["limits"] = limits_arg(cfg);
   props["resources"] = resources_arg(cfg);
   props["mode"] = mode_arg(cfg);
-  add_tool(server, {
+  // A client that follows tasks gets the job as one at once (its record exists by then); any
+  // other waits for it as before.
+  add_task_tool(server, {
       .name = "submit_job",
       .description = "Run a command as a background job (limits, or Slurm resources); waits up to timeout s, then "
                      "gives status, exit code and output tails. It runs on after the wait; its whole output is in "
@@ -173,7 +176,7 @@ void add_submit(mcp::Server& server, const ToolContext& ctx) {
       .output = kJobSchema,
       .hints = {.destructive = true, .open_world = true},
       .handler =
-          [ctx](const json& args, mcp::RequestContext& rc) {
+          [ctx, tasks](const json& args, mcp::RequestContext& rc) {
             const config::Config& cfg = ctx.services.config;
             const std::string command = string_arg(args, "command");
             std::vector<std::string> argv;
@@ -205,6 +208,8 @@ void add_submit(mcp::Server& server, const ToolContext& ctx) {
               for (const auto& [name, value] : it->items()) req.limits.values[name] = value.get<std::int64_t>();
             add_job_trace(req, rc);
             jobs::Record rec = submit_or_say_why(ctx, req, actor(rc));
+            if (rc.task_mode() != mcp::RequestContext::TaskMode::none)
+              return mcp::ToolResult::of_task(tasks->of_job(rec.instance_id, rec.id));
             return wait_for(ctx, rec.instance_id, rec.id, args.value("timeout", 30), args, rc);
           },
   });
@@ -306,7 +311,16 @@ void add_cancel(mcp::Server& server, const ToolContext& ctx) {
 }  // namespace
 
 void add_job_tools(mcp::Server& server, const ToolContext& ctx) {
-  add_submit(server, ctx);
+  // Jobs are this server's tasks: followed by tasks/get, their result poll_job's.
+  auto tasks = std::make_shared<JobTasks>(
+      ctx, tail_of(ctx, json::object()), [](const jobs::View& view) { return result_of(view); },
+      [ctx](mcp::RequestContext&) {
+        std::vector<std::string> ids;
+        for (const store::Instance& inst : ctx.services.instances.store().list().instances) ids.push_back(inst.id);
+        return ids;
+      });
+  server.set_tasks(tasks);
+  add_submit(server, ctx, tasks);
   add_poll(server, ctx);
   add_list(server, ctx);
   add_cancel(server, ctx);

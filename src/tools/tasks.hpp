@@ -1,0 +1,78 @@
+// Jobs as MCP tasks: an mcp::TaskStore over the job engine, for both task wires (the 2026-07-28
+// Tasks extension and 2025-11-25's experimental tasks; the MCP core speaks them). A job already
+// is what a task models: work a client starts, follows and collects later, kept on record across
+// disconnects and server restarts; so a task is nothing but a view of its job, and tasks survive
+// a restart because jobs do.
+//
+// A task's id is "<instance>/<job>": job ids are unique only within their instance, and the
+// engine finds a job through its instance.
+//
+// Its fields: pending and running jobs are `working`; a cancelled job is `cancelled`; every other
+// final state (completed, failed, timed_out, out_of_memory, lost, ...) is `completed` with the
+// result a finished poll_job gives, a non-zero exit code included (a task is `failed` only for a
+// JSON-RPC error, which a job never is). createdAt and lastUpdatedAt come from the record; ttl is
+// unlimited (null), since finished job records are kept as long as their instance is; the poll
+// interval is 1 s for local jobs and the scheduler's poll interval for Slurm jobs.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "jobs/jobs.hpp"
+#include "mcp/server.hpp"
+#include "tools/internal.hpp"
+
+namespace nshpc::tools {
+
+std::string job_task_id(std::string_view instance_id, std::string_view job_id);
+
+// How often a client is asked to poll a local job's task. The engine notices a job's end within
+// 100 ms; a second keeps a waiting client cheap without making it wait long for the result.
+inline constexpr std::int64_t kLocalJobPollMs = 1000;
+
+// The task of a job record, without its result (pure; `slurm_poll_ms` is for Slurm jobs).
+mcp::Task job_task(const jobs::Record& record, std::int64_t slurm_poll_ms);
+
+class JobTasks final : public mcp::TaskStore {
+ public:
+  // A finished job's result as this entry point's poll_job gives it.
+  using ResultOf = std::function<mcp::ToolResult(const jobs::View& view)>;
+  // The instances whose jobs a caller's tasks/list shows.
+  using Visible = std::function<std::vector<std::string>(mcp::RequestContext& rc)>;
+
+  JobTasks(ToolContext ctx, jobs::TailOptions tail, ResultOf result_of, Visible visible);
+
+  // The task of a job just submitted (its record exists: tasks/get finds it at once).
+  mcp::Task of_job(const std::string& instance_id, const std::string& job_id);
+
+  mcp::Task get(const std::string& id, mcp::RequestContext& rc) override;
+  mcp::Task cancel(const std::string& id, mcp::RequestContext& rc) override;
+  // Jobs ask nothing of the client: answers are ignored (the extension lets a server ignore
+  // responses to requests it does not have outstanding).
+  void update(const std::string& id, const mcp::json& input_responses, mcp::RequestContext& rc) override;
+  std::vector<mcp::Task> list(std::size_t start, std::size_t count, std::size_t& total,
+                              mcp::RequestContext& rc) override;
+
+ private:
+  // The instance and job an id names; ProtocolError(kInvalidParams) saying why when it names
+  // none: not an id of this server, its instance archived or gone.
+  std::pair<std::string, std::string> resolve(const std::string& id) const;
+  mcp::Task of_view(const jobs::View& view) const;
+  std::int64_t slurm_poll_ms() const;
+
+  ToolContext ctx_;
+  jobs::TailOptions tail_;
+  ResultOf result_of_;
+  Visible visible_;
+};
+
+// Registers `spec` as a tool a 2025-11-25 client may call as a task (params.task; listed with
+// execution.taskSupport "optional"), otherwise as add_tool does. A 2026-07-28 client with the
+// Tasks extension gets a task whenever the handler returns one.
+void add_task_tool(mcp::Server& server, ToolSpec spec);
+
+}  // namespace nshpc::tools
