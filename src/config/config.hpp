@@ -155,6 +155,8 @@ struct Mcp {
   std::int64_t page_size = 0;
   std::string default_instance;  // "" = a tool call must name one
   std::int64_t max_result_chars = 0;  // characters of a tool result (output cut in the middle beyond)
+  bool confirm_destructive = false;   // ask before what cannot be undone (tools/confirm.hpp)
+  double confirm_slurm_cpu_hours = 0;  // a Slurm job above cpus × hours asks too; 0 = never
 };
 
 // The HTTP transports (ns-hpc run --transport streamable-http|sse); command-line flags override.

@@ -420,6 +420,17 @@ Keys<Config> make_config_keys() {
                       "`structuredContent` share it): longer output keeps its head and tail with a marker "
                       "saying how much was cut, and the whole of a cut `terminal_execute` output is kept in "
                       "`/workspace/.ns_hpc_output/term-*` (the last 5 per instance)."}),
+          value("confirm_destructive", &Mcp::confirm_destructive, boolean(), {
+              .defaults_to = "false",
+              .help = "Ask the user before what cannot be undone (deleting an instance, archive, snapshot or "
+                      "computer, a factory reset, restoring a snapshot over an instance, a Slurm job above "
+                      "`confirm_slurm_cpu_hours`): through the client's elicitation where it declared it "
+                      "(2025-11-25 `elicitation/create`, 2026-07-28 `input_required`), else the call must pass "
+                      "`confirm: true`. Off by default so unattended scripts and clients keep working."}),
+          value("confirm_slurm_cpu_hours", &Mcp::confirm_slurm_cpu_hours, number({0, true, "CPU hours"}), {
+              .defaults_to = "0",
+              .help = "With `confirm_destructive` on, a Slurm job whose CPUs × time limit in hours exceeds "
+                      "this asks first; `0`: never."}),
       }),
 
       table("server", &Config::server, {

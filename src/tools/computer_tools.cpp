@@ -34,6 +34,7 @@
 #include "tools/app.hpp"
 #include "tools/computer_contract.hpp"
 #include "tools/computer_files.hpp"
+#include "tools/confirm.hpp"
 #include "tools/desktop_tools.hpp"
 #include "tools/internal.hpp"
 #include "tools/progress.hpp"
@@ -402,22 +403,27 @@ void add_lifecycle_tools(mcp::Server& server, const StatePtr& st) {
   add_tool(server, {
       .name = "computer_factory_reset",
       .description = "Back to a fresh image: installs, /workspace and processes go; id and network stay.",
-      .input = id_optional,
+      .input = with_confirm(id_optional),
       .output = changed,
       .hints = {},
       .handler = managing(st, [](State& s, const json& args, mcp::RequestContext& rc) {
-        return json_result(created_json(s.computers.factory_reset(computer_for(s, args, rc).id, s.trash, actor(rc))));
+        const std::string id = computer_for(s, args, rc).id;
+        confirm(s.ctx, rc, "computer_factory_reset", args,
+                fmt::format("Factory-reset computer '{}'? Its installs and /workspace go for good.", id));
+        return json_result(created_json(s.computers.factory_reset(id, s.trash, actor(rc))));
       }),
   });
   add_tool(server, {
       .name = "computer_delete",
       .description = "Delete a computer and its files for good; this server's own is made afresh on next use.",
-      .input = id_optional,
+      .input = with_confirm(id_optional),
       .output = result_object({"computer_id", "deleted"}),
       .hints = {},
       .handler = managing(st, [](State& s, const json& args, mcp::RequestContext& rc) {
         const std::string given = string_arg(args, "computer_id");
         const std::string id = given.empty() ? s.settings.computer_id : instances::validate_computer_id(given);
+        if (s.ctx.services.instances.store().exists(id))  // nothing there: nothing to ask about
+          confirm(s.ctx, rc, "computer_delete", args, fmt::format("Delete computer '{}' and its files for good?", id));
         s.computers.remove(id, actor(rc));
         return json_result({{"ok", true}, {"computer_id", id}, {"deleted", true}});
       }),

@@ -44,8 +44,8 @@ std::string_view to_string(ConfirmedBy how);
 ConfirmedBy confirm(const ToolContext& ctx, mcp::RequestContext& rc, std::string_view tool, const mcp::json& args,
                     const std::string& what);
 
-// Adds the `confirm` boolean to a tool's input schema (the destructive tools').
-void add_confirm_property(mcp::json& input_schema);
+// `input_schema` with the `confirm` boolean added (the destructive tools').
+mcp::json with_confirm(mcp::json input_schema);
 
 // ---------------------------------------------------------------------------------------------
 // The requestState codec (exposed for its tests). A state is base64url(payload) "." base64url(MAC),
@@ -61,8 +61,9 @@ class ConfirmStates {
   static constexpr std::size_t kMaxRemembered = 4096;  // used nonces kept at most
 
   explicit ConfirmStates(std::string key);  // 32 bytes
-  // The key in `file` (0600), made with 32 random bytes on first use. Throws SysError.
-  static ConfirmStates from_key_file(const std::filesystem::path& file);
+  // The key in `file` (0600, its folder made 0711), made of 32 random bytes on first use. Throws
+  // SysError, or Error when the file is readable by others or not a key.
+  static std::string load_key(const std::filesystem::path& file);
 
   std::string mint(std::string_view tool, const mcp::json& args, Clock::time_point now = Clock::now()) const;
   // Whether `state` is one this key minted for this tool and arguments, not expired and not used
@@ -76,7 +77,8 @@ class ConfirmStates {
   std::unordered_map<std::string, std::int64_t> used_;  // nonce -> expiry (unix seconds)
 };
 
-// The process's codec, its key in <[server] state_dir>/confirm-key.
+// The process's codec for `config`, its key in <[server] state_dir>/confirm-key (one per key file,
+// kept for the process's life: the used nonces must outlive a request).
 ConfirmStates& confirm_states(const config::Config& config);
 
 }  // namespace nshpc::tools

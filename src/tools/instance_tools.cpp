@@ -12,6 +12,7 @@
 #include "jobs/jobs.hpp"
 #include "network/netns.hpp"
 #include "tools/app.hpp"
+#include "tools/confirm.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -680,9 +681,9 @@ void add_delete(mcp::Server& server, const ToolContext& ctx) {
   add_tool(server, {
       .name = "delete_instance",
       .description = "Delete an instance, or an archive, with all its files, for good (archive_instance keeps them).",
-      .input = input_object(
+      .input = with_confirm(input_object(
           {{"instance_id", kInstanceIdArg},
-           {"archive_name", {{"type", "string"}, {"description", "Or: an archive name (<id>__<time>)."}}}}),
+           {"archive_name", {{"type", "string"}, {"description", "Or: an archive name (<id>__<time>)."}}}})),
       // deleted: the id or archive name; archived: whether it was an archive.
       .output = result_object({"deleted"}),
       .hints = {.destructive = true, },
@@ -691,6 +692,11 @@ void add_delete(mcp::Server& server, const ToolContext& ctx) {
             const std::string id = string_arg(args, "instance_id");
             const std::string archive = string_arg(args, "archive_name");
             if (id.empty() == archive.empty()) throw UsageError("give exactly one of instance_id and archive_name");
+            // Asked only about what exists (a wrong id is said as not found, not confirmed first).
+            if (!id.empty()) ctx.services.instances.store().get(id);
+            confirm(ctx, rc, "delete_instance", args,
+                    id.empty() ? fmt::format("Delete archive '{}' with all its files, for good?", archive)
+                               : fmt::format("Delete instance '{}' with all its files, for good?", id));
             if (!id.empty()) {
               with_job_advice(ctx, id, [&] { ctx.services.instances.remove(id, actor(rc)); });
               server.notify_resource_list_changed();

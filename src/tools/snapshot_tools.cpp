@@ -7,6 +7,7 @@
 #include "base/error.hpp"
 #include "base/text.hpp"
 #include "instances/snapshots.hpp"
+#include "tools/confirm.hpp"
 #include "tools/internal.hpp"
 
 namespace nshpc::tools {
@@ -57,9 +58,9 @@ void add_reset(mcp::Server& server, const SnapshotContext& sc) {
       .name = "factory_reset_instance",
       .description = "Put an image instance's root back to its image (what was installed goes); ends its "
                      "processes. The workspace stays unless include_workspace.",
-      .input = input_object({{"instance_id", kInstanceIdArg},
+      .input = with_confirm(input_object({{"instance_id", kInstanceIdArg},
                              {"include_workspace", {{"type", "boolean"}, {"description", "Empty /workspace too."}}}},
-                            {"instance_id"}),
+                            {"instance_id"})),
       // instance_id, layer_reset, workspace_emptied, was_running, restarted, took_ms.
       .output = result_object({"layer_reset", "workspace_emptied"}),
       .hints = {.destructive = true, .idempotent = true},
@@ -71,6 +72,9 @@ void add_reset(mcp::Server& server, const SnapshotContext& sc) {
               throw UsageError(fmt::format("instance '{}' runs on the host's root (read-only): it has no root of its "
                                            "own to reset; include_workspace: true empties its workspace",
                                            inst.id));
+            confirm(sc.ctx, rc, "factory_reset_instance", args,
+                    fmt::format("Factory-reset instance '{}'{}? What was changed since cannot be brought back.", inst.id,
+                                workspace ? " and empty its workspace" : ""));
             const instances::LayerChange change =
                 sc.with_snapshots([&](instances::Snapshots& s) { return s.reset(inst, workspace, actor(rc)); });
             server.notify_resource_updated(instance_uri(inst.id));
@@ -147,13 +151,15 @@ void add_restore(mcp::Server& server, const SnapshotContext& sc) {
       .name = "restore_snapshot",
       .description = "Put an instance's root and workspace back as a snapshot saved them; ends its processes. The "
                      "snapshot stays.",
-      .input = input_object({{"instance_id", kInstanceIdArg}, {"name", kNameArg}}, {"instance_id", "name"}),
+      .input = with_confirm(input_object({{"instance_id", kInstanceIdArg}, {"name", kNameArg}}, {"instance_id", "name"})),
       .output = kSnapshotChangeSchema,
       .hints = {.destructive = true, .idempotent = true},
       .handler =
           [sc, &server](const json& args, mcp::RequestContext& rc) {
             const store::Instance inst = sc.instance(args);
             const std::string name = string_arg(args, "name");
+            confirm(sc.ctx, rc, "restore_snapshot", args,
+                    fmt::format("Restore snapshot '{}' over instance '{}'? Its changes since are lost.", name, inst.id));
             const instances::LayerChange change =
                 sc.with_snapshots([&](instances::Snapshots& s) { return s.restore(inst, name, actor(rc)); });
             server.notify_resource_updated(instance_uri(inst.id));
@@ -173,13 +179,15 @@ void add_delete(mcp::Server& server, const SnapshotContext& sc) {
   add_tool(server, {
       .name = "delete_snapshot",
       .description = "Delete a snapshot for good.",
-      .input = input_object({{"instance_id", kInstanceIdArg}, {"name", kNameArg}}, {"instance_id", "name"}),
+      .input = with_confirm(input_object({{"instance_id", kInstanceIdArg}, {"name", kNameArg}}, {"instance_id", "name"})),
       .output = result_object({"deleted"}),
       .hints = {.destructive = true, },
       .handler =
           [sc](const json& args, mcp::RequestContext& rc) {
             const store::Instance inst = sc.instance(args);
             const std::string name = string_arg(args, "name");
+            confirm(sc.ctx, rc, "delete_snapshot", args,
+                    fmt::format("Delete snapshot '{}' of instance '{}' for good?", name, inst.id));
             const instances::SnapshotInfo gone =
                 sc.with_snapshots([&](instances::Snapshots& s) { return s.remove(inst, name, actor(rc)); });
             return mcp::ToolResult::text(
