@@ -1,0 +1,230 @@
+// Jobs as MCP tasks through the real binary over stdio, in both wires: the 2026-07-28 Tasks
+// extension (stateless requests, resultType "task", tasks/get|cancel) and 2025-11-25's
+// experimental tasks (params.task, tasks/get|result|list|cancel); a task followed by a new server
+// process after the first one ended; a client without tasks getting submit_job's plain result.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "base/json.hpp"
+#include "harness.hpp"
+
+using namespace nshpc::test;
+using nlohmann::json;
+
+namespace {
+
+// `ns-hpc run` on stdio spoken to as a 2026-07-28 client: no initialize, every request carries
+// its own protocol version, client info and capabilities in _meta.
+class ModernStdio {
+ public:
+  explicit ModernStdio(const Env& env) {
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC)) throw std::runtime_error("pipe");
+    std::vector<std::string> argv = env.argv_for({"run"});
+    std::vector<std::string> envp = env.env_for({});
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      std::vector<char*> a, e;
+      for (auto& s : argv) a.push_back(s.data());
+      a.push_back(nullptr);
+      for (auto& s : envp) e.push_back(s.data());
+      e.push_back(nullptr);
+      ::execve(a[0], a.data(), e.data());
+      ::_exit(127);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    to_ = in[1];
+    from_ = out[0];
+  }
+  ~ModernStdio() {
+    ::close(to_);
+    if (wait_child(pid_, std::chrono::seconds(20)) < 0) {
+      ADD_FAILURE() << "the server did not stop at the end of its input";
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    ::close(from_);
+  }
+  ModernStdio(const ModernStdio&) = delete;
+  ModernStdio& operator=(const ModernStdio&) = delete;
+
+  // One request and its response (null when none came in time).
+  json rpc(const std::string& method, json params, bool with_tasks = true,
+           std::chrono::seconds timeout = std::chrono::seconds(60)) {
+    json caps = json::object();
+    if (with_tasks) caps["extensions"] = {{"io.modelcontextprotocol/tasks", json::object()}};
+    params["_meta"] = {{"io.modelcontextprotocol/protocolVersion", "2026-07-28"},
+                       {"io.modelcontextprotocol/clientInfo", {{"name", "tasks-it"}, {"version", "1"}}},
+                       {"io.modelcontextprotocol/clientCapabilities", caps}};
+    const int id = ++next_id_;
+    const std::string line =
+        json{{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", std::move(params)}}.dump() + "\n";
+    if (::write(to_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) ADD_FAILURE() << "write";
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      for (auto nl = buffer_.find('\n'); nl != std::string::npos; nl = buffer_.find('\n')) {
+        json message = nshpc::parse_json_or_discarded(buffer_.substr(0, nl));
+        buffer_.erase(0, nl + 1);
+        if (message.is_object() && message.contains("id") && message["id"] == id) return message;
+      }
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return nullptr;
+      pollfd p{from_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char buf[65536];
+      const ssize_t n = ::read(from_, buf, sizeof buf);
+      if (n <= 0) return nullptr;
+      buffer_.append(buf, static_cast<size_t>(n));
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1, from_ = -1;
+  int next_id_ = 0;
+  std::string buffer_;
+};
+
+// Follows a task with tasks/get (at its pollIntervalMs) until it is no longer working.
+json follow(ModernStdio& server, const std::string& task_id, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    json got = server.rpc("tasks/get", {{"taskId", task_id}});
+    if (!got.contains("result")) return got;
+    if (got["result"]["status"] != "working" || std::chrono::steady_clock::now() > deadline) return got["result"];
+    std::this_thread::sleep_for(std::chrono::milliseconds(got["result"].value("pollIntervalMs", 1000)));
+  }
+}
+
+class Tasks : public ::testing::Test {
+ protected:
+  void SetUp() override { env_.create("alpha"); }
+  Env env_{"[jobs]\ncancel_grace = 1\n[mcp]\npage_size = 2\n"};
+};
+
+}  // namespace
+
+TEST_F(Tasks, ModernJobAsATaskFollowedToCompletion) {
+  ModernStdio server(env_);
+  const json created = server.rpc(
+      "tools/call", {{"name", "submit_job"}, {"arguments", {{"instance_id", "alpha"}, {"command", "sleep 1; echo built; exit 3"}}}});
+  ASSERT_TRUE(created.contains("result")) << created.dump();
+  const json& c = created["result"];
+  EXPECT_EQ(c["resultType"], "task");
+  EXPECT_EQ(c["status"], "working");
+  EXPECT_EQ(c["ttlMs"], nullptr);
+  EXPECT_EQ(c["pollIntervalMs"], 1000);
+  EXPECT_FALSE(c.contains("content")) << "a task, not a tool result";
+  const std::string id = c["taskId"];
+  ASSERT_EQ(id.rfind("alpha/", 0), 0u) << id;
+  const json done = follow(server, id);
+  ASSERT_EQ(done["status"], "completed") << done.dump();
+  EXPECT_EQ(done["resultType"], "complete");
+  EXPECT_FALSE(done["result"].value("isError", false)) << "exit code 3 is a result, not a failed task";
+  EXPECT_EQ(done["result"]["structuredContent"]["exit_code"], 3);
+  EXPECT_EQ(done["result"]["structuredContent"]["stdout_tail"], "built");
+  EXPECT_EQ(done["result"]["structuredContent"]["job_id"], id.substr(6));
+}
+
+TEST_F(Tasks, ModernClientWithoutTheExtensionGetsThePlainResult) {
+  ModernStdio server(env_);
+  const json plain = server.rpc(
+      "tools/call", {{"name", "submit_job"}, {"arguments", {{"instance_id", "alpha"}, {"command", "echo plain"}}}}, false);
+  ASSERT_TRUE(plain.contains("result")) << plain.dump();
+  EXPECT_EQ(plain["result"]["resultType"], "complete");
+  EXPECT_FALSE(plain["result"].contains("taskId"));
+  EXPECT_EQ(plain["result"]["structuredContent"]["status"], "completed");
+  EXPECT_EQ(plain["result"]["structuredContent"]["stdout_tail"], "plain");
+}
+
+TEST_F(Tasks, ModernCancelStopsTheJob) {
+  ModernStdio server(env_);
+  const json created = server.rpc(
+      "tools/call", {{"name", "submit_job"}, {"arguments", {{"instance_id", "alpha"}, {"command", "sleep $((30000+1017))"}}}});
+  ASSERT_TRUE(created.contains("result")) << created.dump();
+  const std::string id = created["result"]["taskId"];
+  ASSERT_TRUE(eventually([] { return !processes_with("31017").empty(); }, std::chrono::seconds(20)))
+      << server.rpc("tasks/get", {{"taskId", id}}).dump();
+  const json ack = server.rpc("tasks/cancel", {{"taskId", id}});
+  ASSERT_TRUE(ack.contains("result")) << ack.dump();
+  EXPECT_FALSE(ack["result"].contains("taskId")) << "2026-07-28 acknowledges with an empty result";
+  const json after = follow(server, id, std::chrono::seconds(20));
+  EXPECT_EQ(after["status"], "cancelled") << after.dump();
+  EXPECT_TRUE(eventually([] { return processes_with("31017").empty(); }, std::chrono::seconds(10)));
+}
+
+TEST_F(Tasks, ATaskOutlivesTheServerThatMadeIt) {
+  std::string id;
+  {
+    ModernStdio first(env_);
+    const json created = first.rpc(
+        "tools/call", {{"name", "submit_job"}, {"arguments", {{"instance_id", "alpha"}, {"command", "sleep 3; echo survived"}}}});
+    ASSERT_TRUE(created.contains("result")) << created.dump();
+    id = created["result"]["taskId"];
+  }  // the first server ends here, its job still running
+  ModernStdio second(env_);
+  const json done = follow(second, id);
+  ASSERT_EQ(done["status"], "completed") << done.dump();
+  EXPECT_EQ(done["result"]["structuredContent"]["exit_code"], 0);
+  EXPECT_EQ(done["result"]["structuredContent"]["stdout_tail"], "survived");
+}
+
+TEST_F(Tasks, LegacyTaskResultListAndCancel) {
+  McpSession server(env_);
+  // Without params.task: the plain result, as ever.
+  const json plain = server.call_and_wait("submit_job", {{"instance_id", "alpha"}, {"command", "echo plain"}});
+  EXPECT_EQ(plain["result"]["structuredContent"]["stdout_tail"], "plain") << plain.dump();
+  // With it: {task}, and tasks/result blocks until the job ends, then gives its CallToolResult.
+  const int asked = server.request("tools/call", {{"name", "submit_job"},
+                                                  {"arguments", {{"instance_id", "alpha"}, {"command", "sleep 2; echo later"}}},
+                                                  {"task", {{"ttl", 60000}}}});
+  const json created = server.wait_for(asked);
+  ASSERT_TRUE(created.contains("result")) << created.dump();
+  const json& task = created["result"]["task"];
+  EXPECT_EQ(task["status"], "working");
+  EXPECT_EQ(task["ttl"], nullptr) << "job records are kept: unlimited, whatever was asked";
+  EXPECT_EQ(task["pollInterval"], 1000);
+  const std::string id = task["taskId"];
+  const auto started = std::chrono::steady_clock::now();
+  const json result = server.wait_for(server.request("tasks/result", {{"taskId", id}}));
+  EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(1000)) << "it waited for the end";
+  ASSERT_TRUE(result.contains("result")) << result.dump();
+  EXPECT_EQ(result["result"]["structuredContent"]["stdout_tail"], "later");
+  EXPECT_EQ(result["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"], id);
+  const json got = server.wait_for(server.request("tasks/get", {{"taskId", id}}));
+  EXPECT_EQ(got["result"]["status"], "completed") << got.dump();
+  // A third job, cancelled.
+  const json third = server.wait_for(server.request(
+      "tools/call", {{"name", "submit_job"}, {"arguments", {{"instance_id", "alpha"}, {"command", "sleep 300"}}}, {"task", json::object()}}));
+  const std::string third_id = third["result"]["task"]["taskId"];
+  const json cancelled = server.wait_for(server.request("tasks/cancel", {{"taskId", third_id}}));
+  ASSERT_TRUE(cancelled.contains("result")) << cancelled.dump();
+  EXPECT_TRUE(eventually(
+      [&] { return server.wait_for(server.request("tasks/get", {{"taskId", third_id}}))["result"]["status"] == "cancelled"; },
+      std::chrono::seconds(20)));
+  // tasks/list: the three jobs, newest first, two per page ([mcp] page_size = 2).
+  std::vector<std::string> ids;
+  json page = server.wait_for(server.request("tasks/list", json::object()));
+  for (int pages = 1;; ++pages) {
+    ASSERT_TRUE(page.contains("result")) << page.dump();
+    EXPECT_LE(page["result"]["tasks"].size(), 2u);
+    for (const auto& t : page["result"]["tasks"]) ids.push_back(t["taskId"]);
+    if (!page["result"].contains("nextCursor")) {
+      EXPECT_EQ(pages, 2);
+      break;
+    }
+    page = server.wait_for(server.request("tasks/list", {{"cursor", page["result"]["nextCursor"]}}));
+  }
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_EQ(ids[0], third_id);
+  EXPECT_EQ(ids[1], id);
+}
