@@ -310,17 +310,19 @@ void add_cancel(mcp::Server& server, const ToolContext& ctx) {
 
 }  // namespace
 
-void add_job_tools(mcp::Server& server, const ToolContext& ctx) {
+std::shared_ptr<JobTasks> run_job_tasks(const ToolContext& ctx) {
   // Jobs are this server's tasks: followed by tasks/get, their result poll_job's.
-  auto tasks = std::make_shared<JobTasks>(
+  return std::make_shared<JobTasks>(
       ctx, tail_of(ctx, json::object()), [](const jobs::View& view) { return result_of(view); },
       [ctx](mcp::RequestContext&) {
         std::vector<std::string> ids;
         for (const store::Instance& inst : ctx.services.instances.store().list().instances) ids.push_back(inst.id);
         return ids;
       });
-  server.set_tasks(tasks);
-  add_submit(server, ctx, tasks);
+}
+
+void add_job_tools(mcp::Server& server, const ToolContext& ctx, std::shared_ptr<JobTasks> tasks) {
+  add_submit(server, ctx, std::move(tasks));
   add_poll(server, ctx);
   add_list(server, ctx);
   add_cancel(server, ctx);

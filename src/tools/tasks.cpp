@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "base/error.hpp"
+#include "base/fs.hpp"
 #include "instances/instances.hpp"
 #include "store/store.hpp"
 
@@ -59,7 +60,27 @@ mcp::Task job_task(const jobs::Record& r, std::int64_t slurm_poll_ms) {
 }
 
 JobTasks::JobTasks(ToolContext ctx, jobs::TailOptions tail, ResultOf result_of, Visible visible)
-    : ctx_(std::move(ctx)), tail_(tail), result_of_(std::move(result_of)), visible_(std::move(visible)) {}
+    : ctx_(std::move(ctx)), plain_{tail, std::move(result_of)}, visible_(std::move(visible)) {}
+
+void JobTasks::add_result_shape(std::string tool, jobs::TailOptions tail, ResultOf result_of) {
+  shapes_[std::move(tool)] = {tail, std::move(result_of)};
+}
+
+namespace {
+// Which tool made a job its task: <instance>/.ns_hpc_tasks/<job>.tool (beside the job records,
+// out of every sandbox's reach), holding the tool's name. No note: a job's own result.
+std::filesystem::path tool_note(const store::Instance& inst, const std::string& job_id) {
+  return inst.base / ".ns_hpc_tasks" / (job_id + ".tool");
+}
+}  // namespace
+
+const JobTasks::Shape& JobTasks::shape_of(const std::string& instance_id, const std::string& job_id) const {
+  if (shapes_.empty()) return plain_;
+  const std::optional<std::string> tool = fs::read_file(tool_note(ctx_.services.instances.store().get(instance_id), job_id));
+  if (!tool) return plain_;
+  auto it = shapes_.find(*tool);
+  return it == shapes_.end() ? plain_ : it->second;
+}
 
 std::int64_t JobTasks::slurm_poll_ms() const {
   // The scheduler is asked that often: polling the task faster learns nothing new.
@@ -96,16 +117,23 @@ std::pair<std::string, std::string> JobTasks::resolve(const std::string& id) con
   return {instance, job};
 }
 
-mcp::Task JobTasks::of_view(const jobs::View& view) const {
+mcp::Task JobTasks::of_view(const jobs::View& view, const Shape& shape) const {
   mcp::Task t = job_task(view.record, slurm_poll_ms());
   // A cancelled job keeps what it printed: tasks/result (2025-11-25) gives it too.
   if (t.status == mcp::Task::Status::completed || t.status == mcp::Task::Status::cancelled)
-    t.result = result_of_(view);
+    t.result = shape.result_of(view);
   return t;
 }
 
-mcp::Task JobTasks::of_job(const std::string& instance_id, const std::string& job_id) {
-  return of_view(ctx_.services.instances.jobs().view(instance_id, job_id, tail_));
+mcp::Task JobTasks::of_job(const std::string& instance_id, const std::string& job_id, const std::string& tool) {
+  if (!tool.empty()) {
+    if (!shapes_.contains(tool)) throw std::logic_error("JobTasks: no result shape for " + tool);
+    const auto note = tool_note(ctx_.services.instances.store().get(instance_id), job_id);
+    fs::make_dirs(note.parent_path(), 0700);
+    fs::atomic_write(note, tool, 0600);
+  }
+  const Shape& shape = shape_of(instance_id, job_id);
+  return of_view(ctx_.services.instances.jobs().view(instance_id, job_id, shape.tail), shape);
 }
 
 mcp::Task JobTasks::get(const std::string& id, mcp::RequestContext&) {

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -46,8 +48,14 @@ class JobTasks final : public mcp::TaskStore {
 
   JobTasks(ToolContext ctx, jobs::TailOptions tail, ResultOf result_of, Visible visible);
 
-  // The task of a job just submitted (its record exists: tasks/get finds it at once).
-  mcp::Task of_job(const std::string& instance_id, const std::string& job_id);
+  // Jobs that `tool` started as its tasks give their result as `result_of` shapes it (e.g.
+  // terminal_execute's), from a view with `tail`. Before the first use.
+  void add_result_shape(std::string tool, jobs::TailOptions tail, ResultOf result_of);
+
+  // The task of a job just submitted (its record exists: tasks/get finds it at once). `tool`: a
+  // tool of add_result_shape whose task it is, noted beside the job (it survives a restart);
+  // empty: the jobs' own result (poll_job's).
+  mcp::Task of_job(const std::string& instance_id, const std::string& job_id, const std::string& tool = {});
 
   mcp::Task get(const std::string& id, mcp::RequestContext& rc) override;
   mcp::Task cancel(const std::string& id, mcp::RequestContext& rc) override;
@@ -61,14 +69,28 @@ class JobTasks final : public mcp::TaskStore {
   // The instance and job an id names; ProtocolError(kInvalidParams) saying why when it names
   // none: not an id of this server, its instance archived or gone.
   std::pair<std::string, std::string> resolve(const std::string& id) const;
-  mcp::Task of_view(const jobs::View& view) const;
+  struct Shape {
+    jobs::TailOptions tail;
+    ResultOf result_of;
+  };
+  // The shape of a job's result: its tool's, noted when the task was made, else the jobs' own.
+  const Shape& shape_of(const std::string& instance_id, const std::string& job_id) const;
+  mcp::Task of_view(const jobs::View& view, const Shape& shape) const;
   std::int64_t slurm_poll_ms() const;
 
   ToolContext ctx_;
-  jobs::TailOptions tail_;
-  ResultOf result_of_;
+  Shape plain_;
+  std::map<std::string, Shape> shapes_;  // by tool
   Visible visible_;
 };
+
+// ns-hpc run's job tasks: results shaped as its poll_job's (tools/job_tools.cpp).
+std::shared_ptr<JobTasks> run_job_tasks(const ToolContext& ctx);
+// The tools of ns-hpc run that answer with tasks over `tasks` (these replace the declarations of
+// tools/internal.hpp without it): submit_job, poll_job, list_jobs, cancel_job; and
+// terminal_execute, which becomes a task only as tools/terminal.cpp says (null: never).
+void add_job_tools(mcp::Server& server, const ToolContext& ctx, std::shared_ptr<JobTasks> tasks);
+void add_terminal_tool(mcp::Server& server, const ToolContext& ctx, std::shared_ptr<JobTasks> tasks);
 
 // Registers `spec` as a tool a 2025-11-25 client may call as a task (params.task; listed with
 // execution.taskSupport "optional"), otherwise as add_tool does. A 2026-07-28 client with the

@@ -18,6 +18,7 @@
 #include "base/steps.hpp"
 #include "tools/internal.hpp"
 #include "tools/progress.hpp"
+#include "tools/tasks.hpp"
 
 namespace nshpc::tools {
 
@@ -33,6 +34,12 @@ constexpr int kOutputLimitExitCode = 1;
 constexpr int kNotRunExitCode = 127;  // as a shell's "command not found"
 constexpr std::chrono::milliseconds kPollSlice{50};        // cancellation is noticed within this
 constexpr std::chrono::seconds kProgressInterval{1};
+// A 2026-07-28 client with the Tasks extension that asks for a timeout above this runs the
+// command as a job; one still running after kTaskAfter becomes a task (a quick one answers at
+// once, as ever). Anything else runs here, synchronously.
+constexpr std::int64_t kTaskAboveSeconds = 60;
+constexpr std::chrono::seconds kTaskAfter{5};
+constexpr std::string_view kTool = "terminal_execute";
 
 // Appends a note to stderr on its own line.
 void append_note(std::string& err, const std::string& note) {
@@ -209,8 +216,81 @@ sandbox::CaptureResult run_terminal_request(const ToolContext& ctx, const store:
                                              fmt::format("a command (`{}`)", text::truncate_utf8(shown, 60)));
 }
 
-void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
+namespace {
+
+// One output stream of a job as the command wrote it, read beneath the workspace (the sandbox
+// can write there) up to half the output limit; a longer one is its tail, with where the whole is.
+std::string job_stream(const ToolContext& ctx, const store::Instance& inst, const std::string& host_path,
+                       const std::string& sandbox_path, const std::string& tail) {
+  const std::string ws = inst.workspace.string() + "/";
+  if (host_path.rfind(ws, 0) != 0) return tail;
+  fs::Refusal refusal;
+  UniqueFd fd = ctx.services.instances.store().open_workspace_file(inst, host_path.substr(ws.size()),
+                                                                   store::Store::WorkspaceOpen::read, &refusal);
+  if (!fd) return tail;  // not written (empty), or not readable: the tail says what there is
+  constexpr std::size_t kMax = kOutputLimitBytes / 2;
+  std::string whole = pread_some(fd.get(), kMax + 1);
+  if (whole.size() <= kMax) return whole;
+  return fmt::format("[ns-hpc: over {} bytes; the last lines follow, the whole is in {}]\n{}", kMax, sandbox_path, tail);
+}
+
+// terminal_execute's result of a command that ran as a job, from the job's view.
+mcp::ToolResult result_of_job(const ToolContext& ctx, const jobs::View& v) {
+  const jobs::Record& r = v.record;
+  const store::Instance inst = ctx.services.instances.store().get(r.instance_id);
+  TerminalRequest req;
+  req.instance_id = inst.id;
+  if (auto t = r.limits.find("time"); t != r.limits.end()) req.timeout = t->second;
+  sandbox::CaptureResult o;
+  o.ending = r.state == jobs::State::cancelled   ? sandbox::Ending::cancelled
+             : r.state == jobs::State::timed_out ? sandbox::Ending::timed_out
+                                                 : sandbox::Ending::finished;
+  o.status.started = true;
+  o.status.exit_code = r.exit_code.value_or(-1);
+  o.out = job_stream(ctx, inst, r.stdout_path, v.stdout_sandbox_path, v.stdout_tail);
+  o.err = job_stream(ctx, inst, r.stderr_path, v.stderr_sandbox_path, v.stderr_tail);
+  // How a job ends beyond its exit code (out of memory, its output limit, lost) in its own words.
+  if (r.state != jobs::State::completed && r.state != jobs::State::failed && o.ending == sandbox::Ending::finished)
+    append_note(o.err, fmt::format("[ns-hpc: the command ran as job {} and ended {}{}]", r.id, jobs::to_string(r.state),
+                                   r.reason.empty() ? "" : ": " + r.reason));
+  o.duration = std::chrono::milliseconds(std::llround(v.duration_s * 1000));
+  return make_result(ctx, inst, req, std::move(o));
+}
+
+// The command as a job: its result if it ends within kTaskAfter, else its task.
+mcp::ToolResult run_as_task(const ToolContext& ctx, JobTasks& tasks, const store::Instance& inst,
+                            const TerminalRequest& req, mcp::RequestContext& rc) {
   const config::Config& cfg = ctx.services.config;
+  jobs::SubmitRequest job;
+  job.instance_id = inst.id;
+  job.argv = req.argv;
+  if (req.argv.size() == 3 && req.argv[1] == "-c") job.display = req.argv[2];
+  job.cwd = req.working_directory;
+  job.env = req.env;
+  job.stdin_text = req.stdin_text;
+  std::int64_t time = req.timeout;
+  if (auto t = cfg.jobs.local.limit.find("time"); t != cfg.jobs.local.limit.end()) time = std::min(time, t->second.max);
+  job.limits.values["time"] = time;
+  add_job_trace(job, rc);
+  jobs::Engine& engine = ctx.services.instances.jobs();
+  const jobs::Record rec = engine.submit(job, actor(rc));
+  const jobs::TailOptions tail{.lines = 200, .bytes = 64 * 1024};
+  const jobs::View v = engine.wait(inst.id, rec.id, kTaskAfter, tail, [&rc] { return rc.cancelled(); });
+  if (jobs::is_final(v.record.state)) return result_of_job(ctx, v);
+  if (rc.cancelled()) {  // the call was given up: so is its command, as a synchronous one would be
+    engine.cancel(inst.id, rec.id, actor(rc));
+    return mcp::ToolResult::error("cancelled");
+  }
+  return mcp::ToolResult::of_task(tasks.of_job(inst.id, rec.id, std::string(kTool)));
+}
+
+}  // namespace
+
+void add_terminal_tool(mcp::Server& server, const ToolContext& ctx, std::shared_ptr<JobTasks> tasks) {
+  const config::Config& cfg = ctx.services.config;
+  if (tasks)
+    tasks->add_result_shape(std::string(kTool), {.lines = 200, .bytes = 64 * 1024},
+                            [ctx](const jobs::View& v) { return result_of_job(ctx, v); });
   add_tool(server, {
       .name = "terminal_execute",
       .description = tool_description(cfg, ctx.services.instances.commands_share_pids()),
@@ -219,7 +299,7 @@ void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
       .output = result_object({"stdout", "stderr", "exit_code", "exec_duration_ms", "instance_id", "network"}),
       .hints = {.destructive = true, .open_world = true},
       .handler =
-          [ctx](const json& args, mcp::RequestContext& rc) {
+          [ctx, tasks](const json& args, mcp::RequestContext& rc) {
             std::string instance_id = instance_arg(ctx, args);
             Steps step("terminal_execute", instance_id);
             step("request");
@@ -227,6 +307,11 @@ void add_terminal_tool(mcp::Server& server, const ToolContext& ctx) {
                                                                ctx.services.config.terminal.shell,
                                                                kDefaultTimeoutSeconds);
             const store::Instance inst = ctx.services.instances.store().get(req.instance_id);
+            if (tasks && rc.task_mode() == mcp::RequestContext::TaskMode::modern && args.contains("timeout") &&
+                req.timeout > kTaskAboveSeconds) {
+              step("job");
+              return run_as_task(ctx, *tasks, inst, req, rc);
+            }
             step("run");
             sandbox::CaptureResult ran = run_terminal_request(ctx, inst, req, kOutputLimitBytes, rc);
             step("result");

@@ -12,6 +12,7 @@
 #include "tools/desktop_tools.hpp"
 #include "tools/app.hpp"
 #include "tools/internal.hpp"
+#include "tools/tasks.hpp"
 
 namespace nshpc::tools {
 
@@ -186,9 +187,12 @@ void register_all(mcp::Server& server, Services services) {
   ToolContext ctx{services};
   add_instance_tools(server, ctx);
   add_snapshot_tools(server, ctx);
-  add_terminal_tool(server, ctx);
+  // Jobs are the tasks of this server (tools/tasks.hpp); without the job tools it has none.
+  std::shared_ptr<JobTasks> tasks = services.job_tools ? run_job_tasks(ctx) : nullptr;
+  if (tasks) server.set_tasks(tasks);
+  add_terminal_tool(server, ctx, tasks);
   add_file_tools(server, ctx);
-  if (services.job_tools) add_job_tools(server, ctx);
+  if (tasks) add_job_tools(server, ctx, tasks);
   add_desktop_tools(server, {
       .ctx = ctx,
       .server = &server,

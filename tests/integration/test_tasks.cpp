@@ -228,3 +228,51 @@ TEST_F(Tasks, LegacyTaskResultListAndCancel) {
   EXPECT_EQ(ids[0], third_id);
   EXPECT_EQ(ids[1], id);
 }
+
+TEST_F(Tasks, ALongTerminalCommandOfAModernClientBecomesATaskThatOutlivesItsServer) {
+  std::string id;
+  {
+    ModernStdio first(env_);
+    // A quick command answers at once, whatever its timeout.
+    const json quick = first.rpc("tools/call", {{"name", "terminal_execute"},
+                                                {"arguments", {{"instance_id", "alpha"}, {"command", "echo quick"}, {"timeout", 120}}}});
+    ASSERT_TRUE(quick.contains("result")) << quick.dump();
+    EXPECT_EQ(quick["result"]["resultType"], "complete");
+    EXPECT_EQ(quick["result"]["structuredContent"]["stdout"], "quick\n");
+    // A slow one with a timeout above 60 s becomes a task after 5 s.
+    const json slow = first.rpc(
+        "tools/call", {{"name", "terminal_execute"},
+                       {"arguments", {{"instance_id", "alpha"}, {"command", "sleep 8; echo slow; exit 4"}, {"timeout", 120}}}});
+    ASSERT_TRUE(slow.contains("result")) << slow.dump();
+    EXPECT_EQ(slow["result"]["resultType"], "task");
+    id = slow["result"]["taskId"];
+  }
+  // Its result, from a new server process, is terminal_execute's (not poll_job's).
+  ModernStdio second(env_);
+  const json done = follow(second, id);
+  ASSERT_EQ(done["status"], "completed") << done.dump();
+  const json& out = done["result"]["structuredContent"];
+  EXPECT_EQ(out["stdout"], "slow\n") << out.dump();
+  EXPECT_EQ(out["exit_code"], 4);
+  EXPECT_EQ(out["instance_id"], "alpha");
+  EXPECT_TRUE(out.contains("network"));
+  EXPECT_GE(out["exec_duration_ms"].get<std::int64_t>(), 8000);
+  EXPECT_FALSE(out.contains("job_id"));
+}
+
+TEST_F(Tasks, ATerminalCommandWithoutTheExtensionOrALongTimeoutRunsAsEver) {
+  ModernStdio server(env_);
+  const auto took = [&](json args, bool with_tasks) {
+    const auto start = std::chrono::steady_clock::now();
+    const json r = server.rpc("tools/call", {{"name", "terminal_execute"}, {"arguments", std::move(args)}}, with_tasks);
+    EXPECT_EQ(r["result"]["resultType"], "complete") << r.dump();
+    EXPECT_EQ(r["result"]["structuredContent"]["stdout"], "done\n") << r.dump();
+    return std::chrono::steady_clock::now() - start;
+  };
+  // No extension: synchronous, however long.
+  EXPECT_GE(took({{"instance_id", "alpha"}, {"command", "sleep 6; echo done"}, {"timeout", 120}}, false),
+            std::chrono::seconds(6));
+  // The extension, but a timeout of at most 60 s: synchronous too.
+  EXPECT_GE(took({{"instance_id", "alpha"}, {"command", "sleep 6; echo done"}, {"timeout", 60}}, true),
+            std::chrono::seconds(6));
+}
