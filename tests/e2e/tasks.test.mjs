@@ -122,6 +122,11 @@ async function modernTaskCompletes(target, endpointId, jobs) {
     assert.equal(again.result.resultType, 'complete');
     assert.equal(again.result.status, 'completed');
     assert.deepEqual(again.result.result.structuredContent, polled.structuredContent);
+    // A task id that names no job: -32602, saying which.
+    const unknown = `${created.taskId.split('/')[0]}/000000000000`;
+    const none = await rawGet(c, unknown);
+    assert.equal(none.error?.code, -32602, JSON.stringify(none));
+    assert.ok(none.error.message.includes('000000000000'), none.error.message);
   } catch (err) {
     err.message += `\nserver stderr tail:\n${(target.stderr?.() ?? c.stderr()).slice(-2000)}`;
     throw err;
@@ -206,6 +211,28 @@ async function modernWithoutExtension(target, jobs) {
     assert.equal(got.error.code, -32021, JSON.stringify(got.error));
     assert.match(got.error.message, /tasks/);
   } finally {
+    await c.close();
+  }
+}
+
+// terminal_execute asked for more than 60 s: a command that ends within 5 s is answered as ever, a
+// slower one becomes a task whose result is terminal_execute's.
+async function terminalAsTask(target, endpointId) {
+  const c = await connectV2(target);
+  const session = tasksSession(c, endpointId);
+  try {
+    const quick = await session.callTool('terminal_execute', { instance_id: INSTANCE, command: 'echo quick-one', timeout: 120 });
+    assert.equal(quick.kind, 'immediate', 'a quick command is answered as ever');
+    const { outcome: now } = await quick.settle();
+    assert.match(textOf(now.result), /quick-one/);
+    const marker = fresh('slow-terminal');
+    const slow = await session.callTool('terminal_execute', { instance_id: INSTANCE, command: `sleep 6; echo ${marker}`, timeout: 120 });
+    assert.equal(slow.kind, 'task', 'a command past 5 s became a task');
+    const { outcome } = await slow.settle();
+    assert.equal(outcome.status, 'completed', `${outcome.status} ${outcome.error?.message ?? ''}`);
+    assert.match(textOf(outcome.result), new RegExp(marker), "terminal_execute's output in the task's result");
+  } finally {
+    await session.close();
     await c.close();
   }
 }
@@ -312,6 +339,8 @@ describe('jobs as tasks on ns-hpc run', () => {
       }));
     test(`2026-07-28 without the extension over ${transport}: the plain result; tasks/get is -32021`, () =>
       modernWithoutExtension(target(transport), jobs));
+    test(`2026-07-28 + Tasks extension over ${transport}: terminal_execute (timeout 120) answered at once, or as a task when slow`, () =>
+      terminalAsTask(target(transport), endpoint(transport)));
     test(`2025-11-25 (SDK 1.32.2 experimental.tasks) over ${transport}: task, tasks/get|result|list|cancel; a plain call`, () =>
       legacyTasks(target(transport), jobs));
   }
