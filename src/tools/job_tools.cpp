@@ -5,6 +5,7 @@
 #include "base/fs.hpp"
 #include "base/text.hpp"
 #include "jobs/jobs.hpp"
+#include "tools/confirm.hpp"
 #include "tools/internal.hpp"
 #include "tools/progress.hpp"
 #include "tools/tasks.hpp"
@@ -156,6 +157,29 @@ jobs::Record submit_or_say_why(const ToolContext& ctx, const jobs::SubmitRequest
   }
 }
 
+// Whether a Slurm job is big enough to ask the user first ([mcp] confirm_destructive with
+// confirm_slurm_cpu_hours), and the question. Its size: CPUs × its time bound, the Slurm `time`
+// resource in minutes (what sbatch --time={time} gives Slurm) when configured, else [jobs]
+// max_timeout.
+std::optional<std::string> slurm_confirmation(const config::Config& cfg, const jobs::SubmitRequest& req) {
+  if (req.mode != jobs::Mode::slurm || !cfg.mcp.confirm_destructive || cfg.mcp.confirm_slurm_cpu_hours <= 0)
+    return std::nullopt;
+  const auto value = [&](const char* name) -> std::optional<std::int64_t> {
+    if (auto it = req.limits.values.find(name); it != req.limits.values.end()) return it->second;
+    if (auto it = cfg.jobs.slurm.limit.find(name); it != cfg.jobs.slurm.limit.end()) return it->second.default_value;
+    return std::nullopt;
+  };
+  const std::int64_t cpus = std::max<std::int64_t>(1, value("cpus").value_or(1));
+  const std::optional<std::int64_t> minutes = value("time");
+  const double hours = minutes ? *minutes / 60.0 : cfg.jobs.max_timeout / 3600.0;
+  const double cpu_hours = static_cast<double>(cpus) * hours;
+  if (cpu_hours <= cfg.mcp.confirm_slurm_cpu_hours) return std::nullopt;
+  return fmt::format("Submit a Slurm job of {} CPU(s) for up to {:.1f} h ({:.1f} CPU hours, over this server's bound "
+                     "of {:g}): {}",
+                     cpus, hours, cpu_hours, cfg.mcp.confirm_slurm_cpu_hours,
+                     text::truncate_utf8(req.display.empty() ? text::shell_join(req.argv) : req.display, 200));
+}
+
 void add_submit(mcp::Server& server, const ToolContext& ctx, std::shared_ptr<JobTasks> tasks) {
   const config::Config& cfg = ctx.services.config;
   json props = command_properties(cfg);
@@ -165,6 +189,8 @@ void add_submit(mcp::Server& server, const ToolContext& ctx, std::shared_ptr<Job
   props["limits"] = limits_arg(cfg);
   props["resources"] = resources_arg(cfg);
   props["mode"] = mode_arg(cfg);
+  // confirm: true only where a Slurm job may have to be confirmed (tools/list stays small).
+  const bool may_confirm = cfg.mcp.confirm_destructive && cfg.mcp.confirm_slurm_cpu_hours > 0 && slurm_configured(cfg);
   // A client that follows tasks gets the job as one at once (its record exists by then); any
   // other waits for it as before.
   add_task_tool(server, {
@@ -172,7 +198,7 @@ void add_submit(mcp::Server& server, const ToolContext& ctx, std::shared_ptr<Job
       .description = "Run a command as a background job (limits, or Slurm resources); waits up to timeout s, then "
                      "gives status, exit code and output tails. It runs on after the wait; its whole output is in "
                      "the files named.",
-      .input = instance_input(cfg, std::move(props)),
+      .input = may_confirm ? with_confirm(instance_input(cfg, std::move(props))) : instance_input(cfg, std::move(props)),
       .output = kJobSchema,
       .hints = {.destructive = true, .open_world = true},
       .handler =
@@ -207,6 +233,13 @@ void add_submit(mcp::Server& server, const ToolContext& ctx, std::shared_ptr<Job
             if (auto it = args.find(req.mode == jobs::Mode::slurm ? "resources" : "limits"); it != args.end())
               for (const auto& [name, value] : it->items()) req.limits.values[name] = value.get<std::int64_t>();
             add_job_trace(req, rc);
+            if (const std::optional<std::string> what = slurm_confirmation(cfg, req)) {
+              // A client that follows tasks is asked through the task, the job kept until it says
+              // yes; any other is asked now (or told to pass confirm: true).
+              if (rc.task_mode() == mcp::RequestContext::TaskMode::modern && !args.value("confirm", false))
+                return mcp::ToolResult::of_task(tasks->awaiting_confirmation(req, *what));
+              confirm(ctx, rc, "submit_job", args, *what);
+            }
             jobs::Record rec = submit_or_say_why(ctx, req, actor(rc));
             if (rc.task_mode() != mcp::RequestContext::TaskMode::none)
               return mcp::ToolResult::of_task(tasks->of_job(rec.instance_id, rec.id));

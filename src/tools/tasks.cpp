@@ -8,7 +8,9 @@
 #include "base/error.hpp"
 #include "base/fs.hpp"
 #include "instances/instances.hpp"
+#include "base/time.hpp"
 #include "store/store.hpp"
+#include "tools/confirm.hpp"
 
 namespace nshpc::tools {
 
@@ -73,6 +75,91 @@ std::filesystem::path tool_note(const store::Instance& inst, const std::string& 
   return inst.base / ".ns_hpc_tasks" / (job_id + ".tool");
 }
 }  // namespace
+
+namespace {
+
+constexpr std::string_view kConfirmKey = "confirm";  // the only input a job's task asks for
+
+std::filesystem::path confirm_note(const store::Instance& inst, const std::string& id) {
+  return inst.base / ".ns_hpc_tasks" / (id + ".confirm");
+}
+
+void save_note(const std::filesystem::path& file, const json& note) {
+  fs::make_dirs(file.parent_path(), 0700);
+  fs::atomic_write(file, note.dump(), 0600);
+}
+
+std::optional<json> load_note(const std::filesystem::path& file) {
+  const std::optional<std::string> text = fs::read_file(file);
+  if (!text) return std::nullopt;
+  json note = json::parse(*text, nullptr, false);
+  if (!note.is_object()) throw Error(fmt::format("{} is damaged (not a JSON object); delete it", file.string()));
+  return note;
+}
+
+json request_json(const jobs::SubmitRequest& r) {
+  return {{"instance_id", r.instance_id}, {"argv", r.argv},   {"display", r.display},
+          {"cwd", r.cwd},                 {"env", r.env},     {"stdin", r.stdin_text},
+          {"limits", r.limits.values},    {"mode", r.mode}};
+}
+
+jobs::SubmitRequest request_of(const json& j) {
+  jobs::SubmitRequest r;
+  r.instance_id = j.at("instance_id").get<std::string>();
+  r.argv = j.at("argv").get<std::vector<std::string>>();
+  r.display = j.value("display", "");
+  r.cwd = j.value("cwd", "");
+  r.env = j.value("env", std::vector<std::pair<std::string, std::string>>{});
+  r.stdin_text = j.value("stdin", "");
+  r.limits.values = j.value("limits", std::map<std::string, std::int64_t>{});
+  r.mode = j.at("mode").get<jobs::Mode>();
+  return r;
+}
+
+}  // namespace
+
+mcp::Task JobTasks::awaiting_confirmation(const jobs::SubmitRequest& request, const std::string& what) {
+  const store::Instance inst = ctx_.services.instances.store().get(request.instance_id);
+  const std::string id = jobs::new_job_id();
+  const std::string now = timeutil::iso_utc();
+  save_note(confirm_note(inst, id), {{"state", "asking"},
+                                     {"what", what},
+                                     {"request", request_json(request)},
+                                     {"created_at", now},
+                                     {"updated_at", now}});
+  return confirmation_task(job_task_id(inst.id, id), inst.id, *load_note(confirm_note(inst, id)));
+}
+
+mcp::Task JobTasks::confirmation_task(const std::string& id, const std::string& instance_id, const json& note) {
+  const std::string state = note.value("state", "");
+  if (state == "submitted") {
+    // The job's own course from here; still named by the task's id, made when it was asked.
+    mcp::Task t = of_job(instance_id, note.value("job_id", ""));
+    t.id = id;
+    t.created_at = note.value("created_at", t.created_at);
+    return t;
+  }
+  mcp::Task t;
+  t.id = id;
+  t.created_at = note.value("created_at", "");
+  t.last_updated_at = note.value("updated_at", t.created_at);
+  t.ttl_ms = std::nullopt;
+  t.poll_interval_ms = kLocalJobPollMs;
+  const std::string what = note.value("what", "");
+  if (state == "asking") {
+    t.status = mcp::Task::Status::input_required;
+    t.status_message = "waiting for the user's yes, nothing submitted yet: " + what;
+    t.input_requests = {{std::string(kConfirmKey), {{"method", "elicitation/create"}, {"params", confirmation_request(what)}}}};
+  } else if (state == "declined") {
+    t.status = mcp::Task::Status::cancelled;
+    t.status_message = "not submitted: " + note.value("why", std::string("the user declined"));
+  } else {  // refused: the yes came, the submit did not take it
+    t.status = mcp::Task::Status::completed;
+    t.status_message = "not submitted: " + note.value("error", "");
+    t.result = mcp::ToolResult::error(note.value("error", ""));
+  }
+  return t;
+}
 
 const JobTasks::Shape& JobTasks::shape_of(const std::string& instance_id, const std::string& job_id) const {
   if (shapes_.empty()) return plain_;
@@ -139,6 +226,8 @@ mcp::Task JobTasks::of_job(const std::string& instance_id, const std::string& jo
 mcp::Task JobTasks::get(const std::string& id, mcp::RequestContext&) {
   const auto [instance, job] = resolve(id);
   try {
+    if (auto note = load_note(confirm_note(ctx_.services.instances.store().get(instance), job)))
+      return confirmation_task(id, instance, *note);
     return of_job(instance, job);
   } catch (const UsageError& e) {  // the job is not on record (or the instance went meanwhile)
     throw invalid(fmt::format("task {}: {}", id, e.what()));
@@ -148,6 +237,21 @@ mcp::Task JobTasks::get(const std::string& id, mcp::RequestContext&) {
 mcp::Task JobTasks::cancel(const std::string& id, mcp::RequestContext& rc) {
   const auto [instance, job] = resolve(id);
   try {
+    const auto note_file = confirm_note(ctx_.services.instances.store().get(instance), job);
+    std::unique_lock lock(confirm_mutex_);
+    if (std::optional<json> note = load_note(note_file)) {
+      if (note->value("state", "") == "asking") {
+        (*note)["state"] = "declined";
+        (*note)["why"] = "cancelled before it was confirmed";
+        (*note)["updated_at"] = timeutil::iso_utc();
+        save_note(note_file, *note);
+      }
+      if (note->value("state", "") != "submitted") return confirmation_task(id, instance, *note);
+      lock.unlock();
+      ctx_.services.instances.jobs().cancel(instance, note->value("job_id", ""), actor(rc));
+      return confirmation_task(id, instance, *note);
+    }
+    lock.unlock();
     ctx_.services.instances.jobs().cancel(instance, job, actor(rc));  // cancel_job's path
     return of_job(instance, job);
   } catch (const UsageError& e) {
@@ -155,7 +259,33 @@ mcp::Task JobTasks::cancel(const std::string& id, mcp::RequestContext& rc) {
   }
 }
 
-void JobTasks::update(const std::string& id, const json&, mcp::RequestContext& rc) { get(id, rc); }
+void JobTasks::update(const std::string& id, const json& input_responses, mcp::RequestContext& rc) {
+  const auto [instance, job] = resolve(id);
+  const auto note_file = confirm_note(ctx_.services.instances.store().get(instance), job);
+  std::lock_guard lock(confirm_mutex_);
+  std::optional<json> note = load_note(note_file);
+  if (!note) {
+    get(id, rc);  // an unknown job is still said as such
+    return;
+  }
+  const auto answer = input_responses.find(std::string(kConfirmKey));
+  if (note->value("state", "") != "asking" || answer == input_responses.end()) return;
+  (*note)["updated_at"] = timeutil::iso_utc();
+  if (!accepts(*answer)) {
+    (*note)["state"] = "declined";
+    (*note)["why"] = "the user declined";
+  } else {
+    try {
+      const jobs::Record rec = ctx_.services.instances.jobs().submit(request_of(note->at("request")), actor(rc));
+      (*note)["state"] = "submitted";
+      (*note)["job_id"] = rec.id;
+    } catch (const std::exception& e) {  // the cluster or a cap refused it: the task ends with why
+      (*note)["state"] = "refused";
+      (*note)["error"] = fmt::format("the job was confirmed but not submitted: {}", e.what());
+    }
+  }
+  save_note(note_file, *note);
+}
 
 std::vector<mcp::Task> JobTasks::list(std::size_t start, std::size_t count, std::size_t& total,
                                       mcp::RequestContext& rc) {

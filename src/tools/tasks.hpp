@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -57,10 +58,19 @@ class JobTasks final : public mcp::TaskStore {
   // empty: the jobs' own result (poll_job's).
   mcp::Task of_job(const std::string& instance_id, const std::string& job_id, const std::string& tool = {});
 
+  // A job that waits for the user's yes before it is submitted (submit_job: a Slurm job above
+  // [mcp] confirm_slurm_cpu_hours, for a client with the Tasks extension). The job store keeps
+  // only jobs handed to an executor (a pending record whose submitter is gone counts as lost),
+  // so the request is kept here, beside the job records (<instance>/.ns_hpc_tasks/<id>.confirm):
+  // a task in input_required whose inputRequests ask `what` (confirm.hpp's elicitation);
+  // tasks/update with a yes submits it (working, then the job's own course), a no or
+  // tasks/cancel ends it cancelled, nothing submitted. A restart keeps all of it.
+  mcp::Task awaiting_confirmation(const jobs::SubmitRequest& request, const std::string& what);
+
   mcp::Task get(const std::string& id, mcp::RequestContext& rc) override;
   mcp::Task cancel(const std::string& id, mcp::RequestContext& rc) override;
-  // Jobs ask nothing of the client: answers are ignored (the extension lets a server ignore
-  // responses to requests it does not have outstanding).
+  // The answer to a confirmation (key "confirm"); anything else is ignored, as the extension lets
+  // a server ignore responses to requests it does not have outstanding.
   void update(const std::string& id, const mcp::json& input_responses, mcp::RequestContext& rc) override;
   std::vector<mcp::Task> list(std::size_t start, std::size_t count, std::size_t& total,
                               mcp::RequestContext& rc) override;
@@ -77,6 +87,11 @@ class JobTasks final : public mcp::TaskStore {
   const Shape& shape_of(const std::string& instance_id, const std::string& job_id) const;
   mcp::Task of_view(const jobs::View& view, const Shape& shape) const;
   std::int64_t slurm_poll_ms() const;
+  // The task of a job awaiting confirmation (`note`: its record), or of the job it became.
+  mcp::Task confirmation_task(const std::string& id, const std::string& instance_id, const mcp::json& note);
+
+  // Answers to confirmations are taken one at a time: a job is submitted once.
+  std::mutex confirm_mutex_;
 
   ToolContext ctx_;
   Shape plain_;

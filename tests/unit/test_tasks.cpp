@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <fstream>
 
 #include "base/error.hpp"
@@ -107,6 +109,8 @@ json envelope(bool with_tasks) {
 
 class JobTasksTest : public ::testing::Test {
  protected:
+  // What a test's server is configured with beyond the fixture's.
+  virtual void configure() {}
   void SetUp() override {
     config_.ns.instances_dir = tmp_.path() / "instances";
     config_.server.state_dir = tmp_.path() / "state";
@@ -114,6 +118,15 @@ class JobTasksTest : public ::testing::Test {
     config_.ns.sandbox_gid = static_cast<uint32_t>(::getgid());
     config_.mcp.max_result_chars = 100000;
     config_.mcp.page_size = 2;
+    configure();
+    start();
+  }
+  // The server, as a process starting (again) would make it.
+  void start() {
+    legacy_.reset();
+    modern_.reset();
+    server_.reset();
+    instances_.reset();
     instances_ = std::make_unique<nshpc::instances::Service>(config_, std::make_unique<NoRuns>());
     const tools::Services services{config_, *instances_, nullptr, /*job_tools=*/true};
     server_ = std::make_unique<mcp::Server>(tools::server_info(), tools::server_options(config_, services));
@@ -261,6 +274,106 @@ TEST_F(JobTasksTest, SubmitJobTakesTasksFromLegacyClientsAndTheServerSaysSo) {
     EXPECT_EQ(t.contains("execution"), t["name"] == "submit_job") << t["name"];
   const json discover = modern("server/discover", json::object());
   EXPECT_TRUE(discover["result"]["capabilities"]["extensions"].contains("io.modelcontextprotocol/tasks"));
+}
+
+// A Slurm job over [mcp] confirm_slurm_cpu_hours, with confirmations on: a client with the Tasks
+// extension gets it as a task in input_required, nothing submitted until it says yes.
+class SlurmConfirmTest : public JobTasksTest {
+ protected:
+  void configure() override {
+    const auto fake = [&](const std::string& name, const std::string& body) {
+      const auto file = tmp_.path() / name;
+      std::ofstream(file) << "#!/bin/sh\n" << body;
+      ::chmod(file.c_str(), 0755);
+      return file.string();
+    };
+    calls_ = tmp_.path() / "sbatch.calls";
+    config_.jobs.slurm.sbatch_command = {fake("sbatch", "echo \"$@\" >> '" + calls_.string() + "'\necho 4242\n"),
+                                         "--cpus-per-task={cpus}"};
+    config_.jobs.slurm.squeue_command = {fake("squeue", "exit 0\n")};
+    config_.jobs.slurm.sacct_command = {fake("sacct", "exit 0\n")};
+    config_.jobs.slurm.scancel_command = {fake("scancel", "exit 0\n")};
+    config_.jobs.slurm.poll_interval = 60;
+    config_.jobs.slurm.limit = {{"cpus", {.default_value = 1, .max = 64}}};
+    config_.jobs.max_timeout = 3600;  // no `time` resource: an hour at most
+    config_.jobs.max_running = 8;
+    config_.jobs.max_running_per_instance = 8;
+    config_.mcp.confirm_destructive = true;
+    config_.mcp.confirm_slurm_cpu_hours = 2;
+  }
+  void SetUp() override {
+    JobTasksTest::SetUp();
+    instances_->create("work", {}, "test");
+  }
+  std::size_t submitted() {
+    std::ifstream in(calls_);
+    std::size_t n = 0;
+    for (std::string line; std::getline(in, line);) ++n;
+    return n;
+  }
+  json submit(std::int64_t cpus, bool with_tasks, json extra = json::object()) {
+    json args = {{"instance_id", "work"}, {"command", "make -j"}, {"mode", "slurm"}, {"resources", {{"cpus", cpus}}}};
+    args.update(extra);
+    return modern("tools/call", {{"name", "submit_job"}, {"arguments", args}}, with_tasks);
+  }
+  std::filesystem::path calls_;
+};
+
+TEST_F(SlurmConfirmTest, ABigJobWaitsForTheUsersYesAcrossARestart) {
+  const json created = submit(4, true);
+  ASSERT_TRUE(created.contains("result")) << created.dump();
+  EXPECT_EQ(created["result"]["resultType"], "task");
+  EXPECT_EQ(created["result"]["status"], "input_required");
+  const std::string id = created["result"]["taskId"];
+  EXPECT_EQ(submitted(), 0u) << "nothing goes to Slurm before the yes";
+  start();  // a restart keeps the question
+  json got = modern("tasks/get", {{"taskId", id}});
+  ASSERT_EQ(got["result"]["status"], "input_required") << got.dump();
+  const json& asked = got["result"]["inputRequests"]["confirm"];
+  EXPECT_EQ(asked["method"], "elicitation/create");
+  EXPECT_NE(asked["params"]["message"].get<std::string>().find("4 CPU(s) for up to 1.0 h (4.0 CPU hours"),
+            std::string::npos)
+      << asked.dump();
+  const json ack = modern("tasks/update",
+                          {{"taskId", id}, {"inputResponses", {{"confirm", {{"action", "accept"}, {"content", {{"confirm", true}}}}}}}});
+  ASSERT_TRUE(ack.contains("result")) << ack.dump();
+  EXPECT_EQ(submitted(), 1u);
+  got = modern("tasks/get", {{"taskId", id}});
+  EXPECT_EQ(got["result"]["status"], "working") << got.dump();
+  EXPECT_EQ(got["result"]["taskId"], id) << "the task keeps its id once its job exists";
+  // A second yes (a retried update) submits nothing more.
+  modern("tasks/update", {{"taskId", id}, {"inputResponses", {{"confirm", {{"action", "accept"}, {"content", {{"confirm", true}}}}}}}});
+  EXPECT_EQ(submitted(), 1u);
+}
+
+TEST_F(SlurmConfirmTest, ANoOrACancelEndsItUnsubmitted) {
+  const std::string declined = submit(8, true)["result"]["taskId"];
+  modern("tasks/update", {{"taskId", declined}, {"inputResponses", {{"confirm", {{"action", "decline"}}}}}});
+  EXPECT_EQ(modern("tasks/get", {{"taskId", declined}})["result"]["status"], "cancelled");
+  // The yes after a no changes nothing: the question is answered.
+  modern("tasks/update",
+         {{"taskId", declined}, {"inputResponses", {{"confirm", {{"action", "accept"}, {"content", {{"confirm", true}}}}}}}});
+  EXPECT_EQ(modern("tasks/get", {{"taskId", declined}})["result"]["status"], "cancelled");
+  const std::string cancelled = submit(8, true)["result"]["taskId"];
+  modern("tasks/cancel", {{"taskId", cancelled}});
+  EXPECT_EQ(modern("tasks/get", {{"taskId", cancelled}})["result"]["status"], "cancelled");
+  EXPECT_EQ(submitted(), 0u);
+}
+
+TEST_F(SlurmConfirmTest, SmallJobsAndClientsWithoutTasksAreNotAskedThroughATask) {
+  // Under the bound: submitted at once, a task as any job is.
+  const json small = submit(2, true);
+  EXPECT_EQ(small["result"]["status"], "working") << small.dump();
+  EXPECT_EQ(submitted(), 1u);
+  // No extension and no elicitation: told to pass confirm: true; nothing submitted.
+  const json refused = submit(4, false);
+  EXPECT_TRUE(refused["result"].value("isError", false)) << refused.dump();
+  EXPECT_NE(refused["result"]["content"][0]["text"].get<std::string>().find("confirm: true"), std::string::npos);
+  EXPECT_EQ(submitted(), 1u);
+  // With it: submitted.
+  const json confirmed = submit(4, false, {{"confirm", true}, {"timeout", 0}});
+  EXPECT_FALSE(confirmed["result"].value("isError", false)) << confirmed.dump();
+  EXPECT_EQ(submitted(), 2u);
 }
 
 }  // namespace
