@@ -69,14 +69,13 @@ void JobTasks::add_result_shape(std::string tool, jobs::TailOptions tail, Result
 }
 
 namespace {
-// Which tool made a job its task: <instance>/.ns_hpc_tasks/<job>.tool (beside the job records,
-// out of every sandbox's reach), holding the tool's name. No note: a job's own result.
+
+// What a task needs beyond its job lives in notes beside the job records, out of every sandbox's
+// reach: <instance>/.ns_hpc_tasks/<job>.tool names the tool whose task a job is (none: the job's
+// own result), <instance>/.ns_hpc_tasks/<id>.confirm holds a job waiting for the user's yes.
 std::filesystem::path tool_note(const store::Instance& inst, const std::string& job_id) {
   return inst.base / ".ns_hpc_tasks" / (job_id + ".tool");
 }
-}  // namespace
-
-namespace {
 
 constexpr std::string_view kConfirmKey = "confirm";  // the only input a job's task asks for
 
