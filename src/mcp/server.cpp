@@ -211,7 +211,11 @@ json task_json(const Task& t, Era era, bool detailed, ResultShape shape) {
   j[ttl_key] = t.ttl_ms ? json(*t.ttl_ms) : json(nullptr);
   if (t.poll_interval_ms) j[era == Era::modern ? "pollIntervalMs" : "pollInterval"] = *t.poll_interval_ms;
   if (detailed && era == Era::modern) {
-    if (t.status == Task::Status::completed && t.result) j["result"] = shape_tool_result(*t.result, shape);
+    if (t.status == Task::Status::completed && t.result) {
+      // The inlined CallToolResult is a 2026-07-28 result in its own right.
+      j["result"] = shape_tool_result(*t.result, shape);
+      j["result"]["resultType"] = "complete";
+    }
     if (t.status == Task::Status::failed && t.error) j["error"] = *t.error;
     if (t.status == Task::Status::input_required) j["inputRequests"] = t.input_requests;
   }

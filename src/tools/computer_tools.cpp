@@ -31,6 +31,7 @@
 #include "instances/instances.hpp"
 #include "instances/snapshots.hpp"
 #include "jobs/jobs.hpp"
+#include "tools/tasks.hpp"
 #include "tools/app.hpp"
 #include "tools/computer_contract.hpp"
 #include "tools/computer_files.hpp"
@@ -510,7 +511,7 @@ mcp::ToolResult wait_job(State& st, const char* operation, const std::string& co
   return job_result(st, operation, computer, job, v);
 }
 
-mcp::ToolResult submit_job_tool(State& st, const json& args, mcp::RequestContext& rc) {
+mcp::ToolResult submit_job_tool(State& st, const json& args, mcp::RequestContext& rc, JobTasks& tasks) {
   json command = args;
   command.erase("timeout");  // here: how long to wait for it
   const TerminalRequest t = parse_terminal_request(command, st.ctx.services.config, "", st.settings.shell, 1);
@@ -524,6 +525,9 @@ mcp::ToolResult submit_job_tool(State& st, const json& args, mcp::RequestContext
   req.stdin_text = t.stdin_text;
   add_job_trace(req, rc);
   const jobs::Record rec = st.ctx.services.instances.jobs().submit(req, actor(rc));
+  // A client that follows tasks gets the job as one at once (tools/tasks.hpp).
+  if (rc.task_mode() != mcp::RequestContext::TaskMode::none)
+    return mcp::ToolResult::of_task(tasks.of_job(inst.id, rec.id));
   return wait_job(st, "submit_job", inst.id, rec.id, args.value("timeout", std::int64_t{30}), rc);
 }
 
@@ -560,8 +564,19 @@ void add_run_tools(mcp::Server& server, const StatePtr& st) {
       .handler = working(st, "expose_port", expose_port_tool),
   });
   if (!st->ctx.services.job_tools) return;
+  // The computers' jobs are this server's tasks, their result poll_job's.
+  auto tasks = std::make_shared<JobTasks>(
+      st->ctx, jobs::TailOptions{kJobTailLines, kJobTailBytes},
+      [st](const jobs::View& v) { return job_result(*st, "poll_job", v.record.instance_id, v.record.id, v); },
+      [st](mcp::RequestContext&) {
+        std::vector<std::string> ids;
+        for (const store::Instance& inst : st->ctx.services.instances.store().list().instances)
+          if (inst.meta.computer_temporary()) ids.push_back(inst.id);
+        return ids;
+      });
+  server.set_tasks(tasks);
   const json wait = {{"type", "integer"}, {"description", "Seconds to wait for its end."}};
-  add_tool(server, {
+  add_task_tool(server, {
       .name = "submit_job",
       .description =
           "Run command or args as terminal_execute does, in the background; waits up to timeout s (default 30) and "
@@ -574,7 +589,10 @@ void add_run_tools(mcp::Server& server, const StatePtr& st) {
                              {"computer_id", computer_arg()}}),
       .output = result_object({"job_id", "status"}),
       .hints = {.open_world = true},
-      .handler = working(st, "submit_job", submit_job_tool),
+      .handler = working(st, "submit_job",
+                         [tasks](State& s, const json& args, mcp::RequestContext& rc) {
+                           return submit_job_tool(s, args, rc, *tasks);
+                         }),
   });
   // poll_job also lists the jobs and cancels one: what `ns-hpc run` spreads over list_jobs and
   // cancel_job, in one tool description read every turn.

@@ -156,7 +156,6 @@ void add_instance_tools(mcp::Server& server, const ToolContext& ctx);
 // factory_reset_instance, snapshot_instance, list_snapshots, restore_snapshot, delete_snapshot
 void add_snapshot_tools(mcp::Server& server, const ToolContext& ctx);
 void add_prompts(mcp::Server& server, const ToolContext& ctx);
-void add_terminal_tool(mcp::Server& server, const ToolContext& ctx);  // terminal_execute
 
 // terminal_execute's arguments (tools/terminal.cpp), read and checked with the seed's messages:
 // command or args, stdin (at most 2 MiB), working_directory, env, timeout (default_timeout when
@@ -176,7 +175,6 @@ TerminalRequest parse_terminal_request(const mcp::json& args, const config::Conf
 sandbox::CaptureResult run_terminal_request(const ToolContext& ctx, const store::Instance& inst,
                                             const TerminalRequest& req, std::size_t output_cap,
                                             mcp::RequestContext& rc);
-void add_job_tools(mcp::Server& server, const ToolContext& ctx);      // submit/poll/list/cancel_job
 // read_file, write_file, edit_file, list_directory, search_files, file_info, move/copy/delete_file
 void add_file_tools(mcp::Server& server, const ToolContext& ctx);
 // resource://ns-hpc/instances/{id}/files/{path}: the file (text, or a base64 blob) or a folder's

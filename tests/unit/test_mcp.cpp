@@ -1883,6 +1883,7 @@ TEST_F(McpTasksTest, ModernClientWithTheExtensionGetsATaskAndFollowsIt) {
   got = c.call("tasks/get", modern({{"taskId", "t1"}}, with_tasks()));
   EXPECT_EQ(got["result"]["status"], "completed");
   EXPECT_EQ(got["result"]["result"]["content"][0]["text"], "finished later");
+  EXPECT_EQ(got["result"]["result"]["resultType"], "complete");
   // input_required and failed carry their payloads.
   tasks->add(mcp::Task::Status::input_required);
   tasks->add(mcp::Task::Status::failed);
