@@ -155,7 +155,7 @@ ConfirmedBy confirm(const ToolContext& ctx, mcp::RequestContext& rc, std::string
       if (!accepts(answer)) declined(what, answer);
       return by(ConfirmedBy::elicitation);
     }
-    ConfirmStates& states = confirm_states(ctx.services.config);
+    ConfirmStates& states = confirm_states(ctx.services);
     if (!rc.request_state().empty()) {
       if (const std::string why = states.redeem(rc.request_state(), tool, args); !why.empty())
         throw UsageError(fmt::format("refused: the confirmation's state was altered or already used ({}); call "
@@ -261,14 +261,16 @@ std::string ConfirmStates::redeem(const std::string& state, std::string_view too
   return {};
 }
 
-ConfirmStates& confirm_states(const config::Config& config) {
-  static std::mutex mu;
-  static std::map<std::filesystem::path, std::unique_ptr<ConfirmStates>> by_file;
-  const std::filesystem::path file = config.server.state_dir / "confirm-key";
-  std::lock_guard lock(mu);
-  auto& states = by_file[file];
-  if (!states) states = std::make_unique<ConfirmStates>(ConfirmStates::load_key(file));
-  return *states;
+ConfirmSigner::ConfirmSigner() = default;
+ConfirmSigner::~ConfirmSigner() = default;
+
+ConfirmStates& confirm_states(const Services& services) {
+  ConfirmSigner& signer = *services.confirmations;
+  std::lock_guard lock(signer.mutex);
+  if (!signer.states)
+    signer.states = std::make_unique<ConfirmStates>(
+        ConfirmStates::load_key(services.config.server.state_dir / "confirm-key"));
+  return *signer.states;
 }
 
 }  // namespace nshpc::tools

@@ -77,8 +77,8 @@ class ConfirmStates {
   std::unordered_map<std::string, std::int64_t> used_;  // nonce -> expiry (unix seconds)
 };
 
-// The process's codec for `config`, its key in <[server] state_dir>/confirm-key (one per key file,
-// kept for the process's life: the used nonces must outlive a request).
-ConfirmStates& confirm_states(const config::Config& config);
+// The server's codec (Services::confirmations), its key in <[server] state_dir>/confirm-key,
+// loaded on first use.
+ConfirmStates& confirm_states(const Services& services);
 
 }  // namespace nshpc::tools

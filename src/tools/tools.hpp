@@ -5,6 +5,8 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -15,6 +17,18 @@
 #include "sandbox/images.hpp"
 
 namespace nshpc::tools {
+
+class ConfirmStates;  // tools/confirm.hpp
+// The signer of one server's confirmation states (tools/confirm.cpp), its key loaded on first use
+// and its used nonces kept for the server's life: every copy of the server's Services shares it.
+struct ConfirmSigner {
+  ConfirmSigner();
+  ~ConfirmSigner();
+  ConfirmSigner(const ConfirmSigner&) = delete;
+  ConfirmSigner& operator=(const ConfirmSigner&) = delete;
+  std::mutex mutex;
+  std::unique_ptr<ConfirmStates> states;
+};
 
 struct Services {
   const config::Config& config;
@@ -30,6 +44,7 @@ struct Services {
   // its first tool call (a client may start a server only to ask server/discover), so what it
   // prepares ahead (the default image's build) starts here, once; unset: nothing.
   std::function<void()> tool_called;
+  std::shared_ptr<ConfirmSigner> confirmations = std::make_shared<ConfirmSigner>();
 };
 
 // Server metadata (name, version, instructions for the agent).

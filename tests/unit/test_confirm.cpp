@@ -179,7 +179,13 @@ class ConfirmTest : public ::testing::Test {
     config_.mcp.confirm_destructive = true;
     instances_ = std::make_unique<nshpc::instances::Service>(config_, std::make_unique<IdleBackend>());
   }
-  tools::ToolContext ctx() { return tools::ToolContext{tools::Services{config_, *instances_, nullptr, false}}; }
+  // One server's context: its copies share the server's confirmation signer (used nonces).
+  tools::ToolContext ctx() {
+    tools::ToolContext c{tools::Services{config_, *instances_, nullptr, false}};
+    c.services.confirmations = signer_;
+    return c;
+  }
+  std::shared_ptr<tools::ConfirmSigner> signer_ = std::make_shared<tools::ConfirmSigner>();
   // The reason of a refusal; "" when confirm() let the action go ahead.
   std::string outcome(Stub& rc, const json& args, tools::ConfirmedBy* how = nullptr) {
     try {
