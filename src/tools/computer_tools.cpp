@@ -576,7 +576,7 @@ void add_run_tools(mcp::Server& server, const StatePtr& st) {
       });
   server.set_tasks(tasks);
   const json wait = {{"type", "integer"}, {"description", "Seconds to wait for its end."}};
-  add_task_tool(server, {
+  add_tool(server, {
       .name = "submit_job",
       .description =
           "Run command or args as terminal_execute does, in the background; waits up to timeout s (default 30) and "
@@ -593,6 +593,7 @@ void add_run_tools(mcp::Server& server, const StatePtr& st) {
                          [tasks](State& s, const json& args, mcp::RequestContext& rc) {
                            return submit_job_tool(s, args, rc, *tasks);
                          }),
+      .task_support = mcp::Tool::TaskSupport::optional,
   });
   // poll_job also lists the jobs and cancels one: what `ns-hpc run` spreads over list_jobs and
   // cancel_job, in one tool description read every turn.

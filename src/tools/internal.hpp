@@ -46,6 +46,9 @@ struct ToolSpec {
   ToolHandler handler;
   bool listed = true;  // false: an alias called by name, not in tools/list (mcp::Tool::listed)
   std::optional<mcp::json> meta;  // _meta in tools/list (an MCP App's, tools/app.hpp)
+  // Whether a 2025-11-25 client may ask for the call as a task (mcp::Tool::task_support; the job
+  // tools, tools/tasks.hpp).
+  mcp::Tool::TaskSupport task_support = mcp::Tool::TaskSupport::forbidden;
 };
 void add_tool(mcp::Server& server, ToolSpec spec);
 

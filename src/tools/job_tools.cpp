@@ -193,7 +193,7 @@ void add_submit(mcp::Server& server, const ToolContext& ctx, std::shared_ptr<Job
   const bool may_confirm = cfg.mcp.confirm_destructive && cfg.mcp.confirm_slurm_cpu_hours > 0 && slurm_configured(cfg);
   // A client that follows tasks gets the job as one at once (its record exists by then); any
   // other waits for it as before.
-  add_task_tool(server, {
+  add_tool(server, {
       .name = "submit_job",
       .description = "Run a command as a background job (limits, or Slurm resources); waits up to timeout s, then "
                      "gives status, exit code and output tails. It runs on after the wait; its whole output is in "
@@ -245,6 +245,7 @@ void add_submit(mcp::Server& server, const ToolContext& ctx, std::shared_ptr<Job
               return mcp::ToolResult::of_task(tasks->of_job(rec.instance_id, rec.id));
             return wait_for(ctx, rec.instance_id, rec.id, args.value("timeout", 30), args, rc);
           },
+      .task_support = mcp::Tool::TaskSupport::optional,
   });
 }
 

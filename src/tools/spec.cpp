@@ -31,6 +31,7 @@ void add_tool(mcp::Server& server, ToolSpec spec) {
   tool.listed = spec.listed;
   tool.shown = std::move(spec.shown);
   tool.meta = std::move(spec.meta);
+  tool.task_support = spec.task_support;
   // What is not found is said with the tool that brings it back or lists what there is; what
   // needs an action, with the tool that does it or the operator who can.
   tool.handler = [handler = std::move(spec.handler)](const json& args, mcp::RequestContext& rc) {

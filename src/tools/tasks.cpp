@@ -306,30 +306,4 @@ std::vector<mcp::Task> JobTasks::list(std::size_t start, std::size_t count, std:
   return page;
 }
 
-void add_task_tool(mcp::Server& server, ToolSpec spec) {
-  // As add_tool (tools/spec.cpp) registers a tool, with task support: ToolSpec has no field for
-  // it, and only the job tools take tasks.
-  mcp::Tool tool;
-  tool.name = std::move(spec.name);
-  tool.description = std::move(spec.description);
-  tool.input_schema = std::move(spec.input);
-  tool.output_schema = std::move(spec.output);
-  if (json hints = annotations(spec.hints); !hints.empty()) tool.annotations = std::move(hints);
-  tool.accept_input_wrapper = true;
-  tool.listed = spec.listed;
-  tool.shown = std::move(spec.shown);
-  tool.meta = std::move(spec.meta);
-  tool.task_support = mcp::Tool::TaskSupport::optional;
-  tool.handler = [handler = std::move(spec.handler)](const json& args, mcp::RequestContext& rc) {
-    try {
-      return handler(args, rc);
-    } catch (const NotFound& e) {
-      throw UsageError(fmt::format("{}; {}", e.what(), not_found_advice(e)));
-    } catch (const NeedsAction& e) {
-      throw Error(fmt::format("{}; {}", e.what(), needs_action_advice(e)));
-    }
-  };
-  server.add_tool(std::move(tool));
-}
-
 }  // namespace nshpc::tools

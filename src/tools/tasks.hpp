@@ -107,9 +107,5 @@ std::shared_ptr<JobTasks> run_job_tasks(const ToolContext& ctx);
 void add_job_tools(mcp::Server& server, const ToolContext& ctx, std::shared_ptr<JobTasks> tasks);
 void add_terminal_tool(mcp::Server& server, const ToolContext& ctx, std::shared_ptr<JobTasks> tasks);
 
-// Registers `spec` as a tool a 2025-11-25 client may call as a task (params.task; listed with
-// execution.taskSupport "optional"), otherwise as add_tool does. A 2026-07-28 client with the
-// Tasks extension gets a task whenever the handler returns one.
-void add_task_tool(mcp::Server& server, ToolSpec spec);
 
 }  // namespace nshpc::tools
