@@ -31,7 +31,7 @@ echo "run.sh: node --test (ns-hpc: $NSHPC_BINARY, fixture: $NSHPC_FIXTURE)"
 node --test --test-reporter=tap --test-timeout="$TEST_TIMEOUT_MS" --test-concurrency=1 \
   stdio.test.mjs protocol.test.mjs fixture.test.mjs default_instance.test.mjs terminal.test.mjs files.test.mjs jobs.test.mjs \
   computer.test.mjs agent_tasks.test.mjs desktop.test.mjs live.test.mjs live_hostile.test.mjs app.test.mjs \
-  http.test.mjs http_security.test.mjs eras.test.mjs load.test.mjs dashboard.test.mjs live_browser.test.mjs || status=1
+  http.test.mjs http_security.test.mjs eras.test.mjs tasks.test.mjs load.test.mjs dashboard.test.mjs live_browser.test.mjs || status=1
 
 echo "run.sh: inspector.sh"
 "$E2E_DIR/inspector.sh" || status=1

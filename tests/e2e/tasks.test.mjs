@@ -374,6 +374,90 @@ describe('jobs as tasks on ns-hpc computer', { skip: haveTestImage() ? false : `
   }
 });
 
+// A Slurm job above [mcp] confirm_slurm_cpu_hours from a client with the Tasks extension: a task
+// in input_required whose question ext-tasks hands to its onInputRequest and answers with
+// tasks/update; no ends it cancelled with nothing submitted, yes submits it once. The scheduler's
+// commands are fakes that note their calls (no cluster here).
+describe('a big Slurm job as a task awaiting the user (2026-07-28, ext-tasks, stdio)', () => {
+  let home;
+  let calls;
+  let target;
+  before(() => {
+    home = makeHome('tasks-slurm');
+    calls = path.join(home.root, 'sbatch.calls');
+    const fake = (name, body) => {
+      const file = path.join(home.root, name);
+      fs.writeFileSync(file, `#!/bin/sh\n${body}`, { mode: 0o755 });
+      return file;
+    };
+    const sbatch = fake('sbatch', `echo "$@" >> '${calls}'\necho 4242\n`);
+    const quiet = (name) => JSON.stringify([fake(name, 'exit 0\n')]);
+    fs.appendFileSync(
+      home.config,
+      `[jobs.slurm]\nsbatch_command = ${JSON.stringify([sbatch, '--cpus-per-task={cpus}'])}\n` +
+        `squeue_command = ${quiet('squeue')}\nsacct_command = ${quiet('sacct')}\nscancel_command = ${quiet('scancel')}\n` +
+        'poll_interval = 60\n[jobs.slurm.limit]\ncpus = { default = 1, max = 64 }\n' +
+        '[mcp]\nconfirm_destructive = true\nconfirm_slurm_cpu_hours = 2\n',
+    );
+    cli(home, 'instance', 'create', 'hpc', '--network', 'off');
+    target = { stdio: { command: NSHPC_BINARY, args: nshpcArgs(home), env: childEnv(home) } };
+  });
+  after(() => removeHome(home));
+  const submitted = () => (fs.existsSync(calls) ? fs.readFileSync(calls, 'utf8').split('\n').filter(Boolean).length : 0);
+  const big = { instance_id: 'hpc', command: 'make -j', mode: 'slurm', resources: { cpus: 8 } };
+
+  for (const answer of ['decline', 'accept']) {
+    test(`answered ${answer === 'accept' ? 'yes: submitted once' : 'no: cancelled, nothing submitted'}`, async () => {
+      const asked = [];
+      const c = await connectV2(target);
+      const session = tasksSession(c, `nshpc-e2e-slurm-${home.root}`, {
+        onInputRequest: async (request) => {
+          asked.push(request);
+          return answer === 'accept' ? { action: 'accept', content: { confirm: true } } : { action: 'decline' };
+        },
+      });
+      const before = submitted();
+      try {
+        const execution = await session.callTool('submit_job', big);
+        assert.equal(execution.kind, 'task');
+        const created = wireAnswer(c, 'tools/call').result;
+        assert.equal(created.status, 'input_required', JSON.stringify(created));
+        assert.equal(submitted(), before, 'nothing goes to Slurm before the answer');
+        const settled = execution.settle();
+        settled.catch(() => {});
+        if (answer === 'decline') {
+          const { outcome } = await settled;
+          assert.equal(outcome.status, 'cancelled', JSON.stringify(outcome.status));
+          assert.equal(submitted(), before, 'nothing submitted after a no');
+        } else {
+          assert.ok(await until(() => submitted() === before + 1, 15_000), 'sbatch called after the yes');
+          // sbatch notes its call before it answers: the task moves on once the server has the answer.
+          let got;
+          await until(async () => (got = await rawGet(c, created.taskId)).result?.status !== 'input_required', 10_000);
+          assert.equal(got.result?.status, 'working', `the task follows the Slurm job under its id: ${JSON.stringify(got)}`);
+          // Not cancelled: cancelling a Slurm job waits for the scheduler to let it go (about 35 s
+          // with these fakes); the home goes with its records.
+          await execution.detach();
+          assert.equal(submitted(), before + 1, 'submitted once');
+        }
+        assert.equal(asked.length, 1, `asked once: ${JSON.stringify(asked)}`);
+        assert.equal(asked[0].kind, 'elicitation');
+        assert.match(JSON.stringify(asked[0].params), /8 CPU\(s\)/);
+        const updates = c.raw.log.filter(([m]) => m.method === 'tasks/update');
+        assert.equal(updates.length, 1, 'the answer went as tasks/update');
+      } catch (err) {
+        err.message += `\nserver stderr tail:\n${c.stderr().slice(-2000)}`;
+        throw err;
+      } finally {
+        // A session's close would cancel the task it still holds (ext-tasks 0.2.2): the client
+        // goes without it.
+        if (answer === 'decline') await session.close();
+        await c.close();
+      }
+    });
+  }
+});
+
 // --- confirmations ------------------------------------------------------------------------------
 const CONFIRM_ON = '[mcp]\nconfirm_destructive = true\n';
 const del = (id, extra = {}) => ({ name: 'delete_instance', arguments: { instance_id: id, ...extra } });
