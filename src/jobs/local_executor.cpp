@@ -434,6 +434,10 @@ std::optional<Record> LocalExecutor::tracked(const std::string& instance_id, con
 }
 
 void LocalExecutor::tails(const store::Instance& inst, const Record& rec, const TailOptions& tail, View& v) {
+  // A job lost before it was running has no output of its own: its files may be the empty ones
+  // the server made and never handed to the sandbox's uid (it was killed in between), which the
+  // tail would refuse to read.
+  if (rec.state == State::lost && rec.started_at.empty()) return;
   const store::Store& instances = jobs_.instances();
   if (auto job = find(inst.id, rec.id)) {
     std::lock_guard guard(job->mu);
