@@ -1176,6 +1176,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
         co_return co_await write(res);
       }
     }
+    co_return co_await answer(session, id, std::move(message), v, true, is_initialize);
+  }
+
+  // Hands the request to its session and answers it on this connection: one JSON body when its
+  // response is all the session sent for it, else the request's SSE stream. A 2025-era session
+  // (`named`) is named in the answer; a failed initialize opens none.
+  awaitable<bool> answer(const std::shared_ptr<HttpSession>& session, const json& id, json message, unsigned v,
+                         bool named, bool is_initialize) {
     auto stream = session->open_request_stream(id);
     session->receive(std::move(message));
     // Messages the session sent while handling it were posted to this thread: let them land.
@@ -1184,7 +1192,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       Response res{bhttp::status::ok, v};
       res.set(bhttp::field::content_type, "application/json");
       res.set(bhttp::field::cache_control, "no-store");
-      res.set("Mcp-Session-Id", session->id());
+      if (named) res.set("Mcp-Session-Id", session->id());
       res.body() = stream->release_response();
       // Still held for the client until written.
       HeldBytes held(session->account_ptr(), res.body().size());
@@ -1194,7 +1202,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (is_initialize && session->protocol_version().empty()) hub_.remove(session->id());
       co_return co_await write(res);
     }
-    co_return co_await write_stream(session, stream, 0, true, v);
+    co_return co_await write_stream(session, stream, 0, named, v);
   }
 
   // A 2026-07-28 POST: served by itself, by an ephemeral session that ends with the response
@@ -1261,21 +1269,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       co_return co_await write(res);
     }
     session->listening = method == "subscriptions/listen";
-    auto stream = session->open_request_stream(id);
-    session->receive(std::move(message));
-    // Messages the session sent while handling it were posted to this thread: let them land.
-    co_await asio::post(socket_.get_executor(), asio::use_awaitable);
-    if (stream->finished() && stream->last_seq() == 1) {
-      Response res{bhttp::status::ok, v};
-      res.set(bhttp::field::content_type, "application/json");
-      res.set(bhttp::field::cache_control, "no-store");
-      res.body() = stream->release_response();
-      HeldBytes held(session->account_ptr(), res.body().size());
-      res.prepare_payload();
-      session->drop_request_stream(stream);
-      co_return co_await write(res);
-    }
-    co_return co_await write_stream(session, stream, 0, false, v);
+    co_return co_await answer(session, id, std::move(message), v, false, false);
   }
 
   awaitable<bool> mcp_get(Request& req) {
