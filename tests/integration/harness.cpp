@@ -244,7 +244,7 @@ fs::path test_image_cache() {
 
 
 McpSession::McpSession(const Env& env, const std::vector<std::string>& extra_env,
-                       const std::vector<std::string>& command) {
+                       const std::vector<std::string>& command, bool initialize) {
   int in[2], out[2];
   if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC)) throw std::runtime_error("pipe");
   pid_ = spawn(env.argv_for(command), env.env_for(extra_env), in[0], out[1]);
@@ -252,6 +252,7 @@ McpSession::McpSession(const Env& env, const std::vector<std::string>& extra_env
   ::close(out[1]);
   to_ = in[1];
   from_ = out[0];
+  if (!initialize) return;
   const int id = request("initialize", {{"protocolVersion", "2025-06-18"},
                                         {"capabilities", nlohmann::json::object()},
                                         {"clientInfo", {{"name", "ns-hpc-integration"}, {"version", "1"}}}});

@@ -63,8 +63,10 @@ class McpSession {
  public:
   // `extra_env`: NAME=value for the server, replacing the harness's of that name (PATH).
   // `command`: the entry point and its arguments (`computer`: the mcp-virtual-computer one).
+  // `initialize`: open a 2025-era session first; false for a 2026-07-28 client, whose requests
+  // carry their own _meta.
   explicit McpSession(const Env& env, const std::vector<std::string>& extra_env = {},
-                      const std::vector<std::string>& command = {"run"});
+                      const std::vector<std::string>& command = {"run"}, bool initialize = true);
   ~McpSession();  // closes stdin and waits for the server to stop
   McpSession(const McpSession&) = delete;
   McpSession& operator=(const McpSession&) = delete;

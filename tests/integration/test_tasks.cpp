@@ -2,11 +2,6 @@
 // extension (stateless requests, resultType "task", tasks/get|cancel) and 2025-11-25's
 // experimental tasks (params.task, tasks/get|result|list|cancel); a task followed by a new server
 // process after the first one ended; a client without tasks getting submit_job's plain result.
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <thread>
 
@@ -22,39 +17,7 @@ namespace {
 // its own protocol version, client info and capabilities in _meta.
 class ModernStdio {
  public:
-  explicit ModernStdio(const Env& env) {
-    int in[2], out[2];
-    if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC)) throw std::runtime_error("pipe");
-    std::vector<std::string> argv = env.argv_for({"run"});
-    std::vector<std::string> envp = env.env_for({});
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(in[0], 0);
-      ::dup2(out[1], 1);
-      std::vector<char*> a, e;
-      for (auto& s : argv) a.push_back(s.data());
-      a.push_back(nullptr);
-      for (auto& s : envp) e.push_back(s.data());
-      e.push_back(nullptr);
-      ::execve(a[0], a.data(), e.data());
-      ::_exit(127);
-    }
-    ::close(in[0]);
-    ::close(out[1]);
-    to_ = in[1];
-    from_ = out[0];
-  }
-  ~ModernStdio() {
-    ::close(to_);
-    if (wait_child(pid_, std::chrono::seconds(20)) < 0) {
-      ADD_FAILURE() << "the server did not stop at the end of its input";
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    ::close(from_);
-  }
-  ModernStdio(const ModernStdio&) = delete;
-  ModernStdio& operator=(const ModernStdio&) = delete;
+  explicit ModernStdio(const Env& env) : session_(env, {}, {"run"}, false) {}
 
   // One request and its response (null when none came in time).
   json rpc(const std::string& method, json params, bool with_tasks = true,
@@ -64,34 +27,11 @@ class ModernStdio {
     params["_meta"] = {{"io.modelcontextprotocol/protocolVersion", "2026-07-28"},
                        {"io.modelcontextprotocol/clientInfo", {{"name", "tasks-it"}, {"version", "1"}}},
                        {"io.modelcontextprotocol/clientCapabilities", caps}};
-    const int id = ++next_id_;
-    const std::string line =
-        json{{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", std::move(params)}}.dump() + "\n";
-    if (::write(to_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) ADD_FAILURE() << "write";
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      for (auto nl = buffer_.find('\n'); nl != std::string::npos; nl = buffer_.find('\n')) {
-        json message = nshpc::parse_json_or_discarded(buffer_.substr(0, nl));
-        buffer_.erase(0, nl + 1);
-        if (message.is_object() && message.contains("id") && message["id"] == id) return message;
-      }
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return nullptr;
-      pollfd p{from_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-      char buf[65536];
-      const ssize_t n = ::read(from_, buf, sizeof buf);
-      if (n <= 0) return nullptr;
-      buffer_.append(buf, static_cast<size_t>(n));
-    }
+    return session_.wait_for(session_.request(method, params), timeout);
   }
 
  private:
-  pid_t pid_ = -1;
-  int to_ = -1, from_ = -1;
-  int next_id_ = 0;
-  std::string buffer_;
+  McpSession session_;
 };
 
 // Follows a task with tasks/get (at its pollIntervalMs) until it is no longer working.
